@@ -1,0 +1,26 @@
+"""Storage engine: database URLs, the connection pool and schema migrations.
+
+Public face:
+
+- ``open_database(url, reactor=None)``: a prepared ``Database``.
+- ``Database.run_interaction(description, fn, *args)``: ``fn(txn, *args)`` in one
+  transaction on a pool thread; ``txn.execute(sql, args)`` with ``?`` placeholders.
+- ``engine_from_url(url)``, ``DatabaseConfigError``, ``SchemaError``,
+  ``SchemaTooNewError``, ``SCHEMA_VERSION``.
+"""
+
+from roomstore.storage.database import Database, Transaction, open_database
+from roomstore.storage.engines import DatabaseConfigError, Engine, engine_from_url
+from roomstore.storage.schema import SCHEMA_VERSION, SchemaError, SchemaTooNewError
+
+__all__ = [
+    "Database",
+    "DatabaseConfigError",
+    "Engine",
+    "SCHEMA_VERSION",
+    "SchemaError",
+    "SchemaTooNewError",
+    "Transaction",
+    "engine_from_url",
+    "open_database",
+]

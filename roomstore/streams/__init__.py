@@ -1,0 +1,23 @@
+"""Streams: ID generators with reserve/complete semantics, and change caches.
+
+Public face: ``StreamIdGenerator`` (``create``, ``get_next``, ``get_next_mult``,
+``get_current_token``, ``get_current_token_for_writer``, ``get_max_token``,
+``get_positions``, ``advance``, ``wait_for_position``), ``BackingTable``,
+``StreamChangeCache``, and the errors ``StreamConfigError``, ``SequenceLagError``.
+"""
+
+from roomstore.streams.change_cache import StreamChangeCache
+from roomstore.streams.id_generators import (
+    BackingTable,
+    SequenceLagError,
+    StreamConfigError,
+    StreamIdGenerator,
+)
+
+__all__ = [
+    "BackingTable",
+    "SequenceLagError",
+    "StreamChangeCache",
+    "StreamConfigError",
+    "StreamIdGenerator",
+]

@@ -1,0 +1,282 @@
+"""The connection pool: named transactions run on a thread pool.
+
+``Database.run_interaction(description, fn, *args)`` runs ``fn(txn, *args)`` in
+a worker thread inside one transaction that commits whole or rolls back whole.
+Serialisation failures and deadlocks (PostgreSQL) and a locked file (SQLite)
+make the pool roll back and run ``fn`` again, so ``fn`` must not have effects
+outside the transaction; effects that belong to a successful commit (cache
+updates, notifications) are registered with ``txn.call_after`` and run on the
+reactor thread once the commit has happened.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence, TypeVar
+
+from prometheus_client import Counter, Histogram
+from twisted.internet import defer, threads
+from twisted.logger import Logger
+from twisted.python.threadpool import ThreadPool
+
+from roomstore.storage.engines import Engine, engine_from_url
+
+log = Logger()
+
+R = TypeVar("R")
+
+transaction_seconds = Histogram(
+    "roomstore_db_transaction_seconds",
+    "Wall time of database transactions, by description (retries included)",
+    ["desc"],
+)
+transaction_outcomes = Counter(
+    "roomstore_db_transactions",
+    "Database transactions by description and outcome",
+    ["desc", "outcome"],
+)
+transaction_retries = Counter(
+    "roomstore_db_transaction_retries",
+    "Transactions run again after a serialisation failure, deadlock or lock",
+    ["desc"],
+)
+
+MAX_ATTEMPTS = 8
+
+
+class Transaction:
+    """A cursor inside one transaction, handed to interaction functions.
+
+    SQL uses ``?`` placeholders and is converted for the engine. Only the
+    thread running the interaction may use it.
+    """
+
+    def __init__(self, db: "Database", engine: Engine, cursor: Any, description: str):
+        self.db = db
+        self.engine = engine
+        self.description = description
+        self._cursor = cursor
+        self._after_callbacks: list[tuple[Callable[..., Any], tuple, dict]] = []
+
+    # --- SQL -------------------------------------------------------------
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> "Transaction":
+        self.db._count_query()
+        self._cursor.execute(self.engine.convert_sql(sql), tuple(args))
+        return self
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        rows = [tuple(r) for r in rows]
+        if not rows:
+            return
+        self.db._count_query()
+        self._cursor.executemany(self.engine.convert_sql(sql), rows)
+
+    def insert_many(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """Insert many rows in as few round trips as the engine allows.
+
+        ``table`` and ``columns`` are identifiers written by the caller's code,
+        never user input; values are bound.
+        """
+        rows = [tuple(r) for r in rows]
+        if not rows:
+            return
+        cols = ", ".join(columns)
+        if self.engine.name == "postgres":
+            from psycopg2.extras import execute_values
+
+            self.db._count_query()
+            execute_values(
+                self._cursor, f"INSERT INTO {table} ({cols}) VALUES %s", rows, page_size=1000
+            )
+        else:
+            marks = ", ".join("?" for _ in columns)
+            self.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
+
+    def fetchone(self) -> tuple | None:
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[tuple]:
+        return self._cursor.fetchall()
+
+    def __iter__(self):
+        return iter(self._cursor)
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    def select_one_value(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        row = self.execute(sql, args).fetchone()
+        return None if row is None else row[0]
+
+    # --- commit hooks ----------------------------------------------------
+
+    def call_after(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Run ``fn(*args, **kwargs)`` on the reactor thread after a successful commit.
+
+        Dropped if this attempt rolls back (a retry registers its own).
+        """
+        self._after_callbacks.append((fn, args, kwargs))
+
+
+class Database:
+    """A pool of connections to one database, used through ``run_interaction``.
+
+    Construct with ``Database(engine, reactor)`` or ``Database.from_url(url)``;
+    then ``await db.prepare()`` (schema migrations) before use, and
+    ``await db.close()`` at the end. Counts every statement in
+    ``query_count`` (tests use it to prove a read touched no database).
+    """
+
+    def __init__(self, engine: Engine, reactor: Any = None, name: str = "db"):
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+
+            reactor = default_reactor
+        self.engine = engine
+        self.reactor = reactor
+        self.query_count = 0
+        self._query_lock = threading.Lock()
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._connections_lock = threading.Lock()
+        self._threadpool = ThreadPool(
+            minthreads=1, maxthreads=engine.max_connections, name=f"roomstore-{name}"
+        )
+        self._threadpool.start()
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, reactor: Any = None) -> "Database":
+        return cls(engine_from_url(url), reactor)
+
+    async def prepare(self, schema_dir: str | None = None) -> int:
+        """Bring the schema up to date (see ``roomstore.storage.schema``); returns its version."""
+        from roomstore.storage.schema import prepare_database
+
+        return await self.run_interaction("prepare_database", prepare_database, schema_dir)
+
+    def _count_query(self) -> None:
+        with self._query_lock:
+            self.query_count += 1
+
+    # --- connections (worker threads only) -------------------------------
+
+    def _get_connection(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.engine.connect()
+            self._local.conn = conn
+            with self._connections_lock:
+                self._connections.append(conn)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            with self._connections_lock:
+                if conn in self._connections:
+                    self._connections.remove(conn)
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def _run_in_thread(
+        self, description: str, fn: Callable[..., R], args: tuple, kwargs: dict
+    ) -> tuple[R, list]:
+        attempt = 0
+        while True:
+            attempt += 1
+            conn = self._get_connection()
+            cursor = conn.cursor()
+            txn = Transaction(self, self.engine, cursor, description)
+            try:
+                self.engine.begin(cursor)
+                result = fn(txn, *args, **kwargs)
+                conn.commit()
+                return result, txn._after_callbacks
+            except BaseException as exc:
+                try:
+                    conn.rollback()
+                except Exception:
+                    pass
+                if self.engine.is_connection_lost(exc, conn) and attempt < MAX_ATTEMPTS:
+                    # The server went away before commit: nothing was written.
+                    log.warn("{desc}: connection lost ({exc}); reconnecting", desc=description, exc=exc)
+                    self._drop_connection()
+                    transaction_retries.labels(description).inc()
+                    continue
+                if self.engine.is_retryable(exc) and attempt < MAX_ATTEMPTS:
+                    transaction_retries.labels(description).inc()
+                    time.sleep(min(0.005 * 2**attempt, 0.5))
+                    continue
+                raise
+            finally:
+                try:
+                    cursor.close()
+                except Exception:
+                    pass
+
+    async def run_interaction(
+        self, description: str, fn: Callable[..., R], *args: Any, **kwargs: Any
+    ) -> R:
+        """Run ``fn(txn, *args, **kwargs)`` in one transaction on a pool thread.
+
+        Returns what ``fn`` returns, after running the callbacks registered with
+        ``txn.call_after``. Raises what ``fn`` raised (nothing is committed then).
+        """
+        if self._closed:
+            raise RuntimeError(f"database is closed (interaction {description!r})")
+        start = time.perf_counter()
+        try:
+            result, after = await threads.deferToThreadPool(
+                self.reactor, self._threadpool, self._run_in_thread, description, fn, args, kwargs
+            )
+        except BaseException:
+            transaction_outcomes.labels(description, "error").inc()
+            raise
+        finally:
+            transaction_seconds.labels(description).observe(time.perf_counter() - start)
+        transaction_outcomes.labels(description, "commit").inc()
+        for callback, cb_args, cb_kwargs in after:
+            callback(*cb_args, **cb_kwargs)
+        return result
+
+    def run_interaction_deferred(
+        self, description: str, fn: Callable[..., R], *args: Any, **kwargs: Any
+    ) -> "defer.Deferred[R]":
+        """``run_interaction`` for callers that want a Deferred."""
+        return defer.ensureDeferred(self.run_interaction(description, fn, *args, **kwargs))
+
+    async def close(self) -> None:
+        """Close every connection and stop the threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+
+        def close_all() -> None:
+            with self._connections_lock:
+                conns, self._connections = self._connections, []
+            for conn in conns:
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+
+        await threads.deferToThreadPool(self.reactor, self._threadpool, close_all)
+        self._threadpool.stop()
+
+
+async def open_database(url: str, reactor: Any = None, schema_dir: str | None = None) -> Database:
+    """Open the database a URL names and bring its schema up to date."""
+    db = Database.from_url(url, reactor)
+    try:
+        await db.prepare(schema_dir)
+    except BaseException:
+        await db.close()
+        raise
+    return db

@@ -1,0 +1,260 @@
+"""Database engines: everything that differs between SQLite and PostgreSQL.
+
+The rest of roomstore writes SQL once, with ``?`` placeholders and the
+PostgreSQL type names of the schema files; an engine converts both for its
+database, opens connections and classifies errors. Nothing outside this module
+imports ``sqlite3`` or ``psycopg2``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import urllib.parse
+from typing import Any, Mapping
+
+import attrs
+
+
+class DatabaseConfigError(ValueError):
+    """The database URL or its options are not usable."""
+
+
+def convert_placeholders(sql: str) -> str:
+    """Turn ``?`` placeholders into psycopg2's ``%s`` (and escape literal ``%``).
+
+    Quoted literals and identifiers are copied untouched, so a ``?`` or ``%``
+    inside them keeps its meaning.
+    """
+    out: list[str] = []
+    quote: str | None = None
+    for ch in sql:
+        if quote is not None:
+            out.append("%%" if ch == "%" else ch)
+            if ch == quote:
+                quote = None
+        elif ch in ("'", '"'):
+            quote = ch
+            out.append(ch)
+        elif ch == "?":
+            out.append("%s")
+        elif ch == "%":
+            out.append("%%")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+class Engine:
+    """One database kind. Subclasses are stateless apart from their settings."""
+
+    name: str = ""
+    #: True where stream IDs come from database sequences shared by processes.
+    supports_sequences: bool = False
+    #: How many threads (each with its own connection) the pool may use.
+    max_connections: int = 1
+
+    def connect(self) -> Any:
+        raise NotImplementedError
+
+    def convert_sql(self, sql: str) -> str:
+        raise NotImplementedError
+
+    def translate_schema(self, sql: str) -> str:
+        """Rewrite a schema file's portable DDL into this engine's dialect."""
+        return sql
+
+    def begin(self, cursor: Any) -> None:
+        """Open a transaction on a fresh connection state."""
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """True for errors after which the whole transaction may be run again."""
+        return False
+
+    def is_connection_lost(self, exc: BaseException, conn: Any) -> bool:
+        return False
+
+    def lock_schema(self, cursor: Any) -> None:
+        """Serialise schema migrations between processes, until commit."""
+
+    def table_exists(self, cursor: Any, table: str) -> bool:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@attrs.define
+class SqliteEngine(Engine):
+    """The embedded default: one file, WAL journal, one writer connection.
+
+    A single connection serialises transactions inside the process (SQLite
+    allows one writer at a time anyway); ``BEGIN IMMEDIATE`` takes the write
+    lock up front so two processes on one file queue on ``busy_timeout``
+    instead of failing half-way through a transaction.
+    """
+
+    path: str
+    synchronous: str = "FULL"
+    busy_timeout_ms: int = 30_000
+
+    name = "sqlite"
+    supports_sequences = False
+    max_connections = 1
+
+    def connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            parent = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(parent, exist_ok=True)
+        # isolation_level=None: we issue BEGIN ourselves, so DDL is transactional too.
+        conn = sqlite3.connect(
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=self.busy_timeout_ms / 1000,
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        return conn
+
+    def convert_sql(self, sql: str) -> str:
+        return sql
+
+    _SCHEMA_REWRITES = (
+        (re.compile(r"\bBIGSERIAL\s+PRIMARY\s+KEY\b", re.I), "INTEGER PRIMARY KEY"),
+        (re.compile(r"\bBYTEA\b", re.I), "BLOB"),
+    )
+
+    def translate_schema(self, sql: str) -> str:
+        for pattern, replacement in self._SCHEMA_REWRITES:
+            sql = pattern.sub(replacement, sql)
+        return sql
+
+    def begin(self, cursor: Any) -> None:
+        cursor.execute("BEGIN IMMEDIATE")
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+    def table_exists(self, cursor: Any, table: str) -> bool:
+        cursor.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+        )
+        return cursor.fetchone() is not None
+
+    def describe(self) -> str:
+        return f"sqlite:///{self.path}"
+
+
+@attrs.define
+class PostgresEngine(Engine):
+    """PostgreSQL through psycopg2, at REPEATABLE READ.
+
+    Repeatable read gives each transaction one snapshot; the price is
+    serialisation failures under concurrent updates, which the pool retries.
+    """
+
+    dsn: str
+    max_connections: int = 5
+
+    name = "postgres"
+    supports_sequences = True
+
+    #: Key for pg_advisory_xact_lock while migrating: 'roomstor' as an int64.
+    SCHEMA_LOCK_KEY = 0x726F6F6D73746F72
+
+    def connect(self) -> Any:
+        import psycopg2
+        import psycopg2.extensions
+
+        conn = psycopg2.connect(self.dsn)
+        conn.set_session(
+            isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ,
+            autocommit=False,
+        )
+        return conn
+
+    def convert_sql(self, sql: str) -> str:
+        return convert_placeholders(sql)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        import psycopg2.errors
+
+        return isinstance(
+            exc, (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected)
+        )
+
+    def is_connection_lost(self, exc: BaseException, conn: Any) -> bool:
+        import psycopg2
+
+        return isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and bool(
+            getattr(conn, "closed", 0)
+        )
+
+    def lock_schema(self, cursor: Any) -> None:
+        # Read committed, so that after waiting for the lock this transaction
+        # sees what the process that held it committed (a repeatable-read
+        # snapshot would predate it). Must be the transaction's first statement.
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        # Signed int64 form of the key; released automatically at commit/rollback.
+        key = self.SCHEMA_LOCK_KEY - (1 << 64) if self.SCHEMA_LOCK_KEY >= 1 << 63 else self.SCHEMA_LOCK_KEY
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+
+    def table_exists(self, cursor: Any, table: str) -> bool:
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
+        return bool(cursor.fetchone()[0])
+
+    def describe(self) -> str:
+        parsed = urllib.parse.urlsplit(self.dsn)
+        host = parsed.hostname or "localhost"
+        return f"postgresql://{host}:{parsed.port or 5432}{parsed.path}"
+
+
+def _single(options: Mapping[str, list[str]], key: str) -> str | None:
+    values = options.get(key)
+    return values[-1] if values else None
+
+
+def engine_from_url(url: str) -> Engine:
+    """Build the engine a URL names.
+
+    ``sqlite:///relative/path.db``, ``sqlite:////abs/path.db`` or
+    ``sqlite:///:memory:``; ``postgresql://user@host:port/dbname`` (any libpq
+    URL). Options of ours ride in the query string and are removed before the
+    URL reaches libpq: ``synchronous`` (SQLite), ``cp_max`` (PostgreSQL pool size).
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise DatabaseConfigError(
+            f"database URL {url!r} is not of the form sqlite:///path or postgresql://..."
+        )
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    if scheme == "sqlite":
+        path, _, query = rest.partition("?")
+        if not path.startswith("/") or path == "/":
+            raise DatabaseConfigError(f"SQLite URL {url!r} needs a path: sqlite:///path/to/file.db")
+        path = path[1:]
+        options = urllib.parse.parse_qs(query)
+        synchronous = (_single(options, "synchronous") or "FULL").upper()
+        if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise DatabaseConfigError(f"unknown SQLite synchronous mode {synchronous!r}")
+        return SqliteEngine(path=path, synchronous=synchronous)
+    if scheme in ("postgresql", "postgres"):
+        parsed = urllib.parse.urlsplit(url)
+        options = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
+        cp_max = _single(options, "cp_max")
+        options.pop("cp_max", None)
+        query = urllib.parse.urlencode(options, doseq=True)
+        dsn = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, parsed.path, query, ""))
+        if not parsed.path.strip("/"):
+            raise DatabaseConfigError(f"PostgreSQL URL {url!r} must name a database")
+        try:
+            size = int(cp_max) if cp_max is not None else 5
+        except ValueError:
+            raise DatabaseConfigError(f"cp_max must be an integer, not {cp_max!r}") from None
+        if size < 1:
+            raise DatabaseConfigError("cp_max must be at least 1")
+        return PostgresEngine(dsn=dsn, max_connections=size)
+    raise DatabaseConfigError(f"unsupported database scheme {scheme!r}: use sqlite or postgresql")

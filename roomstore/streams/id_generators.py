@@ -1,0 +1,418 @@
+"""Stream ID generators with reserve/complete semantics.
+
+A stream is an append-only log of facts, each with a stream ID; writers
+reserve an ID, write the fact in a transaction, then complete the ID (a
+rolled-back write completes too). Definitions, from docs/streams (the seed):
+
+- the *per-writer* current position of writer W is the largest ID such that
+  every fact W added with an equal or smaller ID has completed;
+- the *linear* current position is the largest ID such that every fact, by any
+  writer, with an equal or smaller ID has completed: the minimum over writers.
+
+IDs come from a PostgreSQL sequence (``nextval``) where there is PostgreSQL, so
+several writer processes share one ID space; on SQLite from an in-process
+counter, which is only sound for a single writer (a multi-writer stream on
+SQLite is refused). Positions are persisted in ``stream_positions`` and
+recovered at start-up, together with the newest IDs in the stream's backing
+tables, so a crash between a fact's commit and the position update loses
+nothing.
+
+Who calls it: writers use ``get_next``/``get_next_mult``; readers learning
+positions over replication call ``advance``; anything that must wait for a
+position uses ``wait_for_position``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+from typing import Any, AsyncIterator, Iterable, Sequence
+
+import attrs
+from prometheus_client import Gauge
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from roomstore.storage.database import Database, Transaction
+
+log = Logger()
+
+stream_position_gauge = Gauge(
+    "roomstore_stream_position",
+    "Per-writer current position of each stream, as this process knows it",
+    ["stream", "instance"],
+)
+stream_linear_position_gauge = Gauge(
+    "roomstore_stream_linear_position",
+    "Linear (minimum over writers) current position of each stream",
+    ["stream"],
+)
+
+
+class StreamConfigError(ValueError):
+    """A stream is configured in a way the database cannot support."""
+
+
+class SequenceLagError(RuntimeError):
+    """A PostgreSQL sequence is behind IDs already used: new IDs would repeat."""
+
+
+@attrs.frozen
+class BackingTable:
+    """A table whose rows carry a stream's IDs, read at start-up for recovery.
+
+    ``instance_column`` is None when every row belongs to the one writer.
+    ``negate`` is for tables that store IDs as negative numbers (backfill).
+    """
+
+    table: str
+    id_column: str
+    instance_column: str | None = None
+    negate: bool = False
+
+
+class StreamIdGenerator:
+    """Allocates, tracks and persists the IDs of one stream.
+
+    Construct with ``await StreamIdGenerator.create(db, stream_name,
+    instance_name, writers=[...], backing_tables=[...])``. ``writers`` lists
+    every instance that writes the stream (a single-writer stream has one);
+    this process may write only if ``instance_name`` is among them.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        stream_name: str,
+        instance_name: str,
+        writers: Sequence[str],
+        backing_tables: Sequence[BackingTable] = (),
+        sequence_name: str | None = None,
+    ):
+        if not writers:
+            raise StreamConfigError(f"stream {stream_name!r} has no writers")
+        if len(set(writers)) != len(writers):
+            raise StreamConfigError(f"stream {stream_name!r} lists a writer twice: {list(writers)}")
+        if len(writers) > 1 and not db.engine.supports_sequences:
+            raise StreamConfigError(
+                f"stream {stream_name!r} has {len(writers)} writers {list(writers)}, but "
+                f"{db.engine.name} has no shared sequences: a multi-writer stream needs PostgreSQL"
+            )
+        self.db = db
+        self.stream_name = stream_name
+        self.instance_name = instance_name
+        self.writers = tuple(writers)
+        self.is_writer = instance_name in self.writers
+        self._backing_tables = tuple(backing_tables)
+        self._sequence = sequence_name or f"{stream_name}_stream_seq"
+        self._use_sequence = db.engine.supports_sequences
+
+        self._positions: dict[str, int] = {w: 0 for w in self.writers}
+        # IDs this process reserved and has not completed, sorted.
+        self._unfinished: list[int] = []
+        # Largest ID this process has reserved or heard of from any writer.
+        self._max_seen = 0
+        # In-process counter (SQLite): next ID to hand out is _last_allocated + 1.
+        self._last_allocated = 0
+        self._waiters: list[tuple[int, str | None, defer.Deferred]] = []
+
+        self._persisted: dict[str, int] = {}
+        self._persist_running = False
+        self._persist_again = False
+        self._persist_done: list[defer.Deferred] = []
+
+    # ------------------------------------------------------------------ start-up
+
+    @classmethod
+    async def create(
+        cls,
+        db: Database,
+        stream_name: str,
+        instance_name: str,
+        writers: Sequence[str] | None = None,
+        backing_tables: Sequence[BackingTable] = (),
+        sequence_name: str | None = None,
+    ) -> "StreamIdGenerator":
+        """Build a generator and recover its positions from the database."""
+        gen = cls(db, stream_name, instance_name, writers or [instance_name], backing_tables, sequence_name)
+        await db.run_interaction(f"load_stream_positions:{stream_name}", gen._load_txn)
+        gen._publish_metrics()
+        return gen
+
+    def _load_txn(self, txn: Transaction) -> None:
+        stored = dict(
+            txn.execute(
+                "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = ?",
+                (self.stream_name,),
+            ).fetchall()
+        )
+        newest_row_by_writer: dict[str, int] = {}
+        newest_row = 0
+        for backing in self._backing_tables:
+            id_expr = f"-{backing.id_column}" if backing.negate else backing.id_column
+            if backing.instance_column:
+                rows = txn.execute(
+                    f"SELECT {backing.instance_column}, MAX({id_expr}) FROM {backing.table}"
+                    f" WHERE {id_expr} > 0 GROUP BY {backing.instance_column}"
+                ).fetchall()
+            else:
+                value = txn.select_one_value(f"SELECT MAX({id_expr}) FROM {backing.table} WHERE {id_expr} > 0")
+                rows = [(self.writers[0], value)] if value is not None else []
+            for instance, value in rows:
+                if value is None:
+                    continue
+                newest_row = max(newest_row, value)
+                newest_row_by_writer[instance] = max(newest_row_by_writer.get(instance, 0), value)
+
+        for writer in self.writers:
+            self._positions[writer] = max(stored.get(writer, 0), newest_row_by_writer.get(writer, 0))
+        highest = max([newest_row, *stored.values(), *self._positions.values(), 0])
+        self._persisted = {w: stored[w] for w in self.writers if w in stored}
+
+        if self._use_sequence:
+            row = txn.execute(f"SELECT last_value, is_called FROM {self._sequence}").fetchone()
+            if row is None:
+                raise StreamConfigError(f"sequence {self._sequence} is missing")
+            last_value, is_called = row
+            sequence_at = last_value if is_called else last_value - 1
+            if sequence_at < highest:
+                raise SequenceLagError(
+                    f"PostgreSQL sequence {self._sequence} is at {sequence_at} but stream "
+                    f"{self.stream_name!r} already used IDs up to {highest}; new IDs would repeat. "
+                    f"Fix it with: SELECT setval('{self._sequence}', {highest});"
+                )
+            self._max_seen = max(highest, sequence_at)
+        else:
+            self._last_allocated = highest
+            self._max_seen = highest
+
+        if self.is_writer:
+            # Nothing of ours is in flight after a restart: we are caught up to
+            # everything allocated so far.
+            self._positions[self.instance_name] = max(self._positions[self.instance_name], self._max_seen)
+
+    # ------------------------------------------------------------------ reading
+
+    def get_current_token(self) -> int:
+        """The linear position: every fact at or below it has completed."""
+        return min(self._positions.values())
+
+    def get_current_token_for_writer(self, instance_name: str) -> int:
+        """The per-writer position of ``instance_name``."""
+        try:
+            return self._positions[instance_name]
+        except KeyError:
+            raise KeyError(f"{instance_name!r} is not a writer of stream {self.stream_name!r}") from None
+
+    def get_max_token(self) -> int:
+        """The largest per-writer position: readers may peek up to here per writer."""
+        return max(self._positions.values())
+
+    def get_positions(self) -> dict[str, int]:
+        return dict(self._positions)
+
+    def get_unfinished(self) -> list[int]:
+        return list(self._unfinished)
+
+    # ------------------------------------------------------------------ writing
+
+    def get_next(self) -> contextlib.AbstractAsyncContextManager[int]:
+        """``async with gen.get_next() as stream_id``: reserve one ID, complete on exit."""
+        return self._reserve_one()
+
+    def get_next_mult(self, n: int) -> contextlib.AbstractAsyncContextManager[list[int]]:
+        """``async with gen.get_next_mult(n) as ids``: reserve ``n`` ascending IDs."""
+        return self._reserve_many(n)
+
+    @contextlib.asynccontextmanager
+    async def _reserve_one(self) -> AsyncIterator[int]:
+        async with self._reserve_many(1) as ids:
+            yield ids[0]
+
+    @contextlib.asynccontextmanager
+    async def _reserve_many(self, n: int) -> AsyncIterator[list[int]]:
+        if not self.is_writer:
+            raise StreamConfigError(
+                f"{self.instance_name!r} is not a writer of stream {self.stream_name!r} "
+                f"(writers: {list(self.writers)})"
+            )
+        if n < 1:
+            raise ValueError("must reserve at least one ID")
+        ids = await self._allocate(n)
+        for stream_id in ids:
+            bisect.insort(self._unfinished, stream_id)
+        self._max_seen = max(self._max_seen, ids[-1])
+        try:
+            yield ids
+        finally:
+            # Completion happens whether the body succeeded or raised.
+            self._complete(ids)
+
+    async def _allocate(self, n: int) -> list[int]:
+        if not self._use_sequence:
+            first = self._last_allocated + 1
+            self._last_allocated += n
+            return list(range(first, first + n))
+
+        def txn_fn(txn: Transaction) -> list[int]:
+            rows = txn.execute(
+                f"SELECT nextval('{self._sequence}') FROM generate_series(1, ?)", (n,)
+            ).fetchall()
+            return sorted(r[0] for r in rows)
+
+        return await self.db.run_interaction(f"allocate_stream_ids:{self.stream_name}", txn_fn)
+
+    def _complete(self, ids: Iterable[int]) -> None:
+        for stream_id in ids:
+            index = bisect.bisect_left(self._unfinished, stream_id)
+            if index < len(self._unfinished) and self._unfinished[index] == stream_id:
+                del self._unfinished[index]
+        self._recompute_own_position()
+
+    def _recompute_own_position(self) -> None:
+        if not self.is_writer:
+            return
+        if self._unfinished:
+            own = self._unfinished[0] - 1
+        else:
+            # Nothing of ours in flight: every ID allocated so far that is ours
+            # has completed, so we are at the newest ID we know of.
+            own = self._max_seen
+        if own > self._positions[self.instance_name]:
+            self._positions[self.instance_name] = own
+            self._on_positions_changed()
+            self._schedule_persist()
+
+    # ------------------------------------------------------------------ readers
+
+    def advance(self, instance_name: str, new_id: int) -> None:
+        """A position learnt from elsewhere (replication): ``instance_name`` is at ``new_id``.
+
+        Never moves a position backwards. An idle local writer moves up with
+        it, since it has nothing in flight at or below ``new_id``.
+        """
+        if instance_name not in self._positions:
+            log.warn(
+                "stream {stream}: position from unknown writer {instance}; ignored",
+                stream=self.stream_name,
+                instance=instance_name,
+            )
+            return
+        self._max_seen = max(self._max_seen, new_id)
+        if not self._use_sequence:
+            self._last_allocated = max(self._last_allocated, new_id)
+        changed = False
+        if new_id > self._positions[instance_name]:
+            self._positions[instance_name] = new_id
+            changed = True
+        if changed:
+            self._on_positions_changed()
+        self._recompute_own_position()
+
+    def wait_for_position(self, token: int, instance_name: str | None = None) -> defer.Deferred:
+        """A Deferred firing (with the position) once the stream reaches ``token``.
+
+        With ``instance_name`` it waits for that writer's position, otherwise
+        for the linear position.
+        """
+        current = self._position_of(instance_name)
+        if current >= token:
+            return defer.succeed(current)
+        d: defer.Deferred = defer.Deferred(lambda d: self._forget_waiter(d))
+        self._waiters.append((token, instance_name, d))
+        return d
+
+    def _forget_waiter(self, d: defer.Deferred) -> None:
+        self._waiters = [w for w in self._waiters if w[2] is not d]
+
+    def _position_of(self, instance_name: str | None) -> int:
+        if instance_name is None:
+            return self.get_current_token()
+        return self.get_current_token_for_writer(instance_name)
+
+    def _on_positions_changed(self) -> None:
+        self._publish_metrics()
+        if not self._waiters:
+            return
+        remaining = []
+        ready = []
+        for token, instance, d in self._waiters:
+            current = self._position_of(instance)
+            if current >= token:
+                ready.append((d, current))
+            else:
+                remaining.append((token, instance, d))
+        self._waiters = remaining
+        for d, current in ready:
+            d.callback(current)
+
+    def _publish_metrics(self) -> None:
+        for writer, position in self._positions.items():
+            stream_position_gauge.labels(self.stream_name, writer).set(position)
+        stream_linear_position_gauge.labels(self.stream_name).set(self.get_current_token())
+
+    # ------------------------------------------------------------------ persistence
+
+    def _schedule_persist(self) -> None:
+        if self._persist_running:
+            self._persist_again = True
+            return
+        self._persist_running = True
+        defer.ensureDeferred(self._persist_loop())
+
+    async def _persist_loop(self) -> None:
+        try:
+            while True:
+                self._persist_again = False
+                position = self._positions[self.instance_name]
+                if self._persisted.get(self.instance_name) != position:
+                    try:
+                        await self.db.run_interaction(
+                            f"persist_stream_position:{self.stream_name}",
+                            self._persist_txn,
+                            self.instance_name,
+                            position,
+                        )
+                        self._persisted[self.instance_name] = position
+                    except Exception:
+                        # Recovery at start-up also reads the backing tables, so
+                        # a failed write here loses nothing; log and carry on.
+                        log.failure("stream {stream}: could not persist position", stream=self.stream_name)
+                if not self._persist_again:
+                    break
+        finally:
+            self._persist_running = False
+            done, self._persist_done = self._persist_done, []
+            for d in done:
+                d.callback(None)
+
+    def _persist_txn(self, txn: Transaction, instance_name: str, position: int) -> None:
+        # The greatest position wins, so a slow, stale write never moves it back.
+        txn.execute(
+            "INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES (?, ?, ?)"
+            " ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id ="
+            " CASE WHEN excluded.stream_id > stream_positions.stream_id"
+            " THEN excluded.stream_id ELSE stream_positions.stream_id END",
+            (self.stream_name, instance_name, position),
+        )
+
+    async def flush(self) -> None:
+        """Wait until this writer's current position is written to the database."""
+        if not self.is_writer:
+            return
+        if self._persist_running:
+            d: defer.Deferred = defer.Deferred()
+            self._persist_done.append(d)
+            await d
+        if self._persisted.get(self.instance_name) != self._positions[self.instance_name]:
+            self._schedule_persist()
+            if self._persist_running:
+                d = defer.Deferred()
+                self._persist_done.append(d)
+                await d
+
+    def __repr__(self) -> str:
+        return (
+            f"<StreamIdGenerator {self.stream_name} instance={self.instance_name} "
+            f"positions={self._positions} unfinished={self._unfinished}>"
+        )

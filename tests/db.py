@@ -1,0 +1,117 @@
+"""Run the same database test cases on SQLite and on a real PostgreSQL server.
+
+Decorate a mixin class with ``@on_both_engines``: it becomes two trial test
+cases, ``<Name>_sqlite`` and ``<Name>_postgres``, with ``self.engine_name``
+set. ``await self.make_database()`` gives a prepared ``Database`` on a fresh,
+empty database of that engine (a new file, or a new PostgreSQL database),
+closed and dropped after the test.
+
+PostgreSQL comes from ``ROOMSTORE_TEST_POSTGRES`` (an admin URL such as
+``postgresql://postgres@127.0.0.1:5432/postgres``). Without it the PostgreSQL
+cases are skipped with a reason, unless ``ROOMSTORE_REQUIRE_POSTGRES=1`` (set
+by the test command and CI), in which case they fail: CI must never pass with
+PostgreSQL silently left out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import tempfile
+import urllib.parse
+
+from twisted.trial import unittest
+
+from roomstore.storage import Database
+
+POSTGRES_ADMIN_URL = os.environ.get("ROOMSTORE_TEST_POSTGRES", "")
+REQUIRE_POSTGRES = os.environ.get("ROOMSTORE_REQUIRE_POSTGRES") == "1"
+ENGINES = ("sqlite", "postgres")
+
+_counter = itertools.count()
+
+
+def postgres_available() -> bool:
+    return bool(POSTGRES_ADMIN_URL)
+
+
+def _admin_connect():
+    import psycopg2
+
+    conn = psycopg2.connect(POSTGRES_ADMIN_URL)
+    conn.autocommit = True
+    return conn
+
+
+def create_postgres_database() -> str:
+    """Create an empty PostgreSQL database; returns its URL."""
+    name = f"rs_test_{os.getpid()}_{next(_counter)}"
+    conn = _admin_connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    finally:
+        conn.close()
+    parsed = urllib.parse.urlsplit(POSTGRES_ADMIN_URL)
+    return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "/" + name, parsed.query, ""))
+
+
+def drop_postgres_database(url: str) -> None:
+    name = urllib.parse.urlsplit(url).path.lstrip("/")
+    conn = _admin_connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+            )
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    finally:
+        conn.close()
+
+
+class DatabaseTestMixin:
+    """Helpers for test cases that need a database; see the module docstring."""
+
+    engine_name: str = "sqlite"
+
+    def new_database_url(self) -> str:
+        """A URL naming a fresh, empty database of this test's engine."""
+        if self.engine_name == "sqlite":
+            directory = tempfile.mkdtemp(prefix="roomstore-test-")
+            self.addCleanup(_rmtree, directory)
+            return f"sqlite:///{directory}/test.db"
+        if not postgres_available():
+            if REQUIRE_POSTGRES:
+                self.fail("ROOMSTORE_REQUIRE_POSTGRES=1 but ROOMSTORE_TEST_POSTGRES is not set")
+            raise unittest.SkipTest("no PostgreSQL: set ROOMSTORE_TEST_POSTGRES (bin/test does)")
+        url = create_postgres_database()
+        self.addCleanup(drop_postgres_database, url)
+        return url
+
+    async def make_database(self, url: str | None = None, prepare: bool = True, reactor=None) -> Database:
+        """A ``Database`` on ``url`` (default: a fresh one), closed after the test."""
+        db = Database.from_url(url or self.new_database_url(), reactor)
+        self.addCleanup(db.close)
+        if prepare:
+            await db.prepare()
+        return db
+
+
+def _rmtree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def on_both_engines(cls):
+    """Turn a mixin of test methods into one trial TestCase per engine."""
+    module = sys.modules[cls.__module__]
+    bases = (cls, DatabaseTestMixin, unittest.TestCase)
+    for engine in ENGINES:
+        name = f"{cls.__name__}_{engine}"
+        attrs = {"engine_name": engine, "__module__": cls.__module__, "__qualname__": name}
+        if engine == "postgres" and not postgres_available() and not REQUIRE_POSTGRES:
+            attrs["skip"] = "no PostgreSQL: set ROOMSTORE_TEST_POSTGRES (bin/test does)"
+        setattr(module, name, type(name, bases, attrs))
+    return cls

@@ -1,0 +1,208 @@
+"""The connection pool: whole transactions, commit hooks, retries, metrics."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import REGISTRY
+from twisted.internet import defer
+from twisted.trial import unittest
+
+from roomstore.storage import DatabaseConfigError, engine_from_url
+from roomstore.storage.engines import PostgresEngine, SqliteEngine, convert_placeholders
+from tests.db import on_both_engines
+
+
+class Boom(Exception):
+    pass
+
+
+def _create_counter(txn):
+    txn.execute("CREATE TABLE counter (id INTEGER PRIMARY KEY, value INTEGER NOT NULL)")
+    txn.execute("INSERT INTO counter (id, value) VALUES (1, 0)")
+
+
+def _read_counter(txn):
+    return txn.select_one_value("SELECT value FROM counter WHERE id = 1")
+
+
+@on_both_engines
+class TransactionTests:
+    async def test_commit_whole(self):
+        db = await self.make_database()
+        await db.run_interaction("create", _create_counter)
+
+        def two_writes(txn):
+            txn.execute("UPDATE counter SET value = value + 1 WHERE id = ?", (1,))
+            txn.execute("INSERT INTO counter (id, value) VALUES (?, ?)", (2, 7))
+            return "ok"
+
+        self.assertEqual(await db.run_interaction("two_writes", two_writes), "ok")
+        rows = await db.run_interaction(
+            "read", lambda txn: txn.execute("SELECT id, value FROM counter ORDER BY id").fetchall()
+        )
+        self.assertEqual([tuple(r) for r in rows], [(1, 1), (2, 7)])
+
+    async def test_exception_rolls_back_everything(self):
+        db = await self.make_database()
+        await db.run_interaction("create", _create_counter)
+
+        def write_then_fail(txn):
+            txn.execute("UPDATE counter SET value = 42 WHERE id = 1")
+            txn.execute("INSERT INTO counter (id, value) VALUES (2, 2)")
+            raise Boom("after two writes")
+
+        with self.assertRaises(Boom):
+            await db.run_interaction("fail", write_then_fail)
+        self.assertEqual(await db.run_interaction("read", _read_counter), 0)
+        count = await db.run_interaction("count", lambda t: t.select_one_value("SELECT COUNT(*) FROM counter"))
+        self.assertEqual(count, 1)
+
+    async def test_ddl_rolls_back_too(self):
+        db = await self.make_database()
+
+        def create_then_fail(txn):
+            txn.execute("CREATE TABLE doomed (x INTEGER)")
+            raise Boom()
+
+        with self.assertRaises(Boom):
+            await db.run_interaction("ddl", create_then_fail)
+        exists = await db.run_interaction("exists", lambda t: t.engine.table_exists(t._cursor, "doomed"))
+        self.assertFalse(exists)
+
+    async def test_call_after_runs_only_on_commit(self):
+        db = await self.make_database()
+        await db.run_interaction("create", _create_counter)
+        seen = []
+
+        def ok(txn):
+            txn.call_after(lambda: seen.append(("committed", threading.current_thread() is threading.main_thread())))
+
+        def bad(txn):
+            txn.call_after(seen.append, "must not run")
+            raise Boom()
+
+        await db.run_interaction("ok", ok)
+        with self.assertRaises(Boom):
+            await db.run_interaction("bad", bad)
+        # Ran once, on the reactor (main) thread.
+        self.assertEqual(seen, [("committed", True)])
+
+    async def test_bound_parameters_keep_quotes_and_percent(self):
+        db = await self.make_database()
+        nasty = "'; DROP TABLE counter; -- 100% ?"
+
+        def roundtrip(txn):
+            txn.execute("CREATE TABLE t (s TEXT)")
+            txn.execute("INSERT INTO t (s) VALUES (?)", (nasty,))
+            return txn.select_one_value("SELECT s FROM t WHERE s LIKE '%' || ? || '%'", ("DROP",))
+
+        self.assertEqual(await db.run_interaction("roundtrip", roundtrip), nasty)
+
+    async def test_insert_many(self):
+        db = await self.make_database()
+
+        def fill(txn):
+            txn.execute("CREATE TABLE t (a BIGINT, b TEXT)")
+            txn.insert_many("t", ("a", "b"), [(i, str(i)) for i in range(2500)])
+            return txn.execute("SELECT COUNT(*), SUM(a) FROM t").fetchone()
+
+        count, total = await db.run_interaction("fill", fill)
+        self.assertEqual((count, total), (2500, sum(range(2500))))
+
+    async def test_concurrent_increments_are_not_lost(self):
+        """Read-modify-write from many interactions at once: PostgreSQL's
+        serialisation failures are retried, SQLite serialises; nothing is lost."""
+        db = await self.make_database()
+        await db.run_interaction("create", _create_counter)
+
+        def increment(txn):
+            value = txn.select_one_value("SELECT value FROM counter WHERE id = 1")
+            txn.execute("UPDATE counter SET value = ? WHERE id = 1", (value + 1,))
+
+        await defer.gatherResults(
+            [db.run_interaction_deferred("increment", increment) for _ in range(40)], consumeErrors=True
+        )
+        self.assertEqual(await db.run_interaction("read", _read_counter), 40)
+
+    async def test_metrics_per_description(self):
+        db = await self.make_database()
+        before = REGISTRY.get_sample_value(
+            "roomstore_db_transactions_total", {"desc": "metric_probe", "outcome": "commit"}
+        ) or 0
+        await db.run_interaction("metric_probe", lambda txn: txn.execute("SELECT 1"))
+        after = REGISTRY.get_sample_value(
+            "roomstore_db_transactions_total", {"desc": "metric_probe", "outcome": "commit"}
+        )
+        self.assertEqual(after, before + 1)
+        self.assertIsNotNone(
+            REGISTRY.get_sample_value("roomstore_db_transaction_seconds_count", {"desc": "metric_probe"})
+        )
+
+    async def test_query_count(self):
+        db = await self.make_database()
+        before = db.query_count
+        await db.run_interaction("q", lambda txn: (txn.execute("SELECT 1"), txn.execute("SELECT 2")))
+        self.assertEqual(db.query_count - before, 2)
+
+
+class PostgresRetryTests(unittest.TestCase):
+    """A serialisation failure is retried: forced with two transactions that
+    both read a row before either updates it."""
+
+    async def test_serialization_failure_is_retried(self):
+        from tests.db import DatabaseTestMixin
+
+        helper = type("H", (DatabaseTestMixin,), {"engine_name": "postgres"})()
+        helper.addCleanup = self.addCleanup
+        helper.fail = self.fail
+        db = await helper.make_database()
+        await db.run_interaction("create", _create_counter)
+        barrier = threading.Barrier(2, timeout=10)
+        attempts = []
+
+        def increment(txn):
+            attempts.append(1)
+            value = txn.select_one_value("SELECT value FROM counter WHERE id = 1")
+            if len(attempts) <= 2:
+                barrier.wait()  # both first attempts have read the old value
+            txn.execute("UPDATE counter SET value = ? WHERE id = 1", (value + 1,))
+
+        retries_before = REGISTRY.get_sample_value(
+            "roomstore_db_transaction_retries_total", {"desc": "racing_increment"}
+        ) or 0
+        await defer.gatherResults(
+            [db.run_interaction_deferred("racing_increment", increment) for _ in range(2)], consumeErrors=True
+        )
+        self.assertEqual(await db.run_interaction("read", _read_counter), 2)
+        self.assertGreaterEqual(len(attempts), 3)
+        retries_after = REGISTRY.get_sample_value(
+            "roomstore_db_transaction_retries_total", {"desc": "racing_increment"}
+        )
+        self.assertGreaterEqual(retries_after - retries_before, 1)
+
+
+class UrlTests(unittest.TestCase):
+    def test_sqlite_urls(self):
+        engine = engine_from_url("sqlite:///relative/dir/store.db")
+        self.assertIsInstance(engine, SqliteEngine)
+        self.assertEqual(engine.path, "relative/dir/store.db")
+        self.assertEqual(engine_from_url("sqlite:////abs/store.db").path, "/abs/store.db")
+        self.assertEqual(engine_from_url("sqlite:///x.db?synchronous=normal").synchronous, "NORMAL")
+
+    def test_postgres_urls(self):
+        engine = engine_from_url("postgresql://alice@db.example:5433/rooms?cp_max=3&sslmode=disable")
+        self.assertIsInstance(engine, PostgresEngine)
+        self.assertEqual(engine.max_connections, 3)
+        self.assertNotIn("cp_max", engine.dsn)
+        self.assertIn("sslmode=disable", engine.dsn)
+
+    def test_bad_urls_are_clear_errors(self):
+        for url in ("", "store.db", "mysql://x/y", "sqlite://", "sqlite:///", "postgresql://host:5432/",
+                    "postgresql://h/db?cp_max=zero", "sqlite:///x.db?synchronous=sometimes"):
+            with self.assertRaises(DatabaseConfigError, msg=url):
+                engine_from_url(url)
+
+    def test_placeholder_conversion(self):
+        self.assertEqual(convert_placeholders("SELECT ? WHERE a LIKE '%?%'"), "SELECT %s WHERE a LIKE '%%?%%'")
+        self.assertEqual(convert_placeholders("SELECT 5 % 2, ?"), "SELECT 5 %% 2, %s")
