@@ -158,6 +158,10 @@ class Database:
 
         return await self.run_interaction("prepare_database", prepare_database, schema_dir)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _count_query(self) -> None:
         with self._query_lock:
             self.query_count += 1

@@ -365,6 +365,10 @@ class StreamIdGenerator:
             while True:
                 self._persist_again = False
                 position = self._positions[self.instance_name]
+                if self.db.closed:
+                    # Shutting down without close(): start-up recovers the
+                    # position from the backing tables instead.
+                    break
                 if self._persisted.get(self.instance_name) != position:
                     try:
                         await self.db.run_interaction(
@@ -410,6 +414,10 @@ class StreamIdGenerator:
                 d = defer.Deferred()
                 self._persist_done.append(d)
                 await d
+
+    async def close(self) -> None:
+        """Persist the final position; call before closing the database."""
+        await self.flush()
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,281 @@
+"""Stream ID generators: the streams-doc semantics, persistence, recovery, multi-writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from twisted.internet import threads
+from twisted.trial import unittest
+
+from roomstore.storage import Database
+from roomstore.streams import BackingTable, SequenceLagError, StreamConfigError, StreamIdGenerator
+from tests.db import DatabaseTestMixin, on_both_engines
+
+FACTS = BackingTable(table="facts", id_column="stream_id", instance_column="instance_name")
+
+
+def _create_facts(txn):
+    txn.execute("CREATE TABLE facts (stream_id BIGINT NOT NULL, instance_name TEXT NOT NULL)")
+
+
+class Reservation:
+    """Drive a reservation's enter/exit by hand, to complete IDs in any order."""
+
+    def __init__(self, cm):
+        self.cm = cm
+
+    async def reserve(self):
+        return await self.cm.__aenter__()
+
+    async def complete(self):
+        await self.cm.__aexit__(None, None, None)
+
+
+@on_both_engines
+class SingleWriterTests:
+    async def _generator(self, db=None, writers=None, instance="master"):
+        db = db or await self.make_database()
+        return await StreamIdGenerator.create(db, "events", instance, writers=writers)
+
+    async def test_streams_doc_table(self):
+        """The example table of docs 'Streams', row by row."""
+        gen = await self._generator()
+        async with gen.get_next() as first:
+            self.assertEqual(first, 1)
+        self.assertEqual(gen.get_current_token(), 1)  # "initially at ID 1"
+
+        steps = {}
+        for n in (2, 3):
+            steps[n] = Reservation(gen.get_next())
+            self.assertEqual(await steps[n].reserve(), n)
+            self.assertEqual(gen.get_current_token(), 1)  # Reserve 2, Reserve 3 -> 1
+        await steps[3].complete()
+        self.assertEqual(gen.get_current_token(), 1)  # Complete 3 -> 1, waiting for 2
+        await steps[2].complete()
+        self.assertEqual(gen.get_current_token(), 3)  # Complete 2 -> jumps to 3
+        for n in (4, 5, 6):
+            steps[n] = Reservation(gen.get_next())
+            self.assertEqual(await steps[n].reserve(), n)
+            self.assertEqual(gen.get_current_token(), 3)
+        await steps[5].complete()
+        self.assertEqual(gen.get_current_token(), 3)  # Complete 5 -> 3
+        await steps[4].complete()
+        self.assertEqual(gen.get_current_token(), 5)  # Complete 4 -> 5, even though 6 pending
+        await steps[6].complete()
+        self.assertEqual(gen.get_current_token(), 6)  # Complete 6 -> 6
+        # Single writer: per-writer, linear and maximum positions agree.
+        self.assertEqual(gen.get_current_token_for_writer("master"), 6)
+        self.assertEqual(gen.get_max_token(), 6)
+        self.assertEqual(gen.get_positions(), {"master": 6})
+
+    async def test_body_that_raises_still_completes(self):
+        gen = await self._generator()
+        with self.assertRaises(ZeroDivisionError):
+            async with gen.get_next() as stream_id:
+                self.assertEqual(stream_id, 1)
+                1 / 0
+        self.assertEqual(gen.get_current_token(), 1)
+        self.assertEqual(gen.get_unfinished(), [])
+        async with gen.get_next() as stream_id:
+            self.assertEqual(stream_id, 2)  # never reused
+
+    async def test_get_next_mult(self):
+        gen = await self._generator()
+        held = Reservation(gen.get_next_mult(3))
+        ids = await held.reserve()
+        self.assertEqual(ids, [1, 2, 3])
+        async with gen.get_next_mult(2) as later:
+            self.assertEqual(later, [4, 5])
+        self.assertEqual(gen.get_current_token(), 0)  # 1..3 still pending
+        await held.complete()
+        self.assertEqual(gen.get_current_token(), 5)
+
+    async def test_wait_for_position(self):
+        gen = await self._generator()
+        waiter = gen.wait_for_position(2)
+        self.assertFalse(waiter.called)
+        async with gen.get_next():
+            pass
+        self.assertFalse(waiter.called)
+        async with gen.get_next():
+            pass
+        self.assertTrue(waiter.called)
+        self.assertEqual(await waiter, 2)
+        self.assertEqual(await gen.wait_for_position(1), 2)  # already there
+
+    async def test_restart_recovers_persisted_position(self):
+        url = self.new_database_url()
+        db = await self.make_database(url)
+        gen = await self._generator(db)
+        for _ in range(5):
+            async with gen.get_next():
+                pass
+        await gen.flush()
+        stored = await db.run_interaction(
+            "read", lambda t: t.select_one_value("SELECT stream_id FROM stream_positions WHERE stream_name = 'events'")
+        )
+        self.assertEqual(stored, 5)
+        await db.close()
+
+        db2 = await self.make_database(url)
+        gen2 = await self._generator(db2)
+        self.assertEqual(gen2.get_current_token(), 5)
+        async with gen2.get_next() as stream_id:
+            self.assertEqual(stream_id, 6)
+
+    async def test_restart_recovers_from_backing_table_when_position_lagged(self):
+        """A crash after a fact committed but before its position was written:
+        start-up finds the fact in the backing table and never reuses its ID."""
+        url = self.new_database_url()
+        db = await self.make_database(url)
+        await db.run_interaction("facts", _create_facts)
+        gen = await StreamIdGenerator.create(db, "events", "master", backing_tables=[FACTS])
+        async with gen.get_next() as stream_id:
+            await db.run_interaction("fact", lambda t: t.execute("INSERT INTO facts VALUES (?, 'master')", (stream_id,)))
+        await gen.flush()
+        # Facts 2..4 committed, but the position write never happened.
+        async with gen.get_next_mult(3) as ids:
+            await db.run_interaction(
+                "facts", lambda t: t.insert_many("facts", ("stream_id", "instance_name"), [(i, "master") for i in ids])
+            )
+        await db.run_interaction(
+            "undo_position", lambda t: t.execute("UPDATE stream_positions SET stream_id = 1 WHERE stream_name = 'events'")
+        )
+        await db.close()
+
+        db2 = await self.make_database(url)
+        gen2 = await StreamIdGenerator.create(db2, "events", "master", backing_tables=[FACTS])
+        self.assertEqual(gen2.get_current_token(), 4)
+        async with gen2.get_next() as stream_id:
+            self.assertEqual(stream_id, 5)
+
+    async def test_multi_writer_needs_postgres(self):
+        db = await self.make_database()
+        if self.engine_name == "sqlite":
+            with self.assertRaises(StreamConfigError) as caught:
+                await StreamIdGenerator.create(db, "events", "w1", writers=["w1", "w2"])
+            self.assertIn("needs PostgreSQL", str(caught.exception))
+        else:
+            gen = await StreamIdGenerator.create(db, "events", "w1", writers=["w1", "w2"])
+            self.assertEqual(gen.writers, ("w1", "w2"))
+
+    async def test_non_writer_cannot_reserve(self):
+        db = await self.make_database()
+        reader = await StreamIdGenerator.create(db, "events", "reader", writers=["master"])
+        with self.assertRaises(StreamConfigError):
+            async with reader.get_next():
+                pass
+
+    async def test_reader_advance(self):
+        db = await self.make_database()
+        reader = await StreamIdGenerator.create(db, "events", "reader", writers=["master"])
+        waiter = reader.wait_for_position(7, "master")
+        reader.advance("master", 3)
+        self.assertFalse(waiter.called)
+        reader.advance("master", 2)  # never backwards
+        self.assertEqual(reader.get_current_token_for_writer("master"), 3)
+        reader.advance("master", 7)
+        self.assertEqual(await waiter, 7)
+        reader.advance("stranger", 100)  # unknown writer: ignored
+        self.assertEqual(reader.get_positions(), {"master": 7})
+
+    async def test_ids_never_repeat_after_restart_without_flush(self):
+        """SQLite's in-process counter (and PostgreSQL's sequence) continue
+        past every ID recorded in the backing table."""
+        url = self.new_database_url()
+        db = await self.make_database(url)
+        await db.run_interaction("facts", _create_facts)
+        gen = await StreamIdGenerator.create(db, "events", "master", backing_tables=[FACTS])
+        async with gen.get_next_mult(10) as ids:
+            await db.run_interaction(
+                "facts", lambda t: t.insert_many("facts", ("stream_id", "instance_name"), [(i, "master") for i in ids])
+            )
+        await db.close()  # no flush
+        db2 = await self.make_database(url)
+        gen2 = await StreamIdGenerator.create(db2, "events", "master", backing_tables=[FACTS])
+        async with gen2.get_next() as stream_id:
+            self.assertGreater(stream_id, 10)
+
+
+class PostgresOnly(DatabaseTestMixin, unittest.TestCase):
+    """Multi-writer behaviour: needs shared sequences, so PostgreSQL only."""
+
+    engine_name = "postgres"
+
+    async def test_two_writers_in_separate_connections(self):
+        url = self.new_database_url()
+        db_a = await self.make_database(url)
+        db_b = await self.make_database(url, prepare=False)
+        a = await StreamIdGenerator.create(db_a, "events", "a", writers=["a", "b"])
+        b = await StreamIdGenerator.create(db_b, "events", "b", writers=["a", "b"])
+
+        held_a = Reservation(a.get_next())
+        id_a1 = await held_a.reserve()
+        async with b.get_next() as id_b1:
+            pass
+        async with a.get_next() as id_a2:
+            pass
+        self.assertEqual([id_a1, id_b1, id_a2], [1, 2, 3])
+        # a has 1 in flight: its own position stays below it.
+        self.assertEqual(a.get_current_token_for_writer("a"), 0)
+        self.assertEqual(b.get_current_token_for_writer("b"), 2)
+        await held_a.complete()
+        self.assertEqual(a.get_current_token_for_writer("a"), 3)
+
+        # Each learns the other's position, as replication would tell it.
+        a.advance("b", b.get_current_token_for_writer("b"))
+        b.advance("a", a.get_current_token_for_writer("a"))
+        self.assertEqual(a.get_current_token(), 2)
+        self.assertEqual(b.get_current_token(), 3)  # b idle: it moves up with a
+        self.assertEqual(a.get_max_token(), 3)
+        # b is idle, so telling a about b's idle bump lines them up.
+        a.advance("b", b.get_current_token_for_writer("b"))
+        self.assertEqual(a.get_positions(), b.get_positions())
+        self.assertEqual(a.get_positions(), {"a": 3, "b": 3})
+
+    async def test_sequence_lag_is_detected(self):
+        db = await self.make_database()
+        await db.run_interaction("facts", _create_facts)
+        await db.run_interaction("facts", lambda t: t.execute("INSERT INTO facts VALUES (50, 'master')"))
+        with self.assertRaises(SequenceLagError) as caught:
+            await StreamIdGenerator.create(db, "events", "master", backing_tables=[FACTS])
+        self.assertIn("setval('events_stream_seq', 50)", str(caught.exception))
+        await db.run_interaction("fix", lambda t: t.execute("SELECT setval('events_stream_seq', 50)"))
+        gen = await StreamIdGenerator.create(db, "events", "master", backing_tables=[FACTS])
+        async with gen.get_next() as stream_id:
+            self.assertEqual(stream_id, 51)
+
+    async def test_two_processes_reserve_ten_thousand_each(self):
+        """Two OS processes, each reserving 10,000 IDs with get_next_mult and
+        writing a fact per ID: no duplicate, no gap, and after exchanging
+        positions with advance both agree."""
+        url = self.new_database_url()
+        db = await self.make_database(url)
+        await db.run_interaction("facts", _create_facts)
+        script = os.path.join(os.path.dirname(__file__), "two_writer_worker.py")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]))
+        procs = [
+            subprocess.Popen(
+                [sys.executable, script, url, name, other, "10000"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            )
+            for name, other in (("w1", "w2"), ("w2", "w1"))
+        ]
+        outputs = []
+        for proc in procs:
+            out, err = await threads.deferToThread(proc.communicate, timeout=300)
+            self.assertEqual(proc.returncode, 0, err.decode())
+            outputs.append(json.loads(out.decode().strip().splitlines()[-1]))
+
+        ids = await db.run_interaction(
+            "ids", lambda t: [r[0] for r in t.execute("SELECT stream_id FROM facts ORDER BY stream_id").fetchall()]
+        )
+        self.assertEqual(len(ids), 20_000)
+        self.assertEqual(len(set(ids)), 20_000, "duplicate stream IDs")
+        self.assertEqual(ids, list(range(1, 20_001)), "a gap in the stream")
+        self.assertEqual(outputs[0]["positions"], outputs[1]["positions"])
+        self.assertEqual(outputs[0]["positions"], {"w1": 20_000, "w2": 20_000})
+        self.assertEqual(outputs[0]["unfinished"], [])
