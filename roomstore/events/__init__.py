@@ -1,0 +1,49 @@
+from roomstore.events.hashing import (
+    compute_content_hash,
+    compute_event_id,
+    compute_reference_hash,
+)
+from roomstore.events.redaction import prune_event_dict, redacted_copy, redacts_of
+from roomstore.events.room_versions import (
+    KNOWN_ROOM_VERSIONS,
+    EventIdFormat,
+    RoomVersion,
+    RoomVersions,
+    UnknownRoomVersion,
+    get_room_version,
+)
+from roomstore.events.tokens import (
+    InvalidToken,
+    StreamToken,
+    TopologicalToken,
+    parse_token,
+)
+from roomstore.events.validation import (
+    MAX_PDU_SIZE,
+    InvalidEventError,
+    ParsedPdu,
+    parse_pdu,
+)
+
+__all__ = [
+    "EventIdFormat",
+    "InvalidEventError",
+    "InvalidToken",
+    "KNOWN_ROOM_VERSIONS",
+    "MAX_PDU_SIZE",
+    "ParsedPdu",
+    "RoomVersion",
+    "RoomVersions",
+    "StreamToken",
+    "TopologicalToken",
+    "UnknownRoomVersion",
+    "compute_content_hash",
+    "compute_event_id",
+    "compute_reference_hash",
+    "get_room_version",
+    "parse_pdu",
+    "parse_token",
+    "prune_event_dict",
+    "redacted_copy",
+    "redacts_of",
+]

@@ -1,0 +1,78 @@
+"""Content hashes, reference hashes and event IDs (server-server spec).
+
+* Content hash: sha256 over the canonical JSON of the event with
+  ``unsigned``, ``signatures`` and ``hashes`` removed; stored by the sender
+  in ``hashes.sha256`` as unpadded standard base64.
+* Reference hash: sha256 over the canonical JSON of the *redacted* event with
+  ``signatures``, ``unsigned`` and ``age_ts`` removed.
+* Event ID (v3+): ``$`` + the reference hash in unpadded base64; standard
+  alphabet in v3, URL-safe alphabet from v4.  v1/v2 event IDs are chosen by
+  the sender and carried in the PDU, so they cannot be computed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Any, Mapping
+
+from canonicaljson import encode_canonical_json
+
+from roomstore.events.redaction import prune_event_dict
+from roomstore.events.room_versions import EventIdFormat, RoomVersion
+
+__all__ = [
+    "compute_content_hash",
+    "compute_event_id",
+    "compute_reference_hash",
+    "unpadded_base64",
+]
+
+
+def unpadded_base64(data: bytes, *, urlsafe: bool = False) -> str:
+    """Encode ``data`` as the spec's unpadded base64 (optionally URL-safe)."""
+    encoded = base64.urlsafe_b64encode(data) if urlsafe else base64.b64encode(data)
+    return encoded.rstrip(b"=").decode("ascii")
+
+
+def compute_content_hash(event_dict: Mapping[str, Any]) -> str:
+    """Return the content hash of ``event_dict`` as unpadded standard base64.
+
+    This is the value a sender puts in ``hashes.sha256``.  The input is not
+    modified.
+    """
+    stripped = {
+        k: v
+        for k, v in event_dict.items()
+        if k not in ("unsigned", "signatures", "hashes")
+    }
+    return unpadded_base64(hashlib.sha256(encode_canonical_json(stripped)).digest())
+
+
+def compute_reference_hash(
+    room_version: RoomVersion, event_dict: Mapping[str, Any]
+) -> bytes:
+    """Return the 32-byte sha256 reference hash of ``event_dict``."""
+    redacted = prune_event_dict(room_version, event_dict)
+    # The redaction algorithm already drops all three in every version; the
+    # spec lists the step explicitly, so we do it too rather than rely on that.
+    for key in ("signatures", "unsigned", "age_ts"):
+        redacted.pop(key, None)
+    return hashlib.sha256(encode_canonical_json(redacted)).digest()
+
+
+def compute_event_id(room_version: RoomVersion, event_dict: Mapping[str, Any]) -> str:
+    """Return the event ID of a v3+ event, computed from its reference hash.
+
+    Raises:
+        ValueError: ``room_version`` is v1 or v2, whose event IDs are not
+            derived from the event's contents.
+    """
+    fmt = room_version.event_id_format
+    if fmt is EventIdFormat.V1_V2:
+        raise ValueError(
+            f"room version {room_version.identifier} carries event IDs in the PDU; "
+            "they cannot be computed"
+        )
+    digest = compute_reference_hash(room_version, event_dict)
+    return "$" + unpadded_base64(digest, urlsafe=fmt is EventIdFormat.V4_PLUS)

@@ -1,0 +1,239 @@
+"""Reads of the event store: events, bytes, state, extremities, membership.
+
+``EventReader`` holds the read caches (parsed events in a bounded LRU, rooms
+for each user) and the transaction functions ``RoomStore`` runs. Events are
+returned as dicts parsed from the stored bytes, with ``event_id`` added for
+room versions whose PDUs do not carry it, and pruned by the room version's
+redaction algorithm (``unsigned.redacted_because`` set) when a redaction of
+them in the same room is stored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+
+from roomstore.events.redaction import redacted_copy
+from roomstore.events.room_versions import get_room_version
+from roomstore.events.tokens import StreamToken
+from roomstore.storage.database import Transaction
+from roomstore.storage.interning import LruCache, chunks
+from roomstore.visibility.rules import MEMBERSHIP_CODES
+
+if TYPE_CHECKING:
+    from roomstore.store import RoomStore
+
+JOIN = MEMBERSHIP_CODES["join"]
+
+
+def _parse(raw) -> dict:
+    return json.loads(bytes(raw).decode("utf-8"))
+
+
+class EventReader:
+    """Read paths of the store. Who calls it: ``RoomStore`` only."""
+
+    def __init__(self, store: "RoomStore"):
+        self.store = store
+        self.db = store.db
+        self.interners = store.interners
+        self._events = LruCache(store.config.event_cache_size)  # event_id -> dict (as served)
+        self._rooms_for_user = LruCache(50_000)  # user_id -> frozenset of joined room ids
+
+    # ------------------------------------------------------------------ caches
+
+    def invalidate_event(self, event_id: str) -> None:
+        self._events.pop(event_id)
+
+    def invalidate_memberships(self, room_ids: Iterable[str], user_ids: Iterable[str]) -> None:
+        for user_id in user_ids:
+            self._rooms_for_user.pop(user_id)
+        if room_ids:
+            # A current-state change can change anybody's rooms (e.g. a
+            # resolved state); such batches are rare enough to drop it all.
+            self._rooms_for_user.clear()
+
+    def invalidate_all(self) -> None:
+        self._events.clear()
+        self._rooms_for_user.clear()
+
+    # ------------------------------------------------------------------ events
+
+    async def get_events(self, event_ids: Sequence[str], redact: bool = True) -> dict[str, dict]:
+        result: dict[str, dict] = {}
+        missing = []
+        for event_id in dict.fromkeys(event_ids):
+            cached = self._events.get(event_id) if redact else None
+            if cached is not None:
+                result[event_id] = cached
+            else:
+                missing.append(event_id)
+        if missing:
+            fetched = await self.db.run_interaction("get_events", self.events_txn, missing, redact)
+            for event_id, event in fetched.items():
+                if redact:
+                    self._events.set(event_id, event)
+                result[event_id] = event
+        return result
+
+    def events_txn(self, txn: Transaction, event_ids: Sequence[str], redact: bool = True) -> dict[str, dict]:
+        nids = self.interners.events.lookup(txn, event_ids)
+        by_nid = {n: e for e, n in nids.items()}
+        result: dict[str, dict] = {}
+        redacted: dict[int, int] = {}
+        for part in chunks(sorted(by_nid)):
+            marks = ", ".join("?" for _ in part)
+            rows = txn.execute(
+                "SELECT e.event_nid, j.room_version, j.json, e.redacted, e.outlier, e.rejected_reason,"
+                " e.stream_ordering FROM events AS e JOIN event_json AS j ON j.event_nid = e.event_nid"
+                f" WHERE e.event_nid IN ({marks})",
+                list(part),
+            ).fetchall()
+            for nid, version, raw, is_redacted, outlier, rejected, stream in rows:
+                event = _parse(raw)
+                event.setdefault("event_id", by_nid[nid])
+                result[by_nid[nid]] = event
+                if is_redacted and redact:
+                    redacted[nid] = version
+        if redacted:
+            self._apply_redactions(txn, result, by_nid, redacted)
+        return result
+
+    def _apply_redactions(self, txn, result, by_nid, redacted: Mapping[int, str]) -> None:
+        for part in chunks(sorted(redacted)):
+            marks = ", ".join("?" for _ in part)
+            rows = txn.execute(
+                "SELECT r.redacts_event_nid, j.json, i.event_id FROM redactions AS r"
+                " JOIN event_json AS j ON j.event_nid = r.redaction_event_nid"
+                " JOIN event_ids AS i ON i.event_nid = r.redaction_event_nid"
+                " JOIN events AS red ON red.event_nid = r.redaction_event_nid"
+                " JOIN events AS target ON target.event_nid = r.redacts_event_nid AND target.room_nid = red.room_nid"
+                f" WHERE r.redacts_event_nid IN ({marks}) ORDER BY red.stream_ordering",
+                list(part),
+            ).fetchall()
+            done = set()
+            for target, raw, redaction_id in rows:
+                if target in done:
+                    continue  # the first redaction is the one reported
+                done.add(target)
+                event_id = by_nid[target]
+                redaction = _parse(raw)
+                redaction.setdefault("event_id", redaction_id)
+                version = get_room_version(redacted[target])
+                pruned = redacted_copy(result[event_id], version, redaction)
+                pruned.setdefault("event_id", event_id)
+                result[event_id] = pruned
+
+    def json_bytes_txn(self, txn: Transaction, event_id: str) -> bytes | None:
+        nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
+        if nid is None:
+            return None
+        raw = txn.select_one_value("SELECT json FROM event_json WHERE event_nid = ?", (nid,))
+        return None if raw is None else bytes(raw)
+
+    def room_versions_txn(self, txn: Transaction, room_ids: Sequence[str]) -> dict[str, str]:
+        result = {}
+        for part in chunks(list(room_ids)):
+            marks = ", ".join("?" for _ in part)
+            for room_id, version in txn.execute(
+                f"SELECT room_id, room_version FROM rooms WHERE room_id IN ({marks}) AND room_version IS NOT NULL",
+                list(part),
+            ).fetchall():
+                result[room_id] = version
+        return result
+
+    # ------------------------------------------------------------------ state
+
+    def _key_filter(self, txn: Transaction, room_nid: int | None, types) -> list[int] | None:
+        """Interned keys matching ``(type, state_key)`` filters (state_key None: any)."""
+        if types is None:
+            return None
+        exact = [t for t in types if t[1] is not None]
+        wildcard = sorted({t[0] for t in types if t[1] is None})
+        keys = set(self.interners.state_keys.lookup(txn, exact).values())
+        for part in chunks(wildcard):
+            marks = ", ".join("?" for _ in part)
+            keys.update(r[0] for r in txn.execute(
+                f"SELECT type_key_nid FROM state_keys WHERE type IN ({marks})", list(part)
+            ).fetchall())
+        return sorted(keys)
+
+    def _named_state(self, txn: Transaction, state: Mapping[int, int]) -> dict[tuple[str, str], str]:
+        keys = self.interners.state_keys.resolve(txn, state.keys())
+        events = self.interners.events.resolve(txn, state.values())
+        return {keys[k]: events[e] for k, e in state.items()}
+
+    def state_ids_txn(self, txn: Transaction, event_id: str, before: bool, types) -> dict[tuple[str, str], str]:
+        from roomstore.state.groups import StateGroupNotFound
+
+        nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
+        row = None if nid is None else txn.execute(
+            "SELECT state_group_before, state_group, outlier, room_nid FROM events WHERE event_nid = ?", (nid,)
+        ).fetchone()
+        if row is None:
+            raise KeyError(f"unknown event {event_id}")
+        group_before, group_after, outlier, room_nid = row
+        if outlier:
+            raise StateGroupNotFound(f"{event_id} is an outlier: the store has no state for it")
+        group = group_before if before else group_after
+        keys = self._key_filter(txn, room_nid, types)
+        if keys is None:
+            state = self.store.state_groups.get_state(txn, group)
+        else:
+            state = self.store.state_groups.get_state_filtered(txn, group, keys)
+        return self._named_state(txn, state)
+
+    def current_state_txn(self, txn: Transaction, room_id: str, types) -> dict[tuple[str, str], str]:
+        room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)
+        if room_nid is None:
+            return {}
+        keys = self._key_filter(txn, room_nid, types)
+        sql = "SELECT type_key_nid, event_nid FROM current_state WHERE room_nid = ?"
+        if keys is None:
+            state = dict(txn.execute(sql, (room_nid,)).fetchall())
+        else:
+            state = {}
+            for part in chunks(keys):
+                marks = ", ".join("?" for _ in part)
+                state.update(txn.execute(f"{sql} AND type_key_nid IN ({marks})", (room_nid, *part)).fetchall())
+        return self._named_state(txn, state)
+
+    def extremities_txn(self, txn: Transaction, room_id: str, which: str) -> list[str]:
+        table = {"forward": "forward_extremities", "backward": "backward_extremities"}[which]
+        room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)
+        if room_nid is None:
+            return []
+        nids = [r[0] for r in txn.execute(f"SELECT event_nid FROM {table} WHERE room_nid = ?", (room_nid,)).fetchall()]
+        return sorted(self.interners.events.resolve(txn, nids).values())
+
+    # ------------------------------------------------------------------ membership
+
+    def users_in_room_txn(self, txn: Transaction, room_id: str) -> list[str]:
+        room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)
+        if room_nid is None:
+            return []
+        nids = [r[0] for r in txn.execute(
+            "SELECT user_nid FROM current_memberships WHERE room_nid = ? AND membership = ?", (room_nid, JOIN)
+        ).fetchall()]
+        return sorted(self.interners.users.resolve(txn, nids).values())
+
+    async def get_rooms_for_user(self, user_id: str) -> frozenset[str]:
+        cached = self._rooms_for_user.get(user_id)
+        if cached is not None:
+            return cached
+        rooms = frozenset(await self.db.run_interaction("get_rooms_for_user", self.rooms_for_user_txn, user_id))
+        self._rooms_for_user.set(user_id, rooms)
+        return rooms
+
+    def rooms_for_user_txn(self, txn: Transaction, user_id: str) -> list[str]:
+        return [r[0] for r in txn.execute(
+            "SELECT r.room_id FROM current_memberships AS m JOIN users AS u ON u.user_nid = m.user_nid"
+            " JOIN rooms AS r ON r.room_nid = m.room_nid WHERE u.user_id = ? AND m.membership = ?",
+            (user_id, JOIN),
+        ).fetchall()]
+
+    # ------------------------------------------------------------------ tokens
+
+    def current_token(self) -> StreamToken:
+        """The position every read 'up to now' stops at."""
+        return StreamToken.create(self.store.events_stream.get_current_token(), {})

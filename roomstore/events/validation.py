@@ -1,0 +1,474 @@
+"""Parse and validate a PDU received as raw bytes.
+
+:func:`parse_pdu` is the gate every event passes before it is stored.  It
+never re-serialises: :attr:`ParsedPdu.raw` is the input bytes unchanged, so
+what we store and later serve is exactly what we received (and, e.g., a
+``\\u0000`` escape in ``content`` is kept as the six bytes ``\\u0000``).
+
+Decisions not fixed by the spec, and why:
+
+* **Duplicate object keys are rejected** (anywhere in the document).  JSON
+  leaves their meaning open; parsers disagree on first-vs-last wins, so a
+  duplicated key lets two servers hash, sign or authorise different events
+  from the same bytes.  Canonical JSON cannot contain them, so no honest
+  sender produces them.
+* **NaN, Infinity, -Infinity and overflowing floats** (``1e400``) are
+  rejected in every room version: they are not JSON and canonical JSON
+  cannot encode them.  From v6 ("strict canonical JSON") any float, and any
+  integer outside [-(2**53)+1, 2**53-1], is rejected too.
+* **Strings that are not valid Unicode** (a lone-surrogate escape such as
+  ``"\\ud800"``) are rejected: they cannot be encoded as UTF-8, so the event
+  could not be canonicalised, hashed or checked.
+* **Size**: the raw bytes must not exceed 65,536 bytes (checked before
+  parsing, so oversized input costs nothing), and neither may the canonical
+  encoding of the parsed event, which is how the spec measures it ("when
+  formatted with the federation event format, including any signatures, and
+  encoded as Canonical JSON").
+* **Identifier lengths**: ``sender``, ``room_id``, ``state_key``, ``type``
+  and ``event_id`` must be at most 255 bytes of UTF-8 (spec "Size limits").
+* **v3+ PDUs must not carry ``event_id``**.  The spec says event IDs "should
+  not be sent over federation" in these versions; the ID is computed.  An
+  ``event_id`` key would be covered by the reference hash (the redaction
+  algorithm keeps it), so tolerating it would make the computed ID depend on
+  a key the sender did not hash; rejecting is the unambiguous choice.
+* ``depth`` must be in [0, 2**63-1] (the spec's maximum; Synapse also rejects
+  negative depths).  ``origin_server_ts`` must be an integer; booleans are
+  never accepted where an integer is required.
+* ``m.room.member`` events need a ``state_key`` and a string
+  ``content.membership``; ``redacts`` (top level before v11, in ``content``
+  from v11) must be a string when present on an ``m.room.redaction``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Mapping
+
+import attr
+from canonicaljson import encode_canonical_json
+
+from roomstore.events.hashing import compute_event_id
+from roomstore.events.redaction import redacts_of
+from roomstore.events.room_versions import EventIdFormat, RoomVersion
+
+__all__ = [
+    "CANONICALJSON_MAX_INT",
+    "CANONICALJSON_MIN_INT",
+    "InvalidEventError",
+    "MAX_DEPTH",
+    "MAX_IDENTIFIER_BYTES",
+    "MAX_PDU_SIZE",
+    "ParsedPdu",
+    "is_valid_event_id",
+    "parse_pdu",
+]
+
+#: Maximum size of a PDU in bytes (spec "Size limits").
+MAX_PDU_SIZE = 65536
+#: Maximum UTF-8 length of sender, room_id, state_key, type and event_id.
+MAX_IDENTIFIER_BYTES = 255
+#: Integer range allowed by strict canonical JSON (room versions 6+).
+CANONICALJSON_MAX_INT = 2**53 - 1
+CANONICALJSON_MIN_INT = -CANONICALJSON_MAX_INT
+#: Largest allowed ``depth`` ("less than the maximum value for an integer (2^63 - 1)").
+MAX_DEPTH = 2**63 - 1
+
+# Keys every PDU must have, checked in this order so the error is stable.
+_REQUIRED_KEYS = (
+    "room_id",
+    "sender",
+    "type",
+    "content",
+    "origin_server_ts",
+    "depth",
+    "prev_events",
+    "auth_events",
+    "hashes",
+    "signatures",
+)
+
+_EVENT_ID_PATTERNS = {
+    # "$" opaque ":" server_name; the opaque part cannot contain ":".
+    EventIdFormat.V1_V2: re.compile(r"\$[^:]+:.+", re.DOTALL),
+    # sha256 is 32 bytes -> 43 unpadded base64 characters.
+    EventIdFormat.V3: re.compile(r"\$[A-Za-z0-9+/]{43}", re.ASCII),
+    EventIdFormat.V4_PLUS: re.compile(r"\$[A-Za-z0-9_-]{43}", re.ASCII),
+}
+
+
+class InvalidEventError(ValueError):
+    """A PDU failed validation.
+
+    ``str(error)`` names the problem; ``field`` is the dotted path of the
+    offending key when the problem is tied to one (e.g. ``"depth"`` or
+    ``"content.membership"``), else None.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class ParsedPdu:
+    """A validated PDU.
+
+    Equality and hashing use the raw bytes and the derived scalar fields;
+    ``content`` and ``event_dict`` are excluded because dicts are not
+    hashable (they are derived from ``raw`` anyway).  Treat both dicts as
+    read-only: they are shared, not copies.
+    """
+
+    event_id: str
+    room_id: str
+    sender: str
+    type: str
+    #: None for non-state events.
+    state_key: str | None
+    depth: int
+    origin_server_ts: int
+    prev_event_ids: tuple[str, ...]
+    auth_event_ids: tuple[str, ...]
+    #: For ``m.room.redaction``: the redacted event's ID, read from the
+    #: version's location (top level before v11, ``content`` from v11).
+    redacts: str | None
+    #: ``content.membership`` for ``m.room.member`` events, else None.
+    membership: str | None
+    room_version: RoomVersion = attr.ib(repr=lambda v: f"<room version {v.identifier}>")
+    #: The bytes exactly as received (left out of repr: up to 64 KiB).
+    raw: bytes = attr.ib(repr=False)
+    content: Mapping[str, Any] = attr.ib(eq=False, repr=False)
+    #: The whole parsed JSON object.
+    event_dict: Mapping[str, Any] = attr.ib(eq=False, repr=False)
+
+    @property
+    def is_state(self) -> bool:
+        """True for state events (those with a ``state_key``)."""
+        return self.state_key is not None
+
+
+def is_valid_event_id(room_version: RoomVersion, event_id: object) -> bool:
+    """True if ``event_id`` is a string in ``room_version``'s ID format."""
+    if not isinstance(event_id, str):
+        return False
+    if len(event_id.encode("utf-8", "surrogatepass")) > MAX_IDENTIFIER_BYTES:
+        return False
+    return _EVENT_ID_PATTERNS[room_version.event_id_format].fullmatch(event_id) is not None
+
+
+def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
+    """Validate ``raw`` as a PDU of ``room_version`` and return it parsed.
+
+    For v1/v2 the event ID is the PDU's ``event_id``; for v3+ it is computed
+    from the reference hash.  Signatures and content hashes are *not*
+    checked here (that needs keys), nor are the authorization rules.
+
+    Raises:
+        TypeError: ``raw`` is not ``bytes``.
+        InvalidEventError: for any problem with the PDU; the message says which.
+    """
+    if not isinstance(raw, bytes):
+        raise TypeError(f"raw must be bytes, not {type(raw).__name__}")
+    if len(raw) > MAX_PDU_SIZE:
+        raise InvalidEventError(
+            f"PDU is {len(raw)} bytes; the limit is {MAX_PDU_SIZE} bytes"
+        )
+    try:
+        text = raw.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        raise InvalidEventError(
+            f"PDU is not valid UTF-8: invalid byte(s) at offset {e.start}"
+        ) from None
+
+    event = _load_json(text)
+    _check_json_values(event, room_version)
+
+    try:
+        canonical_size = len(encode_canonical_json(event))
+    except RecursionError:
+        raise InvalidEventError("PDU JSON is nested too deeply") from None
+    if canonical_size > MAX_PDU_SIZE:
+        raise InvalidEventError(
+            f"PDU is {canonical_size} bytes as canonical JSON; "
+            f"the limit is {MAX_PDU_SIZE} bytes"
+        )
+
+    for key in _REQUIRED_KEYS:
+        if key not in event:
+            raise InvalidEventError(f"PDU is missing required key {key!r}", key)
+    if room_version.event_id_in_pdu and "event_id" not in event:
+        raise InvalidEventError(
+            f"PDU is missing required key 'event_id' "
+            f"(room version {room_version.identifier} carries event IDs in the PDU)",
+            "event_id",
+        )
+
+    room_id = _require_identifier(event, "room_id", sigil="!")
+    sender = _require_identifier(event, "sender", sigil="@")
+    event_type = _require_identifier(event, "type")
+    state_key = None
+    if "state_key" in event:
+        state_key = _require_identifier(event, "state_key")
+
+    content = event["content"]
+    if not isinstance(content, dict):
+        raise _wrong_type("content", "an object", content)
+    origin_server_ts = _require_int(event, "origin_server_ts")
+    depth = _require_int(event, "depth")
+    if not 0 <= depth <= MAX_DEPTH:
+        raise InvalidEventError(
+            f"'depth' must be between 0 and {MAX_DEPTH}, got {depth}", "depth"
+        )
+    prev_event_ids = _event_references(event, "prev_events", room_version)
+    auth_event_ids = _event_references(event, "auth_events", room_version)
+    _check_hashes(event)
+    _check_signatures(event)
+    if "unsigned" in event and not isinstance(event["unsigned"], dict):
+        raise _wrong_type("unsigned", "an object", event["unsigned"])
+    if "origin" in event and not isinstance(event["origin"], str):
+        raise _wrong_type("origin", "a string", event["origin"])
+
+    if room_version.event_id_in_pdu:
+        event_id = event["event_id"]
+        if not is_valid_event_id(room_version, event_id):
+            raise InvalidEventError(
+                f"'event_id' {event_id!r} is not a room version "
+                f"{room_version.identifier} event ID ('$opaque:server')",
+                "event_id",
+            )
+    else:
+        if "event_id" in event:
+            raise InvalidEventError(
+                f"PDUs in room version {room_version.identifier} must not contain "
+                "'event_id': it is computed from the reference hash",
+                "event_id",
+            )
+        try:
+            event_id = compute_event_id(room_version, event)
+        except RecursionError:
+            raise InvalidEventError("PDU JSON is nested too deeply") from None
+
+    membership = None
+    if event_type == "m.room.member":
+        if state_key is None:
+            raise InvalidEventError(
+                "m.room.member events must have a 'state_key'", "state_key"
+            )
+        membership = content.get("membership")
+        if not isinstance(membership, str):
+            raise _wrong_type("content.membership", "a string", membership)
+
+    redacts = None
+    if event_type == "m.room.redaction":
+        field = "content.redacts" if room_version.redacts_in_content else "redacts"
+        holder = content if room_version.redacts_in_content else event
+        if "redacts" in holder:
+            redacts = redacts_of(room_version, event)
+            if redacts is None:
+                raise _wrong_type(field, "a string", holder["redacts"])
+
+    return ParsedPdu(
+        event_id=event_id,
+        room_id=room_id,
+        sender=sender,
+        type=event_type,
+        state_key=state_key,
+        depth=depth,
+        origin_server_ts=origin_server_ts,
+        prev_event_ids=prev_event_ids,
+        auth_event_ids=auth_event_ids,
+        redacts=redacts,
+        membership=membership,
+        room_version=room_version,
+        raw=raw,
+        content=content,
+        event_dict=event,
+    )
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise InvalidEventError(f"PDU JSON has a duplicate object key {key!r}")
+        result[key] = value
+    return result
+
+
+def _reject_constant(name: str) -> Any:
+    raise InvalidEventError(f"PDU JSON contains {name}, which is not valid JSON")
+
+
+def _load_json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_reject_duplicates,
+            parse_constant=_reject_constant,
+        )
+    except InvalidEventError:
+        raise
+    except json.JSONDecodeError as e:
+        raise InvalidEventError(f"PDU is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InvalidEventError("PDU JSON is nested too deeply") from None
+    except ValueError as e:  # e.g. integers longer than int_max_str_digits
+        raise InvalidEventError(f"PDU is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise InvalidEventError(
+            f"PDU must be a JSON object, got {_json_type_name(value)}"
+        )
+    return value
+
+
+def _check_json_values(event: dict[str, Any], room_version: RoomVersion) -> None:
+    """Check every value: encodable strings, finite numbers, strict ranges.
+
+    Iterative, so deep nesting that the JSON parser accepted cannot overflow
+    the Python stack here.
+    """
+    strict = room_version.strict_canonicaljson
+    stack: list[tuple[Any, str]] = [(event, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            for key, child in value.items():
+                child_path = f"{path}.{key}" if path else key
+                _check_string(key, child_path)
+                stack.append((child, child_path))
+        elif isinstance(value, list):
+            for index, child in enumerate(value):
+                stack.append((child, f"{path}[{index}]"))
+        elif isinstance(value, str):
+            _check_string(value, path)
+        elif isinstance(value, bool) or value is None:
+            pass
+        elif isinstance(value, int):
+            if strict and not CANONICALJSON_MIN_INT <= value <= CANONICALJSON_MAX_INT:
+                raise InvalidEventError(
+                    f"integer at {path!r} is outside the range allowed by canonical "
+                    f"JSON in room version {room_version.identifier}",
+                    path,
+                )
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidEventError(
+                    f"number at {path!r} overflows to {value!r}, which JSON cannot represent",
+                    path,
+                )
+            if strict:
+                raise InvalidEventError(
+                    f"floats are not allowed in room version {room_version.identifier} "
+                    f"(found {value!r} at {path!r})",
+                    path,
+                )
+
+
+def _check_string(value: str, path: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidEventError(
+            f"string at {path!r} contains an unpaired UTF-16 surrogate escape", path
+        ) from None
+
+
+def _json_type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _wrong_type(field: str, expected: str, value: object) -> InvalidEventError:
+    return InvalidEventError(
+        f"{field!r} must be {expected}, got {_json_type_name(value)}", field
+    )
+
+
+def _require_identifier(event: Mapping[str, Any], key: str, sigil: str = "") -> str:
+    value = event[key]
+    if not isinstance(value, str):
+        raise _wrong_type(key, "a string", value)
+    if len(value.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+        raise InvalidEventError(
+            f"{key!r} is longer than {MAX_IDENTIFIER_BYTES} bytes", key
+        )
+    if sigil and not (value.startswith(sigil) and ":" in value[1:]):
+        raise InvalidEventError(
+            f"{key!r} must look like '{sigil}localpart:server', got {value!r}", key
+        )
+    return value
+
+
+def _require_int(event: Mapping[str, Any], key: str) -> int:
+    value = event[key]
+    # bool is a subclass of int in Python but not an integer in JSON.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _wrong_type(key, "an integer", value)
+    return value
+
+
+def _event_references(
+    event: Mapping[str, Any], key: str, room_version: RoomVersion
+) -> tuple[str, ...]:
+    """Validate ``prev_events``/``auth_events`` and return the event IDs."""
+    value = event[key]
+    if not isinstance(value, list):
+        raise _wrong_type(key, "an array", value)
+    ids = []
+    pairs = room_version.event_id_format is EventIdFormat.V1_V2
+    for index, item in enumerate(value):
+        path = f"{key}[{index}]"
+        if pairs:
+            # v1/v2: [event_id, {"sha256": reference hash}]
+            if not (isinstance(item, list) and len(item) == 2):
+                raise InvalidEventError(
+                    f"{path!r} must be an [event_id, hashes] pair in room version "
+                    f"{room_version.identifier}",
+                    path,
+                )
+            event_id, hashes = item
+            if not isinstance(hashes, dict):
+                raise _wrong_type(f"{path}[1]", "an object of hashes", hashes)
+        else:
+            event_id = item
+        if not is_valid_event_id(room_version, event_id):
+            raise InvalidEventError(
+                f"{path!r} is not a room version {room_version.identifier} "
+                f"event ID: {event_id!r}",
+                path,
+            )
+        ids.append(event_id)
+    return tuple(ids)
+
+
+def _check_hashes(event: Mapping[str, Any]) -> None:
+    hashes = event["hashes"]
+    if not isinstance(hashes, dict):
+        raise _wrong_type("hashes", "an object", hashes)
+    if not isinstance(hashes.get("sha256"), str):
+        raise _wrong_type("hashes.sha256", "a string", hashes.get("sha256"))
+
+
+def _check_signatures(event: Mapping[str, Any]) -> None:
+    signatures = event["signatures"]
+    if not isinstance(signatures, dict):
+        raise _wrong_type("signatures", "an object", signatures)
+    for server, by_key in signatures.items():
+        if not isinstance(by_key, dict):
+            raise _wrong_type(f"signatures.{server}", "an object", by_key)
+        for key_id, signature in by_key.items():
+            if not isinstance(signature, str):
+                raise _wrong_type(f"signatures.{server}.{key_id}", "a string", signature)
