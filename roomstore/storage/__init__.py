@@ -9,7 +9,7 @@ Public face:
   ``SchemaTooNewError``, ``SCHEMA_VERSION``.
 """
 
-from roomstore.storage.database import Database, Transaction, open_database
+from roomstore.storage.database import Database, RetryTransaction, Transaction, open_database
 from roomstore.storage.engines import DatabaseConfigError, Engine, engine_from_url
 from roomstore.storage.schema import SCHEMA_VERSION, SchemaError, SchemaTooNewError
 
@@ -18,6 +18,7 @@ __all__ = [
     "DatabaseConfigError",
     "Engine",
     "SCHEMA_VERSION",
+    "RetryTransaction",
     "SchemaError",
     "SchemaTooNewError",
     "Transaction",

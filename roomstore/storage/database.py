@@ -45,6 +45,14 @@ transaction_retries = Counter(
 MAX_ATTEMPTS = 8
 
 
+class RetryTransaction(Exception):
+    """Raised by an interaction function to roll back and run again.
+
+    For conflicts the database did not report itself, e.g. a row another
+    writer committed after this transaction's snapshot was taken.
+    """
+
+
 class Transaction:
     """A cursor inside one transaction, handed to interaction functions.
 
@@ -58,6 +66,7 @@ class Transaction:
         self.description = description
         self._cursor = cursor
         self._after_callbacks: list[tuple[Callable[..., Any], tuple, dict]] = []
+        self._allocated: dict[tuple[str, str], int] = {}
 
     # --- SQL -------------------------------------------------------------
 
@@ -106,6 +115,26 @@ class Transaction:
     @property
     def rowcount(self) -> int:
         return self._cursor.rowcount
+
+    def allocate_ids(self, table: str, column: str, count: int) -> list[int]:
+        """Reserve ``count`` new ids for a serial primary key, to insert in bulk.
+
+        PostgreSQL takes them from the column's sequence (never reused);
+        SQLite counts up from the current maximum, which is safe because
+        ``BEGIN IMMEDIATE`` makes this the only writer of the file.
+        """
+        if count <= 0:
+            return []
+        if self.engine.name == "postgres":
+            rows = self.execute(
+                "SELECT nextval(pg_get_serial_sequence(?, ?)) FROM generate_series(1, ?)", (table, column, count)
+            ).fetchall()
+            return sorted(r[0] for r in rows)
+        top = self.select_one_value(f"SELECT COALESCE(MAX({column}), 0) FROM {table}")
+        # Two allocations before the rows are inserted must not overlap.
+        top = max(top, self._allocated.get((table, column), 0))
+        self._allocated[(table, column)] = top + count
+        return list(range(top + 1, top + 1 + count))
 
     def select_one_value(self, sql: str, args: Sequence[Any] = ()) -> Any:
         row = self.execute(sql, args).fetchone()
@@ -214,7 +243,7 @@ class Database:
                     self._drop_connection()
                     transaction_retries.labels(description).inc()
                     continue
-                if self.engine.is_retryable(exc) and attempt < MAX_ATTEMPTS:
+                if (isinstance(exc, RetryTransaction) or self.engine.is_retryable(exc)) and attempt < MAX_ATTEMPTS:
                     transaction_retries.labels(description).inc()
                     time.sleep(min(0.005 * 2**attempt, 0.5))
                     continue

@@ -14,7 +14,8 @@
 CREATE TABLE rooms (
     room_nid BIGSERIAL PRIMARY KEY,
     room_id TEXT NOT NULL UNIQUE,
-    room_version TEXT
+    room_version TEXT,
+    current_state_group BIGINT                   -- the state group current_state mirrors
 );
 
 -- Every event ID the store has heard of, including prev events it has not got.
@@ -107,7 +108,8 @@ CREATE TABLE state_groups (
     room_nid BIGINT NOT NULL,
     event_nid BIGINT,
     prev_state_group BIGINT,
-    chain_length INTEGER NOT NULL
+    chain_length INTEGER NOT NULL,
+    visibility_snapshot BIGINT                   -- visibility_snapshots row of this state
 );
 CREATE INDEX state_groups_room ON state_groups (room_nid, state_group);
 CREATE INDEX state_groups_prev ON state_groups (prev_state_group);
@@ -193,8 +195,18 @@ CREATE TABLE visibility_snapshots (
     room_nid BIGINT NOT NULL,
     branch_nid BIGINT NOT NULL,
     seq BIGINT NOT NULL,
-    history_visibility SMALLINT NOT NULL,
-    state_group BIGINT NOT NULL UNIQUE           -- the state group it summarises
+    history_visibility SMALLINT NOT NULL
+);
+
+-- For each branch, itself (depth 0) and every branch it descends from, with
+-- the seq up to which that ancestor's rows apply: a membership lookup is one
+-- join, newest depth-0 row first.
+CREATE TABLE visibility_branch_ancestors (
+    branch_nid BIGINT NOT NULL,
+    ancestor_branch_nid BIGINT NOT NULL,
+    upto_seq BIGINT NOT NULL,
+    depth INTEGER NOT NULL,
+    PRIMARY KEY (branch_nid, depth)
 );
 
 CREATE TABLE visibility_memberships (
@@ -206,6 +218,13 @@ CREATE TABLE visibility_memberships (
 );
 
 -- ---------------------------------------------------------------- streams
+
+-- Small integer ids for writer instance names, as multi-writer stream tokens
+-- (m<min>~<instance_id>.<pos>) carry them.
+CREATE TABLE instances (
+    instance_id BIGSERIAL PRIMARY KEY,
+    instance_name TEXT NOT NULL UNIQUE
+);
 
 -- Persisted per-writer positions of every stream, recovered at start-up.
 CREATE TABLE stream_positions (

@@ -1,0 +1,168 @@
+"""State groups: the state of a room at a point, stored as deltas.
+
+A state group maps interned ``(type, state_key)`` ids to event ids. It is
+stored as a delta against a predecessor (``state_groups.prev_state_group``)
+or, when the chain of predecessors would grow past ``max_chain_length``, as a
+full snapshot. A delta row with a NULL event removes the key (only offline
+compaction writes those). The full state of a group is computed by one SQL
+statement: a recursive walk up the chain, keeping for each key the row
+nearest the group. One statement sees one snapshot of the database, so a
+concurrent rewrite of the chain by the compaction job is seen wholly or not at
+all.
+
+Who calls it: the event persister (inside its transaction) and the readers.
+All methods take a ``Transaction``; computed states are cached once their
+groups are committed (groups never change content, only representation).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import attrs
+
+from roomstore.storage.database import Transaction
+from roomstore.storage.interning import LruCache, chunks
+
+StateMap = Mapping[int, int]  # type_key_nid -> event_nid
+
+#: Synapse's MAX_STATE_DELTA_HOPS: a lookup walks at most this many groups.
+DEFAULT_MAX_CHAIN_LENGTH = 100
+
+FULL_STATE_SQL = """
+WITH RECURSIVE chain(state_group, hops) AS (
+    SELECT CAST(? AS BIGINT), 0
+    UNION ALL
+    SELECT g.prev_state_group, chain.hops + 1
+    FROM state_groups AS g JOIN chain ON g.state_group = chain.state_group
+    WHERE g.prev_state_group IS NOT NULL
+)
+SELECT type_key_nid, event_nid FROM (
+    SELECT d.type_key_nid, d.event_nid,
+           ROW_NUMBER() OVER (PARTITION BY d.type_key_nid ORDER BY chain.hops) AS nearest
+    FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group
+) AS ranked
+WHERE nearest = 1 AND event_nid IS NOT NULL
+"""
+
+
+class StateGroupNotFound(LookupError):
+    pass
+
+
+@attrs.frozen
+class NewStateGroup:
+    """A group created in this transaction, with its full state (for caching)."""
+
+    state_group: int
+    state: Mapping[int, int]
+    chain_length: int
+
+
+class StateGroupStore:
+    """Creates state groups and computes their full state."""
+
+    def __init__(self, max_chain_length: int = DEFAULT_MAX_CHAIN_LENGTH, cache_size: int = 64):
+        if max_chain_length < 0:
+            raise ValueError("max_chain_length must be >= 0")
+        self.max_chain_length = max_chain_length
+        self._cache = LruCache(cache_size)  # state_group -> dict (committed groups only)
+
+    # ------------------------------------------------------------------ reads
+
+    def get_state(self, txn: Transaction, state_group: int | None, pending: Mapping[int, Mapping] | None = None) -> dict[int, int]:
+        """The full state of ``state_group`` (None: the empty state).
+
+        ``pending`` holds groups created earlier in the same transaction.
+        The returned dict is a copy the caller may change.
+        """
+        if state_group is None:
+            return {}
+        if pending and state_group in pending:
+            return dict(pending[state_group])
+        cached = self._cache.get(state_group)
+        if cached is not None:
+            return dict(cached)
+        rows = txn.execute(FULL_STATE_SQL, (state_group,)).fetchall()
+        state = {type_key: event for type_key, event in rows}
+        if not state and not self.group_exists(txn, state_group):
+            raise StateGroupNotFound(f"state group {state_group} does not exist")
+        txn.call_after(self._cache.set, state_group, dict(state))
+        return state
+
+    def get_state_filtered(self, txn: Transaction, state_group: int | None, type_keys: Iterable[int]) -> dict[int, int]:
+        """Only the given keys of a group's state (one statement, no full load)."""
+        wanted = list(type_keys)
+        if state_group is None or not wanted:
+            return {}
+        cached = self._cache.get(state_group)
+        if cached is not None:
+            return {k: cached[k] for k in wanted if k in cached}
+        result: dict[int, int] = {}
+        for part in chunks(wanted):
+            marks = ", ".join("?" for _ in part)
+            sql = FULL_STATE_SQL.replace(
+                "FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group",
+                f"FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group"
+                f" AND d.type_key_nid IN ({marks})",
+            )
+            result.update(dict(txn.execute(sql, (state_group, *part)).fetchall()))
+        return result
+
+    def group_exists(self, txn: Transaction, state_group: int) -> bool:
+        return txn.execute("SELECT 1 FROM state_groups WHERE state_group = ?", (state_group,)).fetchone() is not None
+
+    def chain_length(self, txn: Transaction, state_group: int) -> int:
+        value = txn.select_one_value("SELECT chain_length FROM state_groups WHERE state_group = ?", (state_group,))
+        if value is None:
+            raise StateGroupNotFound(f"state group {state_group} does not exist")
+        return value
+
+    # ------------------------------------------------------------------ writes
+
+    def create(
+        self,
+        txn: Transaction,
+        room_nid: int,
+        event_nid: int | None,
+        parent: int | None,
+        parent_state: Mapping[int, int],
+        delta: Mapping[int, int | None],
+        parent_chain_length: int | None = None,
+        visibility_snapshot: int | None = None,
+    ) -> NewStateGroup:
+        """Store the group ``parent_state + delta`` as a delta on ``parent``,
+        or as a snapshot when the chain would grow past the bound.
+
+        ``parent_state`` must be the full state of ``parent`` ({} for None); a
+        None in ``delta`` removes the key. ``parent_chain_length`` saves a
+        query when the caller knows it.
+        """
+        state = dict(parent_state)
+        for key, event in delta.items():
+            if event is None:
+                state.pop(key, None)
+            else:
+                state[key] = event
+        if parent is not None and parent_chain_length is None:
+            parent_chain_length = self.chain_length(txn, parent)
+        (group,) = txn.allocate_ids("state_groups", "state_group", 1)
+        if parent is None or parent_chain_length + 1 > self.max_chain_length:
+            prev, length, rows = None, 0, state
+        else:
+            prev, length, rows = parent, parent_chain_length + 1, delta
+        txn.execute(
+            "INSERT INTO state_groups (state_group, room_nid, event_nid, prev_state_group, chain_length,"
+            " visibility_snapshot) VALUES (?, ?, ?, ?, ?, ?)",
+            (group, room_nid, event_nid, prev, length, visibility_snapshot),
+        )
+        txn.insert_many(
+            "state_group_deltas",
+            ("state_group", "type_key_nid", "event_nid"),
+            [(group, key, event) for key, event in rows.items() if prev is not None or event is not None],
+        )
+        txn.call_after(self._cache.set, group, state)
+        return NewStateGroup(group, state, length)
+
+    def forget(self, state_group: int) -> None:
+        self._cache.pop(state_group)

@@ -1,0 +1,179 @@
+"""String IDs to integer ids (``*_nid``) and back, with bounded caches.
+
+Event IDs, room IDs, user IDs and ``(type, state_key)`` pairs are stored once
+in an interning table; every other table holds the integer. The caches only
+learn ids whose rows are committed (``txn.call_after``): a rolled-back insert
+could leave an id that a later transaction reuses on SQLite.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Hashable, Iterable, Sequence
+
+from roomstore.storage.database import RetryTransaction, Transaction
+
+# SQLite's default limit on bound parameters per statement is 32766; PostgreSQL
+# allows 65535. Chunks well under both keep statements quick to plan.
+CHUNK = 500
+
+
+class LruCache:
+    """A bounded mapping that forgets the least recently used entries."""
+
+    def __init__(self, max_size: int):
+        self.max_size = max_size
+        self._data: OrderedDict = OrderedDict()
+
+    def get(self, key: Hashable, default=None):
+        try:
+            value = self._data[key]
+        except KeyError:
+            return default
+        self._data.move_to_end(key)
+        return value
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._data
+
+    def set(self, key: Hashable, value) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_size:
+            self._data.popitem(last=False)
+
+    def pop(self, key: Hashable, default=None):
+        return self._data.pop(key, default)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def chunks(values: Sequence, size: int = CHUNK) -> Iterable[Sequence]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+class Interner:
+    """Interns one kind of string id (or tuple of strings) into a table.
+
+    ``key_columns`` are the string columns (one for IDs, two for
+    ``(type, state_key)``); keys are strings, or tuples for several columns.
+    """
+
+    def __init__(self, table: str, nid_column: str, key_columns: Sequence[str], cache_size: int = 100_000):
+        self.table = table
+        self.nid_column = nid_column
+        self.key_columns = tuple(key_columns)
+        self._to_nid = LruCache(cache_size)
+        self._to_key = LruCache(cache_size)
+
+    def _remember(self, mapping: dict) -> None:
+        for key, nid in mapping.items():
+            self._to_nid.set(key, nid)
+            self._to_key.set(nid, key)
+
+    def _as_row(self, key) -> tuple:
+        return key if len(self.key_columns) > 1 else (key,)
+
+    def _select(self, txn: Transaction, keys: Sequence) -> dict:
+        found: dict = {}
+        cols = ", ".join(self.key_columns)
+        for part in chunks(list(keys)):
+            if len(self.key_columns) == 1:
+                marks = ", ".join("?" for _ in part)
+                sql = f"SELECT {cols}, {self.nid_column} FROM {self.table} WHERE {cols} IN ({marks})"
+                args: list = list(part)
+            else:
+                one = "(" + ", ".join("?" for _ in self.key_columns) + ")"
+                sql = (
+                    f"SELECT {cols}, {self.nid_column} FROM {self.table}"
+                    f" WHERE ({cols}) IN (VALUES {', '.join(one for _ in part)})"
+                )
+                args = [v for key in part for v in key]
+            for row in txn.execute(sql, args).fetchall():
+                key = row[0] if len(self.key_columns) == 1 else tuple(row[:-1])
+                found[key] = row[-1]
+        return found
+
+    def lookup(self, txn: Transaction, keys: Iterable) -> dict:
+        """The nids of those ``keys`` that are interned already (no writes)."""
+        wanted = list(dict.fromkeys(keys))
+        result = {}
+        missing = []
+        for key in wanted:
+            nid = self._to_nid.get(key)
+            if nid is None:
+                missing.append(key)
+            else:
+                result[key] = nid
+        if missing:
+            found = self._select(txn, missing)
+            result.update(found)
+            txn.call_after(self._remember, found)
+        return result
+
+    def intern(self, txn: Transaction, keys: Iterable) -> dict:
+        """The nids of ``keys``, inserting those not interned yet."""
+        wanted = list(dict.fromkeys(keys))
+        result = self.lookup(txn, wanted)
+        missing = [k for k in wanted if k not in result]
+        if not missing:
+            return result
+        cols = ", ".join(self.key_columns)
+        marks = ", ".join("?" for _ in self.key_columns)
+        txn.executemany(
+            f"INSERT INTO {self.table} ({cols}) VALUES ({marks}) ON CONFLICT DO NOTHING",
+            [self._as_row(k) for k in missing],
+        )
+        found = self._select(txn, missing)
+        if len(found) != len(missing):
+            # Another writer inserted some of them after our snapshot began:
+            # their rows are invisible to this transaction. Start again.
+            raise RetryTransaction(f"{self.table}: concurrent insert of {len(missing) - len(found)} keys")
+        result.update(found)
+        txn.call_after(self._remember, found)
+        return result
+
+    def resolve(self, txn: Transaction, nids: Iterable[int]) -> dict[int, object]:
+        """The keys of interned ``nids``."""
+        wanted = list(dict.fromkeys(nids))
+        result = {}
+        missing = []
+        for nid in wanted:
+            key = self._to_key.get(nid)
+            if key is None:
+                missing.append(nid)
+            else:
+                result[nid] = key
+        if missing:
+            cols = ", ".join(self.key_columns)
+            fetched = {}
+            for part in chunks(missing):
+                marks = ", ".join("?" for _ in part)
+                rows = txn.execute(
+                    f"SELECT {self.nid_column}, {cols} FROM {self.table} WHERE {self.nid_column} IN ({marks})",
+                    list(part),
+                ).fetchall()
+                for row in rows:
+                    fetched[row[0]] = row[1] if len(self.key_columns) == 1 else tuple(row[1:])
+            result.update(fetched)
+            txn.call_after(self._remember, {k: n for n, k in fetched.items()})
+        return result
+
+    def cached_nid(self, key) -> int | None:
+        """The nid if it is in the cache; never touches the database."""
+        return self._to_nid.get(key)
+
+
+class Interners:
+    """The store's interning tables, one ``Interner`` each."""
+
+    def __init__(self, cache_size: int = 100_000):
+        self.rooms = Interner("rooms", "room_nid", ["room_id"], cache_size)
+        self.events = Interner("event_ids", "event_nid", ["event_id"], cache_size)
+        self.users = Interner("users", "user_nid", ["user_id"], cache_size)
+        self.state_keys = Interner("state_keys", "type_key_nid", ["type", "state_key"], cache_size)

@@ -1,0 +1,230 @@
+"""``RoomStore``: the object a homeserver embeds.
+
+It composes the pieces (database, interning, state groups, visibility, the
+event persister and readers, stream ID generators and change caches) and
+offers async methods. Everything that touches the database runs through
+``Database.run_interaction``; caches are updated only after commits.
+
+    store = await RoomStore.open("sqlite:///var/roomstore.db")
+    results = await store.persist_events([EventToPersist(raw_bytes, "10")])
+    event = await store.get_event(results[0].event_id)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping, Sequence
+
+import attrs
+from twisted.logger import Logger
+
+from roomstore.events.persist import (
+    BatchOutcome,
+    EventPersister,
+    EventToPersist,
+    PersistedEvent,
+    prepare_events,
+)
+from roomstore.events.reads import EventReader
+from roomstore.state.groups import DEFAULT_MAX_CHAIN_LENGTH, StateGroupStore
+from roomstore.storage.database import Database
+from roomstore.storage.interning import Interners
+from roomstore.streams.builtin import open_builtin_generators
+from roomstore.streams.change_cache import StreamChangeCache
+from roomstore.visibility.snapshots import VisibilityStore
+
+log = Logger()
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@attrs.frozen
+class StoreConfig:
+    """How a store process is set up.
+
+    ``stream_writers`` maps a stream name to its writer instances (default:
+    this instance writes every stream). ``redaction_retention_ms``: how long
+    a redacted event's original bytes stay retrievable before the censor job
+    replaces them.
+    """
+
+    instance_name: str = "master"
+    stream_writers: Mapping[str, Sequence[str]] = attrs.field(factory=dict)
+    max_state_chain_length: int = DEFAULT_MAX_CHAIN_LENGTH
+    event_cache_size: int = 10_000
+    change_cache_size: int = 100_000
+    redaction_retention_ms: int = 7 * DAY_MS
+
+
+class RoomStore:
+    """The event store. Construct with ``await RoomStore.open(url_or_database)``."""
+
+    def __init__(self, db: Database, config: StoreConfig, generators: Mapping[str, Any]):
+        self.db = db
+        self.config = config
+        self.instance_name = config.instance_name
+        self.generators = dict(generators)
+        self.events_stream = self.generators["events"]
+        self.backfill_stream = self.generators["backfill"]
+        self.caches_stream = self.generators["caches"]
+        self.interners = Interners()
+        self.state_groups = StateGroupStore(config.max_state_chain_length)
+        self.visibility = VisibilityStore()
+        self.persister = EventPersister(self.interners, self.state_groups, self.visibility, config.instance_name)
+        position = self.events_stream.get_current_token()
+        # Which rooms had new events, whose membership changed, since a position.
+        self.room_changes = StreamChangeCache("room_events", position, config.change_cache_size)
+        self.membership_changes = StreamChangeCache("user_memberships", position, config.change_cache_size)
+        self.reader = EventReader(self)
+        self._invalidation_hooks: list = []
+
+    @classmethod
+    async def open(cls, database: str | Database, config: StoreConfig | None = None, reactor: Any = None) -> "RoomStore":
+        """Open (and migrate) the database, recover stream positions."""
+        config = config or StoreConfig()
+        if isinstance(database, str):
+            db = Database.from_url(database, reactor)
+            owns_db = True
+        else:
+            db, owns_db = database, False
+        try:
+            await db.prepare()
+            generators = await open_builtin_generators(db, config.instance_name, config.stream_writers)
+        except BaseException:
+            if owns_db:
+                await db.close()
+            raise
+        store = cls(db, config, generators)
+        store._owns_db = owns_db
+        await db.run_interaction("register_instance", store._register_instance_txn)
+        return store
+
+    def _register_instance_txn(self, txn) -> None:
+        txn.execute(
+            "INSERT INTO instances (instance_name) VALUES (?) ON CONFLICT DO NOTHING", (self.instance_name,)
+        )
+
+    async def close(self) -> None:
+        for gen in self.generators.values():
+            await gen.close()
+        if getattr(self, "_owns_db", False):
+            await self.db.close()
+
+    # ------------------------------------------------------------------ persistence
+
+    async def persist_events(
+        self,
+        events: Sequence[EventToPersist],
+        resolved_current_state: Mapping[str, Mapping[tuple[str, str], str]] | None = None,
+    ) -> list[PersistedEvent]:
+        """Persist a batch atomically; returns one result per event given, in order.
+
+        An event stored before is a no-op reporting its existing position.
+        Raises ``InvalidEventError`` (bad bytes or fields), ``ConflictedStateError``
+        (prev events' states conflict), ``MissingStateError`` (state cannot be
+        derived); nothing is written then, and reserved stream IDs still complete.
+        """
+        if not events:
+            return []
+        known_versions = await self._known_room_versions(events)
+        prepared = prepare_events(events, known_versions)
+        live = sum(1 for ev in prepared if not ev.backfilled)
+        backfilled = len(prepared) - live
+        async with self._reserve(self.events_stream, live) as stream_ids:
+            async with self._reserve(self.backfill_stream, backfilled) as backfill_ids:
+                outcome: BatchOutcome = await self.db.run_interaction(
+                    "persist_events", self.persister.persist_txn, prepared, stream_ids, backfill_ids,
+                    resolved_current_state,
+                )
+        self._after_persist(outcome)
+        return [outcome.results[ev.event_id] for ev in prepared]
+
+    def _reserve(self, generator, count: int):
+        if count == 0:
+            return _NoIds()
+        return generator.get_next_mult(count)
+
+    async def _known_room_versions(self, events: Sequence[EventToPersist]) -> dict[str, str]:
+        from roomstore.events.persist import peek_room_version
+
+        rooms = set()
+        for ev in events:
+            if isinstance(ev, EventToPersist) and ev.room_version is None:
+                room_id, event_type, _ = peek_room_version(ev.raw)
+                if room_id and event_type != "m.room.create":
+                    rooms.add(room_id)
+        if not rooms:
+            return {}
+        return await self.db.run_interaction("room_versions", self.reader.room_versions_txn, sorted(rooms))
+
+    def _after_persist(self, outcome: BatchOutcome) -> None:
+        for room_id, position in outcome.room_positions.items():
+            self.room_changes.entity_has_changed(room_id, position)
+        for user_id, position in outcome.membership_users.items():
+            self.membership_changes.entity_has_changed(user_id, position)
+        if outcome.membership_users or outcome.current_state_rooms:
+            self.reader.invalidate_memberships(outcome.current_state_rooms, set(outcome.membership_users))
+        for event_id in outcome.redacted_event_ids:
+            self.reader.invalidate_event(event_id)
+        for hook in self._invalidation_hooks:
+            hook(outcome)
+
+    def add_invalidation_hook(self, hook) -> None:
+        """Call ``hook(outcome)`` after every committed batch (replication uses it)."""
+        self._invalidation_hooks.append(hook)
+
+    # ------------------------------------------------------------------ reads
+    # Thin async wrappers: the SQL lives in roomstore.events.reads.
+
+    async def get_event(self, event_id: str, redact: bool = True) -> dict | None:
+        return (await self.get_events([event_id], redact=redact)).get(event_id)
+
+    async def get_events(self, event_ids: Iterable[str], redact: bool = True) -> dict[str, dict]:
+        return await self.reader.get_events(list(event_ids), redact=redact)
+
+    async def get_event_json_bytes(self, event_id: str) -> bytes | None:
+        return await self.db.run_interaction("get_event_json_bytes", self.reader.json_bytes_txn, event_id)
+
+    async def get_state_ids(self, event_id: str, before: bool = False) -> dict[tuple[str, str], str]:
+        return await self.db.run_interaction("get_state_ids", self.reader.state_ids_txn, event_id, before, None)
+
+    async def get_state_ids_filtered(
+        self, event_id: str, types: Iterable[tuple[str, str | None]], before: bool = False
+    ) -> dict[tuple[str, str], str]:
+        return await self.db.run_interaction("get_state_ids", self.reader.state_ids_txn, event_id, before, list(types))
+
+    async def get_current_state_ids(
+        self, room_id: str, types: Iterable[tuple[str, str | None]] | None = None
+    ) -> dict[tuple[str, str], str]:
+        return await self.db.run_interaction(
+            "get_current_state_ids", self.reader.current_state_txn, room_id, None if types is None else list(types)
+        )
+
+    async def get_forward_extremities(self, room_id: str) -> list[str]:
+        return await self.db.run_interaction("get_forward_extremities", self.reader.extremities_txn, room_id, "forward")
+
+    async def get_backward_extremities(self, room_id: str) -> list[str]:
+        return await self.db.run_interaction("get_backward_extremities", self.reader.extremities_txn, room_id, "backward")
+
+    async def get_rooms_for_user(self, user_id: str) -> frozenset[str]:
+        return await self.reader.get_rooms_for_user(user_id)
+
+    async def get_users_in_room(self, room_id: str) -> list[str]:
+        return await self.db.run_interaction("get_users_in_room", self.reader.users_in_room_txn, room_id)
+
+    def get_current_token(self) -> str:
+        return self.reader.current_token().to_string()
+
+
+class _NoIds:
+    """Stands in for a reservation of zero IDs."""
+
+    async def __aenter__(self):
+        return []
+
+    async def __aexit__(self, *exc):
+        return False
+
+
+def event_json_dict(raw: bytes) -> dict:
+    return json.loads(bytes(raw).decode("utf-8"))
