@@ -1,49 +1,332 @@
 """``roomstore``: the command line for operators and the main job.
 
 Every command takes ``--db URL`` (default: an embedded SQLite file,
-``sqlite:///var/roomstore.db``) and prints JSON, one object a line.
+``sqlite:///var/roomstore.db``) and prints JSON, one object a line; progress
+and logs go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Iterator
 
 from twisted.internet import defer, task
 
 DEFAULT_DB = "sqlite:///var/roomstore.db"
+SAMPLE_PATH = os.path.join(os.path.dirname(__file__), "data", "sample-rooms.jsonl")
 
 
 def emit(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.write(json.dumps(obj, sort_keys=True, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+class CliError(Exception):
+    """A problem the operator can fix; printed without a traceback."""
+
+
+async def open_store(reactor, args):
+    from roomstore.store import RoomStore, StoreConfig
+
+    return await RoomStore.open(args.db, StoreConfig(instance_name=args.instance), reactor=reactor)
+
+
+# ---------------------------------------------------------------------- init
 
 
 async def cmd_init(reactor, args) -> int:
     """Create or upgrade the schema; print the version and stream positions."""
-    from roomstore.storage import open_database
-    from roomstore.streams.builtin import open_builtin_generators
-
-    db = await open_database(args.db, reactor)
+    store = await open_store(reactor, args)
     try:
-        version = await db.run_interaction("schema_version", lambda t: t.select_one_value("SELECT version FROM schema_version"))
-        generators = await open_builtin_generators(db, args.instance)
-        emit({"db": db.engine.describe(), "schema_version": version})
-        for name, gen in generators.items():
-            emit({"stream": name, "positions": gen.get_positions(), "current": gen.get_current_token()})
+        await report_positions(store)
     finally:
-        await db.close()
+        await store.close()
     return 0
 
 
+async def report_positions(store) -> None:
+    version = await store.db.run_interaction(
+        "schema_version", lambda t: t.select_one_value("SELECT version FROM schema_version")
+    )
+    emit({"db": store.db.engine.describe(), "schema_version": version})
+    for name, gen in store.generators.items():
+        emit({"stream": name, "positions": gen.get_positions(), "current": gen.get_current_token()})
+
+
+# ---------------------------------------------------------------------- import
+
+
+def read_import_lines(path: str) -> Iterator[tuple[int, bytes, str | None]]:
+    """(line number, event bytes, room version or None) per non-blank line.
+
+    A bare PDU line is stored byte for byte. For a wrapped line
+    ``{"room_version": ..., "event": {...}}`` the event object is written back
+    compactly: its hashes, signatures and (v3+) ID are over canonical JSON, so
+    they still hold.
+    """
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise CliError(f"{path}:{number}: not a JSON object: {exc}") from None
+            if isinstance(obj, dict) and "event" in obj and isinstance(obj.get("event"), dict):
+                version = obj.get("room_version")
+                if version is not None and not isinstance(version, str):
+                    raise CliError(f"{path}:{number}: room_version must be a string")
+                raw = json.dumps(obj["event"], ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+                yield number, raw, version
+            else:
+                yield number, line, None
+
+
+class Progress:
+    """A progress line on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, total: int, label: str):
+        self.total = max(total, 1)
+        self.label = label
+        self.done = 0
+        self.started = time.monotonic()
+        self._drawn = 0.0
+        self.enabled = sys.stderr.isatty() or os.environ.get("ROOMSTORE_PROGRESS") == "1"
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and (now - self._drawn > 0.1 or self.done >= self.total):
+            self._drawn = now
+            width = 30
+            filled = int(width * self.done / self.total)
+            rate = self.done / max(now - self.started, 1e-9)
+            sys.stderr.write(
+                f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} ({rate:,.0f}/s)"
+            )
+            sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+async def import_file(store, path: str, batch_size: int = 100) -> dict:
+    """Import a JSON-lines file in batches; a failing batch is retried event by
+    event so one unresolvable event is reported and the rest imported."""
+    from roomstore.events.persist import EventToPersist, MissingStateError
+    from roomstore.events.room_versions import UnknownRoomVersion
+    from roomstore.events.validation import InvalidEventError
+    from roomstore.state.merge import ConflictedStateError
+
+    expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
+    lines = list(read_import_lines(path))
+    progress = Progress(len(lines), "import")
+    summary = {"imported": 0, "already_present": 0, "failed": 0}
+    for start in range(0, len(lines), batch_size):
+        chunk = lines[start : start + batch_size]
+        batch = [EventToPersist(raw, version) for _, raw, version in chunk]
+        try:
+            results = await store.persist_events(batch)
+        except expected:
+            results = []
+            for (number, raw, version), item in zip(chunk, batch):
+                try:
+                    results.extend(await store.persist_events([item]))
+                except expected as exc:
+                    summary["failed"] += 1
+                    emit({"line": number, "error": type(exc).__name__, "message": str(exc)})
+        for result in results:
+            summary["already_present" if result.already_persisted else "imported"] += 1
+        progress.advance(len(chunk))
+    progress.finish()
+    return summary
+
+
+async def cmd_import(reactor, args) -> int:
+    if not os.path.exists(args.file):
+        raise CliError(f"no such file: {args.file}")
+    store = await open_store(reactor, args)
+    try:
+        started = time.monotonic()
+        summary = await import_file(store, args.file, args.batch_size)
+        summary["seconds"] = round(time.monotonic() - started, 3)
+        summary["current_token"] = store.get_current_token()
+        emit(summary)
+    finally:
+        await store.close()
+    return 1 if summary["failed"] and args.strict else 0
+
+
+# ---------------------------------------------------------------------- reads
+
+
+def state_as_json(state: dict) -> list[dict]:
+    return [{"type": t, "state_key": k, "event_id": e} for (t, k), e in sorted(state.items())]
+
+
+async def cmd_state(reactor, args) -> int:
+    store = await open_store(reactor, args)
+    try:
+        try:
+            state = await store.get_state_ids(args.event_id, before=args.before)
+        except KeyError:
+            raise CliError(f"unknown event {args.event_id}") from None
+        emit({"event_id": args.event_id, "before": args.before, "state": state_as_json(state)})
+    finally:
+        await store.close()
+    return 0
+
+
+async def cmd_messages(reactor, args) -> int:
+    store = await open_store(reactor, args)
+    try:
+        page = await store.paginate(args.room_id, args.user, args.from_token, args.dir, args.limit)
+        for event in page.events:
+            emit(event)
+        emit({"next_token": page.next_token})
+    finally:
+        await store.close()
+    return 0
+
+
+async def cmd_sync(reactor, args) -> int:
+    store = await open_store(reactor, args)
+    try:
+        result = await store.sync(args.user, args.since)
+        for room_id, events in sorted(result.rooms.items()):
+            for event in events:
+                emit({"room_id": room_id, "event": event})
+        for event in result.membership_events:
+            emit({"membership_change": event})
+        emit({"next_token": result.next_token})
+    finally:
+        await store.close()
+    return 0
+
+
+async def cmd_recent(reactor, args) -> int:
+    store = await open_store(reactor, args)
+    try:
+        result = await store.recent(args.user, args.rooms, args.events, args.cursor)
+        for room_id, events in result.rooms:
+            emit({"room_id": room_id, "events": events})
+        emit({"next_cursor": result.next_cursor})
+    finally:
+        await store.close()
+    return 0
+
+
+STATS_TABLES = [
+    "rooms", "event_ids", "users", "state_keys", "events", "event_json", "event_edges", "event_auth_edges",
+    "forward_extremities", "backward_extremities", "state_groups", "state_group_deltas", "current_state",
+    "current_state_deltas", "room_memberships", "current_memberships", "redactions", "visibility_snapshots",
+    "visibility_branches", "visibility_branch_ancestors", "visibility_memberships", "stream_positions",
+    "cache_invalidations",
+]
+
+
+def stats_txn(txn) -> list[dict]:
+    rows = []
+    for table in STATS_TABLES:
+        count = txn.select_one_value(f"SELECT COUNT(*) FROM {table}")
+        if txn.engine.name == "postgres":
+            size = txn.select_one_value("SELECT pg_total_relation_size(?)", (table,))
+        else:
+            try:
+                size = txn.select_one_value(
+                    "SELECT SUM(pgsize) FROM dbstat WHERE name = ? OR name IN"
+                    " (SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?)",
+                    (table, table),
+                )
+            except Exception:  # SQLite built without dbstat
+                size = None
+        rows.append({"table": table, "rows": count, "bytes": size})
+    return rows
+
+
+async def cmd_stats(reactor, args) -> int:
+    store = await open_store(reactor, args)
+    try:
+        for row in await store.db.run_interaction("stats", stats_txn):
+            emit(row)
+    finally:
+        await store.close()
+    return 0
+
+
+# ---------------------------------------------------------------------- demo
+
+
 async def cmd_demo(reactor, args) -> int:
-    """The main job on the embedded default: initialise a store and report on it."""
-    return await cmd_init(reactor, args)
+    """The main job on the embedded default: import the bundled sample and
+    show each kind of read."""
+    store = await open_store(reactor, args)
+    try:
+        await report_positions(store)
+        summary = await import_file(store, args.sample)
+        emit({"import": args.sample, **summary})
+        rooms = await store.db.run_interaction(
+            "demo_rooms", lambda t: [r[0] for r in t.execute("SELECT room_id FROM rooms ORDER BY room_nid").fetchall()]
+        )
+        room_id = rooms[0]
+        creator = await store.db.run_interaction(
+            "demo_creator",
+            lambda t: t.select_one_value(
+                "SELECT u.user_id FROM events AS e JOIN users AS u ON u.user_nid = e.sender_nid"
+                " JOIN rooms AS r ON r.room_nid = e.room_nid WHERE r.room_id = ? AND e.type = 'm.room.create'",
+                (room_id,),
+            ),
+        )
+        emit({"demo": "current state", "room_id": room_id,
+              "state": state_as_json(await store.get_current_state_ids(room_id, [("m.room.topic", ""), ("m.room.history_visibility", "")]))})
+        extremities = await store.get_forward_extremities(room_id)
+        state = await store.get_state_ids(extremities[0], before=True)
+        emit({"demo": "state before a forward extremity", "event_id": extremities[0], "entries": len(state)})
+        users = await store.get_users_in_room(room_id)
+        emit({"demo": "users in room", "room_id": room_id, "joined": len(users)})
+        page = await store.paginate(room_id, creator, None, "b", 5)
+        emit({"demo": "messages (newest 5)", "user": creator,
+              "events": [(e["event_id"], e["type"]) for e in page.events], "next_token": page.next_token})
+        recent = await store.recent(creator, 3, 2, None)
+        emit({"demo": "recent (2 events in 3 rooms)", "user": creator,
+              "rooms": [(r, [e["event_id"] for e in evs]) for r, evs in recent.rooms]})
+        sync = await store.sync(creator, "s0")
+        emit({"demo": "sync since s0", "user": creator,
+              "rooms": {r: len(evs) for r, evs in sync.rooms.items()},
+              "membership_changes": len(sync.membership_events), "next_token": sync.next_token})
+        for row in await store.db.run_interaction("stats", stats_txn):
+            if row["table"] in ("events", "state_group_deltas", "visibility_memberships", "redactions"):
+                emit({"demo": "stats", **row})
+    finally:
+        await store.close()
+    return 0
 
 
-COMMANDS: dict[str, Callable] = {"init": cmd_init, "demo": cmd_demo}
+async def cmd_generate_sample(reactor, args) -> int:
+    from roomstore.sample import write_sample
+
+    count = write_sample(args.output, rooms=args.rooms, events_per_room=args.events_per_room, seed=args.seed)
+    emit({"written": args.output, "events": count})
+    return 0
+
+
+COMMANDS: dict[str, Callable] = {
+    "init": cmd_init,
+    "import": cmd_import,
+    "state": cmd_state,
+    "messages": cmd_messages,
+    "sync": cmd_sync,
+    "recent": cmd_recent,
+    "stats": cmd_stats,
+    "demo": cmd_demo,
+    "generate-sample": cmd_generate_sample,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +341,35 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     add("init", "create or upgrade the schema; print schema version and stream positions")
-    add("demo", "the main job: initialise a store and show what it holds")
+    p = add("import", "import events from a JSON-lines file")
+    p.add_argument("file")
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--strict", action="store_true", help="exit 1 if any event failed")
+    p = add("state", "the state at an event")
+    p.add_argument("event_id")
+    p.add_argument("--before", action="store_true", help="the state before the event, not after")
+    p = add("messages", "a page of a room's timeline as a user sees it")
+    p.add_argument("room_id")
+    p.add_argument("--user", required=True)
+    p.add_argument("--from", dest="from_token", default=None)
+    p.add_argument("--dir", choices=["b", "f"], default="b")
+    p.add_argument("--limit", type=int, default=10)
+    p = add("sync", "new events for a user since a token")
+    p.add_argument("--user", required=True)
+    p.add_argument("--since", default=None)
+    p = add("recent", "the newest events in a user's most recently active rooms")
+    p.add_argument("--user", required=True)
+    p.add_argument("--rooms", type=int, default=5)
+    p.add_argument("--events", type=int, default=10)
+    p.add_argument("--cursor", default=None)
+    add("stats", "rows and bytes per table")
+    p = add("demo", "the main job: import the bundled sample and show the reads")
+    p.add_argument("--sample", default=SAMPLE_PATH)
+    p = add("generate-sample", "write a generated sample history (JSON lines)")
+    p.add_argument("output")
+    p.add_argument("--rooms", type=int, default=5)
+    p.add_argument("--events-per-room", type=int, default=800)
+    p.add_argument("--seed", type=int, default=7)
     return parser
 
 
@@ -74,13 +385,25 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     level = LogLevel.info if args.verbose else LogLevel.warn
-    observer = FilteringLogObserver(
-        textFileLogObserver(sys.stderr), [LogLevelFilterPredicate(defaultLogLevel=level)]
-    )
+    observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [LogLevelFilterPredicate(defaultLogLevel=level)])
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
 
     async def run_command(reactor):
-        code = await handler(reactor, args) or 0
+        try:
+            code = await handler(reactor, args) or 0
+        except CliError as exc:
+            sys.stderr.write(f"roomstore {args.command}: {exc}\n")
+            code = 2
+        except Exception as exc:
+            # Errors the store raises for bad input carry a clear message.
+            from roomstore.events.tokens import InvalidToken
+            from roomstore.storage import DatabaseConfigError, SchemaError
+
+            if isinstance(exc, (InvalidToken, DatabaseConfigError, SchemaError, ValueError)):
+                sys.stderr.write(f"roomstore {args.command}: {type(exc).__name__}: {exc}\n")
+                code = 2
+            else:
+                raise
         if code:
             raise SystemExit(code)  # react() exits with a SystemExit's code
 

@@ -303,25 +303,40 @@ class _BatchWriter:
                 value = content.get("history_visibility") if isinstance(content, dict) else None
                 self.visibility_of_event[nid] = visibility_code(value)
 
-    def conflict_error(self, event_id: str, conflicts: Mapping[int, set]) -> ConflictedStateError:
+    def conflict_error(
+        self, event_id: str, conflicts: Mapping[int, set], what: str | None = None, advice: str | None = None
+    ) -> ConflictedStateError:
         self.names_of_keys(conflicts)
         names = self.p.interners.events.resolve(self.txn, {e for events in conflicts.values() for e in events})
         described = {
             self.key_names[key]: sorted(names.get(e, str(e)) for e in events) for key, events in conflicts.items()
         }
         keys = ", ".join(f"({t!r}, {s!r})" for t, s in sorted(described))
-        return ConflictedStateError(
-            f"cannot derive the state at {event_id}: its prev events' states conflict on {keys}; "
-            "resolve the state and pass it as state_before",
-            described,
-        )
+        what = what or f"the state at {event_id}: its prev events' states"
+        advice = advice or "resolve the state and pass it as state_before"
+        return ConflictedStateError(f"cannot derive {what} conflict on {keys}; {advice}", described)
 
     # ---------------------------------------------------------------- groups
 
-    def new_group(self, room_nid: int, event_nid: int | None, parent: int | None, delta: Mapping[int, int | None]) -> int:
-        """Create ``parent + delta`` with its visibility snapshot; returns the group."""
+    def new_group(
+        self,
+        room_nid: int,
+        event_nid: int | None,
+        parent: int | None,
+        delta: Mapping[int, int | None],
+        empty_snapshot: int | None = None,
+    ) -> int:
+        """Create ``parent + delta`` with its visibility snapshot; returns the group.
+
+        ``empty_snapshot``: with no parent, the snapshot of the empty state
+        to derive from (a room's first state), instead of a fresh branch.
+        """
         parent_state = self.full_state(parent)
-        if parent is None:
+        if parent is None and empty_snapshot is not None:
+            changes, visibility = self.visibility_changes(delta, full=False)
+            snapshot = self.p.visibility.snapshot_for(self.txn, room_nid, empty_snapshot, changes, visibility)
+            parent_length = None
+        elif parent is None:
             # No parent: a fresh snapshot lists every member.
             state = {k: v for k, v in delta.items() if v is not None}
             changes, visibility = self.visibility_changes(state, full=True)
@@ -449,7 +464,7 @@ class _BatchWriter:
                 if is_state:
                     key = self.key_nids[(pdu.type, pdu.state_key)]
                     if group_before is None:
-                        group_after = self.new_group(room_nid, event_nid, None, {key: event_nid})
+                        group_after = self.new_group(room_nid, event_nid, None, {key: event_nid}, visibility_before)
                     else:
                         group_after = self.new_group(room_nid, event_nid, group_before, {key: event_nid})
                     if pdu.type == MEMBER or (pdu.type, pdu.state_key) == HISTORY_VISIBILITY:
@@ -697,11 +712,10 @@ class _BatchWriter:
                 delta.update({k: None for k in base_state if k not in new_state})
                 new_group = self.new_group(room_nid, None, base, delta) if delta else base
             elif conflicts:
-                error = self.conflict_error(f"the current state of {room_id}", conflicts)
-                raise ConflictedStateError(
-                    str(error).replace("resolve the state and pass it as state_before",
-                                        "pass a resolved current state for the room"),
-                    error.conflicts,
+                raise self.conflict_error(
+                    room_id, conflicts,
+                    what=f"the current state of {room_id}: its forward extremities' states",
+                    advice="pass a resolved current state for the room (resolved_current_state)",
                 )
             else:
                 index, new_state = merge_states(states)

@@ -1,0 +1,201 @@
+"""Generated room histories: the bundled demo sample, tests and benchmarks.
+
+``RoomGraphBuilder`` appends well-formed events of one room (real content
+hashes and reference-hash event IDs, so v3+ IDs are what a homeserver would
+compute; signatures are placeholders) and tracks the room's leaves and depths.
+``generate_sample`` writes a deterministic multi-room history with membership
+churn, redactions and history visibility changes as JSON lines in the import
+format: ``{"room_version": "...", "event": {...}}`` or a bare PDU.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any, Iterator, Sequence
+
+from roomstore.events.hashing import compute_content_hash, compute_event_id
+from roomstore.events.room_versions import get_room_version
+
+
+class BuiltEvent:
+    """An event built by ``RoomGraphBuilder``: its ID, bytes and dict."""
+
+    def __init__(self, event_id: str, raw: bytes, event: dict):
+        self.event_id = event_id
+        self.raw = raw
+        self.event = event
+
+
+class RoomGraphBuilder:
+    """Builds one room's events; each new event's prev events default to the
+    room's current leaves."""
+
+    def __init__(
+        self,
+        room_id: str = "!room:example.org",
+        version: str = "10",
+        creator: str = "@alice:example.org",
+        start_ts: int = 1_700_000_000_000,
+    ):
+        self.room_id = room_id
+        self.version = version
+        self.creator = creator
+        self.room_version = get_room_version(version)
+        self.leaves: list[str] = []
+        self.depth_of: dict[str, int] = {}
+        self.clock = start_ts
+        self.events: list[BuiltEvent] = []
+
+    def build(
+        self,
+        event_type: str,
+        sender: str,
+        content: dict,
+        state_key: str | None = None,
+        prev: Sequence[str] | None = None,
+        extra: dict | None = None,
+        set_leaves: bool = True,
+    ) -> BuiltEvent:
+        prev_ids = list(self.leaves if prev is None else prev)
+        depth = max([self.depth_of[p] for p in prev_ids if p in self.depth_of] or [0]) + 1
+        self.clock += 1000
+        event: dict[str, Any] = {
+            "auth_events": [],
+            "content": content,
+            "depth": depth,
+            "origin": self.room_id.split(":", 1)[-1],
+            "origin_server_ts": self.clock,
+            "prev_events": prev_ids,
+            "room_id": self.room_id,
+            "sender": sender,
+            "type": event_type,
+        }
+        if state_key is not None:
+            event["state_key"] = state_key
+        if extra:
+            event.update(extra)
+        event["hashes"] = {"sha256": compute_content_hash(event)}
+        event["signatures"] = {event["origin"]: {"ed25519:a": "c2lnbmF0dXJl"}}
+        event_id = compute_event_id(self.room_version, event)
+        built = BuiltEvent(event_id, json.dumps(event).encode("utf-8"), event)
+        self.depth_of[event_id] = depth
+        if set_leaves:
+            self.leaves = [leaf for leaf in self.leaves if leaf not in prev_ids] + [event_id]
+        self.events.append(built)
+        return built
+
+    def create(self) -> BuiltEvent:
+        return self.build("m.room.create", self.creator, {"creator": self.creator, "room_version": self.version}, "")
+
+    def member(self, user: str, membership: str, sender: str | None = None, **kw) -> BuiltEvent:
+        return self.build("m.room.member", sender or user, {"membership": membership}, user, **kw)
+
+    def join(self, user: str, **kw) -> BuiltEvent:
+        return self.member(user, "join", **kw)
+
+    def message(self, sender: str, body: str, **kw) -> BuiltEvent:
+        return self.build("m.room.message", sender, {"msgtype": "m.text", "body": body}, **kw)
+
+    def state(self, event_type: str, state_key: str, content: dict, sender: str | None = None, **kw) -> BuiltEvent:
+        return self.build(event_type, sender or self.creator, content, state_key, **kw)
+
+    def history_visibility(self, value: str, **kw) -> BuiltEvent:
+        return self.state("m.room.history_visibility", "", {"history_visibility": value}, **kw)
+
+    def redact(self, sender: str, target: str, **kw) -> BuiltEvent:
+        content: dict[str, Any] = {"reason": "spam"}
+        extra = None
+        if int(self.version) >= 11:
+            content["redacts"] = target
+        else:
+            extra = {"redacts": target}
+        return self.build("m.room.redaction", sender, content, extra=extra, **kw)
+
+
+def sample_lines(rooms: int = 5, events_per_room: int = 800, users: int = 60, seed: int = 7) -> Iterator[str]:
+    """JSON lines of a deterministic multi-room history.
+
+    Each room: create, power levels, the creator's join, then a random walk of
+    joins, leaves, invites (some accepted), kicks, bans, messages, topic and
+    history visibility changes, and redactions of earlier messages; every
+    tenth room event is emitted as a bare PDU (version from its room's create).
+    """
+    rng = random.Random(seed)
+    people = [f"@user{i}:example.org" for i in range(users)]
+    versions = ["10", "11", "9", "10", "6"]
+    for r in range(rooms):
+        creator = people[r % users]
+        builder = RoomGraphBuilder(f"!room{r}:example.org", versions[r % len(versions)], creator, 1_700_000_000_000 + r)
+        builder.create()
+        builder.join(creator)
+        builder.state("m.room.power_levels", "", {"users": {creator: 100}, "users_default": 0})
+        builder.history_visibility("shared")
+        members = {creator: "join"}
+        messages: list[str] = []
+        while len(builder.events) < events_per_room:
+            roll = rng.random()
+            user = rng.choice(people)
+            joined = [u for u, m in members.items() if m == "join"]
+            if roll < 0.12:
+                if members.get(user) not in ("join", "ban"):
+                    builder.join(user)
+                    members[user] = "join"
+            elif roll < 0.17 and len(joined) > 1:
+                leaver = rng.choice([u for u in joined if u != creator] or joined)
+                if leaver != creator:
+                    builder.member(leaver, "leave")
+                    members[leaver] = "leave"
+            elif roll < 0.20:
+                if members.get(user) in (None, "leave"):
+                    builder.member(user, "invite", sender=creator)
+                    members[user] = "invite"
+            elif roll < 0.22 and len(joined) > 2:
+                victim = rng.choice([u for u in joined if u != creator])
+                builder.member(victim, "leave", sender=creator)  # a kick
+                members[victim] = "leave"
+            elif roll < 0.23 and len(joined) > 2:
+                victim = rng.choice([u for u in joined if u != creator])
+                builder.member(victim, "ban", sender=creator)
+                members[victim] = "ban"
+            elif roll < 0.24:
+                builder.history_visibility(rng.choice(["shared", "invited", "joined", "world_readable"]))
+            elif roll < 0.26:
+                builder.state("m.room.topic", "", {"topic": f"topic {rng.randrange(1000)}"})
+            elif roll < 0.28 and messages:
+                builder.redact(creator, rng.choice(messages))
+            elif roll < 0.29 and joined:
+                # A fork whose branches do not conflict (one adds a key the
+                # base lacks, the other sends a message), then a merge.
+                base = list(builder.leaves)
+                key = f"fork{len(builder.events)}"
+                a = builder.state("org.example.fork", key, {"n": rng.randrange(1000)}, prev=base)
+                b = builder.message(rng.choice(joined), "on the other branch", prev=base)
+                builder.leaves = [a.event_id, b.event_id]
+                builder.message(rng.choice(joined), "merging the branches")
+            else:
+                sender = rng.choice(joined)
+                messages.append(builder.message(sender, f"message {len(builder.events)} in room {r}").event_id)
+        if r == rooms - 1:
+            # One unresolvable merge: two branches set the topic; the merge
+            # event needs state resolution, which import reports and skips.
+            base = list(builder.leaves)
+            left = builder.state("m.room.topic", "", {"topic": "left"}, prev=base)
+            builder.state("m.room.topic", "", {"topic": "right"}, prev=base)
+            builder.message(creator, "needs state resolution", prev=builder.leaves, set_leaves=False)
+            builder.leaves = [left.event_id]
+            builder.message(creator, "continuing on one branch")
+        for index, built in enumerate(builder.events):
+            if index % 10 == 9:
+                yield json.dumps(built.event)
+            else:
+                yield json.dumps({"room_version": builder.version, "event": built.event})
+
+
+def write_sample(path: str, **kw) -> int:
+    count = 0
+    with open(path, "w", encoding="utf-8") as out:
+        for line in sample_lines(**kw):
+            out.write(line + "\n")
+            count += 1
+    return count
