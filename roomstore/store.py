@@ -130,12 +130,14 @@ class RoomStore:
         prepared = prepare_events(events, known_versions)
         live = sum(1 for ev in prepared if not ev.backfilled)
         backfilled = len(prepared) - live
-        async with self._reserve(self.events_stream, live) as stream_ids:
-            async with self._reserve(self.backfill_stream, backfilled) as backfill_ids:
-                outcome: BatchOutcome = await self.db.run_interaction(
-                    "persist_events", self.persister.persist_txn, prepared, stream_ids, backfill_ids,
-                    resolved_current_state,
-                )
+        # One caches-stream ID per batch: the batch's invalidations are one fact.
+        async with self._reserve(self.events_stream, live) as stream_ids, \
+                self._reserve(self.backfill_stream, backfilled) as backfill_ids, \
+                self.caches_stream.get_next() as cache_stream_id:
+            outcome: BatchOutcome = await self.db.run_interaction(
+                "persist_events", self.persister.persist_txn, prepared, stream_ids, backfill_ids,
+                resolved_current_state, cache_stream_id,
+            )
         self._after_persist(outcome)
         return [outcome.results[ev.event_id] for ev in prepared]
 
@@ -168,6 +170,24 @@ class RoomStore:
             self.reader.invalidate_event(event_id)
         for hook in self._invalidation_hooks:
             hook(outcome)
+
+    async def invalidate_cache(self, cache_name: str, keys: Sequence | None) -> int:
+        """Tell every process to drop ``keys`` (None: everything) of a cache.
+
+        Writes one row of the caches stream; returns its stream ID.
+        """
+        import time
+
+        from roomstore.events.persist import write_cache_invalidations
+
+        if not cache_name or any(c.isspace() for c in cache_name):
+            raise ValueError(f"cache name {cache_name!r} must be a non-empty word")
+        async with self.caches_stream.get_next() as stream_id:
+            await self.db.run_interaction(
+                "invalidate_cache", write_cache_invalidations, stream_id, self.instance_name,
+                [(cache_name, None if keys is None else list(keys))], int(time.time() * 1000),
+            )
+        return stream_id
 
     def add_invalidation_hook(self, hook) -> None:
         """Call ``hook(outcome)`` after every committed batch (replication uses it)."""

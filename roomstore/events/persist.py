@@ -208,9 +208,35 @@ class EventPersister:
         stream_ids: Sequence[int],
         backfill_ids: Sequence[int],
         resolved_current_state: Mapping[str, Mapping[StateKey, str]] | None = None,
+        cache_stream_id: int | None = None,
         now_ms: int | None = None,
     ) -> "BatchOutcome":
-        return _BatchWriter(self, txn, resolved_current_state or {}, now_ms).run(batch, stream_ids, backfill_ids)
+        writer = _BatchWriter(self, txn, resolved_current_state or {}, now_ms)
+        outcome = writer.run(batch, stream_ids, backfill_ids)
+        if cache_stream_id is not None:
+            write_cache_invalidations(txn, cache_stream_id, self.instance_name, outcome.invalidations(), writer.now_ms)
+        return outcome
+
+
+#: Cache names written to the caches stream. ``cs_cache_fake`` with a room
+#: ID invalidates every current-state cache of that room (Synapse's name).
+CURRENT_STATE_CACHE = "cs_cache_fake"
+EVENT_CACHE = "get_event"
+ROOMS_FOR_USER_CACHE = "get_rooms_for_user"
+
+
+def write_cache_invalidations(
+    txn: Transaction, stream_id: int, instance_name: str, invalidations: Sequence[tuple[str, list | None]], now_ms: int
+) -> None:
+    """Rows of the caches stream, all at one stream ID (one fact)."""
+    txn.insert_many(
+        "cache_invalidations",
+        ("stream_id", "instance_name", "cache_name", "keys", "invalidation_ts"),
+        [
+            (stream_id, instance_name, name, None if keys is None else json.dumps(keys), now_ms)
+            for name, keys in invalidations
+        ],
+    )
 
 
 @attrs.define
@@ -223,6 +249,14 @@ class BatchOutcome:
     current_state_rooms: set[str]
     redacted_event_ids: set[str]
     new_event_ids: list[str]
+
+    def invalidations(self) -> list[tuple[str, list]]:
+        """(cache name, keys) a worker must drop after this batch."""
+        rows: list[tuple[str, list]] = []
+        rows.extend((EVENT_CACHE, [event_id]) for event_id in sorted(self.redacted_event_ids))
+        rows.extend((CURRENT_STATE_CACHE, [room_id]) for room_id in sorted(self.current_state_rooms))
+        rows.extend((ROOMS_FOR_USER_CACHE, [user_id]) for user_id in sorted(self.membership_users))
+        return rows
 
 
 class _BatchWriter:

@@ -155,3 +155,38 @@ class PersistTests:
         self.assertEqual(final[("m.room.topic", "")], batch[-1].event_id)
         self.assertEqual(len(final), 3)
         self.assertEqual(results[-1].state_group, max(r.state_group for r in results))
+
+
+@on_both_engines
+class CacheInvalidationTests:
+    async def test_batch_invalidations_share_one_stream_id(self):
+        db = await self.make_database()
+        store = await RoomStore.open(db)
+        self.addCleanup(store.close)
+        room = RoomBuilder()
+        create, join = room.create(), room.join(ALICE)
+        msg = room.message(ALICE, "oops")
+        await store.persist_events([room.to_persist(e) for e in (create, join, msg)])
+        redaction = room.redact(ALICE, msg.event_id)
+        await store.persist_events([room.to_persist(redaction)])
+        rows = await store.db.run_interaction(
+            "rows", lambda t: t.execute(
+                "SELECT stream_id, cache_name, keys FROM cache_invalidations ORDER BY stream_id, cache_name, keys"
+            ).fetchall()
+        )
+        first = [(name, keys) for sid, name, keys in rows if sid == rows[0][0]]
+        self.assertEqual(sorted(first), sorted([
+            ("cs_cache_fake", f'["{room.room_id}"]'),
+            ("get_rooms_for_user", f'["{ALICE}"]'),
+        ]))
+        second = [(name, keys) for sid, name, keys in rows if sid != rows[0][0]]
+        self.assertEqual(second, [("get_event", f'["{msg.event_id}"]')])
+        self.assertEqual(store.caches_stream.get_current_token(), 2)
+        stream_id = await store.invalidate_cache("my_homeserver_cache", None)
+        self.assertEqual(stream_id, 3)
+        last = await store.db.run_interaction(
+            "last", lambda t: t.execute("SELECT cache_name, keys FROM cache_invalidations WHERE stream_id = 3").fetchall()
+        )
+        self.assertEqual([tuple(r) for r in last], [("my_homeserver_cache", None)])
+        with self.assertRaises(ValueError):
+            await store.invalidate_cache("two words", ["x"])
