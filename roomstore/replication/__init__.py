@@ -1,0 +1,61 @@
+"""TCP replication between the main process and its workers.
+
+The public face:
+
+- :class:`ReplicationServerFactory` (main process): serves the streams of a
+  :class:`StreamRegistry`; call ``notify_new_rows(stream_name)`` when one
+  advances.
+- :class:`ReplicationClientFactory` + :class:`ReplicationClientHandler`
+  (worker): follows the server's streams, reconnecting and resuming.
+- :class:`Stream` (interface), :class:`InMemoryStream`, :class:`StreamRegistry`:
+  what streams look like to the protocol.
+- :class:`ReplicationConfig`: timeouts, limits and page sizes.
+- :mod:`.commands`: the wire commands (``parse_command_from_line``,
+  ``serialize_command``, ``CommandParseError``, ``UnknownCommandError``).
+
+Wire format and behaviour follow Synapse's TCP replication protocol; see
+:mod:`.protocol` for the choices made where it leaves room.
+"""
+
+from roomstore.replication.client import ReplicationClientFactory, ReplicationClientHandler
+from roomstore.replication.commands import (
+    MAX_LINE_LENGTH,
+    Command,
+    CommandParseError,
+    UnknownCommandError,
+    parse_command_from_line,
+    serialize_command,
+)
+from roomstore.replication.protocol import (
+    ClientReplicationProtocol,
+    ReplicationConfig,
+    ServerReplicationProtocol,
+)
+from roomstore.replication.server import ReplicationServerFactory
+from roomstore.replication.streams import (
+    InMemoryStream,
+    Stream,
+    StreamRegistry,
+    StreamUpdates,
+    UnknownStreamError,
+)
+
+__all__ = [
+    "MAX_LINE_LENGTH",
+    "ClientReplicationProtocol",
+    "Command",
+    "CommandParseError",
+    "InMemoryStream",
+    "ReplicationClientFactory",
+    "ReplicationClientHandler",
+    "ReplicationConfig",
+    "ReplicationServerFactory",
+    "ServerReplicationProtocol",
+    "Stream",
+    "StreamRegistry",
+    "StreamUpdates",
+    "UnknownCommandError",
+    "UnknownStreamError",
+    "parse_command_from_line",
+    "serialize_command",
+]

@@ -1,0 +1,199 @@
+"""A worker's side: a reconnecting factory and the handler interface.
+
+Worker code subclasses :class:`ReplicationClientHandler` (what to do with
+rows and positions; which streams it can read), builds a
+:class:`ReplicationClientFactory` around it and connects it with
+``reactor.connectTCP(host, port, factory)``. The factory reconnects with
+exponential backoff; after a reconnect it asks the server to replay each
+stream from the last token applied (legacy ``REPLICATE <stream> <token>``),
+so nothing is missed across the gap.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable
+
+from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.internet.protocol import ReconnectingClientFactory
+from twisted.logger import Logger
+
+from roomstore.replication.commands import (
+    ClearUserSyncCommand,
+    Command,
+    FederationAckCommand,
+    PositionCommand,
+    RdataCommand,
+    RemoteServerUpCommand,
+    ReplicateCommand,
+    UserSyncCommand,
+)
+from roomstore.replication.follower import StreamFollower, StreamPositions
+from roomstore.replication.protocol import ClientReplicationProtocol, ReplicationConfig
+from roomstore.replication.streams import StreamRegistry
+
+__all__ = ["ReplicationClientFactory", "ReplicationClientHandler"]
+
+
+class ReplicationClientHandler:
+    """What a worker supplies to receive replication. Subclass and override.
+
+    ``streams`` holds the streams the worker understands and can read rows
+    from (for the rows it missed); updates for any other stream are ignored.
+    Each method may return an awaitable; updates to one stream are not
+    delivered until the previous one's awaitable has finished.
+    """
+
+    def __init__(self, streams: StreamRegistry) -> None:
+        self.streams = streams
+
+    def on_rdata(
+        self, stream_name: str, instance_name: str, token: int, rows: list[Any]
+    ) -> Awaitable[None] | None:
+        """All rows of ``stream_name`` written by ``instance_name`` at ``token``
+        (one call per token, never part of a batch)."""
+        return None
+
+    def on_position(
+        self, stream_name: str, instance_name: str, prev_token: int, new_token: int
+    ) -> Awaitable[None] | None:
+        """``instance_name``'s position in ``stream_name`` is now ``new_token``;
+        any rows up to it have been delivered through ``on_rdata`` first."""
+        return None
+
+    def on_remote_server_up(self, server: str) -> None:
+        """The main process says remote homeserver ``server`` may be back."""
+
+    def on_connected(self) -> None:
+        """A connection to the expected server is up (e.g. resend USER_SYNC)."""
+
+
+class _ClientSession:
+    """Glue between one ClientReplicationProtocol and its factory."""
+
+    def __init__(self, factory: "ReplicationClientFactory", conn: ClientReplicationProtocol) -> None:
+        self._factory = factory
+        self._conn = conn
+        config = factory.config
+        self.follower = StreamFollower(
+            factory.handler,
+            factory.positions,
+            page_size=config.page_size,
+            max_batch_rows=config.max_batch_rows,
+            max_queued=config.max_pending_commands,
+        )
+
+    def replicate_commands(self) -> list[ReplicateCommand]:
+        resume = self._factory.positions.resume_tokens()
+        # Replays first, so the bare REPLICATE's POSITIONs for those streams
+        # come after the replayed rows rather than racing them.
+        commands = [ReplicateCommand(name, token) for name, token in resume.items()]
+        commands.append(ReplicateCommand())
+        return commands
+
+    def on_server_verified(self) -> None:
+        self._factory._connection_verified(self._conn)
+
+    def on_rdata(self, cmd: RdataCommand) -> None:
+        self.follower.on_rdata(cmd)
+
+    def on_position(self, cmd: PositionCommand) -> None:
+        self.follower.on_position(cmd)
+
+    def on_remote_server_up(self, cmd: RemoteServerUpCommand) -> None:
+        self._factory.handler.on_remote_server_up(cmd.server)
+
+    def on_connection_lost(self) -> None:
+        self.follower.stop()
+        self._factory._connection_lost(self._conn)
+
+
+class ReplicationClientFactory(ReconnectingClientFactory):
+    """Keeps one worker connected to the main process.
+
+    ``clock`` (any ``IReactorTime``; the global reactor if None) drives both
+    the protocol's timers and the reconnection backoff, so tests can use a
+    ``Clock``. Stream positions live here, in :attr:`positions`, across
+    connections. The ``send_*`` methods return False when not connected
+    (those notifications are not queued: the worker resends state in
+    ``handler.on_connected``).
+    """
+
+    log = Logger()
+    initialDelay = 0.5
+    maxDelay = 30.0
+
+    def __init__(
+        self,
+        handler: ReplicationClientHandler,
+        client_name: str,
+        expected_server_name: str | None,
+        *,
+        clock: IReactorTime | None = None,
+        config: ReplicationConfig = ReplicationConfig(),
+    ) -> None:
+        self.handler = handler
+        self.client_name = client_name
+        self.expected_server_name = expected_server_name
+        self.clock = clock  # read by ReconnectingClientFactory.retry
+        self.config = config
+        self.positions = StreamPositions()
+        self._connection: ClientReplicationProtocol | None = None
+
+    def _clock(self) -> IReactorTime:
+        if self.clock is not None:
+            return self.clock
+        from twisted.internet import reactor
+
+        return reactor  # type: ignore[return-value]
+
+    def buildProtocol(self, addr: IAddress) -> ClientReplicationProtocol:
+        protocol = ClientReplicationProtocol(
+            self.client_name,
+            self.expected_server_name,
+            self._clock(),
+            lambda conn: _ClientSession(self, conn),
+            self.config,
+        )
+        protocol.factory = self
+        return protocol
+
+    @property
+    def connection(self) -> ClientReplicationProtocol | None:
+        """The current verified connection, if any."""
+        return self._connection
+
+    def _connection_verified(self, conn: ClientReplicationProtocol) -> None:
+        self._connection = conn
+        self.resetDelay()  # a good connection: next failure retries quickly
+        self.log.info("replication connected to {server}", server=conn.peer_name)
+        self.handler.on_connected()
+
+    def _connection_lost(self, conn: ClientReplicationProtocol) -> None:
+        if self._connection is conn:
+            self._connection = None
+
+    def send_command(self, cmd: Command) -> bool:
+        """Send ``cmd`` on the current connection; False if there is none."""
+        conn = self._connection
+        if conn is None or not conn.is_open:
+            return False
+        conn.send_command(cmd)
+        return True
+
+    def send_user_sync(self, user_id: str, is_syncing: bool, last_sync_ms: int) -> bool:
+        return self.send_command(UserSyncCommand(self.client_name, user_id, is_syncing, last_sync_ms))
+
+    def send_clear_user_sync(self) -> bool:
+        return self.send_command(ClearUserSyncCommand(self.client_name))
+
+    def send_federation_ack(self, token: int) -> bool:
+        return self.send_command(FederationAckCommand(self.client_name, token))
+
+    def send_remote_server_up(self, server: str) -> bool:
+        return self.send_command(RemoteServerUpCommand(server))
+
+    def stop(self) -> None:
+        """Stop reconnecting and close the current connection."""
+        self.stopTrying()
+        if self._connection is not None:
+            self._connection.close()

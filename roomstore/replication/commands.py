@@ -1,0 +1,558 @@
+"""The commands of the TCP replication protocol, as values.
+
+A line on the wire is ``<NAME>`` or ``<NAME> <args>``, UTF-8, terminated by
+``\\n`` (the protocol strips the terminator before anything here sees it).
+Each command is a frozen attrs class that owns the format of its ``<args>``:
+
+- ``Cmd.from_line(args)`` parses the part after the command name and either
+  returns a command or raises :class:`CommandParseError`.
+- ``cmd.to_line()`` returns that same part, so ``Cmd.from_line(cmd.to_line())``
+  equals ``cmd``. :func:`serialize_command` prefixes the name to give a line.
+- :func:`parse_command_from_line` parses a whole line through
+  :data:`COMMAND_TYPES`; an unknown name raises :class:`UnknownCommandError`.
+
+Validation happens at construction (attrs validators), so a command that
+exists can always be written: names contain no whitespace, free text contains
+no line break, tokens are non-negative integers and RDATA rows are
+JSON-serialisable. Nothing here does I/O or logging.
+
+Rows are written as compact JSON with sorted keys and ASCII escapes
+(``json.dumps(separators=(",", ":"), sort_keys=True)``): deterministic, and an
+encoded row can never contain a line break, whatever strings it holds.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import re
+from types import MappingProxyType
+from typing import Any, ClassVar, Mapping, TypeVar
+
+import attrs
+
+__all__ = [
+    "CLIENT_SENT_COMMANDS",
+    "COMMAND_TYPES",
+    "MAX_LINE_LENGTH",
+    "SERVER_SENT_COMMANDS",
+    "ClearUserSyncCommand",
+    "Command",
+    "CommandParseError",
+    "ErrorCommand",
+    "FederationAckCommand",
+    "NameCommand",
+    "PingCommand",
+    "PositionCommand",
+    "RdataCommand",
+    "RemoteServerUpCommand",
+    "ReplicateCommand",
+    "ServerCommand",
+    "UnknownCommandError",
+    "UserSyncCommand",
+    "decode_row",
+    "describe",
+    "encode_row",
+    "parse_command_from_line",
+    "serialize_command",
+]
+
+#: Default maximum length of one line in bytes, delimiter excluded. Protocols
+#: take a ``max_line_length`` argument to override it.
+MAX_LINE_LENGTH = 1024 * 1024
+
+# Tokens are bigints in the database: at most 20 ASCII digits. A bound also
+# keeps int() away from Python's quadratic huge-number parsing.
+_TOKEN_RE = re.compile(r"\A[0-9]{1,20}\Z")
+
+_C = TypeVar("_C", bound="Command")
+
+
+class CommandParseError(ValueError):
+    """A line, or the arguments of a command, could not be parsed.
+
+    ``reason`` is a short human-readable explanation that is safe to send back
+    to the peer in an ``ERROR`` line: any peer-supplied text in it has been
+    passed through :func:`describe`, so it holds no line breaks.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class UnknownCommandError(CommandParseError):
+    """The first word of a line is not a command name in :data:`COMMAND_TYPES`.
+
+    A subclass of :class:`CommandParseError` so a caller may handle both
+    alike, but its own type so a caller can tell them apart.
+    """
+
+    def __init__(self, command_name: str) -> None:
+        super().__init__(f"unknown command {describe(command_name)}")
+        self.command_name = command_name
+
+
+def describe(value: str, limit: int = 64) -> str:
+    """Return ``repr(value)`` cut to about ``limit`` characters.
+
+    Used to quote peer input inside log lines and ERROR messages: ``repr``
+    escapes line breaks and unprintable characters, so the result is always
+    safe to put on one line.
+    """
+    if len(value) > limit:
+        return repr(value[:limit]) + "..."
+    return repr(value)
+
+
+# ---------------------------------------------------------------------------
+# Field validators and parsers. Validators raise ValueError/TypeError at
+# construction; the from_line methods turn those into CommandParseError.
+
+
+def _check_word(_inst: object, attribute: attrs.Attribute, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{attribute.name} must not be empty")
+    if any(c.isspace() for c in value):
+        raise ValueError(f"{attribute.name} must not contain whitespace: {describe(value)}")
+    _check_encodable(attribute, value)
+
+
+def _check_text(_inst: object, attribute: attrs.Attribute, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be a str, not {type(value).__name__}")
+    if "\n" in value or "\r" in value:
+        raise ValueError(f"{attribute.name} must not contain a line break")
+    _check_encodable(attribute, value)
+
+
+def _check_encodable(attribute: attrs.Attribute, value: str) -> None:
+    # Lone surrogates survive str operations but cannot be written as UTF-8.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{attribute.name} is not encodable as UTF-8") from None
+
+
+def _check_nonempty(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    if not value:
+        raise ValueError(f"{attribute.name} must not be empty")
+
+
+def _check_token(_inst: object, attribute: attrs.Attribute, value: object) -> None:
+    # bool is an int subclass; True as a token is always a bug.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{attribute.name} must not be negative")
+
+
+def _check_optional_token(inst: object, attribute: attrs.Attribute, value: object) -> None:
+    if value is not None:
+        _check_token(inst, attribute, value)
+
+
+def _parse_token(text: str, what: str) -> int:
+    if not _TOKEN_RE.match(text):
+        raise CommandParseError(f"{what} must be a non-negative integer, got {describe(text)}")
+    return int(text)
+
+
+def _split_words(args: str, count: int, usage: str) -> list[str]:
+    """Split ``args`` into exactly ``count`` non-empty space-separated words."""
+    words = args.split(" ")
+    if len(words) != count or not all(words):
+        raise CommandParseError(f"expected {usage}, got {describe(args)}")
+    return words
+
+
+def encode_row(row: Any) -> str:
+    """Encode a stream row as one line of compact, deterministic JSON.
+
+    Raises ``ValueError`` if ``row`` cannot be encoded (unsupported types,
+    NaN/infinity, or nesting too deep).
+    """
+    try:
+        return json.dumps(
+            row, separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False
+        )
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ValueError(f"row is not JSON-serialisable: {e}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def decode_row(row_json: str) -> Any:
+    """Decode the ``<row_json>`` of an RDATA line, or raise CommandParseError."""
+    try:
+        return json.loads(row_json, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        raise CommandParseError(f"row is not valid JSON: {describe(str(e))}") from None
+
+
+def _construct(cls: type[_C], *args: Any) -> _C:
+    """Build a command from parsed fields, turning validation errors into
+    CommandParseError so from_line only ever raises that."""
+    try:
+        return cls(*args)
+    except (TypeError, ValueError) as e:
+        raise CommandParseError(f"invalid {cls.NAME}: {e}") from None
+
+
+# ---------------------------------------------------------------------------
+
+
+class Command(abc.ABC):
+    """A replication command. Subclasses are frozen attrs classes.
+
+    ``NAME`` is the first word of the line. ``from_line`` parses the rest of
+    the line (without the name and the separating space) and raises only
+    :class:`CommandParseError`; ``to_line`` is its inverse.
+    """
+
+    NAME: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def from_line(cls: type[_C], args: str) -> _C:
+        """Parse the part of a line after the command name."""
+
+    @abc.abstractmethod
+    def to_line(self) -> str:
+        """Return the part of the line after the command name ("" if none)."""
+
+
+class _TextCommand(Command):
+    """A command whose whole argument is one piece of free text."""
+
+    @classmethod
+    def from_line(cls, args: str):  # type: ignore[override]
+        return _construct(cls, args)
+
+    def to_line(self) -> str:
+        return self.text  # type: ignore[attr-defined]
+
+
+@attrs.frozen
+class ServerCommand(_TextCommand):
+    """``SERVER <server_name>``: sent by the server on connect, naming itself."""
+
+    NAME: ClassVar[str] = "SERVER"
+    text: str = attrs.field(validator=[_check_text, _check_nonempty])
+
+    @property
+    def server_name(self) -> str:
+        return self.text
+
+
+@attrs.frozen
+class NameCommand(_TextCommand):
+    """``NAME <client_name>``: sent by the client on connect, naming itself."""
+
+    NAME: ClassVar[str] = "NAME"
+    text: str = attrs.field(validator=[_check_text, _check_nonempty])
+
+    @property
+    def client_name(self) -> str:
+        return self.text
+
+
+@attrs.frozen
+class PingCommand(_TextCommand):
+    """``PING <data>``: keep-alive. ``data`` is opaque (we send a timestamp in
+    milliseconds) and may be empty."""
+
+    NAME: ClassVar[str] = "PING"
+    text: str = attrs.field(default="", validator=_check_text)
+
+
+@attrs.frozen
+class ErrorCommand(_TextCommand):
+    """``ERROR <message>``: the sender hit an error; it may close next."""
+
+    NAME: ClassVar[str] = "ERROR"
+    text: str = attrs.field(default="", validator=_check_text)
+
+    @property
+    def message(self) -> str:
+        return self.text
+
+
+@attrs.frozen
+class ReplicateCommand(Command):
+    """``REPLICATE`` or, in the legacy form, ``REPLICATE <stream_name> <token>``.
+
+    The bare form (``stream_name is None``) asks for the current position of
+    every stream. The legacy form asks the server to replay ``stream_name``
+    from after ``token``; ``token is None`` stands for the legacy ``NOW``
+    (no replay, just the position). The server also accepts the legacy
+    stream name ``ALL``.
+    """
+
+    NAME: ClassVar[str] = "REPLICATE"
+    stream_name: str | None = attrs.field(default=None)
+    token: int | None = attrs.field(default=None, validator=_check_optional_token)
+
+    @stream_name.validator
+    def _check_stream_name(self, attribute: attrs.Attribute, value: object) -> None:
+        if value is not None:
+            _check_word(self, attribute, value)
+
+    def __attrs_post_init__(self) -> None:
+        if self.stream_name is None and self.token is not None:
+            raise ValueError("a REPLICATE token needs a stream name")
+
+    @property
+    def is_legacy(self) -> bool:
+        return self.stream_name is not None
+
+    @classmethod
+    def from_line(cls, args: str) -> "ReplicateCommand":
+        if args == "":
+            return cls()
+        stream_name, token_text = _split_words(
+            args, 2, "nothing or <stream_name> <token>"
+        )
+        if token_text in ("NOW", "now"):
+            return _construct(cls, stream_name, None)
+        return _construct(cls, stream_name, _parse_token(token_text, "token"))
+
+    def to_line(self) -> str:
+        if self.stream_name is None:
+            return ""
+        token = "NOW" if self.token is None else str(self.token)
+        return f"{self.stream_name} {token}"
+
+
+@attrs.frozen
+class PositionCommand(Command):
+    """``POSITION <stream_name> <instance_name> <prev_token> <new_token>``.
+
+    Sent by the server: ``instance_name``'s position in ``stream_name`` moved
+    from ``prev_token`` (the last position this connection was told) to
+    ``new_token`` with no rows in between. A client behind ``prev_token``
+    has missed rows and must fetch them itself.
+    """
+
+    NAME: ClassVar[str] = "POSITION"
+    stream_name: str = attrs.field(validator=_check_word)
+    instance_name: str = attrs.field(validator=_check_word)
+    prev_token: int = attrs.field(validator=_check_token)
+    new_token: int = attrs.field(validator=_check_token)
+
+    @classmethod
+    def from_line(cls, args: str) -> "PositionCommand":
+        stream_name, instance_name, prev, new = _split_words(
+            args, 4, "<stream_name> <instance_name> <prev_token> <new_token>"
+        )
+        return _construct(
+            cls,
+            stream_name,
+            instance_name,
+            _parse_token(prev, "prev_token"),
+            _parse_token(new, "new_token"),
+        )
+
+    def to_line(self) -> str:
+        return f"{self.stream_name} {self.instance_name} {self.prev_token} {self.new_token}"
+
+
+def _encoded_row(instance: "RdataCommand") -> str:
+    return encode_row(instance.row)
+
+
+@attrs.frozen
+class RdataCommand(Command):
+    """``RDATA <stream_name> <instance_name> <token|batch> <row_json>``.
+
+    One row of a stream. When several rows share a token, all but the last
+    carry ``batch`` (``token is None``) and the receiver applies them only
+    when the line with the numeric token arrives. ``row_json`` may contain
+    spaces (it is the rest of the line) but never a line break.
+
+    ``row_json`` is computed from ``row`` at construction (which is where a
+    non-serialisable row fails) and equality compares it, so a command built
+    from a tuple equals the same command parsed back from the wire, where
+    arrays come back as lists.
+    """
+
+    NAME: ClassVar[str] = "RDATA"
+    stream_name: str = attrs.field(validator=_check_word)
+    instance_name: str = attrs.field(validator=_check_word)
+    token: int | None = attrs.field(validator=_check_optional_token)
+    row: Any = attrs.field(eq=False)
+    row_json: str = attrs.field(
+        init=False, repr=False, default=attrs.Factory(_encoded_row, takes_self=True)
+    )
+
+    @property
+    def is_batch(self) -> bool:
+        return self.token is None
+
+    @classmethod
+    def from_line(cls, args: str) -> "RdataCommand":
+        parts = args.split(" ", 3)
+        if len(parts) != 4 or not all(parts[:3]):
+            raise CommandParseError(
+                "expected <stream_name> <instance_name> <token> <row_json>, "
+                f"got {describe(args)}"
+            )
+        stream_name, instance_name, token_text, row_json = parts
+        token = None if token_text == "batch" else _parse_token(token_text, "token")
+        return _construct(cls, stream_name, instance_name, token, decode_row(row_json))
+
+    def to_line(self) -> str:
+        token = "batch" if self.token is None else str(self.token)
+        return f"{self.stream_name} {self.instance_name} {token} {self.row_json}"
+
+
+@attrs.frozen
+class UserSyncCommand(Command):
+    """``USER_SYNC <instance_id> <user_id> <state> <last_sync_ms>``.
+
+    Sent by a client: a user started (``state`` is ``start``) or stopped
+    (``end``) syncing on that worker. ``stop`` is accepted as an alias of
+    ``end`` on input; ``end`` is what we write, as Synapse does.
+    """
+
+    NAME: ClassVar[str] = "USER_SYNC"
+    instance_id: str = attrs.field(validator=_check_word)
+    user_id: str = attrs.field(validator=_check_word)
+    is_syncing: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    last_sync_ms: int = attrs.field(validator=_check_token)
+
+    @classmethod
+    def from_line(cls, args: str) -> "UserSyncCommand":
+        instance_id, user_id, state, last_sync_ms = _split_words(
+            args, 4, "<instance_id> <user_id> <start|end> <last_sync_ms>"
+        )
+        if state == "start":
+            is_syncing = True
+        elif state in ("end", "stop"):
+            is_syncing = False
+        else:
+            raise CommandParseError(f"USER_SYNC state must be start or end, got {describe(state)}")
+        return _construct(
+            cls, instance_id, user_id, is_syncing, _parse_token(last_sync_ms, "last_sync_ms")
+        )
+
+    def to_line(self) -> str:
+        state = "start" if self.is_syncing else "end"
+        return f"{self.instance_id} {self.user_id} {state} {self.last_sync_ms}"
+
+
+class _OneWordCommand(Command):
+    """Base for commands whose only argument is a single word."""
+
+    @classmethod
+    def from_line(cls, args: str):  # type: ignore[override]
+        (word,) = _split_words(args, 1, "<argument>")
+        return _construct(cls, word)
+
+    def to_line(self) -> str:
+        return getattr(self, attrs.fields(type(self))[0].name)
+
+
+@attrs.frozen
+class ClearUserSyncCommand(_OneWordCommand):
+    """``CLEAR_USER_SYNC <instance_id>``: sent by a client (usually when shutting
+    down): forget every user sync it reported."""
+
+    NAME: ClassVar[str] = "CLEAR_USER_SYNC"
+    instance_id: str = attrs.field(validator=_check_word)
+
+
+@attrs.frozen
+class RemoteServerUpCommand(_OneWordCommand):
+    """``REMOTE_SERVER_UP <server>``: sent by either side: a remote homeserver
+    may be reachable again."""
+
+    NAME: ClassVar[str] = "REMOTE_SERVER_UP"
+    server: str = attrs.field(validator=_check_word)
+
+
+@attrs.frozen
+class FederationAckCommand(Command):
+    """``FEDERATION_ACK <instance_name> <token>``: sent by the federation sender
+    worker once it has processed the federation stream up to ``token``."""
+
+    NAME: ClassVar[str] = "FEDERATION_ACK"
+    instance_name: str = attrs.field(validator=_check_word)
+    token: int = attrs.field(validator=_check_token)
+
+    @classmethod
+    def from_line(cls, args: str) -> "FederationAckCommand":
+        instance_name, token = _split_words(args, 2, "<instance_name> <token>")
+        return _construct(cls, instance_name, _parse_token(token, "token"))
+
+    def to_line(self) -> str:
+        return f"{self.instance_name} {self.token}"
+
+
+#: Every command type by its wire name. Read-only.
+COMMAND_TYPES: Mapping[str, type[Command]] = MappingProxyType(
+    {
+        cmd.NAME: cmd
+        for cmd in (
+            ServerCommand,
+            NameCommand,
+            PingCommand,
+            ErrorCommand,
+            ReplicateCommand,
+            PositionCommand,
+            RdataCommand,
+            UserSyncCommand,
+            ClearUserSyncCommand,
+            FederationAckCommand,
+            RemoteServerUpCommand,
+        )
+    }
+)
+
+#: Names of the commands a server may send (so a client may receive).
+SERVER_SENT_COMMANDS = frozenset(
+    {"SERVER", "RDATA", "POSITION", "ERROR", "PING", "REMOTE_SERVER_UP"}
+)
+
+#: Names of the commands a client may send (so a server may receive).
+CLIENT_SENT_COMMANDS = frozenset(
+    {
+        "NAME",
+        "REPLICATE",
+        "ERROR",
+        "PING",
+        "USER_SYNC",
+        "CLEAR_USER_SYNC",
+        "FEDERATION_ACK",
+        "REMOTE_SERVER_UP",
+    }
+)
+
+
+def parse_command_from_line(line: str) -> Command:
+    """Parse one line (delimiter already stripped) into a command.
+
+    Raises :class:`UnknownCommandError` if the first word is not a known
+    command name, and :class:`CommandParseError` for anything else that is
+    wrong (including an empty line or an embedded line break). Raises nothing
+    else, whatever the input.
+    """
+    if not line:
+        raise CommandParseError("empty line")
+    name, _, args = line.partition(" ")
+    cmd_type = COMMAND_TYPES.get(name)
+    if cmd_type is None:
+        raise UnknownCommandError(name)
+    if "\n" in args or "\r" in args:
+        raise CommandParseError("line contains a line break")
+    return cmd_type.from_line(args)
+
+
+def serialize_command(cmd: Command) -> str:
+    """Return the full line for ``cmd``, without the trailing delimiter."""
+    args = cmd.to_line()
+    return f"{cmd.NAME} {args}" if args else cmd.NAME

@@ -1,0 +1,293 @@
+"""What one server connection has been sent from each stream.
+
+A :class:`ConnectionFeed` belongs to one server-side connection. For every
+``(stream, writer)`` the client has asked about it keeps a cursor: the token up
+to which rows have been sent. Everything the connection is sent from a stream
+goes through one *catch-up loop* per cursor, which reads
+``get_updates(writer, cursor, current_token, page_size)`` page by page and
+writes RDATA for every row, until the cursor reaches the writer's current
+token. That single path gives the guarantees the protocol needs:
+
+- **No gaps, no duplicates.** The cursor only moves over rows that were just
+  sent, in token order, one loop at a time.
+- **Live rows during a replay are held, not lost.** ``on_stream_advanced``
+  while a loop runs does nothing: the loop re-reads ``current_token`` before
+  it stops, so rows written meanwhile are sent after the replay, in order.
+  They wait in the stream (the database), not in memory.
+- **Bounded pages and bounded memory.** A far-behind connection is caught up
+  ``page_size`` rows at a time, and a loop does not read the next page while
+  the connection is paused (congested), so a slow client costs no more than
+  one page of buffered commands per cursor.
+
+Rows sharing a token go out as ``RDATA ... batch`` lines followed by one
+line carrying the token. When a loop ends it sends ``POSITION`` if it was
+asked to (a REPLICATE) or if the cursor moved past the last RDATA token
+(tokens with no rows), so the client's position is exact.
+
+If ``get_updates`` fails, the error is logged and the loop stops with the
+cursor where it was; the next ``on_stream_advanced`` retries from there.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from roomstore.replication.commands import (
+    Command,
+    PositionCommand,
+    RdataCommand,
+    ReplicateCommand,
+    describe,
+)
+from roomstore.replication.streams import Stream, StreamRegistry
+
+__all__ = ["ConnectionFeed", "FeedConnection", "StreamContractError"]
+
+#: The legacy stream name that means "every stream".
+ALL_STREAMS = "ALL"
+
+
+class FeedConnection(Protocol):
+    """What a feed needs from its connection (a ServerReplicationProtocol)."""
+
+    conn_id: str
+
+    @property
+    def is_open(self) -> bool: ...
+
+    @property
+    def paused(self) -> bool: ...
+
+    def send_command(self, cmd: Command) -> None: ...
+
+    def when_writable(self) -> defer.Deferred[None]: ...
+
+
+class StreamContractError(Exception):
+    """A stream's ``get_updates`` broke the contract documented on
+    :class:`~roomstore.replication.streams.Stream`."""
+
+
+@attrs.define
+class _Cursor:
+    """Per (stream, writer) state of one connection."""
+
+    #: Every row with a token at or below this has been sent (or the client
+    #: was told, by POSITION, that it may skip them).
+    last_sent: int
+    #: The last token the client was told about (RDATA token line or
+    #: POSITION); the ``prev_token`` of the next POSITION.
+    last_told: int
+    #: A catch-up loop is running for this cursor.
+    running: bool = False
+    #: Send POSITION when the running loop catches up.
+    want_position: bool = False
+    #: Bumped when a legacy REPLICATE moves the cursor, so a loop that was
+    #: waiting on get_updates throws that page away.
+    generation: int = 0
+
+
+class ConnectionFeed:
+    """Sends stream rows to one connection. See the module docstring.
+
+    Called by the server session (``replicate``) and by the factory
+    (``on_stream_advanced``), always from the reactor thread.
+    """
+
+    log = Logger()
+
+    def __init__(self, conn: FeedConnection, streams: StreamRegistry, page_size: int = 100) -> None:
+        self._conn = conn
+        self._streams = streams
+        self._page_size = page_size
+        self._cursors: dict[tuple[str, str], _Cursor] = {}
+        self._subscribed: set[str] = set()
+        self._loops: dict[tuple[str, str], defer.Deferred[None]] = {}
+
+    def position(self, stream_name: str, instance_name: str) -> int | None:
+        """The token up to which this connection has been sent rows (tests, metrics)."""
+        cursor = self._cursors.get((stream_name, instance_name))
+        return None if cursor is None else cursor.last_sent
+
+    def is_idle(self) -> bool:
+        """True if no catch-up loop is running."""
+        return not self._loops
+
+    # -- REPLICATE -------------------------------------------------------------
+
+    def replicate(self, cmd: ReplicateCommand) -> None:
+        """Answer a REPLICATE command.
+
+        - bare ``REPLICATE``: POSITION for every stream and writer, and from
+          now on send new rows;
+        - ``REPLICATE <stream> NOW``: the same for one stream;
+        - ``REPLICATE <stream> <token>``: replay that stream's rows after
+          ``token`` (for every writer), then POSITION, then new rows.
+
+        ``ALL`` names every stream. Raises UnknownStreamError for a stream
+        that does not exist, before changing anything.
+        """
+        if cmd.stream_name is None or (
+            cmd.stream_name == ALL_STREAMS and ALL_STREAMS not in self._streams
+        ):
+            streams = list(self._streams)
+        else:
+            streams = [self._streams.get(cmd.stream_name)]
+
+        for stream in streams:
+            self._subscribed.add(stream.name)
+            for writer in stream.writers():
+                if cmd.token is None:
+                    self._replicate_now(stream, writer)
+                else:
+                    self._replicate_from(stream, writer, cmd.token)
+
+    def _replicate_now(self, stream: Stream, writer: str) -> None:
+        cursor = self._cursors.get((stream.name, writer))
+        if cursor is None:
+            current = stream.current_token(writer)
+            self._cursors[(stream.name, writer)] = _Cursor(last_sent=current, last_told=current)
+            self._conn.send_command(PositionCommand(stream.name, writer, current, current))
+        else:
+            # Already streaming: finish sending what is due, then say where we are.
+            cursor.want_position = True
+            self._kick(stream, writer, cursor)
+
+    def _replicate_from(self, stream: Stream, writer: str, token: int) -> None:
+        current = stream.current_token(writer)
+        if token > current:
+            self.log.warn(
+                "[{conn_id}] client asked for {stream}/{writer} from {token}, ahead of {current}",
+                conn_id=self._conn.conn_id,
+                stream=stream.name,
+                writer=writer,
+                token=token,
+                current=current,
+            )
+            token = current
+        cursor = self._cursors.get((stream.name, writer))
+        if cursor is None:
+            cursor = self._cursors[(stream.name, writer)] = _Cursor(last_sent=token, last_told=token)
+        else:
+            cursor.last_sent = cursor.last_told = token
+            cursor.generation += 1
+        cursor.want_position = True
+        self._kick(stream, writer, cursor)
+
+    # -- new rows ----------------------------------------------------------------
+
+    def on_stream_advanced(self, stream_name: str) -> None:
+        """``stream_name`` has new rows or a new position; send them if this
+        connection asked for that stream. Cheap if it did not."""
+        if stream_name not in self._subscribed:
+            return
+        stream = self._streams.get(stream_name)
+        for writer in stream.writers():
+            cursor = self._cursors.get((stream_name, writer))
+            if cursor is None:
+                # A writer that appeared after the REPLICATE: all of its rows
+                # are new to this client.
+                cursor = self._cursors[(stream_name, writer)] = _Cursor(last_sent=0, last_told=0)
+            self._kick(stream, writer, cursor)
+
+    def stop(self) -> None:
+        """The connection is gone: no new loops; running ones end at their
+        next step (they check the connection)."""
+        self._subscribed.clear()
+
+    # -- the catch-up loop ----------------------------------------------------
+
+    def _kick(self, stream: Stream, writer: str, cursor: _Cursor) -> None:
+        if cursor.running or not self._conn.is_open:
+            return  # the running loop re-reads current_token before it stops
+        cursor.running = True
+        key = (stream.name, writer)
+        d = defer.ensureDeferred(self._catch_up(stream, writer, cursor))
+        if cursor.running:  # still waiting on something: remember it
+            self._loops[key] = d
+
+        def done(result: object) -> None:
+            self._loops.pop(key, None)
+            if isinstance(result, Failure):
+                self.log.failure(
+                    "[{conn_id}] sending {stream}/{writer} failed; will retry on the next update",
+                    failure=result,
+                    conn_id=self._conn.conn_id,
+                    stream=stream.name,
+                    writer=writer,
+                )
+
+        d.addBoth(done)
+
+    async def _catch_up(self, stream: Stream, writer: str, cursor: _Cursor) -> None:
+        try:
+            while self._conn.is_open:
+                if self._conn.paused:
+                    await self._conn.when_writable()
+                    continue
+                target = stream.current_token(writer)
+                if cursor.last_sent >= target:
+                    break
+                generation = cursor.generation
+                start = cursor.last_sent
+                updates, upto, limited = await stream.get_updates(
+                    writer, start, target, self._page_size
+                )
+                if not self._conn.is_open:
+                    return
+                if generation != cursor.generation:
+                    continue  # a legacy REPLICATE moved the cursor meanwhile
+                commands = self._page_commands(stream.name, writer, start, updates, upto, limited)
+                for cmd in commands:
+                    self._conn.send_command(cmd)
+                    if cmd.token is not None:
+                        cursor.last_told = cmd.token
+                cursor.last_sent = upto
+
+            if self._conn.is_open and (cursor.want_position or cursor.last_told != cursor.last_sent):
+                self._conn.send_command(
+                    PositionCommand(stream.name, writer, cursor.last_told, cursor.last_sent)
+                )
+                cursor.last_told = cursor.last_sent
+                cursor.want_position = False
+        finally:
+            cursor.running = False
+
+    def _page_commands(
+        self,
+        stream_name: str,
+        writer: str,
+        start: int,
+        updates: list[tuple[int, tuple]],
+        upto: int,
+        limited: bool,
+    ) -> list[RdataCommand]:
+        """Turn a page into RDATA commands, checking the stream's contract
+        first so a bad page sends nothing (never half a batch)."""
+        if upto <= start or (limited and not updates):
+            raise StreamContractError(
+                f"{stream_name}/{writer}: get_updates from {start} made no progress (upto={upto})"
+            )
+        commands: list[RdataCommand] = []
+        previous = start
+        for index, (token, row) in enumerate(updates):
+            if token <= start or token < previous or token > upto:
+                raise StreamContractError(
+                    f"{stream_name}/{writer}: token {token} out of order or outside ({start}, {upto}]"
+                )
+            previous = token
+            last_of_token = index + 1 == len(updates) or updates[index + 1][0] != token
+            try:
+                commands.append(
+                    RdataCommand(stream_name, writer, token if last_of_token else None, row)
+                )
+            except ValueError as e:
+                raise StreamContractError(
+                    f"{stream_name}/{writer}: row at {token} cannot be sent: {describe(str(e))}"
+                ) from None
+        return commands

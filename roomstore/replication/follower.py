@@ -1,0 +1,247 @@
+"""A worker following the server's streams: positions, batches, catch-up.
+
+:class:`StreamPositions` is the worker's memory of how far it has applied each
+``(stream, writer)``; it outlives connections, which is what lets a
+reconnecting client ask the server to replay from where it stopped.
+
+:class:`StreamFollower` serves one client connection. It turns RDATA and
+POSITION into calls on the worker's handler, in order:
+
+- ``RDATA ... batch`` rows are buffered until the line carrying the token
+  arrives; then the handler's ``on_rdata`` is called once with every row of
+  that token. Rows at or below the position already applied are dropped
+  (after a reconnect the server may replay a few rows we have).
+- A ``POSITION`` whose ``prev_token`` is ahead of our position means rows were
+  missed: they are fetched with the stream's ``get_updates`` in pages and
+  applied before the position moves.
+- Work for one stream is done strictly in arrival order (a slow fetch holds
+  back the RDATA behind it); different streams do not wait for each other.
+- Streams the handler's registry does not know are ignored, with a warning.
+
+Rows from RDATA are JSON-decoded with the top-level array turned into a
+tuple, so they look like the tuples ``get_updates`` returns.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from functools import partial
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from roomstore.replication.commands import PositionCommand, RdataCommand, describe
+from roomstore.replication.protocol import CloseConnection
+from roomstore.replication.streams import Stream, StreamRow, UnknownStreamError
+
+if TYPE_CHECKING:
+    from roomstore.replication.client import ReplicationClientHandler
+
+__all__ = ["StreamFollower", "StreamPositions"]
+
+# Stop warning about new unknown stream names after this many (a confused
+# server must not grow our memory or our logs without bound).
+_MAX_UNKNOWN_STREAMS_WARNED = 100
+
+
+class StreamPositions:
+    """The last token applied per ``(stream_name, instance_name)``.
+
+    Owned by the client factory, so it survives reconnections; updated only
+    by the follower after the handler has applied rows.
+    """
+
+    def __init__(self) -> None:
+        self._tokens: dict[tuple[str, str], int] = {}
+
+    def get(self, stream_name: str, instance_name: str) -> int | None:
+        return self._tokens.get((stream_name, instance_name))
+
+    def set(self, stream_name: str, instance_name: str, token: int) -> None:
+        self._tokens[(stream_name, instance_name)] = token
+
+    def items(self) -> Iterator[tuple[tuple[str, str], int]]:
+        return iter(list(self._tokens.items()))
+
+    def resume_tokens(self) -> dict[str, int]:
+        """Per stream, the token to resume from after a reconnect.
+
+        The legacy ``REPLICATE <stream> <token>`` has one token for all
+        writers, so this is the lowest one; rows the server replays for the
+        writers that were further ahead are dropped as duplicates.
+        """
+        resume: dict[str, int] = {}
+        for (stream_name, _instance), token in self._tokens.items():
+            resume[stream_name] = min(token, resume.get(stream_name, token))
+        return resume
+
+
+async def _maybe_await(result: Any) -> None:
+    if inspect.isawaitable(result):
+        await result
+
+
+def _as_row(value: Any) -> StreamRow:
+    return tuple(value) if isinstance(value, list) else value
+
+
+class StreamFollower:
+    """Applies one connection's stream commands through the handler.
+
+    Called by the client session from the protocol's ``on_RDATA`` and
+    ``on_POSITION``; may raise :class:`CloseConnection` when the server
+    sends more than we are willing to buffer.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        handler: "ReplicationClientHandler",
+        positions: StreamPositions,
+        *,
+        page_size: int = 100,
+        max_batch_rows: int = 10_000,
+        max_queued: int = 10_000,
+    ) -> None:
+        self._handler = handler
+        self._positions = positions
+        self._page_size = page_size
+        self._max_batch_rows = max_batch_rows
+        self._max_queued = max_queued
+        self._batches: dict[tuple[str, str], list[StreamRow]] = {}
+        self._queues: dict[str, deque[Callable[[], Awaitable[None]]]] = {}
+        self._draining: set[str] = set()
+        self._warned_unknown: set[str] = set()
+        self._stopped = False
+
+    def is_idle(self) -> bool:
+        """True if no stream work is queued or running."""
+        return not self._draining
+
+    def stop(self) -> None:
+        """The connection is gone: drop buffered batches and queued work.
+
+        Work already running finishes (its rows were fetched, so applying
+        them keeps positions honest).
+        """
+        self._stopped = True
+        self._batches.clear()
+        for queue in self._queues.values():
+            queue.clear()
+
+    # -- commands in -------------------------------------------------------------
+
+    def on_rdata(self, cmd: RdataCommand) -> None:
+        if self._stopped or self._stream(cmd.stream_name) is None:
+            return
+        key = (cmd.stream_name, cmd.instance_name)
+        row = _as_row(cmd.row)
+        if cmd.token is None:
+            batch = self._batches.setdefault(key, [])
+            if len(batch) >= self._max_batch_rows:
+                raise CloseConnection(f"batch for {cmd.stream_name} longer than {self._max_batch_rows} rows")
+            batch.append(row)
+            return
+        rows = self._batches.pop(key, [])
+        rows.append(row)
+        self._enqueue(cmd.stream_name, partial(self._apply_rows, cmd.stream_name, cmd.instance_name, cmd.token, rows))
+
+    def on_position(self, cmd: PositionCommand) -> None:
+        if self._stopped:
+            return
+        stream = self._stream(cmd.stream_name)
+        if stream is None:
+            return
+        self._enqueue(cmd.stream_name, partial(self._apply_position, stream, cmd))
+
+    def _stream(self, name: str) -> Stream | None:
+        try:
+            return self._handler.streams.get(name)
+        except UnknownStreamError:
+            if name not in self._warned_unknown and len(self._warned_unknown) < _MAX_UNKNOWN_STREAMS_WARNED:
+                self._warned_unknown.add(name)
+                self.log.warn("ignoring updates for unknown stream {stream}", stream=describe(name))
+            return None
+
+    # -- ordered work per stream ----------------------------------------------
+
+    def _enqueue(self, stream_name: str, work: Callable[[], Awaitable[None]]) -> None:
+        queue = self._queues.setdefault(stream_name, deque())
+        if len(queue) >= self._max_queued:
+            raise CloseConnection(f"too far behind on {stream_name}")
+        queue.append(work)
+        if stream_name not in self._draining:
+            self._draining.add(stream_name)
+            defer.ensureDeferred(self._drain(stream_name)).addErrback(self._log_failure, stream_name)
+
+    async def _drain(self, stream_name: str) -> None:
+        queue = self._queues[stream_name]
+        try:
+            while queue and not self._stopped:
+                work = queue.popleft()
+                try:
+                    await work()
+                except Exception:
+                    # Keep going: one bad row must not wedge the stream.
+                    self.log.failure("applying an update to {stream} failed", stream=stream_name)
+        finally:
+            self._draining.discard(stream_name)
+            if not queue:
+                self._queues.pop(stream_name, None)
+
+    def _log_failure(self, failure: Failure, stream_name: str) -> None:
+        self.log.failure("stream {stream} follower crashed", failure=failure, stream=stream_name)
+
+    async def _apply_rows(self, stream_name: str, instance_name: str, token: int, rows: list[StreamRow]) -> None:
+        position = self._positions.get(stream_name, instance_name)
+        if position is not None and token <= position:
+            return  # replayed after a reconnect; already applied
+        await _maybe_await(self._handler.on_rdata(stream_name, instance_name, token, rows))
+        self._positions.set(stream_name, instance_name, token)
+
+    async def _apply_position(self, stream: Stream, cmd: PositionCommand) -> None:
+        name, writer = cmd.stream_name, cmd.instance_name
+        position = self._positions.get(name, writer)
+        if position is not None and position < cmd.prev_token:
+            await self._fetch_missing(stream, writer, position, cmd.new_token)
+        elif position is not None and position > cmd.new_token:
+            # The server is behind us (restored from a backup?). It is the
+            # source of truth: follow it, and say so.
+            self.log.warn(
+                "server moved {stream}/{writer} back from {ours} to {theirs}",
+                stream=name,
+                writer=writer,
+                ours=position,
+                theirs=cmd.new_token,
+            )
+        self._positions.set(name, writer, cmd.new_token)
+        await _maybe_await(self._handler.on_position(name, writer, cmd.prev_token, cmd.new_token))
+
+    async def _fetch_missing(self, stream: Stream, writer: str, from_token: int, to_token: int) -> None:
+        """Fetch and apply rows in ``(from_token, to_token]`` page by page."""
+        while from_token < to_token:
+            updates, upto, limited = await stream.get_updates(writer, from_token, to_token, self._page_size)
+            index = 0
+            while index < len(updates):
+                token = updates[index][0]
+                rows = []
+                while index < len(updates) and updates[index][0] == token:
+                    rows.append(updates[index][1])
+                    index += 1
+                await _maybe_await(self._handler.on_rdata(stream.name, writer, token, rows))
+                self._positions.set(stream.name, writer, token)
+            if upto <= from_token:
+                self.log.error(
+                    "{stream}/{writer}: get_updates from {start} made no progress",
+                    stream=stream.name,
+                    writer=writer,
+                    start=from_token,
+                )
+                return
+            from_token = upto
+            if not limited:
+                return

@@ -1,0 +1,65 @@
+"""Prometheus metrics for TCP replication.
+
+Every metric is created exactly once, here, at import time, and registered with
+the default ``prometheus_client`` registry. Protocols only ever call
+``.labels(...)`` on these objects, so tests that build thousands of protocols
+never hit "Duplicated timeseries" errors.
+
+Label values are always drawn from a fixed set (``side`` is ``"server"`` or
+``"client"``; ``command`` is a *known* command name), never from peer input:
+a peer sending random command names must not be able to blow up the number of
+time series. The one per-connection gauge is removed when its connection goes.
+"""
+
+from prometheus_client import Counter, Gauge
+
+__all__ = [
+    "BYTES_RECEIVED",
+    "BYTES_SENT",
+    "COMMANDS_RECEIVED",
+    "COMMANDS_SENT",
+    "CONGESTION_DISCONNECTS",
+    "CONNECTIONS",
+    "INVALID_LINES",
+    "PENDING_COMMANDS",
+]
+
+COMMANDS_RECEIVED = Counter(
+    "roomstore_replication_commands_received",
+    "Replication commands received and parsed, by command name",
+    ["side", "command"],
+)
+COMMANDS_SENT = Counter(
+    "roomstore_replication_commands_sent",
+    "Replication commands written to the transport, by command name",
+    ["side", "command"],
+)
+BYTES_RECEIVED = Counter(
+    "roomstore_replication_bytes_received",
+    "Bytes of replication lines received (including the delimiter)",
+    ["side"],
+)
+BYTES_SENT = Counter(
+    "roomstore_replication_bytes_sent",
+    "Bytes of replication lines written to the transport (including the delimiter)",
+    ["side"],
+)
+INVALID_LINES = Counter(
+    "roomstore_replication_invalid_lines",
+    "Received lines answered with ERROR, by reason class",
+    ["side", "reason"],
+)
+PENDING_COMMANDS = Gauge(
+    "roomstore_replication_pending_commands",
+    "Commands buffered for a paused (congested) connection",
+    ["connection"],
+)
+CONNECTIONS = Gauge(
+    "roomstore_replication_connections",
+    "Replication connections currently open",
+    ["side"],
+)
+CONGESTION_DISCONNECTS = Counter(
+    "roomstore_replication_congestion_disconnects",
+    "Connections dropped because too many commands were pending",
+)

@@ -1,0 +1,1 @@
+"""Tests for roomstore.replication (the TCP replication protocol layer)."""

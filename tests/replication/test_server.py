@@ -1,0 +1,343 @@
+"""Server side: REPLICATE, live rows, legacy replay, paging, notifications."""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
+from twisted.trial import unittest
+
+from roomstore.replication import InMemoryStream, Stream, StreamRegistry, UnknownStreamError
+from roomstore.replication.commands import Command, UserSyncCommand
+
+from .utils import (
+    CountingStream,
+    GatedStream,
+    connect,
+    feed,
+    make_server,
+    rdata_tokens,
+    seed_registry,
+    take,
+    written,
+)
+
+
+def _fill(stream: InMemoryStream, tokens: Sequence[int], rows_per_token: int = 1) -> None:
+    for token in tokens:
+        stream.append("master", token, *[[f"{stream.name}-{token}-{i}"] for i in range(rows_per_token)])
+
+
+def _rows_sent(lines: Sequence[str]) -> list[str]:
+    """The row payloads of RDATA lines, in order."""
+    return [line.split(" ", 4)[4] for line in lines if line.startswith("RDATA ")]
+
+
+class ReplicateTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self.registry = seed_registry(position=7)
+        self.factory = make_server(self.registry)
+        self.protocol, self.transport = connect(self.factory)
+
+    def test_bare_replicate_answers_every_stream_and_writer(self) -> None:
+        self.registry.get("caches").advance("worker1", 3)
+        feed(self.protocol, "REPLICATE")
+        self.assertEqual(
+            take(self.transport),
+            [
+                "POSITION events master 7 7",
+                "POSITION backfill master 7 7",
+                "POSITION caches master 7 7",
+                "POSITION caches worker1 3 3",
+            ],
+        )
+
+    def test_no_rows_before_replicate(self) -> None:
+        """A connection is sent rows only for streams it asked about."""
+        self.registry.get("events").append("master", 8, ["$e"])
+        self.factory.notify_new_rows("events")
+        self.assertEqual(take(self.transport), [])
+        feed(self.protocol, "REPLICATE events NOW")
+        self.assertEqual(take(self.transport), ["POSITION events master 8 8"])
+        self.registry.get("caches").append("master", 8, ["c"])
+        self.factory.notify_new_rows("caches")
+        self.assertEqual(take(self.transport), [])
+
+    def test_live_rows_follow_the_position(self) -> None:
+        feed(self.protocol, "REPLICATE")
+        take(self.transport)
+        events = self.registry.get("events")
+        events.append("master", 9, ["a"], ["b"])
+        events.advance("master", 12)  # 10..12 carry no rows
+        self.factory.notify_new_rows("events")
+        # Rows, then a POSITION so the client knows 10..12 were empty.
+        self.assertEqual(
+            take(self.transport),
+            [
+                'RDATA events master batch ["a"]',
+                'RDATA events master 9 ["b"]',
+                "POSITION events master 9 12",
+            ],
+        )
+        events.append("master", 13, ["c"])
+        self.factory.notify_new_rows("events")
+        self.assertEqual(take(self.transport), ['RDATA events master 13 ["c"]'])
+
+    def test_repeated_replicate_reports_last_sent(self) -> None:
+        feed(self.protocol, "REPLICATE events NOW")
+        self.registry.get("events").append("master", 9, ["a"])
+        self.factory.notify_new_rows("events")
+        take(self.transport)
+        feed(self.protocol, "REPLICATE events NOW")
+        self.assertEqual(take(self.transport), ["POSITION events master 9 9"])
+
+    def test_unknown_stream_is_answered_and_connection_kept(self) -> None:
+        with capturedLogs() as logs:
+            feed(self.protocol, "REPLICATE typing 5")
+        self.assertEqual(take(self.transport), ["ERROR unknown stream 'typing'"])
+        self.assertTrue(any("unknown stream" in e.get("log_format", "") for e in logs))
+        self.assertTrue(self.protocol.is_open)
+        feed(self.protocol, "REPLICATE events 7")
+        self.assertEqual(take(self.transport), ["POSITION events master 7 7"])
+
+    def test_legacy_all_now(self) -> None:
+        feed(self.protocol, "REPLICATE ALL NOW")
+        self.assertEqual(len(take(self.transport)), 3)
+
+    def test_legacy_token_ahead_of_server_is_clamped(self) -> None:
+        with capturedLogs() as logs:
+            feed(self.protocol, "REPLICATE events 100")
+        self.assertEqual(take(self.transport), ["POSITION events master 7 7"])
+        self.assertTrue(any("ahead of" in e.get("log_format", "") for e in logs))
+
+    def test_writer_appearing_later_is_sent_from_the_start(self) -> None:
+        feed(self.protocol, "REPLICATE caches NOW")
+        take(self.transport)
+        caches = self.registry.get("caches")
+        caches.append("worker2", 4, ["w2"])
+        self.factory.notify_new_rows("caches")
+        self.assertEqual(take(self.transport), ['RDATA caches worker2 4 ["w2"]'])
+
+    def test_notify_unknown_stream_is_a_caller_bug(self) -> None:
+        with self.assertRaises(UnknownStreamError):
+            self.factory.notify_new_rows("nope")
+
+    def test_broken_stream_is_logged_and_retried(self) -> None:
+        class Broken(Stream):
+            name = "broken"
+            fail = True
+
+            def writers(self) -> Sequence[str]:
+                return ["master"]
+
+            def current_token(self, instance_name: str) -> int:
+                return 5
+
+            async def get_updates(self, instance_name, from_token, upto_token, limit):
+                if self.fail:
+                    raise RuntimeError("database on fire")
+                return [(5, ("ok",))], upto_token, False
+
+        broken = Broken()
+        registry = StreamRegistry([broken])
+        factory = make_server(registry)
+        protocol, transport = connect(factory)
+        feed(protocol, "REPLICATE broken 0")
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertEqual(take(transport), [])
+        self.assertTrue(protocol.is_open)
+        broken.fail = False
+        factory.notify_new_rows("broken")
+        self.assertEqual(take(transport), ['RDATA broken master 5 ["ok"]', "POSITION broken master 5 5"])
+
+
+class ClientNotificationTests(unittest.TestCase):
+    def test_registered_handlers_get_client_commands(self) -> None:
+        factory = make_server()
+        protocol, transport = connect(factory)
+        received: list[tuple[object, Command]] = []
+        for name in ("USER_SYNC", "CLEAR_USER_SYNC", "FEDERATION_ACK", "REMOTE_SERVER_UP"):
+            factory.add_command_handler(name, lambda conn, cmd: received.append((conn, cmd)))
+        feed(
+            protocol,
+            "USER_SYNC worker1 @a:b start 100",
+            "CLEAR_USER_SYNC worker1",
+            "FEDERATION_ACK fed 42",
+            "REMOTE_SERVER_UP matrix.org",
+        )
+        self.assertEqual([cmd.NAME for _, cmd in received], ["USER_SYNC", "CLEAR_USER_SYNC", "FEDERATION_ACK", "REMOTE_SERVER_UP"])
+        self.assertTrue(all(conn is protocol for conn, _ in received))
+        self.assertEqual(received[0][1], UserSyncCommand("worker1", "@a:b", True, 100))
+        self.assertEqual(take(transport), [])
+
+    def test_failing_handler_is_logged_not_fatal(self) -> None:
+        factory = make_server()
+        protocol, transport = connect(factory)
+
+        def explode(conn, cmd):
+            raise ValueError("boom")
+
+        factory.add_command_handler("FEDERATION_ACK", explode)
+        feed(protocol, "FEDERATION_ACK fed 1")
+        self.assertEqual(len(self.flushLoggedErrors(ValueError)), 1)
+        self.assertTrue(protocol.is_open)
+
+    def test_only_notifications_take_handlers(self) -> None:
+        with self.assertRaises(ValueError):
+            make_server().add_command_handler("REPLICATE", lambda conn, cmd: None)
+
+    def test_remote_server_up_broadcast(self) -> None:
+        factory = make_server()
+        (a, ta), (b, tb) = connect(factory), connect(factory)
+        factory.send_remote_server_up("matrix.org")
+        self.assertEqual(written(ta), ["REMOTE_SERVER_UP matrix.org"])
+        self.assertEqual(written(tb), ["REMOTE_SERVER_UP matrix.org"])
+
+
+class LegacyResumeTests(unittest.TestCase):
+    """``REPLICATE <stream> <token>``: replay, then live, no gaps or duplicates."""
+
+    def setUp(self) -> None:
+        self.events = InMemoryStream("events")
+        # 30 tokens; every third one holds a batch of three rows.
+        for token in range(1, 31):
+            _fill(self.events, [token], rows_per_token=3 if token % 3 == 0 else 1)
+        self.gated = GatedStream(self.events)
+        self.factory = make_server(StreamRegistry([self.gated]), page_size=10)
+        self.protocol, self.transport = connect(self.factory)
+
+    def expected_rows(self, after: int, upto: int) -> list[str]:
+        """The RDATA payloads the client must get for (after, upto]."""
+        return [json.dumps(list(row)) for token, row in self.events.rows("master") if after < token <= upto]
+
+    def release_all(self, write_between=None) -> int:
+        """Release reads one by one until none are waiting; optionally write
+        new rows between reads. Returns how many reads there were."""
+        reads = 0
+        while self.gated.waiting:
+            self.gated.release()
+            reads += 1
+            if write_between is not None:
+                write_between(reads)
+        return reads
+
+    def test_replay_with_live_rows_arriving_mid_replay(self) -> None:
+        feed(self.protocol, "REPLICATE events 5")
+        self.assertEqual(len(self.gated.waiting), 1)  # the replay's first read is in flight
+        next_token = [31]
+
+        def live_write(reads: int) -> None:
+            # While the replay is still catching up, new rows are committed
+            # and the server is told at once.
+            if reads <= 4:
+                _fill(self.events, [next_token[0]], rows_per_token=2)
+                next_token[0] += 1
+                self.factory.notify_new_rows("events")
+
+        # Before the first read returns, more rows arrive too.
+        _fill(self.events, [next_token[0]])
+        next_token[0] += 1
+        self.factory.notify_new_rows("events")
+        self.assertEqual(len(self.gated.waiting), 1)  # held: no second reader
+
+        self.release_all(write_between=live_write)
+        lines = take(self.transport)
+        final = self.events.current_token("master")
+        self.assertEqual(final, 35)
+        # Every row after 5, each exactly once, in token order, and then the
+        # POSITION that ends the replay.
+        self.assertEqual(_rows_sent(lines), self.expected_rows(5, final))
+        numeric = [int(t) for t in rdata_tokens(lines) if t != "batch"]
+        self.assertEqual(numeric, list(range(6, final + 1)))
+        self.assertEqual(lines[-1], f"POSITION events master {final} {final}")
+        # Each read was a bounded page.
+        self.assertTrue(all(limit == 10 for _, _, _, limit in self.gated.calls))
+
+        # Live rows after the replay flow straight through.
+        _fill(self.events, [36])
+        self.factory.notify_new_rows("events")
+        self.release_all()
+        self.assertEqual(take(self.transport), ['RDATA events master 36 ["events-36-0"]'])
+
+    def test_rewind_while_a_read_is_in_flight(self) -> None:
+        """A legacy REPLICATE arriving while a live read is in flight throws
+        that page away and restarts from the requested token."""
+        feed(self.protocol, "REPLICATE events NOW")
+        take(self.transport)
+        _fill(self.events, [31, 32])
+        self.factory.notify_new_rows("events")
+        self.assertEqual(self.gated.waiting[0][0], ("master", 30, 32, 10))
+        feed(self.protocol, "REPLICATE events 27")
+        self.release_all()
+        lines = take(self.transport)
+        self.assertEqual(_rows_sent(lines), self.expected_rows(27, 32))
+        self.assertEqual(lines[-1], "POSITION events master 32 32")
+
+    def test_batches_are_never_split_across_pages(self) -> None:
+        feed(self.protocol, "REPLICATE events 0")
+        self.release_all()
+        tokens = rdata_tokens(take(self.transport))
+        # Every "batch" run is closed by its token line before the next token.
+        run = 0
+        for token in tokens:
+            if token == "batch":
+                run += 1
+            else:
+                self.assertIn(run, (0, 2))
+                self.assertEqual(run == 2, int(token) % 3 == 0)
+                run = 0
+        self.assertEqual(run, 0)
+
+
+class FarBehindTests(unittest.TestCase):
+    def test_far_behind_client_caught_up_in_bounded_pages(self) -> None:
+        events = InMemoryStream("events")
+        _fill(events, range(1, 1001))
+        counting = CountingStream(events)
+        factory = make_server(StreamRegistry([counting]), Clock(), page_size=100)
+        protocol, transport = connect(factory)
+        feed(protocol, "REPLICATE events 0")
+        lines = take(transport)
+        self.assertEqual(rdata_tokens(lines), [str(t) for t in range(1, 1001)])
+        self.assertEqual(lines[-1], "POSITION events master 1000 1000")
+        self.assertEqual(len(counting.calls), 10)
+        self.assertTrue(all(limit == 100 for *_, limit in counting.calls))
+        self.assertEqual(counting.page_sizes, [100] * 10)
+        # Each page starts where the previous ended.
+        self.assertEqual([start for _, start, _, _ in counting.calls], list(range(0, 1000, 100)))
+
+    def test_paging_waits_for_a_congested_connection(self) -> None:
+        """A far-behind client that cannot keep up holds at most one page in
+        memory: the next page is read only when the transport resumes."""
+        events = InMemoryStream("events")
+        _fill(events, range(1, 501))
+        counting = CountingStream(events)
+        factory = make_server(StreamRegistry([counting]), page_size=100, max_pending_commands=150)
+        protocol, transport = connect(factory)
+        # The transport fills after the first page.
+        original_write = transport.write
+        writes = [0]
+
+        def write(data: bytes) -> None:
+            original_write(data)
+            writes[0] += 1
+            if writes[0] == 100:
+                protocol.pauseProducing()
+
+        transport.write = write
+        feed(protocol, "REPLICATE events 0")
+        self.assertEqual(len(counting.calls), 1)
+        self.assertEqual(len(rdata_tokens(written(transport))), 100)
+        self.assertEqual(protocol.pending_count, 0)
+        self.assertTrue(protocol.is_open)
+        # Each resume lets exactly one more page through.
+        for page in range(2, 6):
+            writes[0] = 0
+            protocol.resumeProducing()
+            self.assertEqual(len(counting.calls), page)
+            self.assertLessEqual(protocol.pending_count, 100)
+        protocol.resumeProducing()
+        self.assertEqual(rdata_tokens(written(transport)), [str(t) for t in range(1, 501)])
+        self.assertTrue(protocol.is_open)
