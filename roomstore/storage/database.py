@@ -82,11 +82,16 @@ class Transaction:
         self.db._count_query()
         self._cursor.executemany(self.engine.convert_sql(sql), rows)
 
-    def insert_many(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    def insert_many(
+        self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], on_conflict: str = ""
+    ) -> None:
         """Insert many rows in as few round trips as the engine allows.
 
-        ``table`` and ``columns`` are identifiers written by the caller's code,
-        never user input; values are bound.
+        ``table``, ``columns`` and ``on_conflict`` (e.g. ``"ON CONFLICT DO
+        NOTHING"``, or an upsert's ``DO UPDATE SET`` clause, written with
+        ``excluded.``) are SQL written by the caller's code, never user input;
+        values are bound. PostgreSQL gets multi-row VALUES statements (psycopg2's
+        executemany would be one round trip per row); SQLite runs in-process.
         """
         rows = [tuple(r) for r in rows]
         if not rows:
@@ -97,11 +102,11 @@ class Transaction:
 
             self.db._count_query()
             execute_values(
-                self._cursor, f"INSERT INTO {table} ({cols}) VALUES %s", rows, page_size=1000
+                self._cursor, f"INSERT INTO {table} ({cols}) VALUES %s {on_conflict}", rows, page_size=1000
             )
         else:
             marks = ", ".join("?" for _ in columns)
-            self.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
+            self.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks}) {on_conflict}", rows)
 
     def fetchone(self) -> tuple | None:
         return self._cursor.fetchone()

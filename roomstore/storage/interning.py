@@ -123,11 +123,8 @@ class Interner:
         missing = [k for k in wanted if k not in result]
         if not missing:
             return result
-        cols = ", ".join(self.key_columns)
-        marks = ", ".join("?" for _ in self.key_columns)
-        txn.executemany(
-            f"INSERT INTO {self.table} ({cols}) VALUES ({marks}) ON CONFLICT DO NOTHING",
-            [self._as_row(k) for k in missing],
+        txn.insert_many(
+            self.table, self.key_columns, sorted(self._as_row(k) for k in missing), on_conflict="ON CONFLICT DO NOTHING"
         )
         found = self._select(txn, missing)
         if len(found) != len(missing):
