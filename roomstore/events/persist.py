@@ -268,6 +268,7 @@ class _BatchWriter:
         self.resolved = resolved
         self.now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
         self.pending: dict[int, _Pending] = {}
+        self.stored_groups: dict[int, tuple[int | None, int]] = {}
         self.event_nids: dict[str, int] = {}
         self.key_nids: dict[StateKey, int] = {}
         self.key_names: dict[int, StateKey] = {}
@@ -283,17 +284,27 @@ class _BatchWriter:
             return dict(self.pending[group].state)
         return self.p.state_groups.get_state(self.txn, group)
 
+    def _stored_group(self, group: int) -> tuple[int | None, int]:
+        """(visibility snapshot, chain length) of a stored group, once per batch."""
+        facts = self.stored_groups.get(group)
+        if facts is None:
+            row = self.txn.execute(
+                "SELECT visibility_snapshot, chain_length FROM state_groups WHERE state_group = ?", (group,)
+            ).fetchone()
+            if row is None:
+                raise MissingStateError(f"state group {group} does not exist")
+            facts = self.stored_groups[group] = (row[0], row[1])
+        return facts
+
     def chain_length(self, group: int) -> int:
         if group in self.pending:
             return self.pending[group].chain_length
-        return self.p.state_groups.chain_length(self.txn, group)
+        return self._stored_group(group)[1]
 
     def snapshot_of(self, group: int) -> int:
         if group in self.pending:
             return self.pending[group].snapshot
-        snapshot = self.txn.select_one_value(
-            "SELECT visibility_snapshot FROM state_groups WHERE state_group = ?", (group,)
-        )
+        snapshot = self._stored_group(group)[0]
         if snapshot is None:
             raise MissingStateError(f"state group {group} has no visibility snapshot")
         return snapshot
