@@ -53,7 +53,8 @@ def compute_reference_hash(
     room_version: RoomVersion, event_dict: Mapping[str, Any]
 ) -> bytes:
     """Return the 32-byte sha256 reference hash of ``event_dict``."""
-    redacted = prune_event_dict(room_version, event_dict)
+    # Only serialised, never kept: no need to deep-copy what survives.
+    redacted = prune_event_dict(room_version, event_dict, deep_copy=False)
     # The redaction algorithm already drops all three in every version; the
     # spec lists the step explicitly, so we do it too rather than rely on that.
     for key in ("signatures", "unsigned", "age_ts"):

@@ -43,6 +43,10 @@ __all__ = [
 KEPT_UNSIGNED_KEYS: frozenset[str] = frozenset({"age_ts", "replaces_state"})
 
 
+def _share(value: Any) -> Any:
+    return value
+
+
 def copy_json(value: Any) -> Any:
     """Deep-copy a JSON value (objects, arrays, scalars) without recursion.
 
@@ -50,34 +54,50 @@ def copy_json(value: Any) -> Any:
     overflow the Python stack (``copy.deepcopy`` recurses).  Mappings become
     dicts and tuples become lists; scalars are immutable and returned as is.
     """
-    if isinstance(value, Mapping):
-        root: Any = {}
-    elif isinstance(value, (list, tuple)):
-        root = []
-    else:
-        return value
+    if not _is_container(value):
+        return value  # the common case: a string or number
+    root: Any = {} if _is_object(value) else []
     stack: list[tuple[Any, Any]] = [(value, root)]
     while stack:
         source, target = stack.pop()
-        items = source.items() if isinstance(source, Mapping) else enumerate(source)
+        items = source.items() if _is_object(source) else enumerate(source)
+        is_dict = type(target) is dict
         for key, child in items:
-            if isinstance(child, Mapping):
-                new: Any = {}
-                stack.append((child, new))
-            elif isinstance(child, (list, tuple)):
-                new = []
+            if _is_container(child):
+                new: Any = {} if _is_object(child) else []
                 stack.append((child, new))
             else:
                 new = child
-            if isinstance(target, dict):
+            if is_dict:
                 target[key] = new
             else:
                 target.append(new)
     return root
 
 
+_copy_json = copy_json
+
+
+def _is_object(value: Any) -> bool:
+    # Concrete types first: isinstance against typing.Mapping goes through
+    # the ABC machinery and dominated the cost of hashing events.
+    return type(value) is dict or (type(value) not in _SCALARS and isinstance(value, Mapping))
+
+
+def _is_container(value: Any) -> bool:
+    kind = type(value)
+    if kind is dict or kind is list:
+        return True
+    if kind in _SCALARS:
+        return False
+    return isinstance(value, (Mapping, list, tuple))
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def prune_event_dict(
-    room_version: RoomVersion, event_dict: Mapping[str, Any]
+    room_version: RoomVersion, event_dict: Mapping[str, Any], *, deep_copy: bool = True
 ) -> dict[str, Any]:
     """Apply the redaction algorithm of ``room_version`` to ``event_dict``.
 
@@ -90,7 +110,11 @@ def prune_event_dict(
           not an object).
         * The event's ``type`` selects which content keys survive; an event
           without a string ``type`` keeps no content.
+        * ``deep_copy=False`` shares kept values with the input instead of
+          copying them (only the two top-level dicts are new): for callers
+          that only serialise the result, such as the reference hash.
     """
+    copy_json = _copy_json if deep_copy else _share
     pruned: dict[str, Any] = {
         key: copy_json(value)
         for key, value in event_dict.items()
