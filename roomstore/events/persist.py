@@ -259,6 +259,18 @@ class BatchOutcome:
         return rows
 
 
+def delete_pairs(txn: Transaction, table: str, columns: tuple[str, str], pairs) -> None:
+    """DELETE rows matching any of ``pairs`` in one statement per chunk
+    (row-value IN lists work on PostgreSQL and SQLite 3.15+)."""
+    pairs = sorted(set(pairs))
+    for part in chunks(pairs):
+        values = ", ".join("(?, ?)" for _ in part)
+        txn.execute(
+            f"DELETE FROM {table} WHERE ({columns[0]}, {columns[1]}) IN (VALUES {values})",
+            [v for pair in part for v in pair],
+        )
+
+
 class _BatchWriter:
     """One batch inside one transaction. Short-lived; holds the batch's maps."""
 
@@ -694,10 +706,7 @@ class _BatchWriter:
         live_referenced = {
             (room_of[nid[ev.event_id]], nid[p]) for ev in graph_events if not ev.backfilled for p in ev.pdu.prev_event_ids
         }
-        if live_referenced:
-            txn.executemany(
-                "DELETE FROM forward_extremities WHERE room_nid = ? AND event_nid = ?", sorted(live_referenced)
-            )
+        delete_pairs(txn, "forward_extremities", ("room_nid", "event_nid"), live_referenced)
         pointed_at = set()
         for part in chunks(sorted(new_nids)):
             marks = ", ".join("?" for _ in part)
@@ -715,14 +724,10 @@ class _BatchWriter:
         prev_nids = {p for _, p in referenced}
         have = {n for n, r in self.stored_events(prev_nids).items() if not r["outlier"]}
         missing = sorted({(room, p) for room, p in referenced if p not in have})
-        if missing:
-            txn.executemany(
-                "INSERT INTO backward_extremities (room_nid, event_nid) VALUES (?, ?) ON CONFLICT DO NOTHING", missing
-            )
-        txn.executemany(
-            "DELETE FROM backward_extremities WHERE room_nid = ? AND event_nid = ?",
-            sorted((room_of[n], n) for n in new_nids),
+        txn.insert_many(
+            "backward_extremities", ("room_nid", "event_nid"), missing, on_conflict="ON CONFLICT DO NOTHING"
         )
+        delete_pairs(txn, "backward_extremities", ("room_nid", "event_nid"), [(room_of[n], n) for n in new_nids])
 
     def update_current_state(self, room_nid: int, room_id: str, position: int) -> bool:
         """Recompute current state from the forward extremities; True if it changed."""
@@ -775,13 +780,12 @@ class _BatchWriter:
         if not changed:
             return False
         self.names_of_keys(changed)
-        removed = sorted((room_nid, k) for k in changed if k not in new_state)
-        txn.executemany("DELETE FROM current_state WHERE room_nid = ? AND type_key_nid = ?", removed)
+        removed = [(room_nid, k) for k in changed if k not in new_state]
+        delete_pairs(txn, "current_state", ("room_nid", "type_key_nid"), removed)
         upserts = sorted((room_nid, k, new_state[k]) for k in changed if k in new_state)
-        txn.executemany(
-            "INSERT INTO current_state (room_nid, type_key_nid, event_nid) VALUES (?, ?, ?)"
-            " ON CONFLICT (room_nid, type_key_nid) DO UPDATE SET event_nid = excluded.event_nid",
-            upserts,
+        txn.insert_many(
+            "current_state", ("room_nid", "type_key_nid", "event_nid"), upserts,
+            on_conflict="ON CONFLICT (room_nid, type_key_nid) DO UPDATE SET event_nid = excluded.event_nid",
         )
         txn.insert_many(
             "current_state_deltas",
@@ -794,18 +798,17 @@ class _BatchWriter:
             self.intern_users(self.key_names[k][1] for k in member_changes)
             self.load_event_facts([new_state[k] for k in member_changes if k in new_state])
             gone = [(room_nid, self.user_nids[self.key_names[k][1]]) for k in member_changes if k not in new_state]
-            txn.executemany("DELETE FROM current_memberships WHERE room_nid = ? AND user_nid = ?", gone)
+            delete_pairs(txn, "current_memberships", ("room_nid", "user_nid"), gone)
             rows = []
             for k in member_changes:
                 if k in new_state:
                     event = new_state[k]
                     rows.append((room_nid, self.user_nids[self.key_names[k][1]],
                                  self.membership_of_event.get(event, NO_MEMBERSHIP_CODE), event, position))
-            txn.executemany(
-                "INSERT INTO current_memberships (room_nid, user_nid, membership, event_nid, stream_ordering)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_nid, user_nid) DO UPDATE SET"
-                " membership = excluded.membership, event_nid = excluded.event_nid,"
-                " stream_ordering = excluded.stream_ordering",
-                rows,
+            txn.insert_many(
+                "current_memberships", ("room_nid", "user_nid", "membership", "event_nid", "stream_ordering"),
+                sorted(rows),
+                on_conflict="ON CONFLICT (room_nid, user_nid) DO UPDATE SET membership = excluded.membership,"
+                " event_nid = excluded.event_nid, stream_ordering = excluded.stream_ordering",
             )
         return True
