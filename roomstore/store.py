@@ -26,6 +26,7 @@ from roomstore.events.persist import (
     prepare_events,
 )
 from roomstore.events.reads import EventReader
+from roomstore.events.timeline import PaginationResult, RecentResult, SyncResult, TimelineReader
 from roomstore.state.groups import DEFAULT_MAX_CHAIN_LENGTH, StateGroupStore
 from roomstore.storage.database import Database
 from roomstore.storage.interning import Interners
@@ -45,7 +46,8 @@ class StoreConfig:
     ``stream_writers`` maps a stream name to its writer instances (default:
     this instance writes every stream). ``redaction_retention_ms``: how long
     a redacted event's original bytes stay retrievable before the censor job
-    replaces them.
+    replaces them. ``censor_interval_ms``: how often that job runs (None: never
+    on its own; ``RoomStore.censor_expired_redactions`` still works).
     """
 
     instance_name: str = "master"
@@ -54,6 +56,7 @@ class StoreConfig:
     event_cache_size: int = 10_000
     change_cache_size: int = 100_000
     redaction_retention_ms: int = 7 * DAY_MS
+    censor_interval_ms: int | None = None
 
 
 class RoomStore:
@@ -76,11 +79,17 @@ class RoomStore:
         self.room_changes = StreamChangeCache("room_events", position, config.change_cache_size)
         self.membership_changes = StreamChangeCache("user_memberships", position, config.change_cache_size)
         self.reader = EventReader(self)
+        self.timeline = TimelineReader(self)
         self._invalidation_hooks: list = []
 
     @classmethod
-    async def open(cls, database: str | Database, config: StoreConfig | None = None, reactor: Any = None) -> "RoomStore":
-        """Open (and migrate) the database, recover stream positions."""
+    async def open(
+        cls, database: str | Database, config: StoreConfig | None = None, reactor: Any = None, clock: Any = None
+    ) -> "RoomStore":
+        """Open (and migrate) the database, recover stream positions.
+
+        ``clock`` drives periodic jobs (default: the database's reactor).
+        """
         config = config or StoreConfig()
         if isinstance(database, str):
             db = Database.from_url(database, reactor)
@@ -97,6 +106,12 @@ class RoomStore:
         store = cls(db, config, generators)
         store._owns_db = owns_db
         await db.run_interaction("register_instance", store._register_instance_txn)
+        store._censor_job = None
+        if config.censor_interval_ms is not None:
+            from roomstore.events.censor import RedactionCensor
+
+            store._censor_job = RedactionCensor(store, config.censor_interval_ms, clock or db.reactor)
+            store._censor_job.start()
         return store
 
     def _register_instance_txn(self, txn) -> None:
@@ -105,6 +120,10 @@ class RoomStore:
         )
 
     async def close(self) -> None:
+        censor_job = getattr(self, "_censor_job", None)
+        if censor_job is not None:
+            # Before the database goes: stop() waits for a run in progress.
+            await censor_job.stop()
         for gen in self.generators.values():
             await gen.close()
         if getattr(self, "_owns_db", False):
@@ -138,7 +157,9 @@ class RoomStore:
                 "persist_events", self.persister.persist_txn, prepared, stream_ids, backfill_ids,
                 resolved_current_state, cache_stream_id,
             )
-        self._after_persist(outcome)
+            # Caches first, then the IDs complete: a reader woken by the new
+            # position must find the change caches already knowing the batch.
+            self._after_persist(outcome)
         return [outcome.results[ev.event_id] for ev in prepared]
 
     def _reserve(self, generator, count: int):
@@ -234,6 +255,162 @@ class RoomStore:
 
     def get_current_token(self) -> str:
         return self.reader.current_token().to_string()
+
+    # --- redaction censoring (roomstore.events.censor)
+
+    async def censor_expired_redactions(self, now_ms: int | None = None) -> int:
+        """Replace the bytes of redacted events whose redaction is older than
+        ``config.redaction_retention_ms`` (at ``now_ms``, default the wall
+        clock) with their pruned JSON; returns how many events were censored.
+        """
+        from roomstore.events.censor import censor_expired_redactions
+
+        return await censor_expired_redactions(self, now_ms)
+
+    # --- state group deletion (honours the compaction lock)
+
+    #: The ``maintenance_locks`` row the offline compaction job holds while it
+    #: runs (``roomstore.compaction.writer.LOCK_NAME``; the store never imports
+    #: the compaction package, so the name is repeated here).
+    COMPACTION_LOCK_NAME = "state_compaction"
+    #: A compaction lock whose heartbeat is older than this many seconds is
+    #: taken to be left behind by a dead job and ignored (with a warning).
+    COMPACTION_LOCK_TIMEOUT_S = 600.0
+
+    async def delete_state_groups(
+        self,
+        group_ids: Iterable[int],
+        *,
+        lock_timeout_s: float | None = None,
+        poll_interval_s: float = 1.0,
+        clock: Any = None,
+    ) -> int:
+        """Delete state groups (their ``state_groups`` and delta rows); returns how many existed.
+
+        Waits, polling every ``poll_interval_s``, while the state compaction
+        job holds its lock with a heartbeat younger than ``lock_timeout_s``
+        (default ``COMPACTION_LOCK_TIMEOUT_S``): the job must never rewrite a
+        group that is being deleted. An older heartbeat means the job died;
+        the lock is then ignored with a warning. The check and the deletion are
+        one transaction, and the job re-checks every group in its own swap
+        transaction, so neither order loses a group's state.
+
+        Remaining groups stored as a delta against a deleted group are first
+        rewritten as snapshots of their full state, so no remaining group's
+        state changes. The caller (a purge) is responsible for nothing else
+        referring to the deleted groups (events, ``rooms.current_state_group``).
+        """
+        from twisted.internet.task import deferLater
+
+        ids = sorted({int(g) for g in group_ids})
+        if not ids:
+            return 0
+        timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
+        reactor = clock or self.db.reactor
+        waiting_logged = False
+        while True:
+            outcome = await self.db.run_interaction(
+                "delete_state_groups", self._delete_state_groups_txn, ids, timeout_s
+            )
+            if outcome[0] == "locked":
+                if not waiting_logged:
+                    log.info(
+                        "waiting for state compaction ({holder}) to finish before deleting {n} state group(s)",
+                        holder=outcome[1], n=len(ids),
+                    )
+                    waiting_logged = True
+                await deferLater(reactor, poll_interval_s, lambda: None)
+                continue
+            _, deleted, stale = outcome
+            if stale is not None:
+                log.warn(
+                    "ignoring stale state compaction lock held by {holder} (last heartbeat {age:.0f}s ago,"
+                    " timeout {timeout:.0f}s) to delete {n} state group(s)",
+                    holder=stale[0], age=stale[1], timeout=timeout_s, n=len(ids),
+                )
+            for group in ids:
+                self.state_groups.forget(group)
+            return deleted
+
+    def _delete_state_groups_txn(self, txn, ids: list[int], timeout_s: float) -> tuple:
+        import time
+
+        from roomstore.storage.interning import chunks
+
+        row = txn.execute(
+            "SELECT holder, acquired_ts, heartbeat_ts FROM maintenance_locks WHERE lock_name = ?",
+            (self.COMPACTION_LOCK_NAME,),
+        ).fetchone()
+        stale = None
+        if row is not None:
+            holder, acquired_ts, heartbeat_ts = row
+            age_s = (time.time() * 1000 - (heartbeat_ts if heartbeat_ts is not None else acquired_ts)) / 1000
+            if age_s <= timeout_s:
+                return ("locked", holder, age_s)
+            stale = (holder, age_s)
+        doomed = set(ids)
+        children: list[int] = []
+        for part in chunks(ids):
+            marks = ", ".join("?" for _ in part)
+            children += [
+                r[0]
+                for r in txn.execute(
+                    f"SELECT state_group FROM state_groups WHERE prev_state_group IN ({marks})", part
+                ).fetchall()
+                if r[0] not in doomed
+            ]
+        # Full states first (they read through the doomed groups), then rewrite.
+        states = {child: self.state_groups.get_state(txn, child) for child in sorted(set(children))}
+        for child, state in states.items():
+            txn.execute("DELETE FROM state_group_deltas WHERE state_group = ?", (child,))
+            txn.insert_many(
+                "state_group_deltas", ("state_group", "type_key_nid", "event_nid"),
+                [(child, key, event) for key, event in sorted(state.items())],
+            )
+            txn.execute(
+                "UPDATE state_groups SET prev_state_group = NULL, chain_length = 0 WHERE state_group = ?", (child,)
+            )
+        deleted = 0
+        for part in chunks(ids):
+            marks = ", ".join("?" for _ in part)
+            # The group rows first: that takes their row locks before anything else.
+            txn.execute(f"DELETE FROM state_groups WHERE state_group IN ({marks})", part)
+            deleted += txn.rowcount
+            txn.execute(f"DELETE FROM state_group_deltas WHERE state_group IN ({marks})", part)
+        return ("deleted", deleted, stale)
+
+    # --- timeline reads (roomstore.events.timeline)
+    # Thin async wrappers; contracts and SQL in roomstore.events.timeline.
+
+    async def sync(self, user_id: str, since: str | None) -> SyncResult:
+        """New visible events in the user's rooms since a stream token, and the
+        user's own membership events in any room; ``since=None``: initial."""
+        return await self.timeline.sync(user_id, since)
+
+    async def recent(self, user_id: str, rooms: int, events: int, from_cursor: str | None = None) -> RecentResult:
+        """The newest ``events`` visible events of the user's ``rooms`` most
+        recently active joined rooms, paged over rooms by ``from_cursor``."""
+        return await self.timeline.recent(user_id, rooms, events, from_cursor)
+
+    async def paginate(
+        self, room_id: str, user_id: str, from_token: str | None, direction: str, limit: int
+    ) -> PaginationResult:
+        """A visible page of a room in topological order (``"b"``/``"f"``)."""
+        return await self.timeline.paginate(room_id, user_id, from_token, direction, limit)
+
+    async def is_visible(self, user_id: str, event_id: str) -> bool:
+        """Whether the timelines would show ``event_id`` to ``user_id``."""
+        return await self.timeline.is_visible(user_id, event_id)
+
+    async def backfill(self, room_id: str, event_ids: Sequence[str], limit: int) -> list[dict]:
+        """Federation backfill from ``event_ids`` (inclusive), in topological order."""
+        return await self.timeline.backfill(room_id, event_ids, limit)
+
+    async def get_missing_events(
+        self, room_id: str, earliest_events: Sequence[str], latest_events: Sequence[str], limit: int
+    ) -> list[dict]:
+        """Federation missing events between ``earliest_events`` and ``latest_events``."""
+        return await self.timeline.get_missing_events(room_id, earliest_events, latest_events, limit)
 
 
 class _NoIds:

@@ -39,13 +39,20 @@ class EventReader:
         self.interners = store.interners
         self._events = LruCache(store.config.event_cache_size)  # event_id -> dict (as served)
         self._rooms_for_user = LruCache(50_000)  # user_id -> frozenset of joined room ids
+        # Bumped by every invalidation: a read whose transaction began before
+        # an invalidation may have seen the old rows, so it must not fill the
+        # cache (else the stale answer would stay until the next change).
+        self._events_generation = 0
+        self._memberships_generation = 0
 
     # ------------------------------------------------------------------ caches
 
     def invalidate_event(self, event_id: str) -> None:
+        self._events_generation += 1
         self._events.pop(event_id)
 
     def invalidate_memberships(self, room_ids: Iterable[str], user_ids: Iterable[str]) -> None:
+        self._memberships_generation += 1
         for user_id in user_ids:
             self._rooms_for_user.pop(user_id)
         if room_ids:
@@ -54,6 +61,8 @@ class EventReader:
             self._rooms_for_user.clear()
 
     def invalidate_all(self) -> None:
+        self._events_generation += 1
+        self._memberships_generation += 1
         self._events.clear()
         self._rooms_for_user.clear()
 
@@ -69,9 +78,11 @@ class EventReader:
             else:
                 missing.append(event_id)
         if missing:
+            generation = self._events_generation
             fetched = await self.db.run_interaction("get_events", self.events_txn, missing, redact)
+            cacheable = redact and generation == self._events_generation
             for event_id, event in fetched.items():
-                if redact:
+                if cacheable:
                     self._events.set(event_id, event)
                 result[event_id] = event
         return result
@@ -221,8 +232,10 @@ class EventReader:
         cached = self._rooms_for_user.get(user_id)
         if cached is not None:
             return cached
+        generation = self._memberships_generation
         rooms = frozenset(await self.db.run_interaction("get_rooms_for_user", self.rooms_for_user_txn, user_id))
-        self._rooms_for_user.set(user_id, rooms)
+        if generation == self._memberships_generation:
+            self._rooms_for_user.set(user_id, rooms)
         return rooms
 
     def rooms_for_user_txn(self, txn: Transaction, user_id: str) -> list[str]:

@@ -1,0 +1,414 @@
+"""Event store figures on SQLite and PostgreSQL, side by side.
+
+usage: bench/with-postgres .venv/bin/python bench/event_store.py [--size small|large] [--runs R]
+
+(a) Persist throughput: events/s through ``persist_events`` in batches of 100
+    (a linear room: 90% messages, 5% topic changes, 5% joins), against a raw
+    batched INSERT of the very rows it wrote to ``events``, ``event_json`` and
+    ``event_edges`` into plain copies of those tables (same columns, keys and
+    indexes), one transaction per 100 events through the same pool. The raw
+    figure is the floor of any design storing those rows; the ratio says how
+    much the rest (validation and event IDs, interning, state groups,
+    visibility, extremities, current state, stream IDs) costs. "validation
+    alone" is ``prepare_events`` (parse, check, compute event IDs) in Python.
+(b) Full-state lookup: ``get_state_ids`` of an event whose group holds 10,000
+    entries at the end of a 100-hop delta chain (``max_state_chain_length=100``),
+    with the state group cache cleared before each lookup; and, for scale, the
+    same 10,000 entries one hop from their snapshot.
+(c) Visibility: rows and bytes (tables + indexes) of the visibility tables for
+    a room of 10,000 members after 10,000 messages; the messages must add
+    no rows (on PostgreSQL autovacuum may add free-space/visibility map
+    forks meanwhile: the table and index pages are shown apart).
+(d) Bytes on disk per state entry (table + indexes: ``pg_total_relation_size``
+    on PostgreSQL, the ``dbstat`` table on SQLite) of ``state_group_deltas``
+    against a Synapse-shaped ``state_groups_state(state_group, room_id, type,
+    state_key, event_id)`` with Synapse's ``(state_group, type, state_key)``
+    index holding the same entries, written the same way (row by row as the
+    groups are made) - the state of (c)'s room, realistic IDs.
+
+Timings are medians of R runs (fresh database each run for (a)); sizes are
+measured once. ``--size small`` keeps the whole run to a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import statistics
+import string
+import sys
+import time
+
+sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__file__)))
+
+from twisted.internet import defer, task
+
+from bench._common import bench_databases, print_table
+from roomstore.events.persist import prepare_events
+from roomstore.store import RoomStore, StoreConfig
+from roomstore.storage.interning import chunks
+from tests.store.builder import RoomBuilder, fake_event_id
+
+BATCH = 100
+VISIBILITY_TABLES = ("visibility_snapshots", "visibility_branches", "visibility_branch_ancestors", "visibility_memberships")
+SIZES = {
+    # (a) events per run, runs; (b) runs; (c) members, messages
+    "small": {"persist_events": 2_000, "runs": 3, "lookup_runs": 5, "members": 10_000, "messages": 10_000},
+    "large": {"persist_events": 10_000, "runs": 5, "lookup_runs": 9, "members": 10_000, "messages": 10_000},
+}
+
+
+def realistic_room_id(rng: random.Random) -> str:
+    return "!" + "".join(rng.choice(string.ascii_letters) for _ in range(18)) + ":matrix.org"
+
+
+def user(i: int) -> str:
+    return f"@user{i}:example.org"
+
+
+# ---------------------------------------------------------------------- sizes
+
+
+def table_bytes_txn(txn, tables, main_forks: bool = False) -> int:
+    """Bytes on disk of ``tables`` with their indexes.
+
+    ``main_forks`` (PostgreSQL): leave out the free-space and visibility map
+    forks, which autovacuum adds at its own moments whatever the rows.
+    """
+    if txn.engine.name == "postgres" and main_forks:
+        return sum(txn.select_one_value(
+            "SELECT pg_relation_size(?) + COALESCE((SELECT SUM(pg_relation_size(indexrelid)) FROM pg_index"
+            " WHERE indrelid = CAST(? AS regclass)), 0)", (t, t)
+        ) for t in tables)
+    if txn.engine.name == "postgres":
+        return sum(txn.select_one_value("SELECT pg_total_relation_size(?)", (t,)) for t in tables)
+    total = 0
+    for table in tables:
+        names = [r[0] for r in txn.execute(
+            "SELECT name FROM sqlite_master WHERE tbl_name = ? AND type IN ('table', 'index')", (table,)
+        ).fetchall()]
+        marks = ", ".join("?" for _ in names)
+        total += txn.select_one_value(f"SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN ({marks})", names)
+    return total
+
+
+def count_txn(txn, table) -> int:
+    return txn.select_one_value(f"SELECT COUNT(*) FROM {table}")
+
+
+# ---------------------------------------------------------------------- (a)
+
+
+def persist_workload(n: int, seed: int = 1):
+    rng = random.Random(seed)
+    room = RoomBuilder(room_id=realistic_room_id(rng))
+    setup = [room.create(), room.join(room.creator)] + [room.join(user(i)) for i in range(20)]
+    members = [room.creator] + [user(i) for i in range(20)]
+    events = []
+    for i in range(n):
+        roll = rng.random()
+        if roll < 0.90:
+            events.append(room.message(rng.choice(members), f"message {i} " + "x" * rng.randint(10, 200)))
+        elif roll < 0.95:
+            events.append(room.state("m.room.topic", "", {"topic": f"topic {i}"}))
+        else:
+            members.append(user(1000 + i))
+            events.append(room.join(members[-1]))
+    return room, [room.to_persist(e) for e in setup], [room.to_persist(e) for e in events]
+
+
+def _copy_tables_txn(txn, tables) -> None:
+    for table in tables:
+        if txn.engine.name == "postgres":
+            txn.execute(f"CREATE TABLE raw_{table} (LIKE {table} INCLUDING ALL)")
+            continue
+        rows = txn.execute(
+            "SELECT type, sql FROM sqlite_master WHERE tbl_name = ? AND sql IS NOT NULL ORDER BY type DESC", (table,)
+        ).fetchall()
+        for kind, sql in rows:  # the table first, then its indexes
+            if kind == "table":
+                sql = re.sub(r"^CREATE TABLE (\w+)", r"CREATE TABLE raw_\1", sql)
+            else:
+                sql = re.sub(r"^CREATE (UNIQUE )?INDEX (\w+) ON (\w+)", r"CREATE \1INDEX raw_\2 ON raw_\3", sql)
+            txn.execute(sql)
+
+
+def _rows_by_batch_txn(txn, first_stream: int):
+    """The rows persist_events wrote for the timed events, grouped as they were batched."""
+    def grouped(sql):
+        out: dict[int, list] = {}
+        for row in txn.execute(sql, (first_stream,)).fetchall():
+            out.setdefault((row[0] - first_stream) // BATCH, []).append(row[1:])
+        return out
+
+    events = grouped("SELECT stream_ordering, * FROM events WHERE stream_ordering >= ? ORDER BY stream_ordering")
+    json_rows = grouped(
+        "SELECT e.stream_ordering, j.event_nid, j.room_version, j.json, j.censored FROM event_json AS j"
+        " JOIN events AS e ON e.event_nid = j.event_nid WHERE e.stream_ordering >= ? ORDER BY e.stream_ordering"
+    )
+    edges = grouped(
+        "SELECT e.stream_ordering, d.event_nid, d.prev_event_nid FROM event_edges AS d"
+        " JOIN events AS e ON e.event_nid = d.event_nid WHERE e.stream_ordering >= ? ORDER BY e.stream_ordering"
+    )
+    if txn.engine.name == "sqlite":
+        event_columns = [r[1] for r in txn.execute("PRAGMA table_info(events)").fetchall()]
+    else:
+        event_columns = [r[0] for r in txn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'events' ORDER BY ordinal_position"
+        ).fetchall()]
+    return event_columns, [(events[i], json_rows[i], edges.get(i, [])) for i in sorted(events)]
+
+
+def _raw_insert_txn(txn, event_columns, batch) -> None:
+    events, json_rows, edges = batch
+    txn.insert_many("raw_events", event_columns, events)
+    txn.insert_many("raw_event_json", ("event_nid", "room_version", "json", "censored"), json_rows)
+    txn.insert_many("raw_event_edges", ("event_nid", "prev_event_nid"), edges)
+
+
+async def persist_run(url: str, setup, events) -> tuple[float, float]:
+    """(persist_events events/s, raw INSERT events/s) on a fresh database."""
+    store = await RoomStore.open(url)
+    try:
+        await store.persist_events(setup)
+        first_stream = store.events_stream.get_current_token() + 1
+        start = time.perf_counter()
+        for part in chunks(events, BATCH):
+            await store.persist_events(part)
+        persist_rate = len(events) / (time.perf_counter() - start)
+
+        db = store.db
+        await db.run_interaction("copy", _copy_tables_txn, ("events", "event_json", "event_edges"))
+        event_columns, batches = await db.run_interaction("rows", _rows_by_batch_txn, first_stream)
+        assert sum(len(b[0]) for b in batches) == len(events)
+        start = time.perf_counter()
+        for batch in batches:
+            await db.run_interaction("raw_insert", _raw_insert_txn, event_columns, batch)
+        raw_rate = len(events) / (time.perf_counter() - start)
+    finally:
+        await store.close()
+    return persist_rate, raw_rate
+
+
+def validation_rate(room: RoomBuilder, events) -> float:
+    start = time.perf_counter()
+    for part in chunks(events, BATCH):
+        prepare_events(part, {room.room_id: room.version})
+    return len(events) / (time.perf_counter() - start)
+
+
+async def section_a(engines, size) -> None:
+    n, runs = size["persist_events"], size["runs"]
+    room, setup, events = persist_workload(n)
+    results = {}
+    for engine, new_url in engines:
+        samples = [await persist_run(new_url(), setup, events) for _ in range(runs)]
+        persist = statistics.median(s[0] for s in samples)
+        raw = statistics.median(s[1] for s in samples)
+        results[engine] = (persist, raw, persist / raw)
+    validation = statistics.median(validation_rate(room, events) for _ in range(runs))
+    names = [e for e, _ in engines]
+    print(f"\n(a) persist throughput: {n:,} events in batches of {BATCH}, median of {runs} runs")
+    print_table(
+        ["events/s", *names],
+        [
+            ["persist_events", *[results[e][0] for e in names]],
+            ["raw INSERT events+event_json+event_edges", *[results[e][1] for e in names]],
+            ["ratio persist/raw (goal >= 0.5x)", *[f"{results[e][2]:.2f}x" for e in names]],
+            ["validation alone (prepare_events, CPU)", *[validation for _ in names]],
+        ],
+    )
+
+
+# ---------------------------------------------------------------------- (b)
+
+
+async def build_long_chain(url: str, entries: int = 10_000, hops: int = 100):
+    """A room whose last event's group has ``entries`` entries, ``hops`` deltas from a snapshot."""
+    store = await RoomStore.open(url, StoreConfig(max_state_chain_length=hops))
+    room = RoomBuilder(room_id=realistic_room_id(random.Random(2)))
+    create = room.create()
+    await store.persist_events([room.to_persist(create)])
+    # One event whose state adds entries - 2 keys at hop 1 (then 99 topic
+    # changes make hops 2..100; the topic is the last key).
+    state = {("m.room.create", ""): create.event_id}
+    state.update({("org.example.bench", f"key{i}"): fake_event_id(f"bench{i}") for i in range(entries - 2)})
+    big = room.message(room.creator, "big state")
+    await store.persist_events([room.to_persist(big, state_before=state)])
+    topics = [room.state("m.room.topic", "", {"topic": f"t{i}"}) for i in range(hops - 1)]
+    for part in chunks(topics, BATCH):
+        await store.persist_events([room.to_persist(e) for e in part])
+    last = topics[-1].event_id
+    info = await store.db.run_interaction("chain", lambda t: t.execute(
+        "SELECT g.chain_length FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid"
+        " JOIN state_groups AS g ON g.state_group = e.state_group WHERE i.event_id = ?", (last,)
+    ).fetchone())
+    assert info[0] == hops, info
+    return store, big.event_id, last
+
+
+async def timed_lookup(store: RoomStore, event_id: str, expected: int) -> float:
+    store.state_groups._cache.clear()
+    start = time.perf_counter()
+    state = await store.get_state_ids(event_id)
+    elapsed = time.perf_counter() - start
+    assert len(state) == expected, len(state)
+    return elapsed * 1000
+
+
+async def section_b(engines, size) -> None:
+    runs = size["lookup_runs"]
+    rows = {"hops100": [], "hops1": []}
+    names = []
+    for engine, new_url in engines:
+        names.append(engine)
+        store, big, last = await build_long_chain(new_url())
+        try:
+            await timed_lookup(store, last, 10_000)  # warm the interners, as a running server's are
+            rows["hops100"].append(statistics.median([await timed_lookup(store, last, 10_000) for _ in range(runs)]))
+            rows["hops1"].append(statistics.median([await timed_lookup(store, big, 9_999) for _ in range(runs)]))
+        finally:
+            await store.close()
+    print(f"\n(b) full-state lookup (get_state_ids, state group cache cleared), median of {runs} runs")
+    print_table(
+        ["ms", *names],
+        [
+            ["10,000 entries, end of a 100-hop chain", *rows["hops100"]],
+            ["9,999 entries, 1 hop (for scale)", *rows["hops1"]],
+        ],
+    )
+
+
+# ---------------------------------------------------------------------- (c), (d)
+
+
+async def visibility_sizes(store: RoomStore) -> dict[str, tuple[int, int, int]]:
+    """table -> (rows, bytes, bytes of the main forks)."""
+    async def one(table):
+        rows = await store.db.run_interaction("count", count_txn, table)
+        size = await store.db.run_interaction("bytes", table_bytes_txn, [table])
+        main = await store.db.run_interaction("bytes", table_bytes_txn, [table], True)
+        return rows, size, main
+
+    return {t: await one(t) for t in VISIBILITY_TABLES}
+
+
+SYNAPSE_DDL = (
+    "CREATE TABLE state_groups_state (state_group BIGINT, room_id TEXT, type TEXT, state_key TEXT, event_id TEXT)",
+    "CREATE INDEX state_groups_state_type_idx ON state_groups_state (state_group, type, state_key)",
+)
+
+
+def _synapse_copy_txn(txn) -> None:
+    for sql in SYNAPSE_DDL:
+        txn.execute(sql)
+    groups = [r[0] for r in txn.execute("SELECT state_group FROM state_groups ORDER BY state_group").fetchall()]
+    # Group by group, in creation order, as Synapse writes them.
+    for part in chunks(groups, 50):
+        marks = ", ".join("?" for _ in part)
+        rows = txn.execute(
+            "SELECT d.state_group, r.room_id, k.type, k.state_key, i.event_id FROM state_group_deltas AS d"
+            " JOIN state_groups AS g ON g.state_group = d.state_group JOIN rooms AS r ON r.room_nid = g.room_nid"
+            " JOIN state_keys AS k ON k.type_key_nid = d.type_key_nid JOIN event_ids AS i ON i.event_nid = d.event_nid"
+            f" WHERE d.state_group IN ({marks}) ORDER BY d.state_group, d.type_key_nid",
+            list(part),
+        ).fetchall()
+        txn.insert_many("state_groups_state", ("state_group", "room_id", "type", "state_key", "event_id"), rows)
+
+
+async def big_room(url: str, members: int, messages: int, rng: random.Random):
+    store = await RoomStore.open(url)
+    room = RoomBuilder(room_id=realistic_room_id(rng))
+    await store.persist_events([room.to_persist(room.create()), room.to_persist(room.join(room.creator))])
+    start = time.perf_counter()
+    for part in chunks(range(members - 1), BATCH):
+        await store.persist_events([room.to_persist(room.join(user(i))) for i in part])
+    join_rate = (members - 1) / (time.perf_counter() - start)
+    after_joins = await visibility_sizes(store)
+    start = time.perf_counter()
+    for part in chunks(range(messages), BATCH):
+        await store.persist_events(
+            [room.to_persist(room.message(user(rng.randrange(members - 1)), f"hello {i}")) for i in part]
+        )
+    message_rate = messages / (time.perf_counter() - start)
+    after_messages = await visibility_sizes(store)
+    return store, join_rate, message_rate, after_joins, after_messages
+
+
+async def section_c_d(engines, size) -> None:
+    members, messages = size["members"], size["messages"]
+    names, vis, state, rates = [], {}, {}, {}
+    for engine, new_url in engines:
+        names.append(engine)
+        store, join_rate, message_rate, after_joins, after_messages = await big_room(
+            new_url(), members, messages, random.Random(3)
+        )
+        try:
+            vis[engine] = (after_joins, after_messages)
+            rates[engine] = (join_rate, message_rate)
+            db = store.db
+            ours_rows = await db.run_interaction("count", count_txn, "state_group_deltas")
+            ours_bytes = await db.run_interaction("bytes", table_bytes_txn, ["state_group_deltas"])
+            await db.run_interaction("synapse_copy", _synapse_copy_txn)
+            theirs_rows = await db.run_interaction("count", count_txn, "state_groups_state")
+            theirs_bytes = await db.run_interaction("bytes", table_bytes_txn, ["state_groups_state"])
+            assert ours_rows == theirs_rows, (ours_rows, theirs_rows)
+            state[engine] = (ours_rows, ours_bytes, theirs_bytes)
+        finally:
+            await store.close()
+
+    print(f"\n(c) visibility tables, a room of {members:,} members then {messages:,} messages")
+    table_rows = []
+    for table in VISIBILITY_TABLES:
+        table_rows.append([f"{table} rows", *[vis[e][1][table][0] for e in names]])
+    def sums(sizes):
+        return tuple(sum(v[i] for v in sizes.values()) for i in range(3))
+
+    total = {e: sums(vis[e][1]) for e in names}
+    before = {e: sums(vis[e][0]) for e in names}
+    table_rows += [
+        ["all visibility rows", *[total[e][0] for e in names]],
+        ["all visibility bytes (tables + indexes)", *[total[e][1] for e in names]],
+        [f"rows added by the {messages:,} messages", *[total[e][0] - before[e][0] for e in names]],
+        [f"bytes added by the {messages:,} messages", *[total[e][1] - before[e][1] for e in names]],
+        ["  of which in table/index pages (no FSM/VM)", *[total[e][2] - before[e][2] for e in names]],
+        ["visibility bytes per member", *[total[e][1] / members for e in names]],
+        ["(joins persisted/s)", *[rates[e][0] for e in names]],
+        ["(messages persisted/s)", *[rates[e][1] for e in names]],
+    ]
+    print_table(["", *names], table_rows)
+
+    print(f"\n(d) bytes per state entry, table + indexes: the state groups of (c)'s room")
+    print_table(
+        ["", *names],
+        [
+            ["state entries (rows, both tables)", *[state[e][0] for e in names]],
+            ["state_group_deltas bytes/entry", *[state[e][1] / state[e][0] for e in names]],
+            ["Synapse state_groups_state bytes/entry", *[state[e][2] / state[e][0] for e in names]],
+            ["ratio ours/Synapse (goal <= 0.35x)", *[f"{state[e][1] / state[e][2]:.2f}x" for e in names]],
+        ],
+    )
+
+
+async def main(reactor, args) -> None:
+    size = dict(SIZES[args.size])
+    if args.runs:
+        size["runs"] = size["lookup_runs"] = args.runs
+    engines = bench_databases()
+    started = time.perf_counter()
+    print(f"bench/event_store.py --size {args.size}: engines {', '.join(e for e, _ in engines)}")
+    await section_a(engines, size)
+    await section_b(engines, size)
+    await section_c_d(engines, size)
+    print(f"\n(total {time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--runs", type=int, default=0, help="override the number of timed runs (>= 3)")
+    args = parser.parse_args()
+    if args.runs and args.runs < 3:
+        parser.error("--runs must be at least 3 (medians)")
+    task.react(lambda reactor: defer.ensureDeferred(main(reactor, args)))
