@@ -11,6 +11,7 @@ import tempfile
 from twisted.internet import threads
 
 from roomstore.sample import write_sample
+from roomstore.storage import SCHEMA_VERSION
 from tests.db import on_both_engines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +35,7 @@ class CliTests:
         url = self.new_database_url()
         code, out, err = await self.cli("init", "--db", url)
         self.assertEqual(code, 0, err)
-        self.assertEqual(out[0]["schema_version"], 1)
+        self.assertEqual(out[0]["schema_version"], SCHEMA_VERSION)
         self.assertEqual({o["stream"] for o in out[1:]}, {"events", "backfill", "caches"})
 
         sample = os.path.join(tempfile.mkdtemp(), "sample.jsonl")
@@ -85,6 +86,24 @@ class CliTests:
         self.assertEqual(keys, {("m.room.create", ""), ("m.room.member", events[1]["state_key"])})
         code, out, err = await self.cli("state", "--db", url, "--before", join_id)
         self.assertEqual({(s["type"], s["state_key"]) for s in out[0]["state"]}, {("m.room.create", "")})
+
+
+@on_both_engines
+class DemoTests:
+    async def test_demo_imports_the_bundled_sample_and_reads(self):
+        code, out, err = await threads.deferToThread(run_cli, "demo", "--db", self.new_database_url())
+        self.assertEqual(code, 0, err)
+        summary = next(o for o in out if "import" in o)
+        self.assertEqual((summary["imported"], summary["failed"]), (4002, 2))
+        shown = {o["demo"] for o in out if "demo" in o}
+        self.assertEqual(shown, {
+            "current state", "state before a forward extremity", "users in room", "messages (newest 5)",
+            "recent (2 events in 3 rooms)", "sync since s0", "stats",
+        })
+        page = next(o for o in out if o.get("demo") == "messages (newest 5)")
+        self.assertEqual(len(page["events"]), 5)
+        sync = next(o for o in out if o.get("demo") == "sync since s0")
+        self.assertEqual(sync["next_token"], "s4008")
 
 
 @on_both_engines
