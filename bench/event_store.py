@@ -25,6 +25,10 @@ usage: bench/with-postgres .venv/bin/python bench/event_store.py [--size small|l
     state_key, event_id)`` with Synapse's ``(state_group, type, state_key)``
     index holding the same entries, written the same way (row by row as the
     groups are made) - the state of (c)'s room, realistic IDs.
+(e) Sync cost: database statements issued by ``sync`` for a user in 20 rooms
+    when nothing changed since the token, and when k of the rooms changed
+    (k = 1, 5, 20), counted with ``Database.query_count``, with the time of
+    each (median of R).
 
 Timings are medians of R runs (fresh database each run for (a)); sizes are
 measured once. ``--size small`` keeps the whole run to a few minutes.
@@ -391,6 +395,50 @@ async def section_c_d(engines, size) -> None:
     )
 
 
+async def section_e(engines, size) -> None:
+    """Statements and time of an unchanged and a k-changed sync."""
+    runs = size["lookup_runs"]
+    rows = {}
+    cases = ["unchanged", "1 room changed", "5 rooms changed", "20 rooms changed"]
+    for engine, new_url in engines:
+        store = await RoomStore.open(new_url())
+        viewer = "@viewer:example.org"
+        rooms = []
+        for r in range(20):
+            room = RoomBuilder(f"!sync{r}:example.org")
+            events = [room.create(), room.join(viewer)]
+            await store.persist_events([room.to_persist(e) for e in events])
+            rooms.append(room)
+        token = store.get_current_token()
+        await store.sync(viewer, token)  # warm the rooms-for-user and interner caches
+        figures = []
+        for k in (0, 1, 5, 20):
+            queries, times = [], []
+            for run in range(runs):
+                token = store.get_current_token()
+                for room in rooms[:k]:
+                    await store.persist_events([room.to_persist(room.message(viewer, f"k{k} run{run}"))])
+                # Let the generators' background position writes finish, so
+                # only the sync's own statements are counted.
+                for gen in store.generators.values():
+                    await gen.flush()
+                before = store.db.query_count
+                started = time.perf_counter()
+                result = await store.sync(viewer, token)
+                times.append((time.perf_counter() - started) * 1000)
+                queries.append(store.db.query_count - before)
+                assert sum(len(v) for v in result.rooms.values()) == k, "sync missed events"
+            figures.append((statistics.median(queries), statistics.median(times)))
+        rows[engine] = figures
+        await store.close()
+    names = [e for e, _ in engines]
+    print(f"\n(e) sync for a user in 20 rooms: statements issued and time, median of {runs} runs")
+    print_table(
+        ["", *[f"{n} statements" for n in names], *[f"{n} ms" for n in names]],
+        [[case, *[int(rows[n][i][0]) for n in names], *[rows[n][i][1] for n in names]] for i, case in enumerate(cases)],
+    )
+
+
 async def main(reactor, args) -> None:
     size = dict(SIZES[args.size])
     if args.runs:
@@ -401,6 +449,7 @@ async def main(reactor, args) -> None:
     await section_a(engines, size)
     await section_b(engines, size)
     await section_c_d(engines, size)
+    await section_e(engines, size)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
 
 
