@@ -110,6 +110,10 @@ class StreamIdGenerator:
         self._positions: dict[str, int] = {w: 0 for w in self.writers}
         # IDs this process reserved and has not completed, sorted.
         self._unfinished: list[int] = []
+        # For each allocation still waiting on the database: _max_seen when
+        # it started. Its IDs are above that, and until they are known no
+        # position may pass it.
+        self._allocating: list[int] = []
         # Largest ID this process has reserved or heard of from any writer.
         self._max_seen = 0
         # In-process counter (SQLite): next ID to hand out is _last_allocated + 1.
@@ -238,7 +242,17 @@ class StreamIdGenerator:
             )
         if n < 1:
             raise ValueError("must reserve at least one ID")
-        ids = await self._allocate(n)
+        floor = self._max_seen
+        self._allocating.append(floor)
+        try:
+            ids = await self._allocate(n)
+        except BaseException:
+            self._allocating.remove(floor)
+            self._recompute_own_position()
+            raise
+        # No await from here to the insort: the IDs become unfinished in the
+        # same step as the allocation stops holding the position back.
+        self._allocating.remove(floor)
         for stream_id in ids:
             bisect.insort(self._unfinished, stream_id)
         self._max_seen = max(self._max_seen, ids[-1])
@@ -278,6 +292,10 @@ class StreamIdGenerator:
             # Nothing of ours in flight: every ID allocated so far that is ours
             # has completed, so we are at the newest ID we know of.
             own = self._max_seen
+        if self._allocating:
+            # An allocation whose result has not reached us yet holds IDs
+            # above its floor that may be below IDs already completed.
+            own = min(own, min(self._allocating))
         if own > self._positions[self.instance_name]:
             self._positions[self.instance_name] = own
             self._on_positions_changed()
