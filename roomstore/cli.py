@@ -316,6 +316,89 @@ async def cmd_generate_sample(reactor, args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------- replication
+
+
+async def cmd_serve(reactor, args) -> int:
+    """Serve the store's streams to workers over TCP replication, until stopped."""
+    from roomstore.replication.service import ReplicationServerService, read_secret_file, run_service
+
+    try:
+        secret = read_secret_file(args.secret_file) if args.secret_file else None
+    except (OSError, ValueError) as exc:
+        raise CliError(f"secret file: {exc}") from None
+    service = ReplicationServerService(
+        args.db,
+        port=args.replication_port,
+        bind=args.bind,
+        server_name=args.server_name,
+        instance_name=args.instance,
+        secret=secret,
+        metrics_port=args.metrics_port,
+        reactor=reactor,
+    )
+
+    def started() -> None:
+        address = service.port.getHost()
+        serving = {"host": address.host, "port": address.port, "server_name": args.server_name,
+                   "secret": bool(secret)}
+        if service.metrics_port_listener is not None:
+            serving["metrics_port"] = service.metrics_port_listener.getHost().port
+        emit({"serving": serving, "positions": {n: g.get_positions() for n, g in service.store.generators.items()}})
+
+    from twisted.internet.error import CannotListenError
+
+    try:
+        await run_service(reactor, service, started)
+    except (CannotListenError, OSError) as exc:  # the port is taken, the address is wrong, ...
+        raise CliError(str(exc)) from None
+    return 0
+
+
+async def cmd_follow(reactor, args) -> int:
+    """Follow a replication server into a worker store, printing every applied
+    row (``{"stream", "instance", "token", "row"}``), until stopped."""
+    from roomstore.replication.service import FollowerService, parse_host_port, read_secret_file, run_service
+
+    try:
+        host, port = parse_host_port(args.server)
+        secret = read_secret_file(args.secret_file) if args.secret_file else None
+    except (OSError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+
+    def print_rows(stream: str, instance: str, token: int, rows: list) -> None:
+        # All rows of a token in one write, flushed before the worker saves
+        # its position: a killed worker never saved a token it did not print.
+        sys.stdout.write("".join(
+            json.dumps({"stream": stream, "instance": instance, "token": token, "row": row},
+                       sort_keys=True, ensure_ascii=False) + "\n"
+            for row in rows
+        ))
+        sys.stdout.flush()
+
+    service = FollowerService(
+        args.db,
+        host,
+        port,
+        name=args.name,
+        writer=args.writer,
+        expected_server_name=args.server_name,
+        secret=secret,
+        positions_file=args.positions_file,
+        on_applied=None if args.quiet else print_rows,
+        reactor=reactor,
+    )
+
+    def started() -> None:
+        resume: dict[str, dict[str, int]] = {}
+        for (stream, instance), token in sorted(service.resumed_from.items()):
+            resume.setdefault(stream, {})[instance] = token
+        emit({"following": f"{host}:{port}", "name": args.name, "resume": resume})
+
+    await run_service(reactor, service, started)
+    return 0
+
+
 COMMANDS: dict[str, Callable] = {
     "init": cmd_init,
     "import": cmd_import,
@@ -326,6 +409,8 @@ COMMANDS: dict[str, Callable] = {
     "stats": cmd_stats,
     "demo": cmd_demo,
     "generate-sample": cmd_generate_sample,
+    "serve": cmd_serve,
+    "follow": cmd_follow,
 }
 
 
@@ -370,6 +455,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rooms", type=int, default=5)
     p.add_argument("--events-per-room", type=int, default=800)
     p.add_argument("--seed", type=int, default=7)
+    p = add("serve", "serve the store's streams to workers over TCP replication (runs until stopped)")
+    p.add_argument("--replication-port", type=int, default=9092, help="TCP port (default 9092; 0: any free port)")
+    p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only)")
+    p.add_argument("--server-name", default="localhost", help="the name sent to workers in SERVER")
+    p.add_argument("--secret-file", help="require AUTH with the secret on this file's first line")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on /metrics")
+    p = add("follow", "follow a replication server into a worker store, printing applied rows (runs until stopped)")
+    p.add_argument("--server", required=True, help="the replication server, HOST:PORT")
+    p.add_argument("--name", default="worker1", help="this worker's instance name (--instance is not used)")
+    p.add_argument("--writer", default="master", help="the instance writing the streams (default master)")
+    p.add_argument("--server-name", default=None, help="refuse a server that names itself otherwise")
+    p.add_argument("--secret-file", help="send AUTH with the secret on this file's first line")
+    p.add_argument("--positions-file", help="save positions here after each token; resume from it on start")
+    p.add_argument("--quiet", action="store_true", help="do not print applied rows")
     return parser
 
 

@@ -115,7 +115,8 @@ class ReplicationClientFactory(ReconnectingClientFactory):
     ``Clock``. Stream positions live here, in :attr:`positions`, across
     connections. The ``send_*`` methods return False when not connected
     (those notifications are not queued: the worker resends state in
-    ``handler.on_connected``).
+    ``handler.on_connected``). ``secret``: sent as ``AUTH <secret>`` first
+    on every connection, for a server that requires it.
     """
 
     log = Logger()
@@ -130,8 +131,10 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         *,
         clock: IReactorTime | None = None,
         config: ReplicationConfig = ReplicationConfig(),
+        secret: str | None = None,
     ) -> None:
         self.handler = handler
+        self.secret = secret
         self.client_name = client_name
         self.expected_server_name = expected_server_name
         self.clock = clock  # read by ReconnectingClientFactory.retry
@@ -153,6 +156,7 @@ class ReplicationClientFactory(ReconnectingClientFactory):
             self._clock(),
             lambda conn: _ClientSession(self, conn),
             self.config,
+            secret=self.secret,
         )
         protocol.factory = self
         return protocol

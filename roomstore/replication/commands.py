@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Mapping, TypeVar
 import attrs
 
 __all__ = [
+    "AuthCommand",
     "CLIENT_SENT_COMMANDS",
     "COMMAND_TYPES",
     "MAX_LINE_LENGTH",
@@ -283,6 +284,23 @@ class ErrorCommand(_TextCommand):
 
 
 @attrs.frozen
+class AuthCommand(_TextCommand):
+    """``AUTH <secret>``: sent by a client as its first command when the
+    server requires a shared secret (not part of Synapse's protocol).
+
+    The secret is free text (no line break) and is left out of ``repr`` so it
+    never reaches a log line.
+    """
+
+    NAME: ClassVar[str] = "AUTH"
+    text: str = attrs.field(repr=False, validator=[_check_text, _check_nonempty])
+
+    @property
+    def secret(self) -> str:
+        return self.text
+
+
+@attrs.frozen
 class ReplicateCommand(Command):
     """``REPLICATE`` or, in the legacy form, ``REPLICATE <stream_name> <token>``.
 
@@ -509,6 +527,7 @@ COMMAND_TYPES: Mapping[str, type[Command]] = MappingProxyType(
             ClearUserSyncCommand,
             FederationAckCommand,
             RemoteServerUpCommand,
+            AuthCommand,
         )
     }
 )
@@ -521,6 +540,7 @@ SERVER_SENT_COMMANDS = frozenset(
 #: Names of the commands a client may send (so a server may receive).
 CLIENT_SENT_COMMANDS = frozenset(
     {
+        "AUTH",
         "NAME",
         "REPLICATE",
         "ERROR",

@@ -14,6 +14,7 @@ time series. The one per-connection gauge is removed when its connection goes.
 from prometheus_client import Counter, Gauge
 
 __all__ = [
+    "AUTH_FAILURES",
     "BYTES_RECEIVED",
     "BYTES_SENT",
     "COMMANDS_RECEIVED",
@@ -62,4 +63,10 @@ CONNECTIONS = Gauge(
 CONGESTION_DISCONNECTS = Counter(
     "roomstore_replication_congestion_disconnects",
     "Connections dropped because too many commands were pending",
+)
+AUTH_FAILURES = Counter(
+    "roomstore_replication_auth_failures",
+    "Server connections closed for failing the shared-secret check, by reason"
+    " (wrong_secret, no_auth, timeout)",
+    ["reason"],
 )

@@ -45,11 +45,23 @@ closed by the ping timeout.
 Outgoing lines longer than ``max_line_length`` are not sent but logged as
 errors: the peer would drop the connection and, after reconnecting, be sent
 the same line again.
+
+Shared secret (an extension of Synapse's protocol): a server given a
+``secret`` requires ``AUTH <secret>`` as the first non-blank line of every
+connection. Anything else (another command, a wrong secret, garbage, or
+nothing for ``ping_timeout`` seconds) gets ``ERROR authentication failed``
+and a close; the secret is compared as a SHA-256 digest with
+``hmac.compare_digest``, so neither its value nor its length leaks through
+timing. Until then the connection is sent only SERVER and PINGs. A server
+without a secret accepts and ignores AUTH, so clients configured with one
+still work against it.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import itertools
 from collections import deque
 from typing import Any, Callable, ClassVar, Protocol, Sequence
@@ -66,6 +78,7 @@ from zope.interface import implementer
 from roomstore.replication import metrics
 from roomstore.replication.commands import (
     CLIENT_SENT_COMMANDS,
+    AuthCommand,
     MAX_LINE_LENGTH,
     SERVER_SENT_COMMANDS,
     Command,
@@ -249,6 +262,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         self._keepalive_call: IDelayedCall | None = None
         self._timeout_call: IDelayedCall | None = None
         self._abort_call: IDelayedCall | None = None
+        self._auth_call: IDelayedCall | None = None
 
         self._paused = False
         self._pending: deque[Command] = deque()
@@ -307,7 +321,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         if previous is _State.CLOSED:
             return
         self._state = _State.CLOSED
-        self._cancel_timers("_keepalive_call", "_timeout_call", "_abort_call")
+        self._cancel_timers("_keepalive_call", "_timeout_call", "_abort_call", "_auth_call")
         self._drop_pending()
         self._release_writable_waiters()
         if previous is _State.NEW:
@@ -341,7 +355,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         if self._state is not _State.OPEN:
             return
         self._state = _State.CLOSING
-        self._cancel_timers("_keepalive_call", "_timeout_call")
+        self._cancel_timers("_keepalive_call", "_timeout_call", "_auth_call")
         self._drop_pending()
         self._release_writable_waiters()
         # Scheduled before loseConnection: some transports call connectionLost
@@ -613,7 +627,8 @@ class ServerReplicationProtocol(BaseReplicationProtocol):
     ``REPLICATE`` and the client notifications to its :class:`ServerSession`,
     which its factory builds through ``session_factory(protocol)``. An unknown
     stream in ``REPLICATE`` is answered with a warning and ``ERROR``; the
-    connection stays open.
+    connection stays open. With a ``secret``, every line before a correct
+    ``AUTH`` is refused and closes the connection (see the module docstring).
     """
 
     SIDE = "server"
@@ -626,15 +641,66 @@ class ServerReplicationProtocol(BaseReplicationProtocol):
         clock: IReactorTime,
         session_factory: Callable[["ServerReplicationProtocol"], ServerSession],
         config: ReplicationConfig = ReplicationConfig(),
+        secret: str | None = None,
     ) -> None:
         super().__init__(clock, config)
         self.server_name = server_name
+        # Only the digest is kept: comparing digests takes the same time
+        # whatever the length of what the peer sent.
+        self._secret_digest = None if secret is None else hashlib.sha256(secret.encode("utf-8")).digest()
+        self._authenticated = secret is None
         self.session = session_factory(self)
+
+    @property
+    def authenticated(self) -> bool:
+        """True once the peer sent the right AUTH (always, without a secret)."""
+        return self._authenticated
 
     def on_connected(self) -> None:
         self.send_command(ServerCommand(self.server_name))
         self.send_command(self._ping_now())
+        if not self._authenticated:
+            self._auth_call = self.clock.callLater(self.config.ping_timeout, self._auth_timed_out)
         self.session.on_connection_made()
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._authenticated:
+            super().lineReceived(line)
+            return
+        if self._state is not _State.OPEN:
+            return
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if not line.strip():
+            return  # blank lines are ignored, as always
+        name, _, given = line.partition(b" ")
+        assert self._secret_digest is not None
+        if name == b"AUTH" and hmac.compare_digest(hashlib.sha256(given).digest(), self._secret_digest):
+            self._authenticated = True
+            self._cancel_timers("_auth_call")
+            metrics.COMMANDS_RECEIVED.labels(self.SIDE, AuthCommand.NAME).inc()
+            self.log.info("[{conn_id}] peer authenticated", conn_id=self.conn_id)
+            return
+        self._refuse("wrong_secret" if name == b"AUTH" else "no_auth")
+
+    def _auth_timed_out(self) -> None:
+        self._auth_call = None
+        if self._state is _State.OPEN and not self._authenticated:
+            self._refuse("timeout")
+
+    def _refuse(self, reason: str) -> None:
+        # Never log what the peer sent: it may be a near-miss of the secret.
+        metrics.AUTH_FAILURES.labels(reason).inc()
+        self.log.warn(
+            "[{conn_id}] replication authentication failed ({reason}) for {peer}; closing",
+            conn_id=self.conn_id,
+            reason=reason,
+            peer=self.transport.getPeer(),
+        )
+        self.close_with_error("authentication failed")
+
+    def on_AUTH(self, cmd: AuthCommand) -> None:
+        """AUTH when no secret is configured, or again after authenticating: ignored."""
 
     def _notify_session_lost(self) -> None:
         self.session.on_connection_lost()
@@ -673,7 +739,8 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
     commands its session asks for. When ``SERVER`` arrives it checks the name
     against ``expected_server_name`` (``None`` accepts any): a mismatch gets
     ``ERROR`` and a close. RDATA, POSITION and REMOTE_SERVER_UP go to the
-    :class:`ClientSession` built by ``session_factory(protocol)``.
+    :class:`ClientSession` built by ``session_factory(protocol)``. With a
+    ``secret`` it sends ``AUTH <secret>`` before anything else.
     """
 
     SIDE = "client"
@@ -686,13 +753,17 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
         clock: IReactorTime,
         session_factory: Callable[["ClientReplicationProtocol"], ClientSession],
         config: ReplicationConfig = ReplicationConfig(),
+        secret: str | None = None,
     ) -> None:
         super().__init__(clock, config)
         self.client_name = client_name
         self.expected_server_name = expected_server_name
+        self._secret = secret
         self.session = session_factory(self)
 
     def on_connected(self) -> None:
+        if self._secret is not None:
+            self.send_command(AuthCommand(self._secret))
         self.send_command(NameCommand(self.client_name))
         self.send_command(self._ping_now())
         for cmd in self.session.replicate_commands():

@@ -34,7 +34,7 @@ __all__ = ["ClientCommandCallback", "ReplicationServerFactory"]
 ClientCommandCallback = Callable[[ServerReplicationProtocol, Command], Any]
 
 # The client-sent commands a handler may be registered for.
-_NOTIFICATION_COMMANDS = frozenset(CLIENT_SENT_COMMANDS - {"NAME", "REPLICATE", "PING", "ERROR"})
+_NOTIFICATION_COMMANDS = frozenset(CLIENT_SENT_COMMANDS - {"AUTH", "NAME", "REPLICATE", "PING", "ERROR"})
 
 
 class _ServerSession:
@@ -69,6 +69,9 @@ class ReplicationServerFactory(ServerFactory):
     (rows committed, or a position moved), registers callbacks for the
     notifications workers send with :meth:`add_command_handler`, and calls
     :meth:`close_all` on shutdown. All calls from the reactor thread.
+
+    ``secret``: if given, every connection must open with ``AUTH <secret>``
+    (see :mod:`.protocol`); until it has, it is sent no broadcasts.
     """
 
     log = Logger()
@@ -79,11 +82,13 @@ class ReplicationServerFactory(ServerFactory):
         streams: StreamRegistry,
         reactor: IReactorTime,
         config: ReplicationConfig = ReplicationConfig(),
+        secret: str | None = None,
     ) -> None:
         self.server_name = server_name
         self.streams = streams
         self.reactor = reactor
         self.config = config
+        self._secret = secret
         self._connections: list[ServerReplicationProtocol] = []
         self._handlers: dict[str, list[ClientCommandCallback]] = {}
 
@@ -93,6 +98,7 @@ class ReplicationServerFactory(ServerFactory):
             self.reactor,
             lambda conn: _ServerSession(self, conn),
             self.config,
+            secret=self._secret,
         )
         protocol.factory = self
         return protocol
@@ -138,10 +144,10 @@ class ReplicationServerFactory(ServerFactory):
         self.log.failure("handler for {command} failed", failure=failure, command=command)
 
     def broadcast(self, cmd: Command, exclude: Iterable[ServerReplicationProtocol] = ()) -> None:
-        """Send ``cmd`` to every open connection except ``exclude``."""
+        """Send ``cmd`` to every open, authenticated connection except ``exclude``."""
         skip = set(map(id, exclude))
         for conn in list(self._connections):
-            if id(conn) not in skip:
+            if id(conn) not in skip and conn.authenticated:
                 conn.send_command(cmd)
 
     def send_remote_server_up(self, server: str) -> None:

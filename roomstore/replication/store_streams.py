@@ -5,19 +5,26 @@ implement the protocol's ``Stream`` over a ``RoomStore``: tokens and writers
 come from the store's ID generators, rows from its tables (``get_updates``
 reads the rows between two tokens, in bounded pages, never splitting a token).
 ``store_stream_registry(store)`` registers all three; ``wire_server`` tells a
-server factory whenever a batch commits.
+server factory whenever one of them advances.
 
 Worker side: ``StoreReplicationHandler`` feeds what arrives into the worker's
-own ``RoomStore``: it advances the ID generators (``advance``), updates the
-change caches and drops the cache entries named by the rows, so the worker's
-reads see what the writer persisted.
+own ``RoomStore``: it drops the cache entries named by the rows, updates the
+change caches and then advances the ID generators (``advance``), in that
+order, so a reader that waited for a position (``wait_for_position``) never
+reads a cache entry older than it.
 
 Rows (JSON arrays on the wire):
-- events: ``["ev", event_id, room_id, type, state_key, redacts, membership, sender]`` for every event, and
-  ``["state", room_id, type, state_key, event_id or null]`` for every current-state change;
-- backfill: ``["ev", ...]`` as above, tokens are the positive form of the
-  negative stream orderings;
-- caches: ``[cache_name, keys or null, invalidation_ts]``.
+
+- events: ``["ev", event_id, room_id, type, state_key, redacts, membership,
+  sender]`` for every event (``redacts``: the event a stored redaction
+  redacts; ``membership``: ``join``/``leave``/... for member events), and
+  ``["state", room_id, type, state_key, event_id or null]`` for every
+  current-state change. A token's ``ev`` row comes before its ``state`` rows;
+  state rows sit at the token of the newest event of their room in the batch.
+- backfill: ``["ev", ...]`` as above; tokens are the positive form of the
+  negative stream orderings (the first backfilled event is token 1).
+- caches: ``[cache_name, keys or null, invalidation_ts]``; all the rows of one
+  batch share one token.
 """
 
 from __future__ import annotations
@@ -27,18 +34,42 @@ from typing import Any, Callable, Sequence
 
 from twisted.logger import Logger
 
-from roomstore.events.persist import CURRENT_STATE_CACHE, EVENT_CACHE, ROOMS_FOR_USER_CACHE, BatchOutcome
+from roomstore.events.persist import CURRENT_STATE_CACHE, EVENT_CACHE, ROOMS_FOR_USER_CACHE
 from roomstore.replication.client import ReplicationClientHandler
+from roomstore.replication.follower import StreamPositions
 from roomstore.replication.streams import Stream, StreamRegistry, StreamUpdates
-from roomstore.store import RoomStore
 from roomstore.storage.database import Transaction
+from roomstore.store import RoomStore
 from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
+
+__all__ = [
+    "STORE_STREAMS",
+    "BackfillStream",
+    "CachesStream",
+    "EventsStream",
+    "StoreReplicationHandler",
+    "store_stream_registry",
+    "wire_server",
+]
 
 log = Logger()
 
+#: The streams a store writes, in the order a server answers REPLICATE.
+STORE_STREAMS = ("events", "backfill", "caches")
+
+# The page of events is chosen first, on the events table alone (an index
+# range scan that stops after LIMIT rows), and only then joined: with the
+# joins and the LIMIT in one query, PostgreSQL may join every row up to
+# `upto` before cutting, which makes each page cost as much as the whole
+# backlog and a catch-up quadratic.
 EVENT_ROW_SQL = """
 SELECT {token}, i.event_id, r.room_id, e.type, k.state_key, red_i.event_id, m.membership, u.user_id
-FROM events AS e
+FROM (
+    SELECT event_nid, room_nid, type, type_key_nid, sender_nid, stream_ordering FROM events
+    WHERE instance_name = ? AND {range}
+    ORDER BY {order}
+    LIMIT ?
+) AS e
 JOIN event_ids AS i ON i.event_nid = e.event_nid
 JOIN rooms AS r ON r.room_nid = e.room_nid
 JOIN users AS u ON u.user_nid = e.sender_nid
@@ -46,10 +77,30 @@ LEFT JOIN state_keys AS k ON k.type_key_nid = e.type_key_nid
 LEFT JOIN redactions AS red ON red.redaction_event_nid = e.event_nid
 LEFT JOIN event_ids AS red_i ON red_i.event_nid = red.redacts_event_nid
 LEFT JOIN room_memberships AS m ON m.event_nid = e.event_nid
-WHERE e.instance_name = ? AND {range}
 ORDER BY {token}
-LIMIT ?
 """
+
+# Live events: tokens are stream orderings.
+LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(
+    token="e.stream_ordering", order="stream_ordering", range="stream_ordering > ? AND stream_ordering <= ?"
+)
+# Backfilled events: tokens are minus their (negative) stream orderings;
+# the range is written on the column itself so the index serves it.
+BACKFILL_EVENT_ROWS = EVENT_ROW_SQL.format(
+    token="-e.stream_ordering",
+    order="stream_ordering DESC",
+    range="stream_ordering < 0 - ? AND stream_ordering >= 0 - ?",
+)
+
+STATE_ROW_SQL = (
+    "SELECT d.stream_ordering, r.room_id, k.type, k.state_key, i.event_id"
+    " FROM current_state_deltas AS d JOIN rooms AS r ON r.room_nid = d.room_nid"
+    " JOIN state_keys AS k ON k.type_key_nid = d.type_key_nid"
+    " LEFT JOIN event_ids AS i ON i.event_nid = d.event_nid"
+    " WHERE d.instance_name = ? AND d.stream_ordering > ? AND d.stream_ordering <= ?"
+    " ORDER BY d.stream_ordering, k.type, k.state_key"
+)
+
 
 
 def _event_row(row: tuple) -> tuple[int, tuple]:
@@ -58,8 +109,43 @@ def _event_row(row: tuple) -> tuple[int, tuple]:
     return token, ("ev", event_id, room_id, event_type, state_key, redacts, name, sender)
 
 
+def _whole_token_page(
+    updates: list[tuple[int, tuple]], limit: int, upto: int, bound: int, more: bool
+) -> StreamUpdates:
+    """Cut ``updates`` (every row with a token in ``(from, bound]``, sorted) to
+    at most ``limit`` rows without splitting a token, per the ``Stream`` contract.
+
+    ``more``: rows exist after ``bound`` (up to ``upto``). A first token with
+    more than ``limit`` rows is returned whole.
+    """
+    if len(updates) <= limit:
+        if more:
+            return StreamUpdates(updates, bound, True)
+        return StreamUpdates(updates, upto, False)
+    cut = limit
+    last = updates[cut - 1][0]
+    if updates[cut][0] == last:
+        # The cut would split `last`: end the page before it, or, if it is
+        # the first token, after all of it.
+        while cut > 0 and updates[cut - 1][0] == last:
+            cut -= 1
+        if cut == 0:
+            while cut < len(updates) and updates[cut][0] == last:
+                cut += 1
+    page = updates[:cut]
+    if cut == len(updates) and not more:
+        return StreamUpdates(page, upto, False)
+    return StreamUpdates(page, page[-1][0], True)
+
+
 class _GeneratorStream(Stream):
-    """A stream whose writers and tokens are one of the store's ID generators."""
+    """A stream whose writers and tokens are one of the store's ID generators.
+
+    ``get_updates`` reads one consistent snapshot (one transaction) and honours
+    the whole contract of ``Stream.get_updates``: token order, at most
+    ``limit`` rows unless one token holds more, ``limited`` exactly when rows
+    in the range were left out.
+    """
 
     def __init__(self, store: RoomStore, name: str, generator_name: str):
         self.store = store
@@ -73,6 +159,8 @@ class _GeneratorStream(Stream):
         return self._generator.get_current_token_for_writer(instance_name)
 
     async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> StreamUpdates:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
         if from_token >= upto_token:
             return StreamUpdates([], upto_token, False)
         return await self.store.db.run_interaction(
@@ -90,26 +178,18 @@ class EventsStream(_GeneratorStream):
         super().__init__(store, "events", "events")
 
     def _updates_txn(self, txn, instance, from_token, upto, limit):
-        rows = txn.execute(
-            EVENT_ROW_SQL.format(token="e.stream_ordering", range="e.stream_ordering > ? AND e.stream_ordering <= ?"),
-            (instance, from_token, upto, limit),
-        ).fetchall()
-        # One event per stream ordering, so a full page ends on a whole token.
-        limited = len(rows) >= limit
-        upto_token = rows[-1][0] if limited else upto
+        # One event per stream ordering: `limit + 1` events tell whether the
+        # range holds more than a page.
+        rows = txn.execute(LIVE_EVENT_ROWS, (instance, from_token, upto, limit + 1)).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        bound = rows[-1][0] if more else upto
         updates = [_event_row(r) for r in rows]
-        state_rows = txn.execute(
-            "SELECT d.stream_ordering, r.room_id, k.type, k.state_key, i.event_id"
-            " FROM current_state_deltas AS d JOIN rooms AS r ON r.room_nid = d.room_nid"
-            " JOIN state_keys AS k ON k.type_key_nid = d.type_key_nid"
-            " LEFT JOIN event_ids AS i ON i.event_nid = d.event_nid"
-            " WHERE d.instance_name = ? AND d.stream_ordering > ? AND d.stream_ordering <= ?"
-            " ORDER BY d.stream_ordering, k.type, k.state_key",
-            (instance, from_token, upto_token),
-        ).fetchall()
+        state_rows = txn.execute(STATE_ROW_SQL, (instance, from_token, bound)).fetchall()
         updates.extend((token, ("state", room, typ, key, event)) for token, room, typ, key, event in state_rows)
         updates.sort(key=lambda u: (u[0], u[1][0] != "ev"))  # stable: an event before its state rows
-        return StreamUpdates(updates, upto_token, limited)
+        # State rows can push a page over `limit`: cut it on a token boundary.
+        return _whole_token_page(updates, limit, upto, bound, more)
 
 
 class BackfillStream(_GeneratorStream):
@@ -119,12 +199,10 @@ class BackfillStream(_GeneratorStream):
         super().__init__(store, "backfill", "backfill")
 
     def _updates_txn(self, txn, instance, from_token, upto, limit):
-        rows = txn.execute(
-            EVENT_ROW_SQL.format(token="-e.stream_ordering", range="-e.stream_ordering > ? AND -e.stream_ordering <= ?"),
-            (instance, from_token, upto, limit),
-        ).fetchall()
-        limited = len(rows) >= limit
-        return StreamUpdates([_event_row(r) for r in rows], rows[-1][0] if limited else upto, limited)
+        rows = txn.execute(BACKFILL_EVENT_ROWS, (instance, from_token, upto, limit + 1)).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return _whole_token_page([_event_row(r) for r in rows], limit, upto, rows[-1][0] if more else upto, more)
 
 
 class CachesStream(_GeneratorStream):
@@ -133,74 +211,139 @@ class CachesStream(_GeneratorStream):
     def __init__(self, store: RoomStore):
         super().__init__(store, "caches", "caches")
 
+    _ROWS = (
+        "SELECT stream_id, cache_name, keys, invalidation_ts FROM cache_invalidations"
+        " WHERE instance_name = ? AND stream_id > ? AND stream_id <= ?"
+        # COALESCE: SQLite sorts NULL first, PostgreSQL last; rows must come
+        # out the same on both.
+        " ORDER BY stream_id, cache_name, COALESCE(keys, '')"
+    )
+
     def _updates_txn(self, txn, instance, from_token, upto, limit):
-        # Page on whole tokens: the first `limit` distinct stream IDs.
-        tokens = [r[0] for r in txn.execute(
-            "SELECT DISTINCT stream_id FROM cache_invalidations WHERE instance_name = ?"
-            " AND stream_id > ? AND stream_id <= ? ORDER BY stream_id LIMIT ?",
-            (instance, from_token, upto, limit),
-        ).fetchall()]
-        limited = len(tokens) >= limit
-        upto_token = tokens[-1] if limited else upto
-        rows = txn.execute(
-            "SELECT stream_id, cache_name, keys, invalidation_ts FROM cache_invalidations"
-            " WHERE instance_name = ? AND stream_id > ? AND stream_id <= ? ORDER BY stream_id, cache_name, keys",
-            (instance, from_token, upto_token),
-        ).fetchall()
+        rows = txn.execute(self._ROWS + " LIMIT ?", (instance, from_token, upto, limit + 1)).fetchall()
+        more = len(rows) > limit
+        if more:
+            # The row after the page names the first token that may be cut;
+            # every row of the tokens before it was fetched.
+            first_cut = rows[limit][0]
+            rows = [r for r in rows if r[0] < first_cut]
+            if not rows:
+                # The first token alone holds more than `limit` rows: all of it.
+                rows = txn.execute(self._ROWS, (instance, from_token, first_cut)).fetchall()
+                more = txn.execute(
+                    "SELECT 1 FROM cache_invalidations WHERE instance_name = ? AND stream_id > ? AND stream_id <= ?"
+                    " LIMIT 1",
+                    (instance, first_cut, upto),
+                ).fetchone() is not None
         updates = [(sid, (name, None if keys is None else json.loads(keys), ts)) for sid, name, keys, ts in rows]
-        return StreamUpdates(updates, upto_token, limited)
+        if more:
+            return StreamUpdates(updates, updates[-1][0], True)
+        return StreamUpdates(updates, upto, False)
 
 
 def store_stream_registry(store: RoomStore) -> StreamRegistry:
+    """``events``, ``backfill`` and ``caches`` over ``store``, in that order."""
     registry = StreamRegistry()
     for stream in (EventsStream(store), BackfillStream(store), CachesStream(store)):
         registry.register(stream)
     return registry
 
 
-def wire_server(store: RoomStore, notify: Callable[[str], None]) -> None:
-    """Call ``notify(stream_name)`` after each committed batch (e.g. a server
-    factory's ``notify_new_rows``)."""
+def wire_server(store: RoomStore, notify: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``notify(stream_name)`` whenever one of ``store``'s streams
+    advances (e.g. with a server factory's ``notify_new_rows``); returns a
+    function that stops it.
 
-    def after_batch(outcome: BatchOutcome) -> None:
-        for name in ("events", "backfill", "caches"):
-            notify(name)
+    It watches the ID generators' positions rather than the store's commit
+    hooks: a position moves only once what is at or below it has committed,
+    which is when a worker can be sent it; the store runs its hooks before
+    its IDs complete (so local readers find caches updated first), and not
+    at all for ``invalidate_cache`` or a failed batch, whose IDs complete
+    with no rows.
+    """
+    watching = [True]
 
-    store.add_invalidation_hook(after_batch)
+    def watch(name: str, generator: Any, writer: str) -> None:
+        def moved(position: int) -> None:
+            if not watching[0]:
+                return
+            try:
+                notify(name)
+            except Exception:
+                log.failure("replication notification for {stream} failed", stream=name)
+            arm(position)
+
+        def arm(position: int) -> None:
+            generator.wait_for_position(position + 1, writer).addCallback(moved)
+
+        arm(generator.get_current_token_for_writer(writer))
+
+    for name in STORE_STREAMS:
+        generator = store.generators[name]
+        for writer in generator.writers:
+            watch(name, generator, writer)
+
+    def stop() -> None:
+        watching[0] = False
+
+    return stop
 
 
 class StoreReplicationHandler(ReplicationClientHandler):
     """Applies replicated rows to a worker's ``RoomStore``.
 
-    ``on_applied(stream, instance, token, rows)``, if given, is called after
-    each applied token (the ``follow`` command logs it; tests count rows).
-    Homeserver code registers handlers for its own cache names with
-    ``add_cache_handler``.
+    For every token, in order: drop the cache entries the rows name, record
+    the changes in the change caches, run the handlers registered with
+    ``add_cache_handler`` (caches stream), advance the stream's ID generator
+    to the token, then call ``on_applied(stream, instance, token, rows)`` if
+    given (the ``follow`` command logs it; tests count rows). Applying a token
+    twice (a replay after a reconnect) is harmless: every step is idempotent.
+
+    The worker store must be opened as a reader of the writer's streams
+    (``StoreConfig(stream_writers={"events": ["master"], ...})``); the rows
+    themselves are read by the store from the shared database, so nothing
+    here writes to it.
     """
 
-    def __init__(self, store: RoomStore, on_applied: Callable[..., Any] | None = None):
+    def __init__(self, store: RoomStore, on_applied: Callable[[str, str, int, list], Any] | None = None):
         super().__init__(store_stream_registry(store))
         self.store = store
         self.on_applied = on_applied
         self._cache_handlers: dict[str, list[Callable[[list | None], None]]] = {}
 
     def add_cache_handler(self, cache_name: str, handler: Callable[[list | None], None]) -> None:
+        """Call ``handler(keys)`` for every invalidation of ``cache_name``
+        (``keys`` None: the whole cache)."""
         self._cache_handlers.setdefault(cache_name, []).append(handler)
+
+    def initial_positions(self) -> StreamPositions:
+        """Where the worker's store stands now, per stream and writer: where
+        a worker with no saved positions resumes from. The store has no
+        cache entries older than these (it just opened), so nothing before
+        them needs applying."""
+        positions = StreamPositions()
+        for name in STORE_STREAMS:
+            for writer, token in self.store.generators[name].get_positions().items():
+                positions.set(name, writer, token)
+        return positions
 
     def on_rdata(self, stream_name: str, instance_name: str, token: int, rows: list[Any]) -> None:
         if stream_name == "events":
             self._apply_events(token, rows)
+        elif stream_name == "backfill":
+            self._apply_backfill(rows)
         elif stream_name == "caches":
             for row in rows:
                 self._apply_invalidation(row[0], row[1])
-        elif stream_name != "backfill":
+        else:
             return
+        # Last: a reader waiting for this position must find the caches clean.
         self._advance(stream_name, instance_name, token)
         if self.on_applied is not None:
             self.on_applied(stream_name, instance_name, token, rows)
 
     def on_position(self, stream_name: str, instance_name: str, prev_token: int, new_token: int) -> None:
-        if stream_name in ("events", "backfill", "caches"):
+        if stream_name in STORE_STREAMS:
             self._advance(stream_name, instance_name, new_token)
 
     def _advance(self, stream_name: str, instance_name: str, token: int) -> None:
@@ -221,7 +364,18 @@ class StoreReplicationHandler(ReplicationClientHandler):
             elif kind == "state":
                 _, room_id, event_type, state_key, event_id = row
                 if event_type == "m.room.member":
+                    # Current membership moved (also by state resolution, with
+                    # no member event of this user in the batch).
+                    self.store.membership_changes.entity_has_changed(state_key, token)
                     reader.invalidate_memberships((), [state_key])
+
+    def _apply_backfill(self, rows: list) -> None:
+        # Backfill never moves current state or positions of the events
+        # stream, but an old redaction can redact an event a worker cached.
+        reader = self.store.reader
+        for row in rows:
+            if row[0] == "ev" and row[5]:
+                reader.invalidate_event(row[5])
 
     def _apply_invalidation(self, cache_name: str, keys: list | None) -> None:
         reader = self.store.reader
@@ -232,8 +386,19 @@ class StoreReplicationHandler(ReplicationClientHandler):
                 for event_id in keys:
                     reader.invalidate_event(event_id)
         elif cache_name == ROOMS_FOR_USER_CACHE:
-            reader.invalidate_memberships((), keys or []) if keys is not None else reader.invalidate_all()
+            if keys is None:
+                _drop_all_memberships(reader)
+            else:
+                reader.invalidate_memberships((), keys)
         elif cache_name == CURRENT_STATE_CACHE:
-            reader.invalidate_memberships(keys or [], ())
+            # Keys are room IDs; any current-state change may move anyone's
+            # rooms, and None means every room.
+            if keys is None or keys:
+                _drop_all_memberships(reader)
         for handler in self._cache_handlers.get(cache_name, ()):
             handler(keys)
+
+
+def _drop_all_memberships(reader: Any) -> None:
+    # EventReader drops its whole rooms-for-user cache for any room change.
+    reader.invalidate_memberships(["*"], ())

@@ -38,6 +38,7 @@ EXAMPLE_LINES = [
     "CLEAR_USER_SYNC worker1",
     "FEDERATION_ACK federation_sender 12345",
     "REMOTE_SERVER_UP matrix.org",
+    "AUTH s3cret with spaces",
 ]
 
 

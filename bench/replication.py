@@ -1,0 +1,393 @@
+"""TCP replication from a writer store to a worker over loopback TCP.
+
+usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [--runs R] [--congestion-events N]
+
+1. Throughput: the writer (ReplicationServerService, this process) holds N
+   persisted events; a worker in a child process (a worker store, the real
+   client factory and StoreReplicationHandler) connects with every position
+   at 0, so the server replays the whole history: database pages read,
+   RDATA lines written, sent over loopback, parsed, batched and applied to
+   the worker's store. Reported: RDATA lines/s and tokens/s from the
+   worker's connection to its events and caches positions reaching the
+   writer's, median of R runs, per engine and page size.
+
+2. Congestion: while the writer persists N events, a client that never reads
+   its socket (small receive buffer; it keeps sending PINGs so only the
+   congestion handling can act) stays connected next to a healthy worker.
+   For each ``max_pending_commands``: peak commands in the connection's
+   pending queue, peak bytes in its transport buffer, the server's peak RSS
+   growth against a run with no slow client, whether and when the slow
+   client was dropped, whether the healthy worker kept up, and how long the
+   slow client took to catch up once it started reading again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from twisted.internet import defer, task
+from twisted.internet.task import deferLater
+
+from bench._common import bench_databases, print_table
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STREAMS = ("events", "backfill", "caches")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def sleep(reactor, seconds: float) -> None:
+    await deferLater(reactor, seconds, lambda: None)
+
+
+async def until(reactor, predicate, timeout: float, what: str) -> float:
+    start = time.perf_counter()
+    while not predicate():
+        if time.perf_counter() - start > timeout:
+            raise TimeoutError(what)
+        await sleep(reactor, 0.002)
+    return time.perf_counter()
+
+
+def history(rooms: int, events: int):
+    """Batches of up to 50 events: rooms with a dozen members joining, then
+    messages, some state changes (so events carry state rows and the caches
+    stream has rows)."""
+    sys.path.insert(0, REPO)
+    from tests.store.builder import RoomBuilder
+
+    builders = [RoomBuilder(f"!bench{r}:example.org") for r in range(rooms)]
+    per_room = events // rooms
+    for r, room in enumerate(builders):
+        users = [f"@u{i}:example.org" for i in range(12)]
+        built = [room.create(), room.join(room.creator)] + [room.join(u) for u in users]
+        while len(built) < per_room:
+            n = len(built)
+            if n % 40 == 0:
+                built.append(room.state("m.room.topic", "", {"topic": f"topic {n}"}))
+            else:
+                built.append(room.message(users[n % len(users)], f"message {n} in room {r}"))
+        for start in range(0, len(built), 50):
+            yield [room.to_persist(e) for e in built[start:start + 50]]
+
+
+async def start_server(reactor, url: str, **kw):
+    from roomstore.replication.service import ReplicationServerService
+
+    service = ReplicationServerService(url, port=0, server_name="bench", reactor=reactor, **kw)
+    service.startService()
+    await service.when_ready()
+    return service
+
+
+# ---------------------------------------------------------------- 1. throughput
+
+
+async def worker_main(reactor, url: str, port: int, targets: dict, page_size: int) -> None:
+    """Child process: follow from 0 until the targets; print one JSON line."""
+    from prometheus_client import REGISTRY
+
+    from roomstore.replication import ReplicationClientFactory, ReplicationConfig
+    from roomstore.replication.store_streams import StoreReplicationHandler
+    from roomstore.store import RoomStore, StoreConfig
+
+    store = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}), reactor=reactor)
+    try:
+        counts = {"tokens": 0, "rows": 0}
+
+        def applied(stream, instance, token, rows):
+            counts["tokens"] += 1
+            counts["rows"] += len(rows)
+
+        handler = StoreReplicationHandler(store, on_applied=applied)
+        connected = []
+        handler.on_connected = lambda: connected.append(time.perf_counter())
+        factory = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor,
+                                           config=ReplicationConfig(page_size=page_size))
+        for stream in STREAMS:
+            factory.positions.set(stream, "master", 0)
+        reactor.connectTCP("127.0.0.1", port, factory)
+        # The follower's own positions: the store's generators start at the
+        # database's positions, already at the targets.
+        done = await until(
+            reactor, lambda: all((factory.positions.get(s, "master") or 0) >= t for s, t in targets.items()),
+            600, "catch-up",
+        )
+        rdata = REGISTRY.get_sample_value("roomstore_replication_commands_received_total",
+                                          {"side": "client", "command": "RDATA"}) or 0.0
+        factory.stop()
+        print(json.dumps({"seconds": done - connected[0], "rdata": rdata, **counts}), flush=True)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        raise
+    finally:
+        # The database's thread pool would keep the process alive otherwise.
+        await store.close()
+
+
+async def throughput(reactor, engine: str, new_url, events: int, runs: int, page_sizes) -> list[list]:
+    url = new_url()
+    rows = []
+    for page_size in page_sizes:
+        from roomstore.replication import ReplicationConfig
+
+        server = await start_server(reactor, url, config=ReplicationConfig(page_size=page_size))
+        if server.store.events_stream.get_current_token() == 0:
+            started = time.perf_counter()
+            for batch in history(20, events):
+                await server.store.persist_events(batch)
+            print(f"  ({engine}: persisted {server.store.events_stream.get_current_token()} events "
+                  f"in {time.perf_counter() - started:.1f}s)", file=sys.stderr)
+        targets = {s: server.store.generators[s].get_current_token() for s in ("events", "caches")}
+        samples = []
+        for _ in range(runs):
+            argv = [sys.executable, os.path.abspath(__file__), "--worker", url, str(server.port.getHost().port),
+                    json.dumps(targets), str(page_size)]
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=REPO))
+            await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+            out = proc.stdout.read().decode().strip().splitlines()
+            if proc.returncode != 0 or not out:
+                raise RuntimeError(f"worker failed ({proc.returncode})")
+            samples.append(json.loads(out[-1]))
+        await server.stopService()
+        rates = sorted(s["rdata"] / s["seconds"] for s in samples)
+        median = statistics.median(rates)
+        sample = samples[0]
+        rows.append([engine, page_size, targets["events"], int(sample["rdata"]), sample["tokens"],
+                     statistics.median(s["seconds"] for s in samples), median, rates[0], rates[-1],
+                     statistics.median(s["tokens"] / s["seconds"] for s in samples)])
+    return rows
+
+
+# ---------------------------------------------------------------- 2. congestion
+
+
+class PeakDeque(collections.deque):
+    """The pending queue of the slow connection, remembering its peak length
+    and the mean line length of the commands in it at that moment."""
+
+    peak = 0
+    line_bytes = 0.0
+
+    def append(self, cmd) -> None:
+        super().append(cmd)
+        if len(self) > self.peak:
+            self.peak = len(self)
+            if self.peak % 16 == 1:  # cheap enough, often enough
+                from roomstore.replication.commands import serialize_command
+
+                head = list(self)[:200]
+                self.line_bytes = sum(len(serialize_command(c)) + 1 for c in head) / len(head)
+
+
+class SlowClient:
+    """A client that says hello, then never reads (receive buffer 4 KiB)
+    but keeps sending PINGs; ``drain()`` starts reading."""
+
+    def __init__(self, reactor, port: int) -> None:
+        self.reactor = reactor
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.connect(("127.0.0.1", port))
+        self.sock.sendall(b"NAME slow\nPING 0\nREPLICATE\n")
+        self.sock.setblocking(False)
+        self.closed_by_server = False
+        self.buffer = b""
+        self.events_token = 0
+        self.error = None
+        self._ping = task.LoopingCall(self._send_ping)
+        self._ping.clock = reactor
+        self._ping.start(2.0, now=False)
+
+    def _send_ping(self) -> None:
+        try:
+            self.sock.send(b"PING 1\n")
+        except OSError:
+            self.closed_by_server = True
+
+    def read_available(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                self.closed_by_server = True
+                return
+            if not data:
+                self.closed_by_server = True
+                return
+            self.buffer += data
+            *lines, self.buffer = self.buffer.split(b"\n")
+            for line in lines:
+                parts = line.split(b" ", 5)
+                if parts[0] == b"ERROR":
+                    self.error = line.decode()
+                elif parts[0] == b"RDATA" and parts[1] == b"events" and parts[3] != b"batch":
+                    self.events_token = int(parts[3])
+                elif parts[0] == b"POSITION" and parts[1] == b"events":
+                    self.events_token = max(self.events_token, int(parts[4]))
+
+    def close(self) -> None:
+        if self._ping.running:
+            self._ping.stop()
+        self.sock.close()
+
+
+async def congestion_run(reactor, url: str, events: int, max_pending: int | None) -> dict:
+    """One writer run with a healthy worker and (unless ``max_pending`` is
+    None, the control) a slow client."""
+    from roomstore.replication import ReplicationClientFactory, ReplicationConfig
+    from roomstore.replication.store_streams import StoreReplicationHandler
+    from roomstore.store import RoomStore, StoreConfig
+
+    config = ReplicationConfig(max_pending_commands=max_pending or 10_000, ping_timeout=600.0)
+    server = await start_server(reactor, url, config=config)
+    worker = await RoomStore.open(url, StoreConfig("healthy", {s: ["master"] for s in STREAMS}), reactor=reactor)
+    handler = StoreReplicationHandler(worker)
+    healthy = ReplicationClientFactory(handler, "healthy", "bench", clock=reactor, config=config)
+    for (stream, instance), token in handler.initial_positions().items():
+        healthy.positions.set(stream, instance, token)
+    reactor.connectTCP("127.0.0.1", server.port.getHost().port, healthy)
+    await until(reactor, lambda: healthy.connection is not None, 30, "healthy worker")
+    slow = SlowClient(reactor, server.port.getHost().port) if max_pending is not None else None
+    if slow is not None:
+        await until(reactor, lambda: [c for c in server.factory.connections if c.peer_name == "slow"], 30, "NAME")
+        slow_conn = [c for c in server.factory.connections if c.peer_name == "slow"][0]
+        slow_conn._pending = pending = PeakDeque(slow_conn._pending)
+    from roomstore.replication import metrics
+
+    drops_before = metrics.CONGESTION_DISCONNECTS._value.get()
+    baseline_rss = rss_kib()
+    peak = {"rss": baseline_rss, "buffer": 0}
+    dropped_at = None
+    started = time.perf_counter()
+    persisted = 0
+
+    def sample() -> None:
+        nonlocal dropped_at
+        peak["rss"] = max(peak["rss"], rss_kib())
+        if slow is None:
+            return
+        if slow_conn.is_open:
+            transport = slow_conn.transport
+            buffered = len(transport.dataBuffer) + transport._tempDataLen
+            peak["buffer"] = max(peak["buffer"], buffered)
+        elif dropped_at is None:
+            dropped_at = (time.perf_counter() - started, persisted)
+
+    sampler = task.LoopingCall(sample)
+    sampler.clock = reactor
+    sampler.start(0.01)
+    for batch in history(10, events):
+        await server.store.persist_events(batch)
+        persisted += len(batch)
+    written_s = time.perf_counter() - started
+    target = server.store.events_stream.get_current_token()
+    await until(reactor, lambda: worker.events_stream.get_current_token() >= target, 120, "healthy catch-up")
+    healthy_lag = time.perf_counter() - started - written_s
+    await sleep(reactor, 0.3)
+    sample()
+    result = {
+        "max_pending": max_pending, "events": persisted, "write_s": written_s, "healthy_lag_s": healthy_lag,
+        "rss_growth_kib": peak["rss"] - baseline_rss,
+    }
+    if slow is not None:
+        result.update(
+            peak_pending=pending.peak, pending_kib=pending.peak * pending.line_bytes / 1024,
+            peak_buffer_kib=peak["buffer"] / 1024, dropped_at=dropped_at, target=target,
+            congestion_drops=metrics.CONGESTION_DISCONNECTS._value.get() - drops_before,
+            cursor=slow_conn.session.feed.position("events", "master") if dropped_at is None else None,
+        )
+        if dropped_at is None:
+            # It reads again: it catches up from the database, in pages.
+            drain_start = time.perf_counter()
+            reader = task.LoopingCall(slow.read_available)
+            reader.clock = reactor
+            reader.start(0.001)
+            await until(reactor, lambda: slow.events_token >= target, 120, "slow client catch-up")
+            reader.stop()
+            result["catch_up_s"] = time.perf_counter() - drain_start
+        slow.close()
+    sampler.stop()
+    healthy.stop()
+    await server.stopService()
+    await worker.close()
+    return result
+
+
+async def congestion(reactor, new_url, events: int, settings) -> list[list]:
+    rows = []
+    control = await congestion_run(reactor, new_url(), events, None)
+    rows.append(["(no slow client)", "-", "-", "-", control["rss_growth_kib"] / 1024, "-",
+                 f"{control['healthy_lag_s']:.2f}", "-"])
+    for max_pending in settings:
+        r = await congestion_run(reactor, new_url(), events, max_pending)
+        if r["dropped_at"] is None:
+            fate = f"kept; sent up to {r['cursor']} of {r['target']}"
+            catch_up = f"{r['catch_up_s']:.2f}"
+        else:
+            seconds, persisted = r["dropped_at"]
+            why = "too many pending commands" if r["congestion_drops"] else "closed"
+            fate = f"dropped ({why}) at {seconds:.1f}s, {persisted} events in"
+            catch_up = "-"
+        rows.append([max_pending, r["peak_pending"], f"{r['pending_kib']:.0f}", f"{r['peak_buffer_kib']:.0f}",
+                     r["rss_growth_kib"] / 1024, fate, f"{r['healthy_lag_s']:.2f}", catch_up])
+    return rows
+
+
+# ---------------------------------------------------------------- main
+
+
+async def main(reactor, args) -> None:
+    databases = bench_databases()
+    print(f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
+          f"loopback TCP (database pages, RDATA, parse, apply); median of {args.runs} runs\n")
+    rows = []
+    for engine, new_url in databases:
+        rows += await throughput(reactor, engine, new_url, args.events, args.runs, (100, 1000))
+    print_table(["engine", "page size", "events", "RDATA lines", "tokens", "median s", "median lines/s",
+                 "min lines/s", "max lines/s", "median tokens/s"], rows)
+
+    engine, new_url = databases[-1]
+    print(f"\n2. Congestion ({engine}): the writer persists {args.congestion_events} events; a client that never "
+          "reads (but PINGs) is connected next to a healthy worker\n")
+    print_table(["max_pending_commands", "peak pending", "pending KiB", "peak transport buffer KiB",
+                 "server peak RSS growth MiB", "slow client", "healthy worker lag s", "slow catch-up s"],
+                await congestion(reactor, new_url, args.congestion_events, args.max_pending))
+    print("\n(pending KiB: peak pending commands x their mean line length; RSS growth is against the server's RSS "
+          "when the writes start, and includes the writer's own caches: compare with the first row)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        _, _, url, port, targets, page_size = sys.argv
+        task.react(lambda r: defer.ensureDeferred(worker_main(r, url, int(port), json.loads(targets), int(page_size))))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--congestion-events", type=int, default=20_000)
+    parser.add_argument("--max-pending", type=int, nargs="+", default=[50, 1_000, 10_000])
+    args = parser.parse_args()
+    task.react(lambda r: defer.ensureDeferred(main(r, args)))

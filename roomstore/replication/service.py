@@ -1,0 +1,442 @@
+"""Replication as Twisted services: the writer's server, a worker's follower.
+
+:class:`ReplicationServerService` is the main process: it opens a
+``RoomStore`` as the writer of every stream, serves the store's streams over
+TCP replication (bound to loopback unless told otherwise) and tells the
+server about every committed batch. :class:`FollowerService` is a worker: it
+opens a store as a reader of the writer's streams and follows the server,
+applying what arrives (``StoreReplicationHandler``) and logging one line per
+applied token.
+
+Both are ordinary ``twisted.application.service.Service`` objects: the
+``roomstore serve`` / ``roomstore follow`` commands and the ``twistd
+roomstore`` plugin run them. ``startService`` starts an asynchronous start-up
+(opening the database, migrating, listening or connecting); ``when_ready()``
+fires when it is done or fails with what went wrong. ``stopService`` returns
+a Deferred that fires once connections are closed and the store is closed.
+
+Prometheus: the replication metrics (commands and bytes in and out,
+connections, pending commands per paused connection, congestion drops,
+authentication failures) and the stream position gauges live in the default
+registry; ``metrics_port`` serves them in the text format at ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import Any, Callable, Mapping
+
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.internet.interfaces import IListeningPort
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from roomstore.replication.client import ReplicationClientFactory
+from roomstore.replication.follower import StreamPositions
+from roomstore.replication.protocol import ReplicationConfig
+from roomstore.replication.server import ReplicationServerFactory
+from roomstore.replication.store_streams import (
+    STORE_STREAMS,
+    StoreReplicationHandler,
+    store_stream_registry,
+    wire_server,
+)
+from roomstore.store import RoomStore, StoreConfig
+
+__all__ = [
+    "DEFAULT_BIND",
+    "DEFAULT_REPLICATION_PORT",
+    "FollowerService",
+    "ReplicationServerService",
+    "load_positions",
+    "parse_host_port",
+    "read_secret_file",
+    "run_service",
+    "save_positions",
+]
+
+log = Logger()
+
+DEFAULT_REPLICATION_PORT = 9092
+#: Loopback only: replication carries every event of every room, and without
+#: a secret anyone who can connect can read it.
+DEFAULT_BIND = "127.0.0.1"
+
+
+def read_secret_file(path: str) -> str:
+    """The shared secret in ``path``: its first line, surrounding whitespace
+    stripped. Raises ``ValueError`` if it is empty; warns (log) if other users
+    may read the file."""
+    with open(path, encoding="utf-8") as handle:
+        secret = handle.readline().strip()
+    if not secret:
+        raise ValueError(f"secret file {path} is empty")
+    mode = os.stat(path).st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warn("secret file {path} is readable by other users (mode {mode:o})", path=path, mode=mode & 0o777)
+    return secret
+
+
+def parse_host_port(value: str, default_port: int = DEFAULT_REPLICATION_PORT) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port``, or a bare host (default port)."""
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    else:
+        host, port = value, ""
+    if not host:
+        raise ValueError(f"no host in {value!r}")
+    try:
+        return host, int(port) if port else default_port
+    except ValueError:
+        raise ValueError(f"bad port in {value!r}") from None
+
+
+def load_positions(path: str) -> dict[tuple[str, str], int] | None:
+    """Positions saved by :func:`save_positions`, or None if there is no
+    usable file (missing, or unreadable after e.g. a power cut)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        return {(stream, instance): int(token) for stream, tokens in data.items() for instance, token in tokens.items()}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        log.warn("ignoring unreadable positions file {path}: {exc}", path=path, exc=exc)
+        return None
+
+
+def save_positions(path: str, positions: Mapping[tuple[str, str], int]) -> None:
+    """Write ``positions`` to ``path`` atomically (a reader sees the old or the
+    new file, never half of one). Not fsynced: it survives the process being
+    killed, which is what it is for; after a power cut it may be old (rows
+    are replayed) or unreadable (the worker starts from its store's
+    positions, as a fresh worker does)."""
+    data: dict[str, dict[str, int]] = {}
+    for (stream, instance), token in sorted(positions.items()):
+        data.setdefault(stream, {})[instance] = token
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, sort_keys=True)
+    os.replace(tmp, path)
+
+
+async def run_service(reactor: Any, service: "_AsyncService", started: Callable[[], None] | None = None) -> None:
+    """Start ``service``, call ``started()``, and run until the reactor stops
+    (SIGINT/SIGTERM); the service is stopped before the reactor goes, so
+    connections and the store are closed. If start-up fails, what it opened
+    is closed and the error raised."""
+    service.startService()
+    try:
+        await service.when_ready()
+    except BaseException:
+        await service.stopService()
+        raise
+    reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
+    if started is not None:
+        started()
+    await defer.Deferred()  # fires never: the reactor stopping ends the process
+
+
+def _listen_metrics(reactor: Any, port: int, interface: str) -> IListeningPort:
+    from prometheus_client.twisted import MetricsResource
+    from twisted.web.resource import Resource
+    from twisted.web.server import Site
+
+    root = Resource()
+    root.putChild(b"metrics", MetricsResource())
+    return reactor.listenTCP(port, Site(root), interface=interface)
+
+
+class _AsyncService(Service):
+    """A Service whose start-up and shutdown are coroutines."""
+
+    #: Stop the reactor if start-up fails (twistd: nothing else would).
+    stop_reactor_on_failure = False
+
+    def __init__(self, reactor: Any = None) -> None:
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+
+            reactor = default_reactor
+        self.reactor = reactor
+        self._started: defer.Deferred | None = None
+        self._start_failure: Failure | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        self._started = defer.ensureDeferred(self._start())
+        self._started.addErrback(self._start_failed)
+
+    def _start_failed(self, failure: Failure) -> None:
+        self._start_failure = failure
+        log.failure("{name} failed to start", failure=failure, name=self.name)
+        if self.stop_reactor_on_failure and self.reactor.running:
+            self.reactor.stop()
+
+    def when_ready(self) -> defer.Deferred:
+        """Fires with the service once started; fails if start-up failed."""
+        if self._started is None:
+            return defer.fail(RuntimeError("service not started"))
+        d: defer.Deferred = defer.Deferred()
+
+        def done(result: Any) -> Any:
+            if self._start_failure is not None:
+                d.errback(self._start_failure)
+            else:
+                d.callback(self)
+            return result
+
+        self._started.addBoth(done)
+        return d
+
+    def stopService(self) -> defer.Deferred:
+        super().stopService()
+        return defer.ensureDeferred(self._stop_after_start())
+
+    async def _stop_after_start(self) -> None:
+        if self._started is not None:
+            try:
+                await self.when_ready()
+            except Exception:
+                pass  # already logged; close what was opened
+        await self._stop()
+
+    async def _start(self) -> None:
+        raise NotImplementedError
+
+    async def _stop(self) -> None:
+        raise NotImplementedError
+
+    async def _wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Poll ``predicate`` on the reactor for up to ``timeout`` seconds."""
+        waited = 0.0
+        while not predicate() and waited < timeout:
+            await deferLater(self.reactor, 0.01, lambda: None)
+            waited += 0.01
+        return predicate()
+
+
+class ReplicationServerService(_AsyncService):
+    """The writer: a store writing every stream, served over TCP replication.
+
+    ``database``: a URL (or a ``Database``). ``port`` 0 picks a free port
+    (read it from :attr:`port` after :meth:`when_ready`). ``secret``: require
+    ``AUTH <secret>`` from every client. ``metrics_port``: serve Prometheus
+    metrics on ``metrics_bind`` (default: ``bind``). Workers are sent new
+    rows as soon as a stream's position moves (``wire_server``).
+
+    After start: :attr:`store`, :attr:`factory`, :attr:`port` (the listening
+    port), :attr:`metrics_port_listener`.
+    """
+
+    name = "roomstore-replication-server"
+
+    def __init__(
+        self,
+        database: Any,
+        *,
+        port: int = DEFAULT_REPLICATION_PORT,
+        bind: str = DEFAULT_BIND,
+        server_name: str = "localhost",
+        instance_name: str = "master",
+        secret: str | None = None,
+        metrics_port: int | None = None,
+        metrics_bind: str | None = None,
+        config: ReplicationConfig = ReplicationConfig(),
+        store_config: StoreConfig | None = None,
+        reactor: Any = None,
+    ) -> None:
+        super().__init__(reactor)
+        self.database = database
+        self.listen_port = port
+        self.bind = bind
+        self.server_name = server_name
+        self.store_config = store_config or StoreConfig(instance_name=instance_name)
+        self.secret = secret
+        self.metrics_listen_port = metrics_port
+        self.metrics_bind = metrics_bind or bind
+        self.config = config
+        self.store: RoomStore | None = None
+        self.factory: ReplicationServerFactory | None = None
+        self.port: IListeningPort | None = None
+        self.metrics_port_listener: IListeningPort | None = None
+        self._unwire: Callable[[], None] | None = None
+
+    async def _start(self) -> None:
+        self.store = await RoomStore.open(self.database, self.store_config, reactor=self.reactor)
+        self.factory = ReplicationServerFactory(
+            self.server_name, store_stream_registry(self.store), self.reactor, self.config, secret=self.secret
+        )
+        self._unwire = wire_server(self.store, self.factory.notify_new_rows)
+        self.port = self.reactor.listenTCP(self.listen_port, self.factory, interface=self.bind)
+        address = self.port.getHost()
+        log.info(
+            "replication server {name} listening on {host}:{port} ({auth})",
+            name=self.server_name,
+            host=address.host,
+            port=address.port,
+            auth="shared secret required" if self.secret else "no secret",
+        )
+        if self.metrics_listen_port is not None:
+            self.metrics_port_listener = _listen_metrics(self.reactor, self.metrics_listen_port, self.metrics_bind)
+            maddr = self.metrics_port_listener.getHost()
+            log.info("metrics on http://{host}:{port}/metrics", host=maddr.host, port=maddr.port)
+
+    async def _stop(self) -> None:
+        if self._unwire is not None:
+            self._unwire()
+        if self.port is not None:
+            await self.port.stopListening()
+        if self.metrics_port_listener is not None:
+            await self.metrics_port_listener.stopListening()
+        if self.factory is not None:
+            self.factory.close_all("server stopping")
+            # close() aborts a connection after close_timeout; wait that long.
+            factory = self.factory
+            await self._wait(lambda: not factory.connections, self.config.close_timeout + 1)
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+        log.info("replication server stopped")
+
+
+class _FollowerHandler(StoreReplicationHandler):
+    """Reports position moves too, so the service can save them."""
+
+    def __init__(self, store: RoomStore, on_applied: Callable[..., Any], on_moved: Callable[[str, str, int], Any]):
+        super().__init__(store, on_applied=on_applied)
+        self._on_moved = on_moved
+
+    def on_position(self, stream_name: str, instance_name: str, prev_token: int, new_token: int) -> None:
+        super().on_position(stream_name, instance_name, prev_token, new_token)
+        if stream_name in STORE_STREAMS:
+            self._on_moved(stream_name, instance_name, new_token)
+
+
+class FollowerService(_AsyncService):
+    """A worker: a store reading the writer's streams, following the server.
+
+    ``database``: the same database the writer uses. ``host``/``port``: the
+    server's replication listener. ``writer``: the writer instance of every
+    stream. ``expected_server_name``: refuse a server naming itself otherwise
+    (None: any). ``secret``: sent as ``AUTH``.
+
+    Resuming: with ``positions_file``, the position of every (stream, writer)
+    is saved there after each applied token or position move, and read back
+    at start, so a worker killed at any moment asks the server to replay
+    from its last saved token: a token may be applied again (the one being
+    applied when it died), none is skipped. Without the file (or on first
+    start) the worker starts from its store's positions: a fresh process has
+    no cached state older than them.
+
+    ``on_applied(stream, instance, token, rows)`` is called after each applied
+    token, before its position is saved. After start: :attr:`store`,
+    :attr:`factory`, :attr:`handler`, :attr:`resumed_from`.
+    """
+
+    name = "roomstore-follower"
+
+    def __init__(
+        self,
+        database: Any,
+        host: str,
+        port: int,
+        *,
+        name: str = "worker1",
+        writer: str = "master",
+        expected_server_name: str | None = None,
+        secret: str | None = None,
+        positions_file: str | None = None,
+        on_applied: Callable[[str, str, int, list], Any] | None = None,
+        config: ReplicationConfig = ReplicationConfig(),
+        reactor: Any = None,
+    ) -> None:
+        super().__init__(reactor)
+        self.database = database
+        self.host = host
+        self.server_port = port
+        self.instance_name = name
+        self.writer = writer
+        self.expected_server_name = expected_server_name
+        self.secret = secret
+        self.positions_file = positions_file
+        self.on_applied = on_applied
+        self.config = config
+        self.store: RoomStore | None = None
+        self.handler: StoreReplicationHandler | None = None
+        self.factory: ReplicationClientFactory | None = None
+        self.resumed_from: dict[tuple[str, str], int] = {}
+        self._positions: dict[tuple[str, str], int] = {}
+        self._connector: Any = None
+
+    async def _start(self) -> None:
+        store_config = StoreConfig(
+            instance_name=self.instance_name, stream_writers={name: [self.writer] for name in STORE_STREAMS}
+        )
+        self.store = await RoomStore.open(self.database, store_config, reactor=self.reactor)
+        self.handler = _FollowerHandler(self.store, self._applied, self._moved)
+        self.factory = ReplicationClientFactory(
+            self.handler,
+            self.instance_name,
+            self.expected_server_name,
+            clock=self.reactor,
+            config=self.config,
+            secret=self.secret,
+        )
+        saved = load_positions(self.positions_file) if self.positions_file else None
+        source = "positions file" if saved is not None else "store"
+        positions = saved if saved is not None else dict(self.handler.initial_positions().items())
+        for (stream, instance), token in positions.items():
+            self.factory.positions.set(stream, instance, token)
+        self.resumed_from = dict(positions)
+        self._positions = dict(positions)
+        log.info(
+            "worker {name} resuming from {source}: {positions}",
+            name=self.instance_name,
+            source=source,
+            positions=" ".join(f"{s}/{i}={t}" for (s, i), t in sorted(positions.items())),
+        )
+        self._connector = self.reactor.connectTCP(self.host, self.server_port, self.factory)
+
+    def _applied(self, stream: str, instance: str, token: int, rows: list) -> None:
+        log.info(
+            "applied {stream} {instance} {token} rows={count}",
+            stream=stream,
+            instance=instance,
+            token=token,
+            count=len(rows),
+        )
+        if self.on_applied is not None:
+            self.on_applied(stream, instance, token, rows)
+        self._moved(stream, instance, token)
+
+    def _moved(self, stream: str, instance: str, token: int) -> None:
+        if self._positions.get((stream, instance)) == token:
+            return
+        self._positions[(stream, instance)] = token
+        if self.positions_file:
+            save_positions(self.positions_file, self._positions)
+
+    @property
+    def positions(self) -> StreamPositions:
+        """The follower's positions (the client factory's)."""
+        assert self.factory is not None
+        return self.factory.positions
+
+    async def _stop(self) -> None:
+        if self.factory is not None:
+            self.factory.stop()
+        if self._connector is not None:
+            connector = self._connector
+            connector.disconnect()
+            await self._wait(lambda: connector.state == "disconnected", self.config.close_timeout + 1)
+        if self.store is not None:
+            await self.store.close()
+            self.store = None

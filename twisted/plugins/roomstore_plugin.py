@@ -1,0 +1,54 @@
+"""twistd plugin: ``twistd -n roomstore --db URL [options]`` runs the
+replication server (the writer's store, served to workers over TCP).
+
+Twisted finds this file through ``twisted.plugins`` on ``sys.path``: run from
+a checkout with ``PYTHONPATH=<checkout> twistd -n roomstore ...``. This
+folder must stay without an ``__init__.py`` (Twisted's plugin convention).
+"""
+
+from __future__ import annotations
+
+from twisted.application.service import IServiceMaker
+from twisted.plugin import IPlugin
+from twisted.python import usage
+from zope.interface import implementer
+
+
+class Options(usage.Options):
+    optParameters = [
+        ["db", None, "sqlite:///var/roomstore.db", "database URL"],
+        ["replication-port", None, 9092, "TCP port for replication (0: any free port)", int],
+        ["bind", None, "127.0.0.1", "address to listen on (default: loopback only)"],
+        ["server-name", None, "localhost", "the name sent to workers in SERVER"],
+        ["instance", None, "master", "this process's instance name"],
+        ["secret-file", None, None, "require AUTH with the secret on this file's first line"],
+        ["metrics-port", None, None, "serve Prometheus metrics on /metrics at this port", int],
+    ]
+
+
+@implementer(IServiceMaker, IPlugin)
+class RoomstoreServiceMaker:
+    tapname = "roomstore"
+    description = "roomstore replication server: a writer store served to workers over TCP replication"
+    options = Options
+
+    def makeService(self, options: Options):
+        from roomstore.replication.service import ReplicationServerService, read_secret_file
+
+        secret = read_secret_file(options["secret-file"]) if options["secret-file"] else None
+        service = ReplicationServerService(
+            options["db"],
+            port=options["replication-port"],
+            bind=options["bind"],
+            server_name=options["server-name"],
+            instance_name=options["instance"],
+            secret=secret,
+            metrics_port=options["metrics-port"],
+        )
+        # Under twistd nothing else notices a failed start-up (database
+        # unreachable, port taken): exit instead of running empty.
+        service.stop_reactor_on_failure = True
+        return service
+
+
+serviceMaker = RoomstoreServiceMaker()
