@@ -20,7 +20,7 @@ from roomstore.storage.database import Transaction
 log = Logger()
 
 #: The schema version this code reads and writes.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 DEFAULT_SCHEMA_DIR = Path(__file__).resolve().parent.parent.parent / "schema"
 

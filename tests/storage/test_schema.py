@@ -17,7 +17,8 @@ EXPECTED_TABLES = [
     "forward_extremities", "backward_extremities", "state_groups", "state_group_deltas", "current_state",
     "current_state_deltas", "room_memberships", "current_memberships", "redactions", "visibility_branches",
     "visibility_snapshots", "visibility_memberships", "stream_positions", "cache_invalidations",
-    "maintenance_locks", "schema_version",
+    "maintenance_locks", "schema_version", "state_compaction_runs", "state_compaction_rooms",
+    "state_compaction_chunks", "state_compaction_staged_groups", "state_compaction_staged_deltas",
 ]
 
 
@@ -78,7 +79,13 @@ class SchemaTests:
         )
         self.assertEqual(version, SCHEMA_VERSION + 1)
         files = await db.run_interaction(
-            "files", lambda t: [r[0] for r in t.execute("SELECT file FROM applied_schema_deltas ORDER BY file").fetchall()]
+            "files",
+            lambda t: [
+                r[0]
+                for r in t.execute(
+                    "SELECT file FROM applied_schema_deltas WHERE version = ? ORDER BY file", (SCHEMA_VERSION + 1,)
+                ).fetchall()
+            ],
         )
         self.assertEqual(sorted(files), sorted(["01_add_things.sql", f"01_add_things.{self.engine_name}.sql"]))
         await db.run_interaction("use", lambda t: t.execute("INSERT INTO widgets (id, blob) VALUES (?, ?)", (1, b"\x00\xff")))
@@ -86,7 +93,12 @@ class SchemaTests:
         from roomstore.storage.schema import prepare_database
 
         await db.run_interaction("again", prepare_database, schema, SCHEMA_VERSION + 1)
-        count = await db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM applied_schema_deltas"))
+        count = await db.run_interaction(
+            "n",
+            lambda t: t.select_one_value(
+                "SELECT COUNT(*) FROM applied_schema_deltas WHERE version = ?", (SCHEMA_VERSION + 1,)
+            ),
+        )
         self.assertEqual(count, 2)
 
     async def test_failing_delta_leaves_database_unchanged(self):

@@ -1,0 +1,865 @@
+"""Writing a compaction back, safely while the homeserver runs.
+
+Everything here runs in the Spark *driver* with plain DB-API connections
+(``psycopg2`` or ``sqlite3``, opened by :mod:`roomstore.storage.engines`);
+Spark never writes to the database. The flow, per run:
+
+1. :meth:`CompactionWriter.acquire_lock` takes the ``maintenance_locks`` row
+   ``state_compaction`` and keeps its ``heartbeat_ts`` fresh from a thread.
+   ``RoomStore.delete_state_groups`` waits while the lock is held and ignores
+   it (with a warning) once the heartbeat is older than its timeout.
+2. :meth:`CompactionWriter.begin_run` records ``snapshot_max`` (MAX(state_group)
+   at start) or resumes the unfinished run and its ``snapshot_max``; groups
+   above it were persisted after the run began and are never touched.
+3. :meth:`CompactionWriter.stage_chunk` copies a chunk's new representation
+   into the staging tables (no effect on readers).
+4. :meth:`CompactionWriter.swap_chunk` swaps one chunk in, in one short
+   transaction: re-check the lock, row-lock the chunk's groups, re-check that
+   every group still exists with the representation the job read (else skip:
+   someone deleted or rewrote it meanwhile), replace the rewritten groups'
+   delta rows, update ``prev_state_group``/``chain_length``, repair the
+   ``chain_length`` of descendants outside the chunk, and record progress.
+
+Why readers never see a mix: a group's full state is read by one SQL statement
+(``roomstore.state.groups.FULL_STATE_SQL``), which sees one snapshot of the
+database, and every swap is one transaction; the rows a statement sees for a
+chunk are therefore all old or all new. Each new delta reproduces its group's
+full state on top of its new predecessor's state, which itself is unchanged
+(content never changes, only representation), so both versions give the same
+states. A job killed at any moment (SIGKILL included) leaves every swap either
+committed with its progress row or not at all; the next run resumes.
+
+Contracts shared with the Spark side (:mod:`roomstore.compaction.spark_job`):
+:func:`row_checksum` and :data:`CHECKSUM_SQL` compute the same per-row value;
+a chunk's staged groups carry the representation read (``old_prev``,
+``old_rows``, ``old_checksum``) so the swap can detect any change.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import attrs
+
+log = logging.getLogger("roomstore.compaction")
+
+#: The ``maintenance_locks`` row of the compaction job. RoomStore honours it
+#: (``RoomStore.COMPACTION_LOCK_NAME``; the store may not import this package).
+LOCK_NAME = "state_compaction"
+#: A lock whose heartbeat is older than this is treated as abandoned.
+DEFAULT_STALE_LOCK_SECONDS = 600.0
+#: How often the job refreshes its heartbeat.
+DEFAULT_HEARTBEAT_SECONDS = 30.0
+#: Swap transactions retried after serialisation failures / deadlocks.
+SWAP_ATTEMPTS = 6
+
+# Per-row checksum of a delta row: small enough that a group's sum fits a
+# signed 64-bit integer for any realistic group (a million rows), identical in
+# Python (numpy int64) and SQL. It only has to catch accidental change (a
+# group deleted and re-created, a concurrent rewrite), not an adversary.
+_KEY_MOD = 1_000_003
+_MUL = 1_000_033
+_EVENT_MOD = 1_000_033
+
+#: SQL for :func:`row_checksum` over ``state_group_deltas AS d``.
+CHECKSUM_SQL = (
+    f"((CAST(d.type_key_nid AS BIGINT) % {_KEY_MOD}) * {_MUL}"
+    f" + COALESCE(d.event_nid, 0) % {_EVENT_MOD})"
+)
+
+
+def row_checksum(type_key_nid: int, event_nid: Optional[int]) -> int:
+    """The checksum of one delta row (``None`` event: a tombstone)."""
+    return (type_key_nid % _KEY_MOD) * _MUL + (event_nid or 0) % _EVENT_MOD
+
+
+def row_checksum_np(type_keys: Any, events: Any) -> Any:
+    """:func:`row_checksum` over numpy int64 arrays; ``events`` uses -1 for NULL."""
+    import numpy as np
+
+    ev = np.where(events < 0, 0, events)
+    return (type_keys % _KEY_MOD) * _MUL + ev % _EVENT_MOD
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class LockHeldError(RuntimeError):
+    """Another live job holds the compaction lock."""
+
+    def __init__(self, holder: str, age_s: float) -> None:
+        super().__init__(
+            f"state compaction lock is held by {holder} (last heartbeat {age_s:.0f}s ago); "
+            "another compaction is running. If it died, wait for the lock to go stale or "
+            "delete the row: DELETE FROM maintenance_locks WHERE lock_name = 'state_compaction'"
+        )
+        self.holder = holder
+        self.age_s = age_s
+
+
+class LockLostError(RuntimeError):
+    """Our lock was taken over (we were presumed dead): stop writing at once."""
+
+
+class SchemaTooOldError(RuntimeError):
+    """The database has no compaction tables (schema version < 2)."""
+
+
+@attrs.frozen
+class StagedChunk:
+    """A chunk's new representation, ready to stage and swap.
+
+    Attributes:
+        room_nid: the room.
+        first_group, last_group: the chunk's first and last group ids (the
+            chunk is every group of the room between them, up to the run's
+            ``snapshot_max``).
+        groups: one tuple per group of the chunk: ``(state_group, old_prev,
+            old_rows, old_checksum, new_prev, new_chain_length, rewrite)``;
+            ``old_*`` is the representation read, ``rewrite`` 1 when the delta
+            rows and predecessor are replaced (0: at most ``chain_length``
+            changes). ``None`` predecessors are snapshots.
+        refs: groups outside the chunk that a new predecessor chain passes
+            through first (the new predecessors from earlier chunks); the swap
+            requires them to still exist.
+        deltas: ``(state_group, type_key_nid, event_nid)`` new rows of the
+            rewritten groups, ``None`` event meaning "key removed".
+        rows_before, rows_after, groups_rewritten: for the progress row.
+    """
+
+    room_nid: int
+    first_group: int
+    last_group: int
+    groups: Sequence[tuple]
+    refs: Sequence[int]
+    deltas: Sequence[tuple]
+    rows_before: int
+    rows_after: int
+    groups_rewritten: int
+
+
+@attrs.frozen
+class SwapResult:
+    """Outcome of :meth:`CompactionWriter.swap_chunk`.
+
+    ``status`` is ``"swapped"`` or ``"changed_underneath"`` (nothing written:
+    a group was deleted or changed since the job read it; ``detail`` says
+    which). ``rows_deleted``/``rows_inserted`` count delta rows.
+    """
+
+    status: str
+    detail: str = ""
+    rows_deleted: int = 0
+    rows_inserted: int = 0
+
+
+@attrs.frozen
+class RoomOutcome:
+    """What a run did with one room (one ``state_compaction_rooms`` row)."""
+
+    room_nid: int
+    status: str
+    state_groups: int
+    rows_before: int
+    rows_after: int
+    groups_rewritten: int
+    detail: str = ""
+
+
+@attrs.define
+class RunState:
+    """The run being executed.
+
+    ``run_id`` is None for a dry run (nothing is recorded). ``done_rooms``
+    (resumed runs) are the rooms finished by an earlier attempt, with their
+    recorded outcome; ``done_chunks`` maps ``(room_nid, first_group)`` to the
+    ``(last_group, rows_before, rows_after, groups_rewritten)`` of chunks
+    already swapped in rooms not finished.
+    """
+
+    run_id: Optional[int]
+    snapshot_max: int
+    resumed: bool = False
+    done_rooms: dict = attrs.Factory(dict)
+    done_chunks: dict = attrs.Factory(dict)
+    warnings: list = attrs.Factory(list)
+
+
+def default_holder() -> str:
+    """``host:pid:random``: the pid lets a rerun on the same host see that the
+    previous holder is dead without waiting for the stale timeout."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def holder_is_dead(holder: str) -> bool:
+    """True if ``holder`` names a process on this host that no longer runs."""
+    parts = holder.split(":")
+    if len(parts) < 2 or parts[0] != socket.gethostname():
+        return False
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class _Connection:
+    """One DB-API connection plus the engine's dialect; runs transactions."""
+
+    def __init__(self, url: str) -> None:
+        from roomstore.storage.engines import engine_from_url
+
+        self.engine = engine_from_url(url)
+        self.conn = self.engine.connect()
+        self.postgres = self.engine.name == "postgres"
+
+    def sql(self, text: str) -> str:
+        return self.engine.convert_sql(text)
+
+    def run(self, fn: Callable[[Any], Any], attempts: int = SWAP_ATTEMPTS) -> Any:
+        """``fn(cursor)`` in one transaction, retried on serialisation failures."""
+        for attempt in range(1, attempts + 1):
+            cur = self.conn.cursor()
+            try:
+                self.engine.begin(cur)
+                result = fn(cur)
+                self.conn.commit()
+                return result
+            except BaseException as exc:
+                try:
+                    self.conn.rollback()
+                except Exception:
+                    pass
+                if self.engine.is_retryable(exc) and attempt < attempts:
+                    time.sleep(min(0.01 * 2**attempt, 1.0))
+                    continue
+                raise
+            finally:
+                try:
+                    cur.close()
+                except Exception:
+                    pass
+
+    def query(self, text: str, args: Sequence = ()) -> list:
+        def fn(cur):
+            cur.execute(self.sql(text), tuple(args))
+            return cur.fetchall()
+
+        return self.run(fn)
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+
+class CompactionWriter:
+    """The driver's database side of a compaction run; see the module docstring.
+
+    Not thread-safe except for the heartbeat thread, which has its own
+    connection. ``before_commit`` is a test hook called inside each swap
+    transaction just before commit (raising there rolls the swap back, like a
+    crash).
+    """
+
+    def __init__(
+        self,
+        db_url: str,
+        *,
+        holder: Optional[str] = None,
+        stale_after_s: float = DEFAULT_STALE_LOCK_SECONDS,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_SECONDS,
+        before_commit: Optional[Callable[[Any, int, int], None]] = None,
+    ) -> None:
+        self.db_url = db_url
+        self.holder = holder or default_holder()
+        self.stale_after_s = stale_after_s
+        self.heartbeat_s = heartbeat_s
+        self.before_commit = before_commit
+        self.db = _Connection(db_url)
+        self.has_lock = False
+        self._lock_lost = threading.Event()
+        self._stop_heartbeat = threading.Event()
+        self._heartbeat_thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------- queries
+
+    @property
+    def engine_name(self) -> str:
+        return self.db.engine.name
+
+    def check_schema(self) -> int:
+        """The schema version; raises :class:`SchemaTooOldError` below 2."""
+        rows = self.db.query("SELECT version FROM schema_version")
+        version = rows[0][0] if rows else 0
+        if version < 2:
+            raise SchemaTooOldError(
+                f"database schema is version {version}; state compaction needs version 2. "
+                "Start the homeserver (roomstore >= this version) once to upgrade it."
+            )
+        return version
+
+    def max_state_group(self) -> int:
+        return self.db.query("SELECT COALESCE(MAX(state_group), 0) FROM state_groups")[0][0]
+
+    def group_bounds(self, snapshot_max: int, where: str = "", args: Sequence = ()) -> tuple[Optional[int], Optional[int], int]:
+        """MIN, MAX and COUNT of state groups up to ``snapshot_max`` (plus ``where``)."""
+        extra = f" AND {where}" if where else ""
+        row = self.db.query(
+            f"SELECT MIN(state_group), MAX(state_group), COUNT(*) FROM state_groups"
+            f" WHERE state_group <= ?{extra}",
+            (snapshot_max, *args),
+        )[0]
+        return row[0], row[1], row[2]
+
+    def count_rooms(self, snapshot_max: int, where: str = "") -> int:
+        extra = f" AND {where}" if where else ""
+        return self.db.query(
+            f"SELECT COUNT(DISTINCT room_nid) FROM state_groups WHERE state_group <= ?{extra}", (snapshot_max,)
+        )[0][0]
+
+    def chunk_layout(
+        self, snapshot_max: int, chunk_groups: int, where: str = ""
+    ) -> tuple[dict[int, list[int]], list[tuple[int, int, int]]]:
+        """How rooms bigger than ``chunk_groups`` groups are cut into chunks.
+
+        Returns ``starts`` (room -> first group of each chunk after the first)
+        and ``links``: ``(room, chunk, predecessor)`` for every predecessor
+        link that crosses from a chunk into an earlier one: the job reads those
+        predecessors' full states. Both are small (about one entry per chunk);
+        the database does the numbering (a window over the
+        ``(room_nid, state_group)`` index) in one read-only statement each.
+        """
+        if chunk_groups <= 0:
+            return {}, []
+        extra = f" AND {where}" if where else ""
+        numbered = (
+            "WITH big AS (SELECT room_nid FROM state_groups WHERE state_group <= ?" + extra +
+            " GROUP BY room_nid HAVING COUNT(*) > ?),"
+            " numbered AS (SELECT state_group, room_nid, prev_state_group,"
+            "  (ROW_NUMBER() OVER (PARTITION BY room_nid ORDER BY state_group) - 1) AS pos"
+            "  FROM state_groups WHERE state_group <= ?" + extra + " AND room_nid IN (SELECT room_nid FROM big))"
+        )
+        n = int(chunk_groups)
+        starts: dict[int, list[int]] = {}
+        for room, group in self.db.query(
+            numbered + f" SELECT room_nid, state_group FROM numbered WHERE pos > 0 AND pos % {n} = 0"
+            " ORDER BY room_nid, state_group",
+            (snapshot_max, n, snapshot_max),
+        ):
+            starts.setdefault(room, []).append(group)
+        links = [
+            (room, chunk, prev)
+            for room, chunk, prev in self.db.query(
+                numbered + f" SELECT g.room_nid, g.pos / {n}, g.prev_state_group FROM numbered g"
+                " JOIN numbered p ON p.state_group = g.prev_state_group AND p.room_nid = g.room_nid"
+                f" WHERE g.pos / {n} <> p.pos / {n}",
+                (snapshot_max, n, snapshot_max),
+            )
+        ]
+        return starts, sorted(set(links))
+
+    def room_nids(self, room_ids: Iterable[str]) -> dict[str, int]:
+        """``room_id -> room_nid`` for the rooms that exist."""
+        ids = list(room_ids)
+        out: dict[str, int] = {}
+        for start in range(0, len(ids), 500):
+            part = ids[start : start + 500]
+            marks = ", ".join("?" for _ in part)
+            for room_id, nid in self.db.query(f"SELECT room_id, room_nid FROM rooms WHERE room_id IN ({marks})", part):
+                out[room_id] = nid
+        return out
+
+    def room_ids(self, room_nids: Iterable[int]) -> dict[int, str]:
+        """``room_nid -> room_id``; rooms without a ``rooms`` row are left out."""
+        nids = list(room_nids)
+        out: dict[int, str] = {}
+        for start in range(0, len(nids), 500):
+            part = nids[start : start + 500]
+            marks = ", ".join("?" for _ in part)
+            for nid, room_id in self.db.query(f"SELECT room_nid, room_id FROM rooms WHERE room_nid IN ({marks})", part):
+                out[nid] = room_id
+        return out
+
+    def largest_rooms(self, count: int, snapshot_max: int) -> list[int]:
+        """The ``count`` rooms with the most state groups (up to ``snapshot_max``)."""
+        rows = self.db.query(
+            "SELECT room_nid, COUNT(*) AS n FROM state_groups WHERE state_group <= ?"
+            " GROUP BY room_nid ORDER BY n DESC, room_nid LIMIT ?",
+            (snapshot_max, count),
+        )
+        return [r[0] for r in rows]
+
+    # ------------------------------------------------------------- lock
+
+    def acquire_lock(self) -> None:
+        """Take the compaction lock, or raise :class:`LockHeldError`.
+
+        A lock whose heartbeat is older than ``stale_after_s``, or whose
+        holder is a dead process on this host, is taken over with a warning.
+        Starts the heartbeat thread.
+        """
+
+        def txn(cur):
+            lock_sql = " FOR UPDATE" if self.db.postgres else ""
+            cur.execute(
+                self.db.sql(
+                    "SELECT holder, acquired_ts, heartbeat_ts FROM maintenance_locks WHERE lock_name = ?" + lock_sql
+                ),
+                (LOCK_NAME,),
+            )
+            row = cur.fetchone()
+            now = now_ms()
+            if row is None:
+                cur.execute(
+                    self.db.sql(
+                        "INSERT INTO maintenance_locks (lock_name, holder, acquired_ts, heartbeat_ts)"
+                        " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+                    ),
+                    (LOCK_NAME, self.holder, now, now),
+                )
+                if cur.rowcount != 1:
+                    raise _Retry()
+                return None
+            holder, acquired, beat = row
+            age_s = (now - (beat if beat is not None else acquired)) / 1000.0
+            if holder != self.holder:
+                if holder_is_dead(holder):
+                    note = f"compaction lock holder {holder} is no longer running on this host: taking the lock over"
+                elif age_s > self.stale_after_s:
+                    note = (
+                        f"compaction lock held by {holder} is stale (last heartbeat {age_s:.0f}s ago,"
+                        f" timeout {self.stale_after_s:.0f}s): taking it over"
+                    )
+                else:
+                    raise LockHeldError(holder, age_s)
+            else:
+                note = None
+            cur.execute(
+                self.db.sql(
+                    "UPDATE maintenance_locks SET holder = ?, acquired_ts = ?, heartbeat_ts = ?"
+                    " WHERE lock_name = ? AND holder = ?"
+                ),
+                (self.holder, now, now, LOCK_NAME, holder),
+            )
+            if cur.rowcount != 1:
+                raise _Retry()
+            return note
+
+        for _ in range(5):
+            try:
+                note = self.db.run(txn)
+                break
+            except _Retry:
+                continue
+        else:
+            raise RuntimeError("could not take the compaction lock (it kept changing hands)")
+        if note:
+            log.warning(note)
+        self.has_lock = True
+        self._lock_lost.clear()
+        self._start_heartbeat()
+
+    def heartbeat(self, db: Optional[_Connection] = None) -> bool:
+        """Refresh our heartbeat; False (and the lock marked lost) if not ours any more."""
+        db = db or self.db
+
+        def txn(cur):
+            cur.execute(
+                db.sql("UPDATE maintenance_locks SET heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"),
+                (now_ms(), LOCK_NAME, self.holder),
+            )
+            return cur.rowcount == 1
+
+        ok = db.run(txn)
+        if not ok:
+            self._lock_lost.set()
+        return ok
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat_thread is not None or self.heartbeat_s <= 0:
+            return
+        self._stop_heartbeat.clear()
+
+        def loop() -> None:
+            conn = None
+            try:
+                conn = _Connection(self.db_url)
+                while not self._stop_heartbeat.wait(self.heartbeat_s):
+                    try:
+                        if not self.heartbeat(conn):
+                            log.error("compaction lock lost (taken over by another job); stopping writes")
+                            return
+                    except Exception as exc:  # a blip must not kill the job; the swap re-checks
+                        log.warning("heartbeat failed: %s", exc)
+            finally:
+                if conn is not None:
+                    conn.close()
+
+        self._heartbeat_thread = threading.Thread(target=loop, name="compaction-heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+
+    def release_lock(self) -> None:
+        """Release the lock if we hold it; stops the heartbeat. Idempotent."""
+        self._stop_heartbeat.set()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=10)
+            self._heartbeat_thread = None
+        if not self.has_lock:
+            return
+
+        def txn(cur):
+            cur.execute(
+                self.db.sql("DELETE FROM maintenance_locks WHERE lock_name = ? AND holder = ?"), (LOCK_NAME, self.holder)
+            )
+
+        self.db.run(txn)
+        self.has_lock = False
+
+    @property
+    def lock_lost(self) -> bool:
+        return self._lock_lost.is_set()
+
+    # ------------------------------------------------------------- runs
+
+    def begin_run(self, options: Mapping[str, Any], dry_run: bool = False) -> RunState:
+        """Start a run, or resume the unfinished one (keeping its snapshot_max).
+
+        A resumed run skips the rooms it finished and the chunks it swapped;
+        progress rows naming rooms or groups that no longer exist (purged
+        since) are skipped with a warning. Dry runs record nothing.
+        """
+        if dry_run:
+            return RunState(run_id=None, snapshot_max=self.max_state_group())
+        opts = json.dumps(dict(options), sort_keys=True)
+        rows = self.db.query(
+            "SELECT run_id, snapshot_max, options FROM state_compaction_runs WHERE finished_ts IS NULL"
+            " ORDER BY run_id DESC LIMIT 1"
+        )
+        if not rows:
+            snapshot = self.max_state_group()
+
+            def create(cur):
+                cur.execute(
+                    self.db.sql(
+                        "INSERT INTO state_compaction_runs (snapshot_max, holder, options, started_ts)"
+                        " VALUES (?, ?, ?, ?) RETURNING run_id"
+                    ),
+                    (snapshot, self.holder, opts, now_ms()),
+                )
+                return cur.fetchone()[0]
+
+            return RunState(run_id=self.db.run(create), snapshot_max=snapshot)
+
+        run_id, snapshot, old_opts = rows[0]
+        state = RunState(run_id=run_id, snapshot_max=snapshot, resumed=True)
+        if old_opts != opts:
+            state.warnings.append(
+                f"resuming run {run_id} started with options {old_opts}; continuing with {opts}"
+            )
+        for nid, status, groups, before, after, rewritten, detail in self.db.query(
+            "SELECT room_nid, status, state_groups, rows_before, rows_after, groups_rewritten, detail"
+            " FROM state_compaction_rooms WHERE run_id = ?",
+            (run_id,),
+        ):
+            state.done_rooms[nid] = RoomOutcome(nid, status, groups, before, after, rewritten, detail or "")
+        gone_rooms = [
+            r[0]
+            for r in self.db.query(
+                "SELECT r.room_nid FROM state_compaction_rooms r WHERE r.run_id = ? AND NOT EXISTS"
+                " (SELECT 1 FROM state_groups g WHERE g.room_nid = r.room_nid AND g.state_group <= ?)",
+                (run_id, snapshot),
+            )
+        ]
+        for nid in gone_rooms:
+            state.warnings.append(
+                f"progress of run {run_id} lists room {nid} as done, but its state groups no longer exist"
+                " (purged since): skipped"
+            )
+            state.done_rooms.pop(nid, None)
+        for nid, first, last, before, after, rewritten, first_ok, last_ok in self.db.query(
+            "SELECT c.room_nid, c.first_group, c.last_group, c.rows_before, c.rows_after, c.groups_rewritten,"
+            " (SELECT COUNT(*) FROM state_groups g WHERE g.state_group = c.first_group AND g.room_nid = c.room_nid),"
+            " (SELECT COUNT(*) FROM state_groups g WHERE g.state_group = c.last_group AND g.room_nid = c.room_nid)"
+            " FROM state_compaction_chunks c WHERE c.run_id = ?",
+            (run_id,),
+        ):
+            if nid in state.done_rooms:
+                continue
+            if not first_ok or not last_ok:
+                state.warnings.append(
+                    f"progress of run {run_id} lists groups {first}..{last} of room {nid} as swapped, but"
+                    " they no longer exist (purged since): skipped"
+                )
+                continue
+            state.done_chunks[(nid, first)] = (last, before, after, rewritten)
+
+        def take_over(cur):
+            cur.execute(self.db.sql("UPDATE state_compaction_runs SET holder = ? WHERE run_id = ?"), (self.holder, run_id))
+            # Staging rows of the interrupted attempt are recomputed.
+            for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas"):
+                cur.execute(self.db.sql(f"DELETE FROM {table} WHERE run_id = ?"), (run_id,))
+
+        self.db.run(take_over)
+        return state
+
+    def finish_run(self, run: RunState) -> None:
+        """Mark the run finished and drop its leftover staging rows."""
+        if run.run_id is None:
+            return
+
+        def txn(cur):
+            for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas"):
+                cur.execute(self.db.sql(f"DELETE FROM {table} WHERE run_id = ?"), (run.run_id,))
+            cur.execute(
+                self.db.sql("UPDATE state_compaction_runs SET finished_ts = ? WHERE run_id = ?"), (now_ms(), run.run_id)
+            )
+
+        self.db.run(txn)
+
+    # ------------------------------------------------------------- staging
+
+    def stage_chunk(self, run: RunState, chunk: StagedChunk) -> None:
+        """Copy ``chunk`` into the staging tables (replacing an earlier copy)."""
+        key = (run.run_id, chunk.room_nid, chunk.first_group)
+        group_rows = [key + (g[0], 0) + tuple(g[1:]) for g in chunk.groups]
+        group_rows += [key + (ref, 1, None, 0, 0, None, 0, 0) for ref in chunk.refs]
+        delta_rows = [key + tuple(d) for d in chunk.deltas]
+        group_cols = (
+            "run_id, room_nid, first_group, state_group, is_ref, old_prev, old_rows, old_checksum,"
+            " new_prev, new_chain_length, rewrite"
+        )
+        delta_cols = "run_id, room_nid, first_group, state_group, type_key_nid, event_nid"
+
+        def txn(cur):
+            self._delete_staged(cur, *key)
+            self._bulk_insert(cur, "state_compaction_staged_groups", group_cols, group_rows)
+            self._bulk_insert(cur, "state_compaction_staged_deltas", delta_cols, delta_rows)
+
+        self.db.run(txn)
+
+    def discard_staging(self, run: RunState, room_nid: int) -> None:
+        """Drop a room's staged rows (the room is not being written)."""
+        if run.run_id is None:
+            return
+
+        def txn(cur):
+            for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas"):
+                cur.execute(
+                    self.db.sql(f"DELETE FROM {table} WHERE run_id = ? AND room_nid = ?"), (run.run_id, room_nid)
+                )
+
+        self.db.run(txn)
+
+    def _delete_staged(self, cur, run_id: int, room_nid: int, first_group: int) -> None:
+        for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas"):
+            cur.execute(
+                self.db.sql(f"DELETE FROM {table} WHERE run_id = ? AND room_nid = ? AND first_group = ?"),
+                (run_id, room_nid, first_group),
+            )
+
+    def _bulk_insert(self, cur, table: str, columns: str, rows: list) -> None:
+        if not rows:
+            return
+        if self.db.postgres:
+            # COPY: one round trip and no per-row statement overhead.
+            buf = io.StringIO()
+            for row in rows:
+                buf.write("\t".join("\\N" if v is None else str(int(v)) for v in row))
+                buf.write("\n")
+            buf.seek(0)
+            cur.copy_expert(f"COPY {table} ({columns}) FROM STDIN", buf)
+        else:
+            marks = ", ".join("?" for _ in columns.split(","))
+            cur.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)
+
+    # ------------------------------------------------------------- swap
+
+    def swap_chunk(
+        self,
+        run: RunState,
+        room_nid: int,
+        first_group: int,
+        chunk_stats: tuple[int, int, int, int],
+        room_outcome: Optional[RoomOutcome] = None,
+    ) -> SwapResult:
+        """Swap one staged chunk in, in one transaction (see the module docstring).
+
+        ``chunk_stats`` is ``(last_group, rows_before, rows_after,
+        groups_rewritten)`` for the progress row; ``room_outcome``, given for
+        a room's last chunk, is recorded in the same transaction. Raises
+        :class:`LockLostError` if the lock is no longer ours (nothing written).
+        """
+        if run.run_id is None:
+            raise ValueError("dry runs do not swap")
+        if self._lock_lost.is_set():
+            raise LockLostError("the compaction lock was taken over by another job")
+        key = (run.run_id, room_nid, first_group)
+        staged = "SELECT state_group FROM state_compaction_staged_groups WHERE run_id = ? AND room_nid = ? AND first_group = ?"
+        sql = self.db.sql
+
+        def txn(cur):
+            # 1. Still ours? (FOR UPDATE: a takeover waits for this swap.)
+            cur.execute(
+                sql("SELECT holder FROM maintenance_locks WHERE lock_name = ?" + (" FOR UPDATE" if self.db.postgres else "")),
+                (LOCK_NAME,),
+            )
+            row = cur.fetchone()
+            if row is None or row[0] != self.holder:
+                raise LockLostError(f"the compaction lock is now held by {row[0] if row else 'nobody'}")
+            cur.execute(
+                sql("UPDATE maintenance_locks SET heartbeat_ts = ? WHERE lock_name = ?"), (now_ms(), LOCK_NAME)
+            )
+            # 2. Row-lock the chunk's groups and the groups it builds on, so a
+            # concurrent deletion either finishes first (and the re-check below
+            # sees it) or waits for this swap. SQLite: BEGIN IMMEDIATE already
+            # excludes every other writer.
+            if self.db.postgres:
+                cur.execute(
+                    sql(f"SELECT state_group FROM state_groups WHERE state_group IN ({staged}) ORDER BY state_group FOR UPDATE"),
+                    key,
+                )
+                cur.fetchall()
+            # 3. Re-check: every group exists with the representation read;
+            # every referenced group outside the chunk still exists.
+            cur.execute(
+                sql(
+                    "SELECT s.state_group, s.is_ref, g.state_group IS NULL FROM state_compaction_staged_groups s"
+                    " LEFT JOIN state_groups g ON g.state_group = s.state_group"
+                    " LEFT JOIN (SELECT d.state_group, COUNT(*) AS n, SUM(" + CHECKSUM_SQL + ") AS h"
+                    f"   FROM state_group_deltas d WHERE d.state_group IN ({staged}) GROUP BY d.state_group) a"
+                    "   ON a.state_group = s.state_group"
+                    " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND ("
+                    "   g.state_group IS NULL OR g.room_nid <> s.room_nid OR (s.is_ref = 0 AND ("
+                    "     COALESCE(g.prev_state_group, -1) <> COALESCE(s.old_prev, -1)"
+                    "     OR COALESCE(a.n, 0) <> s.old_rows OR COALESCE(a.h, 0) <> s.old_checksum)))"
+                    " ORDER BY s.state_group LIMIT 5"
+                ),
+                key + key,
+            )
+            changed = cur.fetchall()
+            if changed:
+                parts = [
+                    f"state group {g} {'no longer exists' if gone else 'changed since it was read'}"
+                    + (" (a predecessor outside the chunk)" if is_ref else "")
+                    for g, is_ref, gone in changed
+                ]
+                return SwapResult("changed_underneath", "; ".join(parts))
+            # 4. Replace the rewritten groups' rows.
+            rewritten = f"{staged} AND rewrite = 1 AND is_ref = 0"
+            cur.execute(sql(f"DELETE FROM state_group_deltas WHERE state_group IN ({rewritten})"), key)
+            deleted = cur.rowcount
+            cur.execute(
+                sql(
+                    "INSERT INTO state_group_deltas (state_group, type_key_nid, event_nid)"
+                    " SELECT state_group, type_key_nid, event_nid FROM state_compaction_staged_deltas"
+                    " WHERE run_id = ? AND room_nid = ? AND first_group = ?"
+                ),
+                key,
+            )
+            inserted = cur.rowcount
+            cur.execute(
+                sql(
+                    "UPDATE state_groups SET prev_state_group = s.new_prev, chain_length = s.new_chain_length"
+                    " FROM state_compaction_staged_groups AS s"
+                    " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND s.is_ref = 0"
+                    " AND s.state_group = state_groups.state_group"
+                    " AND (s.rewrite = 1 OR state_groups.chain_length <> s.new_chain_length)"
+                ),
+                key,
+            )
+            # 5. chain_length of descendants outside the chunk (later chunks,
+            # groups persisted after snapshot_max) follows their predecessor's
+            # new length. Only where it differs, so the walk stops early.
+            # chain_length only decides when the persister stores a snapshot;
+            # reads never use it.
+            cur.execute(
+                sql(
+                    "WITH RECURSIVE fix(state_group, len) AS ("
+                    "  SELECT c.state_group, p.chain_length + 1"
+                    "  FROM state_groups p JOIN state_groups c ON c.prev_state_group = p.state_group"
+                    f"  WHERE p.state_group IN ({staged} AND is_ref = 0)"
+                    f"  AND c.state_group NOT IN ({staged})"
+                    "  AND c.chain_length <> p.chain_length + 1"
+                    "  UNION ALL"
+                    "  SELECT c.state_group, fix.len + 1 FROM fix"
+                    "  JOIN state_groups c ON c.prev_state_group = fix.state_group"
+                    "  WHERE c.chain_length <> fix.len + 1 AND fix.len < 1000000"
+                    ")"
+                    " UPDATE state_groups SET chain_length = fix.len FROM fix"
+                    " WHERE fix.state_group = state_groups.state_group"
+                ),
+                key + key,
+            )
+            # 6. Progress, in the same transaction as the swap it records.
+            last, before, after, groups_rewritten = chunk_stats
+            now = now_ms()
+            cur.execute(
+                sql(
+                    "INSERT INTO state_compaction_chunks (run_id, room_nid, first_group, last_group, rows_before,"
+                    " rows_after, groups_rewritten, updated_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                ),
+                key + (last, before, after, groups_rewritten, now),
+            )
+            if room_outcome is not None:
+                self._insert_room(cur, run.run_id, room_outcome, now)
+            self._delete_staged(cur, *key)
+            if self.before_commit is not None:
+                self.before_commit(cur, room_nid, first_group)
+            return SwapResult("swapped", "", deleted, inserted)
+
+        return self.db.run(txn)
+
+    def record_room(self, run: RunState, outcome: RoomOutcome) -> None:
+        """Record a room's outcome (rooms whose last step was not a swap)."""
+        if run.run_id is None:
+            return
+
+        def txn(cur):
+            self._insert_room(cur, run.run_id, outcome, now_ms())
+            for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas"):
+                cur.execute(
+                    self.db.sql(f"DELETE FROM {table} WHERE run_id = ? AND room_nid = ?"), (run.run_id, outcome.room_nid)
+                )
+
+        self.db.run(txn)
+
+    def _insert_room(self, cur, run_id: int, o: RoomOutcome, now: int) -> None:
+        cur.execute(
+            self.db.sql(
+                "INSERT INTO state_compaction_rooms (run_id, room_nid, status, state_groups, rows_before, rows_after,"
+                " groups_rewritten, detail, updated_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (run_id, room_nid) DO NOTHING"
+            ),
+            (run_id, o.room_nid, o.status, o.state_groups, o.rows_before, o.rows_after, o.groups_rewritten,
+             o.detail or None, now),
+        )
+
+    def close(self) -> None:
+        """Release the lock (if held) and close the connection."""
+        try:
+            self.release_lock()
+        finally:
+            self.db.close()
+
+
+class _Retry(Exception):
+    """Internal: the lock row changed under us; try again."""
