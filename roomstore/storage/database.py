@@ -181,6 +181,10 @@ class Database:
         )
         self._threadpool.start()
         self._closed = False
+        # Interactions handed to the pool and not yet returned; close() waits
+        # for them so it never closes a connection a transaction is using.
+        self._in_flight = 0
+        self._drained: list[defer.Deferred] = []
 
     @classmethod
     def from_url(cls, url: str, reactor: Any = None) -> "Database":
@@ -270,6 +274,7 @@ class Database:
         if self._closed:
             raise RuntimeError(f"database is closed (interaction {description!r})")
         start = time.perf_counter()
+        self._in_flight += 1
         try:
             result, after = await threads.deferToThreadPool(
                 self.reactor, self._threadpool, self._run_in_thread, description, fn, args, kwargs
@@ -279,6 +284,11 @@ class Database:
             raise
         finally:
             transaction_seconds.labels(description).observe(time.perf_counter() - start)
+            self._in_flight -= 1
+            if self._in_flight == 0 and self._drained:
+                waiting, self._drained = self._drained, []
+                for d in waiting:
+                    d.callback(None)
         transaction_outcomes.labels(description, "commit").inc()
         for callback, cb_args, cb_kwargs in after:
             callback(*cb_args, **cb_kwargs)
@@ -295,6 +305,11 @@ class Database:
         if self._closed:
             return
         self._closed = True
+        if self._in_flight:
+            # New interactions are refused from here on; let running ones finish.
+            drained: defer.Deferred = defer.Deferred()
+            self._drained.append(drained)
+            await drained
 
         def close_all() -> None:
             with self._connections_lock:

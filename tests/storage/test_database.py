@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from prometheus_client import REGISTRY
-from twisted.internet import defer
+from twisted.internet import defer, reactor, task, threads
 from twisted.trial import unittest
 
 from roomstore.storage import DatabaseConfigError, engine_from_url
@@ -145,6 +145,40 @@ class TransactionTests:
         await db.run_interaction("q", lambda txn: (txn.execute("SELECT 1"), txn.execute("SELECT 2")))
         self.assertEqual(db.query_count - before, 2)
 
+
+    async def test_close_waits_for_running_interactions(self):
+        """close() during a transaction lets it commit, then refuses new ones
+        (it used to close the connection under the running transaction)."""
+        url = self.new_database_url()
+        db = await self.make_database(url)
+        await db.run_interaction("create", _create_counter)
+        started, release = threading.Event(), threading.Event()
+        attempts = []
+
+        def slow_write(txn):
+            attempts.append(1)
+            txn.execute("UPDATE counter SET value = 5 WHERE id = 1")
+            started.set()
+            release.wait(10)
+            txn.execute("UPDATE counter SET value = value + 1 WHERE id = 1")
+            return "committed"
+
+        running = db.run_interaction_deferred("slow", slow_write)
+        await threads.deferToThread(started.wait, 10)
+        closing = defer.ensureDeferred(db.close())
+        self.assertTrue(db.closed)
+        self.assertFalse(closing.called)
+        with self.assertRaises(RuntimeError):
+            await db.run_interaction("late", _read_counter)
+        # Time for a close that does not wait to reach the connection.
+        await task.deferLater(reactor, 0.3, lambda: None)
+        self.assertFalse(closing.called)
+        release.set()
+        self.assertEqual(await running, "committed")
+        await closing
+        self.assertEqual(len(attempts), 1, "the transaction lost its connection and was retried")
+        reopened = await self.make_database(url)
+        self.assertEqual(await reopened.run_interaction("read", _read_counter), 6)
 
 class PostgresRetryTests(unittest.TestCase):
     """A serialisation failure is retried: forced with two transactions that
