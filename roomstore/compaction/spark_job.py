@@ -1019,8 +1019,8 @@ class RoomReport:
     detail: List[str] = attrs.Factory(list)
     error: str = ""
     earlier_attempt: bool = False
-    # (first, last, rows_before, rows_after, rewritten, has_changes, already_done)
-    chunk_list: List[Tuple[int, int, int, int, int, bool, bool]] = attrs.Factory(list)
+    # (first, last, rows_before, rows_after, rewritten, has_changes, already_done, chain_updates)
+    chunk_list: List[Tuple[int, int, int, int, int, bool, bool, int]] = attrs.Factory(list)
 
     @property
     def saving(self) -> int:
@@ -1070,6 +1070,7 @@ class Driver:
         self.resumed_rooms: List[RoomReport] = []
         self.chunked_rooms = 0
         self.rows_so_far = [0, 0]
+        self.room_names: Dict[int, str] = {}
 
     # -- output -------------------------------------------------------------
 
@@ -1289,7 +1290,9 @@ class Driver:
         from pyspark import StorageLevel
 
         t = time.monotonic()
-        self.total_rooms = self.writer.count_rooms(self.run.snapshot_max, where.format(col="room_nid") if where else "")
+        cond = where.format(col="room_nid") if where else ""
+        self.room_names = self.writer.room_ids_where(self.run.snapshot_max, cond)
+        self.total_rooms = self.writer.count_rooms(self.run.snapshot_max, cond)
         result = self.build_frame(spark, lo, hi, count, where).persist(StorageLevel.MEMORY_AND_DISK)
         chunks = result.count()
         self.timings["read_and_plan"] = time.monotonic() - t
@@ -1334,7 +1337,7 @@ class Driver:
             if row["detail"]:
                 room.detail.append(row["detail"])
             has_changes = bool(row["rewritten"] or row["chain_updates"])
-            room.chunk_list.append((first, last, before, after, rewritten, has_changes, already))
+            room.chunk_list.append((first, last, before, after, rewritten, has_changes, already, row["chain_updates"]))
             if has_changes and not already and not self.args.dry_run and not room.mismatched:
                 chunk = ChunkResult(
                     first_group=first, last_group=last, state_groups=row["state_groups"], rows_before=before,
@@ -1352,7 +1355,7 @@ class Driver:
         from roomstore.compaction.writer import RoomOutcome
 
         a, writer, run = self.args, self.writer, self.run
-        room.room_id = writer.room_ids([room.room_nid]).get(room.room_nid, f"<room_nid {room.room_nid}>")
+        room.room_id = self.room_names.get(room.room_nid) or f"<room_nid {room.room_nid}>"
         if room.error:
             room.status = "error"
             log.error("room %s: %s; left untouched", room.room_id, room.error)
@@ -1405,11 +1408,12 @@ class Driver:
         if not todo:
             writer.record_room(run, self._outcome(room, RoomOutcome))
             return
-        for index, (first, last, before, after, rewritten, _, _) in enumerate(todo):
+        for index, (first, last, before, after, rewritten, _, _, chain_updates) in enumerate(todo):
             last_one = index == len(todo) - 1
             result = writer.swap_chunk(
                 run, room.room_nid, first, (last, before, after, rewritten),
                 self._outcome(room, RoomOutcome) if last_one else None,
+                chain_changed=chain_updates > 0,
             )
             if result.status != "swapped":
                 room.status = "changed_underneath"

@@ -388,16 +388,16 @@ class CompactionWriter:
                 out[room_id] = nid
         return out
 
-    def room_ids(self, room_nids: Iterable[int]) -> dict[int, str]:
-        """``room_nid -> room_id``; rooms without a ``rooms`` row are left out."""
-        nids = list(room_nids)
-        out: dict[int, str] = {}
-        for start in range(0, len(nids), 500):
-            part = nids[start : start + 500]
-            marks = ", ".join("?" for _ in part)
-            for nid, room_id in self.db.query(f"SELECT room_nid, room_id FROM rooms WHERE room_nid IN ({marks})", part):
-                out[nid] = room_id
-        return out
+    def room_ids_where(self, snapshot_max: int, where: str = "") -> dict[int, str]:
+        """``room_nid -> room_id`` of every room with state groups selected by ``where``."""
+        extra = f" AND {where}" if where else ""
+        return dict(
+            self.db.query(
+                "SELECT r.room_nid, r.room_id FROM rooms r WHERE r.room_nid IN"
+                f" (SELECT DISTINCT room_nid FROM state_groups WHERE state_group <= ?{extra})",
+                (snapshot_max,),
+            )
+        )
 
     def largest_rooms(self, count: int, snapshot_max: int) -> list[int]:
         """The ``count`` rooms with the most state groups (up to ``snapshot_max``)."""
@@ -700,12 +700,15 @@ class CompactionWriter:
         first_group: int,
         chunk_stats: tuple[int, int, int, int],
         room_outcome: Optional[RoomOutcome] = None,
+        chain_changed: bool = True,
     ) -> SwapResult:
         """Swap one staged chunk in, in one transaction (see the module docstring).
 
         ``chunk_stats`` is ``(last_group, rows_before, rows_after,
         groups_rewritten)`` for the progress row; ``room_outcome``, given for
-        a room's last chunk, is recorded in the same transaction. Raises
+        a room's last chunk, is recorded in the same transaction.
+        ``chain_changed=False`` (no group of the chunk changes its
+        ``chain_length``) skips repairing descendants. Raises
         :class:`LockLostError` if the lock is no longer ours (nothing written).
         """
         if run.run_id is None:
@@ -717,17 +720,14 @@ class CompactionWriter:
         sql = self.db.sql
 
         def txn(cur):
-            # 1. Still ours? (FOR UPDATE: a takeover waits for this swap.)
+            # 1. Still ours? The heartbeat update also row-locks the lock row,
+            # so a takeover waits for this swap to finish.
             cur.execute(
-                sql("SELECT holder FROM maintenance_locks WHERE lock_name = ?" + (" FOR UPDATE" if self.db.postgres else "")),
-                (LOCK_NAME,),
+                sql("UPDATE maintenance_locks SET heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"),
+                (now_ms(), LOCK_NAME, self.holder),
             )
-            row = cur.fetchone()
-            if row is None or row[0] != self.holder:
-                raise LockLostError(f"the compaction lock is now held by {row[0] if row else 'nobody'}")
-            cur.execute(
-                sql("UPDATE maintenance_locks SET heartbeat_ts = ? WHERE lock_name = ?"), (now_ms(), LOCK_NAME)
-            )
+            if cur.rowcount != 1:
+                raise LockLostError("the compaction lock is no longer held by this job")
             # 2. Row-lock the chunk's groups and the groups it builds on, so a
             # concurrent deletion either finishes first (and the re-check below
             # sees it) or waits for this swap. SQLite: BEGIN IMMEDIATE already
@@ -791,24 +791,25 @@ class CompactionWriter:
             # new length. Only where it differs, so the walk stops early.
             # chain_length only decides when the persister stores a snapshot;
             # reads never use it.
-            cur.execute(
-                sql(
-                    "WITH RECURSIVE fix(state_group, len) AS ("
-                    "  SELECT c.state_group, p.chain_length + 1"
-                    "  FROM state_groups p JOIN state_groups c ON c.prev_state_group = p.state_group"
-                    f"  WHERE p.state_group IN ({staged} AND is_ref = 0)"
-                    f"  AND c.state_group NOT IN ({staged})"
-                    "  AND c.chain_length <> p.chain_length + 1"
-                    "  UNION ALL"
-                    "  SELECT c.state_group, fix.len + 1 FROM fix"
-                    "  JOIN state_groups c ON c.prev_state_group = fix.state_group"
-                    "  WHERE c.chain_length <> fix.len + 1 AND fix.len < 1000000"
-                    ")"
-                    " UPDATE state_groups SET chain_length = fix.len FROM fix"
-                    " WHERE fix.state_group = state_groups.state_group"
-                ),
-                key + key,
-            )
+            if chain_changed:
+                cur.execute(
+                    sql(
+                        "WITH RECURSIVE fix(state_group, len) AS ("
+                        "  SELECT c.state_group, p.chain_length + 1"
+                        "  FROM state_groups p JOIN state_groups c ON c.prev_state_group = p.state_group"
+                        f"  WHERE p.state_group IN ({staged} AND is_ref = 0)"
+                        f"  AND c.state_group NOT IN ({staged})"
+                        "  AND c.chain_length <> p.chain_length + 1"
+                        "  UNION ALL"
+                        "  SELECT c.state_group, fix.len + 1 FROM fix"
+                        "  JOIN state_groups c ON c.prev_state_group = fix.state_group"
+                        "  WHERE c.chain_length <> fix.len + 1 AND fix.len < 1000000"
+                        ")"
+                        " UPDATE state_groups SET chain_length = fix.len FROM fix"
+                        " WHERE fix.state_group = state_groups.state_group"
+                    ),
+                    key + key,
+                )
             # 6. Progress, in the same transaction as the swap it records.
             last, before, after, groups_rewritten = chunk_stats
             now = now_ms()
@@ -816,6 +817,11 @@ class CompactionWriter:
                 sql(
                     "INSERT INTO state_compaction_chunks (run_id, room_nid, first_group, last_group, rows_before,"
                     " rows_after, groups_rewritten, updated_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    # A resumed run whose chunk layout moved (groups purged
+                    # meanwhile) may swap a chunk starting at the same group.
+                    " ON CONFLICT (run_id, room_nid, first_group) DO UPDATE SET last_group = excluded.last_group,"
+                    " rows_before = excluded.rows_before, rows_after = excluded.rows_after,"
+                    " groups_rewritten = excluded.groups_rewritten, updated_ts = excluded.updated_ts"
                 ),
                 key + (last, before, after, groups_rewritten, now),
             )

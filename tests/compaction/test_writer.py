@@ -116,6 +116,7 @@ async def compaction_database(test, kind: str = "standard") -> str:
     if test.engine_name == "sqlite":
         copy = _sqlite_url()
         shutil.copy(engine_from_url(template).path, engine_from_url(copy).path)
+        test.addCleanup(shutil.rmtree, os.path.dirname(engine_from_url(copy).path), True)
         return copy
     from tests.db import POSTGRES_ADMIN_URL, _counter, drop_postgres_database
 
