@@ -182,18 +182,24 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
             f"PDU is not valid UTF-8: invalid byte(s) at offset {e.start}"
         ) from None
 
-    event = _load_json(text)
-    _check_json_values(event, room_version)
+    event, suspects = _load_json(text, room_version.strict_canonicaljson)
+    if suspects or ("\\u" in text and _SURROGATE_ESCAPE.search(text)):
+        # Something the parser saw may be invalid: walk every value for the
+        # exact error. Otherwise no value can be (see _load_json).
+        _check_json_values(event, room_version)
 
-    try:
-        canonical_size = len(encode_canonical_json(event))
-    except RecursionError:
-        raise InvalidEventError("PDU JSON is nested too deeply") from None
-    if canonical_size > MAX_PDU_SIZE:
-        raise InvalidEventError(
-            f"PDU is {canonical_size} bytes as canonical JSON; "
-            f"the limit is {MAX_PDU_SIZE} bytes"
-        )
+    if suspects & _FLOAT_SEEN:
+        # Only a float can make the canonical form longer than the bytes
+        # received (1e300 has 300 digits); without one it is never longer.
+        try:
+            canonical_size = len(encode_canonical_json(event))
+        except RecursionError:
+            raise InvalidEventError("PDU JSON is nested too deeply") from None
+        if canonical_size > MAX_PDU_SIZE:
+            raise InvalidEventError(
+                f"PDU is {canonical_size} bytes as canonical JSON; "
+                f"the limit is {MAX_PDU_SIZE} bytes"
+            )
 
     for key in _REQUIRED_KEYS:
         if key not in event:
@@ -301,12 +307,42 @@ def _reject_constant(name: str) -> Any:
     raise InvalidEventError(f"PDU JSON contains {name}, which is not valid JSON")
 
 
-def _load_json(text: str) -> dict[str, Any]:
+#: A JSON escape of a UTF-16 surrogate: the only way a string can hold one,
+#: since strict UTF-8 decoding refuses encoded surrogates.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_FLOAT_SEEN = 1
+_INT_OUT_OF_RANGE = 2
+
+
+def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
+    """Parse a PDU; returns ``(object, suspects)``.
+
+    ``suspects`` flags what the parser met that ``_check_json_values`` must
+    look at: a float (never allowed in strict room versions, and possibly
+    infinite), an integer outside canonical JSON's range when ``strict_ints``.
+    Noting these while parsing spares walking every value of every event.
+    """
+    suspects = 0
+
+    def on_float(literal: str) -> float:
+        nonlocal suspects
+        suspects |= _FLOAT_SEEN
+        return float(literal)
+
+    def on_int(literal: str) -> int:
+        nonlocal suspects
+        value = int(literal)
+        if strict_ints and not CANONICALJSON_MIN_INT <= value <= CANONICALJSON_MAX_INT:
+            suspects |= _INT_OUT_OF_RANGE
+        return value
+
     try:
         value = json.loads(
             text,
             object_pairs_hook=_reject_duplicates,
             parse_constant=_reject_constant,
+            parse_float=on_float,
+            parse_int=on_int,
         )
     except InvalidEventError:
         raise
@@ -320,7 +356,7 @@ def _load_json(text: str) -> dict[str, Any]:
         raise InvalidEventError(
             f"PDU must be a JSON object, got {_json_type_name(value)}"
         )
-    return value
+    return value, suspects
 
 
 def _check_json_values(event: dict[str, Any], room_version: RoomVersion) -> None:

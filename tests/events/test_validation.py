@@ -330,6 +330,14 @@ class InvalidPduTests(unittest.TestCase):
         key = encode(make_pdu(RoomVersions.V10)).replace(b'"body"', b'"\\udfff"')
         self.assertInvalid(key, RoomVersions.V10, "unpaired UTF-16 surrogate")
 
+    def test_surrogate_like_text_is_not_a_surrogate(self) -> None:
+        # An escaped backslash followed by "uD800" is six ordinary characters;
+        # parse_pdu looks closer at it and accepts it.
+        raw = encode(make_pdu(RoomVersions.V10)).replace(b'"hello"', b'"\\\\uD800"')
+        self.assertEqual(parse_pdu(raw, RoomVersions.V10).content["body"], "\\uD800")
+        upper = encode(make_pdu(RoomVersions.V10)).replace(b'"hello"', b'"\\uDBFF"')
+        self.assertInvalid(upper, RoomVersions.V10, "unpaired UTF-16 surrogate", "content.body")
+
     def test_deep_nesting_rejected_cleanly(self) -> None:
         raw = encode(make_pdu(RoomVersions.V10, content={"x": 0}))
         deep = raw.replace(b'"x":0', b'"x":' + b"[" * 30000 + b"]" * 30000)
