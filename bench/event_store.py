@@ -1,6 +1,6 @@
 """Event store figures on SQLite and PostgreSQL, side by side.
 
-usage: bench/with-postgres .venv/bin/python bench/event_store.py [--size small|large] [--runs R]
+usage: bench/with-postgres .venv/bin/python bench/event_store.py [--size small|large] [--runs R] [--sections abcde]
 
 (a) Persist throughput: events/s through ``persist_events`` in batches of 100
     (a linear room: 90% messages, 5% topic changes, 5% joins), against a raw
@@ -504,10 +504,14 @@ async def main(reactor, args) -> None:
     engines = bench_databases()
     started = time.perf_counter()
     print(f"bench/event_store.py --size {args.size}: engines {', '.join(e for e, _ in engines)}")
-    await section_a(engines, size)
-    await section_b(engines, size)
-    await section_c_d(engines, size)
-    await section_e(engines, size)
+    if "a" in args.sections:
+        await section_a(engines, size)
+    if "b" in args.sections:
+        await section_b(engines, size)
+    if "c" in args.sections or "d" in args.sections:
+        await section_c_d(engines, size)
+    if "e" in args.sections:
+        await section_e(engines, size)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
 
 
@@ -515,7 +519,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--runs", type=int, default=0, help="override the number of timed runs (>= 3)")
+    parser.add_argument("--sections", default="abcde", help="which sections to run, e.g. 'a' (default: all)")
     args = parser.parse_args()
+    if not set(args.sections) <= set("abcde"):
+        parser.error("--sections takes letters among a, b, c, d, e")
     if args.runs and args.runs < 3:
         parser.error("--runs must be at least 3 (medians)")
     task.react(lambda reactor: defer.ensureDeferred(main(reactor, args)))

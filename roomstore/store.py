@@ -29,7 +29,7 @@ from roomstore.events.reads import EventReader
 from roomstore.events.timeline import PaginationResult, RecentResult, SyncResult, TimelineReader
 from roomstore.state.groups import DEFAULT_MAX_CHAIN_LENGTH, StateGroupStore
 from roomstore.storage.database import Database
-from roomstore.storage.interning import Interners
+from roomstore.storage.interning import Interners, LruCache
 from roomstore.streams.builtin import open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.visibility.snapshots import VisibilityStore
@@ -81,6 +81,8 @@ class RoomStore:
         self.reader = EventReader(self)
         self.timeline = TimelineReader(self)
         self._invalidation_hooks: list = []
+        # room_id -> room version: fixed for a room's lifetime, so never stale.
+        self._room_versions = LruCache(config.change_cache_size)
 
     @classmethod
     async def open(
@@ -153,14 +155,30 @@ class RoomStore:
         async with self._reserve(self.events_stream, live) as stream_ids, \
                 self._reserve(self.backfill_stream, backfilled) as backfill_ids, \
                 self.caches_stream.get_next() as cache_stream_id:
+            # Usually nothing else is in flight: the batch's transaction then
+            # also records the positions its completion reaches.
+            positions = [
+                (generator, generator.position_after(ids))
+                for generator, ids in (
+                    (self.events_stream, stream_ids), (self.backfill_stream, backfill_ids),
+                    (self.caches_stream, [cache_stream_id]),
+                )
+            ]
             outcome: BatchOutcome = await self.db.run_interaction(
-                "persist_events", self.persister.persist_txn, prepared, stream_ids, backfill_ids,
-                resolved_current_state, cache_stream_id,
+                "persist_events", self._persist_txn, prepared, stream_ids, backfill_ids,
+                resolved_current_state, cache_stream_id, positions,
             )
             # Caches first, then the IDs complete: a reader woken by the new
             # position must find the change caches already knowing the batch.
             self._after_persist(outcome)
         return [outcome.results[ev.event_id] for ev in prepared]
+
+    def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions):
+        outcome = self.persister.persist_txn(txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id)
+        for generator, position in positions:
+            if position is not None:
+                generator.persist_position_txn(txn, position)
+        return outcome
 
     def _reserve(self, generator, count: int):
         if count == 0:
@@ -176,9 +194,14 @@ class RoomStore:
                 room_id, event_type, _ = peek_room_version(ev.raw)
                 if room_id and event_type != "m.room.create":
                     rooms.add(room_id)
-        if not rooms:
-            return {}
-        return await self.db.run_interaction("room_versions", self.reader.room_versions_txn, sorted(rooms))
+        known = {r: self._room_versions.get(r) for r in rooms}
+        unknown = sorted(r for r, v in known.items() if v is None)
+        if unknown:
+            found = await self.db.run_interaction("room_versions", self.reader.room_versions_txn, unknown)
+            for room_id, version in found.items():
+                self._room_versions.set(room_id, version)
+                known[room_id] = version
+        return {r: v for r, v in known.items() if v is not None}
 
     def _after_persist(self, outcome: BatchOutcome) -> None:
         for room_id, position in outcome.room_positions.items():

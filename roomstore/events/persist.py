@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections import abc
 from typing import Any, Mapping, Sequence
 
 import attrs
 
 from roomstore.events.room_versions import RoomVersion, get_room_version
 from roomstore.events.validation import InvalidEventError, ParsedPdu, parse_pdu
-from roomstore.state.groups import StateGroupStore
+from roomstore.state.groups import StateGroupStore, StateGroupWrites
 from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_states
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import Interners, chunks
+from roomstore.storage.interning import Interners, LruCache, chunks
 from roomstore.visibility.rules import NO_MEMBERSHIP_CODE, membership_code, visibility_code
-from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore
+from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, VisibilityWrites
 
 StateKey = tuple[str, str]
 
@@ -97,10 +98,7 @@ class PreparedEvent:
     rejected_reason: str | None
     backfilled: bool
     state_before: Mapping[StateKey, str] | StateDelta | None
-
-    @property
-    def event_id(self) -> str:
-        return self.pdu.event_id
+    event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
 
 
 def peek_room_version(raw: bytes) -> tuple[str | None, str | None, str | None]:
@@ -151,6 +149,15 @@ def order_batch(batch: Sequence[PreparedEvent]) -> list[PreparedEvent]:
     by_id: dict[str, PreparedEvent] = {}
     for ev in batch:
         by_id.setdefault(ev.event_id, ev)
+    if len(by_id) == len(batch):
+        # Usually already in order: check that before sorting.
+        seen: set[str] = set()
+        for ev in batch:
+            if any(p in by_id and p not in seen for p in ev.pdu.prev_event_ids):
+                break
+            seen.add(ev.event_id)
+        else:
+            return list(batch)
     ordered: list[PreparedEvent] = []
     placed: set[str] = set()
     visiting: set[str] = set()
@@ -195,6 +202,8 @@ class EventPersister:
 
     def __init__(self, interners: Interners, state_groups: StateGroupStore, visibility: VisibilityStore, instance_name: str):
         self.interners = interners
+        # room_nid -> room version, once stored (a room's version never changes).
+        self.room_versions = LruCache(100_000)
         self.state_groups = state_groups
         self.visibility = visibility
         self.instance_name = instance_name
@@ -259,6 +268,11 @@ class BatchOutcome:
         return rows
 
 
+def _remember_all(cache: LruCache, mapping: Mapping) -> None:
+    for key, value in mapping.items():
+        cache.set(key, value)
+
+
 def delete_pairs(txn: Transaction, table: str, columns: tuple[str, str], pairs) -> None:
     """DELETE rows matching any of ``pairs`` in one statement per chunk
     (row-value IN lists work on PostgreSQL and SQLite 3.15+)."""
@@ -288,6 +302,13 @@ class _BatchWriter:
         # Facts about events needed for visibility: membership / visibility codes.
         self.membership_of_event: dict[int, int] = {}
         self.visibility_of_event: dict[int, int] = {}
+        # New state groups and visibility rows, written together at the end
+        # of the batch (``run`` sizes them).
+        self.group_writes = StateGroupWrites()
+        self.visibility_writes = VisibilityWrites()
+        # Event nids interned by this batch: no stored row can mention them.
+        self.fresh_nids: set[int] = set()
+        self.stored_cache: dict[int, dict | None] = {}
 
     # ---------------------------------------------------------------- helpers
 
@@ -391,20 +412,24 @@ class _BatchWriter:
         parent_state = self.full_state(parent)
         if parent is None and empty_snapshot is not None:
             changes, visibility = self.visibility_changes(delta, full=False)
-            snapshot = self.p.visibility.snapshot_for(self.txn, room_nid, empty_snapshot, changes, visibility)
+            snapshot = self.p.visibility.snapshot_for(
+                self.txn, room_nid, empty_snapshot, changes, visibility, self.visibility_writes
+            )
             parent_length = None
         elif parent is None:
             # No parent: a fresh snapshot lists every member.
             state = {k: v for k, v in delta.items() if v is not None}
             changes, visibility = self.visibility_changes(state, full=True)
-            snapshot = self.p.visibility.snapshot_for(self.txn, room_nid, None, changes, visibility)
+            snapshot = self.p.visibility.snapshot_for(self.txn, room_nid, None, changes, visibility, self.visibility_writes)
             parent_length = None
         else:
             changes, visibility = self.visibility_changes(delta, full=False)
-            snapshot = self.p.visibility.snapshot_for(self.txn, room_nid, self.snapshot_of(parent), changes, visibility)
+            snapshot = self.p.visibility.snapshot_for(
+                self.txn, room_nid, self.snapshot_of(parent), changes, visibility, self.visibility_writes
+            )
             parent_length = self.chain_length(parent)
         created = self.p.state_groups.create(
-            self.txn, room_nid, event_nid, parent, parent_state, delta, parent_length, snapshot
+            self.txn, room_nid, event_nid, parent, parent_state, delta, parent_length, snapshot, self.group_writes
         )
         self.pending[created.state_group] = _Pending(dict(created.state), created.chain_length, snapshot)
         return created.state_group
@@ -442,12 +467,16 @@ class _BatchWriter:
             all_ids.update(ev.pdu.auth_event_ids)
             if ev.pdu.redacts:
                 all_ids.add(ev.pdu.redacts)
-            if isinstance(ev.state_before, Mapping):
+            if ev.state_before is None:
+                continue
+            if isinstance(ev.state_before, abc.Mapping):
                 all_ids.update(ev.state_before.values())
             elif isinstance(ev.state_before, StateDelta):
                 all_ids.update(ev.state_before.changes.values())
-        self.event_nids = self.p.interners.events.intern(txn, all_ids)
+        fresh_ids: set = set()
+        self.event_nids = self.p.interners.events.intern(txn, all_ids, created=fresh_ids)
         nid = self.event_nids
+        self.fresh_nids = {nid[e] for e in fresh_ids}
 
         # Events stored before: a no-op that reports their positions.
         results: dict[str, PersistedEvent] = {}
@@ -472,7 +501,9 @@ class _BatchWriter:
         keys = {(ev.pdu.type, ev.pdu.state_key) for ev in new_events if ev.pdu.state_key is not None}
         keys.add(HISTORY_VISIBILITY)
         for ev in new_events:
-            if isinstance(ev.state_before, Mapping):
+            if ev.state_before is None:
+                continue
+            if isinstance(ev.state_before, abc.Mapping):
                 keys.update(ev.state_before)
             elif isinstance(ev.state_before, StateDelta):
                 keys.update(ev.state_before.changes)
@@ -483,6 +514,13 @@ class _BatchWriter:
             if (ev.pdu.type, ev.pdu.state_key) == HISTORY_VISIBILITY and not ev.rejected_reason:
                 value = ev.pdu.content.get("history_visibility")
                 self.visibility_of_event[nid[ev.event_id]] = visibility_code(value)
+
+        # At most one group (and snapshot) per state event and per given
+        # state, plus merges: reserve their ids at once.
+        expected = 2 + sum(
+            1 for ev in new_events if ev.state_before is not None or (ev.pdu.state_key is not None and not ev.outlier)
+        )
+        self.group_writes.expected = self.visibility_writes.expected = expected
 
         # Stream orderings: arrival order for live events; backfilled events
         # count down below zero, the newest (deepest) nearest zero.
@@ -512,7 +550,7 @@ class _BatchWriter:
                 group_before = self.state_before(ev, room_nid, groups_after)
                 if group_before is None:
                     # The room's first event: state before it is empty.
-                    empty = self.p.visibility.snapshot_for(txn, room_nid, None, {}, None)
+                    empty = self.p.visibility.snapshot_for(txn, room_nid, None, {}, None, self.visibility_writes)
                     visibility_before = empty
                 else:
                     visibility_before = self.snapshot_of(group_before)
@@ -579,6 +617,8 @@ class _BatchWriter:
             if self.update_current_state(room_nid, room_id, position):
                 current_state_rooms.add(room_id)
 
+        self.group_writes.flush(txn)
+        self.visibility_writes.flush(txn)
         redacted_ids = set(self.p.interners.events.resolve(txn, redacted_targets).values()) if redacted_targets else set()
         return BatchOutcome(
             results, room_positions, membership_users, current_state_rooms, redacted_ids,
@@ -588,27 +628,39 @@ class _BatchWriter:
     # ---------------------------------------------------------------- pieces
 
     def stored_events(self, event_nids) -> dict[int, dict]:
-        found = {}
-        for part in chunks(list(set(event_nids))):
+        """Facts of the events stored before this batch, by nid (others left out)."""
+        wanted = set(event_nids)
+        unknown = [n for n in wanted if n not in self.stored_cache and n not in self.fresh_nids]
+        for part in chunks(unknown):
             marks = ", ".join("?" for _ in part)
             for row in self.txn.execute(
                 "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group, outlier"
                 f" FROM events WHERE event_nid IN ({marks})",
                 list(part),
             ).fetchall():
-                found[row[0]] = {
+                self.stored_cache[row[0]] = {
                     "stream_ordering": row[1], "topological_ordering": row[2],
                     "state_group_before": row[3], "state_group": row[4], "outlier": bool(row[5]),
                 }
+        found = {}
+        for n in wanted:
+            facts = self.stored_cache.setdefault(n, None) if n not in self.fresh_nids else None
+            if facts is not None:
+                found[n] = facts
         return found
 
     def check_room_versions(self, events: Sequence[PreparedEvent], room_nids: Mapping[str, int]) -> None:
-        versions = {}
-        for part in chunks(list(room_nids.values())):
+        cache = self.p.room_versions
+        versions = {n: cache.get(n) for n in room_nids.values() if cache.get(n) is not None}
+        unknown = [n for n in room_nids.values() if n not in versions]
+        for part in chunks(unknown):
             marks = ", ".join("?" for _ in part)
-            versions.update(dict(self.txn.execute(
-                f"SELECT room_nid, room_version FROM rooms WHERE room_nid IN ({marks})", list(part)
-            ).fetchall()))
+            found = dict(self.txn.execute(
+                f"SELECT room_nid, room_version FROM rooms WHERE room_nid IN ({marks}) AND room_version IS NOT NULL",
+                list(part),
+            ).fetchall())
+            versions.update(found)
+            self.txn.call_after(_remember_all, cache, found)
         for ev in events:
             room_nid = room_nids[ev.pdu.room_id]
             given = ev.pdu.room_version.identifier
@@ -617,6 +669,7 @@ class _BatchWriter:
                 if ev.pdu.type == "m.room.create" and ev.pdu.state_key == "":
                     self.txn.execute("UPDATE rooms SET room_version = ? WHERE room_nid = ?", (given, room_nid))
                     versions[room_nid] = given
+                    self.txn.call_after(cache.set, room_nid, given)
             elif known != given:
                 raise InvalidEventError(
                     f"event {ev.event_id} claims room version {given} but room {ev.pdu.room_id} is version {known}"
@@ -628,14 +681,14 @@ class _BatchWriter:
         given = ev.state_before
         prev_groups = [groups_after.get(nid[p], "missing") for p in ev.pdu.prev_event_ids]
         base = next((g for g in prev_groups if isinstance(g, int)), None)
-        if isinstance(given, StateDelta):
-            if not self.p.state_groups.group_exists(self.txn, given.base_state_group) and given.base_state_group not in self.pending:
+        if given is not None and isinstance(given, StateDelta):
+            if given.base_state_group not in self.pending and not self.p.state_groups.group_exists(self.txn, given.base_state_group):
                 raise MissingStateError(f"state_before of {ev.event_id}: unknown state group {given.base_state_group}")
             delta = {self.key_nids[k]: nid[e] for k, e in given.changes.items()}
             if not delta:
                 return given.base_state_group
             return self.new_group(room_nid, None, given.base_state_group, delta)
-        if isinstance(given, Mapping):
+        if given is not None and isinstance(given, abc.Mapping):
             wanted = {self.key_nids[k]: nid[e] for k, e in given.items()}
             if base is None:
                 return self.new_group(room_nid, None, None, wanted)
@@ -671,13 +724,21 @@ class _BatchWriter:
         in the same room are stored, whichever arrived first."""
         txn = self.txn
         targets: set[int] = set()
-        for part in chunks(list(new_event_nids)):
-            marks = ", ".join("?" for _ in part)
-            sql_tail = (
-                " FROM redactions AS r JOIN events AS red ON red.event_nid = r.redaction_event_nid"
-                " JOIN events AS target ON target.event_nid = r.redacts_event_nid AND target.room_nid = red.room_nid"
-            )
-            for column in ("r.redacts_event_nid", "r.redaction_event_nid"):
+        sql_tail = (
+            " FROM redactions AS r JOIN events AS red ON red.event_nid = r.redaction_event_nid"
+            " JOIN events AS target ON target.event_nid = r.redacts_event_nid AND target.room_nid = red.room_nid"
+        )
+        # A pair is flagged by the batch holding the later of its two events:
+        # new events as targets of any redaction (never so for a fresh nid,
+        # unless its redaction is in this batch too: found by the second
+        # search), and this batch's redactions of any target.
+        searches = (
+            ("r.redacts_event_nid", [n for n in new_event_nids if n not in self.fresh_nids]),
+            ("r.redaction_event_nid", list(new_redaction_nids)),
+        )
+        for column, nids in searches:
+            for part in chunks(nids):
+                marks = ", ".join("?" for _ in part)
                 rows = txn.execute(
                     f"SELECT r.redacts_event_nid{sql_tail} WHERE {column} IN ({marks}) AND target.redacted = ?",
                     (*part, False),
@@ -706,9 +767,14 @@ class _BatchWriter:
         live_referenced = {
             (room_of[nid[ev.event_id]], nid[p]) for ev in graph_events if not ev.backfilled for p in ev.pdu.prev_event_ids
         }
-        delete_pairs(txn, "forward_extremities", ("room_nid", "event_nid"), live_referenced)
-        pointed_at = set()
-        for part in chunks(sorted(new_nids)):
+        # (A fresh nid was never stored, so never an extremity.)
+        delete_pairs(
+            txn, "forward_extremities", ("room_nid", "event_nid"),
+            [pair for pair in live_referenced if pair[1] not in self.fresh_nids],
+        )
+        # Fresh nids: only this batch's events can point at them.
+        pointed_at = {nid[p] for ev in graph_events for p in ev.pdu.prev_event_ids}
+        for part in chunks(sorted(new_nids - self.fresh_nids)):
             marks = ", ".join("?" for _ in part)
             pointed_at.update(r[0] for r in txn.execute(
                 f"SELECT DISTINCT prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
@@ -722,29 +788,31 @@ class _BatchWriter:
         # Backward: prev events we do not have as graph events; a new event
         # fills the gap it was.
         prev_nids = {p for _, p in referenced}
-        have = {n for n, r in self.stored_events(prev_nids).items() if not r["outlier"]}
+        have = {n for n, r in self.stored_events(prev_nids).items() if not r["outlier"]} | new_nids
         missing = sorted({(room, p) for room, p in referenced if p not in have})
         txn.insert_many(
             "backward_extremities", ("room_nid", "event_nid"), missing, on_conflict="ON CONFLICT DO NOTHING"
         )
-        delete_pairs(txn, "backward_extremities", ("room_nid", "event_nid"), [(room_of[n], n) for n in new_nids])
+        delete_pairs(
+            txn, "backward_extremities", ("room_nid", "event_nid"),
+            [(room_of[n], n) for n in new_nids if n not in self.fresh_nids],
+        )
 
     def update_current_state(self, room_nid: int, room_id: str, position: int) -> bool:
         """Recompute current state from the forward extremities; True if it changed."""
         txn = self.txn
-        extremities = [r[0] for r in txn.execute(
-            "SELECT f.event_nid FROM forward_extremities AS f WHERE f.room_nid = ?", (room_nid,)
-        ).fetchall()]
-        groups = []
-        for part in chunks(extremities):
-            marks = ", ".join("?" for _ in part)
-            groups.extend(r[0] for r in txn.execute(
-                f"SELECT state_group FROM events WHERE event_nid IN ({marks}) AND state_group IS NOT NULL", list(part)
-            ).fetchall())
-        groups = sorted(set(groups))
+        # The room's current group and its extremities' groups, in one go.
+        rows = txn.execute(
+            "SELECT r.current_state_group, e.state_group FROM rooms AS r"
+            " LEFT JOIN forward_extremities AS f ON f.room_nid = r.room_nid"
+            " LEFT JOIN events AS e ON e.event_nid = f.event_nid"
+            " WHERE r.room_nid = ?",
+            (room_nid,),
+        ).fetchall()
+        groups = sorted({r[1] for r in rows if r[1] is not None})
         if not groups:
             return False
-        old_group = txn.select_one_value("SELECT current_state_group FROM rooms WHERE room_nid = ?", (room_nid,))
+        old_group = rows[0][0]
         if len(groups) == 1:
             new_group = groups[0]
             new_state = self.full_state(new_group)

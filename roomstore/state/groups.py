@@ -130,13 +130,16 @@ class StateGroupStore:
         delta: Mapping[int, int | None],
         parent_chain_length: int | None = None,
         visibility_snapshot: int | None = None,
+        writes: "StateGroupWrites | None" = None,
     ) -> NewStateGroup:
-        """Store the group ``parent_state + delta`` as a delta on ``parent``,
+        """Make the group ``parent_state + delta``, as a delta on ``parent``,
         or as a snapshot when the chain would grow past the bound.
 
         ``parent_state`` must be the full state of ``parent`` ({} for None); a
         None in ``delta`` removes the key. ``parent_chain_length`` saves a
-        query when the caller knows it.
+        query when the caller knows it. With ``writes`` the rows wait there
+        until ``writes.flush()`` (the caller keeps the new group's state until
+        then); without, they are written now.
         """
         state = dict(parent_state)
         for key, event in delta.items():
@@ -146,23 +149,42 @@ class StateGroupStore:
                 state[key] = event
         if parent is not None and parent_chain_length is None:
             parent_chain_length = self.chain_length(txn, parent)
-        (group,) = txn.allocate_ids("state_groups", "state_group", 1)
+        group = txn.next_id("state_groups", "state_group", writes.expected if writes else 1)
         if parent is None or parent_chain_length + 1 > self.max_chain_length:
             prev, length, rows = None, 0, state
         else:
             prev, length, rows = parent, parent_chain_length + 1, delta
-        txn.execute(
-            "INSERT INTO state_groups (state_group, room_nid, event_nid, prev_state_group, chain_length,"
-            " visibility_snapshot) VALUES (?, ?, ?, ?, ?, ?)",
-            (group, room_nid, event_nid, prev, length, visibility_snapshot),
+        own = writes if writes is not None else StateGroupWrites()
+        own.groups.append((group, room_nid, event_nid, prev, length, visibility_snapshot))
+        own.deltas.extend(
+            (group, key, event) for key, event in rows.items() if prev is not None or event is not None
         )
-        txn.insert_many(
-            "state_group_deltas",
-            ("state_group", "type_key_nid", "event_nid"),
-            [(group, key, event) for key, event in rows.items() if prev is not None or event is not None],
-        )
+        if writes is None:
+            own.flush(txn)
         txn.call_after(self._cache.set, group, state)
         return NewStateGroup(group, state, length)
 
     def forget(self, state_group: int) -> None:
         self._cache.pop(state_group)
+
+
+class StateGroupWrites:
+    """Rows of state groups made in one transaction, written together.
+
+    ``expected`` is how many groups the caller may make: that many ids are
+    reserved in one statement.
+    """
+
+    def __init__(self, expected: int = 1):
+        self.expected = expected
+        self.groups: list[tuple] = []
+        self.deltas: list[tuple] = []
+
+    def flush(self, txn: Transaction) -> None:
+        txn.insert_many(
+            "state_groups",
+            ("state_group", "room_nid", "event_nid", "prev_state_group", "chain_length", "visibility_snapshot"),
+            self.groups,
+        )
+        txn.insert_many("state_group_deltas", ("state_group", "type_key_nid", "event_nid"), self.deltas)
+        self.groups, self.deltas = [], []

@@ -67,6 +67,7 @@ class Transaction:
         self._cursor = cursor
         self._after_callbacks: list[tuple[Callable[..., Any], tuple, dict]] = []
         self._allocated: dict[tuple[str, str], int] = {}
+        self._free_ids: dict[tuple[str, str], list[int]] = {}
 
     # --- SQL -------------------------------------------------------------
 
@@ -83,8 +84,13 @@ class Transaction:
         self._cursor.executemany(self.engine.convert_sql(sql), rows)
 
     def insert_many(
-        self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], on_conflict: str = ""
-    ) -> None:
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[Any]],
+        on_conflict: str = "",
+        returning: str = "",
+    ) -> list[tuple] | None:
         """Insert many rows in as few round trips as the engine allows.
 
         ``table``, ``columns`` and ``on_conflict`` (e.g. ``"ON CONFLICT DO
@@ -92,18 +98,25 @@ class Transaction:
         ``excluded.``) are SQL written by the caller's code, never user input;
         values are bound. PostgreSQL gets multi-row VALUES statements (psycopg2's
         executemany would be one round trip per row); SQLite runs in-process.
+        ``returning`` (PostgreSQL only: SQLite's executemany cannot return
+        rows) is a ``RETURNING`` column list; the rows it returns are returned.
         """
         rows = [tuple(r) for r in rows]
+        if returning and self.engine.name != "postgres":
+            raise ValueError("insert_many(returning=...) needs PostgreSQL")
         if not rows:
-            return
+            return [] if returning else None
         cols = ", ".join(columns)
         if self.engine.name == "postgres":
             from psycopg2.extras import execute_values
 
             self.db._count_query()
-            execute_values(
-                self._cursor, f"INSERT INTO {table} ({cols}) VALUES %s {on_conflict}", rows, page_size=1000
+            suffix = f" RETURNING {returning}" if returning else ""
+            result = execute_values(
+                self._cursor, f"INSERT INTO {table} ({cols}) VALUES %s {on_conflict}{suffix}", rows,
+                page_size=1000, fetch=bool(returning),
             )
+            return [tuple(r) for r in result] if returning else None
         else:
             marks = ", ".join("?" for _ in columns)
             self.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks}) {on_conflict}", rows)
@@ -140,6 +153,19 @@ class Transaction:
         top = max(top, self._allocated.get((table, column), 0))
         self._allocated[(table, column)] = top + count
         return list(range(top + 1, top + 1 + count))
+
+    def next_id(self, table: str, column: str, reserve: int = 1) -> int:
+        """One new id for a serial primary key.
+
+        When this transaction has none left over it reserves ``reserve`` at
+        once (one statement), so a batch making many rows of ``table`` asks
+        the database once. Ids left unused are never reused on PostgreSQL
+        (a sequence gap) and are simply not taken on SQLite.
+        """
+        free = self._free_ids.get((table, column))
+        if not free:
+            free = self._free_ids[(table, column)] = self.allocate_ids(table, column, max(reserve, 1))[::-1]
+        return free.pop()
 
     def select_one_value(self, sql: str, args: Sequence[Any] = ()) -> Any:
         row = self.execute(sql, args).fetchone()

@@ -116,21 +116,54 @@ class Interner:
             txn.call_after(self._remember, found)
         return result
 
-    def intern(self, txn: Transaction, keys: Iterable) -> dict:
-        """The nids of ``keys``, inserting those not interned yet."""
+    def intern(self, txn: Transaction, keys: Iterable, created: set | None = None) -> dict:
+        """The nids of ``keys``, inserting those not interned yet.
+
+        ``created``, if given, receives the keys this call inserted: nothing
+        stored before can refer to their nids.
+        """
         wanted = list(dict.fromkeys(keys))
-        result = self.lookup(txn, wanted)
-        missing = [k for k in wanted if k not in result]
+        if txn.engine.name == "postgres":
+            # Insert what the cache does not know straight away: keys stored
+            # already (or by another writer meanwhile) conflict and come back
+            # from the SELECT after (or not at all, if their commit is newer
+            # than our snapshot: then start again). One statement fewer than
+            # looking first, when the keys are new as they mostly are.
+            result = {}
+            for key in wanted:
+                nid = self._to_nid.get(key)
+                if nid is not None:
+                    result[key] = nid
+        else:
+            result = self.lookup(txn, wanted)
+        missing = sorted(k for k in wanted if k not in result)
         if not missing:
             return result
-        txn.insert_many(
-            self.table, self.key_columns, sorted(self._as_row(k) for k in missing), on_conflict="ON CONFLICT DO NOTHING"
-        )
-        found = self._select(txn, missing)
+        if txn.engine.name == "postgres":
+            inserted = txn.insert_many(
+                self.table, self.key_columns, [self._as_row(k) for k in missing],
+                on_conflict="ON CONFLICT DO NOTHING", returning=f"{', '.join(self.key_columns)}, {self.nid_column}",
+            )
+            found = {(r[0] if len(self.key_columns) == 1 else tuple(r[:-1])): r[-1] for r in inserted}
+            ours = set(found)
+            others = [k for k in missing if k not in found]
+            if others:
+                found.update(self._select(txn, others))
+        else:
+            # BEGIN IMMEDIATE makes this the only writer and lookup() ran in
+            # this transaction: every missing key is ours to insert, with nids
+            # chosen here so no SELECT is needed to learn them.
+            nids = txn.allocate_ids(self.table, self.nid_column, len(missing))
+            found = dict(zip(missing, nids))
+            txn.insert_many(
+                self.table, (self.nid_column, *self.key_columns),
+                [(n, *self._as_row(k)) for k, n in found.items()],
+            )
+            ours = set(found)
         if len(found) != len(missing):
-            # Another writer inserted some of them after our snapshot began:
-            # their rows are invisible to this transaction. Start again.
             raise RetryTransaction(f"{self.table}: concurrent insert of {len(missing) - len(found)} keys")
+        if created is not None:
+            created.update(ours)
         result.update(found)
         txn.call_after(self._remember, found)
         return result

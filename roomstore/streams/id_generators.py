@@ -371,6 +371,31 @@ class StreamIdGenerator:
 
     # ------------------------------------------------------------------ persistence
 
+    def position_after(self, ids: Sequence[int]) -> int | None:
+        """The position this writer will be at once ``ids`` complete, if known now.
+
+        Known when nothing else of ours is reserved or being allocated: then
+        every ID of ours below ``ids`` has completed, and completing ``ids``
+        takes this writer to at least ``max(ids)``. The transaction writing
+        ``ids``' facts may then persist it (``persist_position_txn``), which
+        spares a transaction of its own afterwards. Call on the reactor thread.
+        """
+        if not self.is_writer or not ids or self._allocating:
+            return None
+        ours = set(ids)
+        if any(stream_id not in ours for stream_id in self._unfinished):
+            return None
+        return max(ids)
+
+    def persist_position_txn(self, txn: Transaction, position: int) -> None:
+        """Write ``position`` (from ``position_after``) inside the caller's transaction."""
+        self._persist_txn(txn, self.instance_name, position)
+        txn.call_after(self._note_persisted, position)
+
+    def _note_persisted(self, position: int) -> None:
+        if position > self._persisted.get(self.instance_name, -1):
+            self._persisted[self.instance_name] = position
+
     def _schedule_persist(self) -> None:
         if self._persist_running:
             self._persist_again = True
@@ -387,7 +412,7 @@ class StreamIdGenerator:
                     # Shutting down without close(): start-up recovers the
                     # position from the backing tables instead.
                     break
-                if self._persisted.get(self.instance_name) != position:
+                if self._persisted.get(self.instance_name, -1) < position:
                     try:
                         await self.db.run_interaction(
                             f"persist_stream_position:{self.stream_name}",
@@ -395,7 +420,7 @@ class StreamIdGenerator:
                             self.instance_name,
                             position,
                         )
-                        self._persisted[self.instance_name] = position
+                        self._note_persisted(position)
                     except Exception:
                         # Recovery at start-up also reads the backing tables, so
                         # a failed write here loses nothing; log and carry on.
@@ -426,7 +451,7 @@ class StreamIdGenerator:
             d: defer.Deferred = defer.Deferred()
             self._persist_done.append(d)
             await d
-        if self._persisted.get(self.instance_name) != self._positions[self.instance_name]:
+        if self._persisted.get(self.instance_name, -1) < self._positions[self.instance_name]:
             self._schedule_persist()
             if self._persist_running:
                 d = defer.Deferred()

@@ -110,6 +110,7 @@ class VisibilityStore:
         parent_snapshot: int | None,
         membership_changes: Mapping[int, int],
         visibility: int | None,
+        writes: "VisibilityWrites | None" = None,
     ) -> int:
         """The snapshot of a state derived from ``parent_snapshot``.
 
@@ -117,62 +118,128 @@ class VisibilityStore:
         whose membership differs from the parent; ``visibility`` is the new
         history visibility code, or None if unchanged. With no parent the
         changes must list every member (a fresh branch is started). Returns
-        the parent itself when nothing relevant changed.
+        the parent itself when nothing relevant changed. With ``writes`` the
+        rows wait there until ``writes.flush()``; without, they are written now.
         """
         if parent_snapshot is not None and not membership_changes and visibility is None:
             return parent_snapshot
+        own = writes if writes is not None else VisibilityWrites()
         if parent_snapshot is None:
-            branch = self._new_branch(txn, room_nid, None)
+            branch = own.new_branch(txn, room_nid, None)
             seq = 1
             hv = visibility if visibility is not None else DEFAULT_VISIBILITY
         else:
-            parent_branch, parent_seq, parent_hv, tip = txn.execute(
+            parent_branch, parent_seq, parent_hv = own.snapshot(txn, parent_snapshot)
+            hv = visibility if visibility is not None else parent_hv
+            if own.tip(txn, parent_branch) == parent_seq:
+                branch, seq = parent_branch, parent_seq + 1
+            else:
+                branch = own.new_branch(txn, room_nid, parent_snapshot)
+                seq = 1
+        snapshot = own.add_snapshot(txn, room_nid, branch, seq, hv, membership_changes)
+        if writes is None:
+            own.flush(txn)
+        return snapshot
+
+
+class VisibilityWrites:
+    """The visibility rows one transaction makes, written together by ``flush``.
+
+    It also remembers the snapshots and branch tips it has read or made, so
+    a batch extending a branch event after event reads each once.
+    ``expected``: how many snapshots the caller may make (ids reserved at once).
+    """
+
+    def __init__(self, expected: int = 1):
+        self.expected = expected
+        self._snapshots: dict[int, tuple[int, int, int]] = {}  # nid -> (branch, seq, history visibility)
+        self._tips: dict[int, int] = {}
+        self._new_branches: dict[int, tuple[int, int | None]] = {}  # branch -> (room, base snapshot)
+        self._moved_tips: set[int] = set()
+        self._ancestors: dict[int, list[tuple[int, int, int]]] = {}  # branch -> [(ancestor, upto, depth)]
+        self._snapshot_rows: list[tuple] = []
+        self._membership_rows: list[tuple] = []
+
+    def snapshot(self, txn: Transaction, snapshot_nid: int) -> tuple[int, int, int]:
+        """(branch, seq, history visibility) of a snapshot."""
+        known = self._snapshots.get(snapshot_nid)
+        if known is None:
+            row = txn.execute(
                 "SELECT s.branch_nid, s.seq, s.history_visibility, b.tip_seq"
                 " FROM visibility_snapshots AS s JOIN visibility_branches AS b ON b.branch_nid = s.branch_nid"
                 " WHERE s.snapshot_nid = ?",
-                (parent_snapshot,),
+                (snapshot_nid,),
             ).fetchone()
-            hv = visibility if visibility is not None else parent_hv
-            if tip == parent_seq:
-                branch, seq = parent_branch, parent_seq + 1
-            else:
-                branch = self._new_branch(txn, room_nid, parent_snapshot)
-                seq = 1
-        txn.execute("UPDATE visibility_branches SET tip_seq = ? WHERE branch_nid = ?", (seq, branch))
-        (snapshot,) = txn.allocate_ids("visibility_snapshots", "snapshot_nid", 1)
-        txn.execute(
-            "INSERT INTO visibility_snapshots (snapshot_nid, room_nid, branch_nid, seq, history_visibility)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (snapshot, room_nid, branch, seq, hv),
-        )
-        txn.insert_many(
-            "visibility_memberships",
-            ("branch_nid", "user_nid", "seq", "membership"),
-            [(branch, user, seq, code) for user, code in membership_changes.items()],
-        )
-        return snapshot
+            if row is None:
+                raise LookupError(f"visibility snapshot {snapshot_nid} does not exist")
+            known = self._snapshots[snapshot_nid] = (row[0], row[1], row[2])
+            self._tips.setdefault(row[0], row[3])
+        return known
 
-    def _new_branch(self, txn: Transaction, room_nid: int, base_snapshot: int | None) -> int:
-        (branch,) = txn.allocate_ids("visibility_branches", "branch_nid", 1)
-        txn.execute(
-            "INSERT INTO visibility_branches (branch_nid, room_nid, base_snapshot_nid, tip_seq) VALUES (?, ?, ?, 0)",
-            (branch, room_nid, base_snapshot),
-        )
-        ancestry = [(branch, branch, 0, 0)]
+    def tip(self, txn: Transaction, branch: int) -> int:
+        tip = self._tips.get(branch)
+        if tip is None:
+            tip = self._tips[branch] = txn.select_one_value(
+                "SELECT tip_seq FROM visibility_branches WHERE branch_nid = ?", (branch,)
+            )
+        return tip
+
+    def new_branch(self, txn: Transaction, room_nid: int, base_snapshot: int | None) -> int:
+        branch = txn.next_id("visibility_branches", "branch_nid")
+        self._new_branches[branch] = (room_nid, base_snapshot)
+        self._tips[branch] = 0
+        ancestry = [(branch, 0, 0)]
         if base_snapshot is not None:
-            base_branch, base_seq = txn.execute(
-                "SELECT branch_nid, seq FROM visibility_snapshots WHERE snapshot_nid = ?", (base_snapshot,)
-            ).fetchone()
+            base_branch, base_seq, _ = self.snapshot(txn, base_snapshot)
             # The base's own branch up to the base's seq, then the base
             # branch's ancestry as it was recorded (each with its own bound).
-            ancestry.append((branch, base_branch, base_seq, 1))
-            for ancestor, upto, depth in txn.execute(
-                "SELECT ancestor_branch_nid, upto_seq, depth FROM visibility_branch_ancestors"
-                " WHERE branch_nid = ? AND depth > 0 ORDER BY depth",
-                (base_branch,),
-            ).fetchall():
-                ancestry.append((branch, ancestor, upto, depth + 1))
-        txn.insert_many(
-            "visibility_branch_ancestors", ("branch_nid", "ancestor_branch_nid", "upto_seq", "depth"), ancestry
-        )
+            ancestry.append((base_branch, base_seq, 1))
+            ancestry.extend((ancestor, upto, depth + 1) for ancestor, upto, depth in self._ancestry(txn, base_branch))
+        self._ancestors[branch] = ancestry
         return branch
+
+    def _ancestry(self, txn: Transaction, branch: int) -> list[tuple[int, int, int]]:
+        """(ancestor, upto seq, depth) of ``branch``, deepest last, itself left out."""
+        if branch in self._ancestors:
+            return [a for a in self._ancestors[branch] if a[2] > 0]
+        return [tuple(r) for r in txn.execute(
+            "SELECT ancestor_branch_nid, upto_seq, depth FROM visibility_branch_ancestors"
+            " WHERE branch_nid = ? AND depth > 0 ORDER BY depth",
+            (branch,),
+        ).fetchall()]
+
+    def add_snapshot(
+        self, txn: Transaction, room_nid: int, branch: int, seq: int, hv: int, membership_changes: Mapping[int, int]
+    ) -> int:
+        snapshot = txn.next_id("visibility_snapshots", "snapshot_nid", self.expected)
+        self._snapshots[snapshot] = (branch, seq, hv)
+        self._tips[branch] = seq
+        if branch not in self._new_branches:
+            self._moved_tips.add(branch)
+        self._snapshot_rows.append((snapshot, room_nid, branch, seq, hv))
+        self._membership_rows.extend((branch, user, seq, code) for user, code in membership_changes.items())
+        return snapshot
+
+    def flush(self, txn: Transaction) -> None:
+        txn.insert_many(
+            "visibility_branches", ("branch_nid", "room_nid", "base_snapshot_nid", "tip_seq"),
+            [(b, room, base, self._tips[b]) for b, (room, base) in sorted(self._new_branches.items())],
+        )
+        txn.insert_many(
+            "visibility_branch_ancestors", ("branch_nid", "ancestor_branch_nid", "upto_seq", "depth"),
+            [(b, ancestor, upto, depth) for b in sorted(self._new_branches)
+             for ancestor, upto, depth in [(b, 0, 0)] + self._ancestry(txn, b)],
+        )
+        if self._moved_tips:
+            txn.executemany(
+                "UPDATE visibility_branches SET tip_seq = ? WHERE branch_nid = ?",
+                [(self._tips[b], b) for b in sorted(self._moved_tips)],
+            )
+        txn.insert_many(
+            "visibility_snapshots", ("snapshot_nid", "room_nid", "branch_nid", "seq", "history_visibility"),
+            self._snapshot_rows,
+        )
+        txn.insert_many("visibility_memberships", ("branch_nid", "user_nid", "seq", "membership"), self._membership_rows)
+        self._new_branches, self._moved_tips = {}, set()
+        self._ancestors = {}
+        self._snapshot_rows, self._membership_rows = [], []

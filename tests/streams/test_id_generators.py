@@ -106,6 +106,45 @@ class SingleWriterTests:
         self.assertEqual(await waiter, 2)
         self.assertEqual(await gen.wait_for_position(1), 2)  # already there
 
+    async def test_position_persisted_inside_the_writing_transaction(self):
+        """With nothing else in flight, the transaction writing a batch's facts
+        also records the position its completion reaches: no transaction of
+        its own follows; with a lower ID in flight it is not offered."""
+        url = self.new_database_url()
+        db = await self.make_database(url)
+        await db.run_interaction("facts", _create_facts)
+        gen = await StreamIdGenerator.create(db, "events", "master", backing_tables=[FACTS])
+
+        def write_facts(txn, ids, position):
+            txn.insert_many("facts", ("stream_id", "instance_name"), [(i, "master") for i in ids])
+            if position is not None:
+                gen.persist_position_txn(txn, position)
+
+        async with gen.get_next_mult(3) as ids:
+            position = gen.position_after(ids)
+            self.assertEqual(position, 3)
+            await db.run_interaction("write", write_facts, ids, position)
+            before = db.query_count
+        self.assertEqual(gen.get_current_token(), 3)
+        await gen.flush()
+        self.assertEqual(db.query_count, before, "a separate position write was issued")
+        stored = await db.run_interaction(
+            "read", lambda t: t.select_one_value("SELECT stream_id FROM stream_positions WHERE stream_name = 'events'")
+        )
+        self.assertEqual(stored, 3)
+
+        held = Reservation(gen.get_next())
+        lower = await held.reserve()
+        async with gen.get_next_mult(2) as ids:
+            self.assertEqual((lower, ids), (4, [5, 6]))
+            self.assertIsNone(gen.position_after(ids))  # 4 is still in flight
+        await held.complete()
+        await gen.flush()
+        stored = await db.run_interaction(
+            "read", lambda t: t.select_one_value("SELECT stream_id FROM stream_positions WHERE stream_name = 'events'")
+        )
+        self.assertEqual(stored, 6)
+
     async def test_restart_recovers_persisted_position(self):
         url = self.new_database_url()
         db = await self.make_database(url)
