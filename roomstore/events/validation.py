@@ -295,11 +295,13 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise InvalidEventError(f"PDU JSON has a duplicate object key {key!r}")
-        result[key] = value
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise InvalidEventError(f"PDU JSON has a duplicate object key {key!r}")
+            seen.add(key)
     return result
 
 
