@@ -32,6 +32,7 @@ from roomstore.storage.database import Database
 from roomstore.storage.interning import Interners, LruCache
 from roomstore.streams.builtin import open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
+from roomstore.streams.id_generators import persist_positions_txn, reserve_together
 from roomstore.visibility.snapshots import VisibilityStore
 
 log = Logger()
@@ -152,9 +153,9 @@ class RoomStore:
         live = sum(1 for ev in prepared if not ev.backfilled)
         backfilled = len(prepared) - live
         # One caches-stream ID per batch: the batch's invalidations are one fact.
-        async with self._reserve(self.events_stream, live) as stream_ids, \
-                self._reserve(self.backfill_stream, backfilled) as backfill_ids, \
-                self.caches_stream.get_next() as cache_stream_id:
+        async with reserve_together(
+            [(self.events_stream, live), (self.backfill_stream, backfilled), (self.caches_stream, 1)]
+        ) as (stream_ids, backfill_ids, (cache_stream_id,)):
             # Usually nothing else is in flight: the batch's transaction then
             # also records the positions its completion reaches.
             positions = [
@@ -175,15 +176,8 @@ class RoomStore:
 
     def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions):
         outcome = self.persister.persist_txn(txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id)
-        for generator, position in positions:
-            if position is not None:
-                generator.persist_position_txn(txn, position)
+        persist_positions_txn(txn, [(generator, position) for generator, position in positions if position is not None])
         return outcome
-
-    def _reserve(self, generator, count: int):
-        if count == 0:
-            return _NoIds()
-        return generator.get_next_mult(count)
 
     async def _known_room_versions(self, events: Sequence[EventToPersist]) -> dict[str, str]:
         from roomstore.events.persist import peek_room_version
@@ -434,16 +428,6 @@ class RoomStore:
     ) -> list[dict]:
         """Federation missing events between ``earliest_events`` and ``latest_events``."""
         return await self.timeline.get_missing_events(room_id, earliest_events, latest_events, limit)
-
-
-class _NoIds:
-    """Stands in for a reservation of zero IDs."""
-
-    async def __aenter__(self):
-        return []
-
-    async def __aexit__(self, *exc):
-        return False
 
 
 def event_json_dict(raw: bytes) -> dict:

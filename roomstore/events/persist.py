@@ -321,12 +321,20 @@ class _BatchWriter:
         """(visibility snapshot, chain length) of a stored group, once per batch."""
         facts = self.stored_groups.get(group)
         if facts is None:
+            # With its snapshot's facts, which the next snapshot derives from.
             row = self.txn.execute(
-                "SELECT visibility_snapshot, chain_length FROM state_groups WHERE state_group = ?", (group,)
+                "SELECT g.visibility_snapshot, g.chain_length, s.branch_nid, s.seq, s.history_visibility, b.tip_seq"
+                " FROM state_groups AS g"
+                " LEFT JOIN visibility_snapshots AS s ON s.snapshot_nid = g.visibility_snapshot"
+                " LEFT JOIN visibility_branches AS b ON b.branch_nid = s.branch_nid"
+                " WHERE g.state_group = ?",
+                (group,),
             ).fetchone()
             if row is None:
                 raise MissingStateError(f"state group {group} does not exist")
             facts = self.stored_groups[group] = (row[0], row[1])
+            if row[2] is not None:
+                self.visibility_writes.learn(row[0], row[2], row[3], row[4], row[5])
         return facts
 
     def chain_length(self, group: int) -> int:

@@ -2,7 +2,8 @@
 
 Public face: ``StreamIdGenerator`` (``create``, ``get_next``, ``get_next_mult``,
 ``get_current_token``, ``get_current_token_for_writer``, ``get_max_token``,
-``get_positions``, ``advance``, ``wait_for_position``), ``BackingTable``,
+``get_positions``, ``advance``, ``wait_for_position``, ``position_after``,
+``persist_position_txn``), ``reserve_together`` (several streams at once), ``BackingTable``,
 ``StreamChangeCache``, and the errors ``StreamConfigError``, ``SequenceLagError``.
 """
 
@@ -12,6 +13,7 @@ from roomstore.streams.id_generators import (
     SequenceLagError,
     StreamConfigError,
     StreamIdGenerator,
+    reserve_together,
 )
 
 __all__ = [
@@ -20,4 +22,5 @@ __all__ = [
     "StreamChangeCache",
     "StreamConfigError",
     "StreamIdGenerator",
+    "reserve_together",
 ]

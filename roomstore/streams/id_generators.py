@@ -235,6 +235,11 @@ class StreamIdGenerator:
 
     @contextlib.asynccontextmanager
     async def _reserve_many(self, n: int) -> AsyncIterator[list[int]]:
+        async with reserve_together([(self, n)]) as (ids,):
+            yield ids
+
+    def _begin_allocation(self, n: int) -> int:
+        """Checks, then holds this writer's position until ``_end_allocation``; returns the floor."""
         if not self.is_writer:
             raise StreamConfigError(
                 f"{self.instance_name!r} is not a writer of stream {self.stream_name!r} "
@@ -244,37 +249,28 @@ class StreamIdGenerator:
             raise ValueError("must reserve at least one ID")
         floor = self._max_seen
         self._allocating.append(floor)
-        try:
-            ids = await self._allocate(n)
-        except BaseException:
-            self._allocating.remove(floor)
-            self._recompute_own_position()
-            raise
-        # No await from here to the insort: the IDs become unfinished in the
-        # same step as the allocation stops holding the position back.
+        return floor
+
+    def _end_allocation(self, floor: int, ids: Sequence[int] | None) -> None:
+        """The allocation from ``floor`` returned ``ids`` (None: it failed)."""
+        # No await between here and the insort: the IDs become unfinished in
+        # the same step as the allocation stops holding the position back.
         self._allocating.remove(floor)
+        if ids is None:
+            self._recompute_own_position()
+            return
         for stream_id in ids:
             bisect.insort(self._unfinished, stream_id)
         self._max_seen = max(self._max_seen, ids[-1])
-        try:
-            yield ids
-        finally:
-            # Completion happens whether the body succeeded or raised.
-            self._complete(ids)
 
-    async def _allocate(self, n: int) -> list[int]:
-        if not self._use_sequence:
-            first = self._last_allocated + 1
-            self._last_allocated += n
-            return list(range(first, first + n))
+    def _allocate_locally(self, n: int) -> list[int]:
+        first = self._last_allocated + 1
+        self._last_allocated += n
+        return list(range(first, first + n))
 
-        def txn_fn(txn: Transaction) -> list[int]:
-            rows = txn.execute(
-                f"SELECT nextval('{self._sequence}') FROM generate_series(1, ?)", (n,)
-            ).fetchall()
-            return sorted(r[0] for r in rows)
-
-        return await self.db.run_interaction(f"allocate_stream_ids:{self.stream_name}", txn_fn)
+    def _allocate_txn(self, txn: Transaction, n: int) -> list[int]:
+        rows = txn.execute(f"SELECT nextval('{self._sequence}') FROM generate_series(1, ?)", (n,)).fetchall()
+        return sorted(r[0] for r in rows)
 
     def _complete(self, ids: Iterable[int]) -> None:
         for stream_id in ids:
@@ -389,8 +385,7 @@ class StreamIdGenerator:
 
     def persist_position_txn(self, txn: Transaction, position: int) -> None:
         """Write ``position`` (from ``position_after``) inside the caller's transaction."""
-        self._persist_txn(txn, self.instance_name, position)
-        txn.call_after(self._note_persisted, position)
+        persist_positions_txn(txn, [(self, position)])
 
     def _note_persisted(self, position: int) -> None:
         if position > self._persisted.get(self.instance_name, -1):
@@ -434,14 +429,7 @@ class StreamIdGenerator:
                 d.callback(None)
 
     def _persist_txn(self, txn: Transaction, instance_name: str, position: int) -> None:
-        # The greatest position wins, so a slow, stale write never moves it back.
-        txn.execute(
-            "INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES (?, ?, ?)"
-            " ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id ="
-            " CASE WHEN excluded.stream_id > stream_positions.stream_id"
-            " THEN excluded.stream_id ELSE stream_positions.stream_id END",
-            (self.stream_name, instance_name, position),
-        )
+        _upsert_positions(txn, [(self.stream_name, instance_name, position)])
 
     async def flush(self) -> None:
         """Wait until this writer's current position is written to the database."""
@@ -467,3 +455,68 @@ class StreamIdGenerator:
             f"<StreamIdGenerator {self.stream_name} instance={self.instance_name} "
             f"positions={self._positions} unfinished={self._unfinished}>"
         )
+
+
+def _upsert_positions(txn: Transaction, rows: Sequence[tuple[str, str, int]]) -> None:
+    # The greatest position wins, so a slow, stale write never moves it back.
+    txn.insert_many(
+        "stream_positions", ("stream_name", "instance_name", "stream_id"), rows,
+        on_conflict="ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id ="
+        " CASE WHEN excluded.stream_id > stream_positions.stream_id"
+        " THEN excluded.stream_id ELSE stream_positions.stream_id END",
+    )
+
+
+def persist_positions_txn(txn: Transaction, positions: Sequence[tuple[StreamIdGenerator, int]]) -> None:
+    """Write several writers' positions (each from ``position_after``) in one
+    statement of the caller's transaction."""
+    _upsert_positions(txn, [(gen.stream_name, gen.instance_name, position) for gen, position in positions])
+    for gen, position in positions:
+        txn.call_after(gen._note_persisted, position)
+
+
+async def _allocate(wanted: Sequence[tuple[StreamIdGenerator, int]]) -> dict[int, list[int]]:
+    """IDs for each request, by ``id(generator)``: one transaction for all sequences."""
+    results = {id(gen): gen._allocate_locally(n) for gen, n in wanted if not gen._use_sequence}
+    sequenced = [(gen, n) for gen, n in wanted if gen._use_sequence]
+    if sequenced:
+        names = ",".join(gen.stream_name for gen, _ in sequenced)
+        from_db = await sequenced[0][0].db.run_interaction(
+            f"allocate_stream_ids:{names}", lambda txn: [gen._allocate_txn(txn, n) for gen, n in sequenced]
+        )
+        results.update((id(gen), ids) for (gen, _), ids in zip(sequenced, from_db))
+    return results
+
+
+@contextlib.asynccontextmanager
+async def reserve_together(requests: Sequence[tuple[StreamIdGenerator, int]]) -> AsyncIterator[list[list[int]]]:
+    """``async with reserve_together([(gen_a, n), (gen_b, m)]) as (ids_a, ids_b)``.
+
+    Reserves from several generators of one database at once: on PostgreSQL
+    the sequences are read in one transaction, where separate ``get_next_mult``
+    calls would take one each. A request for 0 IDs yields ``[]``. Every ID
+    completes on exit, also when the body raises.
+    """
+    wanted = [(gen, n) for gen, n in requests if n]
+    if len({id(gen) for gen, _ in wanted}) != len(wanted):
+        raise ValueError("reserve_together: a generator is listed twice")
+    databases = {id(gen.db) for gen, _ in wanted}
+    if len(databases) > 1:
+        raise ValueError("reserve_together needs generators of one database")
+    floors: list[tuple[StreamIdGenerator, int]] = []
+    try:
+        for gen, n in wanted:
+            floors.append((gen, gen._begin_allocation(n)))
+        results = await _allocate(wanted)
+    except BaseException:
+        for gen, floor in floors:
+            gen._end_allocation(floor, None)
+        raise
+    for gen, floor in floors:
+        gen._end_allocation(floor, results[id(gen)])
+    try:
+        yield [results[id(gen)] if n else [] for gen, n in requests]
+    finally:
+        # Completion happens whether the body succeeded or raised.
+        for gen, n in wanted:
+            gen._complete(results[id(gen)])

@@ -176,6 +176,12 @@ class VisibilityWrites:
             self._tips.setdefault(row[0], row[3])
         return known
 
+    def learn(self, snapshot_nid: int, branch: int, seq: int, hv: int, tip: int) -> None:
+        """Facts of a stored snapshot and its branch's tip, read by the caller
+        in this transaction (spares reading them again)."""
+        self._snapshots.setdefault(snapshot_nid, (branch, seq, hv))
+        self._tips.setdefault(branch, tip)
+
     def tip(self, txn: Transaction, branch: int) -> int:
         tip = self._tips.get(branch)
         if tip is None:

@@ -232,18 +232,19 @@ class StoreStreamTests(ContractMixin):
         # higher ID. The stream must not claim the first one's ID complete:
         # a worker would be sent a position past a row it never gets.
         writer, _ = await open_pair(self, workers=())
-        generator = writer.events_stream
-        original = generator._allocate
+        from roomstore.streams import id_generators
+
+        original = id_generators._allocate
         delayed = [True]
 
-        async def allocate(n):
-            ids = await original(n)
+        async def allocate(wanted):
+            ids = await original(wanted)
             if delayed[0]:
                 delayed[0] = False
                 await sleep(0.3)
             return ids
 
-        generator._allocate = allocate
+        self.patch(id_generators, "_allocate", allocate)
         first, second = RoomBuilder("!first:example.org"), RoomBuilder("!second:example.org")
         slow = defer.ensureDeferred(writer.persist_events([first.to_persist(first.create())]))
         await sleep(0.05)

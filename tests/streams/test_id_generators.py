@@ -11,7 +11,7 @@ from twisted.internet import threads
 from twisted.trial import unittest
 
 from roomstore.storage import Database
-from roomstore.streams import BackingTable, SequenceLagError, StreamConfigError, StreamIdGenerator
+from roomstore.streams import BackingTable, SequenceLagError, StreamConfigError, StreamIdGenerator, reserve_together
 from tests.db import DatabaseTestMixin, on_both_engines
 
 FACTS = BackingTable(table="facts", id_column="stream_id", instance_column="instance_name")
@@ -144,6 +144,32 @@ class SingleWriterTests:
             "read", lambda t: t.select_one_value("SELECT stream_id FROM stream_positions WHERE stream_name = 'events'")
         )
         self.assertEqual(stored, 6)
+
+    async def test_reserve_together(self):
+        db = await self.make_database()
+        events = await StreamIdGenerator.create(db, "events", "master")
+        caches = await StreamIdGenerator.create(db, "caches", "master")
+        transactions = []
+        original = db.run_interaction
+
+        async def counting(description, *args, **kwargs):
+            transactions.append(description)
+            return await original(description, *args, **kwargs)
+
+        self.patch(db, "run_interaction", counting)
+        with self.assertRaises(ZeroDivisionError):
+            async with reserve_together([(events, 3), (caches, 0), (caches, 1)]) as (a, none, b):
+                self.assertEqual((a, none, b), ([1, 2, 3], [], [1]))
+                self.assertEqual((events.get_current_token(), caches.get_current_token()), (0, 0))
+                1 / 0
+        # Completed although the body raised; PostgreSQL read both sequences in one transaction.
+        self.assertEqual((events.get_current_token(), caches.get_current_token()), (3, 1))
+        allocations = [t for t in transactions if t.startswith("allocate_stream_ids")]
+        self.assertEqual(allocations, ["allocate_stream_ids:events,caches"] if self.engine_name == "postgres" else [])
+        with self.assertRaises(ValueError):
+            async with reserve_together([(events, 1), (events, 2)]):
+                pass
+        self.assertEqual(events.get_unfinished(), [])
 
     async def test_restart_recovers_persisted_position(self):
         url = self.new_database_url()
