@@ -245,6 +245,7 @@ def write_cache_invalidations(
             (stream_id, instance_name, name, None if keys is None else json.dumps(keys), now_ms)
             for name, keys in invalidations
         ],
+        queue=True,
     )
 
 
@@ -273,13 +274,14 @@ def _remember_all(cache: LruCache, mapping: Mapping) -> None:
         cache.set(key, value)
 
 
-def delete_pairs(txn: Transaction, table: str, columns: tuple[str, str], pairs) -> None:
+def delete_pairs(txn: Transaction, table: str, columns: tuple[str, str], pairs, queue: bool = False) -> None:
     """DELETE rows matching any of ``pairs`` in one statement per chunk
-    (row-value IN lists work on PostgreSQL and SQLite 3.15+)."""
+    (row-value IN lists work on PostgreSQL and SQLite 3.15+); ``queue``: see
+    ``Transaction.queue``."""
     pairs = sorted(set(pairs))
     for part in chunks(pairs):
         values = ", ".join("(?, ?)" for _ in part)
-        txn.execute(
+        (txn.queue if queue else txn.execute)(
             f"DELETE FROM {table} WHERE ({columns[0]}, {columns[1]}) IN (VALUES {values})",
             [v for pair in part for v in pair],
         )
@@ -604,16 +606,20 @@ class _BatchWriter:
              "stream_ordering", "instance_name", "origin_server_ts", "received_ts", "outlier", "rejected_reason",
              "backfilled", "redacted", "state_group_before", "state_group", "visibility_before", "visibility_after"),
             event_rows,
+            queue=True,
         )
-        txn.insert_many("event_json", ("event_nid", "room_version", "json"), json_rows)
-        txn.insert_many("event_edges", ("event_nid", "prev_event_nid"), edge_rows)
-        txn.insert_many("event_auth_edges", ("event_nid", "auth_event_nid"), auth_rows)
+        txn.insert_many("event_json", ("event_nid", "room_version", "json"), json_rows, queue=True)
+        txn.insert_many("event_edges", ("event_nid", "prev_event_nid"), edge_rows, queue=True)
+        txn.insert_many("event_auth_edges", ("event_nid", "auth_event_nid"), auth_rows, queue=True)
         txn.insert_many(
             "room_memberships",
             ("event_nid", "room_nid", "user_nid", "sender_nid", "membership", "stream_ordering"),
             membership_rows,
+            queue=True,
         )
-        txn.insert_many("redactions", ("redaction_event_nid", "redacts_event_nid", "received_ts"), redaction_rows)
+        txn.insert_many(
+            "redactions", ("redaction_event_nid", "redacts_event_nid", "received_ts"), redaction_rows, queue=True
+        )
         redacted_targets = self.flag_redactions([nid[ev.event_id] for ev in new_events], [r[0] for r in redaction_rows])
 
         rooms_touched = {room_nids[ev.pdu.room_id] for ev in new_events if not ev.outlier}
@@ -675,7 +681,7 @@ class _BatchWriter:
             known = versions.get(room_nid)
             if known is None:
                 if ev.pdu.type == "m.room.create" and ev.pdu.state_key == "":
-                    self.txn.execute("UPDATE rooms SET room_version = ? WHERE room_nid = ?", (given, room_nid))
+                    self.txn.queue("UPDATE rooms SET room_version = ? WHERE room_nid = ?", (given, room_nid))
                     versions[room_nid] = given
                     self.txn.call_after(cache.set, room_nid, given)
             elif known != given:
@@ -754,7 +760,7 @@ class _BatchWriter:
                 targets.update(r[0] for r in rows)
         for part in chunks(sorted(targets)):
             marks = ", ".join("?" for _ in part)
-            txn.execute(f"UPDATE events SET redacted = ? WHERE event_nid IN ({marks})", (True, *part))
+            txn.queue(f"UPDATE events SET redacted = ? WHERE event_nid IN ({marks})", (True, *part))
         return targets
 
     def update_extremities(self, new_events: Sequence[PreparedEvent], rooms: set[int]) -> None:
@@ -779,6 +785,7 @@ class _BatchWriter:
         delete_pairs(
             txn, "forward_extremities", ("room_nid", "event_nid"),
             [pair for pair in live_referenced if pair[1] not in self.fresh_nids],
+            queue=True,
         )
         # Fresh nids: only this batch's events can point at them.
         pointed_at = {nid[p] for ev in graph_events for p in ev.pdu.prev_event_ids}
@@ -792,6 +799,7 @@ class _BatchWriter:
         txn.insert_many(
             "forward_extremities", ("room_nid", "event_nid"),
             sorted({(room_of[n], n) for n in new_nids - backfilled if n not in pointed_at}),
+            queue=True,
         )
         # Backward: prev events we do not have as graph events; a new event
         # fills the gap it was.
@@ -799,11 +807,13 @@ class _BatchWriter:
         have = {n for n, r in self.stored_events(prev_nids).items() if not r["outlier"]} | new_nids
         missing = sorted({(room, p) for room, p in referenced if p not in have})
         txn.insert_many(
-            "backward_extremities", ("room_nid", "event_nid"), missing, on_conflict="ON CONFLICT DO NOTHING"
+            "backward_extremities", ("room_nid", "event_nid"), missing, on_conflict="ON CONFLICT DO NOTHING",
+            queue=True,
         )
         delete_pairs(
             txn, "backward_extremities", ("room_nid", "event_nid"),
             [(room_of[n], n) for n in new_nids if n not in self.fresh_nids],
+            queue=True,
         )
 
     def update_current_state(self, room_nid: int, room_id: str, position: int) -> bool:
@@ -852,21 +862,23 @@ class _BatchWriter:
             return False
         old_state = self.full_state(old_group)
         changed = {k for k in set(old_state) | set(new_state) if old_state.get(k) != new_state.get(k)}
-        txn.execute("UPDATE rooms SET current_state_group = ? WHERE room_nid = ?", (new_group, room_nid))
+        txn.queue("UPDATE rooms SET current_state_group = ? WHERE room_nid = ?", (new_group, room_nid))
         if not changed:
             return False
         self.names_of_keys(changed)
         removed = [(room_nid, k) for k in changed if k not in new_state]
-        delete_pairs(txn, "current_state", ("room_nid", "type_key_nid"), removed)
+        delete_pairs(txn, "current_state", ("room_nid", "type_key_nid"), removed, queue=True)
         upserts = sorted((room_nid, k, new_state[k]) for k in changed if k in new_state)
         txn.insert_many(
             "current_state", ("room_nid", "type_key_nid", "event_nid"), upserts,
             on_conflict="ON CONFLICT (room_nid, type_key_nid) DO UPDATE SET event_nid = excluded.event_nid",
+            queue=True,
         )
         txn.insert_many(
             "current_state_deltas",
             ("stream_ordering", "instance_name", "room_nid", "type_key_nid", "event_nid", "prev_event_nid"),
             [(position, self.p.instance_name, room_nid, k, new_state.get(k), old_state.get(k)) for k in sorted(changed)],
+            queue=True,
         )
         # Current memberships follow the member keys of current state.
         member_changes = [k for k in changed if self.key_names[k][0] == MEMBER]
@@ -874,7 +886,7 @@ class _BatchWriter:
             self.intern_users(self.key_names[k][1] for k in member_changes)
             self.load_event_facts([new_state[k] for k in member_changes if k in new_state])
             gone = [(room_nid, self.user_nids[self.key_names[k][1]]) for k in member_changes if k not in new_state]
-            delete_pairs(txn, "current_memberships", ("room_nid", "user_nid"), gone)
+            delete_pairs(txn, "current_memberships", ("room_nid", "user_nid"), gone, queue=True)
             rows = []
             for k in member_changes:
                 if k in new_state:
@@ -886,5 +898,6 @@ class _BatchWriter:
                 sorted(rows),
                 on_conflict="ON CONFLICT (room_nid, user_nid) DO UPDATE SET membership = excluded.membership,"
                 " event_nid = excluded.event_nid, stream_ordering = excluded.stream_ordering",
+                queue=True,
             )
         return True

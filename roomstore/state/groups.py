@@ -185,6 +185,7 @@ class StateGroupWrites:
             "state_groups",
             ("state_group", "room_nid", "event_nid", "prev_state_group", "chain_length", "visibility_snapshot"),
             self.groups,
+            queue=True,
         )
-        txn.insert_many("state_group_deltas", ("state_group", "type_key_nid", "event_nid"), self.deltas)
+        txn.insert_many("state_group_deltas", ("state_group", "type_key_nid", "event_nid"), self.deltas, queue=True)
         self.groups, self.deltas = [], []

@@ -68,18 +68,44 @@ class Transaction:
         self._after_callbacks: list[tuple[Callable[..., Any], tuple, dict]] = []
         self._allocated: dict[tuple[str, str], int] = {}
         self._free_ids: dict[tuple[str, str], list[int]] = {}
+        self._queued: list[bytes] = []
 
     # --- SQL -------------------------------------------------------------
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> "Transaction":
+        self.flush_queue()
         self.db._count_query()
         self._cursor.execute(self.engine.convert_sql(sql), tuple(args))
         return self
+
+    def queue(self, sql: str, args: Sequence[Any] = ()) -> None:
+        """Run a write whose result is not needed, perhaps a little later.
+
+        On PostgreSQL queued statements travel to the server together, in one
+        round trip, before the next statement that is not queued and before
+        commit; so every later statement still sees their effects, and an
+        error in one still fails the transaction (at that point). Values are
+        bound by psycopg2 exactly as ``execute`` binds them. SQLite, being
+        in-process, runs the statement now.
+        """
+        if self.engine.name != "postgres":
+            self.execute(sql, args)
+            return
+        self.db._count_query()
+        self._queued.append(self._cursor.mogrify(self.engine.convert_sql(sql), tuple(args)))
+
+    def flush_queue(self) -> None:
+        """Send the queued statements (see ``queue``) now."""
+        if self._queued:
+            statements, self._queued = self._queued, []
+            # No arguments: the text is sent as it is (already bound).
+            self._cursor.execute(b";\n".join(statements))
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         rows = [tuple(r) for r in rows]
         if not rows:
             return
+        self.flush_queue()
         self.db._count_query()
         self._cursor.executemany(self.engine.convert_sql(sql), rows)
 
@@ -90,6 +116,7 @@ class Transaction:
         rows: Iterable[Sequence[Any]],
         on_conflict: str = "",
         returning: str = "",
+        queue: bool = False,
     ) -> list[tuple] | None:
         """Insert many rows in as few round trips as the engine allows.
 
@@ -100,16 +127,27 @@ class Transaction:
         executemany would be one round trip per row); SQLite runs in-process.
         ``returning`` (PostgreSQL only: SQLite's executemany cannot return
         rows) is a ``RETURNING`` column list; the rows it returns are returned.
+        ``queue=True`` sends the insert with the other queued writes (``queue``).
         """
         rows = [tuple(r) for r in rows]
         if returning and self.engine.name != "postgres":
             raise ValueError("insert_many(returning=...) needs PostgreSQL")
+        if returning and queue:
+            raise ValueError("insert_many: a queued insert cannot return rows")
         if not rows:
             return [] if returning else None
         cols = ", ".join(columns)
+        if queue and self.engine.name == "postgres":
+            one_row = "(" + ", ".join("%s" for _ in columns) + ")"
+            for start in range(0, len(rows), 1000):
+                values = b",".join(self._cursor.mogrify(one_row, row) for row in rows[start:start + 1000])
+                self.db._count_query()
+                self._queued.append(f"INSERT INTO {table} ({cols}) VALUES ".encode() + values + f" {on_conflict}".encode())
+            return None
         if self.engine.name == "postgres":
             from psycopg2.extras import execute_values
 
+            self.flush_queue()
             self.db._count_query()
             suffix = f" RETURNING {returning}" if returning else ""
             result = execute_values(
@@ -265,6 +303,7 @@ class Database:
             try:
                 self.engine.begin(cursor)
                 result = fn(txn, *args, **kwargs)
+                txn.flush_queue()
                 conn.commit()
                 return result, txn._after_callbacks
             except BaseException as exc:

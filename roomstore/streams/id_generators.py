@@ -464,6 +464,7 @@ def _upsert_positions(txn: Transaction, rows: Sequence[tuple[str, str, int]]) ->
         on_conflict="ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id ="
         " CASE WHEN excluded.stream_id > stream_positions.stream_id"
         " THEN excluded.stream_id ELSE stream_positions.stream_id END",
+        queue=True,
     )
 
 

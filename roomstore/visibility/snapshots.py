@@ -229,23 +229,21 @@ class VisibilityWrites:
     def flush(self, txn: Transaction) -> None:
         txn.insert_many(
             "visibility_branches", ("branch_nid", "room_nid", "base_snapshot_nid", "tip_seq"),
-            [(b, room, base, self._tips[b]) for b, (room, base) in sorted(self._new_branches.items())],
+            [(b, room, base, self._tips[b]) for b, (room, base) in sorted(self._new_branches.items())], queue=True,
         )
         txn.insert_many(
             "visibility_branch_ancestors", ("branch_nid", "ancestor_branch_nid", "upto_seq", "depth"),
             [(b, ancestor, upto, depth) for b in sorted(self._new_branches)
-             for ancestor, upto, depth in [(b, 0, 0)] + self._ancestry(txn, b)],
+             for ancestor, upto, depth in [(b, 0, 0)] + self._ancestry(txn, b)], queue=True,
         )
         if self._moved_tips:
-            txn.executemany(
-                "UPDATE visibility_branches SET tip_seq = ? WHERE branch_nid = ?",
-                [(self._tips[b], b) for b in sorted(self._moved_tips)],
-            )
+            for branch in sorted(self._moved_tips):
+                txn.queue("UPDATE visibility_branches SET tip_seq = ? WHERE branch_nid = ?", (self._tips[branch], branch))
         txn.insert_many(
             "visibility_snapshots", ("snapshot_nid", "room_nid", "branch_nid", "seq", "history_visibility"),
-            self._snapshot_rows,
+            self._snapshot_rows, queue=True,
         )
-        txn.insert_many("visibility_memberships", ("branch_nid", "user_nid", "seq", "membership"), self._membership_rows)
+        txn.insert_many("visibility_memberships", ("branch_nid", "user_nid", "seq", "membership"), self._membership_rows, queue=True)
         self._new_branches, self._moved_tips = {}, set()
         self._ancestors = {}
         self._snapshot_rows, self._membership_rows = [], []
