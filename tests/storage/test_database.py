@@ -146,6 +146,51 @@ class TransactionTests:
         self.assertEqual(db.query_count - before, 2)
 
 
+    async def test_queued_writes(self):
+        """Queued writes are seen by the next statement, bind awkward values
+        exactly, and an error among them rolls the whole transaction back."""
+        db = await self.make_database()
+
+        def create(txn):
+            txn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT, data BYTEA)"
+                        if self.engine_name == "postgres" else
+                        "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT, data BLOB)")
+
+        await db.run_interaction("create", create)
+        awkward = "it's 100% \\ ; DROP TABLE notes; --"
+
+        def write_then_read(txn):
+            txn.queue("INSERT INTO notes (id, body, data) VALUES (?, ?, ?)", (1, awkward, b"\x00\xff'"))
+            txn.insert_many("notes", ("id", "body", "data"), [(2, "two", b""), (3, None, b"3")], queue=True)
+            txn.queue("UPDATE notes SET body = ? WHERE id = ?", ("three", 3))
+            return txn.execute("SELECT id, body, data FROM notes ORDER BY id").fetchall()
+
+        before = db.query_count
+        rows = await db.run_interaction("write_then_read", write_then_read)
+        self.assertEqual(db.query_count - before, 4)
+        self.assertEqual([(r[0], r[1], bytes(r[2])) for r in rows],
+                         [(1, awkward, b"\x00\xff'"), (2, "two", b""), (3, "three", b"3")])
+
+        def queued_at_commit(txn):
+            txn.insert_many("notes", ("id", "body", "data"), [(4, "four", b"")], queue=True)
+
+        await db.run_interaction("at_commit", queued_at_commit)
+        self.assertEqual(await db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM notes")), 4)
+
+        def duplicate_among_queued(txn):
+            txn.queue("UPDATE notes SET body = ? WHERE id = ?", ("changed", 1))
+            txn.insert_many("notes", ("id", "body", "data"), [(5, "five", b""), (2, "again", b"")], queue=True)
+
+        with self.assertRaises(Exception):
+            await db.run_interaction("duplicate", duplicate_among_queued)
+        body = await db.run_interaction("body", lambda t: t.select_one_value("SELECT body FROM notes WHERE id = 1"))
+        self.assertEqual(body, awkward)
+        self.assertEqual(await db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM notes")), 4)
+        with self.assertRaises(ValueError):
+            await db.run_interaction(
+                "bad", lambda t: t.insert_many("notes", ("id",), [(9,)], returning="id", queue=True)
+            )
+
     async def test_close_waits_for_running_interactions(self):
         """close() during a transaction lets it commit, then refuses new ones
         (it used to close the connection under the running transaction)."""
