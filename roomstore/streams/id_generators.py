@@ -141,6 +141,11 @@ class StreamIdGenerator:
         gen = cls(db, stream_name, instance_name, writers or [instance_name], backing_tables, sequence_name)
         await db.run_interaction(f"load_stream_positions:{stream_name}", gen._load_txn)
         gen._publish_metrics()
+        if gen.is_writer and gen._persisted.get(instance_name, -1) < gen._positions[instance_name]:
+            # Recovered past what was persisted (rows newer than the last
+            # position write): record it, so other processes starting now
+            # need not wait for our next write to see it.
+            await gen.flush()
         return gen
 
     def _load_txn(self, txn: Transaction) -> None:
@@ -169,7 +174,15 @@ class StreamIdGenerator:
                 newest_row_by_writer[instance] = max(newest_row_by_writer.get(instance, 0), value)
 
         for writer in self.writers:
-            self._positions[writer] = max(stored.get(writer, 0), newest_row_by_writer.get(writer, 0))
+            if writer != self.instance_name and writer in stored:
+                # Another process's position: the newest row it wrote may sit
+                # above an ID it is still writing, while its persisted
+                # position never does. Replication moves it on from there.
+                self._positions[writer] = stored[writer]
+            else:
+                # Our own (nothing of ours is in flight at start-up), or a
+                # writer that never persisted one: its rows are all we know.
+                self._positions[writer] = max(stored.get(writer, 0), newest_row_by_writer.get(writer, 0))
         highest = max([newest_row, *stored.values(), *self._positions.values(), 0])
         self._persisted = {w: stored[w] for w in self.writers if w in stored}
 

@@ -171,6 +171,23 @@ class SingleWriterTests:
                 pass
         self.assertEqual(events.get_unfinished(), [])
 
+    async def test_reader_starts_from_persisted_position_not_newest_row(self):
+        """A process that only reads the stream, starting while the writer has
+        ID 1 in flight and 2 written, must not claim 1 complete."""
+        db = await self.make_database()
+        await db.run_interaction("facts", _create_facts)
+        writer = await StreamIdGenerator.create(db, "events", "master", backing_tables=[FACTS])
+        held = Reservation(writer.get_next())
+        self.assertEqual(await held.reserve(), 1)
+        async with writer.get_next() as stream_id:
+            await db.run_interaction("fact", lambda t: t.execute("INSERT INTO facts VALUES (?, 'master')", (stream_id,)))
+        reader = await StreamIdGenerator.create(db, "events", "reader", writers=["master"], backing_tables=[FACTS])
+        self.assertEqual(reader.get_current_token(), 0)
+        await held.complete()
+        await writer.flush()
+        later = await StreamIdGenerator.create(db, "events", "reader", writers=["master"], backing_tables=[FACTS])
+        self.assertEqual(later.get_current_token(), 2)
+
     async def test_restart_recovers_persisted_position(self):
         url = self.new_database_url()
         db = await self.make_database(url)
