@@ -244,6 +244,11 @@ class Database:
             minthreads=1, maxthreads=engine.max_connections, name=f"roomstore-{name}"
         )
         self._threadpool.start()
+        # A process that stops its reactor without close() must not hang
+        # waiting for these threads: stop them with the reactor.
+        self._shutdown_trigger = None
+        if hasattr(self.reactor, "addSystemEventTrigger"):
+            self._shutdown_trigger = self.reactor.addSystemEventTrigger("during", "shutdown", self._threadpool.stop)
         self._closed = False
         # Interactions handed to the pool and not yet returned; close() waits
         # for them so it never closes a connection a transaction is using.
@@ -386,6 +391,9 @@ class Database:
                     pass
 
         await threads.deferToThreadPool(self.reactor, self._threadpool, close_all)
+        if self._shutdown_trigger is not None:
+            self.reactor.removeSystemEventTrigger(self._shutdown_trigger)
+            self._shutdown_trigger = None
         self._threadpool.stop()
 
 

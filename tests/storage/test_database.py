@@ -261,6 +261,30 @@ class PostgresRetryTests(unittest.TestCase):
         self.assertGreaterEqual(retries_after - retries_before, 1)
 
 
+class ShutdownTests(unittest.TestCase):
+    def test_process_exits_without_close(self):
+        """Stopping the reactor stops the pool's threads, close() or not."""
+        import subprocess
+        import sys
+        import tempfile
+
+        import shutil
+
+        directory = tempfile.mkdtemp(prefix="roomstore-test-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        script = (
+            "import sys\n"
+            "from twisted.internet import defer, task\n"
+            "from roomstore.storage import Database\n"
+            "async def main(reactor):\n"
+            f"    db = Database.from_url('sqlite:///{directory}/x.db')\n"
+            "    await db.prepare()\n"
+            "task.react(lambda r: defer.ensureDeferred(main(r)))\n"
+        )
+        result = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True)
+        self.assertEqual(result.returncode, 0, result.stderr.decode())
+
+
 class UrlTests(unittest.TestCase):
     def test_sqlite_urls(self):
         engine = engine_from_url("sqlite:///relative/dir/store.db")
