@@ -25,7 +25,9 @@ asked to (a REPLICATE) or if the cursor moved past the last RDATA token
 (tokens with no rows), so the client's position is exact.
 
 If ``get_updates`` fails, the error is logged and the loop stops with the
-cursor where it was; the next ``on_stream_advanced`` retries from there.
+cursor where it was; it is retried from there on the next
+``on_stream_advanced`` or, if none comes, after a delay on the connection's
+clock (1 s, doubling to 60 s while it keeps failing).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Protocol
 
 import attrs
 from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -67,10 +70,17 @@ class FeedConnection(Protocol):
 
     def when_writable(self) -> defer.Deferred[None]: ...
 
+    @property
+    def clock(self) -> IReactorTime: ...
+
 
 class StreamContractError(Exception):
     """A stream's ``get_updates`` broke the contract documented on
     :class:`~roomstore.replication.streams.Stream`."""
+
+
+RETRY_FIRST_DELAY = 1.0
+RETRY_MAX_DELAY = 60.0
 
 
 @attrs.define
@@ -90,6 +100,9 @@ class _Cursor:
     #: Bumped when a legacy REPLICATE moves the cursor, so a loop that was
     #: waiting on get_updates throws that page away.
     generation: int = 0
+    #: After a failure: the pending retry (an IDelayedCall) and the next delay.
+    retry_call: object = None
+    retry_delay: float = RETRY_FIRST_DELAY
 
 
 class ConnectionFeed:
@@ -199,6 +212,10 @@ class ConnectionFeed:
         """The connection is gone: no new loops; running ones end at their
         next step (they check the connection)."""
         self._subscribed.clear()
+        for cursor in self._cursors.values():
+            if cursor.retry_call is not None and cursor.retry_call.active():
+                cursor.retry_call.cancel()
+            cursor.retry_call = None
 
     # -- the catch-up loop ----------------------------------------------------
 
@@ -213,16 +230,28 @@ class ConnectionFeed:
 
         def done(result: object) -> None:
             self._loops.pop(key, None)
-            if isinstance(result, Failure):
-                self.log.failure(
-                    "[{conn_id}] sending {stream}/{writer} failed; will retry on the next update",
-                    failure=result,
-                    conn_id=self._conn.conn_id,
-                    stream=stream.name,
-                    writer=writer,
-                )
+            if not isinstance(result, Failure):
+                cursor.retry_delay = RETRY_FIRST_DELAY
+                return
+            delay = cursor.retry_delay
+            self.log.failure(
+                "[{conn_id}] sending {stream}/{writer} failed; will retry on the next update or in {delay} s",
+                failure=result,
+                conn_id=self._conn.conn_id,
+                stream=stream.name,
+                writer=writer,
+                delay=delay,
+            )
+            cursor.retry_delay = min(delay * 2, RETRY_MAX_DELAY)
+            if self._conn.is_open and (cursor.retry_call is None or not cursor.retry_call.active()):
+                cursor.retry_call = self._conn.clock.callLater(delay, self._retry, stream, writer, cursor)
 
         d.addBoth(done)
+
+    def _retry(self, stream: Stream, writer: str, cursor: _Cursor) -> None:
+        cursor.retry_call = None
+        if stream.name in self._subscribed:
+            self._kick(stream, writer, cursor)
 
     async def _catch_up(self, stream: Stream, writer: str, cursor: _Cursor) -> None:
         try:

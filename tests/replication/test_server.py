@@ -152,6 +152,69 @@ class ReplicateTests(unittest.TestCase):
         factory.notify_new_rows("broken")
         self.assertEqual(take(transport), ['RDATA broken master 5 ["ok"]', "POSITION broken master 5 5"])
 
+    def test_broken_stream_is_retried_on_a_timer_without_new_rows(self) -> None:
+        """No notification may ever come (the writer is idle): the feed tries
+        again after 1 s, then 2 s, ... until the stream answers."""
+        calls = []
+
+        class Flaky(Stream):
+            name = "flaky"
+            failures = 2
+
+            def writers(self) -> Sequence[str]:
+                return ["master"]
+
+            def current_token(self, instance_name: str) -> int:
+                return 5
+
+            async def get_updates(self, instance_name, from_token, upto_token, limit):
+                calls.append(clock.seconds())
+                if self.failures:
+                    self.failures -= 1
+                    raise RuntimeError("database restarting")
+                return [(5, ("ok",))], upto_token, False
+
+        clock = Clock()
+        factory = make_server(StreamRegistry([Flaky()]), clock)
+        protocol, transport = connect(factory)
+        feed(protocol, "REPLICATE flaky 0")
+        self.assertEqual(take(transport), [])
+        clock.advance(1)  # second try, fails too; the next waits 2 s
+        self.assertEqual(take(transport), [])
+        clock.advance(1.5)
+        self.assertEqual(take(transport), [])
+        clock.advance(0.5)
+        self.assertEqual(take(transport), ['RDATA flaky master 5 ["ok"]', "POSITION flaky master 5 5"])
+        self.assertEqual(calls, [0, 1, 3])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2)
+        self.assertEqual([c for c in clock.getDelayedCalls() if "_retry" in repr(c.func)], [])
+        clock.advance(100)
+        self.assertEqual(calls, [0, 1, 3])
+
+    def test_no_retry_after_the_connection_closes(self) -> None:
+        class Broken(Stream):
+            name = "broken"
+
+            def writers(self) -> Sequence[str]:
+                return ["master"]
+
+            def current_token(self, instance_name: str) -> int:
+                return 5
+
+            async def get_updates(self, instance_name, from_token, upto_token, limit):
+                raise RuntimeError("down")
+
+        clock = Clock()
+        factory = make_server(StreamRegistry([Broken()]), clock)
+        protocol, transport = connect(factory)
+        feed(protocol, "REPLICATE broken 0")
+        self.flushLoggedErrors(RuntimeError)
+        retries = [c for c in clock.getDelayedCalls() if "_retry" in repr(c.func)]
+        self.assertEqual(len(retries), 1)
+        transport.loseConnection()
+        protocol.connectionLost(None)
+        self.assertFalse(retries[0].active())
+
 
 class ClientNotificationTests(unittest.TestCase):
     def test_registered_handlers_get_client_commands(self) -> None:
