@@ -232,6 +232,9 @@ class ConnectionFeed:
             self._loops.pop(key, None)
             if not isinstance(result, Failure):
                 cursor.retry_delay = RETRY_FIRST_DELAY
+                if cursor.retry_call is not None and cursor.retry_call.active():
+                    cursor.retry_call.cancel()  # a notification got there first
+                cursor.retry_call = None
                 return
             delay = cursor.retry_delay
             self.log.failure(

@@ -151,6 +151,8 @@ class ReplicateTests(unittest.TestCase):
         broken.fail = False
         factory.notify_new_rows("broken")
         self.assertEqual(take(transport), ['RDATA broken master 5 ["ok"]', "POSITION broken master 5 5"])
+        # The notification got there first: the timed retry is dropped.
+        self.assertEqual([c for c in factory.reactor.getDelayedCalls() if "_retry" in repr(c.func)], [])
 
     def test_broken_stream_is_retried_on_a_timer_without_new_rows(self) -> None:
         """No notification may ever come (the writer is idle): the feed tries
