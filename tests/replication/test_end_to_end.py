@@ -226,7 +226,11 @@ class EndToEndTests(DatabaseTestMixin, unittest.TestCase):
             saved = load_positions(positions_file) or {}
             return all(saved.get((name, "master"), -1) >= final[name] for name in CHECKED_STREAMS)
 
-        await wait_until(caught_up, timeout=60, what="the last worker to catch up")
+        # Started, too: the positions file may already be at the end when the
+        # writer wrote nothing after the last kill, and a SIGTERM before the
+        # reactor runs (no handler yet) would kill the process outright.
+        await wait_until(lambda: has_started(outputs[-1]) and caught_up(), timeout=60,
+                         what="the last worker to start and catch up")
         proc.send_signal(signal.SIGTERM)
         await wait_until(lambda: proc.poll() is not None, timeout=20, what="the last worker to exit")
         self.assertEqual(proc.returncode, 0, open(outputs[-1] + ".err").read()[-2000:])
