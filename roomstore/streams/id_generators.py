@@ -248,11 +248,12 @@ class StreamIdGenerator:
 
     @contextlib.asynccontextmanager
     async def _reserve_many(self, n: int) -> AsyncIterator[list[int]]:
+        # Here 0 is an error; reserve_together takes it as "none of this stream".
+        self._check_reservation(n)
         async with reserve_together([(self, n)]) as (ids,):
             yield ids
 
-    def _begin_allocation(self, n: int) -> int:
-        """Checks, then holds this writer's position until ``_end_allocation``; returns the floor."""
+    def _check_reservation(self, n: int) -> None:
         if not self.is_writer:
             raise StreamConfigError(
                 f"{self.instance_name!r} is not a writer of stream {self.stream_name!r} "
@@ -260,6 +261,10 @@ class StreamIdGenerator:
             )
         if n < 1:
             raise ValueError("must reserve at least one ID")
+
+    def _begin_allocation(self, n: int) -> int:
+        """Checks, then holds this writer's position until ``_end_allocation``; returns the floor."""
+        self._check_reservation(n)
         floor = self._max_seen
         self._allocating.append(floor)
         return floor

@@ -93,6 +93,18 @@ class SingleWriterTests:
         await held.complete()
         self.assertEqual(gen.get_current_token(), 5)
 
+    async def test_reserving_nothing_is_an_error(self):
+        gen = await self._generator()
+        for n in (0, -1):
+            with self.assertRaises(ValueError):
+                async with gen.get_next_mult(n):
+                    pass
+        self.assertEqual((gen.get_unfinished(), gen.get_current_token()), ([], 0))
+        reader = await self._generator(gen.db, writers=["master"], instance="reader")
+        with self.assertRaises(StreamConfigError):
+            async with reader.get_next_mult(0):
+                pass
+
     async def test_wait_for_position(self):
         gen = await self._generator()
         waiter = gen.wait_for_position(2)
