@@ -101,20 +101,25 @@ class Interner:
 
     def lookup(self, txn: Transaction, keys: Iterable) -> dict:
         """The nids of those ``keys`` that are interned already (no writes)."""
-        wanted = list(dict.fromkeys(keys))
-        result = {}
-        missing = []
-        for key in wanted:
-            nid = self._to_nid.get(key)
-            if nid is None:
-                missing.append(key)
-            else:
-                result[key] = nid
+        result, missing = self._split_cached(self._to_nid, keys)
         if missing:
             found = self._select(txn, missing)
             result.update(found)
             txn.call_after(self._remember, found)
         return result
+
+    @staticmethod
+    def _split_cached(cache: LruCache, wanted: Iterable) -> tuple[dict, list]:
+        """(what ``cache`` knows of ``wanted``, the rest), deduplicated in order."""
+        known = {}
+        missing = []
+        for item in dict.fromkeys(wanted):
+            value = cache.get(item)
+            if value is None:
+                missing.append(item)
+            else:
+                known[item] = value
+        return known, missing
 
     def intern(self, txn: Transaction, keys: Iterable, created: set | None = None) -> dict:
         """The nids of ``keys``, inserting those not interned yet.
@@ -122,24 +127,16 @@ class Interner:
         ``created``, if given, receives the keys this call inserted: nothing
         stored before can refer to their nids.
         """
-        wanted = list(dict.fromkeys(keys))
         if txn.engine.name == "postgres":
             # Insert what the cache does not know straight away: keys stored
             # already (or by another writer meanwhile) conflict and come back
             # from the SELECT after (or not at all, if their commit is newer
             # than our snapshot: then start again). One statement fewer than
             # looking first, when the keys are new as they mostly are.
-            result = {}
-            for key in wanted:
-                nid = self._to_nid.get(key)
-                if nid is not None:
-                    result[key] = nid
-        else:
-            result = self.lookup(txn, wanted)
-        missing = sorted(k for k in wanted if k not in result)
-        if not missing:
-            return result
-        if txn.engine.name == "postgres":
+            result, missing = self._split_cached(self._to_nid, keys)
+            missing.sort()
+            if not missing:
+                return result
             inserted = txn.insert_many(
                 self.table, self.key_columns, [self._as_row(k) for k in missing],
                 on_conflict="ON CONFLICT DO NOTHING", returning=f"{', '.join(self.key_columns)}, {self.nid_column}",
@@ -153,6 +150,11 @@ class Interner:
             # BEGIN IMMEDIATE makes this the only writer and lookup() ran in
             # this transaction: every missing key is ours to insert, with nids
             # chosen here so no SELECT is needed to learn them.
+            wanted = list(dict.fromkeys(keys))
+            result = self.lookup(txn, wanted)
+            missing = sorted(k for k in wanted if k not in result)
+            if not missing:
+                return result
             nids = txn.allocate_ids(self.table, self.nid_column, len(missing))
             found = dict(zip(missing, nids))
             txn.insert_many(
@@ -170,15 +172,7 @@ class Interner:
 
     def resolve(self, txn: Transaction, nids: Iterable[int]) -> dict[int, object]:
         """The keys of interned ``nids``."""
-        wanted = list(dict.fromkeys(nids))
-        result = {}
-        missing = []
-        for nid in wanted:
-            key = self._to_key.get(nid)
-            if key is None:
-                missing.append(nid)
-            else:
-                result[nid] = key
+        result, missing = self._split_cached(self._to_key, nids)
         if missing:
             cols = ", ".join(self.key_columns)
             fetched = {}
