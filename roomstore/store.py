@@ -29,7 +29,7 @@ from roomstore.events.reads import EventReader
 from roomstore.events.timeline import PaginationResult, RecentResult, SyncResult, TimelineReader
 from roomstore.state.groups import DEFAULT_MAX_CHAIN_LENGTH, StateGroupStore
 from roomstore.storage.database import Database
-from roomstore.storage.interning import Interners, LruCache
+from roomstore.storage.interning import Interners, split_cached
 from roomstore.streams.builtin import open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.id_generators import persist_positions_txn, reserve_together
@@ -82,8 +82,6 @@ class RoomStore:
         self.reader = EventReader(self)
         self.timeline = TimelineReader(self)
         self._invalidation_hooks: list = []
-        # room_id -> room version: fixed for a room's lifetime, so never stale.
-        self._room_versions = LruCache(config.change_cache_size)
 
     @classmethod
     async def open(
@@ -188,14 +186,14 @@ class RoomStore:
                 room_id, event_type, _ = peek_room_version(ev.raw)
                 if room_id and event_type != "m.room.create":
                     rooms.add(room_id)
-        known = {r: self._room_versions.get(r) for r in rooms}
-        unknown = sorted(r for r, v in known.items() if v is None)
+        cache = self.persister.room_versions
+        known, unknown = split_cached(cache, sorted(rooms))
         if unknown:
             found = await self.db.run_interaction("room_versions", self.reader.room_versions_txn, unknown)
             for room_id, version in found.items():
-                self._room_versions.set(room_id, version)
-                known[room_id] = version
-        return {r: v for r, v in known.items() if v is not None}
+                cache.set(room_id, version)
+            known.update(found)
+        return known
 
     def _after_persist(self, outcome: BatchOutcome) -> None:
         for room_id, position in outcome.room_positions.items():

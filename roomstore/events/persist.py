@@ -27,7 +27,7 @@ from roomstore.events.validation import InvalidEventError, ParsedPdu, parse_pdu
 from roomstore.state.groups import StateGroupStore, StateGroupWrites
 from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_states
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import Interners, LruCache, chunks
+from roomstore.storage.interning import Interners, LruCache, chunks, split_cached
 from roomstore.visibility.rules import NO_MEMBERSHIP_CODE, membership_code, visibility_code
 from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, VisibilityWrites
 
@@ -202,7 +202,8 @@ class EventPersister:
 
     def __init__(self, interners: Interners, state_groups: StateGroupStore, visibility: VisibilityStore, instance_name: str):
         self.interners = interners
-        # room_nid -> room version, once stored (a room's version never changes).
+        # room_id -> room version, once stored (a room's version never
+        # changes); RoomStore reads it too, before validating a batch.
         self.room_versions = LruCache(100_000)
         self.state_groups = state_groups
         self.visibility = visibility
@@ -665,25 +666,24 @@ class _BatchWriter:
 
     def check_room_versions(self, events: Sequence[PreparedEvent], room_nids: Mapping[str, int]) -> None:
         cache = self.p.room_versions
-        versions = {n: cache.get(n) for n in room_nids.values() if cache.get(n) is not None}
-        unknown = [n for n in room_nids.values() if n not in versions]
+        versions, unknown = split_cached(cache, room_nids)
         for part in chunks(unknown):
             marks = ", ".join("?" for _ in part)
             found = dict(self.txn.execute(
-                f"SELECT room_nid, room_version FROM rooms WHERE room_nid IN ({marks}) AND room_version IS NOT NULL",
+                f"SELECT room_id, room_version FROM rooms WHERE room_id IN ({marks}) AND room_version IS NOT NULL",
                 list(part),
             ).fetchall())
             versions.update(found)
             self.txn.call_after(_remember_all, cache, found)
         for ev in events:
-            room_nid = room_nids[ev.pdu.room_id]
+            room_id = ev.pdu.room_id
             given = ev.pdu.room_version.identifier
-            known = versions.get(room_nid)
+            known = versions.get(room_id)
             if known is None:
                 if ev.pdu.type == "m.room.create" and ev.pdu.state_key == "":
-                    self.txn.queue("UPDATE rooms SET room_version = ? WHERE room_nid = ?", (given, room_nid))
-                    versions[room_nid] = given
-                    self.txn.call_after(cache.set, room_nid, given)
+                    self.txn.queue("UPDATE rooms SET room_version = ? WHERE room_nid = ?", (given, room_nids[room_id]))
+                    versions[room_id] = given
+                    self.txn.call_after(cache.set, room_id, given)
             elif known != given:
                 raise InvalidEventError(
                     f"event {ev.event_id} claims room version {given} but room {ev.pdu.room_id} is version {known}"

@@ -57,6 +57,19 @@ def chunks(values: Sequence, size: int = CHUNK) -> Iterable[Sequence]:
         yield values[start : start + size]
 
 
+def split_cached(cache: LruCache, wanted: Iterable) -> tuple[dict, list]:
+    """(what ``cache`` knows of ``wanted``, the rest), deduplicated in order."""
+    known = {}
+    missing = []
+    for item in dict.fromkeys(wanted):
+        value = cache.get(item)
+        if value is None:
+            missing.append(item)
+        else:
+            known[item] = value
+    return known, missing
+
+
 class Interner:
     """Interns one kind of string id (or tuple of strings) into a table.
 
@@ -101,25 +114,12 @@ class Interner:
 
     def lookup(self, txn: Transaction, keys: Iterable) -> dict:
         """The nids of those ``keys`` that are interned already (no writes)."""
-        result, missing = self._split_cached(self._to_nid, keys)
+        result, missing = split_cached(self._to_nid, keys)
         if missing:
             found = self._select(txn, missing)
             result.update(found)
             txn.call_after(self._remember, found)
         return result
-
-    @staticmethod
-    def _split_cached(cache: LruCache, wanted: Iterable) -> tuple[dict, list]:
-        """(what ``cache`` knows of ``wanted``, the rest), deduplicated in order."""
-        known = {}
-        missing = []
-        for item in dict.fromkeys(wanted):
-            value = cache.get(item)
-            if value is None:
-                missing.append(item)
-            else:
-                known[item] = value
-        return known, missing
 
     def intern(self, txn: Transaction, keys: Iterable, created: set | None = None) -> dict:
         """The nids of ``keys``, inserting those not interned yet.
@@ -133,7 +133,7 @@ class Interner:
             # from the SELECT after (or not at all, if their commit is newer
             # than our snapshot: then start again). One statement fewer than
             # looking first, when the keys are new as they mostly are.
-            result, missing = self._split_cached(self._to_nid, keys)
+            result, missing = split_cached(self._to_nid, keys)
             missing.sort()
             if not missing:
                 return result
@@ -172,7 +172,7 @@ class Interner:
 
     def resolve(self, txn: Transaction, nids: Iterable[int]) -> dict[int, object]:
         """The keys of interned ``nids``."""
-        result, missing = self._split_cached(self._to_key, nids)
+        result, missing = split_cached(self._to_key, nids)
         if missing:
             cols = ", ".join(self.key_columns)
             fetched = {}
