@@ -151,17 +151,15 @@ class RoomStore:
         live = sum(1 for ev in prepared if not ev.backfilled)
         backfilled = len(prepared) - live
         # One caches-stream ID per batch: the batch's invalidations are one fact.
-        async with reserve_together(
-            [(self.events_stream, live), (self.backfill_stream, backfilled), (self.caches_stream, 1)]
-        ) as (stream_ids, backfill_ids, (cache_stream_id,)):
+        streams = (self.events_stream, self.backfill_stream, self.caches_stream)
+        async with reserve_together(list(zip(streams, (live, backfilled, 1)))) as reserved:
+            stream_ids, backfill_ids, (cache_stream_id,) = reserved
             # Usually nothing else is in flight: the batch's transaction then
             # also records the positions its completion reaches.
             positions = [
-                (generator, generator.position_after(ids))
-                for generator, ids in (
-                    (self.events_stream, stream_ids), (self.backfill_stream, backfill_ids),
-                    (self.caches_stream, [cache_stream_id]),
-                )
+                (generator, position)
+                for generator, ids in zip(streams, reserved)
+                if (position := generator.position_after(ids)) is not None
             ]
             outcome: BatchOutcome = await self.db.run_interaction(
                 "persist_events", self._persist_txn, prepared, stream_ids, backfill_ids,
@@ -174,7 +172,7 @@ class RoomStore:
 
     def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions):
         outcome = self.persister.persist_txn(txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id)
-        persist_positions_txn(txn, [(generator, position) for generator, position in positions if position is not None])
+        persist_positions_txn(txn, positions)
         return outcome
 
     async def _known_room_versions(self, events: Sequence[EventToPersist]) -> dict[str, str]:

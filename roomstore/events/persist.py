@@ -658,8 +658,8 @@ class _BatchWriter:
                     "state_group_before": row[3], "state_group": row[4], "outlier": bool(row[5]),
                 }
         found = {}
-        for n in wanted:
-            facts = self.stored_cache.setdefault(n, None) if n not in self.fresh_nids else None
+        for n in wanted - self.fresh_nids:
+            facts = self.stored_cache.setdefault(n, None)  # None: known not to be stored
             if facts is not None:
                 found[n] = facts
         return found
@@ -695,14 +695,14 @@ class _BatchWriter:
         given = ev.state_before
         prev_groups = [groups_after.get(nid[p], "missing") for p in ev.pdu.prev_event_ids]
         base = next((g for g in prev_groups if isinstance(g, int)), None)
-        if given is not None and isinstance(given, StateDelta):
+        if isinstance(given, StateDelta):
             if given.base_state_group not in self.pending and not self.p.state_groups.group_exists(self.txn, given.base_state_group):
                 raise MissingStateError(f"state_before of {ev.event_id}: unknown state group {given.base_state_group}")
             delta = {self.key_nids[k]: nid[e] for k, e in given.changes.items()}
             if not delta:
                 return given.base_state_group
             return self.new_group(room_nid, None, given.base_state_group, delta)
-        if given is not None and isinstance(given, abc.Mapping):
+        if isinstance(given, abc.Mapping):
             wanted = {self.key_nids[k]: nid[e] for k, e in given.items()}
             if base is None:
                 return self.new_group(room_nid, None, None, wanted)

@@ -105,6 +105,12 @@ class _Cursor:
     retry_delay: float = RETRY_FIRST_DELAY
 
 
+def _cancel_retry(cursor: _Cursor) -> None:
+    if cursor.retry_call is not None and cursor.retry_call.active():
+        cursor.retry_call.cancel()
+    cursor.retry_call = None
+
+
 class ConnectionFeed:
     """Sends stream rows to one connection. See the module docstring.
 
@@ -213,9 +219,7 @@ class ConnectionFeed:
         next step (they check the connection)."""
         self._subscribed.clear()
         for cursor in self._cursors.values():
-            if cursor.retry_call is not None and cursor.retry_call.active():
-                cursor.retry_call.cancel()
-            cursor.retry_call = None
+            _cancel_retry(cursor)
 
     # -- the catch-up loop ----------------------------------------------------
 
@@ -232,9 +236,7 @@ class ConnectionFeed:
             self._loops.pop(key, None)
             if not isinstance(result, Failure):
                 cursor.retry_delay = RETRY_FIRST_DELAY
-                if cursor.retry_call is not None and cursor.retry_call.active():
-                    cursor.retry_call.cancel()  # a notification got there first
-                cursor.retry_call = None
+                _cancel_retry(cursor)  # a notification got there first
                 return
             delay = cursor.retry_delay
             self.log.failure(

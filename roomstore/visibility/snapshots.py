@@ -156,7 +156,8 @@ class VisibilityWrites:
         self._tips: dict[int, int] = {}
         self._new_branches: dict[int, tuple[int, int | None]] = {}  # branch -> (room, base snapshot)
         self._moved_tips: set[int] = set()
-        self._ancestors: dict[int, list[tuple[int, int, int]]] = {}  # branch -> [(ancestor, upto, depth)]
+        # New branch -> its ancestry rows [(ancestor, upto seq, depth)], itself first at depth 0.
+        self._ancestors: dict[int, list[tuple[int, int, int]]] = {}
         self._snapshot_rows: list[tuple] = []
         self._membership_rows: list[tuple] = []
 
@@ -207,7 +208,7 @@ class VisibilityWrites:
     def _ancestry(self, txn: Transaction, branch: int) -> list[tuple[int, int, int]]:
         """(ancestor, upto seq, depth) of ``branch``, deepest last, itself left out."""
         if branch in self._ancestors:
-            return [a for a in self._ancestors[branch] if a[2] > 0]
+            return self._ancestors[branch][1:]
         return [tuple(r) for r in txn.execute(
             "SELECT ancestor_branch_nid, upto_seq, depth FROM visibility_branch_ancestors"
             " WHERE branch_nid = ? AND depth > 0 ORDER BY depth",
@@ -233,12 +234,10 @@ class VisibilityWrites:
         )
         txn.insert_many(
             "visibility_branch_ancestors", ("branch_nid", "ancestor_branch_nid", "upto_seq", "depth"),
-            [(b, ancestor, upto, depth) for b in sorted(self._new_branches)
-             for ancestor, upto, depth in [(b, 0, 0)] + self._ancestry(txn, b)], queue=True,
+            [(b, *row) for b in sorted(self._new_branches) for row in self._ancestors[b]], queue=True,
         )
-        if self._moved_tips:
-            for branch in sorted(self._moved_tips):
-                txn.queue("UPDATE visibility_branches SET tip_seq = ? WHERE branch_nid = ?", (self._tips[branch], branch))
+        for branch in sorted(self._moved_tips):
+            txn.queue("UPDATE visibility_branches SET tip_seq = ? WHERE branch_nid = ?", (self._tips[branch], branch))
         txn.insert_many(
             "visibility_snapshots", ("snapshot_nid", "room_nid", "branch_nid", "seq", "history_visibility"),
             self._snapshot_rows, queue=True,
