@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import random
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
 from roomstore.compaction.model import StateGroupEntry
+from roomstore.compaction.writer import bulk_insert
 
 Key = Tuple[str, str]  # (type, state_key)
 
@@ -362,18 +362,7 @@ class _Sink:
         if not self.postgres:
             cur.execute("BEGIN IMMEDIATE")
         for (table, columns), rows in self.buffers.items():
-            if not rows:
-                continue
-            if self.postgres:
-                buf = io.StringIO()
-                for row in rows:
-                    buf.write("\t".join("\\N" if v is None else _copy_text(v) for v in row))
-                    buf.write("\n")
-                buf.seek(0)
-                cur.copy_expert(f"COPY {table} ({columns}) FROM STDIN", buf)
-            else:
-                marks = ", ".join("?" for _ in columns.split(","))
-                cur.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)
+            bulk_insert(cur, self.postgres, table, columns, rows, _copy_text)
         self.conn.commit()
         cur.close()
         self.buffers = {}

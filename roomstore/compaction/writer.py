@@ -51,6 +51,26 @@ import attrs
 
 log = logging.getLogger("roomstore.compaction")
 
+def bulk_insert(
+    cur, postgres: bool, table: str, columns: str, rows: Sequence[tuple], text: Callable[[Any], str] = str
+) -> None:
+    """Insert ``rows`` on a DB-API cursor: COPY on PostgreSQL (one round trip,
+    no per-row statement; ``text`` renders a non-NULL value), executemany on
+    SQLite. ``table`` and ``columns`` (comma-separated) are the caller's SQL."""
+    if not rows:
+        return
+    if postgres:
+        buf = io.StringIO()
+        for row in rows:
+            buf.write("\t".join("\\N" if v is None else text(v) for v in row))
+            buf.write("\n")
+        buf.seek(0)
+        cur.copy_expert(f"COPY {table} ({columns}) FROM STDIN", buf)
+    else:
+        marks = ", ".join("?" for _ in columns.split(","))
+        cur.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)
+
+
 #: The ``maintenance_locks`` row of the compaction job. RoomStore honours it
 #: (``RoomStore.COMPACTION_LOCK_NAME``; the store may not import this package).
 LOCK_NAME = "state_compaction"
@@ -677,19 +697,8 @@ class CompactionWriter:
             )
 
     def _bulk_insert(self, cur, table: str, columns: str, rows: list) -> None:
-        if not rows:
-            return
-        if self.db.postgres:
-            # COPY: one round trip and no per-row statement overhead.
-            buf = io.StringIO()
-            for row in rows:
-                buf.write("\t".join("\\N" if v is None else str(int(v)) for v in row))
-                buf.write("\n")
-            buf.seek(0)
-            cur.copy_expert(f"COPY {table} ({columns}) FROM STDIN", buf)
-        else:
-            marks = ", ".join("?" for _ in columns.split(","))
-            cur.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)
+        # Integers all (numpy ones from the job too: int() gives their text).
+        bulk_insert(cur, self.db.postgres, table, columns, rows, lambda v: str(int(v)))
 
     # ------------------------------------------------------------- swap
 
