@@ -44,13 +44,13 @@ def _admin_connect():
     return conn
 
 
-def create_postgres_database() -> str:
-    """Create an empty PostgreSQL database; returns its URL."""
+def create_postgres_database(template: str = "template0") -> str:
+    """Create a PostgreSQL database, a copy of ``template`` (default: empty); returns its URL."""
     name = f"rs_test_{os.getpid()}_{next(_counter)}"
     conn = _admin_connect()
     try:
         with conn.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     finally:
         conn.close()
     parsed = urllib.parse.urlsplit(POSTGRES_ADMIN_URL)

@@ -118,21 +118,9 @@ async def compaction_database(test, kind: str = "standard") -> str:
         shutil.copy(engine_from_url(template).path, engine_from_url(copy).path)
         test.addCleanup(shutil.rmtree, os.path.dirname(engine_from_url(copy).path), True)
         return copy
-    from tests.db import POSTGRES_ADMIN_URL, _counter, drop_postgres_database
+    from tests.db import create_postgres_database, drop_postgres_database
 
-    import psycopg2
-
-    name = f"rs_test_{os.getpid()}_{next(_counter)}"
-    source = urllib.parse.urlsplit(template).path.lstrip("/")
-    conn = psycopg2.connect(POSTGRES_ADMIN_URL)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
-    finally:
-        conn.close()
-    parsed = urllib.parse.urlsplit(POSTGRES_ADMIN_URL)
-    url = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "/" + name, parsed.query, ""))
+    url = create_postgres_database(template=urllib.parse.urlsplit(template).path.lstrip("/"))
     test.addCleanup(drop_postgres_database, url)
     return url
 
