@@ -20,7 +20,15 @@ token. That single path gives the guarantees the protocol needs:
   one page of buffered commands per cursor.
 
 Rows sharing a token go out as ``RDATA ... batch`` lines followed by one
-line carrying the token. When a loop ends it sends ``POSITION`` if it was
+line carrying the token.
+
+No line passes ``max_line_length`` (Synapse closes the connection on a line
+over 16 KiB): a row whose line would is split by its stream
+(``Stream.split_row``, e.g. a cache invalidation of many keys becomes several
+rows at the same token). A token with a row that cannot be split is not sent
+as RDATA: the client is sent ``POSITION <stream> <writer> <token> <token>``,
+whose ``prev_token`` ahead of its position tells it (ours and Synapse's
+alike) to fetch the rows up to that token itself, and the error is logged. When a loop ends it sends ``POSITION`` if it was
 asked to (a REPLICATE) or if the cursor moved past the last RDATA token
 (tokens with no rows), so the client's position is exact.
 
@@ -41,11 +49,13 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from roomstore.replication.commands import (
+    MAX_LINE_LENGTH,
     Command,
     PositionCommand,
     RdataCommand,
     ReplicateCommand,
     describe,
+    encode_row,
 )
 from roomstore.replication.streams import Stream, StreamRegistry
 
@@ -120,10 +130,17 @@ class ConnectionFeed:
 
     log = Logger()
 
-    def __init__(self, conn: FeedConnection, streams: StreamRegistry, page_size: int = 100) -> None:
+    def __init__(
+        self,
+        conn: FeedConnection,
+        streams: StreamRegistry,
+        page_size: int = 100,
+        max_line_length: int = MAX_LINE_LENGTH,
+    ) -> None:
         self._conn = conn
         self._streams = streams
         self._page_size = page_size
+        self._max_line_length = max_line_length
         self._cursors: dict[tuple[str, str], _Cursor] = {}
         self._subscribed: set[str] = set()
         self._loops: dict[tuple[str, str], defer.Deferred[None]] = {}
@@ -276,11 +293,14 @@ class ConnectionFeed:
                     return
                 if generation != cursor.generation:
                     continue  # a legacy REPLICATE moved the cursor meanwhile
-                commands = self._page_commands(stream.name, writer, start, updates, upto, limited)
+                commands = self._page_commands(stream, writer, start, updates, upto, limited)
                 for cmd in commands:
                     self._conn.send_command(cmd)
-                    if cmd.token is not None:
-                        cursor.last_told = cmd.token
+                    if type(cmd) is RdataCommand:
+                        if cmd.token is not None:
+                            cursor.last_told = cmd.token
+                    else:
+                        cursor.last_told = cmd.new_token
                 cursor.last_sent = upto
 
             if self._conn.is_open and (cursor.want_position or cursor.last_told != cursor.last_sent):
@@ -294,34 +314,70 @@ class ConnectionFeed:
 
     def _page_commands(
         self,
-        stream_name: str,
+        stream: Stream,
         writer: str,
         start: int,
         updates: list[tuple[int, tuple]],
         upto: int,
         limited: bool,
-    ) -> list[RdataCommand]:
-        """Turn a page into RDATA commands, checking the stream's contract
-        first so a bad page sends nothing (never half a batch)."""
+    ) -> list[Command]:
+        """Turn a page into RDATA commands (and a POSITION for a token that
+        cannot be sent as lines), checking the stream's contract first so a
+        bad page sends nothing (never half a batch)."""
+        stream_name = stream.name
         if upto <= start or (limited and not updates):
             raise StreamContractError(
                 f"{stream_name}/{writer}: get_updates from {start} made no progress (upto={upto})"
             )
-        commands: list[RdataCommand] = []
+        # Bytes of a line besides the row: "RDATA <stream> <writer> <token> ".
+        # Rows are ASCII JSON, so their length in characters is in bytes.
+        room = self._max_line_length - len(f"RDATA {stream_name} {writer} ".encode("utf-8"))
+        commands: list[Command] = []
         previous = start
-        for index, (token, row) in enumerate(updates):
+        index = 0
+        while index < len(updates):
+            token = updates[index][0]
             if token <= start or token < previous or token > upto:
                 raise StreamContractError(
                     f"{stream_name}/{writer}: token {token} out of order or outside ({start}, {upto}]"
                 )
             previous = token
-            last_of_token = index + 1 == len(updates) or updates[index + 1][0] != token
-            try:
-                commands.append(
-                    RdataCommand(stream_name, writer, token if last_of_token else None, row)
-                )
-            except ValueError as e:
-                raise StreamContractError(
-                    f"{stream_name}/{writer}: row at {token} cannot be sent: {describe(str(e))}"
-                ) from None
+            end = index + 1
+            while end < len(updates) and updates[end][0] == token:
+                end += 1
+            row_room = room - max(len(str(token)), len("batch")) - 1
+            rows: list | None = []
+            for _, row in updates[index:end]:
+                try:
+                    cmd = RdataCommand(stream_name, writer, None, row)
+                except ValueError as e:
+                    raise StreamContractError(
+                        f"{stream_name}/{writer}: row at {token} cannot be sent: {describe(str(e))}"
+                    ) from None
+                if len(cmd.row_json) <= row_room:
+                    rows.append(cmd)
+                    continue
+                parts = stream.split_row(row, lambda part: len(encode_row(part)) <= row_room)
+                if parts is None:
+                    self.log.error(
+                        "[{conn_id}] {stream}/{writer}: a row at {token} is too long for one line "
+                        "({length} bytes, limit {limit}) and cannot be split: the client is told to "
+                        "fetch that token itself",
+                        conn_id=self._conn.conn_id,
+                        stream=stream_name,
+                        writer=writer,
+                        token=token,
+                        length=len(cmd.row_json),
+                        limit=self._max_line_length,
+                    )
+                    rows = None
+                    break
+                rows.extend(RdataCommand(stream_name, writer, None, part) for part in parts)
+            if rows is None:
+                commands.append(PositionCommand(stream_name, writer, token, token))
+            else:
+                last = rows[-1]
+                rows[-1] = RdataCommand(stream_name, writer, token, last.row)
+                commands.extend(rows)
+            index = end
         return commands

@@ -16,8 +16,9 @@ Behaviour common to both sides (:class:`BaseReplicationProtocol`):
   otherwise ignored: **the connection stays open**. Framing is by newline, so
   one bad line cannot desynchronise the next, and a human poking at the port
   with netcat gets told what was wrong instead of being hung up on.
-- A line longer than ``max_line_length`` bytes *is* fatal (the rest of it
-  would be parsed as garbage): ``ERROR line too long`` and close.
+- A line longer than ``max_line_length`` bytes (default 16 KiB, Synapse's
+  limit) *is* fatal (the rest of it would be parsed as garbage):
+  ``ERROR line too long`` and close.
 - Keep-alive: a ``PING`` is sent whenever nothing was sent for
   ``ping_interval`` seconds. Once the peer has sent its first ``PING``, a peer
   silent for ``ping_timeout`` seconds gets ``ERROR ping timeout`` and is
@@ -44,7 +45,10 @@ closed by the ping timeout.
 
 Outgoing lines longer than ``max_line_length`` are not sent but logged as
 errors: the peer would drop the connection and, after reconnecting, be sent
-the same line again.
+the same line again. Stream rows never get that far: the feed splits a long
+row (a large cache invalidation) into several rows at one token, or, for a
+row that cannot be split, tells the client to fetch that token itself
+(:mod:`~roomstore.replication.feed`).
 
 Shared secret (an extension of Synapse's protocol): a server given a
 ``secret`` requires ``AUTH <secret>`` as the first non-blank line of every
@@ -84,6 +88,7 @@ from roomstore.replication.commands import (
     Command,
     CommandParseError,
     ErrorCommand,
+    LockReleasedCommand,
     NameCommand,
     PingCommand,
     PositionCommand,
@@ -155,7 +160,8 @@ class ServerSession(Protocol):
         if it names a stream that does not exist."""
 
     def on_client_command(self, cmd: Command) -> None:
-        """USER_SYNC, CLEAR_USER_SYNC, FEDERATION_ACK or REMOTE_SERVER_UP."""
+        """USER_SYNC, CLEAR_USER_SYNC, FEDERATION_ACK, REMOTE_SERVER_UP,
+        USER_IP, LOCK_RELEASED, NEW_ACTIVE_TASK or CANCEL_TASK."""
 
     def on_connection_lost(self) -> None:
         """The connection is gone; stop sending to it."""
@@ -178,6 +184,9 @@ class ClientSession(Protocol):
 
     def on_remote_server_up(self, cmd: RemoteServerUpCommand) -> None:
         """The server reports a remote homeserver may be back."""
+
+    def on_lock_released(self, cmd: LockReleasedCommand) -> None:
+        """The server reports an instance released a lock."""
 
     def on_connection_lost(self) -> None:
         """The connection is gone."""
@@ -730,6 +739,7 @@ class ServerReplicationProtocol(BaseReplicationProtocol):
 
     # The notifications a client sends all go to the session unchanged.
     on_USER_SYNC = on_CLEAR_USER_SYNC = on_FEDERATION_ACK = on_REMOTE_SERVER_UP = _to_session
+    on_USER_IP = on_LOCK_RELEASED = on_NEW_ACTIVE_TASK = on_CANCEL_TASK = _to_session
 
 
 class ClientReplicationProtocol(BaseReplicationProtocol):
@@ -796,3 +806,6 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
 
     def on_REMOTE_SERVER_UP(self, cmd: RemoteServerUpCommand) -> None:
         self.session.on_remote_server_up(cmd)
+
+    def on_LOCK_RELEASED(self, cmd: LockReleasedCommand) -> None:
+        self.session.on_lock_released(cmd)

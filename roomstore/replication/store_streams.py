@@ -13,18 +13,23 @@ change caches and then advances the ID generators (``advance``), in that
 order, so a reader that waited for a position (``wait_for_position``) never
 reads a cache entry older than it.
 
-Rows (JSON arrays on the wire):
+Rows are Synapse's (matrix-synapse 1.163, ``synapse.replication.tcp.streams``;
+``tests/replication/test_interop.py`` parses every row with its parsers):
 
-- events: ``["ev", event_id, room_id, type, state_key, redacts, membership,
-  sender]`` for every event (``redacts``: the event a stored redaction
-  redacts; ``membership``: ``join``/``leave``/... for member events), and
-  ``["state", room_id, type, state_key, event_id or null]`` for every
-  current-state change. A token's ``ev`` row comes before its ``state`` rows;
-  state rows sit at the token of the newest event of their room in the batch.
-- backfill: ``["ev", ...]`` as above; tokens are the positive form of the
-  negative stream orderings (the first backfilled event is token 1).
-- caches: ``[cache_name, keys or null, invalidation_ts]``; all the rows of one
-  batch share one token.
+- events: ``["ev", [event_id, room_id, type, state_key, redacts, relates_to,
+  membership, rejected, outlier]]`` for every event (``redacts``: the event a
+  stored redaction redacts; ``membership``: ``join``/``leave``/... for member
+  events; ``relates_to`` is always null: the store keeps no relations
+  table), and ``["state", [room_id, type, state_key, event_id or null]]`` for
+  every current-state change. A token's ``ev`` row comes before its ``state``
+  rows; state rows sit at the token of the newest event of their room in the
+  batch. A worker also accepts Synapse's ``["state-all", [room_id]]``.
+- backfill: ``[event_id, room_id, type, state_key, redacts, relates_to]``;
+  tokens are the positive form of the negative stream orderings (the first
+  backfilled event is token 1).
+- caches: ``[cache_func, keys or null, invalidation_ts]``; all the rows of one
+  batch share one token. A row whose line would pass the line limit is split
+  by ``CachesStream.split_row`` into rows with fewer keys, at the same token.
 """
 
 from __future__ import annotations
@@ -63,16 +68,16 @@ STORE_STREAMS = ("events", "backfill", "caches")
 # `upto` before cutting, which makes each page cost as much as the whole
 # backlog and a catch-up quadratic.
 EVENT_ROW_SQL = """
-SELECT {token}, i.event_id, r.room_id, e.type, k.state_key, red_i.event_id, m.membership, u.user_id
+SELECT {token}, i.event_id, r.room_id, e.type, k.state_key, red_i.event_id, m.membership,
+       e.rejected_reason IS NOT NULL, e.outlier
 FROM (
-    SELECT event_nid, room_nid, type, type_key_nid, sender_nid, stream_ordering FROM events
+    SELECT event_nid, room_nid, type, type_key_nid, rejected_reason, outlier, stream_ordering FROM events
     WHERE instance_name = ? AND {range}
     ORDER BY {order}
     LIMIT ?
 ) AS e
 JOIN event_ids AS i ON i.event_nid = e.event_nid
 JOIN rooms AS r ON r.room_nid = e.room_nid
-JOIN users AS u ON u.user_nid = e.sender_nid
 LEFT JOIN state_keys AS k ON k.type_key_nid = e.type_key_nid
 LEFT JOIN redactions AS red ON red.redaction_event_nid = e.event_nid
 LEFT JOIN event_ids AS red_i ON red_i.event_nid = red.redacts_event_nid
@@ -104,9 +109,16 @@ STATE_ROW_SQL = (
 
 
 def _event_row(row: tuple) -> tuple[int, tuple]:
-    token, event_id, room_id, event_type, state_key, redacts, membership, sender = row
+    """An ``ev`` row of the events stream (SQLite gives booleans as 0/1)."""
+    token, event_id, room_id, event_type, state_key, redacts, membership, rejected, outlier = row
     name = MEMBERSHIP_BY_CODE.get(membership) if membership is not None else None
-    return token, ("ev", event_id, room_id, event_type, state_key, redacts, name, sender)
+    return token, ("ev", (event_id, room_id, event_type, state_key, redacts, None, name, bool(rejected), bool(outlier)))
+
+
+def _backfill_row(row: tuple) -> tuple[int, tuple]:
+    """A backfill row: the first six fields of an ``ev`` row, untagged."""
+    token, event_id, room_id, event_type, state_key, redacts = row[:6]
+    return token, (event_id, room_id, event_type, state_key, redacts, None)
 
 
 def _whole_token_page(
@@ -186,7 +198,7 @@ class EventsStream(_GeneratorStream):
         bound = rows[-1][0] if more else upto
         updates = [_event_row(r) for r in rows]
         state_rows = txn.execute(STATE_ROW_SQL, (instance, from_token, bound)).fetchall()
-        updates.extend((token, ("state", room, typ, key, event)) for token, room, typ, key, event in state_rows)
+        updates.extend((token, ("state", (room, typ, key, event))) for token, room, typ, key, event in state_rows)
         updates.sort(key=lambda u: (u[0], u[1][0] != "ev"))  # stable: an event before its state rows
         # State rows can push a page over `limit`: cut it on a token boundary.
         return _whole_token_page(updates, limit, upto, bound, more)
@@ -202,7 +214,7 @@ class BackfillStream(_GeneratorStream):
         rows = txn.execute(BACKFILL_EVENT_ROWS, (instance, from_token, upto, limit + 1)).fetchall()
         more = len(rows) > limit
         rows = rows[:limit]
-        return _whole_token_page([_event_row(r) for r in rows], limit, upto, rows[-1][0] if more else upto, more)
+        return _whole_token_page([_backfill_row(r) for r in rows], limit, upto, rows[-1][0] if more else upto, more)
 
 
 class CachesStream(_GeneratorStream):
@@ -239,6 +251,38 @@ class CachesStream(_GeneratorStream):
         if more:
             return StreamUpdates(updates, updates[-1][0], True)
         return StreamUpdates(updates, upto, False)
+
+    def split_row(self, row: tuple, fits: Callable[[tuple], bool]) -> list[tuple] | None:
+        """Split an invalidation into rows of the same cache and timestamp
+        whose keys together are the row's keys, each accepted by ``fits``
+        (the feed's line-length check), or None if one key alone is too long.
+
+        Greedy: as many keys per row as fit, so a big invalidation costs
+        about its size in bytes divided by the line limit.
+        """
+        cache_name, keys, ts = row
+        if not keys:
+            return None
+        parts: list[tuple] = []
+        start = 0
+        while start < len(keys):
+            if not fits((cache_name, keys[start:start + 1], ts)):
+                return None
+            # Largest end with keys[start:end] fitting: double, then bisect.
+            good, step = start + 1, 1
+            while good < len(keys) and fits((cache_name, keys[start:min(good + step, len(keys))], ts)):
+                good = min(good + step, len(keys))
+                step *= 2
+            bad = min(good + step, len(keys) + 1)
+            while bad - good > 1:
+                middle = (good + bad) // 2
+                if fits((cache_name, keys[start:middle], ts)):
+                    good = middle
+                else:
+                    bad = middle
+            parts.append((cache_name, keys[start:good], ts))
+            start = good
+        return parts
 
 
 def store_stream_registry(store: RoomStore) -> StreamRegistry:
@@ -351,31 +395,36 @@ class StoreReplicationHandler(ReplicationClientHandler):
 
     def _apply_events(self, token: int, rows: list) -> None:
         reader = self.store.reader
-        for row in rows:
-            kind = row[0]
+        room_changes = self.store.room_changes
+        membership_changes = self.store.membership_changes
+        for kind, data in rows:
             if kind == "ev":
-                _, event_id, room_id, event_type, state_key, redacts, membership, sender = row
-                self.store.room_changes.entity_has_changed(room_id, token)
+                room_id, event_type, state_key, redacts = data[1], data[2], data[3], data[4]
+                room_changes.entity_has_changed(room_id, token)
                 if event_type == "m.room.member" and state_key is not None:
-                    self.store.membership_changes.entity_has_changed(state_key, token)
+                    membership_changes.entity_has_changed(state_key, token)
                     reader.invalidate_memberships((), [state_key])
                 if redacts:
                     reader.invalidate_event(redacts)
             elif kind == "state":
-                _, room_id, event_type, state_key, event_id = row
-                if event_type == "m.room.member":
+                if data[1] == "m.room.member":
                     # Current membership moved (also by state resolution, with
                     # no member event of this user in the batch).
-                    self.store.membership_changes.entity_has_changed(state_key, token)
-                    reader.invalidate_memberships((), [state_key])
+                    membership_changes.entity_has_changed(data[2], token)
+                    reader.invalidate_memberships((), [data[2]])
+            elif kind == "state-all":
+                # Synapse's "too many state changes in this room": anyone's
+                # membership there may have moved.
+                room_changes.entity_has_changed(data[0], token)
+                _drop_all_memberships(reader)
 
     def _apply_backfill(self, rows: list) -> None:
         # Backfill never moves current state or positions of the events
         # stream, but an old redaction can redact an event a worker cached.
         reader = self.store.reader
         for row in rows:
-            if row[0] == "ev" and row[5]:
-                reader.invalidate_event(row[5])
+            if row[4]:
+                reader.invalidate_event(row[4])
 
     def _apply_invalidation(self, cache_name: str, keys: list | None) -> None:
         reader = self.store.reader

@@ -360,11 +360,11 @@ class BadInputTests(unittest.TestCase):
         self.assertTrue(self.transport.disconnecting)
         self.assertEqual(self.protocol._buffer, b"")
 
-    def test_default_limit_is_one_mebibyte(self) -> None:
+    def test_default_limit_is_synapses_16_kib(self) -> None:
         protocol, transport = connect(make_server())
-        protocol.dataReceived(b"NAME " + b"n" * (1024 * 1024 - 5) + b"\n")
+        protocol.dataReceived(b"NAME " + b"n" * (16384 - 5) + b"\n")
         self.assertEqual(take(transport), [])
-        protocol.dataReceived(b"NAME " + b"n" * (1024 * 1024 - 4) + b"\n")
+        protocol.dataReceived(b"NAME " + b"n" * (16384 - 4) + b"\n")
         self.assertEqual(take(transport), ["ERROR line too long"])
 
     def test_peer_error_is_logged_not_answered(self) -> None:
