@@ -125,6 +125,13 @@ async def worker_main(reactor, url: str, port: int, targets: dict, page_size: in
                                            config=ReplicationConfig(page_size=page_size))
         for stream in STREAMS:
             factory.positions.set(stream, "master", 0)
+        profile_path = os.environ.get("BENCH_PROFILE")
+        profiler = None
+        if profile_path:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         reactor.connectTCP("127.0.0.1", port, factory)
         # The follower's own positions: the store's generators start at the
         # database's positions, already at the targets.
@@ -132,6 +139,9 @@ async def worker_main(reactor, url: str, port: int, targets: dict, page_size: in
             reactor, lambda: all((factory.positions.get(s, "master") or 0) >= t for s, t in targets.items()),
             600, "catch-up",
         )
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
         rdata = REGISTRY.get_sample_value("roomstore_replication_commands_received_total",
                                           {"side": "client", "command": "RDATA"}) or 0.0
         factory.stop()
@@ -146,7 +156,8 @@ async def worker_main(reactor, url: str, port: int, targets: dict, page_size: in
         await store.close()
 
 
-async def throughput(reactor, engine: str, new_url, events: int, runs: int, page_sizes) -> list[list]:
+async def throughput(reactor, engine: str, new_url, events: int, runs: int, page_sizes, profile: bool = False,
+                     profiles: list | None = None) -> list[list]:
     url = new_url()
     rows = []
     for page_size in page_sizes:
@@ -161,11 +172,28 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
                   f"in {time.perf_counter() - started:.1f}s)", file=sys.stderr)
         targets = {s: server.store.generators[s].get_current_token() for s in ("events", "caches")}
         samples = []
-        for _ in range(runs):
+        for run in range(runs + (1 if profile else 0)):
+            # The extra (last) run is profiled on both sides and not counted.
+            profiling = profile and run == runs
+            env = dict(os.environ, PYTHONPATH=REPO)
+            server_profiler = None
+            if profiling:
+                import cProfile
+                import tempfile
+
+                worker_stats = tempfile.mktemp(prefix="bench-worker-", suffix=".prof")
+                env["BENCH_PROFILE"] = worker_stats
+                server_profiler = cProfile.Profile()
+                server_profiler.enable()
             argv = [sys.executable, os.path.abspath(__file__), "--worker", url, str(server.port.getHost().port),
                     json.dumps(targets), str(page_size)]
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=REPO))
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
             await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+            if server_profiler is not None:
+                server_profiler.disable()
+                profiles.append((f"{engine}, page size {page_size}, catch-up", server_profiler, worker_stats))
+                proc.stdout.read()
+                continue
             out = proc.stdout.read().decode().strip().splitlines()
             if proc.returncode != 0 or not out:
                 raise RuntimeError(f"worker failed ({proc.returncode})")
@@ -360,15 +388,37 @@ async def congestion(reactor, new_url, events: int, settings) -> list[list]:
 # ---------------------------------------------------------------- main
 
 
+def print_profile(title: str, stats_source, top: int = 14) -> None:
+    """The functions with the most own time (cProfile tottime) in a profile:
+    where the time goes, by function."""
+    import pstats
+
+    stats = pstats.Stats(stats_source)
+    total = stats.total_tt
+    entries = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    print(f"\n  profile, {title}: {total:.2f} s profiled; own time by function")
+    for (filename, line, name), (_cc, calls, tottime, cumtime, _callers) in entries:
+        where = f"{os.path.basename(filename)}:{line}({name})" if filename != "~" else name
+        print(f"    {100 * tottime / total:5.1f}%  {tottime:7.3f} s  {calls:>9,} calls  {where}")
+
+
 async def main(reactor, args) -> None:
     databases = bench_databases()
-    print(f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
-          f"loopback TCP (database pages, RDATA, parse, apply); median of {args.runs} runs\n")
-    rows = []
-    for engine, new_url in databases:
-        rows += await throughput(reactor, engine, new_url, args.events, args.runs, (100, 1000))
-    print_table(["engine", "page size", "events", "RDATA lines", "tokens", "median s", "median lines/s",
-                 "min lines/s", "max lines/s", "median tokens/s"], rows)
+    profiles: list = []
+    if "catchup" in args.sections:
+        print(f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
+              f"loopback TCP (database pages, RDATA, parse, apply); median of {args.runs} runs\n")
+        rows = []
+        for engine, new_url in databases:
+            rows += await throughput(reactor, engine, new_url, args.events, args.runs, args.page_sizes,
+                                     args.profile, profiles)
+        print_table(["engine", "page size", "events", "RDATA lines", "tokens", "median s", "median lines/s",
+                     "min lines/s", "max lines/s", "median tokens/s"], rows)
+        for title, server_profile, worker_stats in profiles:
+            print_profile(f"server ({title})", server_profile)
+            print_profile(f"worker ({title})", worker_stats)
+    if "congestion" not in args.sections:
+        return
 
     engine, new_url = databases[-1]
     print(f"\n2. Congestion ({engine}): the writer persists {args.congestion_events} events; a client that never "
@@ -389,5 +439,10 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--congestion-events", type=int, default=20_000)
     parser.add_argument("--max-pending", type=int, nargs="+", default=[50, 1_000, 10_000])
+    parser.add_argument("--page-sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--profile", action="store_true",
+                        help="one more run per setting, profiled on both sides (not counted in the figures)")
+    parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "congestion"],
+                        choices=["parse", "catchup", "live", "congestion"])
     args = parser.parse_args()
     task.react(lambda r: defer.ensureDeferred(main(r, args)))

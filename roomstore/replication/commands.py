@@ -533,29 +533,26 @@ class RdataCommand(Command):
                 "expected <stream_name> <instance_name> <token> <row_json>, "
                 f"got {describe(args)}"
             )
-        stream_name, instance_name, token_text, row_json = parts
-        # The checks the validators make, inlined: this is the worker's
-        # hot path.
-        if stream_name not in _known_words:
-            _parse_word(stream_name, "stream_name")
-        if instance_name not in _known_words:
-            _parse_word(instance_name, "instance_name")
-        if token_text == "batch":
-            token = None
-        elif token_text.isdigit() and token_text.isascii() and len(token_text) <= _MAX_TOKEN_DIGITS:
-            token = int(token_text)
-        else:
-            token = _parse_token(token_text, "token")
-        row = decode_row(row_json)
-        if not row_json.isascii():
-            _check_writable(row_json, "row")
-        cmd = _new(cls)
-        _set(cmd, "stream_name", stream_name)
-        _set(cmd, "instance_name", instance_name)
-        _set(cmd, "token", token)
-        _set(cmd, "row", row)
-        _set(cmd, "row_json", row_json)
-        return cmd
+        return _rdata(*parts)
+
+    @classmethod
+    def from_encoded(
+        cls, stream_name: str, instance_name: str, token: int | None, row: Any, row_json: str
+    ) -> "RdataCommand":
+        """A command for ``row`` already encoded as ``row_json`` (which must be
+        ``encode_row(row)``): what a server builds for every row it sends,
+        without encoding twice. Names and token are checked as by the
+        constructor (names seen before with a set lookup)."""
+        if stream_name not in _known_words or instance_name not in _known_words:
+            # The validators' exceptions (ValueError/TypeError), as the
+            # constructor raises them.
+            _check_word(None, _RDATA_FIELDS.stream_name, stream_name)
+            _check_word(None, _RDATA_FIELDS.instance_name, instance_name)
+            if len(_known_words) < _MAX_KNOWN_WORDS:
+                _known_words.update((stream_name, instance_name))
+        if token is not None and (type(token) is not int or token < 0):
+            _check_token(None, _RDATA_FIELDS.token, token)
+        return _checked_rdata(stream_name, instance_name, token, row, row_json)
 
     def to_line(self) -> str:
         token = "batch" if self.token is None else str(self.token)
@@ -571,6 +568,48 @@ class RdataCommand(Command):
 
     def __hash__(self) -> int:
         return hash(self._key())
+
+
+_RDATA_FIELDS = attrs.fields(RdataCommand)
+
+
+def _rdata(stream_name: str, instance_name: str, token_text: str, row_json: str) -> RdataCommand:
+    """An RDATA command from the four fields of its line, checked as the
+    validators would check them, without running them: this is the worker's
+    hot path (every check below is a C-level scan or a set lookup)."""
+    if stream_name not in _known_words:
+        _parse_word(stream_name, "stream_name")
+    if instance_name not in _known_words:
+        _parse_word(instance_name, "instance_name")
+    if token_text == "batch":
+        token = None
+    elif token_text.isdigit() and token_text.isascii() and len(token_text) <= _MAX_TOKEN_DIGITS:
+        token = int(token_text)
+    else:
+        token = _parse_token(token_text, "token")
+    # A value from the first character to the last (what every encoder
+    # writes), else decode_row for whitespace around it or the error.
+    try:
+        row, end = _scan_once(row_json, 0)
+    except (StopIteration, ValueError, RecursionError):
+        end = -1
+    if end != len(row_json):
+        row = decode_row(row_json)
+    if not row_json.isascii():
+        _check_writable(row_json, "row")
+    return _checked_rdata(stream_name, instance_name, token, row, row_json)
+
+
+def _checked_rdata(stream_name: str, instance_name: str, token: int | None, row: Any, row_json: str) -> RdataCommand:
+    """Build an RDATA command from fields the caller has checked, without
+    the validators."""
+    cmd = _new(RdataCommand)
+    _set(cmd, "stream_name", stream_name)
+    _set(cmd, "instance_name", instance_name)
+    _set(cmd, "token", token)
+    _set(cmd, "row", row)
+    _set(cmd, "row_json", row_json)
+    return cmd
 
 
 @attrs.frozen
@@ -805,14 +844,22 @@ def parse_command_from_line(line: str) -> Command:
     wrong (including an empty line or an embedded line break). Raises nothing
     else, whatever the input.
     """
+    if "\n" in line or "\r" in line:
+        name = line.partition(" ")[0]
+        if name in COMMAND_TYPES:
+            raise CommandParseError("line contains a line break")
+        raise UnknownCommandError(name)
+    if line.startswith("RDATA "):
+        # Most lines a worker reads: split once, not name then arguments.
+        parts = line.split(" ", 4)
+        if len(parts) == 5:
+            return _rdata(parts[1], parts[2], parts[3], parts[4])
     name, _, args = line.partition(" ")
     cmd_type = _COMMAND_TYPES_GET(name)
     if cmd_type is None:
         if not line:
             raise CommandParseError("empty line")
         raise UnknownCommandError(name)
-    if "\n" in args or "\r" in args:
-        raise CommandParseError("line contains a line break")
     return cmd_type.from_line(args)
 
 

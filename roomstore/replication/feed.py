@@ -40,7 +40,7 @@ clock (1 s, doubling to 60 s while it keeps failing).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import attrs
 from twisted.internet import defer
@@ -77,6 +77,8 @@ class FeedConnection(Protocol):
     def paused(self) -> bool: ...
 
     def send_command(self, cmd: Command) -> None: ...
+
+    def send_commands(self, cmds: Sequence[Command]) -> None: ...
 
     def when_writable(self) -> defer.Deferred[None]: ...
 
@@ -294,8 +296,8 @@ class ConnectionFeed:
                 if generation != cursor.generation:
                     continue  # a legacy REPLICATE moved the cursor meanwhile
                 commands = self._page_commands(stream, writer, start, updates, upto, limited)
+                self._conn.send_commands(commands)
                 for cmd in commands:
-                    self._conn.send_command(cmd)
                     if type(cmd) is RdataCommand:
                         if cmd.token is not None:
                             cursor.last_told = cmd.token
@@ -349,13 +351,13 @@ class ConnectionFeed:
             rows: list | None = []
             for _, row in updates[index:end]:
                 try:
-                    cmd = RdataCommand(stream_name, writer, None, row)
+                    row_json = encode_row(row)
                 except ValueError as e:
                     raise StreamContractError(
                         f"{stream_name}/{writer}: row at {token} cannot be sent: {describe(str(e))}"
                     ) from None
-                if len(cmd.row_json) <= row_room:
-                    rows.append(cmd)
+                if len(row_json) <= row_room:
+                    rows.append((row, row_json))
                     continue
                 parts = stream.split_row(row, lambda part: len(encode_row(part)) <= row_room)
                 if parts is None:
@@ -367,17 +369,19 @@ class ConnectionFeed:
                         stream=stream_name,
                         writer=writer,
                         token=token,
-                        length=len(cmd.row_json),
+                        length=len(row_json),
                         limit=self._max_line_length,
                     )
                     rows = None
                     break
-                rows.extend(RdataCommand(stream_name, writer, None, part) for part in parts)
+                rows.extend((part, encode_row(part)) for part in parts)
             if rows is None:
                 commands.append(PositionCommand(stream_name, writer, token, token))
             else:
-                last = rows[-1]
-                rows[-1] = RdataCommand(stream_name, writer, token, last.row)
-                commands.extend(rows)
+                last = len(rows) - 1
+                commands.extend(
+                    RdataCommand.from_encoded(stream_name, writer, token if i == last else None, row, row_json)
+                    for i, (row, row_json) in enumerate(rows)
+                )
             index = end
         return commands

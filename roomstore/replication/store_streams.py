@@ -62,50 +62,58 @@ log = Logger()
 #: The streams a store writes, in the order a server answers REPLICATE.
 STORE_STREAMS = ("events", "backfill", "caches")
 
-# The page of events is chosen first, on the events table alone (an index
-# range scan that stops after LIMIT rows), and only then joined: with the
-# joins and the LIMIT in one query, PostgreSQL may join every row up to
-# `upto` before cutting, which makes each page cost as much as the whole
-# backlog and a catch-up quadratic.
+# The page of events is an index range scan on events alone that stops
+# after LIMIT rows; everything else is a correlated scalar subquery, which
+# both engines run per row of the page as a primary-key lookup. With joins
+# instead, PostgreSQL may hash-join a whole table (a sequential scan of
+# event_ids) into every page, so each page costs as much as the whole history
+# and a catch-up is quadratic. The range is open-ended in SQL and cut at
+# `upto` by the caller: with both bounds, PostgreSQL without fresh statistics
+# estimates a handful of rows and reads (and sorts) the whole range for
+# every page instead of walking the index until LIMIT.
 EVENT_ROW_SQL = """
-SELECT {token}, i.event_id, r.room_id, e.type, k.state_key, red_i.event_id, m.membership,
-       e.rejected_reason IS NOT NULL, e.outlier
-FROM (
-    SELECT event_nid, room_nid, type, type_key_nid, rejected_reason, outlier, stream_ordering FROM events
-    WHERE instance_name = ? AND {range}
-    ORDER BY {order}
-    LIMIT ?
-) AS e
-JOIN event_ids AS i ON i.event_nid = e.event_nid
-JOIN rooms AS r ON r.room_nid = e.room_nid
-LEFT JOIN state_keys AS k ON k.type_key_nid = e.type_key_nid
-LEFT JOIN redactions AS red ON red.redaction_event_nid = e.event_nid
-LEFT JOIN event_ids AS red_i ON red_i.event_nid = red.redacts_event_nid
-LEFT JOIN room_memberships AS m ON m.event_nid = e.event_nid
-ORDER BY {token}
+SELECT {token},
+    (SELECT event_id FROM event_ids WHERE event_nid = e.event_nid),
+    (SELECT room_id FROM rooms WHERE room_nid = e.room_nid),
+    e.type,
+    (SELECT state_key FROM state_keys WHERE type_key_nid = e.type_key_nid),
+    (SELECT i.event_id FROM redactions AS red JOIN event_ids AS i ON i.event_nid = red.redacts_event_nid
+     WHERE red.redaction_event_nid = e.event_nid),
+    (SELECT membership FROM room_memberships WHERE event_nid = e.event_nid),
+    e.rejected_reason IS NOT NULL,
+    e.outlier
+FROM events AS e
+WHERE e.instance_name = ? AND {range}
+ORDER BY {order}
+LIMIT ?
 """
 
 # Live events: tokens are stream orderings.
-LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(
-    token="e.stream_ordering", order="stream_ordering", range="stream_ordering > ? AND stream_ordering <= ?"
-)
+LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(token="e.stream_ordering", order="e.stream_ordering", range="e.stream_ordering > ?")
 # Backfilled events: tokens are minus their (negative) stream orderings;
 # the range is written on the column itself so the index serves it.
 BACKFILL_EVENT_ROWS = EVENT_ROW_SQL.format(
     token="-e.stream_ordering",
-    order="stream_ordering DESC",
-    range="stream_ordering < 0 - ? AND stream_ordering >= 0 - ?",
+    order="e.stream_ordering DESC",
+    range="e.stream_ordering < 0 - ?",
 )
 
 STATE_ROW_SQL = (
-    "SELECT d.stream_ordering, r.room_id, k.type, k.state_key, i.event_id"
+    "SELECT d.stream_ordering, r.room_id, k.type, k.state_key,"
+    " (SELECT event_id FROM event_ids WHERE event_nid = d.event_nid)"
     " FROM current_state_deltas AS d JOIN rooms AS r ON r.room_nid = d.room_nid"
     " JOIN state_keys AS k ON k.type_key_nid = d.type_key_nid"
-    " LEFT JOIN event_ids AS i ON i.event_nid = d.event_nid"
     " WHERE d.instance_name = ? AND d.stream_ordering > ? AND d.stream_ordering <= ?"
     " ORDER BY d.stream_ordering, k.type, k.state_key"
 )
 
+
+
+def _upto(rows: list[tuple], upto: int) -> list[tuple]:
+    """``rows`` (in token order, token first) cut after ``upto``."""
+    if rows and rows[-1][0] > upto:
+        return [r for r in rows if r[0] <= upto]
+    return rows
 
 
 def _event_row(row: tuple) -> tuple[int, tuple]:
@@ -192,7 +200,7 @@ class EventsStream(_GeneratorStream):
     def _updates_txn(self, txn, instance, from_token, upto, limit):
         # One event per stream ordering: `limit + 1` events tell whether the
         # range holds more than a page.
-        rows = txn.execute(LIVE_EVENT_ROWS, (instance, from_token, upto, limit + 1)).fetchall()
+        rows = _upto(txn.execute(LIVE_EVENT_ROWS, (instance, from_token, limit + 1)).fetchall(), upto)
         more = len(rows) > limit
         rows = rows[:limit]
         bound = rows[-1][0] if more else upto
@@ -211,7 +219,7 @@ class BackfillStream(_GeneratorStream):
         super().__init__(store, "backfill", "backfill")
 
     def _updates_txn(self, txn, instance, from_token, upto, limit):
-        rows = txn.execute(BACKFILL_EVENT_ROWS, (instance, from_token, upto, limit + 1)).fetchall()
+        rows = _upto(txn.execute(BACKFILL_EVENT_ROWS, (instance, from_token, limit + 1)).fetchall(), upto)
         more = len(rows) > limit
         rows = rows[:limit]
         return _whole_token_page([_backfill_row(r) for r in rows], limit, upto, rows[-1][0] if more else upto, more)

@@ -390,14 +390,14 @@ class FarBehindTests(unittest.TestCase):
         counting = CountingStream(events)
         factory = make_server(StreamRegistry([counting]), page_size=100, max_pending_commands=150)
         protocol, transport = connect(factory)
-        # The transport fills after the first page.
+        # The transport fills with the first page (written in one write).
         original_write = transport.write
         writes = [0]
 
         def write(data: bytes) -> None:
             original_write(data)
             writes[0] += 1
-            if writes[0] == 100:
+            if writes[0] == 1:
                 protocol.pauseProducing()
 
         transport.write = write
