@@ -67,10 +67,11 @@ STORE_STREAMS = ("events", "backfill", "caches")
 # both engines run per row of the page as a primary-key lookup. With joins
 # instead, PostgreSQL may hash-join a whole table (a sequential scan of
 # event_ids) into every page, so each page costs as much as the whole history
-# and a catch-up is quadratic. The range is open-ended in SQL and cut at
-# `upto` by the caller: with both bounds, PostgreSQL without fresh statistics
-# estimates a handful of rows and reads (and sorts) the whole range for
-# every page instead of walking the index until LIMIT.
+# and a catch-up is quadratic. The range is a window of stream orderings a
+# few pages wide, widened while the page is short (_event_page): PostgreSQL
+# without fresh statistics estimates a handful of rows for any range and
+# reads and sorts all of it, so an open range would cost the whole rest of
+# the stream for every page.
 EVENT_ROW_SQL = """
 SELECT {token},
     (SELECT event_id FROM event_ids WHERE event_nid = e.event_nid),
@@ -89,13 +90,15 @@ LIMIT ?
 """
 
 # Live events: tokens are stream orderings.
-LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(token="e.stream_ordering", order="e.stream_ordering", range="e.stream_ordering > ?")
+LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(
+    token="e.stream_ordering", order="e.stream_ordering", range="e.stream_ordering > ? AND e.stream_ordering <= ?"
+)
 # Backfilled events: tokens are minus their (negative) stream orderings;
 # the range is written on the column itself so the index serves it.
 BACKFILL_EVENT_ROWS = EVENT_ROW_SQL.format(
     token="-e.stream_ordering",
     order="e.stream_ordering DESC",
-    range="e.stream_ordering < 0 - ?",
+    range="e.stream_ordering < 0 - ? AND e.stream_ordering >= 0 - ?",
 )
 
 STATE_ROW_SQL = (
@@ -109,10 +112,21 @@ STATE_ROW_SQL = (
 
 
 
-def _upto(rows: list[tuple], upto: int) -> list[tuple]:
-    """``rows`` (in token order, token first) cut after ``upto``."""
-    if rows and rows[-1][0] > upto:
-        return [r for r in rows if r[0] <= upto]
+#: First window of a page, in rows per requested row; doubled while short.
+_WINDOW = 2
+
+
+def _event_page(txn: Transaction, sql: str, instance: str, from_token: int, upto: int, limit: int) -> list[tuple]:
+    """Up to ``limit + 1`` rows with ``from_token < token <= upto``, in token
+    order, read window by window (``sql`` takes instance, window start,
+    window end, limit)."""
+    rows: list[tuple] = []
+    lo = from_token
+    span = max(limit * _WINDOW, 64)
+    while len(rows) <= limit and lo < upto:
+        hi = min(upto, lo + span)
+        rows.extend(txn.execute(sql, (instance, lo, hi, limit + 1 - len(rows))).fetchall())
+        lo, span = hi, span * 2
     return rows
 
 
@@ -127,6 +141,20 @@ def _backfill_row(row: tuple) -> tuple[int, tuple]:
     """A backfill row: the first six fields of an ``ev`` row, untagged."""
     token, event_id, room_id, event_type, state_key, redacts = row[:6]
     return token, (event_id, room_id, event_type, state_key, redacts, None)
+
+
+def _merge_by_token(first: list[tuple], second: list[tuple]) -> list[tuple]:
+    """Two token-ordered lists of ``(token, row)`` merged in token order,
+    ``first``'s rows before ``second``'s at the same token."""
+    merged = []
+    i = 0
+    for item in second:
+        while i < len(first) and first[i][0] <= item[0]:
+            merged.append(first[i])
+            i += 1
+        merged.append(item)
+    merged.extend(first[i:])
+    return merged
 
 
 def _whole_token_page(
@@ -200,14 +228,15 @@ class EventsStream(_GeneratorStream):
     def _updates_txn(self, txn, instance, from_token, upto, limit):
         # One event per stream ordering: `limit + 1` events tell whether the
         # range holds more than a page.
-        rows = _upto(txn.execute(LIVE_EVENT_ROWS, (instance, from_token, limit + 1)).fetchall(), upto)
+        rows = _event_page(txn, LIVE_EVENT_ROWS, instance, from_token, upto, limit)
         more = len(rows) > limit
         rows = rows[:limit]
         bound = rows[-1][0] if more else upto
         updates = [_event_row(r) for r in rows]
         state_rows = txn.execute(STATE_ROW_SQL, (instance, from_token, bound)).fetchall()
-        updates.extend((token, ("state", (room, typ, key, event))) for token, room, typ, key, event in state_rows)
-        updates.sort(key=lambda u: (u[0], u[1][0] != "ev"))  # stable: an event before its state rows
+        updates = _merge_by_token(updates, [
+            (token, ("state", (room, typ, key, event))) for token, room, typ, key, event in state_rows
+        ])
         # State rows can push a page over `limit`: cut it on a token boundary.
         return _whole_token_page(updates, limit, upto, bound, more)
 
@@ -219,7 +248,7 @@ class BackfillStream(_GeneratorStream):
         super().__init__(store, "backfill", "backfill")
 
     def _updates_txn(self, txn, instance, from_token, upto, limit):
-        rows = _upto(txn.execute(BACKFILL_EVENT_ROWS, (instance, from_token, limit + 1)).fetchall(), upto)
+        rows = _event_page(txn, BACKFILL_EVENT_ROWS, instance, from_token, upto, limit)
         more = len(rows) > limit
         rows = rows[:limit]
         return _whole_token_page([_backfill_row(r) for r in rows], limit, upto, rows[-1][0] if more else upto, more)

@@ -140,10 +140,12 @@ class OurLinesParseWithSynapse:
         second = RoomBuilder("!live:example.org")
         batch = [second.create(), second.join(ALICE), second.join("@bob:example.org"),
                  second.message(ALICE, "hi")]
-        await writer.persist_events([second.to_persist(e) for e in batch])
+        results = await writer.persist_events([second.to_persist(e) for e in batch])
         token = await writer.invalidate_cache("get_event", big_keys)
+        # Each stream is sent by its own loop: wait for the last line of both.
+        ends = (f"RDATA caches master {token} ", f"RDATA events master {results[-1].stream_ordering} ")
         lines = await self.collect(
-            live_transport, lambda ls: any(line.startswith(f"RDATA caches master {token} ") for line in ls), "live rows")
+            live_transport, lambda ls: all(any(line.startswith(end) for line in ls) for end in ends), "live rows")
         parsed = [check_with_synapse(self, line) for line in lines]
         live_rows = [row for cmd, row in parsed if isinstance(cmd, syn.RdataCommand)]
         live_events = {r.data.event_id for r in live_rows if getattr(r, "type", None) == "ev"}
