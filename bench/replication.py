@@ -1,6 +1,11 @@
 """TCP replication from a writer store to a worker over loopback TCP.
 
 usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [--runs R] [--congestion-events N]
+       [--sections parse catchup live congestion] [--page-sizes N...] [--parse-lines N] [--profile]
+
+0. Parsing: roomstore's and Synapse's parse_command_from_line (where
+   matrix-synapse is importable) on the same events RDATA lines, interleaved
+   runs, and a cProfile breakdown of each.
 
 1. Throughput: the writer (ReplicationServerService, this process) holds N
    persisted events; a worker in a child process (a worker store, the real
@@ -10,6 +15,11 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    the worker's store. Reported: RDATA lines/s and tokens/s from the
    worker's connection to its events and caches positions reaching the
    writer's, median of R runs, per engine and page size.
+
+3. Live traffic (printed after 1): a worker connected and caught up while
+   the writer persists N events; lines/s at the worker from its first row,
+   both as the writer commits and with the server told only once all are
+   written (the live path's own capacity).
 
 2. Congestion: while the writer persists N events, a client that never reads
    its socket (small receive buffer; it keeps sending PINGs so only the
@@ -102,8 +112,12 @@ async def start_server(reactor, url: str, **kw):
 # ---------------------------------------------------------------- 1. throughput
 
 
-async def worker_main(reactor, url: str, port: int, targets: dict, page_size: int) -> None:
-    """Child process: follow from 0 until the targets; print one JSON line."""
+async def worker_main(reactor, url: str, port: int, targets: dict | None, page_size: int) -> None:
+    """Child process: follow from 0 until the targets; print one JSON line.
+
+    ``targets`` None (live runs): print ``{"ready": true}`` once connected,
+    then read the targets from a line on stdin, and time from the first row
+    applied rather than from the connection."""
     from prometheus_client import REGISTRY
 
     from roomstore.replication import ReplicationClientFactory, ReplicationConfig
@@ -114,7 +128,11 @@ async def worker_main(reactor, url: str, port: int, targets: dict, page_size: in
     try:
         counts = {"tokens": 0, "rows": 0}
 
+        first_row: list[float] = []
+
         def applied(stream, instance, token, rows):
+            if not first_row:
+                first_row.append(time.perf_counter())
             counts["tokens"] += 1
             counts["rows"] += len(rows)
 
@@ -133,6 +151,13 @@ async def worker_main(reactor, url: str, port: int, targets: dict, page_size: in
             profiler = cProfile.Profile()
             profiler.enable()
         reactor.connectTCP("127.0.0.1", port, factory)
+        if targets is None:
+            from twisted.internet import threads
+
+            await until(reactor, lambda: factory.connection is not None, 60, "connection")
+            await sleep(reactor, 0.2)  # the REPLICATE answered
+            print(json.dumps({"ready": True}), flush=True)
+            targets = json.loads(await threads.deferToThread(sys.stdin.readline))
         # The follower's own positions: the store's generators start at the
         # database's positions, already at the targets.
         done = await until(
@@ -145,7 +170,9 @@ async def worker_main(reactor, url: str, port: int, targets: dict, page_size: in
         rdata = REGISTRY.get_sample_value("roomstore_replication_commands_received_total",
                                           {"side": "client", "command": "RDATA"}) or 0.0
         factory.stop()
-        print(json.dumps({"seconds": done - connected[0], "rdata": rdata, **counts}), flush=True)
+        live = first_row and os.environ.get("BENCH_LIVE")
+        start = first_row[0] if live else connected[0]
+        print(json.dumps({"seconds": done - start, "rdata": rdata, **counts}), flush=True)
     except BaseException:
         import traceback
 
@@ -205,6 +232,153 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
         rows.append([engine, page_size, targets["events"], int(sample["rdata"]), sample["tokens"],
                      statistics.median(s["seconds"] for s in samples), median, rates[0], rates[-1],
                      statistics.median(s["tokens"] / s["seconds"] for s in samples)])
+    return rows
+
+
+# ---------------------------------------------------------------- 0. parsing
+
+
+def rdata_lines_of(store_rows: list, count: int) -> list[str]:
+    """``count`` events RDATA lines as the server writes them: the stream's
+    real rows (``(token, row)`` from EventsStream.get_updates), repeated with
+    tokens moved past the previous copy's until there are ``count`` lines."""
+    from roomstore.replication.commands import RdataCommand, serialize_command
+
+    last = store_rows[-1][0]
+    lines: list[str] = []
+    copy = 0
+    while len(lines) < count:
+        offset = copy * last
+        for index, (token, row) in enumerate(store_rows):
+            end = index + 1 == len(store_rows) or store_rows[index + 1][0] != token
+            lines.append(serialize_command(RdataCommand("events", "master", token + offset if end else None, row)))
+        copy += 1
+    return lines[:count]
+
+
+async def parse_rows(reactor, new_url, events: int) -> list:
+    from roomstore.replication.store_streams import EventsStream
+    from roomstore.store import RoomStore
+
+    store = await RoomStore.open(new_url(), reactor=reactor)
+    try:
+        for batch in history(20, events):
+            await store.persist_events(batch)
+        stream = EventsStream(store)
+        current = stream.current_token("master")
+        return (await stream.get_updates("master", 0, current, 10**9)).updates
+    finally:
+        await store.close()
+
+
+def parse_section(rows: list, count: int, runs: int) -> None:
+    import gc
+
+    from roomstore.replication.commands import parse_command_from_line as ours
+
+    lines = rdata_lines_of(rows, count)
+    parsers = [("roomstore", ours)]
+    try:
+        from synapse.replication.tcp.commands import parse_command_from_line as synapse
+
+        parsers.append(("synapse 1.163", synapse))
+    except ImportError:
+        print("  (matrix-synapse is not importable: no Synapse figure; bin/setup installs it)")
+    rates: dict[str, list[float]] = {name: [] for name, _ in parsers}
+    for _ in range(runs):
+        for name, parse in parsers:  # interleaved, so load on the machine hits both alike
+            gc.collect()
+            started = time.perf_counter()
+            for line in lines:
+                parse(line)
+            rates[name].append(len(lines) / (time.perf_counter() - started))
+    table = []
+    for name, samples in rates.items():
+        table.append([name, len(lines), statistics.median(samples), min(samples), max(samples)])
+    if len(parsers) == 2:
+        ratios = [a / b for a, b in zip(rates["roomstore"], rates["synapse 1.163"])]
+        table[0].append(f"{statistics.median(ratios):.2f}x (runs: {', '.join(f'{r:.2f}' for r in ratios)})")
+        table[1].append("1.00x")
+    print_table(["parser", "lines", "median lines/s", "min", "max", "roomstore / synapse, same run"][:len(table[0])],
+                table)
+    import cProfile
+
+    for name, parse in parsers:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for line in lines:
+            parse(line)
+        profiler.disable()
+        print_profile(f"{name} parse_command_from_line, {len(lines)} lines", profiler, top=8)
+
+
+# ---------------------------------------------------------------- 3. live traffic
+
+
+async def live_run(reactor, url: str, events: int, page_size: int, burst: bool) -> dict:
+    """A worker process connected and caught up; then the writer (this
+    process) persists ``events`` events in batches of 50. ``burst``: the
+    server is told of them only once all are written, so the rows reach the
+    connected worker as fast as the live path carries them rather than as fast
+    as the writer writes."""
+    from roomstore.replication import ReplicationConfig, ReplicationServerFactory
+    from roomstore.replication.store_streams import store_stream_registry, wire_server
+    from roomstore.store import RoomStore
+
+    store = await RoomStore.open(url, reactor=reactor)
+    factory = ReplicationServerFactory("bench", store_stream_registry(store), reactor,
+                                       ReplicationConfig(page_size=page_size))
+    held: set[str] = set()
+    gate = [not burst]
+
+    def notify(name: str) -> None:
+        if gate[0]:
+            factory.notify_new_rows(name)
+        else:
+            held.add(name)
+
+    stop_wiring = wire_server(store, notify)
+    port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", url, str(port.getHost().port), "-",
+            str(page_size)]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONPATH=REPO, BENCH_LIVE="1"))
+    from twisted.internet import threads
+
+    ready = await threads.deferToThread(proc.stdout.readline)
+    if b"ready" not in ready:
+        raise RuntimeError(f"worker did not start: {ready!r}")
+    started = time.perf_counter()
+    for batch in history(20, events):
+        await store.persist_events(batch)
+    written = time.perf_counter() - started
+    targets = {s: store.generators[s].get_current_token() for s in ("events", "caches")}
+    proc.stdin.write((json.dumps(targets) + "\n").encode())
+    proc.stdin.flush()
+    if burst:
+        gate[0] = True
+        for name in sorted(held):
+            factory.notify_new_rows(name)
+    await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+    out = proc.stdout.read().decode().strip().splitlines()
+    if proc.returncode != 0 or not out:
+        raise RuntimeError(f"worker failed ({proc.returncode})")
+    stop_wiring()
+    factory.close_all()
+    await port.stopListening()
+    await store.close()
+    return {**json.loads(out[-1]), "write_s": written, "events": targets["events"]}
+
+
+async def live(reactor, engine: str, new_url, events: int, runs: int, page_size: int) -> list[list]:
+    rows = []
+    for burst in (False, True):
+        samples = [await live_run(reactor, new_url(), events, page_size, burst) for _ in range(runs)]
+        rates = sorted(s["rdata"] / s["seconds"] for s in samples)
+        rows.append([engine, "burst (told after the writes)" if burst else "as written", page_size,
+                     samples[0]["events"], int(samples[0]["rdata"]),
+                     statistics.median(s["events"] / s["write_s"] for s in samples),
+                     statistics.median(rates), rates[0], rates[-1]])
     return rows
 
 
@@ -405,6 +579,11 @@ def print_profile(title: str, stats_source, top: int = 14) -> None:
 async def main(reactor, args) -> None:
     databases = bench_databases()
     profiles: list = []
+    if "parse" in args.sections:
+        print(f"\n0. Parsing: parse_command_from_line on the same {args.parse_lines:,} events RDATA lines (the rows "
+              f"EventsStream sends for {args.events:,} persisted events, repeated with later tokens); interleaved "
+              f"runs, median of {args.runs}\n")
+        parse_section(await parse_rows(reactor, databases[0][1], args.events), args.parse_lines, max(args.runs, 5))
     if "catchup" in args.sections:
         print(f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
               f"loopback TCP (database pages, RDATA, parse, apply); median of {args.runs} runs\n")
@@ -417,6 +596,17 @@ async def main(reactor, args) -> None:
         for title, server_profile, worker_stats in profiles:
             print_profile(f"server ({title})", server_profile)
             print_profile(f"worker ({title})", worker_stats)
+    if "live" in args.sections:
+        print(f"\n3. Live traffic: a worker process connected and caught up while the writer (this process) persists "
+              f"{args.events} events in batches of 50; RDATA lines/s at the worker from its first row to the writer's "
+              f"positions, parse and apply included; median of {args.runs} runs\n")
+        rows = []
+        for engine, new_url in databases:
+            rows += await live(reactor, engine, new_url, args.events, args.runs, max(args.page_sizes))
+        print_table(["engine", "rows told", "page size", "events", "RDATA lines", "writer events/s",
+                     "median lines/s", "min lines/s", "max lines/s"], rows)
+        print("  (as written: the worker cannot get rows faster than the writer commits them; burst: the same "
+              "events, the server told once they are all written, through the same live connection)")
     if "congestion" not in args.sections:
         return
 
@@ -433,13 +623,15 @@ async def main(reactor, args) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         _, _, url, port, targets, page_size = sys.argv
-        task.react(lambda r: defer.ensureDeferred(worker_main(r, url, int(port), json.loads(targets), int(page_size))))
+        task.react(lambda r: defer.ensureDeferred(
+            worker_main(r, url, int(port), None if targets == "-" else json.loads(targets), int(page_size))))
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--congestion-events", type=int, default=20_000)
     parser.add_argument("--max-pending", type=int, nargs="+", default=[50, 1_000, 10_000])
     parser.add_argument("--page-sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--parse-lines", type=int, default=200_000)
     parser.add_argument("--profile", action="store_true",
                         help="one more run per setting, profiled on both sides (not counted in the figures)")
     parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "congestion"],

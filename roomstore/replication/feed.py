@@ -17,7 +17,9 @@ token. That single path gives the guarantees the protocol needs:
 - **Bounded pages and bounded memory.** A far-behind connection is caught up
   ``page_size`` rows at a time, and a loop does not read the next page while
   the connection is paused (congested), so a slow client costs no more than
-  one page of buffered commands per cursor.
+  two pages per cursor: one written, one read ahead (the next page is read
+  while the current one is encoded and written, when the connection is
+  writable).
 
 Rows sharing a token go out as ``RDATA ... batch`` lines followed by one
 line carrying the token.
@@ -115,6 +117,12 @@ class _Cursor:
     #: After a failure: the pending retry (an IDelayedCall) and the next delay.
     retry_call: object = None
     retry_delay: float = RETRY_FIRST_DELAY
+
+
+def _drop(read: defer.Deferred) -> None:
+    """Forget a page read ahead that will not be sent (its failure, if any,
+    is not an error: the loop that needs those rows reads them again)."""
+    read.addErrback(lambda _failure: None)
 
 
 def _cancel_retry(cursor: _Cursor) -> None:
@@ -278,23 +286,37 @@ class ConnectionFeed:
             self._kick(stream, writer, cursor)
 
     async def _catch_up(self, stream: Stream, writer: str, cursor: _Cursor) -> None:
+        # The next page is read while this one is encoded and written (the
+        # database works in its own thread or process meanwhile): at most one
+        # page ahead, and only while the connection is writable.
+        ahead: tuple[int, int, defer.Deferred] | None = None  # (start, generation, read)
         try:
             while self._conn.is_open:
                 if self._conn.paused:
                     await self._conn.when_writable()
                     continue
-                target = stream.current_token(writer)
-                if cursor.last_sent >= target:
-                    break
                 generation = cursor.generation
                 start = cursor.last_sent
-                updates, upto, limited = await stream.get_updates(
-                    writer, start, target, self._page_size
-                )
+                if ahead is not None and ahead[:2] == (start, generation):
+                    read = ahead[2]
+                else:
+                    if ahead is not None:
+                        _drop(ahead[2])
+                    target = stream.current_token(writer)
+                    if start >= target:
+                        ahead = None
+                        break
+                    read = defer.ensureDeferred(stream.get_updates(writer, start, target, self._page_size))
+                ahead = None
+                updates, upto, limited = await read
                 if not self._conn.is_open:
                     return
                 if generation != cursor.generation:
                     continue  # a legacy REPLICATE moved the cursor meanwhile
+                target = stream.current_token(writer)
+                if upto < target and upto > start and not self._conn.paused:
+                    ahead = (upto, generation, defer.ensureDeferred(
+                        stream.get_updates(writer, upto, target, self._page_size)))
                 commands = self._page_commands(stream, writer, start, updates, upto, limited)
                 self._conn.send_commands(commands)
                 for cmd in commands:
@@ -313,6 +335,8 @@ class ConnectionFeed:
                 cursor.want_position = False
         finally:
             cursor.running = False
+            if ahead is not None:
+                _drop(ahead[2])
 
     def _page_commands(
         self,
