@@ -129,16 +129,19 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
         counts = {"tokens": 0, "rows": 0}
 
         first_row: list[float] = []
+        first_cpu: list[float] = []
 
         def applied(stream, instance, token, rows):
             if not first_row:
                 first_row.append(time.perf_counter())
+                first_cpu.append(time.process_time())
             counts["tokens"] += 1
             counts["rows"] += len(rows)
 
         handler = StoreReplicationHandler(store, on_applied=applied)
         connected = []
-        handler.on_connected = lambda: connected.append(time.perf_counter())
+        connected_cpu = []
+        handler.on_connected = lambda: (connected.append(time.perf_counter()), connected_cpu.append(time.process_time()))
         factory = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor,
                                            config=ReplicationConfig(page_size=page_size))
         for stream in STREAMS:
@@ -170,9 +173,11 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
         rdata = REGISTRY.get_sample_value("roomstore_replication_commands_received_total",
                                           {"side": "client", "command": "RDATA"}) or 0.0
         factory.stop()
+        cpu_done = time.process_time()
         live = first_row and os.environ.get("BENCH_LIVE")
-        start = first_row[0] if live else connected[0]
-        print(json.dumps({"seconds": done - start, "rdata": rdata, **counts}), flush=True)
+        start, cpu_start = (first_row[0], first_cpu[0]) if live else (connected[0], connected_cpu[0])
+        print(json.dumps({"seconds": done - start, "cpu": cpu_done - cpu_start, "rdata": rdata, **counts}),
+              flush=True)
     except BaseException:
         import traceback
 
@@ -214,8 +219,10 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
                 server_profiler.enable()
             argv = [sys.executable, os.path.abspath(__file__), "--worker", url, str(server.port.getHost().port),
                     json.dumps(targets), str(page_size)]
+            server_cpu = time.process_time()
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
             await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+            server_cpu = time.process_time() - server_cpu
             if server_profiler is not None:
                 server_profiler.disable()
                 profiles.append((f"{engine}, page size {page_size}, catch-up", server_profiler, worker_stats))
@@ -224,14 +231,16 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
             out = proc.stdout.read().decode().strip().splitlines()
             if proc.returncode != 0 or not out:
                 raise RuntimeError(f"worker failed ({proc.returncode})")
-            samples.append(json.loads(out[-1]))
+            samples.append({**json.loads(out[-1]), "server_cpu": server_cpu})
         await server.stopService()
         rates = sorted(s["rdata"] / s["seconds"] for s in samples)
         median = statistics.median(rates)
         sample = samples[0]
         rows.append([engine, page_size, targets["events"], int(sample["rdata"]), sample["tokens"],
                      statistics.median(s["seconds"] for s in samples), median, rates[0], rates[-1],
-                     statistics.median(s["tokens"] / s["seconds"] for s in samples)])
+                     statistics.median(s["tokens"] / s["seconds"] for s in samples),
+                     statistics.median(s["rdata"] / s["cpu"] for s in samples),
+                     statistics.median(s["rdata"] / s["server_cpu"] for s in samples)])
     return rows
 
 
@@ -378,7 +387,8 @@ async def live(reactor, engine: str, new_url, events: int, runs: int, page_size:
         rows.append([engine, "burst (told after the writes)" if burst else "as written", page_size,
                      samples[0]["events"], int(samples[0]["rdata"]),
                      statistics.median(s["events"] / s["write_s"] for s in samples),
-                     statistics.median(rates), rates[0], rates[-1]])
+                     statistics.median(rates), rates[0], rates[-1],
+                     statistics.median(s["rdata"] / s["cpu"] for s in samples)])
     return rows
 
 
@@ -592,7 +602,11 @@ async def main(reactor, args) -> None:
             rows += await throughput(reactor, engine, new_url, args.events, args.runs, args.page_sizes,
                                      args.profile, profiles)
         print_table(["engine", "page size", "events", "RDATA lines", "tokens", "median s", "median lines/s",
-                     "min lines/s", "max lines/s", "median tokens/s"], rows)
+                     "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s"],
+                    rows)
+        print("  (lines/s: wall clock at the worker; lines per CPU second of the worker process and of the "
+              "server process (its database threads included; PostgreSQL's own process not), which the load "
+              "of other processes on the machine does not inflate)")
         for title, server_profile, worker_stats in profiles:
             print_profile(f"server ({title})", server_profile)
             print_profile(f"worker ({title})", worker_stats)
@@ -604,7 +618,7 @@ async def main(reactor, args) -> None:
         for engine, new_url in databases:
             rows += await live(reactor, engine, new_url, args.events, args.runs, max(args.page_sizes))
         print_table(["engine", "rows told", "page size", "events", "RDATA lines", "writer events/s",
-                     "median lines/s", "min lines/s", "max lines/s"], rows)
+                     "median lines/s", "min lines/s", "max lines/s", "lines/worker CPU s"], rows)
         print("  (as written: the worker cannot get rows faster than the writer commits them; burst: the same "
               "events, the server told once they are all written, through the same live connection)")
     if "congestion" not in args.sections:

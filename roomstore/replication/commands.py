@@ -212,8 +212,24 @@ def _split_words(args: str, count: int, usage: str) -> list[str]:
 
 
 # Built once: json.dumps/json.loads with any non-default argument build a
-# new encoder/decoder on every call.
-_encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False).encode
+# new encoder/decoder on every call, and JSONEncoder.encode builds a new C
+# encoder on every call too. The C encoder is called directly (no circular
+# check: a row is data read from the database or off the wire; a cycle
+# ends in RecursionError, which encode_row turns into ValueError).
+def _not_serialisable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+if json.encoder.c_make_encoder is not None:
+    _c_encoder = json.encoder.c_make_encoder(
+        None, _not_serialisable, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, False
+    )
+
+    def _encode(value: Any) -> str:
+        return "".join(_c_encoder(value, 0))
+
+else:  # pragma: no cover - CPython always has the C encoder
+    _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False).encode
 
 
 def encode_row(row: Any) -> str:

@@ -54,7 +54,6 @@ from roomstore.replication.commands import (
     MAX_LINE_LENGTH,
     Command,
     PositionCommand,
-    RdataCommand,
     ReplicateCommand,
     describe,
     encode_row,
@@ -80,7 +79,7 @@ class FeedConnection(Protocol):
 
     def send_command(self, cmd: Command) -> None: ...
 
-    def send_commands(self, cmds: Sequence[Command]) -> None: ...
+    def send_rows(self, stream_name: str, instance_name: str, items: Sequence) -> None: ...
 
     def when_writable(self) -> defer.Deferred[None]: ...
 
@@ -317,14 +316,12 @@ class ConnectionFeed:
                 if upto < target and upto > start and not self._conn.paused:
                     ahead = (upto, generation, defer.ensureDeferred(
                         stream.get_updates(writer, upto, target, self._page_size)))
-                commands = self._page_commands(stream, writer, start, updates, upto, limited)
-                self._conn.send_commands(commands)
-                for cmd in commands:
-                    if type(cmd) is RdataCommand:
-                        if cmd.token is not None:
-                            cursor.last_told = cmd.token
-                    else:
-                        cursor.last_told = cmd.new_token
+                items = self._page_commands(stream, writer, start, updates, upto, limited)
+                self._conn.send_rows(stream.name, writer, items)
+                if items:
+                    # The page ends with its last token's numeric RDATA or POSITION.
+                    last = items[-1]
+                    cursor.last_told = last[0] if type(last) is tuple else last.new_token
                 cursor.last_sent = upto
 
             if self._conn.is_open and (cursor.want_position or cursor.last_told != cursor.last_sent):
@@ -346,10 +343,11 @@ class ConnectionFeed:
         updates: list[tuple[int, tuple]],
         upto: int,
         limited: bool,
-    ) -> list[Command]:
-        """Turn a page into RDATA commands (and a POSITION for a token that
-        cannot be sent as lines), checking the stream's contract first so a
-        bad page sends nothing (never half a batch)."""
+    ) -> list:
+        """Turn a page into what ``send_rows`` writes: ``(token or None,
+        row, row_json)`` per RDATA line (``None``: ``batch``), and a POSITION
+        for a token that cannot be sent as lines. The stream's contract is
+        checked first so a bad page sends nothing (never half a batch)."""
         stream_name = stream.name
         if upto <= start or (limited and not updates):
             raise StreamContractError(
@@ -357,11 +355,12 @@ class ConnectionFeed:
             )
         # Bytes of a line besides the row: "RDATA <stream> <writer> <token> ".
         # Rows are ASCII JSON, so their length in characters is in bytes.
-        room = self._max_line_length - len(f"RDATA {stream_name} {writer} ".encode("utf-8"))
-        commands: list[Command] = []
+        room = self._max_line_length - len(f"RDATA {stream_name} {writer} ".encode("utf-8")) - 1
+        items: list = []
         previous = start
         index = 0
-        while index < len(updates):
+        count = len(updates)
+        while index < count:
             token = updates[index][0]
             if token <= start or token < previous or token > upto:
                 raise StreamContractError(
@@ -369,9 +368,9 @@ class ConnectionFeed:
                 )
             previous = token
             end = index + 1
-            while end < len(updates) and updates[end][0] == token:
+            while end < count and updates[end][0] == token:
                 end += 1
-            row_room = room - max(len(str(token)), len("batch")) - 1
+            row_room = room - max(len(str(token)), 5)  # 5: len("batch")
             rows: list | None = []
             for _, row in updates[index:end]:
                 try:
@@ -381,7 +380,7 @@ class ConnectionFeed:
                         f"{stream_name}/{writer}: row at {token} cannot be sent: {describe(str(e))}"
                     ) from None
                 if len(row_json) <= row_room:
-                    rows.append((row, row_json))
+                    rows.append((None, row, row_json))
                     continue
                 parts = stream.split_row(row, lambda part: len(encode_row(part)) <= row_room)
                 if parts is None:
@@ -398,14 +397,12 @@ class ConnectionFeed:
                     )
                     rows = None
                     break
-                rows.extend((part, encode_row(part)) for part in parts)
+                rows.extend((None, part, encode_row(part)) for part in parts)
             if rows is None:
-                commands.append(PositionCommand(stream_name, writer, token, token))
+                items.append(PositionCommand(stream_name, writer, token, token))
             else:
-                last = len(rows) - 1
-                commands.extend(
-                    RdataCommand.from_encoded(stream_name, writer, token if i == last else None, row, row_json)
-                    for i, (row, row_json) in enumerate(rows)
-                )
+                _, row, row_json = rows[-1]
+                rows[-1] = (token, row, row_json)
+                items.extend(rows)
             index = end
-        return commands
+        return items

@@ -34,7 +34,7 @@ wait in a queue of at most ``max_pending_commands``; the command that would
 exceed it makes the protocol log loudly, count it, send
 ``ERROR too many pending commands`` and drop that connection. Other
 connections are unaffected. Stream rows are written a page at a time
-(``send_commands``: one transport write per page, so at most one page per
+(``send_rows``: one transport write per page, so at most one page per
 stream and writer sits in the transport's buffer), and the server's catch-up
 loops (:mod:`~roomstore.replication.feed`) do not read the next page while
 the connection is paused, so a slow but live client falls behind in the
@@ -414,32 +414,58 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             return
         self._write(cmd)
 
-    def send_commands(self, cmds: Sequence[Command]) -> None:
-        """:meth:`send_command` for each of ``cmds``, in order, written to
-        the transport in one call when the connection is not paused (a
-        page of stream rows: one write instead of one per line)."""
+    def send_rows(self, stream_name: str, instance_name: str, items: Sequence[Any]) -> None:
+        """Send a page of a stream: RDATA lines for ``(token or None, row,
+        row_json)`` items (``row_json`` being ``encode_row(row)``, ``None``
+        for ``batch``) and any commands among them, in order.
+
+        While the connection is writable the page goes out in one transport
+        write, built as lines without a command object per row; while it is
+        paused, each item goes through :meth:`send_command` (and the pending
+        queue) as an :class:`RdataCommand`.
+        """
         if self._state is not _State.OPEN:
             return
-        if self._paused or len(cmds) < 2:
-            for cmd in cmds:
-                self.send_command(cmd)
+        if self._paused:
+            for item in items:
+                if type(item) is tuple:
+                    item = RdataCommand.from_encoded(stream_name, instance_name, *item)
+                self.send_command(item)
             return
         limit = self.config.max_line_length
+        prefix = f"RDATA {stream_name} {instance_name} "
         lines = []
         counts: dict[str, int] = {}
-        for cmd in cmds:
-            line = serialize_command(cmd).encode("utf-8")
-            if len(line) > limit:
-                self._refuse_long_line(cmd, len(line))
+        rdata = 0
+        for item in items:
+            if type(item) is tuple:
+                token, row, row_json = item
+                line = f"{prefix}{'batch' if token is None else token} {row_json}"
+                name = "RDATA"
+            else:
+                line = serialize_command(item)
+                name = item.NAME
+            # An ASCII str has as many bytes as characters (and says so in O(1)).
+            length = len(line) if line.isascii() else len(line.encode("utf-8"))
+            if length > limit:
+                self._refuse_long_line(
+                    RdataCommand.from_encoded(stream_name, instance_name, *item) if type(item) is tuple else item,
+                    length,
+                )
                 continue
             lines.append(line)
-            counts[cmd.NAME] = counts.get(cmd.NAME, 0) + 1
+            if name == "RDATA":
+                rdata += 1
+            else:
+                counts[name] = counts.get(name, 0) + 1
         if not lines:
             return
-        lines.append(b"")
-        data = self.delimiter.join(lines)
+        lines.append("")
+        data = "\n".join(lines).encode("utf-8")
         self.transport.write(data)
         self._last_sent = self.clock.seconds()
+        if rdata:
+            counts["RDATA"] = rdata
         for name, count in counts.items():
             metrics.child(metrics.COMMANDS_SENT, self.SIDE, name).inc(count)
         metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(data))
