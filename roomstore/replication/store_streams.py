@@ -63,24 +63,28 @@ log = Logger()
 STORE_STREAMS = ("events", "backfill", "caches")
 
 # The page of events is an index range scan on events alone that stops
-# after LIMIT rows; everything else is a correlated scalar subquery, which
-# both engines run per row of the page as a primary-key lookup. With joins
-# instead, PostgreSQL may hash-join a whole table (a sequential scan of
-# event_ids) into every page, so each page costs as much as the whole history
-# and a catch-up is quadratic. The range is a window of stream orderings a
-# few pages wide, widened while the page is short (_event_page): PostgreSQL
-# without fresh statistics estimates a handful of rows for any range and
-# reads and sorts all of it, so an open range would cost the whole rest of
-# the stream for every page.
+# after LIMIT rows. The event ID is a correlated scalar subquery, which both
+# engines run per row as a primary-key lookup; membership and redaction
+# lookups run only for member and redaction events (CASE); room IDs and
+# state keys come from the store's interners (small tables, cached). With
+# joins instead, PostgreSQL may hash-join a whole table (a sequential scan
+# of event_ids) into every page, so each page costs as much as the whole
+# history and a catch-up is quadratic. The range is a window of stream
+# orderings a few pages wide, widened while the page is short (_event_page):
+# PostgreSQL without fresh statistics estimates a handful of rows for any
+# range and reads and sorts all of it, so an open range would cost the whole
+# rest of the stream for every page.
 EVENT_ROW_SQL = """
 SELECT {token},
     (SELECT event_id FROM event_ids WHERE event_nid = e.event_nid),
-    (SELECT room_id FROM rooms WHERE room_nid = e.room_nid),
+    e.room_nid,
     e.type,
-    (SELECT state_key FROM state_keys WHERE type_key_nid = e.type_key_nid),
-    (SELECT i.event_id FROM redactions AS red JOIN event_ids AS i ON i.event_nid = red.redacts_event_nid
-     WHERE red.redaction_event_nid = e.event_nid),
-    (SELECT membership FROM room_memberships WHERE event_nid = e.event_nid),
+    e.type_key_nid,
+    CASE WHEN e.type = ? THEN
+        (SELECT i.event_id FROM redactions AS red JOIN event_ids AS i ON i.event_nid = red.redacts_event_nid
+         WHERE red.redaction_event_nid = e.event_nid)
+    END,
+    CASE WHEN e.type = ? THEN (SELECT membership FROM room_memberships WHERE event_nid = e.event_nid) END,
     e.rejected_reason IS NOT NULL,
     e.outlier
 FROM events AS e
@@ -88,6 +92,7 @@ WHERE e.instance_name = ? AND {range}
 ORDER BY {order}
 LIMIT ?
 """
+_CASE_TYPES = ("m.room.redaction", "m.room.member")
 
 # Live events: tokens are stream orderings.
 LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(
@@ -125,22 +130,25 @@ def _event_page(txn: Transaction, sql: str, instance: str, from_token: int, upto
     span = max(limit * _WINDOW, 64)
     while len(rows) <= limit and lo < upto:
         hi = min(upto, lo + span)
-        rows.extend(txn.execute(sql, (instance, lo, hi, limit + 1 - len(rows))).fetchall())
+        rows.extend(txn.execute(sql, (*_CASE_TYPES, instance, lo, hi, limit + 1 - len(rows))).fetchall())
         lo, span = hi, span * 2
     return rows
 
 
-def _event_row(row: tuple) -> tuple[int, tuple]:
-    """An ``ev`` row of the events stream (SQLite gives booleans as 0/1)."""
-    token, event_id, room_id, event_type, state_key, redacts, membership, rejected, outlier = row
-    name = MEMBERSHIP_BY_CODE.get(membership) if membership is not None else None
-    return token, ("ev", (event_id, room_id, event_type, state_key, redacts, None, name, bool(rejected), bool(outlier)))
-
-
-def _backfill_row(row: tuple) -> tuple[int, tuple]:
-    """A backfill row: the first six fields of an ``ev`` row, untagged."""
-    token, event_id, room_id, event_type, state_key, redacts = row[:6]
-    return token, (event_id, room_id, event_type, state_key, redacts, None)
+def _event_fields(store: RoomStore, txn: Transaction, rows: list[tuple]) -> list[tuple]:
+    """``(token, event_id, room_id, type, state_key, redacts, membership
+    name, rejected, outlier)`` for rows of ``EVENT_ROW_SQL`` (SQLite gives
+    booleans as 0/1)."""
+    if not rows:
+        return []
+    rooms = store.interners.rooms.resolve(txn, [r[2] for r in rows])
+    keys = store.interners.state_keys.resolve(txn, [r[4] for r in rows if r[4] is not None])
+    membership_name = MEMBERSHIP_BY_CODE.get
+    return [
+        (token, event_id, rooms[room_nid], event_type, None if key_nid is None else keys[key_nid][1], redacts,
+         None if membership is None else membership_name(membership), bool(rejected), bool(outlier))
+        for token, event_id, room_nid, event_type, key_nid, redacts, membership, rejected, outlier in rows
+    ]
 
 
 def _merge_by_token(first: list[tuple], second: list[tuple]) -> list[tuple]:
@@ -232,7 +240,11 @@ class EventsStream(_GeneratorStream):
         more = len(rows) > limit
         rows = rows[:limit]
         bound = rows[-1][0] if more else upto
-        updates = [_event_row(r) for r in rows]
+        updates = [
+            (token, ("ev", (event_id, room_id, typ, key, redacts, None, membership, rejected, outlier)))
+            for token, event_id, room_id, typ, key, redacts, membership, rejected, outlier
+            in _event_fields(self.store, txn, rows)
+        ]
         state_rows = txn.execute(STATE_ROW_SQL, (instance, from_token, bound)).fetchall()
         updates = _merge_by_token(updates, [
             (token, ("state", (room, typ, key, event))) for token, room, typ, key, event in state_rows
@@ -251,7 +263,12 @@ class BackfillStream(_GeneratorStream):
         rows = _event_page(txn, BACKFILL_EVENT_ROWS, instance, from_token, upto, limit)
         more = len(rows) > limit
         rows = rows[:limit]
-        return _whole_token_page([_backfill_row(r) for r in rows], limit, upto, rows[-1][0] if more else upto, more)
+        # Synapse's backfill rows: the first six fields of an ev row, untagged.
+        updates = [
+            (token, (event_id, room_id, typ, key, redacts, None))
+            for token, event_id, room_id, typ, key, redacts, *_ in _event_fields(self.store, txn, rows)
+        ]
+        return _whole_token_page(updates, limit, upto, rows[-1][0] if more else upto, more)
 
 
 class CachesStream(_GeneratorStream):
