@@ -1,6 +1,11 @@
 """TCP replication from a writer store to a worker over loopback TCP.
 
 usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [--runs R] [--congestion-events N]
+       [--sections parse catchup live congestion] [--page-sizes N...] [--parse-lines N] [--profile]
+
+0. Parsing: roomstore's and Synapse's parse_command_from_line (where
+   matrix-synapse is importable) on the same events RDATA lines, interleaved
+   runs, and a cProfile breakdown of each.
 
 1. Throughput: the writer (ReplicationServerService, this process) holds N
    persisted events; a worker in a child process (a worker store, the real
@@ -10,6 +15,11 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    the worker's store. Reported: RDATA lines/s and tokens/s from the
    worker's connection to its events and caches positions reaching the
    writer's, median of R runs, per engine and page size.
+
+3. Live traffic (printed after 1): a worker connected and caught up while
+   the writer persists N events; lines/s at the worker from its first row,
+   both as the writer commits and with the server told only once all are
+   written (the live path's own capacity).
 
 2. Congestion: while the writer persists N events, a client that never reads
    its socket (small receive buffer; it keeps sending PINGs so only the
@@ -102,8 +112,12 @@ async def start_server(reactor, url: str, **kw):
 # ---------------------------------------------------------------- 1. throughput
 
 
-async def worker_main(reactor, url: str, port: int, targets: dict, page_size: int) -> None:
-    """Child process: follow from 0 until the targets; print one JSON line."""
+async def worker_main(reactor, url: str, port: int, targets: dict | None, page_size: int) -> None:
+    """Child process: follow from 0 until the targets; print one JSON line.
+
+    ``targets`` None (live runs): print ``{"ready": true}`` once connected,
+    then read the targets from a line on stdin, and time from the first row
+    applied rather than from the connection."""
     from prometheus_client import REGISTRY
 
     from roomstore.replication import ReplicationClientFactory, ReplicationConfig
@@ -114,28 +128,56 @@ async def worker_main(reactor, url: str, port: int, targets: dict, page_size: in
     try:
         counts = {"tokens": 0, "rows": 0}
 
+        first_row: list[float] = []
+        first_cpu: list[float] = []
+
         def applied(stream, instance, token, rows):
+            if not first_row:
+                first_row.append(time.perf_counter())
+                first_cpu.append(time.process_time())
             counts["tokens"] += 1
             counts["rows"] += len(rows)
 
         handler = StoreReplicationHandler(store, on_applied=applied)
         connected = []
-        handler.on_connected = lambda: connected.append(time.perf_counter())
+        connected_cpu = []
+        handler.on_connected = lambda: (connected.append(time.perf_counter()), connected_cpu.append(time.process_time()))
         factory = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor,
                                            config=ReplicationConfig(page_size=page_size))
         for stream in STREAMS:
             factory.positions.set(stream, "master", 0)
+        profile_path = os.environ.get("BENCH_PROFILE")
+        profiler = None
+        if profile_path:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         reactor.connectTCP("127.0.0.1", port, factory)
+        if targets is None:
+            from twisted.internet import threads
+
+            await until(reactor, lambda: factory.connection is not None, 60, "connection")
+            await sleep(reactor, 0.2)  # the REPLICATE answered
+            print(json.dumps({"ready": True}), flush=True)
+            targets = json.loads(await threads.deferToThread(sys.stdin.readline))
         # The follower's own positions: the store's generators start at the
         # database's positions, already at the targets.
         done = await until(
             reactor, lambda: all((factory.positions.get(s, "master") or 0) >= t for s, t in targets.items()),
             600, "catch-up",
         )
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
         rdata = REGISTRY.get_sample_value("roomstore_replication_commands_received_total",
                                           {"side": "client", "command": "RDATA"}) or 0.0
         factory.stop()
-        print(json.dumps({"seconds": done - connected[0], "rdata": rdata, **counts}), flush=True)
+        cpu_done = time.process_time()
+        live = first_row and os.environ.get("BENCH_LIVE")
+        start, cpu_start = (first_row[0], first_cpu[0]) if live else (connected[0], connected_cpu[0])
+        print(json.dumps({"seconds": done - start, "cpu": cpu_done - cpu_start, "rdata": rdata, **counts}),
+              flush=True)
     except BaseException:
         import traceback
 
@@ -146,7 +188,8 @@ async def worker_main(reactor, url: str, port: int, targets: dict, page_size: in
         await store.close()
 
 
-async def throughput(reactor, engine: str, new_url, events: int, runs: int, page_sizes) -> list[list]:
+async def throughput(reactor, engine: str, new_url, events: int, runs: int, page_sizes, profile: bool = False,
+                     profiles: list | None = None) -> list[list]:
     url = new_url()
     rows = []
     for page_size in page_sizes:
@@ -161,22 +204,210 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
                   f"in {time.perf_counter() - started:.1f}s)", file=sys.stderr)
         targets = {s: server.store.generators[s].get_current_token() for s in ("events", "caches")}
         samples = []
-        for _ in range(runs):
+        for run in range(runs + (1 if profile else 0)):
+            # The extra (last) run is profiled on both sides and not counted.
+            profiling = profile and run == runs
+            env = dict(os.environ, PYTHONPATH=REPO)
+            server_profiler = None
+            if profiling:
+                import cProfile
+                import tempfile
+
+                worker_stats = tempfile.mktemp(prefix="bench-worker-", suffix=".prof")
+                env["BENCH_PROFILE"] = worker_stats
+                server_profiler = cProfile.Profile()
+                server_profiler.enable()
             argv = [sys.executable, os.path.abspath(__file__), "--worker", url, str(server.port.getHost().port),
                     json.dumps(targets), str(page_size)]
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=REPO))
+            server_cpu = time.process_time()
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
             await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+            server_cpu = time.process_time() - server_cpu
+            if server_profiler is not None:
+                server_profiler.disable()
+                profiles.append((f"{engine}, page size {page_size}, catch-up", server_profiler, worker_stats))
+                proc.stdout.read()
+                continue
             out = proc.stdout.read().decode().strip().splitlines()
             if proc.returncode != 0 or not out:
                 raise RuntimeError(f"worker failed ({proc.returncode})")
-            samples.append(json.loads(out[-1]))
+            samples.append({**json.loads(out[-1]), "server_cpu": server_cpu})
         await server.stopService()
         rates = sorted(s["rdata"] / s["seconds"] for s in samples)
         median = statistics.median(rates)
         sample = samples[0]
         rows.append([engine, page_size, targets["events"], int(sample["rdata"]), sample["tokens"],
                      statistics.median(s["seconds"] for s in samples), median, rates[0], rates[-1],
-                     statistics.median(s["tokens"] / s["seconds"] for s in samples)])
+                     statistics.median(s["tokens"] / s["seconds"] for s in samples),
+                     statistics.median(s["rdata"] / s["cpu"] for s in samples),
+                     statistics.median(s["rdata"] / s["server_cpu"] for s in samples)])
+    return rows
+
+
+# ---------------------------------------------------------------- 0. parsing
+
+
+def rdata_lines_of(store_rows: list, count: int) -> list[str]:
+    """``count`` events RDATA lines as the server writes them: the stream's
+    real rows (``(token, row)`` from EventsStream.get_updates), repeated with
+    tokens moved past the previous copy's until there are ``count`` lines."""
+    from roomstore.replication.commands import RdataCommand, serialize_command
+
+    last = store_rows[-1][0]
+    lines: list[str] = []
+    copy = 0
+    while len(lines) < count:
+        offset = copy * last
+        for index, (token, row) in enumerate(store_rows):
+            end = index + 1 == len(store_rows) or store_rows[index + 1][0] != token
+            lines.append(serialize_command(RdataCommand("events", "master", token + offset if end else None, row)))
+        copy += 1
+    return lines[:count]
+
+
+async def parse_rows(reactor, new_url, events: int) -> list:
+    from roomstore.replication.store_streams import EventsStream
+    from roomstore.store import RoomStore
+
+    store = await RoomStore.open(new_url(), reactor=reactor)
+    try:
+        for batch in history(20, events):
+            await store.persist_events(batch)
+        stream = EventsStream(store)
+        current = stream.current_token("master")
+        return (await stream.get_updates("master", 0, current, 10**9)).updates
+    finally:
+        await store.close()
+
+
+def parse_section(rows: list, count: int, runs: int) -> None:
+    import gc
+
+    from roomstore.replication.commands import parse_command_from_line as ours
+
+    lines = rdata_lines_of(rows, count)
+    parsers = [("roomstore", ours)]
+    try:
+        from synapse.replication.tcp.commands import parse_command_from_line as synapse
+
+        parsers.append(("synapse 1.163", synapse))
+    except ImportError:
+        print("  (matrix-synapse is not importable: no Synapse figure; bin/setup installs it)")
+    # Each run goes through the lines in chunks, each chunk through every
+    # parser in turn (the order alternating), so the machine's load falls on
+    # both alike; CPU time of this thread (time.thread_time) is not inflated
+    # by other processes taking the core, wall time is.
+    chunk = 10_000
+    rates: dict[str, list[float]] = {name: [] for name, _ in parsers}
+    cpu_rates: dict[str, list[float]] = {name: [] for name, _ in parsers}
+    for _ in range(runs):
+        wall = dict.fromkeys(rates, 0.0)
+        cpu = dict.fromkeys(rates, 0.0)
+        for index, start in enumerate(range(0, len(lines), chunk)):
+            part = lines[start:start + chunk]
+            for name, parse in parsers[::1 if index % 2 == 0 else -1]:
+                gc.collect()
+                started, started_cpu = time.perf_counter(), time.thread_time()
+                for line in part:
+                    parse(line)
+                cpu[name] += time.thread_time() - started_cpu
+                wall[name] += time.perf_counter() - started
+        for name in rates:
+            rates[name].append(len(lines) / wall[name])
+            cpu_rates[name].append(len(lines) / cpu[name])
+    table = []
+    for name, samples in rates.items():
+        table.append([name, len(lines), statistics.median(samples), min(samples), max(samples),
+                      statistics.median(cpu_rates[name])])
+    headers = ["parser", "lines", "median lines/s", "min", "max", "median lines/CPU s"]
+    if len(parsers) == 2:
+        for label, source in (("wall", rates), ("CPU", cpu_rates)):
+            ratios = [a / b for a, b in zip(source["roomstore"], source["synapse 1.163"])]
+            table[0].append(f"{statistics.median(ratios):.2f}x ({', '.join(f'{r:.2f}' for r in ratios)})")
+            table[1].append("1.00x")
+            headers.append(f"roomstore / synapse, {label}, same runs")
+    print_table(headers, table)
+    import cProfile
+
+    for name, parse in parsers:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for line in lines:
+            parse(line)
+        profiler.disable()
+        print_profile(f"{name} parse_command_from_line, {len(lines)} lines", profiler, top=8)
+    print("  (cProfile does not time the C JSON scanner roomstore calls directly: it is in _rdata's own time; "
+          "Synapse's goes through json.decoder's decode/raw_decode)")
+
+
+# ---------------------------------------------------------------- 3. live traffic
+
+
+async def live_run(reactor, url: str, events: int, page_size: int, burst: bool) -> dict:
+    """A worker process connected and caught up; then the writer (this
+    process) persists ``events`` events in batches of 50. ``burst``: the
+    server is told of them only once all are written, so the rows reach the
+    connected worker as fast as the live path carries them rather than as fast
+    as the writer writes."""
+    from roomstore.replication import ReplicationConfig, ReplicationServerFactory
+    from roomstore.replication.store_streams import store_stream_registry, wire_server
+    from roomstore.store import RoomStore
+
+    store = await RoomStore.open(url, reactor=reactor)
+    factory = ReplicationServerFactory("bench", store_stream_registry(store), reactor,
+                                       ReplicationConfig(page_size=page_size))
+    held: set[str] = set()
+    gate = [not burst]
+
+    def notify(name: str) -> None:
+        if gate[0]:
+            factory.notify_new_rows(name)
+        else:
+            held.add(name)
+
+    stop_wiring = wire_server(store, notify)
+    port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", url, str(port.getHost().port), "-",
+            str(page_size)]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONPATH=REPO, BENCH_LIVE="1"))
+    from twisted.internet import threads
+
+    ready = await threads.deferToThread(proc.stdout.readline)
+    if b"ready" not in ready:
+        raise RuntimeError(f"worker did not start: {ready!r}")
+    started = time.perf_counter()
+    for batch in history(20, events):
+        await store.persist_events(batch)
+    written = time.perf_counter() - started
+    targets = {s: store.generators[s].get_current_token() for s in ("events", "caches")}
+    proc.stdin.write((json.dumps(targets) + "\n").encode())
+    proc.stdin.flush()
+    if burst:
+        gate[0] = True
+        for name in sorted(held):
+            factory.notify_new_rows(name)
+    await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+    out = proc.stdout.read().decode().strip().splitlines()
+    if proc.returncode != 0 or not out:
+        raise RuntimeError(f"worker failed ({proc.returncode})")
+    stop_wiring()
+    factory.close_all()
+    await port.stopListening()
+    await store.close()
+    return {**json.loads(out[-1]), "write_s": written, "events": targets["events"]}
+
+
+async def live(reactor, engine: str, new_url, events: int, runs: int, page_size: int) -> list[list]:
+    rows = []
+    for burst in (False, True):
+        samples = [await live_run(reactor, new_url(), events, page_size, burst) for _ in range(runs)]
+        rates = sorted(s["rdata"] / s["seconds"] for s in samples)
+        rows.append([engine, "burst (told after the writes)" if burst else "as written", page_size,
+                     samples[0]["events"], int(samples[0]["rdata"]),
+                     statistics.median(s["events"] / s["write_s"] for s in samples),
+                     statistics.median(rates), rates[0], rates[-1],
+                     statistics.median(s["rdata"] / s["cpu"] for s in samples)])
     return rows
 
 
@@ -360,15 +591,57 @@ async def congestion(reactor, new_url, events: int, settings) -> list[list]:
 # ---------------------------------------------------------------- main
 
 
+def print_profile(title: str, stats_source, top: int = 14) -> None:
+    """The functions with the most own time (cProfile tottime) in a profile:
+    where the time goes, by function."""
+    import pstats
+
+    stats = pstats.Stats(stats_source)
+    total = stats.total_tt
+    entries = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    print(f"\n  profile, {title}: {total:.2f} s profiled; own time by function")
+    for (filename, line, name), (_cc, calls, tottime, cumtime, _callers) in entries:
+        where = f"{os.path.basename(filename)}:{line}({name})" if filename != "~" else name
+        print(f"    {100 * tottime / total:5.1f}%  {tottime:7.3f} s  {calls:>9,} calls  {where}")
+
+
 async def main(reactor, args) -> None:
     databases = bench_databases()
-    print(f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
-          f"loopback TCP (database pages, RDATA, parse, apply); median of {args.runs} runs\n")
-    rows = []
-    for engine, new_url in databases:
-        rows += await throughput(reactor, engine, new_url, args.events, args.runs, (100, 1000))
-    print_table(["engine", "page size", "events", "RDATA lines", "tokens", "median s", "median lines/s",
-                 "min lines/s", "max lines/s", "median tokens/s"], rows)
+    profiles: list = []
+    if "parse" in args.sections:
+        print(f"\n0. Parsing: parse_command_from_line on the same {args.parse_lines:,} events RDATA lines (the rows "
+              f"EventsStream sends for {args.events:,} persisted events, repeated with later tokens); interleaved "
+              f"runs, median of {args.runs}\n")
+        parse_section(await parse_rows(reactor, databases[0][1], args.events), args.parse_lines, max(args.runs, 5))
+    if "catchup" in args.sections:
+        print(f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
+              f"loopback TCP (database pages, RDATA, parse, apply); median of {args.runs} runs\n")
+        rows = []
+        for engine, new_url in databases:
+            rows += await throughput(reactor, engine, new_url, args.events, args.runs, args.page_sizes,
+                                     args.profile, profiles)
+        print_table(["engine", "page size", "events", "RDATA lines", "tokens", "median s", "median lines/s",
+                     "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s"],
+                    rows)
+        print("  (lines/s: wall clock at the worker; lines per CPU second of the worker process and of the "
+              "server process (its database threads included; PostgreSQL's own process not), which the load "
+              "of other processes on the machine does not inflate)")
+        for title, server_profile, worker_stats in profiles:
+            print_profile(f"server ({title})", server_profile)
+            print_profile(f"worker ({title})", worker_stats)
+    if "live" in args.sections:
+        print(f"\n3. Live traffic: a worker process connected and caught up while the writer (this process) persists "
+              f"{args.events} events in batches of 50; RDATA lines/s at the worker from its first row to the writer's "
+              f"positions, parse and apply included; median of {args.runs} runs\n")
+        rows = []
+        for engine, new_url in databases:
+            rows += await live(reactor, engine, new_url, args.events, args.runs, max(args.page_sizes))
+        print_table(["engine", "rows told", "page size", "events", "RDATA lines", "writer events/s",
+                     "median lines/s", "min lines/s", "max lines/s", "lines/worker CPU s"], rows)
+        print("  (as written: the worker cannot get rows faster than the writer commits them; burst: the same "
+              "events, the server told once they are all written, through the same live connection)")
+    if "congestion" not in args.sections:
+        return
 
     engine, new_url = databases[-1]
     print(f"\n2. Congestion ({engine}): the writer persists {args.congestion_events} events; a client that never "
@@ -383,11 +656,18 @@ async def main(reactor, args) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         _, _, url, port, targets, page_size = sys.argv
-        task.react(lambda r: defer.ensureDeferred(worker_main(r, url, int(port), json.loads(targets), int(page_size))))
+        task.react(lambda r: defer.ensureDeferred(
+            worker_main(r, url, int(port), None if targets == "-" else json.loads(targets), int(page_size))))
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--congestion-events", type=int, default=20_000)
     parser.add_argument("--max-pending", type=int, nargs="+", default=[50, 1_000, 10_000])
+    parser.add_argument("--page-sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--parse-lines", type=int, default=200_000)
+    parser.add_argument("--profile", action="store_true",
+                        help="one more run per setting, profiled on both sides (not counted in the figures)")
+    parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "congestion"],
+                        choices=["parse", "catchup", "live", "congestion"])
     args = parser.parse_args()
     task.react(lambda r: defer.ensureDeferred(main(r, args)))

@@ -21,10 +21,12 @@ from roomstore.replication.commands import (
     ClearUserSyncCommand,
     Command,
     FederationAckCommand,
+    LockReleasedCommand,
     PositionCommand,
     RdataCommand,
     RemoteServerUpCommand,
     ReplicateCommand,
+    UserIpCommand,
     UserSyncCommand,
 )
 from roomstore.replication.follower import StreamFollower, StreamPositions
@@ -62,6 +64,9 @@ class ReplicationClientHandler:
 
     def on_remote_server_up(self, server: str) -> None:
         """The main process says remote homeserver ``server`` may be back."""
+
+    def on_lock_released(self, instance_name: str, lock_name: str, lock_key: str) -> None:
+        """``instance_name`` released the lock ``(lock_name, lock_key)``."""
 
     def on_connected(self) -> None:
         """A connection to the expected server is up (e.g. resend USER_SYNC)."""
@@ -101,6 +106,9 @@ class _ClientSession:
 
     def on_remote_server_up(self, cmd: RemoteServerUpCommand) -> None:
         self._factory.handler.on_remote_server_up(cmd.server)
+
+    def on_lock_released(self, cmd: LockReleasedCommand) -> None:
+        self._factory.handler.on_lock_released(cmd.instance_name, cmd.lock_name, cmd.lock_key)
 
     def on_connection_lost(self) -> None:
         self.follower.stop()
@@ -184,8 +192,18 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         conn.send_command(cmd)
         return True
 
-    def send_user_sync(self, user_id: str, is_syncing: bool, last_sync_ms: int) -> bool:
-        return self.send_command(UserSyncCommand(self.client_name, user_id, is_syncing, last_sync_ms))
+    def send_user_sync(
+        self, user_id: str, is_syncing: bool, last_sync_ms: int, device_id: str | None = None
+    ) -> bool:
+        return self.send_command(UserSyncCommand(self.client_name, user_id, device_id, is_syncing, last_sync_ms))
+
+    def send_user_ip(
+        self, user_id: str, access_token: str, ip: str, user_agent: str, device_id: str | None, last_seen: int
+    ) -> bool:
+        return self.send_command(UserIpCommand(user_id, access_token, ip, user_agent, device_id, last_seen))
+
+    def send_lock_released(self, lock_name: str, lock_key: str) -> bool:
+        return self.send_command(LockReleasedCommand(self.client_name, lock_name, lock_key))
 
     def send_clear_user_sync(self) -> bool:
         return self.send_command(ClearUserSyncCommand(self.client_name))

@@ -16,16 +16,27 @@ exists can always be written: names contain no whitespace, free text contains
 no line break, tokens are non-negative integers and RDATA rows are
 JSON-serialisable. Nothing here does I/O or logging.
 
+Parsing checks the same things without running the validators (the parse is
+the hot path of a worker): a line that parses gives a command the validators
+would accept. An RDATA command parsed off the wire keeps the row's JSON text
+as received, so writing it again gives back the same bytes without
+re-encoding; a command built in code encodes its row once, at construction.
+
 Rows are written as compact JSON with sorted keys and ASCII escapes
-(``json.dumps(separators=(",", ":"), sort_keys=True)``): deterministic, and an
-encoded row can never contain a line break, whatever strings it holds.
+(``separators=(",", ":"), sort_keys=True``): deterministic, and an encoded row
+can never contain a line break, whatever strings it holds. Synapse writes
+compact ASCII JSON too, so for the rows the store sends (arrays of strings,
+numbers, booleans and nulls) the bytes are the same as Synapse's.
+
+Wire formats follow matrix-synapse 1.163's ``synapse.replication.tcp.commands``
+(checked against the installed package by ``tests/replication/test_interop.py``).
 """
 
 from __future__ import annotations
 
 import abc
 import json
-import re
+import math
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping, TypeVar
 
@@ -34,6 +45,7 @@ import attrs
 __all__ = [
     "AuthCommand",
     "CLIENT_SENT_COMMANDS",
+    "CancelTaskCommand",
     "COMMAND_TYPES",
     "MAX_LINE_LENGTH",
     "SERVER_SENT_COMMANDS",
@@ -42,7 +54,9 @@ __all__ = [
     "CommandParseError",
     "ErrorCommand",
     "FederationAckCommand",
+    "LockReleasedCommand",
     "NameCommand",
+    "NewActiveTaskCommand",
     "PingCommand",
     "PositionCommand",
     "RdataCommand",
@@ -50,6 +64,7 @@ __all__ = [
     "ReplicateCommand",
     "ServerCommand",
     "UnknownCommandError",
+    "UserIpCommand",
     "UserSyncCommand",
     "decode_row",
     "describe",
@@ -58,13 +73,14 @@ __all__ = [
     "serialize_command",
 ]
 
-#: Default maximum length of one line in bytes, delimiter excluded. Protocols
-#: take a ``max_line_length`` argument to override it.
-MAX_LINE_LENGTH = 1024 * 1024
+#: Default maximum length of one line in bytes, delimiter excluded: Synapse's
+#: (Twisted's ``LineOnlyReceiver.MAX_LENGTH``), which closes the connection on
+#: a longer line. ``ReplicationConfig.max_line_length`` overrides it.
+MAX_LINE_LENGTH = 16 * 1024
 
 # Tokens are bigints in the database: at most 20 ASCII digits. A bound also
 # keeps int() away from Python's quadratic huge-number parsing.
-_TOKEN_RE = re.compile(r"\A[0-9]{1,20}\Z")
+_MAX_TOKEN_DIGITS = 20
 
 _C = TypeVar("_C", bound="Command")
 
@@ -116,9 +132,15 @@ def _check_word(_inst: object, attribute: attrs.Attribute, value: object) -> Non
         raise TypeError(f"{attribute.name} must be a str, not {type(value).__name__}")
     if not value:
         raise ValueError(f"{attribute.name} must not be empty")
-    if any(c.isspace() for c in value):
-        raise ValueError(f"{attribute.name} must not contain whitespace: {describe(value)}")
-    _check_encodable(attribute, value)
+    if not _is_word(value):
+        raise ValueError(f"{attribute.name} must not contain whitespace or control characters: {describe(value)}")
+
+
+def _is_word(value: str) -> bool:
+    """A non-empty name with no whitespace, control character or lone
+    surrogate: ``isprintable`` is false for every whitespace character but
+    the space (and for the rest), so two C-level scans decide it."""
+    return value.isprintable() and " " not in value and value != ""
 
 
 def _check_text(_inst: object, attribute: attrs.Attribute, value: object) -> None:
@@ -156,9 +178,29 @@ def _check_optional_token(inst: object, attribute: attrs.Attribute, value: objec
 
 
 def _parse_token(text: str, what: str) -> int:
-    if not _TOKEN_RE.match(text):
+    # isdigit alone accepts other scripts' digits; isascii is O(1).
+    if not (text.isascii() and text.isdigit() and len(text) <= _MAX_TOKEN_DIGITS):
         raise CommandParseError(f"{what} must be a non-negative integer, got {describe(text)}")
     return int(text)
+
+
+#: Names seen in valid lines (stream and instance names repeat on every
+#: RDATA line): a set lookup instead of a scan. Bounded so that a peer
+#: sending ever-new names cannot grow it.
+_known_words: set[str] = set()
+_MAX_KNOWN_WORDS = 1024
+
+
+def _parse_word(text: str, what: str) -> str:
+    if text in _known_words:
+        return text
+    if not _is_word(text):
+        raise CommandParseError(
+            f"{what} must be a non-empty word with no whitespace or control characters, got {describe(text)}"
+        )
+    if len(_known_words) < _MAX_KNOWN_WORDS:
+        _known_words.add(text)
+    return text
 
 
 def _split_words(args: str, count: int, usage: str) -> list[str]:
@@ -169,16 +211,35 @@ def _split_words(args: str, count: int, usage: str) -> list[str]:
     return words
 
 
+# Built once: json.dumps/json.loads with any non-default argument build a
+# new encoder/decoder on every call, and JSONEncoder.encode builds a new C
+# encoder on every call too. The C encoder is called directly (no circular
+# check: a row is data read from the database or off the wire; a cycle
+# ends in RecursionError, which encode_row turns into ValueError).
+def _not_serialisable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+if json.encoder.c_make_encoder is not None:
+    _c_encoder = json.encoder.c_make_encoder(
+        None, _not_serialisable, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, False
+    )
+
+    def _encode(value: Any) -> str:
+        return "".join(_c_encoder(value, 0))
+
+else:  # pragma: no cover - CPython always has the C encoder
+    _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False).encode
+
+
 def encode_row(row: Any) -> str:
-    """Encode a stream row as one line of compact, deterministic JSON.
+    """Encode a stream row (or any JSON value) as compact, deterministic JSON.
 
     Raises ``ValueError`` if ``row`` cannot be encoded (unsupported types,
     NaN/infinity, or nesting too deep).
     """
     try:
-        return json.dumps(
-            row, separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False
-        )
+        return _encode(row)
     except (TypeError, ValueError, RecursionError) as e:
         raise ValueError(f"row is not JSON-serialisable: {e}") from None
 
@@ -187,12 +248,52 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    # Only called for numbers with a fraction or exponent; 1e999 would
+    # decode to infinity, which no encoder can write back.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{describe(text)} is not JSON-serialisable (out of range)")
+    return value
+
+
+_decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_scan_once = _decoder.scan_once
+
+
 def decode_row(row_json: str) -> Any:
-    """Decode the ``<row_json>`` of an RDATA line, or raise CommandParseError."""
+    """Decode the ``<row_json>`` of an RDATA line (or any JSON argument), or
+    raise CommandParseError."""
+    # Fast path: a value starting at the first character and ending at the
+    # last (what every encoder writes). The scanner is the C one json.loads
+    # uses, without loads' whitespace handling around it.
     try:
-        return json.loads(row_json, parse_constant=_reject_constant)
+        value, end = _scan_once(row_json, 0)
+        if end == len(row_json):
+            return value
+    except (StopIteration, ValueError, RecursionError):
+        pass
+    # Whitespace around the value, or an error: the full decoder, for the
+    # exact answer and its message.
+    try:
+        return _decoder.decode(row_json)
     except (ValueError, RecursionError) as e:
-        raise CommandParseError(f"row is not valid JSON: {describe(str(e))}") from None
+        reason = str(e)
+        if "JSON-serialisable" in reason:
+            raise CommandParseError(f"row is {reason.partition(' is ')[2]}") from None
+        raise CommandParseError(f"row is not valid JSON: {describe(reason)}") from None
+
+
+def _check_writable(text: str, what: str) -> str:
+    """Text taken from a line verbatim (a row's JSON) must encode as UTF-8
+    again: only a lone surrogate can stop it, and an ASCII string (O(1) to
+    tell) has none."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CommandParseError(f"{what} is not encodable as UTF-8") from None
+    return text
 
 
 def _construct(cls: type[_C], *args: Any) -> _C:
@@ -301,6 +402,33 @@ class AuthCommand(_TextCommand):
 
 
 @attrs.frozen
+class NewActiveTaskCommand(_TextCommand):
+    """``NEW_ACTIVE_TASK <task_id>``: a background task is ready to run.
+    Synapse sends it over Redis only; accepted here so such a line is never
+    an error."""
+
+    NAME: ClassVar[str] = "NEW_ACTIVE_TASK"
+    text: str = attrs.field(validator=[_check_text, _check_nonempty])
+
+    @property
+    def task_id(self) -> str:
+        return self.text
+
+
+@attrs.frozen
+class CancelTaskCommand(_TextCommand):
+    """``CANCEL_TASK <task_id>``: a background task was cancelled (Synapse
+    sends it over Redis only, as NEW_ACTIVE_TASK)."""
+
+    NAME: ClassVar[str] = "CANCEL_TASK"
+    text: str = attrs.field(validator=[_check_text, _check_nonempty])
+
+    @property
+    def task_id(self) -> str:
+        return self.text
+
+
+@attrs.frozen
 class ReplicateCommand(Command):
     """``REPLICATE`` or, in the legacy form, ``REPLICATE <stream_name> <token>``.
 
@@ -379,11 +507,11 @@ class PositionCommand(Command):
         return f"{self.stream_name} {self.instance_name} {self.prev_token} {self.new_token}"
 
 
-def _encoded_row(instance: "RdataCommand") -> str:
-    return encode_row(instance.row)
+_new = object.__new__
+_set = object.__setattr__
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class RdataCommand(Command):
     """``RDATA <stream_name> <instance_name> <token|batch> <row_json>``.
 
@@ -392,20 +520,22 @@ class RdataCommand(Command):
     when the line with the numeric token arrives. ``row_json`` may contain
     spaces (it is the rest of the line) but never a line break.
 
-    ``row_json`` is computed from ``row`` at construction (which is where a
-    non-serialisable row fails) and equality compares it, so a command built
-    from a tuple equals the same command parsed back from the wire, where
-    arrays come back as lists.
+    Built in code, the row is encoded at construction (which is where a
+    non-serialisable row fails); parsed off the wire, ``row_json`` is the text
+    as received. Equality compares the rows' canonical encodings, so a command
+    built from a tuple equals the same command parsed back from the wire,
+    where arrays come back as lists.
     """
 
     NAME: ClassVar[str] = "RDATA"
     stream_name: str = attrs.field(validator=_check_word)
     instance_name: str = attrs.field(validator=_check_word)
     token: int | None = attrs.field(validator=_check_optional_token)
-    row: Any = attrs.field(eq=False)
-    row_json: str = attrs.field(
-        init=False, repr=False, default=attrs.Factory(_encoded_row, takes_self=True)
-    )
+    row: Any = attrs.field()
+    row_json: str = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        _set(self, "row_json", encode_row(self.row))
 
     @property
     def is_batch(self) -> bool:
@@ -414,40 +544,128 @@ class RdataCommand(Command):
     @classmethod
     def from_line(cls, args: str) -> "RdataCommand":
         parts = args.split(" ", 3)
-        if len(parts) != 4 or not all(parts[:3]):
+        if len(parts) != 4:
             raise CommandParseError(
                 "expected <stream_name> <instance_name> <token> <row_json>, "
                 f"got {describe(args)}"
             )
-        stream_name, instance_name, token_text, row_json = parts
-        token = None if token_text == "batch" else _parse_token(token_text, "token")
-        return _construct(cls, stream_name, instance_name, token, decode_row(row_json))
+        return _rdata(*parts)
+
+    @classmethod
+    def from_encoded(
+        cls, stream_name: str, instance_name: str, token: int | None, row: Any, row_json: str
+    ) -> "RdataCommand":
+        """A command for ``row`` already encoded as ``row_json`` (which must be
+        ``encode_row(row)``): what a server builds for every row it sends,
+        without encoding twice. Names and token are checked as by the
+        constructor (names seen before with a set lookup)."""
+        if stream_name not in _known_words or instance_name not in _known_words:
+            # The validators' exceptions (ValueError/TypeError), as the
+            # constructor raises them.
+            _check_word(None, _RDATA_FIELDS.stream_name, stream_name)
+            _check_word(None, _RDATA_FIELDS.instance_name, instance_name)
+            if len(_known_words) < _MAX_KNOWN_WORDS:
+                _known_words.update((stream_name, instance_name))
+        if token is not None and (type(token) is not int or token < 0):
+            _check_token(None, _RDATA_FIELDS.token, token)
+        return _checked_rdata(stream_name, instance_name, token, row, row_json)
 
     def to_line(self) -> str:
         token = "batch" if self.token is None else str(self.token)
         return f"{self.stream_name} {self.instance_name} {token} {self.row_json}"
 
+    def _key(self) -> tuple:
+        return (self.stream_name, self.instance_name, self.token, encode_row(self.row))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not RdataCommand:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+_RDATA_FIELDS = attrs.fields(RdataCommand)
+
+
+def _rdata(stream_name: str, instance_name: str, token_text: str, row_json: str) -> RdataCommand:
+    """An RDATA command from the four fields of its line, checked as the
+    validators would check them, without running them: this is the worker's
+    hot path (every check below is a C-level scan or a set lookup)."""
+    if stream_name not in _known_words:
+        _parse_word(stream_name, "stream_name")
+    if instance_name not in _known_words:
+        _parse_word(instance_name, "instance_name")
+    if token_text == "batch":
+        token = None
+    elif token_text.isdigit() and token_text.isascii() and len(token_text) <= _MAX_TOKEN_DIGITS:
+        token = int(token_text)
+    else:
+        token = _parse_token(token_text, "token")
+    # A value from the first character to the last (what every encoder
+    # writes), else decode_row for whitespace around it or the error.
+    try:
+        row, end = _scan_once(row_json, 0)
+    except (StopIteration, ValueError, RecursionError):
+        end = -1
+    if end != len(row_json):
+        row = decode_row(row_json)
+    if not row_json.isascii():
+        _check_writable(row_json, "row")
+    return _checked_rdata(stream_name, instance_name, token, row, row_json)
+
+
+def _checked_rdata(stream_name: str, instance_name: str, token: int | None, row: Any, row_json: str) -> RdataCommand:
+    """Build an RDATA command from fields the caller has checked, without
+    the validators."""
+    cmd = _new(RdataCommand)
+    _set(cmd, "stream_name", stream_name)
+    _set(cmd, "instance_name", instance_name)
+    _set(cmd, "token", token)
+    _set(cmd, "row", row)
+    _set(cmd, "row_json", row_json)
+    return cmd
+
 
 @attrs.frozen
 class UserSyncCommand(Command):
-    """``USER_SYNC <instance_id> <user_id> <state> <last_sync_ms>``.
+    """``USER_SYNC <instance_id> <user_id> <device_id> <state> <last_sync_ms>``.
 
-    Sent by a client: a user started (``state`` is ``start``) or stopped
-    (``end``) syncing on that worker. ``stop`` is accepted as an alias of
-    ``end`` on input; ``end`` is what we write, as Synapse does.
+    Sent by a client: a user (on one device) started (``state`` is ``start``)
+    or stopped (``end``) syncing on that worker. As in Synapse, a missing
+    device is written ``None``. The older form without the device
+    (``USER_SYNC <instance_id> <user_id> <state> <last_sync_ms>``) is read as
+    ``device_id=None``; ``stop`` is accepted as an alias of ``end`` on input;
+    what we write is always the five-field form with ``start``/``end``.
     """
 
     NAME: ClassVar[str] = "USER_SYNC"
     instance_id: str = attrs.field(validator=_check_word)
     user_id: str = attrs.field(validator=_check_word)
+    device_id: str | None = attrs.field()
     is_syncing: bool = attrs.field(validator=attrs.validators.instance_of(bool))
     last_sync_ms: int = attrs.field(validator=_check_token)
 
+    @device_id.validator
+    def _check_device_id(self, attribute: attrs.Attribute, value: object) -> None:
+        if value is not None:
+            _check_word(self, attribute, value)
+
     @classmethod
     def from_line(cls, args: str) -> "UserSyncCommand":
-        instance_id, user_id, state, last_sync_ms = _split_words(
-            args, 4, "<instance_id> <user_id> <start|end> <last_sync_ms>"
-        )
+        words = args.split(" ")
+        if len(words) == 5 and all(words):
+            instance_id, user_id, device_id, state, last_sync_ms = words
+            device: str | None = None if device_id == "None" else device_id
+        elif len(words) == 4 and all(words):
+            instance_id, user_id, state, last_sync_ms = words
+            device = None
+        else:
+            raise CommandParseError(
+                "expected <instance_id> <user_id> [<device_id>] <start|end> <last_sync_ms>, "
+                f"got {describe(args)}"
+            )
         if state == "start":
             is_syncing = True
         elif state in ("end", "stop"):
@@ -455,12 +673,85 @@ class UserSyncCommand(Command):
         else:
             raise CommandParseError(f"USER_SYNC state must be start or end, got {describe(state)}")
         return _construct(
-            cls, instance_id, user_id, is_syncing, _parse_token(last_sync_ms, "last_sync_ms")
+            cls, instance_id, user_id, device, is_syncing, _parse_token(last_sync_ms, "last_sync_ms")
         )
 
     def to_line(self) -> str:
         state = "start" if self.is_syncing else "end"
-        return f"{self.instance_id} {self.user_id} {state} {self.last_sync_ms}"
+        return f"{self.instance_id} {self.user_id} {self.device_id} {state} {self.last_sync_ms}"
+
+
+def _check_optional_text(inst: object, attribute: attrs.Attribute, value: object) -> None:
+    if value is not None:
+        _check_json_string(inst, attribute, value)
+
+
+def _check_json_string(_inst: object, attribute: attrs.Attribute, value: object) -> None:
+    # Carried inside a JSON array: any string JSON can hold (escaped on the
+    # wire), except a lone surrogate, which UTF-8 cannot.
+    if not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be a str, not {type(value).__name__}")
+    _check_encodable(attribute, value)
+
+
+def _json_list(args: str, count: int, usage: str) -> list:
+    value = decode_row(_check_writable(args, "argument"))
+    if type(value) is not list or len(value) != count:
+        raise CommandParseError(f"expected {usage}, got {describe(args)}")
+    return value
+
+
+@attrs.frozen
+class UserIpCommand(Command):
+    """``USER_IP <user_id> <json>``, the JSON being
+    ``[access_token, ip, user_agent, device_id, last_seen]``.
+
+    Sent by a client when it saw a user's client make a request. The access
+    token is left out of ``repr``.
+    """
+
+    NAME: ClassVar[str] = "USER_IP"
+    user_id: str = attrs.field(validator=_check_word)
+    access_token: str = attrs.field(repr=False, validator=_check_json_string)
+    ip: str = attrs.field(validator=_check_json_string)
+    user_agent: str = attrs.field(validator=_check_json_string)
+    device_id: str | None = attrs.field(validator=_check_optional_text)
+    last_seen: int = attrs.field(validator=_check_token)
+
+    @classmethod
+    def from_line(cls, args: str) -> "UserIpCommand":
+        user_id, _, rest = args.partition(" ")
+        usage = "<user_id> [access_token, ip, user_agent, device_id, last_seen]"
+        if not rest:
+            raise CommandParseError(f"expected {usage}, got {describe(args)}")
+        access_token, ip, user_agent, device_id, last_seen = _json_list(rest, 5, usage)
+        return _construct(cls, user_id, access_token, ip, user_agent, device_id, last_seen)
+
+    def to_line(self) -> str:
+        fields = [self.access_token, self.ip, self.user_agent, self.device_id, self.last_seen]
+        return f"{self.user_id} {encode_row(fields)}"
+
+
+@attrs.frozen
+class LockReleasedCommand(Command):
+    """``LOCK_RELEASED ["<instance_name>", "<lock_name>", "<lock_key>"]``.
+
+    Sent by either side: an instance released a named lock, so another
+    waiting for it may try again.
+    """
+
+    NAME: ClassVar[str] = "LOCK_RELEASED"
+    instance_name: str = attrs.field(validator=_check_json_string)
+    lock_name: str = attrs.field(validator=_check_json_string)
+    lock_key: str = attrs.field(validator=_check_json_string)
+
+    @classmethod
+    def from_line(cls, args: str) -> "LockReleasedCommand":
+        fields = _json_list(args, 3, '["<instance_name>", "<lock_name>", "<lock_key>"]')
+        return _construct(cls, *fields)
+
+    def to_line(self) -> str:
+        return encode_row([self.instance_name, self.lock_name, self.lock_key])
 
 
 class _OneWordCommand(Command):
@@ -528,13 +819,17 @@ COMMAND_TYPES: Mapping[str, type[Command]] = MappingProxyType(
             FederationAckCommand,
             RemoteServerUpCommand,
             AuthCommand,
+            UserIpCommand,
+            LockReleasedCommand,
+            NewActiveTaskCommand,
+            CancelTaskCommand,
         )
     }
 )
 
 #: Names of the commands a server may send (so a client may receive).
 SERVER_SENT_COMMANDS = frozenset(
-    {"SERVER", "RDATA", "POSITION", "ERROR", "PING", "REMOTE_SERVER_UP"}
+    {"SERVER", "RDATA", "POSITION", "ERROR", "PING", "REMOTE_SERVER_UP", "LOCK_RELEASED"}
 )
 
 #: Names of the commands a client may send (so a server may receive).
@@ -549,6 +844,10 @@ CLIENT_SENT_COMMANDS = frozenset(
         "CLEAR_USER_SYNC",
         "FEDERATION_ACK",
         "REMOTE_SERVER_UP",
+        "USER_IP",
+        "LOCK_RELEASED",
+        "NEW_ACTIVE_TASK",
+        "CANCEL_TASK",
     }
 )
 
@@ -561,15 +860,26 @@ def parse_command_from_line(line: str) -> Command:
     wrong (including an empty line or an embedded line break). Raises nothing
     else, whatever the input.
     """
-    if not line:
-        raise CommandParseError("empty line")
-    name, _, args = line.partition(" ")
-    cmd_type = COMMAND_TYPES.get(name)
-    if cmd_type is None:
+    if "\n" in line or "\r" in line:
+        name = line.partition(" ")[0]
+        if name in COMMAND_TYPES:
+            raise CommandParseError("line contains a line break")
         raise UnknownCommandError(name)
-    if "\n" in args or "\r" in args:
-        raise CommandParseError("line contains a line break")
+    if line.startswith("RDATA "):
+        # Most lines a worker reads: split once, not name then arguments.
+        parts = line.split(" ", 4)
+        if len(parts) == 5:
+            return _rdata(parts[1], parts[2], parts[3], parts[4])
+    name, _, args = line.partition(" ")
+    cmd_type = _COMMAND_TYPES_GET(name)
+    if cmd_type is None:
+        if not line:
+            raise CommandParseError("empty line")
+        raise UnknownCommandError(name)
     return cmd_type.from_line(args)
+
+
+_COMMAND_TYPES_GET = dict(COMMAND_TYPES).get
 
 
 def serialize_command(cmd: Command) -> str:

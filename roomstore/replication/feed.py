@@ -17,10 +17,20 @@ token. That single path gives the guarantees the protocol needs:
 - **Bounded pages and bounded memory.** A far-behind connection is caught up
   ``page_size`` rows at a time, and a loop does not read the next page while
   the connection is paused (congested), so a slow client costs no more than
-  one page of buffered commands per cursor.
+  two pages per cursor: one written, one read ahead (the next page is read
+  while the current one is encoded and written, when the connection is
+  writable).
 
 Rows sharing a token go out as ``RDATA ... batch`` lines followed by one
-line carrying the token. When a loop ends it sends ``POSITION`` if it was
+line carrying the token.
+
+No line passes ``max_line_length`` (Synapse closes the connection on a line
+over 16 KiB): a row whose line would is split by its stream
+(``Stream.split_row``, e.g. a cache invalidation of many keys becomes several
+rows at the same token). A token with a row that cannot be split is not sent
+as RDATA: the client is sent ``POSITION <stream> <writer> <token> <token>``,
+whose ``prev_token`` ahead of its position tells it (ours and Synapse's
+alike) to fetch the rows up to that token itself, and the error is logged. When a loop ends it sends ``POSITION`` if it was
 asked to (a REPLICATE) or if the cursor moved past the last RDATA token
 (tokens with no rows), so the client's position is exact.
 
@@ -32,7 +42,7 @@ clock (1 s, doubling to 60 s while it keeps failing).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import attrs
 from twisted.internet import defer
@@ -41,11 +51,12 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from roomstore.replication.commands import (
+    MAX_LINE_LENGTH,
     Command,
     PositionCommand,
-    RdataCommand,
     ReplicateCommand,
     describe,
+    encode_row,
 )
 from roomstore.replication.streams import Stream, StreamRegistry
 
@@ -67,6 +78,8 @@ class FeedConnection(Protocol):
     def paused(self) -> bool: ...
 
     def send_command(self, cmd: Command) -> None: ...
+
+    def send_rows(self, stream_name: str, instance_name: str, items: Sequence) -> None: ...
 
     def when_writable(self) -> defer.Deferred[None]: ...
 
@@ -105,6 +118,12 @@ class _Cursor:
     retry_delay: float = RETRY_FIRST_DELAY
 
 
+def _drop(read: defer.Deferred) -> None:
+    """Forget a page read ahead that will not be sent (its failure, if any,
+    is not an error: the loop that needs those rows reads them again)."""
+    read.addErrback(lambda _failure: None)
+
+
 def _cancel_retry(cursor: _Cursor) -> None:
     if cursor.retry_call is not None and cursor.retry_call.active():
         cursor.retry_call.cancel()
@@ -120,10 +139,17 @@ class ConnectionFeed:
 
     log = Logger()
 
-    def __init__(self, conn: FeedConnection, streams: StreamRegistry, page_size: int = 100) -> None:
+    def __init__(
+        self,
+        conn: FeedConnection,
+        streams: StreamRegistry,
+        page_size: int = 100,
+        max_line_length: int = MAX_LINE_LENGTH,
+    ) -> None:
         self._conn = conn
         self._streams = streams
         self._page_size = page_size
+        self._max_line_length = max_line_length
         self._cursors: dict[tuple[str, str], _Cursor] = {}
         self._subscribed: set[str] = set()
         self._loops: dict[tuple[str, str], defer.Deferred[None]] = {}
@@ -259,28 +285,43 @@ class ConnectionFeed:
             self._kick(stream, writer, cursor)
 
     async def _catch_up(self, stream: Stream, writer: str, cursor: _Cursor) -> None:
+        # The next page is read while this one is encoded and written (the
+        # database works in its own thread or process meanwhile): at most one
+        # page ahead, and only while the connection is writable.
+        ahead: tuple[int, int, defer.Deferred] | None = None  # (start, generation, read)
         try:
             while self._conn.is_open:
                 if self._conn.paused:
                     await self._conn.when_writable()
                     continue
-                target = stream.current_token(writer)
-                if cursor.last_sent >= target:
-                    break
                 generation = cursor.generation
                 start = cursor.last_sent
-                updates, upto, limited = await stream.get_updates(
-                    writer, start, target, self._page_size
-                )
+                if ahead is not None and ahead[:2] == (start, generation):
+                    read = ahead[2]
+                else:
+                    if ahead is not None:
+                        _drop(ahead[2])
+                    target = stream.current_token(writer)
+                    if start >= target:
+                        ahead = None
+                        break
+                    read = defer.ensureDeferred(stream.get_updates(writer, start, target, self._page_size))
+                ahead = None
+                updates, upto, limited = await read
                 if not self._conn.is_open:
                     return
                 if generation != cursor.generation:
                     continue  # a legacy REPLICATE moved the cursor meanwhile
-                commands = self._page_commands(stream.name, writer, start, updates, upto, limited)
-                for cmd in commands:
-                    self._conn.send_command(cmd)
-                    if cmd.token is not None:
-                        cursor.last_told = cmd.token
+                target = stream.current_token(writer)
+                if upto < target and upto > start and not self._conn.paused:
+                    ahead = (upto, generation, defer.ensureDeferred(
+                        stream.get_updates(writer, upto, target, self._page_size)))
+                items = self._page_commands(stream, writer, start, updates, upto, limited)
+                self._conn.send_rows(stream.name, writer, items)
+                if items:
+                    # The page ends with its last token's numeric RDATA or POSITION.
+                    last = items[-1]
+                    cursor.last_told = last[0] if type(last) is tuple else last.new_token
                 cursor.last_sent = upto
 
             if self._conn.is_open and (cursor.want_position or cursor.last_told != cursor.last_sent):
@@ -291,37 +332,77 @@ class ConnectionFeed:
                 cursor.want_position = False
         finally:
             cursor.running = False
+            if ahead is not None:
+                _drop(ahead[2])
 
     def _page_commands(
         self,
-        stream_name: str,
+        stream: Stream,
         writer: str,
         start: int,
         updates: list[tuple[int, tuple]],
         upto: int,
         limited: bool,
-    ) -> list[RdataCommand]:
-        """Turn a page into RDATA commands, checking the stream's contract
-        first so a bad page sends nothing (never half a batch)."""
+    ) -> list:
+        """Turn a page into what ``send_rows`` writes: ``(token or None,
+        row, row_json)`` per RDATA line (``None``: ``batch``), and a POSITION
+        for a token that cannot be sent as lines. The stream's contract is
+        checked first so a bad page sends nothing (never half a batch)."""
+        stream_name = stream.name
         if upto <= start or (limited and not updates):
             raise StreamContractError(
                 f"{stream_name}/{writer}: get_updates from {start} made no progress (upto={upto})"
             )
-        commands: list[RdataCommand] = []
+        # Bytes of a line besides the row: "RDATA <stream> <writer> <token> ".
+        # Rows are ASCII JSON, so their length in characters is in bytes.
+        room = self._max_line_length - len(f"RDATA {stream_name} {writer} ".encode("utf-8")) - 1
+        items: list = []
         previous = start
-        for index, (token, row) in enumerate(updates):
+        index = 0
+        count = len(updates)
+        while index < count:
+            token = updates[index][0]
             if token <= start or token < previous or token > upto:
                 raise StreamContractError(
                     f"{stream_name}/{writer}: token {token} out of order or outside ({start}, {upto}]"
                 )
             previous = token
-            last_of_token = index + 1 == len(updates) or updates[index + 1][0] != token
-            try:
-                commands.append(
-                    RdataCommand(stream_name, writer, token if last_of_token else None, row)
-                )
-            except ValueError as e:
-                raise StreamContractError(
-                    f"{stream_name}/{writer}: row at {token} cannot be sent: {describe(str(e))}"
-                ) from None
-        return commands
+            end = index + 1
+            while end < count and updates[end][0] == token:
+                end += 1
+            row_room = room - max(len(str(token)), 5)  # 5: len("batch")
+            rows: list | None = []
+            for _, row in updates[index:end]:
+                try:
+                    row_json = encode_row(row)
+                except ValueError as e:
+                    raise StreamContractError(
+                        f"{stream_name}/{writer}: row at {token} cannot be sent: {describe(str(e))}"
+                    ) from None
+                if len(row_json) <= row_room:
+                    rows.append((None, row, row_json))
+                    continue
+                parts = stream.split_row(row, lambda part: len(encode_row(part)) <= row_room)
+                if parts is None:
+                    self.log.error(
+                        "[{conn_id}] {stream}/{writer}: a row at {token} is too long for one line "
+                        "({length} bytes, limit {limit}) and cannot be split: the client is told to "
+                        "fetch that token itself",
+                        conn_id=self._conn.conn_id,
+                        stream=stream_name,
+                        writer=writer,
+                        token=token,
+                        length=len(row_json),
+                        limit=self._max_line_length,
+                    )
+                    rows = None
+                    break
+                rows.extend((None, part, encode_row(part)) for part in parts)
+            if rows is None:
+                items.append(PositionCommand(stream_name, writer, token, token))
+            else:
+                _, row, row_json = rows[-1]
+                rows[-1] = (token, row, row_json)
+                items.extend(rows)
+            index = end
+        return items

@@ -136,19 +136,27 @@ class StreamFollower:
     # -- commands in -------------------------------------------------------------
 
     def on_rdata(self, cmd: RdataCommand) -> None:
-        if self._stopped or self._stream(cmd.stream_name) is None:
+        if self._stopped or (cmd.stream_name not in self._handler.streams and self._stream(cmd.stream_name) is None):
             return
         key = (cmd.stream_name, cmd.instance_name)
-        row = _as_row(cmd.row)
+        row = cmd.row
+        if type(row) is list:
+            row = tuple(row)
         if cmd.token is None:
             batch = self._batches.setdefault(key, [])
             if len(batch) >= self._max_batch_rows:
                 raise CloseConnection(f"batch for {cmd.stream_name} longer than {self._max_batch_rows} rows")
             batch.append(row)
             return
-        rows = self._batches.pop(key, [])
-        rows.append(row)
-        self._enqueue(cmd.stream_name, partial(self._apply_rows, cmd.stream_name, cmd.instance_name, cmd.token, rows))
+        rows = self._batches.pop(key, None)
+        if rows is None:
+            rows = [row]
+        else:
+            rows.append(row)
+        if cmd.stream_name in self._draining:
+            self._enqueue(cmd.stream_name, partial(self._apply_rows, cmd.stream_name, cmd.instance_name, cmd.token, rows))
+        else:
+            self._apply_rows_now(cmd.stream_name, cmd.instance_name, cmd.token, rows)
 
     def on_position(self, cmd: PositionCommand) -> None:
         if self._stopped:
@@ -195,6 +203,28 @@ class StreamFollower:
 
     def _log_failure(self, failure: Failure, stream_name: str) -> None:
         self.log.failure("stream {stream} follower crashed", failure=failure, stream=stream_name)
+
+    def _apply_rows_now(self, stream_name: str, instance_name: str, token: int, rows: list[StreamRow]) -> None:
+        """``_apply_rows`` without the queue, for a stream with nothing queued
+        or running (the usual case: handlers apply rows synchronously). Only
+        a handler that returns an awaitable makes later work for the stream
+        wait in the queue, as ``_apply_rows`` would."""
+        position = self._positions.get(stream_name, instance_name)
+        if position is not None and token <= position:
+            return
+        try:
+            result = self._handler.on_rdata(stream_name, instance_name, token, rows)
+        except Exception:
+            self.log.failure("applying an update to {stream} failed", stream=stream_name)
+            return
+        if result is not None and inspect.isawaitable(result):
+            self._enqueue(stream_name, partial(self._finish_rows, result, stream_name, instance_name, token))
+            return
+        self._positions.set(stream_name, instance_name, token)
+
+    async def _finish_rows(self, result: Awaitable[None], stream_name: str, instance_name: str, token: int) -> None:
+        await result
+        self._positions.set(stream_name, instance_name, token)
 
     async def _apply_rows(self, stream_name: str, instance_name: str, token: int, rows: list[StreamRow]) -> None:
         position = self._positions.get(stream_name, instance_name)

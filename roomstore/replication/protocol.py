@@ -16,8 +16,9 @@ Behaviour common to both sides (:class:`BaseReplicationProtocol`):
   otherwise ignored: **the connection stays open**. Framing is by newline, so
   one bad line cannot desynchronise the next, and a human poking at the port
   with netcat gets told what was wrong instead of being hung up on.
-- A line longer than ``max_line_length`` bytes *is* fatal (the rest of it
-  would be parsed as garbage): ``ERROR line too long`` and close.
+- A line longer than ``max_line_length`` bytes (default 16 KiB, Synapse's
+  limit) *is* fatal (the rest of it would be parsed as garbage):
+  ``ERROR line too long`` and close.
 - Keep-alive: a ``PING`` is sent whenever nothing was sent for
   ``ping_interval`` seconds. Once the peer has sent its first ``PING``, a peer
   silent for ``ping_timeout`` seconds gets ``ERROR ping timeout`` and is
@@ -32,11 +33,13 @@ as a streaming producer. While the transport has paused it, outgoing commands
 wait in a queue of at most ``max_pending_commands``; the command that would
 exceed it makes the protocol log loudly, count it, send
 ``ERROR too many pending commands`` and drop that connection. Other
-connections are unaffected. Stream rows add to that queue at most one page
-per stream and writer: the server's catch-up loops
-(:mod:`~roomstore.replication.feed`) do not read the next page while the
-connection is paused, so a slow but live client falls behind in the stream
-(the database) rather than in our memory, and catches up when it drains. What
+connections are unaffected. Stream rows are written a page at a time
+(``send_rows``: one transport write per page, so at most one page per
+stream and writer sits in the transport's buffer), and the server's catch-up
+loops (:mod:`~roomstore.replication.feed`) do not read the next page while
+the connection is paused, so a slow but live client falls behind in the
+stream (the database) rather than in our memory, and catches up when it
+drains. What
 fills the queue past the limit is a client that stays paused while a page,
 or other traffic (POSITIONs, ERRORs for its bad lines, broadcasts), arrives.
 A client that stops reading altogether also stops sending PINGs and is
@@ -44,7 +47,10 @@ closed by the ping timeout.
 
 Outgoing lines longer than ``max_line_length`` are not sent but logged as
 errors: the peer would drop the connection and, after reconnecting, be sent
-the same line again.
+the same line again. Stream rows never get that far: the feed splits a long
+row (a large cache invalidation) into several rows at one token, or, for a
+row that cannot be split, tells the client to fetch that token itself
+(:mod:`~roomstore.replication.feed`).
 
 Shared secret (an extension of Synapse's protocol): a server given a
 ``secret`` requires ``AUTH <secret>`` as the first non-blank line of every
@@ -84,6 +90,7 @@ from roomstore.replication.commands import (
     Command,
     CommandParseError,
     ErrorCommand,
+    LockReleasedCommand,
     NameCommand,
     PingCommand,
     PositionCommand,
@@ -155,7 +162,8 @@ class ServerSession(Protocol):
         if it names a stream that does not exist."""
 
     def on_client_command(self, cmd: Command) -> None:
-        """USER_SYNC, CLEAR_USER_SYNC, FEDERATION_ACK or REMOTE_SERVER_UP."""
+        """USER_SYNC, CLEAR_USER_SYNC, FEDERATION_ACK, REMOTE_SERVER_UP,
+        USER_IP, LOCK_RELEASED, NEW_ACTIVE_TASK or CANCEL_TASK."""
 
     def on_connection_lost(self) -> None:
         """The connection is gone; stop sending to it."""
@@ -178,6 +186,9 @@ class ClientSession(Protocol):
 
     def on_remote_server_up(self, cmd: RemoteServerUpCommand) -> None:
         """The server reports a remote homeserver may be back."""
+
+    def on_lock_released(self, cmd: LockReleasedCommand) -> None:
+        """The server reports an instance released a lock."""
 
     def on_connection_lost(self) -> None:
         """The connection is gone."""
@@ -268,6 +279,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         self._pending: deque[Command] = deque()
         self._writable_waiters: list[defer.Deferred[None]] = []
         self._bad_line_log = _LogLimiter(clock)
+        self._received_counts: dict[str, int] = {}
         self._peer_error_log = _LogLimiter(clock)
 
     # -- state seen from outside ------------------------------------------
@@ -402,6 +414,62 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             return
         self._write(cmd)
 
+    def send_rows(self, stream_name: str, instance_name: str, items: Sequence[Any]) -> None:
+        """Send a page of a stream: RDATA lines for ``(token or None, row,
+        row_json)`` items (``row_json`` being ``encode_row(row)``, ``None``
+        for ``batch``) and any commands among them, in order.
+
+        While the connection is writable the page goes out in one transport
+        write, built as lines without a command object per row; while it is
+        paused, each item goes through :meth:`send_command` (and the pending
+        queue) as an :class:`RdataCommand`.
+        """
+        if self._state is not _State.OPEN:
+            return
+        if self._paused:
+            for item in items:
+                if type(item) is tuple:
+                    item = RdataCommand.from_encoded(stream_name, instance_name, *item)
+                self.send_command(item)
+            return
+        limit = self.config.max_line_length
+        prefix = f"RDATA {stream_name} {instance_name} "
+        lines = []
+        counts: dict[str, int] = {}
+        rdata = 0
+        for item in items:
+            if type(item) is tuple:
+                token, row, row_json = item
+                line = f"{prefix}{'batch' if token is None else token} {row_json}"
+                name = "RDATA"
+            else:
+                line = serialize_command(item)
+                name = item.NAME
+            # An ASCII str has as many bytes as characters (and says so in O(1)).
+            length = len(line) if line.isascii() else len(line.encode("utf-8"))
+            if length > limit:
+                self._refuse_long_line(
+                    RdataCommand.from_encoded(stream_name, instance_name, *item) if type(item) is tuple else item,
+                    length,
+                )
+                continue
+            lines.append(line)
+            if name == "RDATA":
+                rdata += 1
+            else:
+                counts[name] = counts.get(name, 0) + 1
+        if not lines:
+            return
+        lines.append("")
+        data = "\n".join(lines).encode("utf-8")
+        self.transport.write(data)
+        self._last_sent = self.clock.seconds()
+        if rdata:
+            counts["RDATA"] = rdata
+        for name, count in counts.items():
+            metrics.child(metrics.COMMANDS_SENT, self.SIDE, name).inc(count)
+        metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(data))
+
     def send_error(self, message: str) -> None:
         """Send ``ERROR <message>`` without closing."""
         self.send_command(ErrorCommand(_one_line(message)))
@@ -409,20 +477,23 @@ class BaseReplicationProtocol(LineOnlyReceiver):
     def _write(self, cmd: Command) -> None:
         line = serialize_command(cmd).encode("utf-8")
         if len(line) > self.config.max_line_length:
-            # The peer would drop the connection, we would reconnect and send
-            # it again: refuse loudly instead of looping.
-            self.log.error(
-                "[{conn_id}] not sending {command}: line of {length} bytes exceeds {limit}",
-                conn_id=self.conn_id,
-                command=cmd.NAME,
-                length=len(line),
-                limit=self.config.max_line_length,
-            )
+            self._refuse_long_line(cmd, len(line))
             return
         self.transport.write(line + self.delimiter)
         self._last_sent = self.clock.seconds()
-        metrics.COMMANDS_SENT.labels(self.SIDE, cmd.NAME).inc()
-        metrics.BYTES_SENT.labels(self.SIDE).inc(len(line) + 1)
+        metrics.child(metrics.COMMANDS_SENT, self.SIDE, cmd.NAME).inc()
+        metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(line) + 1)
+
+    def _refuse_long_line(self, cmd: Command, length: int) -> None:
+        # The peer would drop the connection, we would reconnect and send
+        # it again: refuse loudly instead of looping.
+        self.log.error(
+            "[{conn_id}] not sending {command}: line of {length} bytes exceeds {limit}",
+            conn_id=self.conn_id,
+            command=cmd.NAME,
+            length=length,
+            limit=self.config.max_line_length,
+        )
 
     def _on_congested(self) -> None:
         self.log.error(
@@ -475,8 +546,11 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             return  # closing: whatever else the peer says is moot
         # Any bytes prove the peer is alive, even the middle of a long line.
         self._last_received = self.clock.seconds()
-        metrics.BYTES_RECEIVED.labels(self.SIDE).inc(len(data))
-        super().dataReceived(data)
+        metrics.child(metrics.BYTES_RECEIVED, self.SIDE).inc(len(data))
+        try:
+            super().dataReceived(data)
+        finally:
+            self._count_received()
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self._buffer = b""  # don't hold on to a huge partial line
@@ -519,8 +593,19 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         if cmd.NAME not in self.INBOUND_COMMANDS:
             self._reject_line("unexpected_command", f"unexpected command {cmd.NAME}", line)
             return
-        metrics.COMMANDS_RECEIVED.labels(self.SIDE, cmd.NAME).inc()
+        name = cmd.NAME
+        counts = self._received_counts
+        counts[name] = counts.get(name, 0) + 1
         self._dispatch(cmd)
+
+    def _count_received(self) -> None:
+        # Counted per line, added to Prometheus per read: a counter's inc
+        # takes a lock, which costs more than the rest of the bookkeeping.
+        counts = self._received_counts
+        if counts:
+            for name, count in counts.items():
+                metrics.child(metrics.COMMANDS_RECEIVED, self.SIDE, name).inc(count)
+            counts.clear()
 
     def _dispatch(self, cmd: Command) -> None:
         handler: Callable[[Any], Any] = getattr(self, "on_" + cmd.NAME)
@@ -536,7 +621,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             self.log.failure("[{conn_id}] error handling {command}", conn_id=self.conn_id, command=cmd.NAME)
             self.send_error(f"internal error handling {cmd.NAME}")
             return
-        if isinstance(result, defer.Deferred):
+        if result is not None and isinstance(result, defer.Deferred):
             result.addErrback(_log_failure(self.log, f"{self.conn_id} {cmd.NAME}"))
 
     def _reject_line(self, kind: str, reason: str, line: bytes) -> None:
@@ -730,6 +815,7 @@ class ServerReplicationProtocol(BaseReplicationProtocol):
 
     # The notifications a client sends all go to the session unchanged.
     on_USER_SYNC = on_CLEAR_USER_SYNC = on_FEDERATION_ACK = on_REMOTE_SERVER_UP = _to_session
+    on_USER_IP = on_LOCK_RELEASED = on_NEW_ACTIVE_TASK = on_CANCEL_TASK = _to_session
 
 
 class ClientReplicationProtocol(BaseReplicationProtocol):
@@ -796,3 +882,6 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
 
     def on_REMOTE_SERVER_UP(self, cmd: RemoteServerUpCommand) -> None:
         self.session.on_remote_server_up(cmd)
+
+    def on_LOCK_RELEASED(self, cmd: LockReleasedCommand) -> None:
+        self.session.on_lock_released(cmd)

@@ -21,6 +21,7 @@ from twisted.logger import Logger
 from roomstore.replication.commands import (
     CLIENT_SENT_COMMANDS,
     Command,
+    LockReleasedCommand,
     RemoteServerUpCommand,
     ReplicateCommand,
 )
@@ -43,7 +44,9 @@ class _ServerSession:
     def __init__(self, factory: "ReplicationServerFactory", conn: ServerReplicationProtocol) -> None:
         self._factory = factory
         self._conn = conn
-        self.feed = ConnectionFeed(conn, factory.streams, factory.config.page_size)
+        self.feed = ConnectionFeed(
+            conn, factory.streams, factory.config.page_size, factory.config.max_line_length
+        )
 
     def on_connection_made(self) -> None:
         self._factory._connections.append(self._conn)
@@ -123,8 +126,9 @@ class ReplicationServerFactory(ServerFactory):
 
     def add_command_handler(self, command_name: str, callback: ClientCommandCallback) -> None:
         """Call ``callback(connection, cmd)`` for every ``command_name``
-        (USER_SYNC, CLEAR_USER_SYNC, FEDERATION_ACK or REMOTE_SERVER_UP)
-        received on any connection. Errors in the callback are logged."""
+        (USER_SYNC, CLEAR_USER_SYNC, FEDERATION_ACK, REMOTE_SERVER_UP, USER_IP,
+        LOCK_RELEASED, NEW_ACTIVE_TASK or CANCEL_TASK) received on any
+        connection. Errors in the callback are logged."""
         if command_name not in _NOTIFICATION_COMMANDS:
             raise ValueError(f"no handlers can be registered for {command_name!r}")
         self._handlers.setdefault(command_name, []).append(callback)
@@ -153,6 +157,10 @@ class ReplicationServerFactory(ServerFactory):
     def send_remote_server_up(self, server: str) -> None:
         """Tell every worker that ``server`` may be reachable again."""
         self.broadcast(RemoteServerUpCommand(server))
+
+    def send_lock_released(self, instance_name: str, lock_name: str, lock_key: str) -> None:
+        """Tell every worker that ``instance_name`` released a lock."""
+        self.broadcast(LockReleasedCommand(instance_name, lock_name, lock_key))
 
     def close_all(self, message: str = "server stopping") -> None:
         """Send ``ERROR <message>`` to every connection and close it."""

@@ -13,18 +13,23 @@ change caches and then advances the ID generators (``advance``), in that
 order, so a reader that waited for a position (``wait_for_position``) never
 reads a cache entry older than it.
 
-Rows (JSON arrays on the wire):
+Rows are Synapse's (matrix-synapse 1.163, ``synapse.replication.tcp.streams``;
+``tests/replication/test_interop.py`` parses every row with its parsers):
 
-- events: ``["ev", event_id, room_id, type, state_key, redacts, membership,
-  sender]`` for every event (``redacts``: the event a stored redaction
-  redacts; ``membership``: ``join``/``leave``/... for member events), and
-  ``["state", room_id, type, state_key, event_id or null]`` for every
-  current-state change. A token's ``ev`` row comes before its ``state`` rows;
-  state rows sit at the token of the newest event of their room in the batch.
-- backfill: ``["ev", ...]`` as above; tokens are the positive form of the
-  negative stream orderings (the first backfilled event is token 1).
-- caches: ``[cache_name, keys or null, invalidation_ts]``; all the rows of one
-  batch share one token.
+- events: ``["ev", [event_id, room_id, type, state_key, redacts, relates_to,
+  membership, rejected, outlier]]`` for every event (``redacts``: the event a
+  stored redaction redacts; ``membership``: ``join``/``leave``/... for member
+  events; ``relates_to`` is always null: the store keeps no relations
+  table), and ``["state", [room_id, type, state_key, event_id or null]]`` for
+  every current-state change. A token's ``ev`` row comes before its ``state``
+  rows; state rows sit at the token of the newest event of their room in the
+  batch. A worker also accepts Synapse's ``["state-all", [room_id]]``.
+- backfill: ``[event_id, room_id, type, state_key, redacts, relates_to]``;
+  tokens are the positive form of the negative stream orderings (the first
+  backfilled event is token 1).
+- caches: ``[cache_func, keys or null, invalidation_ts]``; all the rows of one
+  batch share one token. A row whose line would pass the line limit is split
+  by ``CachesStream.split_row`` into rows with fewer keys, at the same token.
 """
 
 from __future__ import annotations
@@ -57,56 +62,107 @@ log = Logger()
 #: The streams a store writes, in the order a server answers REPLICATE.
 STORE_STREAMS = ("events", "backfill", "caches")
 
-# The page of events is chosen first, on the events table alone (an index
-# range scan that stops after LIMIT rows), and only then joined: with the
-# joins and the LIMIT in one query, PostgreSQL may join every row up to
-# `upto` before cutting, which makes each page cost as much as the whole
-# backlog and a catch-up quadratic.
+# The page of events is an index range scan on events alone that stops
+# after LIMIT rows. The event ID is a correlated scalar subquery, which both
+# engines run per row as a primary-key lookup; membership and redaction
+# lookups run only for member and redaction events (CASE); room IDs and
+# state keys come from the store's interners (small tables, cached). With
+# joins instead, PostgreSQL may hash-join a whole table (a sequential scan
+# of event_ids) into every page, so each page costs as much as the whole
+# history and a catch-up is quadratic. The range is a window of stream
+# orderings a few pages wide, widened while the page is short (_event_page):
+# PostgreSQL without fresh statistics estimates a handful of rows for any
+# range and reads and sorts all of it, so an open range would cost the whole
+# rest of the stream for every page.
 EVENT_ROW_SQL = """
-SELECT {token}, i.event_id, r.room_id, e.type, k.state_key, red_i.event_id, m.membership, u.user_id
-FROM (
-    SELECT event_nid, room_nid, type, type_key_nid, sender_nid, stream_ordering FROM events
-    WHERE instance_name = ? AND {range}
-    ORDER BY {order}
-    LIMIT ?
-) AS e
-JOIN event_ids AS i ON i.event_nid = e.event_nid
-JOIN rooms AS r ON r.room_nid = e.room_nid
-JOIN users AS u ON u.user_nid = e.sender_nid
-LEFT JOIN state_keys AS k ON k.type_key_nid = e.type_key_nid
-LEFT JOIN redactions AS red ON red.redaction_event_nid = e.event_nid
-LEFT JOIN event_ids AS red_i ON red_i.event_nid = red.redacts_event_nid
-LEFT JOIN room_memberships AS m ON m.event_nid = e.event_nid
-ORDER BY {token}
+SELECT {token},
+    (SELECT event_id FROM event_ids WHERE event_nid = e.event_nid),
+    e.room_nid,
+    e.type,
+    e.type_key_nid,
+    CASE WHEN e.type = ? THEN
+        (SELECT i.event_id FROM redactions AS red JOIN event_ids AS i ON i.event_nid = red.redacts_event_nid
+         WHERE red.redaction_event_nid = e.event_nid)
+    END,
+    CASE WHEN e.type = ? THEN (SELECT membership FROM room_memberships WHERE event_nid = e.event_nid) END,
+    e.rejected_reason IS NOT NULL,
+    e.outlier
+FROM events AS e
+WHERE e.instance_name = ? AND {range}
+ORDER BY {order}
+LIMIT ?
 """
+_CASE_TYPES = ("m.room.redaction", "m.room.member")
 
 # Live events: tokens are stream orderings.
 LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(
-    token="e.stream_ordering", order="stream_ordering", range="stream_ordering > ? AND stream_ordering <= ?"
+    token="e.stream_ordering", order="e.stream_ordering", range="e.stream_ordering > ? AND e.stream_ordering <= ?"
 )
 # Backfilled events: tokens are minus their (negative) stream orderings;
 # the range is written on the column itself so the index serves it.
 BACKFILL_EVENT_ROWS = EVENT_ROW_SQL.format(
     token="-e.stream_ordering",
-    order="stream_ordering DESC",
-    range="stream_ordering < 0 - ? AND stream_ordering >= 0 - ?",
+    order="e.stream_ordering DESC",
+    range="e.stream_ordering < 0 - ? AND e.stream_ordering >= 0 - ?",
 )
 
 STATE_ROW_SQL = (
-    "SELECT d.stream_ordering, r.room_id, k.type, k.state_key, i.event_id"
+    "SELECT d.stream_ordering, r.room_id, k.type, k.state_key,"
+    " (SELECT event_id FROM event_ids WHERE event_nid = d.event_nid)"
     " FROM current_state_deltas AS d JOIN rooms AS r ON r.room_nid = d.room_nid"
     " JOIN state_keys AS k ON k.type_key_nid = d.type_key_nid"
-    " LEFT JOIN event_ids AS i ON i.event_nid = d.event_nid"
     " WHERE d.instance_name = ? AND d.stream_ordering > ? AND d.stream_ordering <= ?"
     " ORDER BY d.stream_ordering, k.type, k.state_key"
 )
 
 
 
-def _event_row(row: tuple) -> tuple[int, tuple]:
-    token, event_id, room_id, event_type, state_key, redacts, membership, sender = row
-    name = MEMBERSHIP_BY_CODE.get(membership) if membership is not None else None
-    return token, ("ev", event_id, room_id, event_type, state_key, redacts, name, sender)
+#: First window of a page, in rows per requested row; doubled while short.
+_WINDOW = 2
+
+
+def _event_page(txn: Transaction, sql: str, instance: str, from_token: int, upto: int, limit: int) -> list[tuple]:
+    """Up to ``limit + 1`` rows with ``from_token < token <= upto``, in token
+    order, read window by window (``sql`` takes instance, window start,
+    window end, limit)."""
+    rows: list[tuple] = []
+    lo = from_token
+    span = max(limit * _WINDOW, 64)
+    while len(rows) <= limit and lo < upto:
+        hi = min(upto, lo + span)
+        rows.extend(txn.execute(sql, (*_CASE_TYPES, instance, lo, hi, limit + 1 - len(rows))).fetchall())
+        lo, span = hi, span * 2
+    return rows
+
+
+def _event_fields(store: RoomStore, txn: Transaction, rows: list[tuple]) -> list[tuple]:
+    """``(token, event_id, room_id, type, state_key, redacts, membership
+    name, rejected, outlier)`` for rows of ``EVENT_ROW_SQL`` (SQLite gives
+    booleans as 0/1)."""
+    if not rows:
+        return []
+    rooms = store.interners.rooms.resolve(txn, [r[2] for r in rows])
+    keys = store.interners.state_keys.resolve(txn, [r[4] for r in rows if r[4] is not None])
+    membership_name = MEMBERSHIP_BY_CODE.get
+    return [
+        (token, event_id, rooms[room_nid], event_type, None if key_nid is None else keys[key_nid][1], redacts,
+         None if membership is None else membership_name(membership), bool(rejected), bool(outlier))
+        for token, event_id, room_nid, event_type, key_nid, redacts, membership, rejected, outlier in rows
+    ]
+
+
+def _merge_by_token(first: list[tuple], second: list[tuple]) -> list[tuple]:
+    """Two token-ordered lists of ``(token, row)`` merged in token order,
+    ``first``'s rows before ``second``'s at the same token."""
+    merged = []
+    i = 0
+    for item in second:
+        while i < len(first) and first[i][0] <= item[0]:
+            merged.append(first[i])
+            i += 1
+        merged.append(item)
+    merged.extend(first[i:])
+    return merged
 
 
 def _whole_token_page(
@@ -180,14 +236,19 @@ class EventsStream(_GeneratorStream):
     def _updates_txn(self, txn, instance, from_token, upto, limit):
         # One event per stream ordering: `limit + 1` events tell whether the
         # range holds more than a page.
-        rows = txn.execute(LIVE_EVENT_ROWS, (instance, from_token, upto, limit + 1)).fetchall()
+        rows = _event_page(txn, LIVE_EVENT_ROWS, instance, from_token, upto, limit)
         more = len(rows) > limit
         rows = rows[:limit]
         bound = rows[-1][0] if more else upto
-        updates = [_event_row(r) for r in rows]
+        updates = [
+            (token, ("ev", (event_id, room_id, typ, key, redacts, None, membership, rejected, outlier)))
+            for token, event_id, room_id, typ, key, redacts, membership, rejected, outlier
+            in _event_fields(self.store, txn, rows)
+        ]
         state_rows = txn.execute(STATE_ROW_SQL, (instance, from_token, bound)).fetchall()
-        updates.extend((token, ("state", room, typ, key, event)) for token, room, typ, key, event in state_rows)
-        updates.sort(key=lambda u: (u[0], u[1][0] != "ev"))  # stable: an event before its state rows
+        updates = _merge_by_token(updates, [
+            (token, ("state", (room, typ, key, event))) for token, room, typ, key, event in state_rows
+        ])
         # State rows can push a page over `limit`: cut it on a token boundary.
         return _whole_token_page(updates, limit, upto, bound, more)
 
@@ -199,10 +260,15 @@ class BackfillStream(_GeneratorStream):
         super().__init__(store, "backfill", "backfill")
 
     def _updates_txn(self, txn, instance, from_token, upto, limit):
-        rows = txn.execute(BACKFILL_EVENT_ROWS, (instance, from_token, upto, limit + 1)).fetchall()
+        rows = _event_page(txn, BACKFILL_EVENT_ROWS, instance, from_token, upto, limit)
         more = len(rows) > limit
         rows = rows[:limit]
-        return _whole_token_page([_event_row(r) for r in rows], limit, upto, rows[-1][0] if more else upto, more)
+        # Synapse's backfill rows: the first six fields of an ev row, untagged.
+        updates = [
+            (token, (event_id, room_id, typ, key, redacts, None))
+            for token, event_id, room_id, typ, key, redacts, *_ in _event_fields(self.store, txn, rows)
+        ]
+        return _whole_token_page(updates, limit, upto, rows[-1][0] if more else upto, more)
 
 
 class CachesStream(_GeneratorStream):
@@ -239,6 +305,38 @@ class CachesStream(_GeneratorStream):
         if more:
             return StreamUpdates(updates, updates[-1][0], True)
         return StreamUpdates(updates, upto, False)
+
+    def split_row(self, row: tuple, fits: Callable[[tuple], bool]) -> list[tuple] | None:
+        """Split an invalidation into rows of the same cache and timestamp
+        whose keys together are the row's keys, each accepted by ``fits``
+        (the feed's line-length check), or None if one key alone is too long.
+
+        Greedy: as many keys per row as fit, so a big invalidation costs
+        about its size in bytes divided by the line limit.
+        """
+        cache_name, keys, ts = row
+        if not keys:
+            return None
+        parts: list[tuple] = []
+        start = 0
+        while start < len(keys):
+            if not fits((cache_name, keys[start:start + 1], ts)):
+                return None
+            # Largest end with keys[start:end] fitting: double, then bisect.
+            good, step = start + 1, 1
+            while good < len(keys) and fits((cache_name, keys[start:min(good + step, len(keys))], ts)):
+                good = min(good + step, len(keys))
+                step *= 2
+            bad = min(good + step, len(keys) + 1)
+            while bad - good > 1:
+                middle = (good + bad) // 2
+                if fits((cache_name, keys[start:middle], ts)):
+                    good = middle
+                else:
+                    bad = middle
+            parts.append((cache_name, keys[start:good], ts))
+            start = good
+        return parts
 
 
 def store_stream_registry(store: RoomStore) -> StreamRegistry:
@@ -351,31 +449,36 @@ class StoreReplicationHandler(ReplicationClientHandler):
 
     def _apply_events(self, token: int, rows: list) -> None:
         reader = self.store.reader
-        for row in rows:
-            kind = row[0]
+        room_changes = self.store.room_changes
+        membership_changes = self.store.membership_changes
+        for kind, data in rows:
             if kind == "ev":
-                _, event_id, room_id, event_type, state_key, redacts, membership, sender = row
-                self.store.room_changes.entity_has_changed(room_id, token)
+                room_id, event_type, state_key, redacts = data[1], data[2], data[3], data[4]
+                room_changes.entity_has_changed(room_id, token)
                 if event_type == "m.room.member" and state_key is not None:
-                    self.store.membership_changes.entity_has_changed(state_key, token)
+                    membership_changes.entity_has_changed(state_key, token)
                     reader.invalidate_memberships((), [state_key])
                 if redacts:
                     reader.invalidate_event(redacts)
             elif kind == "state":
-                _, room_id, event_type, state_key, event_id = row
-                if event_type == "m.room.member":
+                if data[1] == "m.room.member":
                     # Current membership moved (also by state resolution, with
                     # no member event of this user in the batch).
-                    self.store.membership_changes.entity_has_changed(state_key, token)
-                    reader.invalidate_memberships((), [state_key])
+                    membership_changes.entity_has_changed(data[2], token)
+                    reader.invalidate_memberships((), [data[2]])
+            elif kind == "state-all":
+                # Synapse's "too many state changes in this room": anyone's
+                # membership there may have moved.
+                room_changes.entity_has_changed(data[0], token)
+                _drop_all_memberships(reader)
 
     def _apply_backfill(self, rows: list) -> None:
         # Backfill never moves current state or positions of the events
         # stream, but an old redaction can redact an event a worker cached.
         reader = self.store.reader
         for row in rows:
-            if row[0] == "ev" and row[5]:
-                reader.invalidate_event(row[5])
+            if row[4]:
+                reader.invalidate_event(row[4])
 
     def _apply_invalidation(self, cache_name: str, keys: list | None) -> None:
         reader = self.store.reader

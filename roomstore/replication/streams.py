@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import bisect
-from typing import Iterator, NamedTuple, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import attrs
 
@@ -103,6 +103,15 @@ class Stream(abc.ABC):
         - ``limit`` is at least 1; if ``from_token >= upto_token`` the answer
           is ``([], upto_token, False)``.
         """
+
+    def split_row(self, row: StreamRow, fits: Callable[[StreamRow], bool]) -> list[StreamRow] | None:
+        """Rows that together mean what ``row`` means, each accepted by
+        ``fits``, or None if ``row`` cannot be split that way (the default).
+
+        Called by the server when ``row`` would make a line longer than the
+        line limit; the parts are sent at ``row``'s token, in order.
+        """
+        return None
 
 
 def _check_stream_name(_inst: object, _attr: attrs.Attribute, value: str) -> None:

@@ -379,9 +379,18 @@ class StreamIdGenerator:
             d.callback(current)
 
     def _publish_metrics(self) -> None:
+        # The labelled gauges are looked up once: labels() costs more than a
+        # position update, which a replicating worker makes for every token.
+        gauges = self.__dict__.setdefault("_gauges", {})
         for writer, position in self._positions.items():
-            stream_position_gauge.labels(self.stream_name, writer).set(position)
-        stream_linear_position_gauge.labels(self.stream_name).set(self.get_current_token())
+            gauge = gauges.get(writer)
+            if gauge is None:
+                gauge = gauges[writer] = stream_position_gauge.labels(self.stream_name, writer)
+            gauge.set(position)
+        linear = gauges.get(None)
+        if linear is None:
+            linear = gauges[None] = stream_linear_position_gauge.labels(self.stream_name)
+        linear.set(self.get_current_token())
 
     # ------------------------------------------------------------------ persistence
 

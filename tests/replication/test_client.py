@@ -190,18 +190,22 @@ class HandlerHookTests(ClientTestCase):
     def test_send_notifications(self) -> None:
         take(self.transport)
         self.assertTrue(self.factory.send_user_sync("@a:b", True, 100))
-        self.assertTrue(self.factory.send_user_sync("@a:b", False, 200))
+        self.assertTrue(self.factory.send_user_sync("@a:b", False, 200, device_id="DEV"))
         self.assertTrue(self.factory.send_federation_ack(42))
         self.assertTrue(self.factory.send_remote_server_up("matrix.org"))
         self.assertTrue(self.factory.send_clear_user_sync())
+        self.assertTrue(self.factory.send_user_ip("@a:b", "tok", "10.0.0.1", "curl/8", None, 300))
+        self.assertTrue(self.factory.send_lock_released("purge", "!r:b"))
         self.assertEqual(
             take(self.transport),
             [
-                "USER_SYNC worker1 @a:b start 100",
-                "USER_SYNC worker1 @a:b end 200",
+                "USER_SYNC worker1 @a:b None start 100",
+                "USER_SYNC worker1 @a:b DEV end 200",
                 "FEDERATION_ACK worker1 42",
                 "REMOTE_SERVER_UP matrix.org",
                 "CLEAR_USER_SYNC worker1",
+                'USER_IP @a:b ["tok","10.0.0.1","curl/8",null,300]',
+                'LOCK_RELEASED ["worker1","purge","!r:b"]',
             ],
         )
         self.protocol.connectionLost(Failure(ConnectionLost()))

@@ -32,13 +32,20 @@ EXAMPLE_LINES = [
     "POSITION events master 53 54",
     'RDATA caches master 2 ["get_user_by_id",["@01register-user:localhost:8823"],1490197670513]',
     'RDATA caches master batch ["get_user_by_id",["@test:localhost:8823"],1490197670513]',
-    'RDATA events master 14 ["$149019767112vOHxz:localhost:8823","!AFDCvgApUmpdfVjIXm:localhost:8823","m.room.guest_access","",null]',
-    "USER_SYNC worker1 @alice:example.com start 1490197670513",
-    "USER_SYNC worker1 @alice:example.com end 1490197670513",
+    'RDATA events master 14 ["ev",["$149019767112vOHxz:localhost:8823","!AFDCvgApUmpdfVjIXm:localhost:8823","m.room.guest_access","",null,null,null,false,false]]',
+    'RDATA events master batch ["state",["!AFDCvgApUmpdfVjIXm:localhost:8823","m.room.guest_access","","$149019767112vOHxz:localhost:8823"]]',
+    'RDATA backfill master 3 ["$e:localhost:8823","!r:localhost:8823","m.room.message",null,null,null]',
+    "USER_SYNC worker1 @alice:example.com DEVICEID start 1490197670513",
+    "USER_SYNC worker1 @alice:example.com None end 1490197670513",
     "CLEAR_USER_SYNC worker1",
     "FEDERATION_ACK federation_sender 12345",
     "REMOTE_SERVER_UP matrix.org",
     "AUTH s3cret with spaces",
+    'USER_IP @alice:example.com ["syt_token","127.0.0.1","Mozilla/5.0 (X11; Linux)","DEVICEID",1490197670513]',
+    'USER_IP @alice:example.com ["syt_token","::1","curl",null,1]',
+    'LOCK_RELEASED ["worker1","purge","!room:example.com"]',
+    'NEW_ACTIVE_TASK "task_id"',
+    'CANCEL_TASK "task_id"',
 ]
 
 
@@ -64,8 +71,12 @@ class RoundTripTests(unittest.TestCase):
             ("caches", "master", None, [1, {"a": None, "b": 2}]),
         )
         self.assertTrue(rdata.is_batch)
-        # Rows are written compact, keys sorted, non-ASCII escaped.
-        self.assertEqual(rdata.row_json, '[1,{"a":null,"b":2}]')
+        # A parsed row keeps its text as received, so a relayed line is
+        # byte for byte what came in; a built row is written compact, keys
+        # sorted, non-ASCII escaped.
+        self.assertEqual(rdata.row_json, '[1, {"b": 2, "a": null}]')
+        self.assertEqual(c.RdataCommand("s", "w", 3, [1, {"b": 2, "a": None}]).row_json, '[1,{"a":null,"b":2}]')
+        self.assertEqual(rdata, c.RdataCommand("caches", "master", None, [1, {"b": 2, "a": None}]))
         self.assertEqual(c.RdataCommand("s", "w", 3, ("é", "a b")).to_line(), 's w 3 ["\\u00e9","a b"]')
 
         position = parse_command_from_line("POSITION events master 53 54")
@@ -82,12 +93,30 @@ class RoundTripTests(unittest.TestCase):
 
     def test_user_sync_states(self) -> None:
         """start/end as Synapse writes them; "stop" accepted as an alias of end."""
-        self.assertTrue(parse_command_from_line("USER_SYNC w @a:b start 5").is_syncing)
-        end = parse_command_from_line("USER_SYNC w @a:b end 5")
-        stop = parse_command_from_line("USER_SYNC w @a:b stop 5")
+        self.assertTrue(parse_command_from_line("USER_SYNC w @a:b D start 5").is_syncing)
+        end = parse_command_from_line("USER_SYNC w @a:b D end 5")
+        stop = parse_command_from_line("USER_SYNC w @a:b D stop 5")
         self.assertFalse(end.is_syncing)
         self.assertEqual(stop, end)
-        self.assertEqual(serialize_command(stop), "USER_SYNC w @a:b end 5")
+        self.assertEqual(serialize_command(stop), "USER_SYNC w @a:b D end 5")
+
+    def test_user_sync_device(self) -> None:
+        """Synapse's five fields (device "None" for none); the older four-field
+        form is read with no device and written in the five-field form."""
+        with_device = parse_command_from_line("USER_SYNC w @a:b DEV start 5")
+        self.assertEqual(with_device, c.UserSyncCommand("w", "@a:b", "DEV", True, 5))
+        none = parse_command_from_line("USER_SYNC w @a:b None end 5")
+        self.assertEqual(none, c.UserSyncCommand("w", "@a:b", None, False, 5))
+        old = parse_command_from_line("USER_SYNC w @a:b start 5")
+        self.assertEqual(old, c.UserSyncCommand("w", "@a:b", None, True, 5))
+        self.assertEqual(serialize_command(old), "USER_SYNC w @a:b None start 5")
+
+    def test_user_ip_and_lock_released_fields(self) -> None:
+        ip = parse_command_from_line('USER_IP @a:b ["tok","10.0.0.1","UA \\u00e9",null,7]')
+        self.assertEqual(ip, c.UserIpCommand("@a:b", "tok", "10.0.0.1", "UA \u00e9", None, 7))
+        self.assertNotIn("tok", repr(ip))
+        lock = parse_command_from_line('LOCK_RELEASED ["w1","name","key with spaces"]')
+        self.assertEqual(lock, c.LockReleasedCommand("w1", "name", "key with spaces"))
 
     def test_rdata_equality_ignores_tuple_versus_list(self) -> None:
         """A command built from a tuple row equals the one parsed off the wire."""
@@ -117,7 +146,11 @@ any_command = st.one_of(
     st.builds(c.ReplicateCommand, words, st.none() | tokens),
     st.builds(c.PositionCommand, words, words, tokens, tokens),
     st.builds(c.RdataCommand, words, words, st.none() | tokens, st.lists(json_values, max_size=5)),
-    st.builds(c.UserSyncCommand, words, words, st.booleans(), tokens),
+    st.builds(c.UserSyncCommand, words, words, st.none() | words.filter(lambda w: w != "None"), st.booleans(), tokens),
+    st.builds(c.UserIpCommand, words, texts, texts, texts, st.none() | texts, tokens),
+    st.builds(c.LockReleasedCommand, texts, texts, texts),
+    st.builds(c.NewActiveTaskCommand, texts.filter(bool)),
+    st.builds(c.CancelTaskCommand, texts.filter(bool)),
     st.builds(c.ClearUserSyncCommand, words),
     st.builds(c.FederationAckCommand, words, tokens),
     st.builds(c.RemoteServerUpCommand, words),
@@ -184,7 +217,17 @@ class ParseErrorTests(unittest.TestCase):
             ("RDATA events master 1 [1e999]", "not JSON-serialisable"),
             ("RDATA events master 1 " + "[" * 100_000, "row is not valid JSON"),
             ("USER_SYNC w @a:b maybe 1", "USER_SYNC state must be start or end"),
+            ("USER_SYNC w @a:b D maybe 1", "USER_SYNC state must be start or end"),
             ("USER_SYNC w @a:b start", "<last_sync_ms>"),
+            ("USER_SYNC w @a:b D start 1 2", "<last_sync_ms>"),
+            ("USER_IP @a:b", "<user_id> [access_token"),
+            ("USER_IP @a:b [1,2]", "<user_id> [access_token"),
+            ('USER_IP @a:b ["t","ip","ua",null,-1]', "last_seen must not be negative"),
+            ('USER_IP @a:b ["t","ip","ua",null,1', "not valid JSON"),
+            ('LOCK_RELEASED ["a","b"]', "<lock_key>"),
+            ('LOCK_RELEASED ["a","b",3]', "lock_key must be a str"),
+            ("RDATA ev\tents master 1 [1]", "stream_name must be"),
+            ("RDATA events master\x00 1 [1]", "instance_name must be"),
             ("CLEAR_USER_SYNC", "<argument>"),
             ("CLEAR_USER_SYNC a b", "<argument>"),
             ("FEDERATION_ACK fed", "<instance_name> <token>"),
@@ -212,4 +255,6 @@ class ParseErrorTests(unittest.TestCase):
             c.ReplicateCommand(None, 5)
 
     def test_max_line_length(self) -> None:
-        self.assertEqual(MAX_LINE_LENGTH, 1024 * 1024)
+        """Synapse's limit (Twisted's LineOnlyReceiver default): a longer line
+        closes a Synapse connection."""
+        self.assertEqual(MAX_LINE_LENGTH, 16384)

@@ -360,11 +360,11 @@ class BadInputTests(unittest.TestCase):
         self.assertTrue(self.transport.disconnecting)
         self.assertEqual(self.protocol._buffer, b"")
 
-    def test_default_limit_is_one_mebibyte(self) -> None:
+    def test_default_limit_is_synapses_16_kib(self) -> None:
         protocol, transport = connect(make_server())
-        protocol.dataReceived(b"NAME " + b"n" * (1024 * 1024 - 5) + b"\n")
+        protocol.dataReceived(b"NAME " + b"n" * (16384 - 5) + b"\n")
         self.assertEqual(take(transport), [])
-        protocol.dataReceived(b"NAME " + b"n" * (1024 * 1024 - 4) + b"\n")
+        protocol.dataReceived(b"NAME " + b"n" * (16384 - 4) + b"\n")
         self.assertEqual(take(transport), ["ERROR line too long"])
 
     def test_peer_error_is_logged_not_answered(self) -> None:
@@ -441,37 +441,45 @@ class CongestionTests(unittest.TestCase):
         transport.pause_after(writes_before_pause)
         return protocol, transport
 
-    def test_buffer_filling_mid_page_at_the_limit_survives(self) -> None:
-        """One row written, the transport pauses, five (the limit) wait."""
+    def test_a_page_is_written_whole_then_the_connection_waits(self) -> None:
+        """A page of rows goes out in one write; the transport pauses; no
+        further page is read (nothing queues) until it resumes."""
         protocol, transport = self._stalling_connection(1)
         events = self.registry.get("events")
         for token in range(2, 8):  # six rows, one page
             events.append("master", token, [f"$e{token}"])
         self.factory.notify_new_rows("events")
-        self.assertEqual(take(transport), ['RDATA events master 2 ["$e2"]'])
-        self.assertEqual(protocol.pending_count, 5)
+        self.assertEqual(take(transport), [f'RDATA events master {t} ["$e{t}"]' for t in range(2, 8)])
+        self.assertTrue(protocol.paused)
+        for token in range(8, 20):
+            events.append("master", token, [f"$e{token}"])
+        self.factory.notify_new_rows("events")
+        self.assertEqual(take(transport), [])
+        self.assertEqual(protocol.pending_count, 0)
         self.assertTrue(protocol.is_open)
         protocol.resumeProducing()
-        self.assertEqual(take(transport), [f'RDATA events master {t} ["$e{t}"]' for t in range(3, 8)])
-        self.assertEqual(protocol.pending_count, 0)
+        self.assertEqual(take(transport), [f'RDATA events master {t} ["$e{t}"]' for t in range(8, 20)])
 
-    def test_buffer_filling_mid_page_past_the_limit_drops(self) -> None:
-        """One row more than fits: that connection is dropped, the other gets
-        every row."""
+    def test_traffic_while_paused_past_the_limit_drops(self) -> None:
+        """Commands sent while paused queue up to the limit; one more drops
+        that connection, and the other gets every row."""
         protocol, transport = self._stalling_connection(1)
         events = self.registry.get("events")
         for token in range(2, 9):  # seven rows, one page
             events.append("master", token, [f"$e{token}"])
+        self.factory.notify_new_rows("events")
+        self.assertEqual(len(take(transport)), 7)
         with capturedLogs() as logs:
-            self.factory.notify_new_rows("events")
-        self.assertEqual(
-            take(transport), ['RDATA events master 2 ["$e2"]', "ERROR too many pending commands"]
-        )
+            for i in range(6):
+                self.factory.send_remote_server_up(f"s{i}.example")
+        self.assertEqual(take(transport), ["ERROR too many pending commands"])
         self.assertTrue(transport.disconnecting)
         self.assertFalse(protocol.is_open)
         self.assertTrue(any("not reading" in e.get("log_format", "") for e in logs))
         self.assertEqual(
-            take(self.fast_transport), [f'RDATA events master {t} ["$e{t}"]' for t in range(2, 9)]
+            take(self.fast_transport),
+            [f'RDATA events master {t} ["$e{t}"]' for t in range(2, 9)]
+            + [f"REMOTE_SERVER_UP s{i}.example" for i in range(6)],
         )
 
     def test_paused_connection_is_not_read_for(self) -> None:

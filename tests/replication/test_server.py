@@ -6,11 +6,12 @@ import json
 from typing import Sequence
 
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 from twisted.trial import unittest
 
 from roomstore.replication import InMemoryStream, Stream, StreamRegistry, UnknownStreamError
-from roomstore.replication.commands import Command, UserSyncCommand
+from roomstore.replication.commands import Command, LockReleasedCommand, UserIpCommand, UserSyncCommand
 
 from .utils import (
     CountingStream,
@@ -223,18 +224,26 @@ class ClientNotificationTests(unittest.TestCase):
         factory = make_server()
         protocol, transport = connect(factory)
         received: list[tuple[object, Command]] = []
-        for name in ("USER_SYNC", "CLEAR_USER_SYNC", "FEDERATION_ACK", "REMOTE_SERVER_UP"):
+        names = ["USER_SYNC", "CLEAR_USER_SYNC", "FEDERATION_ACK", "REMOTE_SERVER_UP", "USER_IP", "LOCK_RELEASED",
+                 "NEW_ACTIVE_TASK", "CANCEL_TASK"]
+        for name in names:
             factory.add_command_handler(name, lambda conn, cmd: received.append((conn, cmd)))
         feed(
             protocol,
-            "USER_SYNC worker1 @a:b start 100",
+            "USER_SYNC worker1 @a:b DEV start 100",
             "CLEAR_USER_SYNC worker1",
             "FEDERATION_ACK fed 42",
             "REMOTE_SERVER_UP matrix.org",
+            'USER_IP @a:b ["tok","::1","curl",null,5]',
+            'LOCK_RELEASED ["worker1","purge","!r:b"]',
+            'NEW_ACTIVE_TASK abc',
+            'CANCEL_TASK abc',
         )
-        self.assertEqual([cmd.NAME for _, cmd in received], ["USER_SYNC", "CLEAR_USER_SYNC", "FEDERATION_ACK", "REMOTE_SERVER_UP"])
+        self.assertEqual([cmd.NAME for _, cmd in received], names)
         self.assertTrue(all(conn is protocol for conn, _ in received))
-        self.assertEqual(received[0][1], UserSyncCommand("worker1", "@a:b", True, 100))
+        self.assertEqual(received[0][1], UserSyncCommand("worker1", "@a:b", "DEV", True, 100))
+        self.assertEqual(received[4][1], UserIpCommand("@a:b", "tok", "::1", "curl", None, 5))
+        self.assertEqual(received[5][1], LockReleasedCommand("worker1", "purge", "!r:b"))
         self.assertEqual(take(transport), [])
 
     def test_failing_handler_is_logged_not_fatal(self) -> None:
@@ -381,19 +390,21 @@ class FarBehindTests(unittest.TestCase):
         counting = CountingStream(events)
         factory = make_server(StreamRegistry([counting]), page_size=100, max_pending_commands=150)
         protocol, transport = connect(factory)
-        # The transport fills after the first page.
+        # The transport fills with the first page (written in one write).
         original_write = transport.write
         writes = [0]
 
         def write(data: bytes) -> None:
             original_write(data)
             writes[0] += 1
-            if writes[0] == 100:
+            if writes[0] == 1:
                 protocol.pauseProducing()
 
         transport.write = write
         feed(protocol, "REPLICATE events 0")
-        self.assertEqual(len(counting.calls), 1)
+        # One page written, the next read ahead (while the first was being
+        # written), none further.
+        self.assertEqual(len(counting.calls), 2)
         self.assertEqual(len(rdata_tokens(written(transport))), 100)
         self.assertEqual(protocol.pending_count, 0)
         self.assertTrue(protocol.is_open)
@@ -401,8 +412,88 @@ class FarBehindTests(unittest.TestCase):
         for page in range(2, 6):
             writes[0] = 0
             protocol.resumeProducing()
-            self.assertEqual(len(counting.calls), page)
+            self.assertEqual(len(counting.calls), min(page + 1, 5))
+            self.assertEqual(len(rdata_tokens(written(transport))), page * 100)
             self.assertLessEqual(protocol.pending_count, 100)
         protocol.resumeProducing()
         self.assertEqual(rdata_tokens(written(transport)), [str(t) for t in range(1, 501)])
         self.assertTrue(protocol.is_open)
+
+
+class _SplittingStream(InMemoryStream):
+    """Rows ``[name, [keys...]]``: a long one splits into rows with fewer keys."""
+
+    def split_row(self, row, fits):
+        name, keys = row
+        parts, current = [], []
+        for key in keys:
+            if not fits((name, [key])):
+                return None
+            if current and not fits((name, current + [key])):
+                parts.append((name, current))
+                current = []
+            current.append(key)
+        parts.append((name, current))
+        return parts
+
+
+class LineLimitTests(unittest.TestCase):
+    """No line over max_line_length leaves the server, and no row is lost."""
+
+    def setUp(self) -> None:
+        self.stream = _SplittingStream("caches")
+        self.registry = StreamRegistry([self.stream])
+        self.factory = make_server(self.registry, max_line_length=120)
+        self.protocol, self.transport = connect(self.factory)
+        feed(self.protocol, "REPLICATE")
+        take(self.transport)
+
+    def test_long_row_is_split_at_its_token(self) -> None:
+        keys = [f"key-{i:03d}" for i in range(40)]
+        self.stream.append("master", 1, ("c", keys))
+        self.factory.notify_new_rows("caches")
+        lines = take(self.transport)
+        self.assertGreater(len(lines), 2)
+        self.assertTrue(all(len(line.encode()) <= 120 for line in lines), lines)
+        tokens = [line.split(" ")[3] for line in lines]
+        self.assertEqual(tokens, ["batch"] * (len(lines) - 1) + ["1"])
+        sent = [json.loads(line.split(" ", 4)[4]) for line in lines]
+        self.assertEqual([k for _, part in sent for k in part], keys)
+        self.assertTrue(self.protocol.is_open)
+
+    def test_unsplittable_row_makes_the_client_fetch_its_token(self) -> None:
+        """POSITION <token> <token> instead of the row: prev_token ahead of the
+        client's position is what makes a client fetch the rows itself."""
+        self.stream.append("master", 1, ("c", ["short"]))
+        self.stream.append("master", 2, ("c", ["x" * 200]), ("c", ["sibling"]))
+        self.stream.append("master", 3, ("c", ["after"]))
+        self.factory.notify_new_rows("caches")
+        self.assertEqual(
+            take(self.transport),
+            [
+                'RDATA caches master 1 ["c",["short"]]',
+                "POSITION caches master 2 2",
+                'RDATA caches master 3 ["c",["after"]]',
+            ],
+        )
+        self.assertTrue(self.protocol.is_open)
+        # Our follower, given that POSITION, fetches token 2 from its own
+        # reading of the stream and applies it whole.
+        from roomstore.replication import ReplicationClientHandler
+        from roomstore.replication.client import ReplicationClientFactory
+
+        applied = []
+
+        class Handler(ReplicationClientHandler):
+            def on_rdata(self, stream_name, instance_name, token, rows):
+                applied.append((token, rows))
+
+        client = ReplicationClientFactory(Handler(self.registry), "w", None, clock=Clock())
+        client.positions.set("caches", "master", 0)
+        protocol = client.buildProtocol(None)
+        protocol.makeConnection(StringTransport())
+        feed(protocol, "SERVER x", 'RDATA caches master 1 ["c",["short"]]', "POSITION caches master 2 2",
+             'RDATA caches master 3 ["c",["after"]]')
+        self.assertEqual(applied, [(1, [("c", ["short"])]), (2, [("c", ["x" * 200]), ("c", ["sibling"])]),
+                                   (3, [("c", ["after"])])])
+        protocol.connectionLost(None)

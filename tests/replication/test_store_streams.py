@@ -113,16 +113,18 @@ class StoreStreamTests(ContractMixin):
         events = [(t, row) for t, row in updates if row[0] == "ev"]
         # One ev row per live event, at its stream ordering, in order.
         self.assertEqual([t for t, _ in events], list(range(1, current + 1)))
-        by_id = {row[1]: (t, row) for t, row in events}
+        # Synapse's layout: ["ev", [event_id, room_id, type, state_key,
+        # redacts, relates_to, membership, rejected, outlier]].
+        by_id = {row[1][0]: (t, row[1]) for t, row in events}
         room, message, redaction = history["room"], history["message"], history["redaction"]
         create = room.events[0]
         self.assertEqual(by_id[create.event_id][1],
-                         ("ev", create.event_id, room.room_id, "m.room.create", "", None, None, ALICE))
-        self.assertEqual(by_id[room.events[3].event_id][1][3:],
-                         ("m.room.member", BOB, None, "join", BOB))
-        self.assertEqual(by_id[message.event_id][1][3:], ("m.room.message", None, None, None, ALICE))
-        self.assertEqual(by_id[redaction.event_id][1][3:],
-                         ("m.room.redaction", None, message.event_id, None, ALICE))
+                         (create.event_id, room.room_id, "m.room.create", "", None, None, None, False, False))
+        self.assertEqual(by_id[room.events[3].event_id][1][2:],
+                         ("m.room.member", BOB, None, None, "join", False, False))
+        self.assertEqual(by_id[message.event_id][1][2:], ("m.room.message", None, None, None, None, False, False))
+        self.assertEqual(by_id[redaction.event_id][1][2:],
+                         ("m.room.redaction", None, message.event_id, None, None, False, False))
         self.assertEqual(by_id[history["leave"].event_id][1][6], "leave")
         # The first batch's state changes all sit at its last token, after its event.
         first_token = history["first_results"][-1].stream_ordering
@@ -130,13 +132,13 @@ class StoreStreamTests(ContractMixin):
         self.assertEqual(at_first[0][0], "ev")
         self.assertEqual(
             at_first[1:],
-            [("state", room.room_id, "m.room.create", "", create.event_id),
-             ("state", room.room_id, "m.room.member", ALICE, room.events[1].event_id),
-             ("state", room.room_id, "m.room.member", BOB, room.events[3].event_id),
-             ("state", room.room_id, "m.room.power_levels", "", room.events[2].event_id)],
+            [("state", (room.room_id, "m.room.create", "", create.event_id)),
+             ("state", (room.room_id, "m.room.member", ALICE, room.events[1].event_id)),
+             ("state", (room.room_id, "m.room.member", BOB, room.events[3].event_id)),
+             ("state", (room.room_id, "m.room.power_levels", "", room.events[2].event_id))],
         )
         leave_token = by_id[history["leave"].event_id][0]
-        self.assertIn((leave_token, ("state", room.room_id, "m.room.member", BOB, history["leave"].event_id)), updates)
+        self.assertIn((leave_token, ("state", (room.room_id, "m.room.member", BOB, history["leave"].event_id))), updates)
         # Backfilled events are not in the events stream.
         self.assertFalse({e.event_id for e in history["old_events"]} & set(by_id))
 
@@ -190,12 +192,13 @@ class StoreStreamTests(ContractMixin):
         self.assertEqual(([t for t, _ in updates], upto, limited), ([1, 2, 3, 4], 4, False))
         orderings = {r.event_id: r.stream_ordering for r in history["backfilled"]}
         self.assertTrue(all(o < 0 for o in orderings.values()))
+        # Synapse's layout: [event_id, room_id, type, state_key, redacts, relates_to].
         for token, row in updates:
-            self.assertEqual(row[0], "ev")
-            self.assertEqual(orderings[row[1]], -token)
+            self.assertEqual(len(row), 6)
+            self.assertEqual(orderings[row[0]], -token)
         # The newest (deepest) backfilled event is nearest zero: token 1.
         old = history["old_events"]
-        self.assertEqual([row[1] for _, row in updates], [e.event_id for e in reversed(old)])
+        self.assertEqual([row[0] for _, row in updates], [e.event_id for e in reversed(old)])
         updates, upto, limited = await stream.get_updates("master", 1, current, 2)
         self.assertEqual(([t for t, _ in updates], upto, limited), ([2, 3], 3, True))
 
@@ -255,7 +258,7 @@ class StoreStreamTests(ContractMixin):
         self.assertEqual((await slow)[0].stream_ordering, 1)
         self.assertEqual(stream.current_token("master"), 2)
         updates = (await stream.get_updates("master", 0, 2, BIG)).updates
-        self.assertEqual([(t, row[2]) for t, row in updates if row[0] == "ev"],
+        self.assertEqual([(t, row[1][1]) for t, row in updates if row[0] == "ev"],
                          [(1, first.room_id), (2, second.room_id)])
 
     async def test_wire_server_notifies_when_positions_move(self):
