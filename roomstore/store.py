@@ -23,7 +23,9 @@ from roomstore.events.persist import (
     EventPersister,
     EventToPersist,
     PersistedEvent,
+    is_orphan,
     prepare_events,
+    stored_results_txn,
 )
 from roomstore.events.reads import EventReader
 from roomstore.events.timeline import PaginationResult, RecentResult, SyncResult, TimelineReader
@@ -148,6 +150,28 @@ class RoomStore:
             return []
         known_versions = await self._known_room_versions(events)
         prepared = prepare_events(events, known_versions)
+        await self._refuse_orphans(prepared, known_versions)
+        # An event given twice is stored once: the later copies report it as
+        # already persisted, and only the first gets a stream ID.
+        first_index: dict[str, int] = {}
+        for index, ev in enumerate(prepared):
+            first_index.setdefault(ev.event_id, index)
+        unique = [prepared[index] for index in first_index.values()]
+        # Events stored before take no stream IDs: look them up first (the
+        # transaction checks again, for a writer storing them meanwhile).
+        results = await self.db.run_interaction(
+            "persist_events_stored", stored_results_txn, self.interners, unique
+        )
+        new = [ev for ev in unique if ev.event_id not in results]
+        if new:
+            results.update(await self._persist_new(new, resolved_current_state))
+        return [
+            results[ev.event_id] if first_index[ev.event_id] == index
+            else attrs.evolve(results[ev.event_id], already_persisted=True)
+            for index, ev in enumerate(prepared)
+        ]
+
+    async def _persist_new(self, prepared, resolved_current_state) -> dict[str, PersistedEvent]:
         live = sum(1 for ev in prepared if not ev.backfilled)
         backfilled = len(prepared) - live
         # One caches-stream ID per batch: the batch's invalidations are one fact.
@@ -168,7 +192,26 @@ class RoomStore:
             # Caches first, then the IDs complete: a reader woken by the new
             # position must find the change caches already knowing the batch.
             self._after_persist(outcome)
-        return [outcome.results[ev.event_id] for ev in prepared]
+        return outcome.results
+
+    async def _refuse_orphans(self, prepared, known_versions: Mapping[str, str]) -> None:
+        """``InvalidEventError`` for a live non-create event without prev
+        events in a room that has no create event (stored or in the batch):
+        it would start a room without one. Outliers may."""
+        from roomstore.events.validation import InvalidEventError
+
+        created = {ev.pdu.room_id for ev in prepared if ev.pdu.type == "m.room.create" and ev.pdu.state_key == ""}
+        orphans = [ev for ev in prepared if is_orphan(ev) and ev.pdu.room_id not in created]
+        rooms = sorted({ev.pdu.room_id for ev in orphans} - set(known_versions))
+        if not rooms:
+            return
+        known = await self._room_versions(rooms)
+        for ev in orphans:
+            if ev.pdu.room_id not in known_versions and ev.pdu.room_id not in known:
+                raise InvalidEventError(
+                    f"event {ev.event_id} has no prev events and room {ev.pdu.room_id} is unknown: "
+                    "persist the room's create event first, or flag the event an outlier"
+                )
 
     def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions):
         outcome = self.persister.persist_txn(txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id)
@@ -184,8 +227,12 @@ class RoomStore:
                 room_id, event_type, _ = peek_room_version(ev.raw)
                 if room_id and event_type != "m.room.create":
                     rooms.add(room_id)
+        return await self._room_versions(sorted(rooms))
+
+    async def _room_versions(self, room_ids: Sequence[str]) -> dict[str, str]:
+        """room_id -> version of the rooms among ``room_ids`` with a stored create event."""
         cache = self.persister.room_versions
-        known, unknown = split_cached(cache, sorted(rooms))
+        known, unknown = split_cached(cache, room_ids)
         if unknown:
             found = await self.db.run_interaction("room_versions", self.reader.room_versions_txn, unknown)
             for room_id, version in found.items():

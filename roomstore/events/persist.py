@@ -143,6 +143,34 @@ def prepare_events(events: Sequence[EventToPersist], known_versions: Mapping[str
     return prepared
 
 
+def stored_results_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> dict[str, "PersistedEvent"]:
+    """``already_persisted`` results for those of ``events`` stored before,
+    by event ID (a read only: asked before any stream ID is reserved)."""
+    nids = interners.events.lookup(txn, {ev.event_id for ev in events})
+    by_nid = {nid: event_id for event_id, nid in nids.items()}
+    rooms = {ev.event_id: ev.pdu.room_id for ev in events}
+    found: dict[str, PersistedEvent] = {}
+    for part in chunks(sorted(by_nid)):
+        marks = ", ".join("?" for _ in part)
+        for nid, stream, topo, before, after in txn.execute(
+            "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group"
+            f" FROM events WHERE event_nid IN ({marks})",
+            list(part),
+        ).fetchall():
+            event_id = by_nid[nid]
+            found[event_id] = PersistedEvent(event_id, rooms[event_id], stream, topo, before, after, already_persisted=True)
+    return found
+
+
+def is_orphan(ev: PreparedEvent) -> bool:
+    """A live event with nothing to hang it on: not a create event, no prev
+    events, no state given. It may only start a room it is the create of."""
+    return (
+        not ev.outlier and not ev.pdu.prev_event_ids and ev.state_before is None
+        and not (ev.pdu.type == "m.room.create" and ev.pdu.state_key == "")
+    )
+
+
 def order_batch(batch: Sequence[PreparedEvent]) -> list[PreparedEvent]:
     """The batch with each event after its prev events that are in the batch
     (stable otherwise); duplicates dropped."""
