@@ -29,10 +29,12 @@ class CliError(Exception):
     """A problem the operator can fix; printed without a traceback."""
 
 
-async def open_store(reactor, args):
+async def open_store(reactor, args, create: bool = False):
+    """The store at ``--db``. Only commands that write (``create=True``)
+    create a missing SQLite file: for the others it is a mistyped path."""
     from roomstore.store import RoomStore, StoreConfig
 
-    return await RoomStore.open(args.db, StoreConfig(instance_name=args.instance), reactor=reactor)
+    return await RoomStore.open(args.db, StoreConfig(instance_name=args.instance), reactor=reactor, create=create)
 
 
 # ---------------------------------------------------------------------- init
@@ -40,7 +42,7 @@ async def open_store(reactor, args):
 
 async def cmd_init(reactor, args) -> int:
     """Create or upgrade the schema; print the version and stream positions."""
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, create=True)
     try:
         await report_positions(store)
     finally:
@@ -63,10 +65,9 @@ async def report_positions(store) -> None:
 def read_import_lines(path: str) -> Iterator[tuple[int, bytes, str | None]]:
     """(line number, event bytes, room version or None) per non-blank line.
 
-    A bare PDU line is stored byte for byte. For a wrapped line
-    ``{"room_version": ..., "event": {...}}`` the event object is written back
-    compactly: its hashes, signatures and (v3+) ID are over canonical JSON, so
-    they still hold.
+    A bare PDU line is stored byte for byte; so is the event of a wrapped line
+    ``{"room_version": ..., "event": {...}}``: its bytes exactly as they
+    stand on the line.
     """
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
@@ -74,17 +75,51 @@ def read_import_lines(path: str) -> Iterator[tuple[int, bytes, str | None]]:
             if not line:
                 continue
             try:
-                obj = json.loads(line.decode("utf-8"))
+                text = line.decode("utf-8")
+                obj = json.loads(text)
             except (UnicodeDecodeError, ValueError) as exc:
                 raise CliError(f"{path}:{number}: not a JSON object: {exc}") from None
             if isinstance(obj, dict) and "event" in obj and isinstance(obj.get("event"), dict):
                 version = obj.get("room_version")
                 if version is not None and not isinstance(version, str):
                     raise CliError(f"{path}:{number}: room_version must be a string")
-                raw = json.dumps(obj["event"], ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-                yield number, raw, version
+                yield number, member_text(text, "event").encode("utf-8"), version
             else:
                 yield number, line, None
+
+
+_DECODER = json.JSONDecoder()
+_WHITESPACE = " \t\n\r"
+
+
+def member_text(text: str, wanted: str) -> str:
+    """The text of member ``wanted``'s value in the JSON object ``text``, as
+    written (the last one, as ``json.loads`` keeps the last of repeated keys).
+
+    ``text`` is known to parse as an object with that member.
+    """
+    found = None
+    pos = text.index("{") + 1
+    while True:
+        while text[pos] in _WHITESPACE:
+            pos += 1
+        if text[pos] == "}":
+            break
+        key, pos = json.decoder.scanstring(text, pos + 1)
+        while text[pos] in _WHITESPACE + ":":
+            pos += 1
+        _, end = _DECODER.raw_decode(text, pos)
+        if key == wanted:
+            found = text[pos:end]
+        pos = end
+        while text[pos] in _WHITESPACE:
+            pos += 1
+        if text[pos] == ",":
+            pos += 1
+        else:
+            break
+    assert found is not None, wanted
+    return found
 
 
 class Progress:
@@ -151,7 +186,9 @@ async def import_file(store, path: str, batch_size: int = 100) -> dict:
 async def cmd_import(reactor, args) -> int:
     if not os.path.exists(args.file):
         raise CliError(f"no such file: {args.file}")
-    store = await open_store(reactor, args)
+    if os.path.isdir(args.file):
+        raise CliError(f"{args.file} is a directory: give a JSON-lines file")
+    store = await open_store(reactor, args, create=True)
     try:
         started = time.monotonic()
         summary = await import_file(store, args.file, args.batch_size)
@@ -186,6 +223,8 @@ async def cmd_state(reactor, args) -> int:
 async def cmd_messages(reactor, args) -> int:
     store = await open_store(reactor, args)
     try:
+        if await store.get_room_version(args.room_id) is None:
+            raise CliError(f"unknown room {args.room_id}: no create event of it is stored")
         page = await store.paginate(args.room_id, args.user, args.from_token, args.dir, args.limit)
         for event in page.events:
             emit(event)
@@ -266,7 +305,7 @@ async def cmd_stats(reactor, args) -> int:
 async def cmd_demo(reactor, args) -> int:
     """The main job on the embedded default: import the bundled sample and
     show each kind of read."""
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, create=True)
     try:
         await report_positions(store)
         summary = await import_file(store, args.sample)
@@ -496,9 +535,12 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:
             # Errors the store raises for bad input carry a clear message.
             from roomstore.events.tokens import InvalidToken
-            from roomstore.storage import DatabaseConfigError, SchemaError
+            from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError
 
-            if isinstance(exc, (InvalidToken, DatabaseConfigError, SchemaError, ValueError)):
+            if isinstance(exc, DatabaseUnavailableError):
+                sys.stderr.write(f"roomstore {args.command}: {exc}\n")
+                code = 2
+            elif isinstance(exc, (InvalidToken, DatabaseConfigError, SchemaError, ValueError)):
                 sys.stderr.write(f"roomstore {args.command}: {type(exc).__name__}: {exc}\n")
                 code = 2
             else:

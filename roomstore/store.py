@@ -47,7 +47,9 @@ class StoreConfig:
     """How a store process is set up.
 
     ``stream_writers`` maps a stream name to its writer instances (default:
-    this instance writes every stream). ``redaction_retention_ms``: how long
+    this instance writes every stream). ``token_wait_ms``: how long a read
+    waits for a token ahead of this process's stream positions (a worker
+    behind its writer) before refusing it. ``redaction_retention_ms``: how long
     a redacted event's original bytes stay retrievable before the censor job
     replaces them. ``censor_interval_ms``: how often that job runs (None: never
     on its own; ``RoomStore.censor_expired_redactions`` still works).
@@ -60,6 +62,9 @@ class StoreConfig:
     change_cache_size: int = 100_000
     redaction_retention_ms: int = 7 * DAY_MS
     censor_interval_ms: int | None = None
+    #: How long a read given a token ahead of this process's position waits
+    #: for it (a worker behind its writer) before refusing it as invalid.
+    token_wait_ms: int = 5_000
 
 
 class RoomStore:
@@ -81,21 +86,31 @@ class RoomStore:
         # Which rooms had new events, whose membership changed, since a position.
         self.room_changes = StreamChangeCache("room_events", position, config.change_cache_size)
         self.membership_changes = StreamChangeCache("user_memberships", position, config.change_cache_size)
+        #: Drives periodic jobs and bounded waits (``RoomStore.open``'s ``clock``).
+        self.clock = db.reactor
         self.reader = EventReader(self)
         self.timeline = TimelineReader(self)
         self._invalidation_hooks: list = []
 
     @classmethod
     async def open(
-        cls, database: str | Database, config: StoreConfig | None = None, reactor: Any = None, clock: Any = None
+        cls,
+        database: str | Database,
+        config: StoreConfig | None = None,
+        reactor: Any = None,
+        clock: Any = None,
+        create: bool = True,
     ) -> "RoomStore":
         """Open (and migrate) the database, recover stream positions.
 
-        ``clock`` drives periodic jobs (default: the database's reactor).
+        ``clock`` drives periodic jobs and the wait for a token ahead of this
+        process (default: the database's reactor).
+        ``create=False``: a database URL naming a SQLite file that does not
+        exist raises ``DatabaseConfigError`` instead of creating it.
         """
         config = config or StoreConfig()
         if isinstance(database, str):
-            db = Database.from_url(database, reactor)
+            db = Database.from_url(database, reactor, create)
             owns_db = True
         else:
             db, owns_db = database, False
@@ -108,6 +123,8 @@ class RoomStore:
             raise
         store = cls(db, config, generators)
         store._owns_db = owns_db
+        if clock is not None:
+            store.clock = clock
         await db.run_interaction("register_instance", store._register_instance_txn)
         store._censor_job = None
         if config.censor_interval_ms is not None:
@@ -315,6 +332,10 @@ class RoomStore:
 
     def get_current_token(self) -> str:
         return self.reader.current_token().to_string()
+
+    async def get_room_version(self, room_id: str) -> str | None:
+        """The room's version, None for a room whose create event is not stored."""
+        return (await self._room_versions([room_id])).get(room_id)
 
     # --- redaction censoring (roomstore.events.censor)
 

@@ -363,6 +363,13 @@ def submit_main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = submit_parser()
     opts = parser.parse_args(argv)  # --help and bad options stop here, before Spark starts
+    from roomstore.storage.engines import DatabaseConfigError, engine_from_url
+
+    try:
+        engine_from_url(opts.db, create=False).check_exists()  # a mistyped SQLite path is not a new database
+    except DatabaseConfigError as exc:
+        sys.stderr.write(f"roomstore-compact: {exc}\n")
+        return 2
     cmd, env = build_submit_command(argv)
     if opts.print_command:
         print(" ".join(shlex.quote(c) for c in cmd))

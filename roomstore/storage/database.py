@@ -256,8 +256,12 @@ class Database:
         self._drained: list[defer.Deferred] = []
 
     @classmethod
-    def from_url(cls, url: str, reactor: Any = None) -> "Database":
-        return cls(engine_from_url(url), reactor)
+    def from_url(cls, url: str, reactor: Any = None, create: bool = True) -> "Database":
+        """``create=False``: a SQLite file that does not exist is refused
+        (``DatabaseConfigError``) rather than created."""
+        engine = engine_from_url(url, create)
+        engine.check_exists()
+        return cls(engine, reactor)
 
     async def prepare(self, schema_dir: str | None = None) -> int:
         """Bring the schema up to date (see ``roomstore.storage.schema``); returns its version."""
