@@ -99,6 +99,16 @@ class NewUserCliTests:
         self.assertIn("unknown room !nowhere:example.org", err)
         assert_one_line(self, err)
 
+    async def test_sync_from_a_token_ahead_of_the_stream(self):
+        room = RoomBuilder()
+        url = self.new_database_url()
+        code, _, err = await self.cli("import", write_lines([json.dumps(room.create().event)]), "--db", url)
+        self.assertEqual(code, 0, err)
+        code, out, err = await self.cli("sync", "--user", ALICE, "--since", "s99999", "--db", url)
+        self.assertEqual((code, out), (2, []))
+        self.assertIn("'s99999' is ahead of the events stream (now at 's1')", err)
+        assert_one_line(self, err)
+
     async def test_directory_as_the_import_file(self):
         url = self.new_database_url()
         code, _, err = await self.cli("import", tempfile.mkdtemp(), "--db", url)

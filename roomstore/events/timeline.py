@@ -46,6 +46,7 @@ import re
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import attrs
+from twisted.internet import defer
 
 from roomstore.events.redaction import redacted_copy
 from roomstore.events.room_versions import get_room_version
@@ -292,6 +293,54 @@ class TimelineReader:
         """(default position, instance name -> position) of a token."""
         return token.stream, {self._instance_names[i]: p for i, p in token.instance_positions}
 
+    async def _reached(self, token: StreamToken | TopologicalToken) -> None:
+        """Return once this process's positions reach ``token``'s.
+
+        A token ahead of them was not handed out by this stream, unless this
+        process is a worker (or one writer of several) still behind another
+        writer: then wait for the writers' positions, at most
+        ``StoreConfig.token_wait_ms``. ``InvalidToken`` if it stays ahead: a
+        client syncing or paginating from it would miss every event up to it.
+        A topological token's stream part is an event's position: some
+        writer reached it.
+        """
+        if isinstance(token, TopologicalToken):
+            def reached(now: StreamToken) -> bool:
+                return token.stream <= now.get_max_stream_pos()
+        else:
+            def reached(now: StreamToken) -> bool:
+                return token.is_before_or_eq(now)
+        now = self._now()
+        if reached(now):
+            return
+        generator = self.store.events_stream
+        if generator.writers != (self.store.instance_name,):
+            if isinstance(token, TopologicalToken):
+                targets = [(token.stream, name) for name in generator.writers]
+            else:
+                default, per_writer = self._per_writer(token)
+                targets = [(per_writer.get(name, default), name) for name in generator.writers]
+            waits = [generator.wait_for_position(position, name) for position, name in targets]
+            waiting = defer.DeferredList(
+                waits, fireOnOneCallback=isinstance(token, TopologicalToken), consumeErrors=True
+            )
+            waiting.addTimeout(self.store.config.token_wait_ms / 1000, self.store.clock)
+            try:
+                await waiting
+            except defer.TimeoutError:
+                pass
+            finally:
+                for d in waits:
+                    if not d.called:
+                        d.cancel()
+            now = self._now()
+            if reached(now):
+                return
+        raise InvalidToken(
+            f"token {token.to_string()!r} is ahead of the events stream (now at {now.to_string()!r}):"
+            " it was not issued here; sync without a token (an initial sync) for a current one"
+        )
+
     @staticmethod
     def parse_stream_token(token: str) -> StreamToken:
         """An ``s``/``m`` token; ``InvalidToken`` for anything else."""
@@ -331,10 +380,13 @@ class TimelineReader:
         rooms-for-user, the viewer's nids, the instances map.)
 
         Raises ``InvalidToken`` for a malformed token, a topological token,
-        or one naming an unknown writer instance.
+        one naming an unknown writer instance, or one ahead of the stream
+        (after a bounded wait on a worker: see ``_reached``).
         """
         since_token = None if since is None else self.parse_stream_token(since)
         await self._ensure_instances(since_token)
+        if since_token is not None:
+            await self._reached(since_token)
         now = self._now()
         joined = await self.store.get_rooms_for_user(user_id)
         if since_token is None:
@@ -579,7 +631,8 @@ class TimelineReader:
         in the events stream are never served. ``next_token`` continues from
         just past the last event returned.
 
-        Raises ``InvalidToken`` for a bad token, ``ValueError`` for a bad
+        Raises ``InvalidToken`` for a bad token or one ahead of the stream
+        (after a bounded wait on a worker), ``ValueError`` for a bad
         direction or ``limit`` < 1.
         """
         if direction not in ("b", "f"):
@@ -593,6 +646,8 @@ class TimelineReader:
             else:
                 start = self.parse_stream_token(from_token)
         await self._ensure_instances(start if isinstance(start, StreamToken) else None)
+        if start is not None:
+            await self._reached(start)
         now = self._per_writer(self._now())
         stream_start = self._per_writer(start) if isinstance(start, StreamToken) else None
         rows = await self.db.run_interaction(
