@@ -122,38 +122,13 @@ def member_text(text: str, wanted: str) -> str:
     return found
 
 
-class Progress:
-    """A progress line on stderr, redrawn at most ten times a second."""
-
-    def __init__(self, total: int, label: str):
-        self.total = max(total, 1)
-        self.label = label
-        self.done = 0
-        self.started = time.monotonic()
-        self._drawn = 0.0
-        self.enabled = sys.stderr.isatty() or os.environ.get("ROOMSTORE_PROGRESS") == "1"
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.enabled and (now - self._drawn > 0.1 or self.done >= self.total):
-            self._drawn = now
-            width = 30
-            filled = int(width * self.done / self.total)
-            rate = self.done / max(now - self.started, 1e-9)
-            sys.stderr.write(
-                f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} ({rate:,.0f}/s)"
-            )
-            sys.stderr.flush()
-
-    def finish(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-
-
-async def import_file(store, path: str, batch_size: int = 100) -> dict:
+async def import_file(store, path: str, batch_size: int = 100, progress: bool = False) -> dict:
     """Import a JSON-lines file in batches; a failing batch is retried event by
-    event so one unresolvable event is reported and the rest imported."""
+    event so one unresolvable event is reported and the rest imported.
+
+    A progress bar on stderr when it is a terminal, or ``progress`` forces it."""
+    from roomstore.progress import progress_bar
+
     from roomstore.events.persist import EventToPersist, MissingStateError
     from roomstore.events.room_versions import UnknownRoomVersion
     from roomstore.events.validation import InvalidEventError
@@ -161,7 +136,7 @@ async def import_file(store, path: str, batch_size: int = 100) -> dict:
 
     expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
     lines = list(read_import_lines(path))
-    progress = Progress(len(lines), "import")
+    bar = progress_bar(len(lines), "import", "event", force=progress)
     summary = {"imported": 0, "already_present": 0, "failed": 0}
     for start in range(0, len(lines), batch_size):
         chunk = lines[start : start + batch_size]
@@ -178,8 +153,8 @@ async def import_file(store, path: str, batch_size: int = 100) -> dict:
                     emit({"line": number, "error": type(exc).__name__, "message": str(exc)})
         for result in results:
             summary["already_present" if result.already_persisted else "imported"] += 1
-        progress.advance(len(chunk))
-    progress.finish()
+        bar.update(len(chunk))
+    bar.close()
     return summary
 
 
@@ -191,7 +166,7 @@ async def cmd_import(reactor, args) -> int:
     store = await open_store(reactor, args, create=True)
     try:
         started = time.monotonic()
-        summary = await import_file(store, args.file, args.batch_size)
+        summary = await import_file(store, args.file, args.batch_size, args.progress)
         summary["seconds"] = round(time.monotonic() - started, 3)
         summary["current_token"] = store.get_current_token()
         emit(summary)
@@ -308,7 +283,7 @@ async def cmd_demo(reactor, args) -> int:
     store = await open_store(reactor, args, create=True)
     try:
         await report_positions(store)
-        summary = await import_file(store, args.sample)
+        summary = await import_file(store, args.sample, progress=args.progress)
         emit({"import": args.sample, **summary})
         rooms = await store.db.run_interaction(
             "demo_rooms", lambda t: [r[0] for r in t.execute("SELECT room_id FROM rooms ORDER BY room_nid").fetchall()]
@@ -469,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--strict", action="store_true", help="exit 1 if any event failed")
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p = add("state", "the state at an event")
     p.add_argument("event_id")
     p.add_argument("--before", action="store_true", help="the state before the event, not after")
@@ -489,6 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("stats", "rows and bytes per table")
     p = add("demo", "the main job: import the bundled sample and show the reads")
     p.add_argument("--sample", default=SAMPLE_PATH)
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p = add("generate-sample", "write a generated sample history (JSON lines)")
     p.add_argument("output")
     p.add_argument("--rooms", type=int, default=5)
