@@ -463,10 +463,11 @@ class RoomStore:
     # --- timeline reads (roomstore.events.timeline)
     # Thin async wrappers; contracts and SQL in roomstore.events.timeline.
 
-    async def sync(self, user_id: str, since: str | None) -> SyncResult:
+    async def sync(self, user_id: str, since: str | None, initial_limit: int = 10) -> SyncResult:
         """New visible events in the user's rooms since a stream token, and the
-        user's own membership events in any room; ``since=None``: initial."""
-        return await self.timeline.sync(user_id, since)
+        user's own membership events in any room; ``since=None``: an initial
+        sync, the newest ``initial_limit`` visible events of each joined room."""
+        return await self.timeline.sync(user_id, since, initial_limit)
 
     async def recent(self, user_id: str, rooms: int, events: int, from_cursor: str | None = None) -> RecentResult:
         """The newest ``events`` visible events of the user's ``rooms`` most

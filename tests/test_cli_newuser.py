@@ -191,3 +191,29 @@ class ReadableErrorTests(unittest.TestCase):
         self.assertIn("Connection refused", attempts[0])
         self.assertIn("retrying in", attempts[0])
         self.assertNotIn("Traceback", err)
+
+
+class HelpTextTests(unittest.TestCase):
+    """Every option of every command says what it is for."""
+
+    def undocumented(self, parser) -> list[str]:
+        import argparse
+
+        missing = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    missing += [f"{name} {m}" for m in self.undocumented(sub)]
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                missing.append("/".join(action.option_strings) or action.dest)
+        return missing
+
+    def test_roomstore_options(self):
+        from roomstore.cli import build_parser
+
+        self.assertEqual(self.undocumented(build_parser()), [])
+
+    def test_roomstore_compact_options(self):
+        from roomstore.compaction.spark_job import submit_parser
+
+        self.assertEqual(self.undocumented(submit_parser()), [])

@@ -85,7 +85,8 @@ class SyncResult:
     stream order, for the rooms the user is joined to that have new events,
     and for rooms the user left, was kicked or banned from in the window (up
     to and including that membership event); on an initial sync (``since``
-    None) every joined room with an empty list. ``membership_events``: every
+    None) every joined room with its newest visible events, oldest first
+    (an empty list when the user may see none). ``membership_events``: every
     one of the user's own membership events in the window, in any room and
     in stream order, whatever the history visibility (invites to rooms they
     never joined, kicks, bans, leaves, joins); outliers included, since an
@@ -370,8 +371,10 @@ class TimelineReader:
 
     # ------------------------------------------------------------------ sync
 
-    async def sync(self, user_id: str, since: str | None) -> SyncResult:
+    async def sync(self, user_id: str, since: str | None, initial_limit: int = 10) -> SyncResult:
         """New events for ``user_id`` after ``since`` up to now; see ``SyncResult``.
+        ``since`` None: an initial sync, the newest ``initial_limit`` visible
+        events of each joined room (``recent``'s one statement).
 
         Database cost: none when the change caches show that neither the
         user's joined rooms (the cached rooms-for-user) nor the user's
@@ -390,9 +393,12 @@ class TimelineReader:
         now = self._now()
         joined = await self.store.get_rooms_for_user(user_id)
         if since_token is None:
-            # Initial sync: where the user is and where to sync from; the
-            # timelines themselves come from `recent`.
-            return SyncResult(now.to_string(), {room_id: [] for room_id in sorted(joined)}, [], joined)
+            # Initial sync: the newest events of every joined room, and the
+            # position they were read at to sync on from.
+            newest = await self.recent(user_id, max(len(joined), 1), initial_limit)
+            rooms = {room_id: [] for room_id in sorted(joined)}
+            rooms.update((room_id, events) for room_id, events in newest.rooms if room_id in rooms)
+            return SyncResult(newest.token, rooms, [], joined)
         next_token = since_token.copy_and_advance(now)
         since_pos = since_token.stream  # the change caches are linear: the minimum is conservative
         changed = self.store.room_changes.get_entities_changed(joined, since_pos)
