@@ -127,11 +127,10 @@ async def import_file(store, path: str, batch_size: int = 100, progress: bool = 
     event so one unresolvable event is reported and the rest imported.
 
     A progress bar on stderr when it is a terminal, or ``progress`` forces it."""
-    from roomstore.progress import progress_bar
-
     from roomstore.events.persist import EventToPersist, MissingStateError
     from roomstore.events.room_versions import UnknownRoomVersion
     from roomstore.events.validation import InvalidEventError
+    from roomstore.progress import progress_bar
     from roomstore.state.merge import ConflictedStateError
 
     expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)

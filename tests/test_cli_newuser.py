@@ -176,20 +176,32 @@ class ReadableErrorTests(unittest.TestCase):
         base = tempfile.mkdtemp(prefix="roomstore-follow-")
         port = free_port()  # nothing listens there
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "roomstore.cli", "follow", "--db", f"sqlite:///{base}/w.db",
-             "--server", f"127.0.0.1:{port}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )
-        try:
-            time.sleep(4)  # the first retries come after about 0.5, 1.4 and 3.7 s
-        finally:
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=60)
-        attempts = [line for line in err.splitlines() if f"replication connection to 127.0.0.1:{port} failed" in line]
-        self.assertGreaterEqual(len(attempts), 2, err)
+        marker = f"replication connection to 127.0.0.1:{port} failed"
+        with tempfile.TemporaryFile(mode="w+") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "roomstore.cli", "follow", "--db", f"sqlite:///{base}/w.db",
+                 "--server", f"127.0.0.1:{port}"],
+                stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=env,
+            )
+            try:
+                # Retries come about 0.5 s, then 1.4 s, then 3.7 s apart.
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    stderr.seek(0)
+                    if stderr.read().count(marker) >= 3:
+                        break
+                    time.sleep(0.2)
+            finally:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=60)
+            stderr.seek(0)
+            err = stderr.read()
+        attempts = [line for line in err.splitlines() if marker in line]
+        self.assertGreaterEqual(len(attempts), 3, err)
         self.assertIn("Connection refused", attempts[0])
         self.assertIn("retrying in", attempts[0])
+        self.assertIn("(retry 1)", attempts[0])
+        self.assertIn("(retry 3)", attempts[2])
         self.assertNotIn("Traceback", err)
 
 

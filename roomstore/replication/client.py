@@ -142,6 +142,7 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         self.config = config
         self.positions = StreamPositions()
         self._connection: ClientReplicationProtocol | None = None
+        self.resetDelay()  # the first retry after initialDelay (the base class starts at its own 1.0)
 
     def _clock(self) -> IReactorTime:
         if self.clock is not None:
@@ -187,8 +188,8 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         where = f"{getattr(destination, 'host', destination)}:{getattr(destination, 'port', '')}"
         if self.continueTrying:
             self.log.warn(
-                "replication connection to {where} {what}: {reason}; retrying in {delay:.1f}s (attempt {n})",
-                where=where, what=what, reason=reason.getErrorMessage(), delay=self.delay, n=self.retries + 1,
+                "replication connection to {where} {what}: {reason}; retrying in {delay:.1f}s (retry {n})",
+                where=where, what=what, reason=reason.getErrorMessage(), delay=self.delay, n=self.retries,
             )
 
     def _connection_lost(self, conn: ClientReplicationProtocol) -> None:
