@@ -80,13 +80,18 @@ def main(argv: list[str]) -> int:
     proc = subprocess.Popen([*trial, f"-j{jobs}", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        seen.append(line)
-    status = proc.wait()
+    try:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            seen.append(line)
+        status = proc.wait()
+    except KeyboardInterrupt:  # interrupted: whatever ran, the run did not finish
+        status = proc.wait()
     passed, failed, skipped = summarise("".join(seen))
     print(summary_line(passed, failed, skipped))
+    if status < 0:  # killed by a signal: the shell's 128 + N
+        status = 128 - status
     return status or (1 if failed else 0)
 
 
