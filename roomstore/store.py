@@ -24,8 +24,8 @@ from roomstore.events.persist import (
     EventToPersist,
     PersistedEvent,
     is_orphan,
+    precheck_txn,
     prepare_events,
-    stored_results_txn,
 )
 from roomstore.events.reads import EventReader
 from roomstore.events.timeline import PaginationResult, RecentResult, SyncResult, TimelineReader
@@ -174,10 +174,12 @@ class RoomStore:
         for index, ev in enumerate(prepared):
             first_index.setdefault(ev.event_id, index)
         unique = [prepared[index] for index in first_index.values()]
-        # Events stored before take no stream IDs: look them up first (the
-        # transaction checks again, for a writer storing them meanwhile).
+        # Events stored before take no stream IDs, nor do batches the write
+        # would refuse whatever it is given (conflicted or underivable state):
+        # found first, the transaction checks again (for a writer storing them
+        # or changing the room meanwhile; that rare race still spends IDs).
         results = await self.db.run_interaction(
-            "persist_events_stored", stored_results_txn, self.interners, unique
+            "persist_events_precheck", precheck_txn, self.persister, unique, resolved_current_state
         )
         new = [ev for ev in unique if ev.event_id not in results]
         if new:
