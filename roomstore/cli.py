@@ -29,10 +29,12 @@ class CliError(Exception):
     """A problem the operator can fix; printed without a traceback."""
 
 
-async def open_store(reactor, args):
+async def open_store(reactor, args, create: bool = False):
+    """The store at ``--db``. Only commands that write (``create=True``)
+    create a missing SQLite file: for the others it is a mistyped path."""
     from roomstore.store import RoomStore, StoreConfig
 
-    return await RoomStore.open(args.db, StoreConfig(instance_name=args.instance), reactor=reactor)
+    return await RoomStore.open(args.db, StoreConfig(instance_name=args.instance), reactor=reactor, create=create)
 
 
 # ---------------------------------------------------------------------- init
@@ -40,7 +42,7 @@ async def open_store(reactor, args):
 
 async def cmd_init(reactor, args) -> int:
     """Create or upgrade the schema; print the version and stream positions."""
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, create=True)
     try:
         await report_positions(store)
     finally:
@@ -63,10 +65,9 @@ async def report_positions(store) -> None:
 def read_import_lines(path: str) -> Iterator[tuple[int, bytes, str | None]]:
     """(line number, event bytes, room version or None) per non-blank line.
 
-    A bare PDU line is stored byte for byte. For a wrapped line
-    ``{"room_version": ..., "event": {...}}`` the event object is written back
-    compactly: its hashes, signatures and (v3+) ID are over canonical JSON, so
-    they still hold.
+    A bare PDU line is stored byte for byte; so is the event of a wrapped line
+    ``{"room_version": ..., "event": {...}}``: its bytes exactly as they
+    stand on the line.
     """
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
@@ -74,59 +75,67 @@ def read_import_lines(path: str) -> Iterator[tuple[int, bytes, str | None]]:
             if not line:
                 continue
             try:
-                obj = json.loads(line.decode("utf-8"))
+                text = line.decode("utf-8")
+                obj = json.loads(text)
             except (UnicodeDecodeError, ValueError) as exc:
                 raise CliError(f"{path}:{number}: not a JSON object: {exc}") from None
             if isinstance(obj, dict) and "event" in obj and isinstance(obj.get("event"), dict):
                 version = obj.get("room_version")
                 if version is not None and not isinstance(version, str):
                     raise CliError(f"{path}:{number}: room_version must be a string")
-                raw = json.dumps(obj["event"], ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-                yield number, raw, version
+                yield number, member_text(text, "event").encode("utf-8"), version
             else:
                 yield number, line, None
 
 
-class Progress:
-    """A progress line on stderr, redrawn at most ten times a second."""
-
-    def __init__(self, total: int, label: str):
-        self.total = max(total, 1)
-        self.label = label
-        self.done = 0
-        self.started = time.monotonic()
-        self._drawn = 0.0
-        self.enabled = sys.stderr.isatty() or os.environ.get("ROOMSTORE_PROGRESS") == "1"
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.enabled and (now - self._drawn > 0.1 or self.done >= self.total):
-            self._drawn = now
-            width = 30
-            filled = int(width * self.done / self.total)
-            rate = self.done / max(now - self.started, 1e-9)
-            sys.stderr.write(
-                f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} ({rate:,.0f}/s)"
-            )
-            sys.stderr.flush()
-
-    def finish(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
+_DECODER = json.JSONDecoder()
+_WHITESPACE = " \t\n\r"
 
 
-async def import_file(store, path: str, batch_size: int = 100) -> dict:
+def member_text(text: str, wanted: str) -> str:
+    """The text of member ``wanted``'s value in the JSON object ``text``, as
+    written (the last one, as ``json.loads`` keeps the last of repeated keys).
+
+    ``text`` is known to parse as an object with that member.
+    """
+    found = None
+    pos = text.index("{") + 1
+    while True:
+        while text[pos] in _WHITESPACE:
+            pos += 1
+        if text[pos] == "}":
+            break
+        key, pos = json.decoder.scanstring(text, pos + 1)
+        while text[pos] in _WHITESPACE + ":":
+            pos += 1
+        _, end = _DECODER.raw_decode(text, pos)
+        if key == wanted:
+            found = text[pos:end]
+        pos = end
+        while text[pos] in _WHITESPACE:
+            pos += 1
+        if text[pos] == ",":
+            pos += 1
+        else:
+            break
+    assert found is not None, wanted
+    return found
+
+
+async def import_file(store, path: str, batch_size: int = 100, progress: bool = False) -> dict:
     """Import a JSON-lines file in batches; a failing batch is retried event by
-    event so one unresolvable event is reported and the rest imported."""
+    event so one unresolvable event is reported and the rest imported.
+
+    A progress bar on stderr when it is a terminal, or ``progress`` forces it."""
     from roomstore.events.persist import EventToPersist, MissingStateError
     from roomstore.events.room_versions import UnknownRoomVersion
     from roomstore.events.validation import InvalidEventError
+    from roomstore.progress import progress_bar
     from roomstore.state.merge import ConflictedStateError
 
     expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
     lines = list(read_import_lines(path))
-    progress = Progress(len(lines), "import")
+    bar = progress_bar(len(lines), "import", "event", force=progress)
     summary = {"imported": 0, "already_present": 0, "failed": 0}
     for start in range(0, len(lines), batch_size):
         chunk = lines[start : start + batch_size]
@@ -143,18 +152,20 @@ async def import_file(store, path: str, batch_size: int = 100) -> dict:
                     emit({"line": number, "error": type(exc).__name__, "message": str(exc)})
         for result in results:
             summary["already_present" if result.already_persisted else "imported"] += 1
-        progress.advance(len(chunk))
-    progress.finish()
+        bar.update(len(chunk))
+    bar.close()
     return summary
 
 
 async def cmd_import(reactor, args) -> int:
     if not os.path.exists(args.file):
         raise CliError(f"no such file: {args.file}")
-    store = await open_store(reactor, args)
+    if os.path.isdir(args.file):
+        raise CliError(f"{args.file} is a directory: give a JSON-lines file")
+    store = await open_store(reactor, args, create=True)
     try:
         started = time.monotonic()
-        summary = await import_file(store, args.file, args.batch_size)
+        summary = await import_file(store, args.file, args.batch_size, args.progress)
         summary["seconds"] = round(time.monotonic() - started, 3)
         summary["current_token"] = store.get_current_token()
         emit(summary)
@@ -186,6 +197,8 @@ async def cmd_state(reactor, args) -> int:
 async def cmd_messages(reactor, args) -> int:
     store = await open_store(reactor, args)
     try:
+        if await store.get_room_version(args.room_id) is None:
+            raise CliError(f"unknown room {args.room_id}: no create event of it is stored")
         page = await store.paginate(args.room_id, args.user, args.from_token, args.dir, args.limit)
         for event in page.events:
             emit(event)
@@ -198,7 +211,7 @@ async def cmd_messages(reactor, args) -> int:
 async def cmd_sync(reactor, args) -> int:
     store = await open_store(reactor, args)
     try:
-        result = await store.sync(args.user, args.since)
+        result = await store.sync(args.user, args.since, args.limit)
         for room_id, events in sorted(result.rooms.items()):
             for event in events:
                 emit({"room_id": room_id, "event": event})
@@ -266,10 +279,10 @@ async def cmd_stats(reactor, args) -> int:
 async def cmd_demo(reactor, args) -> int:
     """The main job on the embedded default: import the bundled sample and
     show each kind of read."""
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, create=True)
     try:
         await report_positions(store)
-        summary = await import_file(store, args.sample)
+        summary = await import_file(store, args.sample, progress=args.progress)
         emit({"import": args.sample, **summary})
         rooms = await store.db.run_interaction(
             "demo_rooms", lambda t: [r[0] for r in t.execute("SELECT room_id FROM rooms ORDER BY room_nid").fetchall()]
@@ -427,34 +440,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("init", "create or upgrade the schema; print schema version and stream positions")
     p = add("import", "import events from a JSON-lines file")
-    p.add_argument("file")
-    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("file", help="JSON lines: one event a line, a bare PDU or {\"room_version\": ..., \"event\": {...}}")
+    p.add_argument("--batch-size", type=int, default=100, help="events persisted per transaction (default 100)")
     p.add_argument("--strict", action="store_true", help="exit 1 if any event failed")
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p = add("state", "the state at an event")
-    p.add_argument("event_id")
+    p.add_argument("event_id", help="the event whose state to show")
     p.add_argument("--before", action="store_true", help="the state before the event, not after")
     p = add("messages", "a page of a room's timeline as a user sees it")
-    p.add_argument("room_id")
-    p.add_argument("--user", required=True)
-    p.add_argument("--from", dest="from_token", default=None)
-    p.add_argument("--dir", choices=["b", "f"], default="b")
-    p.add_argument("--limit", type=int, default=10)
-    p = add("sync", "new events for a user since a token")
-    p.add_argument("--user", required=True)
-    p.add_argument("--since", default=None)
+    p.add_argument("room_id", help="the room to page through")
+    p.add_argument("--user", required=True, help="the user the page is shown to (history visibility applies)")
+    p.add_argument("--from", dest="from_token", default=None,
+                   help="a t<topo>-<stream> or stream token to start from (default: the newest end for b, the start for f)")
+    p.add_argument("--dir", choices=["b", "f"], default="b", help="b: backwards, newest first (default); f: forwards")
+    p.add_argument("--limit", type=int, default=10, help="events per page (default 10)")
+    p = add("sync", "new events for a user since a token; without --since an initial sync")
+    p.add_argument("--user", required=True, help="the syncing user")
+    p.add_argument("--since", default=None,
+                   help="a next_token from an earlier sync (default: an initial sync, the newest events of each room)")
+    p.add_argument("--limit", type=int, default=10, help="events per room on an initial sync (default 10)")
     p = add("recent", "the newest events in a user's most recently active rooms")
-    p.add_argument("--user", required=True)
-    p.add_argument("--rooms", type=int, default=5)
-    p.add_argument("--events", type=int, default=10)
-    p.add_argument("--cursor", default=None)
+    p.add_argument("--user", required=True, help="the user whose joined rooms to show")
+    p.add_argument("--rooms", type=int, default=5, help="how many of the most recently active rooms (default 5)")
+    p.add_argument("--events", type=int, default=10, help="newest events per room (default 10)")
+    p.add_argument("--cursor", default=None, help="a next_cursor from an earlier page, for the next rooms")
     add("stats", "rows and bytes per table")
     p = add("demo", "the main job: import the bundled sample and show the reads")
-    p.add_argument("--sample", default=SAMPLE_PATH)
+    p.add_argument("--sample", default=SAMPLE_PATH, help="the JSON-lines history to import (default: the bundled sample)")
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p = add("generate-sample", "write a generated sample history (JSON lines)")
-    p.add_argument("output")
-    p.add_argument("--rooms", type=int, default=5)
-    p.add_argument("--events-per-room", type=int, default=800)
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("output", help="the JSON-lines file to write")
+    p.add_argument("--rooms", type=int, default=5, help="rooms to generate (default 5)")
+    p.add_argument("--events-per-room", type=int, default=800, help="events per room, about (default 800)")
+    p.add_argument("--seed", type=int, default=7, help="random seed: the same seed writes the same file (default 7)")
     p = add("serve", "serve the store's streams to workers over TCP replication (runs until stopped)")
     p.add_argument("--replication-port", type=int, default=9092, help="TCP port (default 9092; 0: any free port)")
     p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only)")
@@ -496,9 +514,12 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:
             # Errors the store raises for bad input carry a clear message.
             from roomstore.events.tokens import InvalidToken
-            from roomstore.storage import DatabaseConfigError, SchemaError
+            from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError
 
-            if isinstance(exc, (InvalidToken, DatabaseConfigError, SchemaError, ValueError)):
+            if isinstance(exc, DatabaseUnavailableError):
+                sys.stderr.write(f"roomstore {args.command}: {exc}\n")
+                code = 2
+            elif isinstance(exc, (InvalidToken, DatabaseConfigError, SchemaError, ValueError)):
                 sys.stderr.write(f"roomstore {args.command}: {type(exc).__name__}: {exc}\n")
                 code = 2
             else:

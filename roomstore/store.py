@@ -23,6 +23,8 @@ from roomstore.events.persist import (
     EventPersister,
     EventToPersist,
     PersistedEvent,
+    is_orphan,
+    precheck_txn,
     prepare_events,
 )
 from roomstore.events.reads import EventReader
@@ -45,7 +47,9 @@ class StoreConfig:
     """How a store process is set up.
 
     ``stream_writers`` maps a stream name to its writer instances (default:
-    this instance writes every stream). ``redaction_retention_ms``: how long
+    this instance writes every stream). ``token_wait_ms``: how long a read
+    waits for a token ahead of this process's stream positions (a worker
+    behind its writer) before refusing it. ``redaction_retention_ms``: how long
     a redacted event's original bytes stay retrievable before the censor job
     replaces them. ``censor_interval_ms``: how often that job runs (None: never
     on its own; ``RoomStore.censor_expired_redactions`` still works).
@@ -58,6 +62,9 @@ class StoreConfig:
     change_cache_size: int = 100_000
     redaction_retention_ms: int = 7 * DAY_MS
     censor_interval_ms: int | None = None
+    #: How long a read given a token ahead of this process's position waits
+    #: for it (a worker behind its writer) before refusing it as invalid.
+    token_wait_ms: int = 5_000
 
 
 class RoomStore:
@@ -79,21 +86,31 @@ class RoomStore:
         # Which rooms had new events, whose membership changed, since a position.
         self.room_changes = StreamChangeCache("room_events", position, config.change_cache_size)
         self.membership_changes = StreamChangeCache("user_memberships", position, config.change_cache_size)
+        #: Drives periodic jobs and bounded waits (``RoomStore.open``'s ``clock``).
+        self.clock = db.reactor
         self.reader = EventReader(self)
         self.timeline = TimelineReader(self)
         self._invalidation_hooks: list = []
 
     @classmethod
     async def open(
-        cls, database: str | Database, config: StoreConfig | None = None, reactor: Any = None, clock: Any = None
+        cls,
+        database: str | Database,
+        config: StoreConfig | None = None,
+        reactor: Any = None,
+        clock: Any = None,
+        create: bool = True,
     ) -> "RoomStore":
         """Open (and migrate) the database, recover stream positions.
 
-        ``clock`` drives periodic jobs (default: the database's reactor).
+        ``clock`` drives periodic jobs and the wait for a token ahead of this
+        process (default: the database's reactor).
+        ``create=False``: a database URL naming a SQLite file that does not
+        exist raises ``DatabaseConfigError`` instead of creating it.
         """
         config = config or StoreConfig()
         if isinstance(database, str):
-            db = Database.from_url(database, reactor)
+            db = Database.from_url(database, reactor, create)
             owns_db = True
         else:
             db, owns_db = database, False
@@ -106,6 +123,8 @@ class RoomStore:
             raise
         store = cls(db, config, generators)
         store._owns_db = owns_db
+        if clock is not None:
+            store.clock = clock
         await db.run_interaction("register_instance", store._register_instance_txn)
         store._censor_job = None
         if config.censor_interval_ms is not None:
@@ -148,6 +167,30 @@ class RoomStore:
             return []
         known_versions = await self._known_room_versions(events)
         prepared = prepare_events(events, known_versions)
+        await self._refuse_orphans(prepared, known_versions)
+        # An event given twice is stored once: the later copies report it as
+        # already persisted, and only the first gets a stream ID.
+        first_index: dict[str, int] = {}
+        for index, ev in enumerate(prepared):
+            first_index.setdefault(ev.event_id, index)
+        unique = [prepared[index] for index in first_index.values()]
+        # Events stored before take no stream IDs, nor do batches the write
+        # would refuse whatever it is given (conflicted or underivable state):
+        # found first, the transaction checks again (for a writer storing them
+        # or changing the room meanwhile; that rare race still spends IDs).
+        results = await self.db.run_interaction(
+            "persist_events_precheck", precheck_txn, self.persister, unique, resolved_current_state
+        )
+        new = [ev for ev in unique if ev.event_id not in results]
+        if new:
+            results.update(await self._persist_new(new, resolved_current_state))
+        return [
+            results[ev.event_id] if first_index[ev.event_id] == index
+            else attrs.evolve(results[ev.event_id], already_persisted=True)
+            for index, ev in enumerate(prepared)
+        ]
+
+    async def _persist_new(self, prepared, resolved_current_state) -> dict[str, PersistedEvent]:
         live = sum(1 for ev in prepared if not ev.backfilled)
         backfilled = len(prepared) - live
         # One caches-stream ID per batch: the batch's invalidations are one fact.
@@ -168,7 +211,26 @@ class RoomStore:
             # Caches first, then the IDs complete: a reader woken by the new
             # position must find the change caches already knowing the batch.
             self._after_persist(outcome)
-        return [outcome.results[ev.event_id] for ev in prepared]
+        return outcome.results
+
+    async def _refuse_orphans(self, prepared, known_versions: Mapping[str, str]) -> None:
+        """``InvalidEventError`` for a live non-create event without prev
+        events in a room that has no create event (stored or in the batch):
+        it would start a room without one. Outliers may."""
+        from roomstore.events.validation import InvalidEventError
+
+        created = {ev.pdu.room_id for ev in prepared if ev.pdu.type == "m.room.create" and ev.pdu.state_key == ""}
+        orphans = [ev for ev in prepared if is_orphan(ev) and ev.pdu.room_id not in created]
+        rooms = sorted({ev.pdu.room_id for ev in orphans} - set(known_versions))
+        if not rooms:
+            return
+        known = await self._room_versions(rooms)
+        for ev in orphans:
+            if ev.pdu.room_id not in known_versions and ev.pdu.room_id not in known:
+                raise InvalidEventError(
+                    f"event {ev.event_id} has no prev events and room {ev.pdu.room_id} is unknown: "
+                    "persist the room's create event first, or flag the event an outlier"
+                )
 
     def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions):
         outcome = self.persister.persist_txn(txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id)
@@ -184,8 +246,12 @@ class RoomStore:
                 room_id, event_type, _ = peek_room_version(ev.raw)
                 if room_id and event_type != "m.room.create":
                     rooms.add(room_id)
+        return await self._room_versions(sorted(rooms))
+
+    async def _room_versions(self, room_ids: Sequence[str]) -> dict[str, str]:
+        """room_id -> version of the rooms among ``room_ids`` with a stored create event."""
         cache = self.persister.room_versions
-        known, unknown = split_cached(cache, sorted(rooms))
+        known, unknown = split_cached(cache, room_ids)
         if unknown:
             found = await self.db.run_interaction("room_versions", self.reader.room_versions_txn, unknown)
             for room_id, version in found.items():
@@ -268,6 +334,10 @@ class RoomStore:
 
     def get_current_token(self) -> str:
         return self.reader.current_token().to_string()
+
+    async def get_room_version(self, room_id: str) -> str | None:
+        """The room's version, None for a room whose create event is not stored."""
+        return (await self._room_versions([room_id])).get(room_id)
 
     # --- redaction censoring (roomstore.events.censor)
 
@@ -395,10 +465,11 @@ class RoomStore:
     # --- timeline reads (roomstore.events.timeline)
     # Thin async wrappers; contracts and SQL in roomstore.events.timeline.
 
-    async def sync(self, user_id: str, since: str | None) -> SyncResult:
+    async def sync(self, user_id: str, since: str | None, initial_limit: int = 10) -> SyncResult:
         """New visible events in the user's rooms since a stream token, and the
-        user's own membership events in any room; ``since=None``: initial."""
-        return await self.timeline.sync(user_id, since)
+        user's own membership events in any room; ``since=None``: an initial
+        sync, the newest ``initial_limit`` visible events of each joined room."""
+        return await self.timeline.sync(user_id, since, initial_limit)
 
     async def recent(self, user_id: str, rooms: int, events: int, from_cursor: str | None = None) -> RecentResult:
         """The newest ``events`` visible events of the user's ``rooms`` most

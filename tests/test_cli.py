@@ -10,6 +10,7 @@ import tempfile
 
 from twisted.internet import threads
 
+from roomstore.cli import SAMPLE_PATH
 from roomstore.sample import write_sample
 from roomstore.storage import SCHEMA_VERSION
 from tests.db import on_both_engines
@@ -49,10 +50,14 @@ class CliTests:
         self.assertEqual(summary["failed"], 2)
         self.assertEqual([o["error"] for o in out[:-1]], ["ConflictedStateError", "MissingStateError"])
 
-        # Importing again changes nothing.
+        # The refused events took no stream IDs.
+        self.assertEqual(summary["current_token"], f"s{summary['imported']}")
+
+        # Importing again changes nothing, the events stream included.
         code, out, err = await self.cli("import", sample, "--db", url)
         self.assertEqual(out[-1]["already_present"], summary["imported"])
         self.assertEqual(out[-1]["imported"], 0)
+        self.assertEqual(out[-1]["current_token"], summary["current_token"])
 
         last_event = json.loads(open(sample).read().splitlines()[-1])
         event = last_event.get("event", last_event)
@@ -91,7 +96,8 @@ class CliTests:
 @on_both_engines
 class DemoTests:
     async def test_demo_imports_the_bundled_sample_and_reads(self):
-        code, out, err = await threads.deferToThread(run_cli, "demo", "--db", self.new_database_url())
+        url = self.new_database_url()
+        code, out, err = await threads.deferToThread(run_cli, "demo", "--db", url)
         self.assertEqual(code, 0, err)
         summary = next(o for o in out if "import" in o)
         self.assertEqual((summary["imported"], summary["failed"]), (4002, 2))
@@ -103,7 +109,12 @@ class DemoTests:
         page = next(o for o in out if o.get("demo") == "messages (newest 5)")
         self.assertEqual(len(page["events"]), 5)
         sync = next(o for o in out if o.get("demo") == "sync since s0")
-        self.assertEqual(sync["next_token"], "s4008")
+        # 4,002 events stored, 4,002 stream IDs: none spent on the two refused.
+        self.assertEqual(sync["next_token"], "s4002")
+        # Importing the sample again leaves the stream where it is.
+        code, out, err = await threads.deferToThread(run_cli, "import", SAMPLE_PATH, "--db", url)
+        self.assertEqual(code, 0, err)
+        self.assertEqual((out[-1]["already_present"], out[-1]["current_token"]), (4002, "s4002"))
 
 
 @on_both_engines

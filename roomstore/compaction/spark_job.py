@@ -139,6 +139,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         "--min-saving", type=int, default=1, help="leave a room alone unless it saves at least this many rows (default 1)"
     )
     job.add_argument("--dry-run", action="store_true", help="report what would change; write nothing")
+    job.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     job.add_argument(
         "--chunk-groups", type=int, default=DEFAULT_CHUNK_GROUPS,
         help=f"state groups per chunk: bounds a worker's memory (default {DEFAULT_CHUNK_GROUPS}; 0: whole rooms)",
@@ -363,6 +364,13 @@ def submit_main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = submit_parser()
     opts = parser.parse_args(argv)  # --help and bad options stop here, before Spark starts
+    from roomstore.storage.engines import DatabaseConfigError, engine_from_url
+
+    try:
+        engine_from_url(opts.db, create=False).check_exists()  # a mistyped SQLite path is not a new database
+    except DatabaseConfigError as exc:
+        sys.stderr.write(f"roomstore-compact: {exc}\n")
+        return 2
     cmd, env = build_submit_command(argv)
     if opts.print_command:
         print(" ".join(shlex.quote(c) for c in cmd))
@@ -1301,9 +1309,14 @@ class Driver:
             f" ({self.chunked_rooms} room(s) chunked, {self.timings['boundary_groups']} boundary state(s)),"
             f" {self.timings['read_and_plan']:.1f}s"
         )
+        from roomstore.progress import progress_bar
+
         t = time.monotonic()
+        bar = progress_bar(chunks, "compaction", "chunk", force=self.args.progress)
         for row in result.toLocalIterator(prefetchPartitions=True):
             self.handle(row)
+            bar.update(1)
+        bar.close()
         self.timings["write"] = time.monotonic() - t
         result.unpersist()
 

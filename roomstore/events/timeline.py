@@ -46,6 +46,7 @@ import re
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import attrs
+from twisted.internet import defer
 
 from roomstore.events.redaction import redacted_copy
 from roomstore.events.room_versions import get_room_version
@@ -84,7 +85,8 @@ class SyncResult:
     stream order, for the rooms the user is joined to that have new events,
     and for rooms the user left, was kicked or banned from in the window (up
     to and including that membership event); on an initial sync (``since``
-    None) every joined room with an empty list. ``membership_events``: every
+    None) every joined room with its newest visible events, oldest first
+    (an empty list when the user may see none). ``membership_events``: every
     one of the user's own membership events in the window, in any room and
     in stream order, whatever the history visibility (invites to rooms they
     never joined, kicks, bans, leaves, joins); outliers included, since an
@@ -292,6 +294,54 @@ class TimelineReader:
         """(default position, instance name -> position) of a token."""
         return token.stream, {self._instance_names[i]: p for i, p in token.instance_positions}
 
+    async def _reached(self, token: StreamToken | TopologicalToken) -> None:
+        """Return once this process's positions reach ``token``'s.
+
+        A token ahead of them was not handed out by this stream, unless this
+        process is a worker (or one writer of several) still behind another
+        writer: then wait for the writers' positions, at most
+        ``StoreConfig.token_wait_ms``. ``InvalidToken`` if it stays ahead: a
+        client syncing or paginating from it would miss every event up to it.
+        A topological token's stream part is an event's position: some
+        writer reached it.
+        """
+        if isinstance(token, TopologicalToken):
+            def reached(now: StreamToken) -> bool:
+                return token.stream <= now.get_max_stream_pos()
+        else:
+            def reached(now: StreamToken) -> bool:
+                return token.is_before_or_eq(now)
+        now = self._now()
+        if reached(now):
+            return
+        generator = self.store.events_stream
+        if generator.writers != (self.store.instance_name,):
+            if isinstance(token, TopologicalToken):
+                targets = [(token.stream, name) for name in generator.writers]
+            else:
+                default, per_writer = self._per_writer(token)
+                targets = [(per_writer.get(name, default), name) for name in generator.writers]
+            waits = [generator.wait_for_position(position, name) for position, name in targets]
+            waiting = defer.DeferredList(
+                waits, fireOnOneCallback=isinstance(token, TopologicalToken), consumeErrors=True
+            )
+            waiting.addTimeout(self.store.config.token_wait_ms / 1000, self.store.clock)
+            try:
+                await waiting
+            except defer.TimeoutError:
+                pass
+            finally:
+                for d in waits:
+                    if not d.called:
+                        d.cancel()
+            now = self._now()
+            if reached(now):
+                return
+        raise InvalidToken(
+            f"token {token.to_string()!r} is ahead of the events stream (now at {now.to_string()!r}):"
+            " it was not issued here; sync without a token (an initial sync) for a current one"
+        )
+
     @staticmethod
     def parse_stream_token(token: str) -> StreamToken:
         """An ``s``/``m`` token; ``InvalidToken`` for anything else."""
@@ -321,8 +371,10 @@ class TimelineReader:
 
     # ------------------------------------------------------------------ sync
 
-    async def sync(self, user_id: str, since: str | None) -> SyncResult:
+    async def sync(self, user_id: str, since: str | None, initial_limit: int = 10) -> SyncResult:
         """New events for ``user_id`` after ``since`` up to now; see ``SyncResult``.
+        ``since`` None: an initial sync, the newest ``initial_limit`` visible
+        events of each joined room (``recent``'s one statement).
 
         Database cost: none when the change caches show that neither the
         user's joined rooms (the cached rooms-for-user) nor the user's
@@ -331,16 +383,22 @@ class TimelineReader:
         rooms-for-user, the viewer's nids, the instances map.)
 
         Raises ``InvalidToken`` for a malformed token, a topological token,
-        or one naming an unknown writer instance.
+        one naming an unknown writer instance, or one ahead of the stream
+        (after a bounded wait on a worker: see ``_reached``).
         """
         since_token = None if since is None else self.parse_stream_token(since)
         await self._ensure_instances(since_token)
+        if since_token is not None:
+            await self._reached(since_token)
         now = self._now()
         joined = await self.store.get_rooms_for_user(user_id)
         if since_token is None:
-            # Initial sync: where the user is and where to sync from; the
-            # timelines themselves come from `recent`.
-            return SyncResult(now.to_string(), {room_id: [] for room_id in sorted(joined)}, [], joined)
+            # Initial sync: the newest events of every joined room, and the
+            # position they were read at to sync on from.
+            newest = await self.recent(user_id, max(len(joined), 1), initial_limit)
+            rooms = {room_id: [] for room_id in sorted(joined)}
+            rooms.update((room_id, events) for room_id, events in newest.rooms if room_id in rooms)
+            return SyncResult(newest.token, rooms, [], joined)
         next_token = since_token.copy_and_advance(now)
         since_pos = since_token.stream  # the change caches are linear: the minimum is conservative
         changed = self.store.room_changes.get_entities_changed(joined, since_pos)
@@ -579,7 +637,8 @@ class TimelineReader:
         in the events stream are never served. ``next_token`` continues from
         just past the last event returned.
 
-        Raises ``InvalidToken`` for a bad token, ``ValueError`` for a bad
+        Raises ``InvalidToken`` for a bad token or one ahead of the stream
+        (after a bounded wait on a worker), ``ValueError`` for a bad
         direction or ``limit`` < 1.
         """
         if direction not in ("b", "f"):
@@ -593,6 +652,8 @@ class TimelineReader:
             else:
                 start = self.parse_stream_token(from_token)
         await self._ensure_instances(start if isinstance(start, StreamToken) else None)
+        if start is not None:
+            await self._reached(start)
         now = self._per_writer(self._now())
         stream_start = self._per_writer(start) if isinstance(start, StreamToken) else None
         rows = await self.db.run_interaction(

@@ -16,6 +16,7 @@ from typing import Any, Awaitable
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import ReconnectingClientFactory
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from roomstore.replication.commands import (
     ClearUserSyncCommand,
@@ -149,6 +150,7 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         self.config = config
         self.positions = StreamPositions()
         self._connection: ClientReplicationProtocol | None = None
+        self.resetDelay()  # the first retry after initialDelay (the base class starts at its own 1.0)
 
     def _clock(self) -> IReactorTime:
         if self.clock is not None:
@@ -179,6 +181,24 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         self.resetDelay()  # a good connection: next failure retries quickly
         self.log.info("replication connected to {server}", server=conn.peer_name)
         self.handler.on_connected()
+
+    def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
+        super().clientConnectionFailed(connector, reason)
+        self._log_retry(connector, "failed", reason)
+
+    def clientConnectionLost(self, connector: Any, reason: Failure) -> None:
+        super().clientConnectionLost(connector, reason)
+        self._log_retry(connector, "lost", reason)
+
+    def _log_retry(self, connector: Any, what: str, reason: Failure) -> None:
+        """One warning per failed attempt: where, why, and when the next one is."""
+        destination = connector.getDestination()
+        where = f"{getattr(destination, 'host', destination)}:{getattr(destination, 'port', '')}"
+        if self.continueTrying:
+            self.log.warn(
+                "replication connection to {where} {what}: {reason}; retrying in {delay:.1f}s (retry {n})",
+                where=where, what=what, reason=reason.getErrorMessage(), delay=self.delay, n=self.retries,
+            )
 
     def _connection_lost(self, conn: ClientReplicationProtocol) -> None:
         if self._connection is conn:

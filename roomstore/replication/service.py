@@ -32,7 +32,7 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.task import deferLater
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from roomstore.replication.client import ReplicationClientFactory
@@ -176,7 +176,9 @@ class _AsyncService(Service):
 
     def _start_failed(self, failure: Failure) -> None:
         self._start_failure = failure
-        log.failure("{name} failed to start", failure=failure, name=self.name)
+        # when_ready() hands the error on (the command line prints it in one
+        # line): the traceback only at info level (-v).
+        log.failure("{name} failed to start", failure=failure, name=self.name, level=LogLevel.info)
         if self.stop_reactor_on_failure and self.reactor.running:
             self.reactor.stop()
 

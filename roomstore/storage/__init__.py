@@ -10,12 +10,13 @@ Public face:
 """
 
 from roomstore.storage.database import Database, RetryTransaction, Transaction, open_database
-from roomstore.storage.engines import DatabaseConfigError, Engine, engine_from_url
+from roomstore.storage.engines import DatabaseConfigError, DatabaseUnavailableError, Engine, engine_from_url
 from roomstore.storage.schema import SCHEMA_VERSION, SchemaError, SchemaTooNewError
 
 __all__ = [
     "Database",
     "DatabaseConfigError",
+    "DatabaseUnavailableError",
     "Engine",
     "SCHEMA_VERSION",
     "RetryTransaction",

@@ -205,6 +205,28 @@ class Transaction:
             free = self._free_ids[(table, column)] = self.allocate_ids(table, column, max(reserve, 1))[::-1]
         return free.pop()
 
+    def undone(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """Run ``fn(self, *args, **kwargs)`` and undo what it wrote: a savepoint
+        rolled back, its ``call_after`` callbacks and left-over ids dropped.
+
+        Returns what ``fn`` returns, raises what it raises; either way the
+        transaction goes on as before the call (a trial run of a write).
+        """
+        self.flush_queue()
+        callbacks = len(self._after_callbacks)
+        allocated, free = dict(self._allocated), {k: list(v) for k, v in self._free_ids.items()}
+        self.execute("SAVEPOINT trial_run")
+        try:
+            result = fn(self, *args, **kwargs)
+            self.flush_queue()
+            return result
+        finally:
+            self._queued = []
+            self._cursor.execute("ROLLBACK TO SAVEPOINT trial_run")
+            self._cursor.execute("RELEASE SAVEPOINT trial_run")
+            del self._after_callbacks[callbacks:]
+            self._allocated, self._free_ids = allocated, free
+
     def select_one_value(self, sql: str, args: Sequence[Any] = ()) -> Any:
         row = self.execute(sql, args).fetchone()
         return None if row is None else row[0]
@@ -256,8 +278,12 @@ class Database:
         self._drained: list[defer.Deferred] = []
 
     @classmethod
-    def from_url(cls, url: str, reactor: Any = None) -> "Database":
-        return cls(engine_from_url(url), reactor)
+    def from_url(cls, url: str, reactor: Any = None, create: bool = True) -> "Database":
+        """``create=False``: a SQLite file that does not exist is refused
+        (``DatabaseConfigError``) rather than created."""
+        engine = engine_from_url(url, create)
+        engine.check_exists()
+        return cls(engine, reactor)
 
     async def prepare(self, schema_dir: str | None = None) -> int:
         """Bring the schema up to date (see ``roomstore.storage.schema``); returns its version."""

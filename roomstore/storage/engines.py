@@ -21,6 +21,11 @@ class DatabaseConfigError(ValueError):
     """The database URL or its options are not usable."""
 
 
+class DatabaseUnavailableError(ConnectionError):
+    """The database server cannot be reached (or refuses us): the message says
+    which server and why, in one line."""
+
+
 def convert_placeholders(sql: str) -> str:
     """Turn ``?`` placeholders into psycopg2's ``%s`` (and escape literal ``%``).
 
@@ -57,6 +62,9 @@ class Engine:
 
     def connect(self) -> Any:
         raise NotImplementedError
+
+    def check_exists(self) -> None:
+        """``DatabaseConfigError`` if the database is missing and may not be created."""
 
     def convert_sql(self, sql: str) -> str:
         raise NotImplementedError
@@ -98,13 +106,23 @@ class SqliteEngine(Engine):
     path: str
     synchronous: str = "FULL"
     busy_timeout_ms: int = 30_000
+    #: False: a missing file is an error (a mistyped path must not become a
+    #: new, empty database), not created with its directories.
+    create: bool = True
 
     name = "sqlite"
     supports_sequences = False
     max_connections = 1
 
+    def check_exists(self) -> None:
+        if not self.create and self.path != ":memory:" and not os.path.isfile(self.path):
+            raise DatabaseConfigError(
+                f"the SQLite database {self.path} does not exist: check the path, or create it with `roomstore init`"
+            )
+
     def connect(self) -> sqlite3.Connection:
-        if self.path != ":memory:":
+        self.check_exists()
+        if self.path != ":memory:" and self.create:
             parent = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(parent, exist_ok=True)
         # isolation_level=None: we issue BEGIN ourselves, so DDL is transactional too.
@@ -169,7 +187,14 @@ class PostgresEngine(Engine):
         import psycopg2
         import psycopg2.extensions
 
-        conn = psycopg2.connect(self.dsn)
+        try:
+            conn = psycopg2.connect(self.dsn)
+        except psycopg2.OperationalError as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise DatabaseUnavailableError(
+                f"cannot connect to PostgreSQL {self.describe()}: {reason}"
+                " (is the server running, and are the URL's host, port, user and database right?)"
+            ) from None
         conn.set_session(
             isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ,
             autocommit=False,
@@ -217,7 +242,7 @@ def _single(options: Mapping[str, list[str]], key: str) -> str | None:
     return values[-1] if values else None
 
 
-def engine_from_url(url: str) -> Engine:
+def engine_from_url(url: str, create: bool = True) -> Engine:
     """Build the engine a URL names.
 
     ``sqlite:///relative/path.db``, ``sqlite:////abs/path.db`` or
@@ -240,7 +265,7 @@ def engine_from_url(url: str) -> Engine:
         synchronous = (_single(options, "synchronous") or "FULL").upper()
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise DatabaseConfigError(f"unknown SQLite synchronous mode {synchronous!r}")
-        return SqliteEngine(path=path, synchronous=synchronous)
+        return SqliteEngine(path=path, synchronous=synchronous, create=create)
     if scheme in ("postgresql", "postgres"):
         parsed = urllib.parse.urlsplit(url)
         options = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)

@@ -1,6 +1,6 @@
 """Schema migrations: the full schema for a fresh database, numbered deltas after it.
 
-The layout of ``schema/`` is described in ``schema/README.md``. Everything runs
+The layout of ``roomstore/schema/`` is described in its ``README.md``. Everything runs
 inside the transaction ``Database.prepare`` opens, so a failed migration leaves
 the database as it was; on PostgreSQL an advisory lock taken first makes a
 second process starting at the same time wait, then see the new version and do
@@ -22,7 +22,10 @@ log = Logger()
 #: The schema version this code reads and writes.
 SCHEMA_VERSION = 2
 
-DEFAULT_SCHEMA_DIR = Path(__file__).resolve().parent.parent.parent / "schema"
+#: The schema files ship inside the package (package data), so an installed
+#: roomstore finds them with no environment variable; ROOMSTORE_SCHEMA_DIR
+#: (or an explicit directory) overrides it.
+DEFAULT_SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 
 
 class SchemaError(RuntimeError):

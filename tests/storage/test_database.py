@@ -88,6 +88,32 @@ class TransactionTests:
         # Ran once, on the reactor (main) thread.
         self.assertEqual(seen, [("committed", True)])
 
+    async def test_undone_trial_run_leaves_the_transaction_as_it_was(self):
+        db = await self.make_database()
+        await db.run_interaction("create", _create_counter)
+        seen = []
+
+        def trial(txn, value):
+            txn.queue("UPDATE counter SET value = ? WHERE id = 1", (value,))
+            txn.call_after(seen.append, "trial")
+            return txn.select_one_value("SELECT value FROM counter WHERE id = 1")
+
+        def failing(txn):
+            txn.execute("INSERT INTO counter (id, value) VALUES (1, 0)")  # a duplicate key: a database error
+
+        def outer(txn):
+            txn.execute("UPDATE counter SET value = 1 WHERE id = 1")
+            txn.call_after(seen.append, "outer")
+            seen_inside = txn.undone(trial, 5)
+            with self.assertRaises(Exception):
+                txn.undone(failing)
+            # The transaction goes on, usable, with the trial's writes gone.
+            return seen_inside, _read_counter(txn)
+
+        self.assertEqual(await db.run_interaction("outer", outer), (5, 1))
+        self.assertEqual(await db.run_interaction("read", _read_counter), 1)
+        self.assertEqual(seen, ["outer"])
+
     async def test_bound_parameters_keep_quotes_and_percent(self):
         db = await self.make_database()
         nasty = "'; DROP TABLE counter; -- 100% ?"

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
+import tempfile
+
+from twisted.internet import threads
 
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
@@ -11,10 +17,27 @@ from tests.store.builder import RoomBuilder
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "api.md")
 
 
-def embedding_example() -> str:
+def python_blocks(heading: str) -> list[str]:
+    """The python blocks of the section under ``heading``."""
     text = open(DOC, encoding="utf-8").read()
-    section = text.split("## Embedding", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    section = text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def embedding_example() -> str:
+    return python_blocks("## Embedding")[0]
+
+
+def run_program(source: str, *args: str) -> subprocess.CompletedProcess:
+    """``source`` as a script in a fresh Python process (its own reactor)."""
+    directory = tempfile.mkdtemp(prefix="roomstore-apidoc-")
+    script = os.path.join(directory, "program.py")
+    with open(script, "w", encoding="utf-8") as handle:
+        handle.write(source)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=directory)
 
 
 @on_both_engines
@@ -31,3 +54,23 @@ class ApiDocTests:
         event = await namespace["embed"](self.new_database_url(), create.raw)
         self.assertEqual(event["event_id"], create.event_id)
         self.assertEqual(event["type"], "m.room.create")
+
+    async def run_documented_program(self, source: str) -> None:
+        room = RoomBuilder()
+        create = room.create()
+        event_file = os.path.join(tempfile.mkdtemp(prefix="roomstore-apidoc-"), "create.json")
+        with open(event_file, "wb") as handle:
+            handle.write(create.raw)
+        proc = await threads.deferToThread(run_program, source, self.new_database_url(), event_file)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        event = json.loads(proc.stdout)
+        self.assertEqual((event["event_id"], event["type"]), (create.event_id, "m.room.create"))
+
+    async def test_default_reactor_program_runs(self):
+        example, runner = python_blocks("## Embedding")
+        await self.run_documented_program(example + "\n\n" + runner)
+
+    async def test_asyncio_program_runs(self):
+        [program] = python_blocks("## Embedding under asyncio")
+        self.assertIn("asyncio.run(", program)
+        await self.run_documented_program(program)

@@ -1,0 +1,141 @@
+"""Traps a new user hit when persisting (issue 11): stream IDs spent on
+events already stored or on events the store refuses, an event given twice
+counted twice, and a room started by an event that is not its create event."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from roomstore.cli import import_file
+from roomstore.events.persist import MissingStateError
+from roomstore.events.validation import InvalidEventError
+from roomstore.state import ConflictedStateError
+from roomstore.store import RoomStore
+from tests.db import on_both_engines
+from tests.store.builder import RoomBuilder
+
+ALICE = "@alice:example.org"
+
+
+@on_both_engines
+class PersistTrapTests:
+    async def open_store(self) -> RoomStore:
+        db = await self.make_database()
+        store = await RoomStore.open(db)
+        self.addCleanup(store.close)
+        return store
+
+    async def test_stored_events_take_no_stream_ids(self):
+        store = await self.open_store()
+        room = RoomBuilder()
+        events = [room.create(), room.join(ALICE), room.message(ALICE, "one")]
+        await store.persist_events([room.to_persist(e) for e in events])
+        self.assertEqual(store.get_current_token(), "s3")
+        again = await store.persist_events([room.to_persist(e) for e in events])
+        self.assertTrue(all(r.already_persisted for r in again))
+        self.assertEqual(store.get_current_token(), "s3")
+        # A batch mixing stored and new events takes IDs for the new ones only.
+        more = room.message(ALICE, "two")
+        results = await store.persist_events([room.to_persist(events[2]), room.to_persist(more)])
+        self.assertEqual([r.already_persisted for r in results], [True, False])
+        self.assertEqual(results[1].stream_ordering, 4)
+        self.assertEqual(store.get_current_token(), "s4")
+
+    async def test_refused_events_take_no_stream_ids(self):
+        store = await self.open_store()
+        room = RoomBuilder()
+        create, join = room.create(), room.join(ALICE)
+        # Two branches from the join both set the topic: the current state
+        # cannot be derived; and an event after one of them has no state.
+        t1 = room.state("m.room.topic", "", {"topic": "a"}, prev=[join.event_id])
+        t2 = room.state("m.room.topic", "", {"topic": "b"}, prev=[join.event_id])
+        after = room.message(ALICE, "after", prev=[t2.event_id])
+        last = room.message(ALICE, "last", prev=[t1.event_id])
+        events = [create, join, t1, t2, after, last]
+        path = os.path.join(tempfile.mkdtemp(), "refused.jsonl")
+        self.addCleanup(os.remove, path)
+        with open(path, "wb") as handle:
+            handle.write(b"".join(e.raw + b"\n" for e in events))
+        summary = await import_file(store, path)
+        self.assertEqual((summary["imported"], summary["failed"]), (4, 2))
+        # Four events stored, four stream IDs spent: none on t2 or after, not
+        # in the failing batch nor in the importer's event-by-event retry.
+        self.assertEqual(store.get_current_token(), "s4")
+        again = await import_file(store, path)
+        self.assertEqual((again["already_present"], again["failed"]), (4, 2))
+        self.assertEqual(store.get_current_token(), "s4")
+        # The errors are those of the write, raised before any reservation.
+        with self.assertRaises(ConflictedStateError):
+            await store.persist_events([room.to_persist(t2)])
+        with self.assertRaises(MissingStateError):
+            await store.persist_events([room.to_persist(after)])
+        self.assertEqual(store.get_current_token(), "s4")
+        # A trial run leaves nothing behind: the refused events were never stored.
+        count = await store.db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM events"))
+        self.assertEqual(count, 4)
+        # Resolved, the fork goes in with the next IDs.
+        state = await store.get_current_state_ids(room.room_id)
+        resolved = {**state, ("m.room.topic", ""): t2.event_id}
+        [result] = await store.persist_events([room.to_persist(t2)], {room.room_id: resolved})
+        self.assertEqual(result.stream_ordering, 5)
+
+    async def test_the_write_checks_again_after_the_precheck(self):
+        store = await self.open_store()
+        room = RoomBuilder()
+        create, join = room.create(), room.join(ALICE)
+        await store.persist_events([room.to_persist(create), room.to_persist(join)])
+        t1 = room.state("m.room.topic", "", {"topic": "a"}, prev=[join.event_id])
+        t2 = room.state("m.room.topic", "", {"topic": "b"}, prev=[join.event_id])
+        # t2 alone passes the precheck; t1 is written between the precheck
+        # and t2's write (another writer's batch), making the room conflict.
+        original = store.db.run_interaction
+
+        async def run_interaction(description, fn, *args, **kwargs):
+            result = await original(description, fn, *args, **kwargs)
+            if description == "persist_events_precheck" and args[1][0].event_id == t2.event_id:
+                await store.persist_events([room.to_persist(t1)])
+            return result
+
+        store.db.run_interaction = run_interaction
+        with self.assertRaises(ConflictedStateError):
+            await store.persist_events([room.to_persist(t2)])
+        stored = await store.db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM events"))
+        self.assertEqual(stored, 3)
+        # That race spends t2's reserved ID (a gap): s3 for t1, s4 unused but
+        # completed, so the stream is not stuck.
+        self.assertEqual(store.events_stream.get_unfinished(), [])
+        self.assertEqual(store.get_current_token(), "s4")
+
+    async def test_an_event_twice_in_a_batch_is_stored_once(self):
+        store = await self.open_store()
+        room = RoomBuilder()
+        create, join = room.create(), room.join(ALICE)
+        results = await store.persist_events([room.to_persist(e) for e in (create, join, join)])
+        self.assertEqual([r.already_persisted for r in results], [False, False, True])
+        self.assertEqual(results[1].stream_ordering, results[2].stream_ordering)
+        self.assertEqual(store.get_current_token(), "s2")
+        count = await store.db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM events"))
+        self.assertEqual(count, 2)
+
+    async def test_no_prev_events_in_an_unknown_room_is_refused(self):
+        store = await self.open_store()
+        room = RoomBuilder("!nocreate:example.org")
+        orphan = room.message(ALICE, "where is the create event?")
+        with self.assertRaises(InvalidEventError) as caught:
+            await store.persist_events([room.to_persist(orphan)])
+        self.assertIn("unknown", str(caught.exception))
+        rooms = await store.db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM rooms"))
+        self.assertEqual(rooms, 0)
+        self.assertEqual(store.get_current_token(), "s0")
+        # Flagged an outlier, it is accepted (it arrived by federation).
+        [result] = await store.persist_events([room.to_persist(orphan, outlier=True)])
+        self.assertFalse(result.already_persisted)
+
+    async def test_create_event_later_in_the_batch_starts_the_room(self):
+        store = await self.open_store()
+        room = RoomBuilder()
+        create = room.create()
+        topic = room.state("m.room.topic", "", {"topic": "t"}, prev=[])
+        results = await store.persist_events([room.to_persist(topic), room.to_persist(create)])
+        self.assertEqual(len(results), 2)
