@@ -29,10 +29,25 @@ class CliError(Exception):
     """A problem the operator can fix; printed without a traceback."""
 
 
-async def open_store(reactor, args):
+async def open_store(reactor, args, read_only: bool = False):
+    """The store of ``--db``; ``read_only`` (the read commands): no writer
+    lock, so it runs beside a live writer."""
     from roomstore.store import RoomStore, StoreConfig
 
-    return await RoomStore.open(args.db, StoreConfig(instance_name=args.instance), reactor=reactor)
+    config = StoreConfig(instance_name=args.instance, stream_writers=stream_writers(args), read_only=read_only)
+    return await RoomStore.open(args.db, config, reactor=reactor)
+
+
+def stream_writers(args) -> dict[str, list[str]]:
+    """``--stream-writers STREAM=NAME[,NAME...]`` (repeatable) as a mapping."""
+    writers: dict[str, list[str]] = {}
+    for spec in getattr(args, "stream_writers", None) or ():
+        stream, sep, names = spec.partition("=")
+        listed = [n.strip() for n in names.split(",") if n.strip()]
+        if not sep or not stream.strip() or not listed:
+            raise CliError(f"--stream-writers {spec!r}: write STREAM=NAME[,NAME...], e.g. events=w1,w2")
+        writers[stream.strip()] = listed
+    return writers
 
 
 # ---------------------------------------------------------------------- init
@@ -171,7 +186,7 @@ def state_as_json(state: dict) -> list[dict]:
 
 
 async def cmd_state(reactor, args) -> int:
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, read_only=True)
     try:
         try:
             state = await store.get_state_ids(args.event_id, before=args.before)
@@ -184,7 +199,7 @@ async def cmd_state(reactor, args) -> int:
 
 
 async def cmd_messages(reactor, args) -> int:
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, read_only=True)
     try:
         page = await store.paginate(args.room_id, args.user, args.from_token, args.dir, args.limit)
         for event in page.events:
@@ -196,7 +211,7 @@ async def cmd_messages(reactor, args) -> int:
 
 
 async def cmd_sync(reactor, args) -> int:
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, read_only=True)
     try:
         result = await store.sync(args.user, args.since)
         for room_id, events in sorted(result.rooms.items()):
@@ -211,7 +226,7 @@ async def cmd_sync(reactor, args) -> int:
 
 
 async def cmd_recent(reactor, args) -> int:
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, read_only=True)
     try:
         result = await store.recent(args.user, args.rooms, args.events, args.cursor)
         for room_id, events in result.rooms:
@@ -251,7 +266,7 @@ def stats_txn(txn) -> list[dict]:
 
 
 async def cmd_stats(reactor, args) -> int:
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, read_only=True)
     try:
         for row in await store.db.run_interaction("stats", stats_txn):
             emit(row)
@@ -422,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--db", default=DEFAULT_DB, help=f"database URL (default {DEFAULT_DB})")
         p.add_argument("--instance", default="master", help="this process's instance name")
+        p.add_argument("--stream-writers", action="append", metavar="STREAM=NAME[,NAME...]",
+                       help="the writer instances of a stream (repeatable; default: --instance writes every stream)")
         p.add_argument("-v", "--verbose", action="store_true", help="log at info level to stderr")
         return p
 

@@ -58,6 +58,18 @@ class StoreConfig:
     change_cache_size: int = 100_000
     redaction_retention_ms: int = 7 * DAY_MS
     censor_interval_ms: int | None = None
+    #: Read only: persist nothing and take no writer lock, so it runs beside
+    #: a live writer (the read commands). Otherwise a process writing a
+    #: stream holds its instance's writer lock (``storage.writer_lock``).
+    read_only: bool = False
+
+    def writes_anything(self) -> bool:
+        """Whether this process is a writer of any built-in stream."""
+        if self.read_only:
+            return False
+        from roomstore.streams.builtin import BUILTIN_STREAMS
+
+        return any(self.instance_name in self.stream_writers.get(name, [self.instance_name]) for name in BUILTIN_STREAMS)
 
 
 class RoomStore:
@@ -97,16 +109,29 @@ class RoomStore:
             owns_db = True
         else:
             db, owns_db = database, False
+        writer_lock = None
         try:
+            if config.writes_anything():
+                # Before anything is written or recovered: recovery assumes
+                # no other live process is this instance.
+                from roomstore.storage.writer_lock import WriterLock
+
+                writer_lock = await WriterLock.acquire(db, config.instance_name)
             await db.prepare()
-            generators = await open_builtin_generators(db, config.instance_name, config.stream_writers)
+            generators = await open_builtin_generators(
+                db, config.instance_name, config.stream_writers, read_only=config.read_only
+            )
         except BaseException:
+            if writer_lock is not None:
+                await writer_lock.release()
             if owns_db:
                 await db.close()
             raise
         store = cls(db, config, generators)
         store._owns_db = owns_db
-        await db.run_interaction("register_instance", store._register_instance_txn)
+        store._writer_lock = writer_lock
+        if not config.read_only:
+            await db.run_interaction("register_instance", store._register_instance_txn)
         store._censor_job = None
         if config.censor_interval_ms is not None:
             from roomstore.events.censor import RedactionCensor
@@ -127,6 +152,9 @@ class RoomStore:
             await censor_job.stop()
         for gen in self.generators.values():
             await gen.close()
+        writer_lock, self._writer_lock = getattr(self, "_writer_lock", None), None
+        if writer_lock is not None:
+            await writer_lock.release()
         if getattr(self, "_owns_db", False):
             await self.db.close()
 
