@@ -14,6 +14,7 @@ time series. The one per-connection gauge is removed when its connection goes.
 from prometheus_client import Counter, Gauge
 
 __all__ = [
+    "APPLIED_POSITION",
     "AUTH_FAILURES",
     "BYTES_RECEIVED",
     "BYTES_SENT",
@@ -23,6 +24,10 @@ __all__ = [
     "CONNECTIONS",
     "INVALID_LINES",
     "PENDING_COMMANDS",
+    "REDIS_CONNECTED",
+    "REDIS_PUBLISHED",
+    "REDIS_RDATA_BEFORE_POSITION",
+    "REDIS_RECEIVED",
 ]
 
 COMMANDS_RECEIVED = Counter(
@@ -69,4 +74,31 @@ AUTH_FAILURES = Counter(
     "Server connections closed for failing the shared-secret check, by reason"
     " (wrong_secret, no_auth, timeout)",
     ["reason"],
+)
+
+# Redis transport (roomstore.replication.redis).
+REDIS_CONNECTED = Gauge(
+    "roomstore_replication_redis_connected",
+    "1 while the Redis connection of this role (publish, subscribe) is up",
+    ["role"],
+)
+REDIS_PUBLISHED = Counter(
+    "roomstore_replication_redis_published",
+    "Commands published on Redis, by command name",
+    ["command"],
+)
+REDIS_RECEIVED = Counter(
+    "roomstore_replication_redis_received",
+    "Commands received from Redis (own lines included), by command name ('invalid': unparsable)",
+    ["command"],
+)
+REDIS_RDATA_BEFORE_POSITION = Counter(
+    "roomstore_replication_redis_rdata_before_position",
+    "RDATA dropped because its writer's POSITION had not yet been heard on this connection"
+    " (the rows are filled from the database once it is)",
+)
+APPLIED_POSITION = Gauge(
+    "roomstore_replication_applied_position",
+    "Per stream and writer, the newest token this process has applied from replication",
+    ["stream", "instance"],
 )
