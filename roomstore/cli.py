@@ -34,8 +34,20 @@ async def open_store(reactor, args, read_only: bool = False):
     lock, so it runs beside a live writer."""
     from roomstore.store import RoomStore, StoreConfig
 
-    config = StoreConfig(instance_name=args.instance, stream_writers=stream_writers(args), read_only=read_only)
+    writers = stream_writers(args)
+    if not read_only:
+        check_multi_writer(writers, args)
+    config = StoreConfig(instance_name=args.instance, stream_writers=writers, read_only=read_only)
     return await RoomStore.open(args.db, config, reactor=reactor)
+
+
+def check_multi_writer(writers: dict[str, list[str]], args) -> None:
+    """Several writers of a stream must hear each other: refuse without Redis."""
+    shared = {name: names for name, names in writers.items() if len(names) > 1}
+    if shared and not getattr(args, "redis", None):
+        name, names = next(iter(sorted(shared.items())))
+        raise CliError(f"stream {name} has writers {','.join(names)}: a multi-writer deployment needs"
+                       " PostgreSQL and --redis URL, so that writers and readers hear each other")
 
 
 def stream_writers(args) -> dict[str, list[str]]:
@@ -167,15 +179,41 @@ async def cmd_import(reactor, args) -> int:
     if not os.path.exists(args.file):
         raise CliError(f"no such file: {args.file}")
     store = await open_store(reactor, args)
+    redis = None
     try:
+        if args.redis:
+            redis = await connect_redis(reactor, store, args)
         started = time.monotonic()
         summary = await import_file(store, args.file, args.batch_size)
+        if redis is not None:
+            await redis.flush()  # followers hear every row before we go
         summary["seconds"] = round(time.monotonic() - started, 3)
         summary["current_token"] = store.get_current_token()
         emit(summary)
     finally:
+        if redis is not None:
+            await redis.stop()
         await store.close()
     return 1 if summary["failed"] and args.strict else 0
+
+
+async def connect_redis(reactor, store, args, timeout: float = 15.0):
+    """``store`` on the Redis bus of ``--redis`` (channel ``--server-name``), connected."""
+    from roomstore.replication.service import start_redis
+
+    try:
+        redis = start_redis(store, args.redis, args.server_name or "localhost", reactor)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    ready = redis.when_ready()
+    timer = reactor.callLater(timeout, ready.cancel)
+    try:
+        await ready
+    except defer.CancelledError:
+        await redis.stop()
+        raise CliError(f"cannot reach Redis at {args.redis} within {timeout:.0f}s: is redis-server running there?")
+    timer.cancel()
+    return redis
 
 
 # ---------------------------------------------------------------------- reads
@@ -334,6 +372,14 @@ async def cmd_generate_sample(reactor, args) -> int:
 # ---------------------------------------------------------------------- replication
 
 
+def serve_store_config(args):
+    from roomstore.store import StoreConfig
+
+    writers = stream_writers(args)
+    check_multi_writer(writers, args)
+    return StoreConfig(instance_name=args.instance, stream_writers=writers)
+
+
 async def cmd_serve(reactor, args) -> int:
     """Serve the store's streams to workers over TCP replication, until stopped."""
     from roomstore.replication.service import ReplicationServerService, read_secret_file, run_service
@@ -350,6 +396,8 @@ async def cmd_serve(reactor, args) -> int:
         instance_name=args.instance,
         secret=secret,
         metrics_port=args.metrics_port,
+        store_config=serve_store_config(args),
+        redis_url=args.redis,
         reactor=reactor,
     )
 
@@ -375,8 +423,10 @@ async def cmd_follow(reactor, args) -> int:
     row (``{"stream", "instance", "token", "row"}``), until stopped."""
     from roomstore.replication.service import FollowerService, parse_host_port, read_secret_file, run_service
 
+    if (args.server is None) == (args.redis is None):
+        raise CliError("give --server HOST:PORT (TCP) or --redis URL, one of them")
     try:
-        host, port = parse_host_port(args.server)
+        host, port = parse_host_port(args.server) if args.server else (None, None)
         secret = read_secret_file(args.secret_file) if args.secret_file else None
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
@@ -401,6 +451,8 @@ async def cmd_follow(reactor, args) -> int:
         secret=secret,
         positions_file=args.positions_file,
         on_applied=None if args.quiet else print_rows,
+        redis_url=args.redis,
+        stream_writers=stream_writers(args),
         reactor=reactor,
     )
 
@@ -408,7 +460,7 @@ async def cmd_follow(reactor, args) -> int:
         resume: dict[str, dict[str, int]] = {}
         for (stream, instance), token in sorted(service.resumed_from.items()):
             resume.setdefault(stream, {})[instance] = token
-        emit({"following": f"{host}:{port}", "name": args.name, "resume": resume})
+        emit({"following": args.redis or f"{host}:{port}", "name": args.name, "resume": resume})
 
     await run_service(reactor, service, started)
     return 0
@@ -447,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--strict", action="store_true", help="exit 1 if any event failed")
+    p.add_argument("--redis", help="announce the imported rows on this Redis (redis://host:port) to live followers")
+    p.add_argument("--server-name", default="localhost", help="the homeserver's name: the Redis channel")
     p = add("state", "the state at an event")
     p.add_argument("event_id")
     p.add_argument("--before", action="store_true", help="the state before the event, not after")
@@ -478,11 +532,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-name", default="localhost", help="the name sent to workers in SERVER")
     p.add_argument("--secret-file", help="require AUTH with the secret on this file's first line")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on /metrics")
+    p.add_argument("--redis", help="also replicate over this Redis (redis://host:port), channel --server-name")
     p = add("follow", "follow a replication server into a worker store, printing applied rows (runs until stopped)")
-    p.add_argument("--server", required=True, help="the replication server, HOST:PORT")
+    p.add_argument("--server", help="the replication server, HOST:PORT (or --redis)")
+    p.add_argument("--redis", help="follow every writer over this Redis (redis://host:port), channel --server-name")
     p.add_argument("--name", default="worker1", help="this worker's instance name (--instance is not used)")
     p.add_argument("--writer", default="master", help="the instance writing the streams (default master)")
-    p.add_argument("--server-name", default=None, help="refuse a server that names itself otherwise")
+    p.add_argument("--server-name", default=None,
+                   help="refuse a server that names itself otherwise; with --redis, the channel (default localhost)")
     p.add_argument("--secret-file", help="send AUTH with the secret on this file's first line")
     p.add_argument("--positions-file", help="save positions here after each token; resume from it on start")
     p.add_argument("--quiet", action="store_true", help="do not print applied rows")
