@@ -142,7 +142,10 @@ class RedisReplication:
     it writes and who the writers are). ``handler``: applies other writers'
     rows (default: a ``StoreReplicationHandler`` calling ``on_applied``).
     ``positions``: where this process has applied each ``(stream, writer)``
-    (default: the store's positions at start). Call :meth:`start`, and
+    (default: the store's positions at start). ``replay_from``: per stream
+    this process writes, announce its rows from this token on the first
+    connect rather than from its position (benchmarks, or sending a history
+    to new followers as RDATA). Call :meth:`start`, and
     ``await`` :meth:`stop` at the end. From the reactor thread only.
     """
 
@@ -157,6 +160,7 @@ class RedisReplication:
         on_applied: Callable[[str, str, int, list], Any] | None = None,
         positions: StreamPositions | None = None,
         page_size: int = 500,
+        replay_from: dict[str, int] | None = None,
     ):
         if not channel or any(c.isspace() for c in channel):
             raise ValueError(f"Redis channel {channel!r} must be a non-empty word")
@@ -181,6 +185,7 @@ class RedisReplication:
         self.own_streams = [n for n in STORE_STREAMS if store.generators[n].is_writer]
         self._announced = {n: store.generators[n].get_current_token_for_writer(self.instance_name)
                            for n in self.own_streams}
+        self._replay = dict(replay_from or {})
         self._announcing: set[str] = set()
         self._announce_again: set[str] = set()
         self._idle_waiters: list[defer.Deferred] = []
@@ -292,8 +297,12 @@ class RedisReplication:
             # Our rows since the last announcement are not sent: readers
             # behind this position fill the gap from the database.
             position = self.store.generators[name].get_current_token_for_writer(self.instance_name)
-            self._announced[name] = max(self._announced[name], position)
+            if name in self._replay:
+                self._announced[name] = self._replay.pop(name)
+            else:
+                self._announced[name] = max(self._announced[name], position)
             self._publish_position(name)
+            self._schedule_announce(name)
         log.info("redis replication: connected to {address}", address=self.address.describe())
         waiters, self._ready_waiters = self._ready_waiters, []
         for d in waiters:
@@ -338,6 +347,7 @@ class RedisReplication:
         """Publish our rows of ``name`` from the last announced token to our position."""
         stream = self.streams.get(name)
         generator = self.store.generators[name]
+        in_flight: list[defer.Deferred] = []
         try:
             while True:
                 self._announce_again.discard(name)
@@ -357,12 +367,19 @@ class RedisReplication:
                     if upto > last_row:
                         self._publish(PositionCommand(name, self.instance_name, last_row, upto))
                     self._announced[name] = upto
-                    waiting = [d for d in sent if d is not None]
-                    if waiting:
-                        # Back-pressure: one page in flight at a time.
-                        await defer.DeferredList(waiting)
-                if name not in self._announce_again:
-                    return
+                    # Back-pressure: at most two pages unacknowledged, so the
+                    # next page is read while Redis takes this one.
+                    previous, in_flight = in_flight, [d for d in sent if d is not None]
+                    if previous:
+                        await defer.DeferredList(previous)
+                if name in self._announce_again:
+                    continue
+                if in_flight:
+                    # The stream may move while we wait: look again after.
+                    await defer.DeferredList(in_flight)
+                    in_flight = []
+                    continue
+                return
         finally:
             self._announcing.discard(name)
             if not self._announcing:

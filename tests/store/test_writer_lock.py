@@ -114,3 +114,30 @@ class WriterLockTests:
         code, out, err = await threads.deferToThread(run_cli, "import", sample, "--db", url)
         self.assertEqual(code, 0, err)
         self.assertEqual(out[-1]["imported"], 0)
+
+
+@on_both_engines
+class MultiWriterRefusalTests:
+    """Multi-writer configurations without Redis, or on SQLite, stop with one line."""
+
+    async def test_refused_clearly(self):
+        url = self.new_database_url()
+        sample = os.path.join(tempfile.mkdtemp(prefix="roomstore-mw-"), "s.jsonl")
+        write_sample(sample, rooms=1, events_per_room=5, seed=1)
+        writers = ["--instance", "w1", "--stream-writers", "events=w1,w2"]
+        code, out, err = await threads.deferToThread(run_cli, "import", sample, "--db", url, *writers)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertIn("needs PostgreSQL and --redis", err)
+        if self.engine_name == "sqlite":
+            code, out, err = await threads.deferToThread(
+                run_cli, "import", sample, "--db", url, "--redis", "redis://127.0.0.1:1", *writers)
+            self.assertEqual(code, 2, err)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+            self.assertIn("multi-writer stream needs PostgreSQL", err)
+        code, out, err = await threads.deferToThread(run_cli, "stats", "--db", url, *writers)
+        # Reading a multi-writer PostgreSQL database is fine; SQLite has none.
+        self.assertEqual(code, 0 if self.engine_name == "postgres" else 2, err)
+        code, out, err = await threads.deferToThread(run_cli, "follow", "--db", url, "--name", "x")
+        self.assertEqual(code, 2, err)
+        self.assertIn("--server HOST:PORT (TCP) or --redis URL", err)
