@@ -34,8 +34,8 @@ writers, so it never passes a writer that has not been heard from).
 
 The Redis client is ``txredisapi`` (what Synapse uses: maintained, a plain
 Twisted protocol, reconnects with back-off through ``ClientService``), with
-``hiredis`` as its reply parser (its pure-Python one was most of a reader's
-time per line in ``bench/replication.py``).
+``hiredis`` as its reply parser (its pure-Python one took nearly half of a
+reader's time per line in ``bench/replication.py``).
 """
 
 from __future__ import annotations
