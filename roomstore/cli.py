@@ -186,7 +186,7 @@ async def cmd_import(reactor, args) -> int:
         started = time.monotonic()
         summary = await import_file(store, args.file, args.batch_size)
         if redis is not None:
-            await redis.flush()  # followers hear every row before we go
+            await flush_redis(reactor, redis, args)
         summary["seconds"] = round(time.monotonic() - started, 3)
         summary["current_token"] = store.get_current_token()
         emit(summary)
@@ -214,6 +214,19 @@ async def connect_redis(reactor, store, args, timeout: float = 15.0):
         raise CliError(f"cannot reach Redis at {args.redis} within {timeout:.0f}s: is redis-server running there?")
     timer.cancel()
     return redis
+
+
+async def flush_redis(reactor, redis, args, timeout: float = 60.0) -> None:
+    """Wait until followers have been sent every row we wrote; warn (one line) if Redis stays away."""
+    flushed = defer.ensureDeferred(redis.flush())
+    timer = reactor.callLater(timeout, flushed.cancel)
+    try:
+        await flushed
+        timer.cancel()
+    except defer.CancelledError:
+        sys.stderr.write(f"roomstore import: Redis at {args.redis} unreachable for {timeout:.0f}s: the rows are"
+                         f" stored, but followers see them only once instance {args.instance!r} is heard again"
+                         " (its next start) or they restart\n")
 
 
 # ---------------------------------------------------------------------- reads
@@ -453,6 +466,7 @@ async def cmd_follow(reactor, args) -> int:
         on_applied=None if args.quiet else print_rows,
         redis_url=args.redis,
         stream_writers=stream_writers(args),
+        metrics_port=args.metrics_port,
         reactor=reactor,
     )
 
@@ -460,7 +474,10 @@ async def cmd_follow(reactor, args) -> int:
         resume: dict[str, dict[str, int]] = {}
         for (stream, instance), token in sorted(service.resumed_from.items()):
             resume.setdefault(stream, {})[instance] = token
-        emit({"following": args.redis or f"{host}:{port}", "name": args.name, "resume": resume})
+        following = {"following": args.redis or f"{host}:{port}", "name": args.name, "resume": resume}
+        if service.metrics_port_listener is not None:
+            following["metrics_port"] = service.metrics_port_listener.getHost().port
+        emit(following)
 
     await run_service(reactor, service, started)
     return 0
@@ -543,6 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-file", help="send AUTH with the secret on this file's first line")
     p.add_argument("--positions-file", help="save positions here after each token; resume from it on start")
     p.add_argument("--quiet", action="store_true", help="do not print applied rows")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics (positions applied per writer, Redis state) on 127.0.0.1")
     return parser
 
 

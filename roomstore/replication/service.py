@@ -375,9 +375,12 @@ class FollowerService(_AsyncService):
         config: ReplicationConfig = ReplicationConfig(),
         redis_url: str | None = None,
         stream_writers: Mapping[str, Any] | None = None,
+        metrics_port: int | None = None,
         reactor: Any = None,
     ) -> None:
         super().__init__(reactor)
+        self.metrics_listen_port = metrics_port
+        self.metrics_port_listener: IListeningPort | None = None
         if (host is None) == (redis_url is None):
             raise ValueError("follow a replication server (host, port) or Redis (redis_url), one of them")
         self.database = database
@@ -405,6 +408,8 @@ class FollowerService(_AsyncService):
         store_config = StoreConfig(instance_name=self.instance_name, stream_writers=self.stream_writers)
         self.store = await RoomStore.open(self.database, store_config, reactor=self.reactor)
         self.handler = _FollowerHandler(self.store, self._applied, self._moved)
+        if self.metrics_listen_port is not None:
+            self.metrics_port_listener = _listen_metrics(self.reactor, self.metrics_listen_port, DEFAULT_BIND)
         if self.redis_url is not None:
             self._start_redis()
             return
@@ -478,6 +483,8 @@ class FollowerService(_AsyncService):
         return self.factory.positions
 
     async def _stop(self) -> None:
+        if self.metrics_port_listener is not None:
+            await self.metrics_port_listener.stopListening()
         if self.redis is not None:
             await self.redis.stop()
         if self.factory is not None:

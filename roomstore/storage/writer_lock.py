@@ -114,7 +114,9 @@ def _pg_acquire(engine: Any, instance_name: str) -> Any:
                 "SELECT a.application_name, a.client_addr, a.backend_start FROM pg_locks AS l"
                 " JOIN pg_stat_activity AS a ON a.pid = l.pid"
                 " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
-                " AND l.objsubid = 2",
+                " AND l.objsubid = 2"
+                # Advisory locks are per database: the same key elsewhere is someone else's.
+                " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF),
             )
             row = cur.fetchone()

@@ -181,3 +181,92 @@ class RedisUrlTests(unittest.TestCase):
         self.assertEqual(parse_redis_url("redis://:pw@h:1").password, "pw")
         with self.assertRaises(ValueError):
             parse_redis_url("http://h:1")
+
+
+class RedisCommandTests(DatabaseTestMixin, unittest.TestCase):
+    """The commands as an operator runs them (PostgreSQL, two writers): the
+    twistd plugin as writer ``w1``, ``roomstore import`` as ``w2`` reaching a
+    live ``roomstore follow --redis`` (and its metrics), a second ``w1`` refused."""
+
+    engine_name = "postgres"
+
+    async def test_plugin_import_and_follow(self):
+        import os
+        import signal
+        import subprocess
+        import sys
+        import tempfile
+        import urllib.request
+
+        from twisted.internet import threads
+
+        from .redis_utils import _free_port
+        from .store_utils import reap
+        from .test_redis_processes import REPO, WRITER_ARGS, write_chunks
+
+        url, redis, channel = self.new_database_url(), shared_redis_url(self), fresh_channel()
+        directory = tempfile.mkdtemp(prefix="roomstore-redis-cli-")
+        base, chunks = write_chunks(directory, 1)
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        processes: list = []
+        self.addCleanup(reap, processes)
+        common = ["--db", url, "--redis", redis, "--server-name", channel, *WRITER_ARGS]
+
+        def spawn(argv, name):
+            out = os.path.join(directory, name)
+            with open(out, "wb") as stdout, open(out + ".err", "wb") as stderr:
+                processes.append(subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env))
+            return processes[-1], out
+
+        twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+        plugin, plugin_out = spawn([twistd, "-n", "--pidfile=", "roomstore", "--instance", "w1",
+                                    "--replication-port", str(_free_port()), *common], "plugin")
+        follower, follower_out = spawn([sys.executable, "-m", "roomstore.cli", "follow", "--name", "f1",
+                                        "--metrics-port", "0", *common], "follow")
+
+        def text(path):
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+
+        await wait_until(lambda: "listening on" in text(plugin_out) or plugin.poll() is not None, 60, "twistd")
+        await wait_until(lambda: '"following"' in text(follower_out) or follower.poll() is not None, 60, "follow")
+        self.assertIsNone(plugin.poll(), text(plugin_out))
+        start = json.loads(text(follower_out).splitlines()[0])
+
+        def cli(*argv):
+            return subprocess.run([sys.executable, "-m", "roomstore.cli", *argv], capture_output=True, text=True,
+                                  env=env, timeout=300)
+
+        for path in (base, chunks["w2"][0]):
+            done = await threads.deferToThread(cli, "import", path, "--instance", "w2", *common)
+            self.assertEqual(done.returncode, 0, done.stderr)
+        # The second process claiming w1 (the plugin's) is refused, in one line.
+        refused = await threads.deferToThread(cli, "import", base, "--instance", "w1", *common)
+        self.assertEqual(refused.returncode, 2)
+        self.assertEqual(len(refused.stderr.strip().splitlines()), 1, refused.stderr)
+        self.assertIn(f"writer instance 'w1' is already running (pid {plugin.pid}", refused.stderr)
+
+        reader = await self.open_store_readonly(url)
+        w2_rows = await RedisMixin.expected_rows(self, reader, "events", "w2")
+        final = w2_rows[-1][0]
+
+        def applied():
+            rows = [json.loads(line) for line in text(follower_out).splitlines()[1:]]
+            return [(r["token"], r["row"]) for r in rows if r["stream"] == "events" and r["instance"] == "w2"]
+
+        await wait_until(lambda: applied() and applied()[-1][0] == final, 60, "w2's rows at the follower")
+        self.assertEqual(applied(), [(token, row) for token, rows in w2_rows for row in rows])
+        metrics_text = await threads.deferToThread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{start['metrics_port']}/metrics").read().decode())
+        self.assertIn(f'roomstore_replication_applied_position{{instance="w2",stream="events"}} {float(final)}',
+                      metrics_text)
+        self.assertIn('roomstore_replication_redis_connected{role="subscribe"} 1.0', metrics_text)
+        for proc in (follower, plugin):
+            proc.send_signal(signal.SIGTERM)
+            await wait_until(lambda: proc.poll() is not None, 30, "exit")
+
+    async def open_store_readonly(self, url):
+        store = await RoomStore.open(url, StoreConfig(instance_name="checker", read_only=True,
+                                                      stream_writers=MULTI))
+        self.addCleanup(store.close)
+        return store

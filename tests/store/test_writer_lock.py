@@ -19,8 +19,10 @@ from twisted.internet import threads
 
 from roomstore.sample import write_sample
 from roomstore.storage.writer_lock import WriterLock, WriterLockHeld
+from twisted.trial import unittest
+
 from roomstore.store import RoomStore, StoreConfig
-from tests.db import on_both_engines
+from tests.db import DatabaseTestMixin, on_both_engines
 from tests.test_cli import ROOT, run_cli
 
 
@@ -141,3 +143,36 @@ class MultiWriterRefusalTests:
         code, out, err = await threads.deferToThread(run_cli, "follow", "--db", url, "--name", "x")
         self.assertEqual(code, 2, err)
         self.assertIn("--server HOST:PORT (TCP) or --redis URL", err)
+
+
+class WriterLockPerDatabaseTests(DatabaseTestMixin, unittest.TestCase):
+    """Advisory locks are per database: the refusal names this database's
+    holder, never a process holding the same instance name elsewhere (the
+    lookup once did, whenever the server listed the other lock first)."""
+
+    engine_name = "postgres"
+
+    async def test_holder_named_is_this_databases(self):
+        elsewhere = self.new_database_url()
+        directory = tempfile.mkdtemp(prefix="roomstore-lockdb-")
+        sample = os.path.join(directory, "sample.jsonl")
+        write_sample(sample, rooms=1, events_per_room=5, seed=2)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        holders = []
+        for _ in range(3):  # several other holders of "master", in other databases
+            url = self.new_database_url()
+            holder = subprocess.Popen([sys.executable, "-m", "tests.store.holding_writer", url, sample],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      text=True, env=env)
+            self.addCleanup(lambda h=holder: h.poll() is None and (h.kill(), h.wait()))
+            holders.append(holder)
+        for holder in holders:
+            self.assertTrue((await threads.deferToThread(read_until, holder.stdout, "READY ")).startswith("READY"))
+        first = await self.make_database(elsewhere)
+        second = await self.make_database(elsewhere, prepare=False)
+        lock = await WriterLock.acquire(first, "master")
+        self.addCleanup(lock.release)
+        for _ in range(5):
+            with self.assertRaises(WriterLockHeld) as caught:
+                await WriterLock.acquire(second, "master")
+            self.assertIn(f"(pid {os.getpid()} on", str(caught.exception))
