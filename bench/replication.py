@@ -475,11 +475,13 @@ async def congestion(reactor, new_url, events: int, settings) -> list[list]:
 
 async def main(reactor, args) -> None:
     databases = bench_databases()
-    engine, new_url = databases[-1]
-    print(f"\n3. Redis vs direct TCP ({engine}): {args.events} persisted events from token 0 to a worker process, "
+    print(f"\n3. Redis vs direct TCP: {args.events} persisted events from token 0 to a worker process, "
           f"the same worker and workload over each transport; median of {args.runs} runs, alternating\n")
-    print_table(["transport", "events", "RDATA lines", "median s", "median lines/s", "min lines/s", "max lines/s"],
-                await transports(reactor, new_url, args.events, args.runs))
+    rows = []
+    for engine, new_url in databases:
+        rows += [[engine, *row] for row in await transports(reactor, new_url, args.events, args.runs)]
+    print_table(["engine", "transport", "events", "RDATA lines", "median s", "median lines/s", "min lines/s",
+                 "max lines/s"], rows)
     if args.transports_only:
         return
     print(f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
