@@ -1,7 +1,8 @@
 """TCP replication from a writer store to a worker over loopback TCP.
 
 usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [--runs R] [--congestion-events N]
-       [--sections parse catchup live congestion] [--page-sizes N...] [--parse-lines N] [--profile]
+       [--sections parse catchup live transports congestion] [--page-sizes N...] [--parse-lines N] [--profile]
+       [--transports-only]
 
 0. Parsing: roomstore's and Synapse's parse_command_from_line (where
    matrix-synapse is importable) on the same events RDATA lines, interleaved
@@ -20,6 +21,15 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    the writer persists N events; lines/s at the worker from its first row,
    both as the writer commits and with the server told only once all are
    written (the live path's own capacity).
+
+4. Redis vs direct TCP (needs redis-server; a private one is started): the
+   same N persisted events, sent to a worker process (the same worker store
+   and ``StoreReplicationHandler``) once by the TCP server replaying from
+   token 0 and once by the writer's ``RedisReplication`` publishing them on
+   Redis from token 0 (``replay_from``), runs alternating. Reported per
+   transport: RDATA lines the worker received and lines/s from its first
+   applied token to its events and caches positions reaching the writer's
+   (the same clock for both), median of R runs.
 
 2. Congestion: while the writer persists N events, a client that never reads
    its socket (small receive buffer; it keeps sending PINGs so only the
@@ -411,6 +421,109 @@ async def live(reactor, engine: str, new_url, events: int, runs: int, page_size:
     return rows
 
 
+# ---------------------------------------------------------------- 3. Redis vs TCP
+
+
+async def transport_worker_main(reactor, url: str, transport: str, address: str, targets: dict) -> None:
+    """Child process: follow over ``transport`` from 0 until the targets; print one JSON line."""
+    from prometheus_client import REGISTRY
+
+    from roomstore.replication import ReplicationClientFactory, ReplicationConfig
+    from roomstore.replication.follower import StreamPositions
+    from roomstore.replication.store_streams import StoreReplicationHandler
+    from roomstore.store import RoomStore, StoreConfig
+
+    store = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}), reactor=reactor)
+    try:
+        first: list[float] = []
+
+        def applied(stream, instance, token, rows):
+            if not first:
+                first.append(time.perf_counter())
+
+        handler = StoreReplicationHandler(store, on_applied=applied)
+        positions = StreamPositions()
+        for stream in STREAMS:
+            positions.set(stream, "master", 0)
+        if transport == "tcp":
+            factory = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor,
+                                               config=ReplicationConfig(page_size=500))
+            factory.positions = positions
+            reactor.connectTCP("127.0.0.1", int(address), factory)
+            stop = factory.stop
+            metric = ("roomstore_replication_commands_received_total", {"side": "client", "command": "RDATA"})
+        else:
+            from roomstore.replication.redis import RedisReplication, parse_redis_url
+
+            redis = RedisReplication(store, parse_redis_url(address), "bench", reactor=reactor, handler=handler,
+                                     positions=positions, page_size=500)
+            redis.start()
+            await redis.when_ready()
+            print("READY", flush=True)
+            stop = redis.stop
+            metric = ("roomstore_replication_redis_received_total", {"command": "RDATA"})
+        done = await until(
+            reactor, lambda: all((positions.get(s, "master") or 0) >= t for s, t in targets.items()), 600, "catch-up")
+        rdata = REGISTRY.get_sample_value(*metric) or 0.0
+        result = stop()
+        if isinstance(result, defer.Deferred) or hasattr(result, "__await__"):
+            await result
+        print(json.dumps({"seconds": done - first[0], "rdata": rdata}), flush=True)
+    finally:
+        await store.close()
+
+
+async def transports(reactor, new_url, events: int, runs: int) -> list[list]:
+    from roomstore.replication.redis import RedisReplication, parse_redis_url
+
+    redis_dir = None
+    out = subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "start"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    redis_url, redis_dir = out[0], out[1]
+    try:
+        url = new_url()
+        server = await start_server(reactor, url)
+        for batch in history(20, events):
+            await server.store.persist_events(batch)
+        targets = {s: server.store.generators[s].get_current_token() for s in ("events", "caches")}
+        samples: dict[str, list[dict]] = {"tcp": [], "redis": []}
+        env = dict(os.environ, PYTHONPATH=REPO)
+        for _ in range(runs):
+            for transport in ("tcp", "redis"):
+                address = str(server.port.getHost().port) if transport == "tcp" else redis_url
+                argv = [sys.executable, os.path.abspath(__file__), "--transport-worker", url, transport, address,
+                        json.dumps(targets)]
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, text=True)
+                publisher = None
+                if transport == "redis":
+                    # Wait for the worker to be subscribed, then publish the history from token 0.
+                    from twisted.internet import threads
+
+                    line = await threads.deferToThread(proc.stdout.readline)
+                    if line.strip() != "READY":
+                        raise RuntimeError(f"redis worker did not start: {line!r}")
+                    publisher = RedisReplication(server.store, parse_redis_url(redis_url), "bench", reactor=reactor,
+                                                 page_size=500, replay_from={s: 0 for s in STREAMS})
+                    publisher.start()
+                await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+                lines = proc.stdout.read().strip().splitlines()
+                if publisher is not None:
+                    await publisher.stop()
+                if proc.returncode != 0 or not lines:
+                    raise RuntimeError(f"{transport} worker failed ({proc.returncode})")
+                samples[transport].append(json.loads(lines[-1]))
+        await server.stopService()
+    finally:
+        if redis_dir:
+            subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "stop", redis_dir], check=False)
+    rows = []
+    for transport, got in samples.items():
+        rates = sorted(s["rdata"] / s["seconds"] for s in got)
+        rows.append([transport, targets["events"], int(got[0]["rdata"]), statistics.median(s["seconds"] for s in got),
+                     statistics.median(rates), rates[0], rates[-1]])
+    return rows
+
+
 # ---------------------------------------------------------------- 2. congestion
 
 
@@ -640,6 +753,14 @@ async def main(reactor, args) -> None:
                      "median lines/s", "min lines/s", "max lines/s", "lines/worker CPU s"], rows)
         print("  (as written: the worker cannot get rows faster than the writer commits them; burst: the same "
               "events, the server told once they are all written, through the same live connection)")
+    if "transports" in args.sections:
+        print(f"\n4. Redis vs direct TCP: {args.events} persisted events from token 0 to a worker process, "
+              f"the same worker and workload over each transport; median of {args.runs} runs, alternating\n")
+        rows = []
+        for engine, new_url in databases:
+            rows += [[engine, *row] for row in await transports(reactor, new_url, args.events, args.runs)]
+        print_table(["engine", "transport", "events", "RDATA lines", "median s", "median lines/s", "min lines/s",
+                     "max lines/s"], rows)
     if "congestion" not in args.sections:
         return
 
@@ -654,6 +775,10 @@ async def main(reactor, args) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--transport-worker":
+        _, _, url, transport, address, targets = sys.argv
+        task.react(lambda r: defer.ensureDeferred(transport_worker_main(r, url, transport, address,
+                                                                        json.loads(targets))))
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         _, _, url, port, targets, page_size = sys.argv
         task.react(lambda r: defer.ensureDeferred(
@@ -667,7 +792,10 @@ if __name__ == "__main__":
     parser.add_argument("--parse-lines", type=int, default=200_000)
     parser.add_argument("--profile", action="store_true",
                         help="one more run per setting, profiled on both sides (not counted in the figures)")
-    parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "congestion"],
-                        choices=["parse", "catchup", "live", "congestion"])
+    parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "transports", "congestion"],
+                        choices=["parse", "catchup", "live", "transports", "congestion"])
+    parser.add_argument("--transports-only", action="store_true", help="only section 4 (Redis vs TCP)")
     args = parser.parse_args()
+    if args.transports_only:
+        args.sections = ["transports"]
     task.react(lambda r: defer.ensureDeferred(main(r, args)))

@@ -29,12 +29,39 @@ class CliError(Exception):
     """A problem the operator can fix; printed without a traceback."""
 
 
-async def open_store(reactor, args, create: bool = False):
+async def open_store(reactor, args, create: bool = False, read_only: bool = False):
     """The store at ``--db``. Only commands that write (``create=True``)
-    create a missing SQLite file: for the others it is a mistyped path."""
+    create a missing SQLite file: for the others it is a mistyped path.
+    ``read_only`` (the read commands): no writer lock, so it runs beside a
+    live writer."""
     from roomstore.store import RoomStore, StoreConfig
 
-    return await RoomStore.open(args.db, StoreConfig(instance_name=args.instance), reactor=reactor, create=create)
+    writers = stream_writers(args)
+    if not read_only:
+        check_multi_writer(writers, args)
+    config = StoreConfig(instance_name=args.instance, stream_writers=writers, read_only=read_only)
+    return await RoomStore.open(args.db, config, reactor=reactor, create=create)
+
+
+def check_multi_writer(writers: dict[str, list[str]], args) -> None:
+    """Several writers of a stream must hear each other: refuse without Redis."""
+    shared = {name: names for name, names in writers.items() if len(names) > 1}
+    if shared and not getattr(args, "redis", None):
+        name, names = next(iter(sorted(shared.items())))
+        raise CliError(f"stream {name} has writers {','.join(names)}: a multi-writer deployment needs"
+                       " PostgreSQL and --redis URL, so that writers and readers hear each other")
+
+
+def stream_writers(args) -> dict[str, list[str]]:
+    """``--stream-writers STREAM=NAME[,NAME...]`` (repeatable) as a mapping."""
+    writers: dict[str, list[str]] = {}
+    for spec in getattr(args, "stream_writers", None) or ():
+        stream, sep, names = spec.partition("=")
+        listed = [n.strip() for n in names.split(",") if n.strip()]
+        if not sep or not stream.strip() or not listed:
+            raise CliError(f"--stream-writers {spec!r}: write STREAM=NAME[,NAME...], e.g. events=w1,w2")
+        writers[stream.strip()] = listed
+    return writers
 
 
 # ---------------------------------------------------------------------- init
@@ -163,15 +190,54 @@ async def cmd_import(reactor, args) -> int:
     if os.path.isdir(args.file):
         raise CliError(f"{args.file} is a directory: give a JSON-lines file")
     store = await open_store(reactor, args, create=True)
+    redis = None
     try:
+        if args.redis:
+            redis = await connect_redis(reactor, store, args)
         started = time.monotonic()
         summary = await import_file(store, args.file, args.batch_size, args.progress)
+        if redis is not None:
+            await flush_redis(reactor, redis, args)
         summary["seconds"] = round(time.monotonic() - started, 3)
         summary["current_token"] = store.get_current_token()
         emit(summary)
     finally:
+        if redis is not None:
+            await redis.stop()
         await store.close()
     return 1 if summary["failed"] and args.strict else 0
+
+
+async def connect_redis(reactor, store, args, timeout: float = 15.0):
+    """``store`` on the Redis bus of ``--redis`` (channel ``--server-name``), connected."""
+    from roomstore.replication.service import start_redis
+
+    try:
+        redis = start_redis(store, args.redis, args.server_name or "localhost", reactor)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    ready = redis.when_ready()
+    timer = reactor.callLater(timeout, ready.cancel)
+    try:
+        await ready
+    except defer.CancelledError:
+        await redis.stop()
+        raise CliError(f"cannot reach Redis at {args.redis} within {timeout:.0f}s: is redis-server running there?")
+    timer.cancel()
+    return redis
+
+
+async def flush_redis(reactor, redis, args, timeout: float = 60.0) -> None:
+    """Wait until followers have been sent every row we wrote; warn (one line) if Redis stays away."""
+    flushed = defer.ensureDeferred(redis.flush())
+    timer = reactor.callLater(timeout, flushed.cancel)
+    try:
+        await flushed
+        timer.cancel()
+    except defer.CancelledError:
+        sys.stderr.write(f"roomstore import: Redis at {args.redis} unreachable for {timeout:.0f}s: the rows are"
+                         f" stored, but followers see them only once instance {args.instance!r} is heard again"
+                         " (its next start) or they restart\n")
 
 
 # ---------------------------------------------------------------------- reads
@@ -182,7 +248,7 @@ def state_as_json(state: dict) -> list[dict]:
 
 
 async def cmd_state(reactor, args) -> int:
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, read_only=True)
     try:
         try:
             state = await store.get_state_ids(args.event_id, before=args.before)
@@ -195,7 +261,7 @@ async def cmd_state(reactor, args) -> int:
 
 
 async def cmd_messages(reactor, args) -> int:
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, read_only=True)
     try:
         if await store.get_room_version(args.room_id) is None:
             raise CliError(f"unknown room {args.room_id}: no create event of it is stored")
@@ -209,7 +275,7 @@ async def cmd_messages(reactor, args) -> int:
 
 
 async def cmd_sync(reactor, args) -> int:
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, read_only=True)
     try:
         result = await store.sync(args.user, args.since, args.limit)
         for room_id, events in sorted(result.rooms.items()):
@@ -224,7 +290,7 @@ async def cmd_sync(reactor, args) -> int:
 
 
 async def cmd_recent(reactor, args) -> int:
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, read_only=True)
     try:
         result = await store.recent(args.user, args.rooms, args.events, args.cursor)
         for room_id, events in result.rooms:
@@ -264,7 +330,7 @@ def stats_txn(txn) -> list[dict]:
 
 
 async def cmd_stats(reactor, args) -> int:
-    store = await open_store(reactor, args)
+    store = await open_store(reactor, args, read_only=True)
     try:
         for row in await store.db.run_interaction("stats", stats_txn):
             emit(row)
@@ -332,6 +398,14 @@ async def cmd_generate_sample(reactor, args) -> int:
 # ---------------------------------------------------------------------- replication
 
 
+def serve_store_config(args):
+    from roomstore.store import StoreConfig
+
+    writers = stream_writers(args)
+    check_multi_writer(writers, args)
+    return StoreConfig(instance_name=args.instance, stream_writers=writers)
+
+
 async def cmd_serve(reactor, args) -> int:
     """Serve the store's streams to workers over TCP replication, until stopped."""
     from roomstore.replication.service import ReplicationServerService, read_secret_file, run_service
@@ -348,6 +422,8 @@ async def cmd_serve(reactor, args) -> int:
         instance_name=args.instance,
         secret=secret,
         metrics_port=args.metrics_port,
+        store_config=serve_store_config(args),
+        redis_url=args.redis,
         reactor=reactor,
     )
 
@@ -373,8 +449,10 @@ async def cmd_follow(reactor, args) -> int:
     row (``{"stream", "instance", "token", "row"}``), until stopped."""
     from roomstore.replication.service import FollowerService, parse_host_port, read_secret_file, run_service
 
+    if (args.server is None) == (args.redis is None):
+        raise CliError("give --server HOST:PORT (TCP) or --redis URL, one of them")
     try:
-        host, port = parse_host_port(args.server)
+        host, port = parse_host_port(args.server) if args.server else (None, None)
         secret = read_secret_file(args.secret_file) if args.secret_file else None
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
@@ -399,6 +477,9 @@ async def cmd_follow(reactor, args) -> int:
         secret=secret,
         positions_file=args.positions_file,
         on_applied=None if args.quiet else print_rows,
+        redis_url=args.redis,
+        stream_writers=stream_writers(args),
+        metrics_port=args.metrics_port,
         reactor=reactor,
     )
 
@@ -406,7 +487,10 @@ async def cmd_follow(reactor, args) -> int:
         resume: dict[str, dict[str, int]] = {}
         for (stream, instance), token in sorted(service.resumed_from.items()):
             resume.setdefault(stream, {})[instance] = token
-        emit({"following": f"{host}:{port}", "name": args.name, "resume": resume})
+        following = {"following": args.redis or f"{host}:{port}", "name": args.name, "resume": resume}
+        if service.metrics_port_listener is not None:
+            following["metrics_port"] = service.metrics_port_listener.getHost().port
+        emit(following)
 
     await run_service(reactor, service, started)
     return 0
@@ -435,6 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--db", default=DEFAULT_DB, help=f"database URL (default {DEFAULT_DB})")
         p.add_argument("--instance", default="master", help="this process's instance name")
+        p.add_argument("--stream-writers", action="append", metavar="STREAM=NAME[,NAME...]",
+                       help="the writer instances of a stream (repeatable; default: --instance writes every stream)")
         p.add_argument("-v", "--verbose", action="store_true", help="log at info level to stderr")
         return p
 
@@ -444,6 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=100, help="events persisted per transaction (default 100)")
     p.add_argument("--strict", action="store_true", help="exit 1 if any event failed")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
+    p.add_argument("--redis", help="announce the imported rows on this Redis (redis://host:port) to live followers")
+    p.add_argument("--server-name", default="localhost", help="the homeserver's name: the Redis channel")
     p = add("state", "the state at an event")
     p.add_argument("event_id", help="the event whose state to show")
     p.add_argument("--before", action="store_true", help="the state before the event, not after")
@@ -479,14 +567,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-name", default="localhost", help="the name sent to workers in SERVER")
     p.add_argument("--secret-file", help="require AUTH with the secret on this file's first line")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on /metrics")
+    p.add_argument("--redis", help="also replicate over this Redis (redis://host:port), channel --server-name")
     p = add("follow", "follow a replication server into a worker store, printing applied rows (runs until stopped)")
-    p.add_argument("--server", required=True, help="the replication server, HOST:PORT")
+    p.add_argument("--server", help="the replication server, HOST:PORT (or --redis)")
+    p.add_argument("--redis", help="follow every writer over this Redis (redis://host:port), channel --server-name")
     p.add_argument("--name", default="worker1", help="this worker's instance name (--instance is not used)")
     p.add_argument("--writer", default="master", help="the instance writing the streams (default master)")
-    p.add_argument("--server-name", default=None, help="refuse a server that names itself otherwise")
+    p.add_argument("--server-name", default=None,
+                   help="refuse a server that names itself otherwise; with --redis, the channel (default localhost)")
     p.add_argument("--secret-file", help="send AUTH with the secret on this file's first line")
     p.add_argument("--positions-file", help="save positions here after each token; resume from it on start")
     p.add_argument("--quiet", action="store_true", help="do not print applied rows")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics (positions applied per writer, Redis state) on 127.0.0.1")
     return parser
 
 

@@ -65,6 +65,18 @@ class StoreConfig:
     #: How long a read given a token ahead of this process's position waits
     #: for it (a worker behind its writer) before refusing it as invalid.
     token_wait_ms: int = 5_000
+    #: Read only: persist nothing and take no writer lock, so it runs beside
+    #: a live writer (the read commands). Otherwise a process writing a
+    #: stream holds its instance's writer lock (``storage.writer_lock``).
+    read_only: bool = False
+
+    def writes_anything(self) -> bool:
+        """Whether this process is a writer of any built-in stream."""
+        if self.read_only:
+            return False
+        from roomstore.streams.builtin import BUILTIN_STREAMS
+
+        return any(self.instance_name in self.stream_writers.get(name, [self.instance_name]) for name in BUILTIN_STREAMS)
 
 
 class RoomStore:
@@ -114,10 +126,21 @@ class RoomStore:
             owns_db = True
         else:
             db, owns_db = database, False
+        writer_lock = None
         try:
+            if config.writes_anything():
+                # Before anything is written or recovered: recovery assumes
+                # no other live process is this instance.
+                from roomstore.storage.writer_lock import WriterLock
+
+                writer_lock = await WriterLock.acquire(db, config.instance_name)
             await db.prepare()
-            generators = await open_builtin_generators(db, config.instance_name, config.stream_writers)
+            generators = await open_builtin_generators(
+                db, config.instance_name, config.stream_writers, read_only=config.read_only
+            )
         except BaseException:
+            if writer_lock is not None:
+                await writer_lock.release()
             if owns_db:
                 await db.close()
             raise
@@ -125,7 +148,9 @@ class RoomStore:
         store._owns_db = owns_db
         if clock is not None:
             store.clock = clock
-        await db.run_interaction("register_instance", store._register_instance_txn)
+        store._writer_lock = writer_lock
+        if not config.read_only:
+            await db.run_interaction("register_instance", store._register_instance_txn)
         store._censor_job = None
         if config.censor_interval_ms is not None:
             from roomstore.events.censor import RedactionCensor
@@ -146,6 +171,9 @@ class RoomStore:
             await censor_job.stop()
         for gen in self.generators.values():
             await gen.close()
+        writer_lock, self._writer_lock = getattr(self, "_writer_lock", None), None
+        if writer_lock is not None:
+            await writer_lock.release()
         if getattr(self, "_owns_db", False):
             await self.db.close()
 

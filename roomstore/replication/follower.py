@@ -34,6 +34,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from roomstore.replication.commands import PositionCommand, RdataCommand, describe
+from roomstore.replication.metrics import APPLIED_POSITION
 from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.streams import Stream, StreamRow, UnknownStreamError
 
@@ -62,6 +63,7 @@ class StreamPositions:
 
     def set(self, stream_name: str, instance_name: str, token: int) -> None:
         self._tokens[(stream_name, instance_name)] = token
+        APPLIED_POSITION.labels(stream_name, instance_name).set(token)
 
     def items(self) -> Iterator[tuple[tuple[str, str], int]]:
         return iter(list(self._tokens.items()))
@@ -132,6 +134,11 @@ class StreamFollower:
         self._batches.clear()
         for queue in self._queues.values():
             queue.clear()
+
+    def drop_partial_batches(self) -> None:
+        """Forget ``RDATA ... batch`` rows still waiting for their token (the
+        line carrying it was lost with a connection); queued work stays."""
+        self._batches.clear()
 
     # -- commands in -------------------------------------------------------------
 

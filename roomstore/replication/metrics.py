@@ -15,6 +15,7 @@ from prometheus_client import Counter, Gauge
 
 __all__ = [
     "child",
+    "APPLIED_POSITION",
     "AUTH_FAILURES",
     "BYTES_RECEIVED",
     "BYTES_SENT",
@@ -24,6 +25,10 @@ __all__ = [
     "CONNECTIONS",
     "INVALID_LINES",
     "PENDING_COMMANDS",
+    "REDIS_CONNECTED",
+    "REDIS_PUBLISHED",
+    "REDIS_RDATA_BEFORE_POSITION",
+    "REDIS_RECEIVED",
 ]
 
 COMMANDS_RECEIVED = Counter(
@@ -85,3 +90,31 @@ def child(metric, *labels: str):
     if found is None:
         found = _children[key] = metric.labels(*labels)
     return found
+
+
+# Redis transport (roomstore.replication.redis).
+REDIS_CONNECTED = Gauge(
+    "roomstore_replication_redis_connected",
+    "1 while the Redis connection of this role (publish, subscribe) is up",
+    ["role"],
+)
+REDIS_PUBLISHED = Counter(
+    "roomstore_replication_redis_published",
+    "Commands published on Redis, by command name",
+    ["command"],
+)
+REDIS_RECEIVED = Counter(
+    "roomstore_replication_redis_received",
+    "Commands received from Redis (own lines included), by command name ('invalid': unparsable)",
+    ["command"],
+)
+REDIS_RDATA_BEFORE_POSITION = Counter(
+    "roomstore_replication_redis_rdata_before_position",
+    "RDATA dropped because its writer's POSITION had not yet been heard on this connection"
+    " (the rows are filled from the database once it is)",
+)
+APPLIED_POSITION = Gauge(
+    "roomstore_replication_applied_position",
+    "Per stream and writer, the newest token this process has applied from replication",
+    ["stream", "instance"],
+)

@@ -57,6 +57,7 @@ __all__ = [
     "read_secret_file",
     "run_service",
     "save_positions",
+    "start_redis",
 ]
 
 log = Logger()
@@ -253,10 +254,13 @@ class ReplicationServerService(_AsyncService):
         metrics_bind: str | None = None,
         config: ReplicationConfig = ReplicationConfig(),
         store_config: StoreConfig | None = None,
+        redis_url: str | None = None,
         reactor: Any = None,
     ) -> None:
         super().__init__(reactor)
         self.database = database
+        self.redis_url = redis_url
+        self.redis: Any = None
         self.listen_port = port
         self.bind = bind
         self.server_name = server_name
@@ -277,6 +281,8 @@ class ReplicationServerService(_AsyncService):
             self.server_name, store_stream_registry(self.store), self.reactor, self.config, secret=self.secret
         )
         self._unwire = wire_server(self.store, self.factory.notify_new_rows)
+        if self.redis_url is not None:
+            self.redis = start_redis(self.store, self.redis_url, self.server_name, self.reactor)
         self.port = self.reactor.listenTCP(self.listen_port, self.factory, interface=self.bind)
         address = self.port.getHost()
         log.info(
@@ -294,6 +300,8 @@ class ReplicationServerService(_AsyncService):
     async def _stop(self) -> None:
         if self._unwire is not None:
             self._unwire()
+        if self.redis is not None:
+            await self.redis.stop()
         if self.port is not None:
             await self.port.stopListening()
         if self.metrics_port_listener is not None:
@@ -307,6 +315,15 @@ class ReplicationServerService(_AsyncService):
             await self.store.close()
             self.store = None
         log.info("replication server stopped")
+
+
+def start_redis(store: RoomStore, redis_url: str, channel: str, reactor: Any) -> Any:
+    """A started ``RedisReplication`` of ``store`` (a writer announces, a reader applies)."""
+    from roomstore.replication.redis import RedisReplication, parse_redis_url
+
+    replication = RedisReplication(store, parse_redis_url(redis_url), channel, reactor=reactor)
+    replication.start()
+    return replication
 
 
 class _FollowerHandler(StoreReplicationHandler):
@@ -348,8 +365,8 @@ class FollowerService(_AsyncService):
     def __init__(
         self,
         database: Any,
-        host: str,
-        port: int,
+        host: str | None,
+        port: int | None,
         *,
         name: str = "worker1",
         writer: str = "master",
@@ -358,10 +375,21 @@ class FollowerService(_AsyncService):
         positions_file: str | None = None,
         on_applied: Callable[[str, str, int, list], Any] | None = None,
         config: ReplicationConfig = ReplicationConfig(),
+        redis_url: str | None = None,
+        stream_writers: Mapping[str, Any] | None = None,
+        metrics_port: int | None = None,
         reactor: Any = None,
     ) -> None:
         super().__init__(reactor)
+        self.metrics_listen_port = metrics_port
+        self.metrics_port_listener: IListeningPort | None = None
+        if (host is None) == (redis_url is None):
+            raise ValueError("follow a replication server (host, port) or Redis (redis_url), one of them")
         self.database = database
+        self.redis_url = redis_url
+        self.redis: Any = None
+        self.stream_writers = {n: list(stream_writers.get(n, [writer])) for n in STORE_STREAMS} \
+            if stream_writers else {n: [writer] for n in STORE_STREAMS}
         self.host = host
         self.server_port = port
         self.instance_name = name
@@ -379,11 +407,14 @@ class FollowerService(_AsyncService):
         self._connector: Any = None
 
     async def _start(self) -> None:
-        store_config = StoreConfig(
-            instance_name=self.instance_name, stream_writers={name: [self.writer] for name in STORE_STREAMS}
-        )
+        store_config = StoreConfig(instance_name=self.instance_name, stream_writers=self.stream_writers)
         self.store = await RoomStore.open(self.database, store_config, reactor=self.reactor)
         self.handler = _FollowerHandler(self.store, self._applied, self._moved)
+        if self.metrics_listen_port is not None:
+            self.metrics_port_listener = _listen_metrics(self.reactor, self.metrics_listen_port, DEFAULT_BIND)
+        if self.redis_url is not None:
+            self._start_redis()
+            return
         self.factory = ReplicationClientFactory(
             self.handler,
             self.instance_name,
@@ -392,28 +423,45 @@ class FollowerService(_AsyncService):
             config=self.config,
             secret=self.secret,
         )
+        for (stream, instance), token in self._resume_positions().items():
+            self.factory.positions.set(stream, instance, token)
+        self._connector = self.reactor.connectTCP(self.host, self.server_port, self.factory)
+
+    def _resume_positions(self) -> dict[tuple[str, str], int]:
         saved = load_positions(self.positions_file) if self.positions_file else None
         source = "positions file" if saved is not None else "store"
         positions = saved if saved is not None else dict(self.handler.initial_positions().items())
-        for (stream, instance), token in positions.items():
-            self.factory.positions.set(stream, instance, token)
         self.resumed_from = dict(positions)
         self._positions = dict(positions)
         log.info(
-            "worker {name} resuming from {source}: {positions}",
+            "worker {name} resuming from {source}: {positions}; store events positions {store_positions}",
             name=self.instance_name,
             source=source,
             positions=" ".join(f"{s}/{i}={t}" for (s, i), t in sorted(positions.items())),
+            store_positions=json.dumps(self.store.events_stream.get_positions(), sort_keys=True),
         )
-        self._connector = self.reactor.connectTCP(self.host, self.server_port, self.factory)
+        return positions
+
+    def _start_redis(self) -> None:
+        from roomstore.replication.redis import RedisReplication, parse_redis_url
+
+        tracked = StreamPositions()
+        for (stream, instance), token in self._resume_positions().items():
+            tracked.set(stream, instance, token)
+        self.redis = RedisReplication(
+            self.store, parse_redis_url(self.redis_url), self.expected_server_name or "localhost",
+            reactor=self.reactor, handler=self.handler, positions=tracked, page_size=self.config.page_size,
+        )
+        self.redis.start()
 
     def _applied(self, stream: str, instance: str, token: int, rows: list) -> None:
         log.info(
-            "applied {stream} {instance} {token} rows={count}",
+            "applied {stream} {instance} {token} rows={count} linear={linear}",
             stream=stream,
             instance=instance,
             token=token,
             count=len(rows),
+            linear=self.store.generators[stream].get_current_token(),
         )
         if self.on_applied is not None:
             self.on_applied(stream, instance, token, rows)
@@ -422,17 +470,25 @@ class FollowerService(_AsyncService):
     def _moved(self, stream: str, instance: str, token: int) -> None:
         if self._positions.get((stream, instance)) == token:
             return
+        log.info("position {stream} {instance} {token} linear={linear}", stream=stream, instance=instance,
+                 token=token, linear=self.store.generators[stream].get_current_token())
         self._positions[(stream, instance)] = token
         if self.positions_file:
             save_positions(self.positions_file, self._positions)
 
     @property
     def positions(self) -> StreamPositions:
-        """The follower's positions (the client factory's)."""
+        """The follower's positions (the client factory's, or Redis's)."""
+        if self.redis is not None:
+            return self.redis.positions
         assert self.factory is not None
         return self.factory.positions
 
     async def _stop(self) -> None:
+        if self.metrics_port_listener is not None:
+            await self.metrics_port_listener.stopListening()
+        if self.redis is not None:
+            await self.redis.stop()
         if self.factory is not None:
             self.factory.stop()
         if self._connector is not None:

@@ -390,6 +390,13 @@ class Database:
             callback(*cb_args, **cb_kwargs)
         return result
 
+    async def run_blocking(self, fn: Callable[..., R], *args: Any) -> R:
+        """Run a blocking ``fn(*args)`` that is not a transaction (e.g. taking
+        a lock on a connection of its own) on the pool's threads."""
+        if self._closed:
+            raise RuntimeError("database is closed")
+        return await threads.deferToThreadPool(self.reactor, self._threadpool, fn, *args)
+
     def run_interaction_deferred(
         self, description: str, fn: Callable[..., R], *args: Any, **kwargs: Any
     ) -> "defer.Deferred[R]":

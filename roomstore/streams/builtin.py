@@ -22,14 +22,16 @@ BUILTIN_STREAMS: dict[str, tuple[BackingTable, ...]] = {
 
 
 async def open_builtin_generators(
-    db: Database, instance_name: str, writers: Mapping[str, Sequence[str]] | None = None
+    db: Database, instance_name: str, writers: Mapping[str, Sequence[str]] | None = None, read_only: bool = False
 ) -> dict[str, StreamIdGenerator]:
     """One generator per built-in stream; ``writers`` maps a stream to its
-    writer instances (default: this instance writes every stream)."""
+    writer instances (default: this instance writes every stream).
+    ``read_only``: this process writes none of them."""
     writers = writers or {}
     generators = {}
     for name, tables in BUILTIN_STREAMS.items():
         generators[name] = await StreamIdGenerator.create(
-            db, name, instance_name, writers=list(writers.get(name, [instance_name])), backing_tables=tables
+            db, name, instance_name, writers=list(writers.get(name, [instance_name])), backing_tables=tables,
+            read_only=read_only,
         )
     return generators

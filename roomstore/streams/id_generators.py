@@ -88,6 +88,7 @@ class StreamIdGenerator:
         writers: Sequence[str],
         backing_tables: Sequence[BackingTable] = (),
         sequence_name: str | None = None,
+        read_only: bool = False,
     ):
         if not writers:
             raise StreamConfigError(f"stream {stream_name!r} has no writers")
@@ -102,7 +103,8 @@ class StreamIdGenerator:
         self.stream_name = stream_name
         self.instance_name = instance_name
         self.writers = tuple(writers)
-        self.is_writer = instance_name in self.writers
+        # A read-only process never writes, also under a writer's name.
+        self.is_writer = instance_name in self.writers and not read_only
         self._backing_tables = tuple(backing_tables)
         self._sequence = sequence_name or f"{stream_name}_stream_seq"
         self._use_sequence = db.engine.supports_sequences
@@ -136,9 +138,14 @@ class StreamIdGenerator:
         writers: Sequence[str] | None = None,
         backing_tables: Sequence[BackingTable] = (),
         sequence_name: str | None = None,
+        read_only: bool = False,
     ) -> "StreamIdGenerator":
-        """Build a generator and recover its positions from the database."""
-        gen = cls(db, stream_name, instance_name, writers or [instance_name], backing_tables, sequence_name)
+        """Build a generator and recover its positions from the database.
+
+        ``read_only``: this process reads the stream only (no IDs, no position
+        writes), even if ``instance_name`` is one of its writers.
+        """
+        gen = cls(db, stream_name, instance_name, writers or [instance_name], backing_tables, sequence_name, read_only)
         await db.run_interaction(f"load_stream_positions:{stream_name}", gen._load_txn)
         gen._publish_metrics()
         if gen.is_writer and gen._persisted.get(instance_name, -1) < gen._positions[instance_name]:

@@ -82,3 +82,11 @@ async def with_timeout(d: defer.Deferred, timeout: float, what: str) -> Any:
     finally:
         if call.active():
             call.cancel()
+
+
+def reap(processes: list) -> None:
+    """Kill and wait for every child process in ``processes`` still running (a cleanup)."""
+    for proc in processes:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

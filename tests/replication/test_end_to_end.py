@@ -24,7 +24,7 @@ from roomstore.replication.service import FollowerService, ReplicationServerServ
 from tests.db import DatabaseTestMixin
 from tests.store.builder import RoomBuilder
 
-from .store_utils import ALICE, BOB, CAROL, sleep, wait_until, with_timeout
+from .store_utils import ALICE, BOB, CAROL, reap, sleep, wait_until, with_timeout
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -188,13 +188,7 @@ class EndToEndTests(DatabaseTestMixin, unittest.TestCase):
             processes.append(proc)
             return proc
 
-        def reap() -> None:
-            for proc in processes:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-
-        self.addCleanup(reap)
+        self.addCleanup(reap, processes)
         writer = WriterLoop(server.store, rng)
         started = time.monotonic()
         def has_started(path: str) -> bool:

@@ -1,5 +1,7 @@
 """twistd plugin: ``twistd -n roomstore --db URL [options]`` runs the
-replication server (the writer's store, served to workers over TCP).
+replication server (the writer's store, served to workers over TCP, and with
+``--redis URL`` announced on Redis; ``--instance`` and ``--stream-writers``
+as on the command line).
 
 Twisted finds this file through ``twisted.plugins`` on ``sys.path``: run from
 a checkout with ``PYTHONPATH=<checkout> twistd -n roomstore ...``. This
@@ -23,7 +25,16 @@ class Options(usage.Options):
         ["instance", None, "master", "this process's instance name"],
         ["secret-file", None, None, "require AUTH with the secret on this file's first line"],
         ["metrics-port", None, None, "serve Prometheus metrics on /metrics at this port", int],
+        ["redis", None, None, "also replicate over this Redis (redis://host:port), channel --server-name"],
     ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["stream-writers"] = []
+
+    def opt_stream_writers(self, spec: str) -> None:
+        """STREAM=NAME[,NAME...]: the writer instances of a stream (repeatable)"""
+        self["stream-writers"].append(spec)
 
 
 @implementer(IServiceMaker, IPlugin)
@@ -33,9 +44,17 @@ class RoomstoreServiceMaker:
     options = Options
 
     def makeService(self, options: Options):
+        from types import SimpleNamespace
+
+        from roomstore.cli import CliError, serve_store_config
         from roomstore.replication.service import ReplicationServerService, read_secret_file
 
         secret = read_secret_file(options["secret-file"]) if options["secret-file"] else None
+        try:
+            store_config = serve_store_config(SimpleNamespace(
+                instance=options["instance"], stream_writers=options["stream-writers"], redis=options["redis"]))
+        except CliError as exc:
+            raise usage.UsageError(str(exc)) from None
         service = ReplicationServerService(
             options["db"],
             port=options["replication-port"],
@@ -44,6 +63,8 @@ class RoomstoreServiceMaker:
             instance_name=options["instance"],
             secret=secret,
             metrics_port=options["metrics-port"],
+            store_config=store_config,
+            redis_url=options["redis"],
         )
         # Under twistd nothing else notices a failed start-up (database
         # unreachable, port taken): exit instead of running empty.

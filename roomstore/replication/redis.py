@@ -1,0 +1,445 @@
+"""Replication over Redis pub/sub: every process of a deployment on one bus.
+
+Beside direct TCP (one server, its workers), processes can meet on a Redis
+server, the way Synapse deployments do. The lines are the TCP protocol's
+(``roomstore.replication.commands``), published on two channels:
+
+- ``<channel>`` (the homeserver's name by default): what every process hears:
+  ``REPLICATE``, ``POSITION``, ``RDATA``;
+- ``<channel>/<instance>``: commands aimed at one process (a reader that
+  needs a writer's position sends that writer ``REPLICATE`` there).
+
+What each process does (:class:`RedisReplication`, one per process, writer or
+reader alike):
+
+- on (re)connect, once both its publishing and its subscribed connection are
+  up, it publishes ``REPLICATE``, and, for every stream it writes,
+  ``POSITION <stream> <self> <p> <p>`` with ``p`` its current position; it
+  answers every ``REPLICATE`` the same way;
+- as its own position in a stream moves, it reads the new rows from the
+  database (the stream's ``get_updates``, in pages) and publishes them as
+  ``RDATA`` (all but the last row of a token with ``batch``), then
+  ``POSITION`` if the position went past the last row;
+- it ignores lines about itself, and applies the other writers' lines through
+  a :class:`~roomstore.replication.follower.StreamFollower`: a ``POSITION``
+  whose ``prev_token`` is ahead of what it applied makes it fill the gap from
+  the shared database through the stream's ``get_updates`` in bounded pages
+  (there is no HTTP side channel); ``RDATA`` of a writer is only applied once
+  a ``POSITION`` of that writer arrived on the current connection, so rows
+  published while it was away are never skipped over.
+
+Positions are tracked per writer (``StreamPositions``, and the store's ID
+generators, whose linear position is the minimum over the stream's listed
+writers, so it never passes a writer that has not been heard from).
+
+The Redis client is ``txredisapi`` (what Synapse uses: maintained, a plain
+Twisted protocol, reconnects with back-off through ``ClientService``), with
+``hiredis`` as its reply parser (its pure-Python one took nearly half of a
+reader's time per line in ``bench/replication.py``).
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any, Callable
+
+import attrs
+import txredisapi
+from twisted.internet import defer
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.logger import Logger
+
+from roomstore.replication import metrics
+from roomstore.replication.commands import (
+    CommandParseError,
+    PositionCommand,
+    RdataCommand,
+    ReplicateCommand,
+    parse_command_from_line,
+    serialize_command,
+)
+from roomstore.replication.follower import StreamFollower, StreamPositions
+from roomstore.replication.protocol import CloseConnection
+from roomstore.replication.store_streams import STORE_STREAMS, StoreReplicationHandler, wire_server
+
+__all__ = ["RedisAddress", "RedisReplication", "parse_redis_url"]
+
+log = Logger()
+
+
+@attrs.frozen
+class RedisAddress:
+    host: str
+    port: int = 6379
+    dbid: int | None = None
+    password: str | None = None
+
+    def describe(self) -> str:
+        return f"redis://{self.host}:{self.port}" + (f"/{self.dbid}" if self.dbid is not None else "")
+
+
+def parse_redis_url(url: str) -> RedisAddress:
+    """``redis://[:password@]host[:port][/db]``; raises ValueError with what to write."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme != "redis" or not parsed.hostname:
+        raise ValueError(f"Redis URL {url!r} is not of the form redis://host:port")
+    try:
+        port = parsed.port or 6379
+        path = parsed.path.strip("/")
+        dbid = int(path) if path else None
+    except ValueError:
+        raise ValueError(f"Redis URL {url!r}: bad port or database number") from None
+    return RedisAddress(parsed.hostname, port, dbid, parsed.password)
+
+
+class _Reporting:
+    """Tells the owner when the factory's one connection comes and goes."""
+
+    initialDelay = 0.2
+    maxDelay = 2.0
+    role = ""
+
+    def addConnection(self, conn: Any) -> None:
+        super().addConnection(conn)  # type: ignore[misc]
+        if conn in self.pool:  # type: ignore[attr-defined]
+            self.owner._connection_up(self.role, conn)  # type: ignore[attr-defined]
+
+    def delConnection(self, conn: Any) -> None:
+        super().delConnection(conn)  # type: ignore[misc]
+        self.owner._connection_down(self.role, conn)  # type: ignore[attr-defined]
+
+
+class _Publisher(_Reporting, txredisapi.RedisFactory):
+    """One connection for PUBLISH."""
+
+    role = "publish"
+
+    def __init__(self, owner: "RedisReplication", address: RedisAddress):
+        txredisapi.RedisFactory.__init__(self, address.describe(), address.dbid, 1, isLazy=True,
+                                         password=address.password, convertNumbers=False)
+        self.owner = owner
+
+
+class _SubscriberProtocol(txredisapi.SubscriberProtocol):
+    def messageReceived(self, pattern: Any, channel: Any, message: Any) -> None:
+        self.factory.owner._on_message(channel, message)
+
+
+class _Subscriber(_Reporting, txredisapi.SubscriberFactory):
+    """One subscribed connection."""
+
+    protocol = _SubscriberProtocol
+    role = "subscribe"
+
+    def __init__(self, owner: "RedisReplication", address: RedisAddress):
+        txredisapi.RedisFactory.__init__(self, address.describe(), address.dbid, 1, isLazy=True,
+                                         password=address.password, convertNumbers=False)
+        self.owner = owner
+
+
+class RedisReplication:
+    """This process on the Redis bus: announces what it writes, applies what others write.
+
+    ``store``: the process's ``RoomStore`` (its generators say which streams
+    it writes and who the writers are). ``handler``: applies other writers'
+    rows (default: a ``StoreReplicationHandler`` calling ``on_applied``).
+    ``positions``: where this process has applied each ``(stream, writer)``
+    (default: the store's positions at start). ``replay_from``: per stream
+    this process writes, announce its rows from this token on the first
+    connect rather than from its position (benchmarks, or sending a history
+    to new followers as RDATA). Call :meth:`start`, and
+    ``await`` :meth:`stop` at the end. From the reactor thread only.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        address: RedisAddress,
+        channel: str,
+        *,
+        reactor: Any = None,
+        handler: StoreReplicationHandler | None = None,
+        on_applied: Callable[[str, str, int, list], Any] | None = None,
+        positions: StreamPositions | None = None,
+        page_size: int = 500,
+        replay_from: dict[str, int] | None = None,
+    ):
+        if not channel or any(c.isspace() for c in channel):
+            raise ValueError(f"Redis channel {channel!r} must be a non-empty word")
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+
+            reactor = default_reactor
+        self.store = store
+        self.address = address
+        self.channel = channel
+        self.instance_name = store.instance_name
+        self.instance_channel = f"{channel}/{self.instance_name}"
+        self.reactor = reactor
+        self.page_size = page_size
+        self.handler = handler or StoreReplicationHandler(store, on_applied=on_applied)
+        self.streams = self.handler.streams
+        if positions is None:
+            positions = self.handler.initial_positions()
+        self.positions = positions
+        self.follower = StreamFollower(self.handler, positions, page_size=page_size)
+        #: Streams this process writes, and the last token announced in each.
+        self.own_streams = [n for n in STORE_STREAMS if store.generators[n].is_writer]
+        self._announced = {n: store.generators[n].get_current_token_for_writer(self.instance_name)
+                           for n in self.own_streams}
+        self._replay = dict(replay_from or {})
+        self._announcing: set[str] = set()
+        self._announce_again: set[str] = set()
+        self._idle_waiters: list[defer.Deferred] = []
+        self._pub_conn: Any = None
+        self._sub_conn: Any = None
+        self._subscribed = False
+        self.ready = False
+        self._ready_waiters: list[defer.Deferred] = []
+        #: ``(stream, writer)`` heard with POSITION since the last (re)connect.
+        self._synced: set[tuple[str, str]] = set()
+        self._asked: set[str] = set()
+        self._publisher: _Publisher | None = None
+        self._subscriber: _Subscriber | None = None
+        self._unwire: Callable[[], None] | None = None
+        self._stopped = False
+
+    # ------------------------------------------------------------------ life
+
+    def start(self) -> None:
+        """Connect (and keep reconnecting) both connections."""
+        self._publisher = _Publisher(self, self.address)
+        self._subscriber = _Subscriber(self, self.address)
+        for factory in (self._publisher, self._subscriber):
+            factory.startConnecting(TCP4ClientEndpoint(self.reactor, self.address.host, self.address.port))
+        self._unwire = wire_server(self.store, self._stream_advanced)
+        log.info("redis replication: {instance} on {address}, channel {channel}", instance=self.instance_name,
+                 address=self.address.describe(), channel=self.channel)
+
+    def when_ready(self) -> defer.Deferred:
+        """Fires once both connections are up and REPLICATE went out."""
+        if self.ready:
+            return defer.succeed(None)
+        d: defer.Deferred = defer.Deferred()
+        self._ready_waiters.append(d)
+        return d
+
+    async def flush(self) -> None:
+        """Wait until everything this process wrote so far is published
+        (waits for a connection if there is none)."""
+        while True:
+            if not self.ready:
+                await self.when_ready()
+                continue
+            pending = [n for n in self.own_streams
+                       if self._announced[n] < self.store.generators[n].get_current_token_for_writer(self.instance_name)
+                       or n in self._announcing]
+            if not pending:
+                return
+            for name in pending:
+                self._schedule_announce(name)
+            d: defer.Deferred = defer.Deferred()
+            self._idle_waiters.append(d)
+            await d
+
+    async def stop(self) -> None:
+        """Stop announcing and applying; close both connections."""
+        self._stopped = True
+        if self._unwire is not None:
+            self._unwire()
+        self.follower.stop()
+        for factory in (self._publisher, self._subscriber):
+            if factory is not None:
+                try:
+                    await factory.disconnect()
+                except Exception:
+                    pass
+        self._set_ready(False)
+
+    # ------------------------------------------------------------------ connections
+
+    def _connection_up(self, role: str, conn: Any) -> None:
+        metrics.REDIS_CONNECTED.labels(role).set(1)
+        if role == "publish":
+            self._pub_conn = conn
+            self._check_ready()
+            return
+        self._sub_conn = conn
+        d = conn.subscribe([self.channel, self.instance_channel])
+
+        def subscribed(_: Any) -> None:
+            if conn is self._sub_conn:
+                self._subscribed = True
+                self._check_ready()
+
+        d.addCallbacks(subscribed, lambda f: log.warn("redis SUBSCRIBE failed: {f}", f=f.getErrorMessage()))
+
+    def _connection_down(self, role: str, conn: Any) -> None:
+        if conn not in (self._pub_conn, self._sub_conn):
+            return
+        metrics.REDIS_CONNECTED.labels(role).set(0)
+        if role == "publish":
+            self._pub_conn = None
+        else:
+            self._sub_conn = None
+            self._subscribed = False
+        self._set_ready(False)
+
+    def _check_ready(self) -> None:
+        if self._stopped or self.ready or self._pub_conn is None or not self._subscribed:
+            return
+        self._set_ready(True)
+        # A new session: lines may have been lost while we were away, ours
+        # and theirs. Nobody's RDATA is applied again until its POSITION.
+        self._synced.clear()
+        self._asked.clear()
+        self.follower.drop_partial_batches()
+        self._publish(ReplicateCommand())
+        for name in self.own_streams:
+            # Our rows since the last announcement are not sent: readers
+            # behind this position fill the gap from the database.
+            position = self.store.generators[name].get_current_token_for_writer(self.instance_name)
+            if name in self._replay:
+                self._announced[name] = self._replay.pop(name)
+            else:
+                self._announced[name] = max(self._announced[name], position)
+            self._publish_position(name)
+            self._schedule_announce(name)
+        log.info("redis replication: connected to {address}", address=self.address.describe())
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def _set_ready(self, ready: bool) -> None:
+        if self.ready and not ready and not self._stopped:
+            log.warn("redis replication: lost the connection to {address}; reconnecting",
+                     address=self.address.describe())
+        self.ready = ready
+
+    # ------------------------------------------------------------------ publishing
+
+    def _publish(self, cmd: Any, channel: str | None = None) -> defer.Deferred | None:
+        conn = self._pub_conn
+        if conn is None or not self.ready:
+            return None
+        d = conn.publish(channel or self.channel, serialize_command(cmd))
+        metrics.REDIS_PUBLISHED.labels(cmd.NAME).inc()
+        d.addErrback(lambda f: None)  # the connection went; reconnecting re-announces
+        return d
+
+    def _publish_position(self, name: str) -> None:
+        token = self._announced[name]
+        self._publish(PositionCommand(name, self.instance_name, token, token))
+
+    def _stream_advanced(self, name: str) -> None:
+        if name in self._announced:
+            self._schedule_announce(name)
+
+    def _schedule_announce(self, name: str) -> None:
+        if self._stopped:
+            return
+        if name in self._announcing:
+            self._announce_again.add(name)
+            return
+        self._announcing.add(name)
+        defer.ensureDeferred(self._announce(name)).addErrback(
+            lambda f: log.failure("redis replication: announcing {stream} failed", f, stream=name))
+
+    async def _announce(self, name: str) -> None:
+        """Publish our rows of ``name`` from the last announced token to our position."""
+        stream = self.streams.get(name)
+        generator = self.store.generators[name]
+        in_flight: list[defer.Deferred] = []
+        try:
+            while True:
+                self._announce_again.discard(name)
+                target = generator.get_current_token_for_writer(self.instance_name)
+                while self.ready and self._announced[name] < target:
+                    start = self._announced[name]
+                    updates, upto, limited = await stream.get_updates(self.instance_name, start, target,
+                                                                      self.page_size)
+                    if not self.ready or self._announced[name] != start:
+                        break  # reconnected meanwhile: the POSITION sent then covers it
+                    sent = []
+                    for index, (token, row) in enumerate(updates):
+                        last_of_token = index + 1 == len(updates) or updates[index + 1][0] != token
+                        sent.append(self._publish(RdataCommand(name, self.instance_name,
+                                                               token if last_of_token else None, row)))
+                    last_row = updates[-1][0] if updates else start
+                    if upto > last_row:
+                        self._publish(PositionCommand(name, self.instance_name, last_row, upto))
+                    self._announced[name] = upto
+                    # Back-pressure: at most two pages unacknowledged, so the
+                    # next page is read while Redis takes this one.
+                    previous, in_flight = in_flight, [d for d in sent if d is not None]
+                    if previous:
+                        await defer.DeferredList(previous)
+                if name in self._announce_again:
+                    continue
+                if in_flight:
+                    # The stream may move while we wait: look again after.
+                    await defer.DeferredList(in_flight)
+                    in_flight = []
+                    continue
+                return
+        finally:
+            self._announcing.discard(name)
+            if not self._announcing:
+                waiters, self._idle_waiters = self._idle_waiters, []
+                for d in waiters:
+                    d.callback(None)
+
+    # ------------------------------------------------------------------ receiving
+
+    def _on_message(self, channel: Any, message: Any) -> None:
+        if self._stopped:
+            return
+        if isinstance(message, bytes):
+            message = message.decode("utf-8", "replace")
+        message = str(message)
+        words = message.split(" ", 3)
+        if len(words) > 2 and words[2] == self.instance_name and words[0] in ("RDATA", "POSITION"):
+            metrics.REDIS_RECEIVED.labels(words[0]).inc()
+            return  # our own line: not even parsed
+        try:
+            cmd = parse_command_from_line(message)
+        except CommandParseError as exc:
+            metrics.REDIS_RECEIVED.labels("invalid").inc()
+            log.warn("redis replication: ignoring a line: {reason}", reason=exc.reason)
+            return
+        metrics.REDIS_RECEIVED.labels(cmd.NAME).inc()
+        try:
+            if isinstance(cmd, ReplicateCommand):
+                for name in self.own_streams:
+                    self._publish_position(name)
+            elif isinstance(cmd, PositionCommand):
+                if self._is_other_writer(cmd.stream_name, cmd.instance_name):
+                    self._synced.add((cmd.stream_name, cmd.instance_name))
+                    self.follower.on_position(cmd)
+            elif isinstance(cmd, RdataCommand):
+                if self._is_other_writer(cmd.stream_name, cmd.instance_name):
+                    if (cmd.stream_name, cmd.instance_name) in self._synced:
+                        self.follower.on_rdata(cmd)
+                    else:
+                        metrics.REDIS_RDATA_BEFORE_POSITION.inc()
+                        self._ask_position(cmd.instance_name)
+        except CloseConnection as exc:
+            # Too far behind to queue more: start over from POSITIONs, which
+            # fill what was dropped from the database.
+            log.warn("redis replication: {reason}; resynchronising", reason=str(exc))
+            self._synced.clear()
+            self._asked.clear()
+            self.follower.drop_partial_batches()
+            self._publish(ReplicateCommand())
+
+    def _is_other_writer(self, stream_name: str, instance_name: str) -> bool:
+        if instance_name == self.instance_name or stream_name not in self.store.generators:
+            return False
+        return instance_name in self.store.generators[stream_name].writers
+
+    def _ask_position(self, instance_name: str) -> None:
+        """RDATA from a writer we have no POSITION of (its answer to our
+        REPLICATE was lost, or it has not heard it): ask it directly, once."""
+        if instance_name not in self._asked:
+            self._asked.add(instance_name)
+            self._publish(ReplicateCommand(), f"{self.channel}/{instance_name}")

@@ -1,0 +1,178 @@
+"""One live process per writer instance.
+
+Stream positions are recovered at start-up on the assumption that nothing of
+this instance is in flight; two live processes claiming one writer instance
+would break that (and, on SQLite, hand out the same stream IDs twice). So a
+process that writes takes a lock for its whole life:
+
+- PostgreSQL: a *session* advisory lock keyed by the instance name, on a
+  connection of its own that stays open while the process runs. The server
+  releases it when that connection goes, also when the process is killed.
+  The connection's ``application_name`` names the holder (pid and host), so a
+  refused process can say who holds it.
+- SQLite: the file has one writer process, whatever its instance name (IDs
+  are counted in-process): an exclusive ``flock`` on ``<file>.writer-lock``
+  beside the database, whose content names the holder. The kernel releases it
+  when the process dies.
+
+``await WriterLock.acquire(db, instance_name)`` returns the held lock or
+raises :class:`WriterLockHeld` (one line: the instance, the holder, what to
+do); ``await lock.release()`` lets it go. Read-only processes take no lock.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import zlib
+from typing import Any
+
+from twisted.logger import Logger
+
+from roomstore.storage.engines import DatabaseConfigError
+
+__all__ = ["WriterLock", "WriterLockHeld", "writer_lock_key"]
+
+log = Logger()
+
+#: First key of the two-int4 advisory lock: 'rsWL'. The second is the CRC-32
+#: of the instance name, so every instance has its own lock.
+_LOCK_CLASS = 0x7273574C - (1 << 32) if 0x7273574C >= 1 << 31 else 0x7273574C
+#: application_name prefix of a lock holder's connection.
+_APP_PREFIX = "roomstore-writer"
+
+
+class WriterLockHeld(DatabaseConfigError):
+    """Another live process already is this writer instance."""
+
+
+def writer_lock_key(instance_name: str) -> tuple[int, int]:
+    """The (int4, int4) advisory lock key of ``instance_name``."""
+    crc = zlib.crc32(instance_name.encode("utf-8"))
+    return _LOCK_CLASS, crc - (1 << 32) if crc >= 1 << 31 else crc
+
+
+def _holder_text() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+def _refusal(instance_name: str, where: str, holder: str) -> str:
+    return (
+        f"writer instance {instance_name!r} is already running ({holder}) on {where}: stop that process first,"
+        " run this one under another --instance listed in --stream-writers (PostgreSQL with --redis),"
+        " or use a read-only command (state, messages, sync, recent, stats)"
+    )
+
+
+class WriterLock:
+    """A held writer lock; see the module docstring."""
+
+    def __init__(self, db: Any, instance_name: str, resource: Any, release_fn: Any):
+        self.db = db
+        self.instance_name = instance_name
+        self._resource = resource
+        self._release_fn = release_fn
+
+    @classmethod
+    async def acquire(cls, db: Any, instance_name: str) -> "WriterLock":
+        """Take the lock of ``instance_name`` on ``db``'s database, or raise WriterLockHeld."""
+        if db.engine.name == "postgres":
+            conn = await db.run_blocking(_pg_acquire, db.engine, instance_name)
+            return cls(db, instance_name, (conn, instance_name), _pg_release)
+        path = db.engine.path
+        if path == ":memory:":
+            # Nobody else can open an in-memory database.
+            return cls(db, instance_name, None, None)
+        handle = await db.run_blocking(_sqlite_acquire, path, instance_name, db.engine.describe())
+        return cls(db, instance_name, handle, _sqlite_release)
+
+    async def release(self) -> None:
+        """Let the lock go (idempotent)."""
+        resource, self._resource = self._resource, None
+        if resource is not None and self._release_fn is not None:
+            await self.db.run_blocking(self._release_fn, resource)
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+def _pg_acquire(engine: Any, instance_name: str) -> Any:
+    import psycopg2
+
+    # application_name is at most 63 bytes; keep the pid and host readable.
+    app_name = f"{_APP_PREFIX} {os.getpid()}@{socket.gethostname()}"[:63]
+    conn = psycopg2.connect(engine.dsn, application_name=app_name)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", writer_lock_key(instance_name))
+            if cur.fetchone()[0]:
+                return conn
+            classid, objid = writer_lock_key(instance_name)
+            # The holder's connection: the lock row of that key, its backend's application_name.
+            cur.execute(
+                "SELECT a.application_name, a.client_addr, a.backend_start FROM pg_locks AS l"
+                " JOIN pg_stat_activity AS a ON a.pid = l.pid"
+                " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
+                " AND l.objsubid = 2"
+                # Advisory locks are per database: the same key elsewhere is someone else's.
+                " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF),
+            )
+            row = cur.fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    conn.close()
+    holder = "holder unknown"
+    if row is not None:
+        app, addr, started = row
+        who = app[len(_APP_PREFIX):].strip() if app and app.startswith(_APP_PREFIX) else (app or "?")
+        pid, _, host = who.partition("@")
+        holder = f"pid {pid} on {host or addr or '?'}, since {started:%Y-%m-%d %H:%M:%S %Z}".rstrip()
+    raise WriterLockHeld(_refusal(instance_name, engine.describe(), holder))
+
+
+def _pg_release(held: tuple[Any, str]) -> None:
+    conn, instance_name = held
+    try:
+        # Unlocked before closing: the server ends a closed session a moment
+        # later, and a successor starting at once must find the lock free.
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock(%s, %s)", writer_lock_key(instance_name))
+    except Exception:
+        pass
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- SQLite
+
+
+def _sqlite_acquire(path: str, instance_name: str, where: str) -> Any:
+    import fcntl
+
+    lock_path = os.path.abspath(path) + ".writer-lock"
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    handle = open(lock_path, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "holder unknown"
+        handle.close()
+        raise WriterLockHeld(_refusal(instance_name, where, holder)) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"instance {instance_name!r}, {_holder_text()}\n")
+    handle.flush()
+    return handle
+
+
+def _sqlite_release(handle: Any) -> None:
+    import fcntl
+
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    finally:
+        handle.close()
