@@ -61,12 +61,17 @@ def split_cached(cache: LruCache, wanted: Iterable) -> tuple[dict, list]:
     """(what ``cache`` knows of ``wanted``, the rest), deduplicated in order."""
     known = {}
     missing = []
+    # The cache's own dict, without a method call per item: a 10,000-entry
+    # state resolves 20,000 ids here (bench/state_vs_synapse.py).
+    data = cache._data
+    touch = data.move_to_end
     for item in dict.fromkeys(wanted):
-        value = cache.get(item)
+        value = data.get(item)
         if value is None:
             missing.append(item)
         else:
             known[item] = value
+            touch(item)
     return known, missing
 
 

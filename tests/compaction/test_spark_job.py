@@ -1,10 +1,13 @@
-"""The compaction job for real: ``bin/roomstore-compact --master local[2]``
-(spark-submit, JDBC reads, Python workers) against PostgreSQL and SQLite.
+"""The compaction job for real: ``bin/roomstore-compact`` (spark-submit, JDBC
+reads, Python workers) against PostgreSQL and SQLite.
 
 Each spark-submit costs seconds of JVM start-up, so the scenarios are packed
-into few runs: a full run per engine (with a room whose plan is deliberately
-corrupted and a room whose chain reaches a purged group), and on PostgreSQL a
-dry run followed by a run killed with SIGKILL mid-write and its rerun.
+into few runs: a full run per engine on ``--master local[2]`` (with a room
+whose plan is deliberately corrupted and a room whose chain reaches a purged
+group), and on PostgreSQL, on a Spark standalone cluster (a master and two
+workers on loopback, executors with a Python that cannot import roomstore
+from this checkout), a dry run followed by a run killed with SIGKILL
+mid-write and its rerun.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 from roomstore.compaction.spark_job import EXIT_ROOMS_FAILED
+from tests.compaction.spark_cluster import SparkCluster
 from tests.compaction.test_writer import (
     CHUNK,
     all_states,
@@ -41,9 +46,9 @@ FAULT_ROOM = "!room0:example.org"
 FAST_START = ["--conf", "spark.ui.enabled=false", "--driver-java-options=-XX:TieredStopAtLevel=1"]
 
 
-def job_command(url: str, *args: str) -> list[str]:
-    return [WRAPPER, "--master", "local[2]", *FAST_START, "--db", url, "--heartbeat", "1",
-            "--chunk-groups", str(CHUNK), *args]
+def job_command(url: str, *args: str, cluster: Optional[SparkCluster] = None) -> list[str]:
+    master = ["--master", cluster.url, *cluster.submit_options()] if cluster else ["--master", "local[2]"]
+    return [WRAPPER, *master, *FAST_START, "--db", url, "--heartbeat", "1", "--chunk-groups", str(CHUNK), *args]
 
 
 def job_env() -> dict:
@@ -53,10 +58,10 @@ def job_env() -> dict:
     return env
 
 
-def run_job(url: str, *args: str, timeout: float = 600) -> tuple[int, str]:
+def run_job(url: str, *args: str, timeout: float = 600, cluster: Optional[SparkCluster] = None) -> tuple[int, str]:
     """Run the job to completion; (exit status, combined output)."""
     with tempfile.TemporaryFile(mode="w+") as out:
-        proc = subprocess.run(job_command(url, *args), stdout=out, stderr=subprocess.STDOUT, env=job_env(),
+        proc = subprocess.run(job_command(url, *args, cluster=cluster), stdout=out, stderr=subprocess.STDOUT, env=job_env(),
                               timeout=timeout)
         out.seek(0)
         return proc.returncode, out.read()
@@ -149,9 +154,14 @@ class CompactionJobTests:
         self.assertIn('roomstore_state_compaction_rooms{status="mismatch"} 1.0', metrics)
         self.assertIn("roomstore_state_compaction_last_run_success 0.0", metrics)
 
-    async def test_dry_run_then_kill_and_rerun(self):
+    async def test_dry_run_then_kill_and_rerun_on_a_cluster(self):
         if self.engine_name != "postgres":
             return  # one engine is enough for the (slow) kill scenario; the swap code is shared
+        # A standalone cluster: master and two workers, separate JVMs on loopback.
+        cluster = SparkCluster(workers=2, cores=1, memory="1g")
+        self.addCleanup(cluster.cleanup)
+        cluster.start()
+        self.addCleanup(cluster.stop)
         url = await compaction_database(self)
         reference = await compaction_database(self)
         before = all_states(url)
@@ -160,7 +170,7 @@ class CompactionJobTests:
         summary_path = os.path.join(work, "dry.json")
 
         # --dry-run reports and writes nothing: no rows, no progress, no lock.
-        status, output = run_job(url, "--dry-run", "--summary-json", summary_path)
+        status, output = run_job(url, "--dry-run", "--summary-json", summary_path, cluster=cluster)
         self.assertEqual(status, 0, output)
         self.assertEqual(representation(url), stored)
         for table in ("state_compaction_runs", "state_compaction_rooms", "state_compaction_chunks",
@@ -178,7 +188,7 @@ class CompactionJobTests:
         # A run killed with SIGKILL (the whole process group) mid-write.
         log_path = os.path.join(work, "killed.log")
         with open(log_path, "w") as log_file:
-            proc = subprocess.Popen(job_command(url, "--swap-delay", "0.7"), stdout=log_file,
+            proc = subprocess.Popen(job_command(url, "--swap-delay", "0.7", cluster=cluster), stdout=log_file,
                                     stderr=subprocess.STDOUT, env=job_env(), start_new_session=True)
         try:
             deadline = time.monotonic() + 400
@@ -204,7 +214,7 @@ class CompactionJobTests:
         remaining = {r[0] for r in query(url, "SELECT state_group FROM state_groups")}
         before = {g: s for g, s in before.items() if g in remaining}
 
-        status, output = run_job(url)
+        status, output = run_job(url, cluster=cluster)
         self.assertEqual(status, 0, output)
         self.assertIn("no longer running on this host", output)  # the dead job's lock
         self.assertIn("resuming run", output)
@@ -215,6 +225,15 @@ class CompactionJobTests:
         self.assertEqual(representation(url), representation(reference))
         self.assertEqual(query(url, "SELECT COUNT(*) FROM state_compaction_runs WHERE finished_ts IS NULL")[0][0], 0)
         self.assertEqual(query(url, "SELECT COUNT(*) FROM maintenance_locks")[0][0], 0)
+
+        # The work ran in the workers' executors, which fetched the code and the
+        # JDBC driver from the driver rather than finding them on a shared path.
+        logs = cluster.executor_logs()
+        self.assertEqual({log.parts[-4] for log in logs}, {"worker0", "worker1"}, logs)
+        text = "\n".join(log.read_text() for log in logs)
+        self.assertRegex(text, r"Fetching spark://\S+/roomstore-[0-9a-f]+\.zip")
+        self.assertRegex(text, r"Fetching spark://\S+/postgresql\.jar")
+        self.assertIn("Starting Python task execution", text)
 
 
 class SubmitCommandTests(__import__("twisted.trial.unittest", fromlist=["TestCase"]).TestCase):

@@ -36,7 +36,7 @@ from roomstore.compaction.writer import (
     RoomOutcome,
     row_checksum,
 )
-from roomstore.state.groups import FULL_STATE_SQL
+from roomstore.state.groups import FULL_STATE_SQL, fold_state
 from roomstore.storage.engines import engine_from_url
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
@@ -188,7 +188,7 @@ def all_states(url: str) -> dict[int, dict[int, int]]:
         states = {}
         for group in groups:
             cur.execute(sql, (group,))
-            states[group] = dict(cur.fetchall())
+            states[group] = fold_state(cur.fetchall())
         conn.commit()
         return states
     finally:

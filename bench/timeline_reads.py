@@ -1,0 +1,227 @@
+"""Timeline reads at scale, on SQLite and PostgreSQL side by side.
+
+usage: bench/with-postgres .venv/bin/python bench/timeline_reads.py [--runs R] [--sections pr]
+
+(p) Back-pagination where a user may see 1%: a room of 10,000 events with
+    history visibility "joined", which the viewer joins 100 events before the
+    end (a late joiner: their join and the 99 messages after it are theirs to
+    see, and the room's first three events, from before history visibility
+    was set; between them 9,897 events they may not see); and, for comparison, a room of 10,000 events where the
+    viewer was joined from the start (everything visible). ``paginate(dir=b,
+    limit=L)`` from the end until an empty page: every page must be full or
+    the last one before the start of what they may see, and each page must be
+    one statement (``Database.query_count``). Time per page: median over the
+    pages and R runs; goal: the 1% room within 2x of the fully visible one.
+(r) Recent events for a user in 2,000 rooms: ``recent(user, rooms=20,
+    events=10)`` for a user joined to 2,000 rooms (each with a few messages)
+    against a user joined to one room; statements per call, the query plan
+    (EXPLAIN, shown once per engine), and the median time; goal: <= 10x.
+
+Timings are medians of R runs (default 7) after one warm-up call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from twisted.internet import defer, task  # noqa: E402
+
+from bench._common import bench_databases, print_table  # noqa: E402
+from roomstore.store import RoomStore  # noqa: E402
+from roomstore.storage.interning import chunks  # noqa: E402
+from tests.store.builder import RoomBuilder  # noqa: E402
+
+BATCH = 100
+ROOM_EVENTS = 10_000
+VIEWER = "@viewer:example.org"
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+async def persist_all(store: RoomStore, room: RoomBuilder, events) -> None:
+    for part in chunks(events, BATCH):
+        await store.persist_events([room.to_persist(e) for e in part])
+
+
+async def build_pagination_rooms(store: RoomStore) -> tuple[str, str, int]:
+    """(the 1% room, the fully visible room, events the viewer may see in the 1% room)."""
+    late = RoomBuilder("!late:example.org")
+    events = [late.create(), late.join(late.creator), late.history_visibility("joined"),
+              late.join("@other:example.org")]
+    while len(events) < ROOM_EVENTS - 100:
+        events.append(late.message(late.creator if len(events) % 2 else "@other:example.org", f"m{len(events)}"))
+    events.append(late.join(VIEWER))
+    while len(events) < ROOM_EVENTS:
+        events.append(late.message(late.creator, f"m{len(events)}"))
+    await persist_all(store, late, events)
+    full = RoomBuilder("!full:example.org")
+    events = [full.create(), full.join(full.creator), full.history_visibility("joined"), full.join(VIEWER)]
+    while len(events) < ROOM_EVENTS:
+        events.append(full.message(full.creator if len(events) % 2 else VIEWER, f"m{len(events)}"))
+    await persist_all(store, full, events)
+    # Visible to the viewer: their join and the 99 messages after it, and the
+    # room's first three events (from before history visibility became "joined").
+    return late.room_id, full.room_id, 103
+
+
+async def walk_back(store: RoomStore, room_id: str, limit: int) -> tuple[list[float], list[int], list[int]]:
+    """Pages from the end until an empty one: (ms per page, events per page, statements per page)."""
+    times, sizes, statements = [], [], []
+    token = None
+    while True:
+        before = store.db.query_count
+        start = time.perf_counter()
+        page = await store.paginate(room_id, VIEWER, token, "b", limit)
+        times.append((time.perf_counter() - start) * 1000)
+        statements.append(store.db.query_count - before)
+        sizes.append(len(page.events))
+        if not page.events or len(times) >= 50:
+            return times, sizes, statements
+        token = page.next_token
+
+
+async def section_p(engines, runs: int, limit: int) -> None:
+    rows = []
+    for engine, new_url in engines:
+        store = await RoomStore.open(new_url())
+        try:
+            late, full, visible = await build_pagination_rooms(store)
+            await walk_back(store, late, limit)  # warm-up
+            await walk_back(store, full, limit)
+            late_times, full_times = [], []
+            for _ in range(runs):
+                t, sizes, statements = await walk_back(store, late, limit)
+                late_times += t
+                late_sizes, late_statements = sizes, statements
+                # The fully visible room: as many pages as the 1% room has.
+                ft, fsizes, fstatements = [], [], []
+                token = None
+                for _ in range(len(sizes)):
+                    before = store.db.query_count
+                    start = time.perf_counter()
+                    page = await store.paginate(full, VIEWER, token, "b", limit)
+                    ft.append((time.perf_counter() - start) * 1000)
+                    fsizes.append(len(page.events))
+                    fstatements.append(store.db.query_count - before)
+                    token = page.next_token
+                full_times += ft
+            seen = sum(late_sizes)
+            full_pages = all(s == limit for s in late_sizes[:-2]) and late_sizes[-1] == 0
+            assert seen == visible, f"{engine}: the late joiner saw {seen} events, expected {visible}"
+            assert full_pages, f"{engine}: pages not full before the start: {late_sizes}"
+            late_median, full_median = statistics.median(late_times), statistics.median(full_times)
+            rows.append([engine, f"{len(late_sizes)} ({'/'.join(map(str, late_sizes))})",
+                         max(late_statements), max(fstatements), late_median, full_median,
+                         f"{late_median / full_median:.2f}", max(late_times)])
+            print(f"  {engine}: 1% room {late_median:.2f} ms/page, fully visible {full_median:.2f} ms/page",
+                  flush=True)
+        finally:
+            await store.close()
+    print(f"\n(p) back-pagination, limit {limit}, a 10,000-event room where the viewer may see 1% ({100} events)"
+          f" (and the room's first 3) vs one they may see whole; median ms per page over the pages of {runs} walks")
+    print_table(["engine", "pages (events each)", "statements/page (1%)", "statements/page (full)",
+                 "1% ms/page", "full ms/page", "1% / full", "1% slowest page ms"], rows)
+
+
+async def build_recent_rooms(store: RoomStore, rooms: int) -> None:
+    many, one = "@many:example.org", "@one:example.org"
+    builders = []
+    for r in range(rooms):
+        room = RoomBuilder(f"!r{r}:example.org")
+        events = [room.create(), room.join(room.creator), room.join(many)]
+        if r == 0:
+            events.append(room.join(one))
+        events += [room.message(room.creator, f"hello {i}") for i in range(5)]
+        builders.append((room, events))
+    # Rooms persisted in batches, interleaved so activity is spread over the stream.
+    for part in chunks(builders, 20):
+        batch = [room.to_persist(e) for room, events in part for e in events]
+        await store.persist_events(batch)
+
+
+def explain_txn(txn, store, user_id):
+    """The plan of recent()'s statement, captured by running it under EXPLAIN."""
+    captured = []
+    original = txn.execute
+
+    def execute(sql, args=()):
+        if "WITH joined AS" in sql:
+            captured.append((sql, args))
+        return original(sql, args)
+
+    txn.execute = execute
+    timeline = store.timeline
+    timeline._recent_txn(txn, timeline._cached_viewer(user_id), 20, 10, None, timeline._per_writer(timeline._now()))
+    txn.execute = original
+    sql, args = captured[0]
+    prefix = "EXPLAIN QUERY PLAN " if txn.engine.name == "sqlite" else "EXPLAIN "
+    return [" | ".join(str(c) for c in row) for row in txn.execute(prefix + sql, args).fetchall()]
+
+
+async def section_r(engines, runs: int, rooms: int) -> None:
+    rows = []
+    for engine, new_url in engines:
+        store = await RoomStore.open(new_url())
+        try:
+            start = time.perf_counter()
+            await build_recent_rooms(store, rooms)
+            print(f"  {engine}: {rooms:,} rooms persisted in {time.perf_counter() - start:.0f}s", flush=True)
+            figures = {}
+            for user in ("@one:example.org", "@many:example.org"):
+                await store.recent(user, 20, 10)  # warm-up
+                times, statements = [], []
+                for _ in range(runs):
+                    before = store.db.query_count
+                    t0 = time.perf_counter()
+                    result = await store.recent(user, 20, 10)
+                    times.append((time.perf_counter() - t0) * 1000)
+                    statements.append(store.db.query_count - before)
+                expected_rooms = 1 if user.startswith("@one") else 20
+                assert len(result.rooms) == expected_rooms, (user, len(result.rooms))
+                assert all(0 < len(events) <= 10 for _, events in result.rooms), [len(e) for _, e in result.rooms]
+                figures[user] = (statistics.median(times), max(statements))
+            plan = await store.db.run_interaction("explain", explain_txn, store, "@many:example.org")
+            print(f"\n  {engine}: plan of recent()'s statement for the user in {rooms:,} rooms:")
+            for line in plan:
+                print(f"    {line}")
+            one, many = figures["@one:example.org"], figures["@many:example.org"]
+            rows.append([engine, one[1], many[1], one[0], many[0], f"{many[0] / one[0]:.1f}"])
+        finally:
+            await store.close()
+    print(f"\n(r) recent(user, rooms=20, events=10): a user in 1 room vs a user in {rooms:,} rooms,"
+          f" median of {runs}")
+    print_table(["engine", "statements (1 room)", f"statements ({rooms:,} rooms)", "1 room ms",
+                 f"{rooms:,} rooms ms", "ratio"], rows)
+
+
+async def main(reactor, args) -> None:
+    engines = bench_databases()
+    started = time.perf_counter()
+    print(f"bench/timeline_reads.py: engines {', '.join(e for e, _ in engines)}; load average {load_average()}"
+          f" ({os.cpu_count()} cores)", flush=True)
+    if "p" in args.sections:
+        await section_p(engines, args.runs, args.limit)
+    if "r" in args.sections:
+        await section_r(engines, args.runs, args.rooms)
+    print(f"\n(total {time.perf_counter() - started:.0f} s; load average at end {load_average()})")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--limit", type=int, default=10, help="page size of (p) (default 10)")
+    parser.add_argument("--rooms", type=int, default=2000, help="rooms of the busy user in (r) (default 2000)")
+    parser.add_argument("--sections", default="pr")
+    args = parser.parse_args()
+    if args.runs < 3:
+        parser.error("--runs must be at least 3 (medians)")
+    task.react(lambda reactor: defer.ensureDeferred(main(reactor, args)))
