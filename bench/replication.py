@@ -298,6 +298,9 @@ def parse_section(rows: list, count: int, runs: int) -> None:
     lines = rdata_lines_of(rows, count)
     parsers = [("roomstore", ours)]
     try:
+        from tests.synapse_oracle import prepare_synapse
+
+        prepare_synapse()
         from synapse.replication.tcp.commands import parse_command_from_line as synapse
 
         parsers.append(("synapse 1.163", synapse))

@@ -59,13 +59,17 @@ SYNAPSE_TABLES = (
 def ensure_synapse():
     """matrix-synapse's state store module (installed into this virtualenv if
     missing: ``pip install --dry-run`` shows it changes none of roomstore's packages)."""
+    from tests.synapse_oracle import prepare_synapse
+
     try:
+        prepare_synapse()
         return importlib.import_module("synapse.storage.databases.state.bg_updates")
     except ImportError:
         print(f"installing matrix-synapse=={SYNAPSE_VERSION} into {sys.prefix} ...", flush=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", f"matrix-synapse=={SYNAPSE_VERSION}"],
                        check=True)
         importlib.invalidate_caches()
+        prepare_synapse()
         return importlib.import_module("synapse.storage.databases.state.bg_updates")
 
 
@@ -91,10 +95,10 @@ class SynapseCaller:
     """Calls Synapse's own function on our connection's cursor."""
 
     def __init__(self, engine_name: str, url: str) -> None:
+        bg_updates = ensure_synapse()
         from synapse.storage.database import LoggingTransaction
         from synapse.storage.engines import create_engine
 
-        bg_updates = ensure_synapse()
         config = {"name": "psycopg2" if engine_name == "postgres" else "sqlite3", "args": {}}
         self.engine = create_engine(config)
         self.LoggingTransaction = LoggingTransaction

@@ -38,7 +38,10 @@ from .store_utils import ALICE, open_pair, wait_until
 from .test_store_streams import populate
 from .utils import connect, feed, make_server, seed_registry, take
 
+from tests.synapse_oracle import prepare_synapse
+
 try:
+    prepare_synapse()
     from synapse.replication.tcp import commands as syn
     from synapse.replication.tcp.streams import STREAMS_MAP
 except ImportError:  # pragma: no cover - bin/setup installs it
