@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from twisted.trial import unittest
+
 from roomstore.compaction.spark_job import EXIT_ROOMS_FAILED
 from tests.compaction.spark_cluster import SparkCluster
 from tests.compaction.test_writer import (
@@ -156,7 +158,9 @@ class CompactionJobTests:
 
     async def test_dry_run_then_kill_and_rerun_on_a_cluster(self):
         if self.engine_name != "postgres":
-            return  # one engine is enough for the (slow) kill scenario; the swap code is shared
+            # One engine is enough for the (slow) cluster kill scenario; the swap
+            # code is shared. Skipped, not passed: nothing ran here.
+            raise unittest.SkipTest("the cluster kill scenario runs on PostgreSQL only")
         # A standalone cluster: master and two workers, separate JVMs on loopback.
         cluster = SparkCluster(workers=2, cores=1, memory="1g")
         self.addCleanup(cluster.cleanup)
@@ -236,7 +240,7 @@ class CompactionJobTests:
         self.assertIn("Starting Python task execution", text)
 
 
-class SubmitCommandTests(__import__("twisted.trial.unittest", fromlist=["TestCase"]).TestCase):
+class SubmitCommandTests(unittest.TestCase):
     """The spark-submit line bin/roomstore-compact builds (no Spark started)."""
 
     def test_command_line(self) -> None:

@@ -160,6 +160,11 @@ class RedisMultiWriterTests(RedisMixin, DatabaseTestMixin, unittest.TestCase):
         final = {w: s.events_stream.get_current_token_for_writer(w) for w, s in (("w1", w1), ("w2", w2))}
         await wait_until(lambda: all(reader.events_stream.get_current_token_for_writer(w) >= final[w] for w in final),
                          30, "the reader to hear both writers")
+        # The writer that finished first is idle: it moves up once it hears the
+        # other and announces that with a POSITION, which the reader may not have
+        # heard yet when the rows are all in.
+        await wait_until(lambda: reader.events_stream.get_current_token() == max(final.values()),
+                         30, "the reader's linear position to reach the newest row")
         watching[0] = False
         await watcher
         for writer, store in (("w1", w1), ("w2", w2)):
