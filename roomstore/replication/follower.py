@@ -140,6 +140,24 @@ class StreamFollower:
         line carrying it was lost with a connection); queued work stays."""
         self._batches.clear()
 
+    def catch_up(self, stream_name: str, writer: str, token: int) -> None:
+        """Fetch and apply ``writer``'s rows of ``stream_name`` up to ``token``
+        from the database, in order with the stream's other work; nothing
+        when this follower is there already (it never moves back)."""
+        stream = self._stream(stream_name)
+        if stream is None or self._stopped:
+            return
+
+        async def work() -> None:
+            position = self._positions.get(stream_name, writer)
+            if position is None or position >= token:
+                return
+            await self._fetch_missing(stream, writer, position, token)
+            self._positions.set(stream_name, writer, token)
+            await _maybe_await(self._handler.on_position(stream_name, writer, position, token))
+
+        self._enqueue(stream_name, work)
+
     # -- commands in -------------------------------------------------------------
 
     def on_rdata(self, cmd: RdataCommand) -> None:

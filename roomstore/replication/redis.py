@@ -295,6 +295,8 @@ class RedisReplication:
         self._asked.clear()
         self.follower.drop_partial_batches()
         self._publish(ReplicateCommand())
+        defer.ensureDeferred(self._catch_up_from_database()).addErrback(
+            lambda f: log.failure("redis replication: catching up from the database failed", f))
         for name in self.own_streams:
             # Our rows since the last announcement are not sent: readers
             # behind this position fill the gap from the database.
@@ -431,6 +433,17 @@ class RedisReplication:
             self._asked.clear()
             self.follower.drop_partial_batches()
             self._publish(ReplicateCommand())
+
+    async def _catch_up_from_database(self) -> None:
+        """Fill what other writers persisted while we were away up to their
+        persisted positions: a writer that has exited since (an import) is
+        not there to answer REPLICATE with a POSITION."""
+        for name in STORE_STREAMS:
+            generator = self.store.generators[name]
+            persisted = await generator.read_persisted_positions()
+            for writer, token in sorted(persisted.items()):
+                if self._is_other_writer(name, writer):
+                    self.follower.catch_up(name, writer, token)
 
     def _is_other_writer(self, stream_name: str, instance_name: str) -> bool:
         if instance_name == self.instance_name or stream_name not in self.store.generators:

@@ -71,6 +71,15 @@ class BackingTable:
     negate: bool = False
 
 
+def persisted_positions_txn(txn: Transaction, stream_name: str) -> dict[str, int]:
+    """Each writer's position of ``stream_name`` as written to ``stream_positions``."""
+    return dict(
+        txn.execute(
+            "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = ?", (stream_name,)
+        ).fetchall()
+    )
+
+
 class StreamIdGenerator:
     """Allocates, tracks and persists the IDs of one stream.
 
@@ -156,12 +165,7 @@ class StreamIdGenerator:
         return gen
 
     def _load_txn(self, txn: Transaction) -> None:
-        stored = dict(
-            txn.execute(
-                "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = ?",
-                (self.stream_name,),
-            ).fetchall()
-        )
+        stored = persisted_positions_txn(txn, self.stream_name)
         newest_row_by_writer: dict[str, int] = {}
         newest_row = 0
         for backing in self._backing_tables:
@@ -231,6 +235,14 @@ class StreamIdGenerator:
     def get_max_token(self) -> int:
         """The largest per-writer position: readers may peek up to here per writer."""
         return max(self._positions.values())
+
+    async def read_persisted_positions(self) -> dict[str, int]:
+        """Every writer's position as last written to ``stream_positions``:
+        what a reader may catch up to from the database when no live process
+        of that writer is left to announce it (each is complete up to there)."""
+        return await self.db.run_interaction(
+            f"read_stream_positions:{self.stream_name}", persisted_positions_txn, self.stream_name
+        )
 
     def get_positions(self) -> dict[str, int]:
         return dict(self._positions)

@@ -96,6 +96,33 @@ class RedisSingleWriterTests(RedisMixin):
         # The writer ignores its own lines: it applied nothing.
         self.assertEqual(own.tokens, {})
 
+    async def test_rows_of_a_writer_gone_before_the_reader_connects_are_filled(self):
+        # A writer (an import) persists rows and exits while the worker is
+        # down; the worker comes back with its old positions. No live process
+        # of that writer is left to answer REPLICATE, so the worker must catch
+        # up to the writer's persisted position from the database by itself.
+        url, redis, channel = self.new_database_url(), shared_redis_url(self), fresh_channel()
+        readers = {n: ["master"] for n in STORE_STREAMS}
+        writer = await RoomStore.open(url, StoreConfig(instance_name="master"))
+        await self.persist_room(writer, "!before:example.org", 4)
+        worker = await self.open_store(url, StoreConfig(instance_name="worker1", stream_writers=readers))
+        start = {n: worker.generators[n].get_current_token_for_writer("master") for n in STORE_STREAMS}
+        await self.persist_room(writer, "!while-away:example.org", 10)
+        await writer.invalidate_cache("get_user", ["@x:example.org"])
+        expected = {n: await self.expected_rows(writer, n, "master", start[n]) for n in ("events", "caches")}
+        targets = {n: writer.generators[n].get_current_token() for n in STORE_STREAMS}
+        await writer.close()  # gone: nobody will announce its rows
+        applied = Applied()
+        on_worker = self.connect(worker, redis, channel, on_applied=applied)
+        await on_worker.when_ready()
+        await wait_until(lambda: all(on_worker.positions.get(n, "master") >= targets[n] for n in STORE_STREAMS),
+                         20, "the worker to catch up from the database")
+        for stream in ("events", "caches"):
+            self.assertTrue(expected[stream], stream)
+            # Every row after where the worker stood, once, in order.
+            self.assertEqual(applied.tokens.get((stream, "master"), []), expected[stream], stream)
+        self.assertEqual(worker.events_stream.get_current_token(), targets["events"])
+
     async def test_gap_while_redis_was_down_is_filled_from_the_database(self):
         server = RedisServer(self)
         server.start()
