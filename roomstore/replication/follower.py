@@ -108,7 +108,13 @@ class StreamFollower:
         page_size: int = 100,
         max_batch_rows: int = 10_000,
         max_queued: int = 10_000,
+        follow_moves_back: bool = True,
     ) -> None:
+        #: Whether a POSITION below what was applied moves the position back
+        #: (one server, the source of truth: TCP) or is a stale announcement
+        #: to ignore (many publishers, rows applied from the shared database
+        #: are complete: Redis).
+        self._follow_moves_back = follow_moves_back
         self._handler = handler
         self._positions = positions
         self._page_size = page_size
@@ -264,6 +270,15 @@ class StreamFollower:
         if position is not None and position < cmd.prev_token:
             await self._fetch_missing(stream, writer, position, cmd.new_token)
         elif position is not None and position > cmd.new_token:
+            if not self._follow_moves_back:
+                self.log.info(
+                    "{stream}/{writer}: POSITION {theirs} is behind what was applied ({ours}); kept",
+                    stream=name,
+                    writer=writer,
+                    ours=position,
+                    theirs=cmd.new_token,
+                )
+                return
             # The server is behind us (restored from a backup?). It is the
             # source of truth: follow it, and say so.
             self.log.warn(

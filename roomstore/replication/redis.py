@@ -182,7 +182,7 @@ class RedisReplication:
         if positions is None:
             positions = self.handler.initial_positions()
         self.positions = positions
-        self.follower = StreamFollower(self.handler, positions, page_size=page_size)
+        self.follower = StreamFollower(self.handler, positions, page_size=page_size, follow_moves_back=False)
         #: Streams this process writes, and the last token announced in each.
         self.own_streams = [n for n in STORE_STREAMS if store.generators[n].is_writer]
         self._announced = {n: store.generators[n].get_current_token_for_writer(self.instance_name)
@@ -283,6 +283,12 @@ class RedisReplication:
         else:
             self._sub_conn = None
             self._subscribed = False
+        # Lines were lost while this connection was down: nobody's RDATA is
+        # applied again until a POSITION of the new session. (The subscribed
+        # connection can be back before the publishing one, i.e. before the
+        # new session's REPLICATE; RDATA heard then must not pass a gap.)
+        self._synced.clear()
+        self.follower.drop_partial_batches()
         self._set_ready(False)
 
     def _check_ready(self) -> None:

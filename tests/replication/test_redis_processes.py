@@ -97,7 +97,9 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
         redis = RedisServer(self)
         redis.start()
         directory = tempfile.mkdtemp(prefix="roomstore-e2e-")
-        base, chunk_files = write_chunks(directory, chunks=KILLS + 6)
+        # Spare chunks: an import that ends before its kill moment moves on to
+        # the next chunk, and a quiet machine imports fast (see writer_loop).
+        base, chunk_files = write_chunks(directory, chunks=4 * KILLS + 6)
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         processes: list[subprocess.Popen] = []
 
@@ -115,8 +117,10 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
                     "--instance", writer, "--batch-size", "5", *WRITER_ARGS]
 
         # The rooms exist before anyone follows.
+        base_started = time.monotonic()
         proc = spawn(import_argv("w1", base), os.path.join(directory, "base.out"))
         await wait_until(lambda: proc.poll() is not None, 60, "the base import")
+        base_seconds = time.monotonic() - base_started
         self.assertEqual(proc.returncode, 0, open(os.path.join(directory, "base.out.err")).read())
 
         # --- followers: killed and restarted KILLS times each, at random moments
@@ -145,16 +149,26 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
             start_follower(name)
 
         writers_done = [False]
+        chaos_left = [2]  # the follower killer and the Redis restarter, until each has done its count
         stats = {"writer_kills": 0, "follower_kills": 0, "redis_restarts": 0, "lock_refusals": 0}
 
         async def writer_loop(writer: str) -> None:
             kills = 0
+            # The kill moment is a random fraction of the quickest import run
+            # to its end so far, so a fast machine is killed mid-import as
+            # often as a slow one (fixed delays ran the chunks out there).
+            quickest = max(base_seconds, 0.5)
             for index, path in enumerate(chunk_files[writer]):
+                if kills >= KILLS and index >= KILLS + 6 and chaos_left[0] == 0:
+                    break  # enough writing after the last kill, and under every other kill
+                if kills >= KILLS and chaos_left[0]:
+                    await sleep(0.5)  # keep writing, slower, while followers and Redis are still being cut
                 while True:
                     out = os.path.join(directory, f"{writer}-{index}-{int(time.monotonic() * 1000)}.out")
+                    started = time.monotonic()
                     proc = spawn(import_argv(writer, path), out)
                     if kills < KILLS:
-                        await sleep(rng.uniform(0.3, 2.5))
+                        await sleep(rng.uniform(0.3, 0.9) * quickest)
                         if proc.poll() is None:
                             proc.send_signal(signal.SIGKILL)
                             proc.wait()
@@ -168,6 +182,7 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
                         await sleep(0.2)
                         continue
                     self.assertEqual(proc.returncode, 0, open(out + ".err").read()[-3000:])
+                    quickest = min(quickest, time.monotonic() - started)
                     break
             self.assertEqual(kills, KILLS, f"{writer}: chunks ran out before {KILLS} kills")
 
@@ -184,6 +199,7 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
                 kills[name] += 1
                 stats["follower_kills"] += 1
                 start_follower(name)
+            chaos_left[0] -= 1
             self.assertEqual(min(kills.values()), KILLS, "writes ended before every follower was killed enough")
 
         async def redis_restarter() -> None:
@@ -193,6 +209,7 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
                 await sleep(rng.uniform(0.1, 1.0))
                 redis.start()
                 stats["redis_restarts"] += 1
+            chaos_left[0] -= 1
             self.assertEqual(stats["redis_restarts"], REDIS_RESTARTS, "writes ended before Redis restarts")
 
         started = time.monotonic()
@@ -226,6 +243,12 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
 
         for name in FOLLOWERS:
             await wait_until(lambda: caught_up(name), 120, f"{name} to catch up")
+            # Its positions file may be at the end already while the run the
+            # last kill started is still starting: a SIGTERM before its reactor
+            # runs kills it outright (-15). Wait until it is connected.
+            last_err = runs[name][-1] + ".err"
+            await wait_until(lambda: "redis replication: connected to" in open(last_err).read(), 60,
+                             f"{name}'s last run to connect")
             proc = follower_procs[name]
             proc.send_signal(signal.SIGTERM)
             await wait_until(lambda: proc.poll() is not None, 30, f"{name} to exit")
