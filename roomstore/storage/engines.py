@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import time
 import urllib.parse
 from typing import Any, Mapping
 
@@ -132,7 +133,19 @@ class SqliteEngine(Engine):
             check_same_thread=False,
             timeout=self.busy_timeout_ms / 1000,
         )
-        conn.execute("PRAGMA journal_mode=WAL")
+        # A journal-mode change needs the file to itself, and SQLite may answer
+        # "database is locked" at once (without its busy handler) while another
+        # process is creating or migrating it: retry up to the busy timeout.
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    conn.close()
+                    raise
+                time.sleep(0.01)
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         return conn
