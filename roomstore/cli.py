@@ -314,18 +314,7 @@ def stats_txn(txn) -> list[dict]:
     rows = []
     for table in STATS_TABLES:
         count = txn.select_one_value(f"SELECT COUNT(*) FROM {table}")
-        if txn.engine.name == "postgres":
-            size = txn.select_one_value("SELECT pg_total_relation_size(?)", (table,))
-        else:
-            try:
-                size = txn.select_one_value(
-                    "SELECT SUM(pgsize) FROM dbstat WHERE name = ? OR name IN"
-                    " (SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?)",
-                    (table, table),
-                )
-            except Exception:  # SQLite built without dbstat
-                size = None
-        rows.append({"table": table, "rows": count, "bytes": size})
+        rows.append({"table": table, "rows": count, "bytes": txn.engine.table_bytes(txn, table)})
     return rows
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, TypeVar
 
 from prometheus_client import Counter, Histogram
 from twisted.internet import defer, threads
@@ -21,6 +21,9 @@ from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from roomstore.storage.engines import Engine, engine_from_url
+from roomstore.storage.transaction import RetryTransaction, Transaction
+
+__all__ = ["Database", "RetryTransaction", "Transaction", "open_database"]
 
 log = Logger()
 
@@ -43,202 +46,6 @@ transaction_retries = Counter(
 )
 
 MAX_ATTEMPTS = 8
-
-
-class RetryTransaction(Exception):
-    """Raised by an interaction function to roll back and run again.
-
-    For conflicts the database did not report itself, e.g. a row another
-    writer committed after this transaction's snapshot was taken.
-    """
-
-
-class Transaction:
-    """A cursor inside one transaction, handed to interaction functions.
-
-    SQL uses ``?`` placeholders and is converted for the engine. Only the
-    thread running the interaction may use it.
-    """
-
-    def __init__(self, db: "Database", engine: Engine, cursor: Any, description: str):
-        self.db = db
-        self.engine = engine
-        self.description = description
-        self._cursor = cursor
-        self._after_callbacks: list[tuple[Callable[..., Any], tuple, dict]] = []
-        self._allocated: dict[tuple[str, str], int] = {}
-        self._free_ids: dict[tuple[str, str], list[int]] = {}
-        self._queued: list[bytes] = []
-
-    # --- SQL -------------------------------------------------------------
-
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> "Transaction":
-        self.flush_queue()
-        self.db._count_query()
-        self._cursor.execute(self.engine.convert_sql(sql), tuple(args))
-        return self
-
-    def queue(self, sql: str, args: Sequence[Any] = ()) -> None:
-        """Run a write whose result is not needed, perhaps a little later.
-
-        On PostgreSQL queued statements travel to the server together, in one
-        round trip, before the next statement that is not queued and before
-        commit; so every later statement still sees their effects, and an
-        error in one still fails the transaction (at that point). Values are
-        bound by psycopg2 exactly as ``execute`` binds them. SQLite, being
-        in-process, runs the statement now.
-        """
-        if self.engine.name != "postgres":
-            self.execute(sql, args)
-            return
-        self.db._count_query()
-        self._queued.append(self._cursor.mogrify(self.engine.convert_sql(sql), tuple(args)))
-
-    def flush_queue(self) -> None:
-        """Send the queued statements (see ``queue``) now."""
-        if self._queued:
-            statements, self._queued = self._queued, []
-            # No arguments: the text is sent as it is (already bound).
-            self._cursor.execute(b";\n".join(statements))
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        rows = [tuple(r) for r in rows]
-        if not rows:
-            return
-        self.flush_queue()
-        self.db._count_query()
-        self._cursor.executemany(self.engine.convert_sql(sql), rows)
-
-    def insert_many(
-        self,
-        table: str,
-        columns: Sequence[str],
-        rows: Iterable[Sequence[Any]],
-        on_conflict: str = "",
-        returning: str = "",
-        queue: bool = False,
-    ) -> list[tuple] | None:
-        """Insert many rows in as few round trips as the engine allows.
-
-        ``table``, ``columns`` and ``on_conflict`` (e.g. ``"ON CONFLICT DO
-        NOTHING"``, or an upsert's ``DO UPDATE SET`` clause, written with
-        ``excluded.``) are SQL written by the caller's code, never user input;
-        values are bound. PostgreSQL gets multi-row VALUES statements (psycopg2's
-        executemany would be one round trip per row); SQLite runs in-process.
-        ``returning`` (PostgreSQL only: SQLite's executemany cannot return
-        rows) is a ``RETURNING`` column list; the rows it returns are returned.
-        ``queue=True`` sends the insert with the other queued writes (``queue``).
-        """
-        rows = [tuple(r) for r in rows]
-        if returning and self.engine.name != "postgres":
-            raise ValueError("insert_many(returning=...) needs PostgreSQL")
-        if returning and queue:
-            raise ValueError("insert_many: a queued insert cannot return rows")
-        if not rows:
-            return [] if returning else None
-        cols = ", ".join(columns)
-        if queue and self.engine.name == "postgres":
-            one_row = "(" + ", ".join("%s" for _ in columns) + ")"
-            for start in range(0, len(rows), 1000):
-                values = b",".join(self._cursor.mogrify(one_row, row) for row in rows[start:start + 1000])
-                self.db._count_query()
-                self._queued.append(f"INSERT INTO {table} ({cols}) VALUES ".encode() + values + f" {on_conflict}".encode())
-            return None
-        if self.engine.name == "postgres":
-            from psycopg2.extras import execute_values
-
-            self.flush_queue()
-            self.db._count_query()
-            suffix = f" RETURNING {returning}" if returning else ""
-            result = execute_values(
-                self._cursor, f"INSERT INTO {table} ({cols}) VALUES %s {on_conflict}{suffix}", rows,
-                page_size=1000, fetch=bool(returning),
-            )
-            return [tuple(r) for r in result] if returning else None
-        else:
-            marks = ", ".join("?" for _ in columns)
-            self.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks}) {on_conflict}", rows)
-
-    def fetchone(self) -> tuple | None:
-        return self._cursor.fetchone()
-
-    def fetchall(self) -> list[tuple]:
-        return self._cursor.fetchall()
-
-    def __iter__(self):
-        return iter(self._cursor)
-
-    @property
-    def rowcount(self) -> int:
-        return self._cursor.rowcount
-
-    def allocate_ids(self, table: str, column: str, count: int) -> list[int]:
-        """Reserve ``count`` new ids for a serial primary key, to insert in bulk.
-
-        PostgreSQL takes them from the column's sequence (never reused);
-        SQLite counts up from the current maximum, which is safe because
-        ``BEGIN IMMEDIATE`` makes this the only writer of the file.
-        """
-        if count <= 0:
-            return []
-        if self.engine.name == "postgres":
-            rows = self.execute(
-                "SELECT nextval(pg_get_serial_sequence(?, ?)) FROM generate_series(1, ?)", (table, column, count)
-            ).fetchall()
-            return sorted(r[0] for r in rows)
-        top = self.select_one_value(f"SELECT COALESCE(MAX({column}), 0) FROM {table}")
-        # Two allocations before the rows are inserted must not overlap.
-        top = max(top, self._allocated.get((table, column), 0))
-        self._allocated[(table, column)] = top + count
-        return list(range(top + 1, top + 1 + count))
-
-    def next_id(self, table: str, column: str, reserve: int = 1) -> int:
-        """One new id for a serial primary key.
-
-        When this transaction has none left over it reserves ``reserve`` at
-        once (one statement), so a batch making many rows of ``table`` asks
-        the database once. Ids left unused are never reused on PostgreSQL
-        (a sequence gap) and are simply not taken on SQLite.
-        """
-        free = self._free_ids.get((table, column))
-        if not free:
-            free = self._free_ids[(table, column)] = self.allocate_ids(table, column, max(reserve, 1))[::-1]
-        return free.pop()
-
-    def undone(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-        """Run ``fn(self, *args, **kwargs)`` and undo what it wrote: a savepoint
-        rolled back, its ``call_after`` callbacks and left-over ids dropped.
-
-        Returns what ``fn`` returns, raises what it raises; either way the
-        transaction goes on as before the call (a trial run of a write).
-        """
-        self.flush_queue()
-        callbacks = len(self._after_callbacks)
-        allocated, free = dict(self._allocated), {k: list(v) for k, v in self._free_ids.items()}
-        self.execute("SAVEPOINT trial_run")
-        try:
-            result = fn(self, *args, **kwargs)
-            self.flush_queue()
-            return result
-        finally:
-            self._queued = []
-            self._cursor.execute("ROLLBACK TO SAVEPOINT trial_run")
-            self._cursor.execute("RELEASE SAVEPOINT trial_run")
-            del self._after_callbacks[callbacks:]
-            self._allocated, self._free_ids = allocated, free
-
-    def select_one_value(self, sql: str, args: Sequence[Any] = ()) -> Any:
-        row = self.execute(sql, args).fetchone()
-        return None if row is None else row[0]
-
-    # --- commit hooks ----------------------------------------------------
-
-    def call_after(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Run ``fn(*args, **kwargs)`` on the reactor thread after a successful commit.
-
-        Dropped if this attempt rolls back (a retry registers its own).
-        """
-        self._after_callbacks.append((fn, args, kwargs))
 
 
 class Database:

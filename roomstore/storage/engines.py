@@ -13,7 +13,7 @@ import re
 import sqlite3
 import time
 import urllib.parse
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import attrs
 
@@ -60,6 +60,50 @@ class Engine:
     supports_sequences: bool = False
     #: How many threads (each with its own connection) the pool may use.
     max_connections: int = 1
+
+    # --- Writing: how statements, new rows and ids reach this database ----
+
+    #: True where a write transaction is the only writer of the whole database
+    #: (SQLite's ``BEGIN IMMEDIATE``): it may count new serial ids up from the
+    #: maximum, and every key its own reads did not find is its to insert.
+    single_writer: bool = False
+    #: True where writes can be held back and sent in one round trip
+    #: (``Transaction.queue``); elsewhere a queued statement runs at once.
+    batches_writes: bool = False
+    #: True where ``insert_rows`` can return the inserted rows (``RETURNING``).
+    returns_inserted_rows: bool = False
+    #: A statement (table, column, count) returning ``count`` new ids from a
+    #: serial column's sequence; None where the single writer counts them.
+    serial_ids_sql: str | None = None
+
+    def bind_statement(self, cursor: Any, sql: str, args: Sequence[Any]) -> bytes:
+        """``sql`` (with ``?``) and its values bound into one statement's text,
+        to be sent later with others (only where ``batches_writes``)."""
+        raise NotImplementedError(f"{self.name} does not batch writes")
+
+    def bind_insert(
+        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple], on_conflict: str
+    ) -> list[bytes]:
+        """Multi-row INSERT statements with ``rows`` bound in, at most 1,000
+        rows each, to be sent later (only where ``batches_writes``)."""
+        raise NotImplementedError(f"{self.name} does not batch writes")
+
+    def insert_rows(
+        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple],
+        on_conflict: str, returning: str,
+    ) -> list[tuple] | None:
+        """Insert ``rows`` in as few round trips as this database allows; the
+        rows ``returning`` names if given (where ``returns_inserted_rows``)."""
+        raise NotImplementedError
+
+    def table_bytes(self, txn: Any, table: str) -> int | None:
+        """Bytes on disk of ``table`` and its indexes, or None if unknown."""
+        return None
+
+    def session_connection(self, application_name: str) -> Any:
+        """A connection of its own, outside the pool, for session-level locks."""
+        raise NotImplementedError(f"{self.name} has no server sessions")
+
 
     def connect(self) -> Any:
         raise NotImplementedError
@@ -114,6 +158,28 @@ class SqliteEngine(Engine):
     name = "sqlite"
     supports_sequences = False
     max_connections = 1
+
+    # --- Writing (see Engine) ---------------------------------------------
+    single_writer = True
+
+    def insert_rows(
+        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple],
+        on_conflict: str, returning: str,
+    ) -> list[tuple] | None:
+        # In-process: one executemany costs no round trips.
+        marks = ", ".join("?" for _ in columns)
+        cursor.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) {on_conflict}", rows)
+        return None
+
+    def table_bytes(self, txn: Any, table: str) -> int | None:
+        try:
+            return txn.select_one_value(
+                "SELECT SUM(pgsize) FROM dbstat WHERE name = ? OR name IN"
+                " (SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?)",
+                (table, table),
+            )
+        except sqlite3.OperationalError:  # SQLite built without dbstat
+            return None
 
     def check_exists(self) -> None:
         if not self.create and self.path != ":memory:" and not os.path.isfile(self.path):
@@ -195,6 +261,52 @@ class PostgresEngine(Engine):
 
     #: Key for pg_advisory_xact_lock while migrating: 'roomstor' as an int64.
     SCHEMA_LOCK_KEY = 0x726F6F6D73746F72
+
+    # --- Writing (see Engine) ---------------------------------------------
+    batches_writes = True
+    returns_inserted_rows = True
+    serial_ids_sql = "SELECT nextval(pg_get_serial_sequence(?, ?)) FROM generate_series(1, ?)"
+
+    def bind_statement(self, cursor: Any, sql: str, args: Sequence[Any]) -> bytes:
+        # Bound by psycopg2 exactly as ``execute`` binds them.
+        return cursor.mogrify(self.convert_sql(sql), tuple(args))
+
+    def bind_insert(
+        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple], on_conflict: str
+    ) -> list[bytes]:
+        one_row = "(" + ", ".join("%s" for _ in columns) + ")"
+        head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ".encode()
+        return [
+            head + b",".join(cursor.mogrify(one_row, row) for row in rows[start:start + 1000])
+            + f" {on_conflict}".encode()
+            for start in range(0, len(rows), 1000)
+        ]
+
+    def insert_rows(
+        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple],
+        on_conflict: str, returning: str,
+    ) -> list[tuple] | None:
+        # Multi-row VALUES: psycopg2's executemany would be a round trip per row.
+        from psycopg2.extras import execute_values
+
+        suffix = f" RETURNING {returning}" if returning else ""
+        result = execute_values(
+            cursor, f"INSERT INTO {table} ({', '.join(columns)}) VALUES %s {on_conflict}{suffix}", rows,
+            page_size=1000, fetch=bool(returning),
+        )
+        return [tuple(r) for r in result] if returning else None
+
+    def table_bytes(self, txn: Any, table: str) -> int | None:
+        return txn.select_one_value("SELECT pg_total_relation_size(?)", (table,))
+
+    def session_connection(self, application_name: str) -> Any:
+        """A connection of its own, in autocommit, for session-level locks;
+        ``application_name`` names this process to ``pg_stat_activity``."""
+        import psycopg2
+
+        conn = psycopg2.connect(self.dsn, application_name=application_name)
+        conn.autocommit = True
+        return conn
 
     def connect(self) -> Any:
         import psycopg2

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Hashable, Iterable, Sequence
 
-from roomstore.storage.database import RetryTransaction, Transaction
+from roomstore.storage.transaction import RetryTransaction, Transaction
 
 # SQLite's default limit on bound parameters per statement is 32766; PostgreSQL
 # allows 65535. Chunks well under both keep statements quick to plan.
@@ -132,7 +132,7 @@ class Interner:
         ``created``, if given, receives the keys this call inserted: nothing
         stored before can refer to their nids.
         """
-        if txn.engine.name == "postgres":
+        if not txn.engine.single_writer:
             # Insert what the cache does not know straight away: keys stored
             # already (or by another writer meanwhile) conflict and come back
             # from the SELECT after (or not at all, if their commit is newer
@@ -152,7 +152,7 @@ class Interner:
             if others:
                 found.update(self._select(txn, others))
         else:
-            # BEGIN IMMEDIATE makes this the only writer and lookup() ran in
+            # The only writer (SQLite's BEGIN IMMEDIATE), and lookup() ran in
             # this transaction: every missing key is ours to insert, with nids
             # chosen here so no SELECT is needed to learn them.
             wanted = list(dict.fromkeys(keys))

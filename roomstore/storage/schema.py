@@ -15,7 +15,7 @@ from pathlib import Path
 
 from twisted.logger import Logger
 
-from roomstore.storage.database import Transaction
+from roomstore.storage.transaction import Transaction
 
 log = Logger()
 

@@ -76,9 +76,10 @@ class WriterLock:
     @classmethod
     async def acquire(cls, db: Any, instance_name: str) -> "WriterLock":
         """Take the lock of ``instance_name`` on ``db``'s database, or raise WriterLockHeld."""
-        if db.engine.name == "postgres":
+        if not db.engine.single_writer:
             conn = await db.run_blocking(_pg_acquire, db.engine, instance_name)
             return cls(db, instance_name, (conn, instance_name), _pg_release)
+        # One writer process per database file, whatever its instance name.
         path = db.engine.path
         if path == ":memory:":
             # Nobody else can open an in-memory database.
@@ -97,12 +98,9 @@ class WriterLock:
 
 
 def _pg_acquire(engine: Any, instance_name: str) -> Any:
-    import psycopg2
-
     # application_name is at most 63 bytes; keep the pid and host readable.
     app_name = f"{_APP_PREFIX} {os.getpid()}@{socket.gethostname()}"[:63]
-    conn = psycopg2.connect(engine.dsn, application_name=app_name)
-    conn.autocommit = True
+    conn = engine.session_connection(app_name)
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_try_advisory_lock(%s, %s)", writer_lock_key(instance_name))

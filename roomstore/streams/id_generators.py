@@ -106,7 +106,7 @@ class StreamIdGenerator:
         if len(writers) > 1 and not db.engine.supports_sequences:
             raise StreamConfigError(
                 f"stream {stream_name!r} has {len(writers)} writers {list(writers)}, but "
-                f"{db.engine.name} has no shared sequences: a multi-writer stream needs PostgreSQL"
+                f"{db.engine.describe()} has no shared sequences: a multi-writer stream needs PostgreSQL"
             )
         self.db = db
         self.stream_name = stream_name

@@ -136,6 +136,37 @@ class TransactionTests:
         count, total = await db.run_interaction("fill", fill)
         self.assertEqual((count, total), (2500, sum(range(2500))))
 
+    async def test_engine_write_paths(self):
+        """Serial ids, RETURNING and table sizes go through the engine."""
+        db = await self.make_database()
+
+        def run(txn):
+            txn.execute(txn.engine.translate_schema("CREATE TABLE t (id BIGSERIAL PRIMARY KEY, b TEXT UNIQUE)"))
+            first = txn.allocate_ids("t", "id", 3)
+            # Not inserted yet: the second reservation must not overlap the first.
+            second = txn.allocate_ids("t", "id", 2)
+            txn.insert_many("t", ("id", "b"), [(i, f"x{i}") for i in first + second], queue=True)
+            if txn.engine.returns_inserted_rows:
+                returned = txn.insert_many(
+                    "t", ("b",), [("new",), (f"x{first[0]}",)], on_conflict="ON CONFLICT DO NOTHING", returning="b"
+                )
+            else:
+                with self.assertRaises(ValueError):
+                    txn.insert_many("t", ("b",), [("new",)], returning="b")
+                returned = None
+            rows = txn.select_one_value("SELECT COUNT(*) FROM t")
+            return first, second, returned, rows, txn.engine.table_bytes(txn, "t")
+
+        first, second, returned, rows, size = await db.run_interaction("write paths", run)
+        self.assertEqual(first, sorted(first))
+        self.assertEqual(len(set(first + second)), 5)
+        self.assertGreater(min(second), max(first))
+        if self.engine_name == "postgres":
+            self.assertEqual((returned, rows), ([("new",)], 6))
+        else:
+            self.assertEqual((returned, rows), (None, 5))
+        self.assertGreater(size, 0)
+
     async def test_concurrent_increments_are_not_lost(self):
         """Read-modify-write from many interactions at once: PostgreSQL's
         serialisation failures are retried, SQLite serialises; nothing is lost."""

@@ -1,0 +1,200 @@
+"""A cursor inside one transaction, handed to interaction functions.
+
+``Database.run_interaction`` (``roomstore.storage.database``) opens the
+transaction, runs the function with a ``Transaction`` and commits or rolls
+back; the ``Transaction`` binds SQL written once with ``?`` placeholders for
+its engine, batches writes where the engine can, reserves serial ids, runs
+trial writes in a savepoint, and collects what must happen after the commit
+(``call_after``). Kept apart from the pool so that code which only runs inside
+a transaction (schema migrations, the tables' SQL) needs nothing of the pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence, TypeVar
+
+from roomstore.storage.engines import Engine
+
+R = TypeVar("R")
+
+
+class RetryTransaction(Exception):
+    """Raised by an interaction function to roll back and run again.
+
+    For conflicts the database did not report itself, e.g. a row another
+    writer committed after this transaction's snapshot was taken.
+    """
+
+
+class Transaction:
+    """A cursor inside one transaction, handed to interaction functions.
+
+    SQL uses ``?`` placeholders and is converted for the engine. Only the
+    thread running the interaction may use it.
+    """
+
+    def __init__(self, db: Any, engine: Engine, cursor: Any, description: str):
+        # db: the pool that opened the transaction; only its statement
+        # counter (``_count_query``) is used here.
+        self.db = db
+        self.engine = engine
+        self.description = description
+        self._cursor = cursor
+        self._after_callbacks: list[tuple[Callable[..., Any], tuple, dict]] = []
+        self._allocated: dict[tuple[str, str], int] = {}
+        self._free_ids: dict[tuple[str, str], list[int]] = {}
+        self._queued: list[bytes] = []
+
+    # --- SQL -------------------------------------------------------------
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> "Transaction":
+        self.flush_queue()
+        self.db._count_query()
+        self._cursor.execute(self.engine.convert_sql(sql), tuple(args))
+        return self
+
+    def queue(self, sql: str, args: Sequence[Any] = ()) -> None:
+        """Run a write whose result is not needed, perhaps a little later.
+
+        On PostgreSQL queued statements travel to the server together, in one
+        round trip, before the next statement that is not queued and before
+        commit; so every later statement still sees their effects, and an
+        error in one still fails the transaction (at that point). Values are
+        bound by psycopg2 exactly as ``execute`` binds them. SQLite, being
+        in-process, runs the statement now.
+        """
+        if not self.engine.batches_writes:
+            self.execute(sql, args)
+            return
+        self.db._count_query()
+        self._queued.append(self.engine.bind_statement(self._cursor, sql, args))
+
+    def flush_queue(self) -> None:
+        """Send the queued statements (see ``queue``) now."""
+        if self._queued:
+            statements, self._queued = self._queued, []
+            # No arguments: the text is sent as it is (already bound).
+            self._cursor.execute(b";\n".join(statements))
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        rows = [tuple(r) for r in rows]
+        if not rows:
+            return
+        self.flush_queue()
+        self.db._count_query()
+        self._cursor.executemany(self.engine.convert_sql(sql), rows)
+
+    def insert_many(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[Any]],
+        on_conflict: str = "",
+        returning: str = "",
+        queue: bool = False,
+    ) -> list[tuple] | None:
+        """Insert many rows in as few round trips as the engine allows.
+
+        ``table``, ``columns`` and ``on_conflict`` (e.g. ``"ON CONFLICT DO
+        NOTHING"``, or an upsert's ``DO UPDATE SET`` clause, written with
+        ``excluded.``) are SQL written by the caller's code, never user input;
+        values are bound. PostgreSQL gets multi-row VALUES statements (psycopg2's
+        executemany would be one round trip per row); SQLite runs in-process.
+        ``returning`` (PostgreSQL only: SQLite's executemany cannot return
+        rows) is a ``RETURNING`` column list; the rows it returns are returned.
+        ``queue=True`` sends the insert with the other queued writes (``queue``).
+        """
+        rows = [tuple(r) for r in rows]
+        if returning and not self.engine.returns_inserted_rows:
+            raise ValueError("insert_many(returning=...) needs PostgreSQL")
+        if returning and queue:
+            raise ValueError("insert_many: a queued insert cannot return rows")
+        if not rows:
+            return [] if returning else None
+        if queue and self.engine.batches_writes:
+            for statement in self.engine.bind_insert(self._cursor, table, columns, rows, on_conflict):
+                self.db._count_query()
+                self._queued.append(statement)
+            return None
+        self.flush_queue()
+        self.db._count_query()
+        return self.engine.insert_rows(self._cursor, table, columns, rows, on_conflict, returning)
+
+    def fetchone(self) -> tuple | None:
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[tuple]:
+        return self._cursor.fetchall()
+
+    def __iter__(self):
+        return iter(self._cursor)
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    def allocate_ids(self, table: str, column: str, count: int) -> list[int]:
+        """Reserve ``count`` new ids for a serial primary key, to insert in bulk.
+
+        PostgreSQL takes them from the column's sequence (never reused);
+        SQLite counts up from the current maximum, which is safe because
+        ``BEGIN IMMEDIATE`` makes this the only writer of the file.
+        """
+        if count <= 0:
+            return []
+        if self.engine.serial_ids_sql is not None:
+            rows = self.execute(self.engine.serial_ids_sql, (table, column, count)).fetchall()
+            return sorted(r[0] for r in rows)
+        top = self.select_one_value(f"SELECT COALESCE(MAX({column}), 0) FROM {table}")
+        # Two allocations before the rows are inserted must not overlap.
+        top = max(top, self._allocated.get((table, column), 0))
+        self._allocated[(table, column)] = top + count
+        return list(range(top + 1, top + 1 + count))
+
+    def next_id(self, table: str, column: str, reserve: int = 1) -> int:
+        """One new id for a serial primary key.
+
+        When this transaction has none left over it reserves ``reserve`` at
+        once (one statement), so a batch making many rows of ``table`` asks
+        the database once. Ids left unused are never reused on PostgreSQL
+        (a sequence gap) and are simply not taken on SQLite.
+        """
+        free = self._free_ids.get((table, column))
+        if not free:
+            free = self._free_ids[(table, column)] = self.allocate_ids(table, column, max(reserve, 1))[::-1]
+        return free.pop()
+
+    def undone(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """Run ``fn(self, *args, **kwargs)`` and undo what it wrote: a savepoint
+        rolled back, its ``call_after`` callbacks and left-over ids dropped.
+
+        Returns what ``fn`` returns, raises what it raises; either way the
+        transaction goes on as before the call (a trial run of a write).
+        """
+        self.flush_queue()
+        callbacks = len(self._after_callbacks)
+        allocated, free = dict(self._allocated), {k: list(v) for k, v in self._free_ids.items()}
+        self.execute("SAVEPOINT trial_run")
+        try:
+            result = fn(self, *args, **kwargs)
+            self.flush_queue()
+            return result
+        finally:
+            self._queued = []
+            self._cursor.execute("ROLLBACK TO SAVEPOINT trial_run")
+            self._cursor.execute("RELEASE SAVEPOINT trial_run")
+            del self._after_callbacks[callbacks:]
+            self._allocated, self._free_ids = allocated, free
+
+    def select_one_value(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        row = self.execute(sql, args).fetchone()
+        return None if row is None else row[0]
+
+    # --- commit hooks ----------------------------------------------------
+
+    def call_after(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Run ``fn(*args, **kwargs)`` on the reactor thread after a successful commit.
+
+        Dropped if this attempt rolls back (a retry registers its own).
+        """
+        self._after_callbacks.append((fn, args, kwargs))
