@@ -14,17 +14,23 @@ import json
 import random
 from typing import Any, Iterator, Sequence
 
+import attrs
+
 from roomstore.events.hashing import compute_content_hash, compute_event_id
 from roomstore.events.room_versions import get_room_version
 
 
+@attrs.frozen(eq=False)
 class BuiltEvent:
-    """An event built by ``RoomGraphBuilder``: its ID, bytes and dict."""
+    """An event built by ``RoomGraphBuilder``: its ID, bytes and dict.
 
-    def __init__(self, event_id: str, raw: bytes, event: dict):
-        self.event_id = event_id
-        self.raw = raw
-        self.event = event
+    Compared by identity (``eq=False``): ``event`` is a dict, so value
+    equality would make it unhashable.
+    """
+
+    event_id: str
+    raw: bytes
+    event: dict
 
 
 class RoomGraphBuilder:
