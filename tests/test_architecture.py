@@ -1,0 +1,398 @@
+"""The shape of roomstore/, read from its source (issue 9).
+
+The import graph is read with ``ast``, never by importing: every ``import``
+and ``from ... import`` statement anywhere in a module counts (at the top,
+inside functions, under ``if TYPE_CHECKING:``, in ``try`` blocks), relative
+or absolute. An edge goes to the most specific module of the package that the
+statement names: ``from roomstore.storage import engines`` is an edge to
+``roomstore.storage.engines``, ``from roomstore.storage.engines import Engine``
+too, ``from roomstore.storage import Database`` an edge to the package
+``roomstore.storage`` (its ``__init__``). The parent packages Python runs on
+the way are not edges: a package re-exporting its modules is no cycle.
+
+Checked on the real tree:
+
+- no import cycle between modules (each cycle is reported as a path);
+- the store (``events``, ``state``, ``visibility``, ``storage``, ``streams``
+  and ``roomstore/store.py``) never imports ``replication`` or ``compaction``;
+- no module over 700 lines;
+- every table the schema creates (full schema and deltas) has its owner in
+  the table of ``docs/architecture.md``.
+
+The checker itself is tested on small packages written to a temp directory.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import textwrap
+from pathlib import Path
+from typing import Iterable
+
+from twisted.trial import unittest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "roomstore"
+MAX_LINES = 700
+#: The store: what a homeserver embeds. It must not know its users.
+STORE = ("roomstore.events", "roomstore.state", "roomstore.visibility", "roomstore.storage",
+         "roomstore.streams", "roomstore.store")
+#: What sits above the store.
+ABOVE_STORE = ("roomstore.replication", "roomstore.compaction")
+
+
+# ---------------------------------------------------------------- the checker
+
+
+def module_files(package_dir: Path, package: str) -> dict[str, Path]:
+    """Every module of the package at ``package_dir``, by dotted name."""
+    modules = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join([package, *parts])] = path
+    return modules
+
+
+def _is_package(name: str, modules: dict[str, Path]) -> bool:
+    return modules[name].name == "__init__.py"
+
+
+def _known(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest prefix of ``name`` that is a module of the package."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def imports_of(module: str, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """(imported module of the package, line) for every import in ``module``."""
+    path = modules[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    # The package a relative import is relative to.
+    here = module if _is_package(module, modules) else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = _known(alias.name, modules)
+                if target is not None:
+                    found.append((target, node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = here.split(".")
+                if node.level - 1 >= len(base_parts):
+                    continue  # beyond the top package: not ours
+                base = ".".join(base_parts[: len(base_parts) - (node.level - 1)])
+                if node.module:
+                    base = f"{base}.{node.module}"
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                target = _known(f"{base}.{alias.name}", modules) or _known(base, modules)
+                if target is not None:
+                    found.append((target, node.lineno))
+    return found
+
+
+def import_graph(package_dir: Path, package: str) -> dict[str, dict[str, int]]:
+    """module -> {imported module: first line importing it}, self-imports left out."""
+    modules = module_files(package_dir, package)
+    graph: dict[str, dict[str, int]] = {}
+    for module in modules:
+        edges: dict[str, int] = {}
+        for target, line in imports_of(module, modules):
+            if target != module:
+                edges[target] = min(line, edges.get(target, line))
+        graph[module] = edges
+    return graph
+
+
+def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Tarjan's components of more than one module (each sorted), iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        components.append(sorted(component))
+    return sorted(components)
+
+
+def cycle_path(graph: dict[str, dict[str, int]], component: Iterable[str]) -> list[str]:
+    """A shortest cycle through the first module of a component: [a, b, ..., a]."""
+    members = set(component)
+    start = min(members)
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph[node]):
+                if child not in members:
+                    continue
+                if child == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [start, *reversed(path[:-1]), start] if node != start else [start, start]
+                if child not in previous:
+                    previous[child] = node
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"no cycle through {start} in {sorted(members)}")
+
+
+def describe_cycles(graph: dict[str, dict[str, int]]) -> list[str]:
+    """One line per import cycle: its path with the importing lines, and its members."""
+    lines = []
+    for component in strongly_connected(graph):
+        path = cycle_path(graph, component)
+        steps = " -> ".join(
+            f"{a} (line {graph[a][b]})" for a, b in zip(path, path[1:])
+        ) + f" -> {path[-1]}"
+        extra = f"; {len(component)} modules in this knot: {', '.join(component)}" if len(component) > len(path) - 1 else ""
+        lines.append(steps + extra)
+    return lines
+
+
+def forbidden_imports(
+    graph: dict[str, dict[str, int]], lower: Iterable[str], upper: Iterable[str]
+) -> list[str]:
+    """``module (line N) imports target`` for every module under ``lower`` importing under ``upper``."""
+
+    def under(name: str, roots: Iterable[str]) -> bool:
+        return any(name == root or name.startswith(root + ".") for root in roots)
+
+    lower, upper = tuple(lower), tuple(upper)
+    return [
+        f"{module} (line {line}) imports {target}"
+        for module in sorted(graph) if under(module, lower)
+        for target, line in sorted(graph[module].items()) if under(target, upper)
+    ]
+
+
+def oversized(package_dir: Path, package: str, limit: int) -> list[tuple[str, int]]:
+    """(path, lines) of every module longer than ``limit`` lines, longest first."""
+    sizes = []
+    for path in module_files(package_dir, package).values():
+        count = len(path.read_text(encoding="utf-8").splitlines())
+        if count > limit:
+            sizes.append((str(path.relative_to(package_dir.parent)), count))
+    return sorted(sizes, key=lambda item: (-item[1], item[0]))
+
+
+# ---------------------------------------------------------------- the schema's tables
+
+
+def schema_tables(schema_dir: Path) -> set[str]:
+    """Every table a schema file creates (full schemas and deltas, both engines)."""
+    pattern = re.compile(r"\bCREATE\s+(?:UNLOGGED\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([A-Za-z_][A-Za-z0-9_]*)", re.I)
+    tables = set()
+    for path in schema_dir.rglob("*.sql"):
+        text = re.sub(r"--[^\n]*", "", path.read_text(encoding="utf-8"))
+        tables.update(name.lower() for name in pattern.findall(text))
+    return tables
+
+
+def documented_owners(doc: str) -> dict[str, str]:
+    """table -> owning module, from the rows ``| `table` | `module` | ...`` of
+    the section "Who owns which tables" of docs/architecture.md."""
+    if "## Who owns which tables" not in doc:
+        raise AssertionError('docs/architecture.md has no section "## Who owns which tables"')
+    section = doc.split("## Who owns which tables", 1)[1].split("\n## ", 1)[0]
+    owners = {}
+    for match in re.finditer(r"^\|\s*`([a-z_0-9]+)`\s*\|\s*`([a-z_./0-9]+)`", section, re.M):
+        owners[match.group(1)] = match.group(2)
+    return owners
+
+
+# ---------------------------------------------------------------- the real tree
+
+
+class RoomstoreShapeTests(unittest.TestCase):
+    """roomstore/ as it stands."""
+
+    def setUp(self):
+        self.graph = import_graph(ROOT / PACKAGE, PACKAGE)
+
+    def test_reads_the_whole_package(self):
+        # A guard against a checker that silently reads nothing.
+        self.assertIn("roomstore.storage.database", self.graph)
+        self.assertIn("roomstore.storage.engines", self.graph["roomstore.storage.database"])
+        self.assertGreater(sum(len(edges) for edges in self.graph.values()), 100)
+
+    def test_no_import_cycles(self):
+        cycles = describe_cycles(self.graph)
+        if cycles:
+            self.fail(f"{len(cycles)} import cycle(s) in roomstore/:\n  " + "\n  ".join(cycles))
+
+    def test_store_does_not_import_replication_or_compaction(self):
+        wrong = forbidden_imports(self.graph, STORE, ABOVE_STORE)
+        if wrong:
+            self.fail(
+                "the store imports what sits above it (move the code down, or invert the call):\n  "
+                + "\n  ".join(wrong)
+            )
+
+    def test_no_module_over_700_lines(self):
+        big = oversized(ROOT / PACKAGE, PACKAGE, MAX_LINES)
+        if big:
+            self.fail(
+                f"{len(big)} module(s) over {MAX_LINES} lines (split them by concern):\n  "
+                + "\n  ".join(f"{path}: {lines} lines" for path, lines in big)
+            )
+
+    def test_every_table_has_a_documented_owner(self):
+        doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+        tables = schema_tables(ROOT / PACKAGE / "schema")
+        self.assertGreater(len(tables), 10)
+        owners = documented_owners(doc)
+        missing = sorted(tables - set(owners))
+        self.assertEqual(missing, [], "tables of roomstore/schema/ with no row in docs/architecture.md's owner table")
+        stale = sorted(set(owners) - tables)
+        self.assertEqual(stale, [], "rows of docs/architecture.md's owner table naming no table of the schema")
+        for table, owner in sorted(owners.items()):
+            path = ROOT / owner
+            self.assertTrue(path.exists(), f"{table}: owner {owner} does not exist")
+
+
+# ---------------------------------------------------------------- the checker, on made-up packages
+
+
+class CheckerTests(unittest.TestCase):
+    """The checker finds what it should, in every import form."""
+
+    def make_package(self, files: dict[str, str]) -> Path:
+        root = Path(self.mktemp()) / "pkg"
+        for name, text in {"__init__.py": "", **files}.items():
+            path = root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(text), encoding="utf-8")
+        return root
+
+    def test_cycle_through_every_import_form(self):
+        # a -> b (relative, at the top), b -> c (inside a function),
+        # c -> a (absolute, under TYPE_CHECKING): a cycle of three.
+        root = self.make_package({
+            "a.py": "from . import b\n",
+            "b.py": "def later():\n    from pkg.sub import c\n    return c\n",
+            "sub/__init__.py": "",
+            "sub/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n",
+            "d.py": "import pkg.a\n",  # into the cycle, not part of it
+        })
+        graph = import_graph(root, "pkg")
+        self.assertEqual(graph["pkg.a"], {"pkg.b": 1})
+        self.assertEqual(graph["pkg.b"], {"pkg.sub.c": 2})
+        self.assertEqual(graph["pkg.sub.c"], {"pkg.a": 3})
+        self.assertEqual(strongly_connected(graph), [["pkg.a", "pkg.b", "pkg.sub.c"]])
+        self.assertEqual(
+            describe_cycles(graph),
+            ["pkg.a (line 1) -> pkg.b (line 2) -> pkg.sub.c (line 3) -> pkg.a"],
+        )
+
+    def test_two_module_cycle_with_relative_parent_import(self):
+        root = self.make_package({
+            "store.py": "from pkg.events.reads import Reader\n",
+            "events/__init__.py": "",
+            "events/reads.py": "from ..store import Store\n",
+        })
+        graph = import_graph(root, "pkg")
+        self.assertEqual(describe_cycles(graph), ["pkg.events.reads (line 1) -> pkg.store (line 1) -> pkg.events.reads"])
+
+    def test_knot_larger_than_its_shortest_cycle(self):
+        root = self.make_package({
+            "a.py": "import pkg.b\nimport pkg.c\n",
+            "b.py": "import pkg.a\n",
+            "c.py": "import pkg.a\n",
+        })
+        (line,) = describe_cycles(import_graph(root, "pkg"))
+        self.assertEqual(line, "pkg.a (line 1) -> pkg.b (line 1) -> pkg.a; 3 modules in this knot: pkg.a, pkg.b, pkg.c")
+
+    def test_no_cycle(self):
+        # A package re-exporting its module, imported by its siblings: no cycle.
+        root = self.make_package({
+            "__init__.py": "from pkg.low import thing\n",
+            "low.py": "thing = 1\n",
+            "high.py": "from pkg import thing\nfrom pkg.low import thing as again\nimport os, json\n",
+        })
+        graph = import_graph(root, "pkg")
+        self.assertEqual(graph["pkg.high"], {"pkg": 1, "pkg.low": 2})
+        self.assertEqual(describe_cycles(graph), [])
+
+    def test_forbidden_imports(self):
+        root = self.make_package({
+            "store/__init__.py": "",
+            "store/db.py": "x = 1\n",
+            "store/reads.py": "import pkg.store.db\n\ndef f():\n    from pkg.replication import wire\n",
+            "replication/__init__.py": "",
+            "replication/wire.py": "from pkg.store import db\n",
+        })
+        graph = import_graph(root, "pkg")
+        self.assertEqual(
+            forbidden_imports(graph, ["pkg.store"], ["pkg.replication"]),
+            ["pkg.store.reads (line 4) imports pkg.replication.wire"],
+        )
+        self.assertEqual(forbidden_imports(graph, ["pkg.replication"], ["pkg.nothing"]), [])
+
+    def test_oversized(self):
+        root = self.make_package({"small.py": "x = 1\n" * 700, "big.py": "x = 1\n" * 701})
+        self.assertEqual(oversized(root, "pkg", 700), [("pkg/big.py", 701)])
+
+    def test_schema_tables_and_owners(self):
+        root = self.make_package({})
+        schema = root / "schema"
+        (schema / "deltas" / "2").mkdir(parents=True)
+        (schema / "full.sql").write_text(
+            "-- CREATE TABLE commented_out (x INT);\nCREATE TABLE one (x INT);\ncreate table if not exists Two (y INT);\n"
+        )
+        (schema / "deltas" / "2" / "01.postgres.sql").write_text("CREATE UNLOGGED TABLE three (z INT);\n")
+        self.assertEqual(schema_tables(schema), {"one", "two", "three"})
+        doc = (
+            "# x\n## Who owns which tables\n\n| table | owner |\n| --- | --- |\n"
+            "| `one` | `pkg/a.py` | note |\n| `two` | `pkg/b.py` |\n\n## Next\n| `three` | `pkg/c.py` |\n"
+        )
+        self.assertEqual(documented_owners(doc), {"one": "pkg/a.py", "two": "pkg/b.py"})
+
