@@ -15,6 +15,8 @@ Checked on the real tree:
 - no import cycle between modules (each cycle is reported as a path);
 - the store (``events``, ``state``, ``visibility``, ``storage``, ``streams``
   and ``roomstore/store.py``) never imports ``replication`` or ``compaction``;
+- ``storage`` imports nothing else of roomstore, and ``streams``, ``state``
+  and ``visibility`` import only ``storage``;
 - no module over 700 lines;
 - every table the schema creates (full schema and deltas) has its owner in
   the table of ``docs/architecture.md``.
@@ -276,6 +278,22 @@ class RoomstoreShapeTests(unittest.TestCase):
                 "the store imports what sits above it (move the code down, or invert the call):\n  "
                 + "\n  ".join(wrong)
             )
+
+    def test_foundation_imports_only_what_is_beneath_it(self):
+        # storage is the bottom; streams, state and visibility stand on it alone.
+        beneath = {
+            "roomstore.storage": ("roomstore.storage",),
+            "roomstore.streams": ("roomstore.streams", "roomstore.storage"),
+            "roomstore.state": ("roomstore.state", "roomstore.storage"),
+            "roomstore.visibility": ("roomstore.visibility", "roomstore.storage"),
+        }
+        everything = sorted({m for m in self.graph if m != PACKAGE})
+        wrong = []
+        for package, allowed in beneath.items():
+            above = [m for m in everything if not any(m == a or m.startswith(a + ".") for a in allowed)]
+            wrong += forbidden_imports(self.graph, [package], above)
+        if wrong:
+            self.fail("a foundation package imports what stands on it:\n  " + "\n  ".join(wrong))
 
     def test_no_module_over_700_lines(self):
         big = oversized(ROOT / PACKAGE, PACKAGE, MAX_LINES)
