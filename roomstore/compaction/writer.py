@@ -29,7 +29,7 @@ full state on top of its new predecessor's state, which itself is unchanged
 states. A job killed at any moment (SIGKILL included) leaves every swap either
 committed with its progress row or not at all; the next run resumes.
 
-Contracts shared with the Spark side (:mod:`roomstore.compaction.spark_job`):
+Contracts shared with the Spark side (:mod:`roomstore.compaction.job`):
 :func:`row_checksum` and :data:`CHECKSUM_SQL` compute the same per-row value;
 a chunk's staged groups carry the representation read (``old_prev``,
 ``old_rows``, ``old_checksum``) so the swap can detect any change.

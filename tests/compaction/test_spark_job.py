@@ -23,7 +23,7 @@ from typing import Optional
 
 from twisted.trial import unittest
 
-from roomstore.compaction.spark_job import EXIT_ROOMS_FAILED
+from roomstore.compaction.job.options import EXIT_ROOMS_FAILED
 from tests.compaction.spark_cluster import SparkCluster
 from tests.compaction.test_writer import (
     CHUNK,
@@ -246,7 +246,7 @@ class SubmitCommandTests(unittest.TestCase):
     def test_command_line(self) -> None:
         import zipfile
 
-        from roomstore.compaction.spark_job import build_submit_command
+        from roomstore.compaction.job.submit import build_submit_command
 
         cache = tempfile.mkdtemp(prefix="roomstore-compact-cache-")
         os.environ["ROOMSTORE_COMPACT_CACHE"] = cache
@@ -271,6 +271,8 @@ class SubmitCommandTests(unittest.TestCase):
         with zipfile.ZipFile(cmd[cmd.index("--py-files") + 1]) as zf:
             names = set(zf.namelist())
         self.assertIn("roomstore/compaction/spark_job.py", names)
+        # Executors need no roomstore installed: the job package travels in the zip.
+        self.assertIn("roomstore/compaction/job/executor.py", names)
         self.assertIn("attr/__init__.py", names)
         sqlite_cmd, _ = build_submit_command(["--db", "sqlite:////tmp/x.db"])
         self.assertTrue(sqlite_cmd[sqlite_cmd.index("--jars") + 1].endswith("sqlite-jdbc.jar"))

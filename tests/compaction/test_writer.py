@@ -26,7 +26,8 @@ from twisted.trial.unittest import TestCase
 
 from roomstore.compaction import chain_depths, verify
 from roomstore.compaction.dataset import load_dataset, read_roomstore_room
-from roomstore.compaction.spark_job import RoomCompactor, read_room_chunks
+from roomstore.compaction.job.executor import RoomCompactor
+from roomstore.compaction.job.reading import read_room_chunks
 from roomstore.compaction.writer import (
     CHECKSUM_SQL,
     LOCK_NAME,
@@ -589,7 +590,8 @@ class RoomSelectionTests:
     timeout = 300
 
     async def test_rooms_option(self):
-        from roomstore.compaction.spark_job import Driver, job_parser
+        from roomstore.compaction.job.driver import Driver
+        from roomstore.compaction.job.options import job_parser
 
         url = await compaction_database(self)
         writer = CompactionWriter(url)
