@@ -33,7 +33,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import attrs
 
 from roomstore.compaction.model import StateGroupEntry
-from roomstore.compaction.writer import bulk_insert
+from roomstore.storage.engines import Engine, engine_from_url
 
 Key = Tuple[str, str]  # (type, state_key)
 
@@ -342,11 +342,11 @@ def prepare_synapse_schema(url: str) -> None:
 
 
 class _Sink:
-    """Buffered bulk writes into one database: COPY on PostgreSQL, executemany on SQLite."""
+    """Buffered bulk writes into one database (the engine's bulk insert)."""
 
-    def __init__(self, conn: Any, postgres: bool, flush_rows: int = 200_000) -> None:
-        self.conn = conn
-        self.postgres = postgres
+    def __init__(self, engine: Engine, flush_rows: int = 200_000) -> None:
+        self.engine = engine
+        self.conn = engine.connect()
         self.flush_rows = flush_rows
         self.buffers: Dict[Tuple[str, str], List[tuple]] = {}
         self.pending = 0
@@ -359,10 +359,9 @@ class _Sink:
 
     def flush(self) -> None:
         cur = self.conn.cursor()
-        if not self.postgres:
-            cur.execute("BEGIN IMMEDIATE")
+        self.engine.begin(cur)
         for (table, columns), rows in self.buffers.items():
-            bulk_insert(cur, self.postgres, table, columns, rows, _copy_text)
+            self.engine.bulk_insert(cur, table, columns, rows, _copy_text)
         self.conn.commit()
         cur.close()
         self.buffers = {}
@@ -407,17 +406,14 @@ def load_dataset(
     after the current maxima, and PostgreSQL sequences are moved past them.
     With both URLs the two databases hold the same groups under the same ids.
     """
-    from roomstore.storage.engines import engine_from_url
-
     ours = None
     first_group = first_event = 1
     key_ids: Dict[Key, int] = {}
     next_key = next_room = 1
     if roomstore_url is not None:
-        engine = engine_from_url(roomstore_url)
-        ours_conn = engine.connect()
-        cur = ours_conn.cursor()
-        q = engine.convert_sql
+        ours = _Sink(engine_from_url(roomstore_url))
+        cur = ours.conn.cursor()
+        q = ours.engine.convert_sql
         for table, column in (("state_groups", "state_group"), ("event_ids", "event_nid"),
                               ("state_keys", "type_key_nid"), ("rooms", "room_nid")):
             cur.execute(q(f"SELECT COALESCE(MAX({column}), 0) FROM {table}"))
@@ -432,17 +428,14 @@ def load_dataset(
                 next_room = top + 1
         cur.execute("SELECT type, state_key, type_key_nid FROM state_keys")
         key_ids = {(t, s): n for t, s, n in cur.fetchall()}
-        ours_conn.commit()
-        ours = _Sink(ours_conn, engine.name == "postgres")
+        ours.conn.commit()
     spec = make_spec(size, seed, max_chain_length=max_chain_length, first_group=first_group,
                      first_event=first_event, shapes=shapes)
     rooms = [(room_id_for(shape, i), next_room + n) for n, (shape, i) in enumerate(spec.rooms())]
     info = DatasetInfo(spec, rooms, key_ids, first_group=first_group)
     theirs = None
     if synapse_url is not None:
-        import psycopg2
-
-        theirs = _Sink(psycopg2.connect(synapse_url), True)
+        theirs = _Sink(engine_from_url(synapse_url))
     if ours is not None:
         for room_id, nid in rooms:
             ours.add("rooms", "room_nid, room_id, room_version", (nid, room_id, "10"))
@@ -478,15 +471,11 @@ def load_dataset(
         if sink is not None:
             sink.flush()
     if ours is not None:
-        if ours.postgres:
-            cur = ours.conn.cursor()
-            for table, column in (("state_groups", "state_group"), ("event_ids", "event_nid"),
-                                  ("state_keys", "type_key_nid"), ("rooms", "room_nid")):
-                cur.execute(
-                    f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'),"
-                    f" (SELECT GREATEST(COALESCE(MAX({column}), 0), 1) FROM {table}))"
-                )
-            ours.conn.commit()
+        cur = ours.conn.cursor()
+        for table, column in (("state_groups", "state_group"), ("event_ids", "event_nid"),
+                              ("state_keys", "type_key_nid"), ("rooms", "room_nid")):
+            ours.engine.move_sequence_past(cur, table, column)
+        ours.conn.commit()
         ours.conn.close()
     if theirs is not None:
         theirs.conn.close()
@@ -496,8 +485,6 @@ def load_dataset(
 
 def read_roomstore_room(url: str, room_nid: int) -> List[StateGroupEntry]:
     """A room's groups as stored in roomstore's tables now."""
-    from roomstore.storage.engines import engine_from_url
-
     engine = engine_from_url(url)
     conn = engine.connect()
     try:

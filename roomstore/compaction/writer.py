@@ -29,15 +29,13 @@ full state on top of its new predecessor's state, which itself is unchanged
 states. A job killed at any moment (SIGKILL included) leaves every swap either
 committed with its progress row or not at all; the next run resumes.
 
-Contracts shared with the Spark side (:mod:`roomstore.compaction.job`):
-:func:`row_checksum` and :data:`CHECKSUM_SQL` compute the same per-row value;
-a chunk's staged groups carry the representation read (``old_prev``,
-``old_rows``, ``old_checksum``) so the swap can detect any change.
+The contract with the Spark side (:mod:`roomstore.compaction.job`) is
+:mod:`roomstore.compaction.chunks`: :class:`StagedChunk` and the per-row
+checksum both sides compute.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -49,27 +47,11 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
+from roomstore.compaction.chunks import CHECKSUM_SQL, StagedChunk
+from roomstore.storage.database import RetryTransaction, run_transaction
+from roomstore.storage.engines import engine_from_url
+
 log = logging.getLogger("roomstore.compaction")
-
-def bulk_insert(
-    cur, postgres: bool, table: str, columns: str, rows: Sequence[tuple], text: Callable[[Any], str] = str
-) -> None:
-    """Insert ``rows`` on a DB-API cursor: COPY on PostgreSQL (one round trip,
-    no per-row statement; ``text`` renders a non-NULL value), executemany on
-    SQLite. ``table`` and ``columns`` (comma-separated) are the caller's SQL."""
-    if not rows:
-        return
-    if postgres:
-        buf = io.StringIO()
-        for row in rows:
-            buf.write("\t".join("\\N" if v is None else text(v) for v in row))
-            buf.write("\n")
-        buf.seek(0)
-        cur.copy_expert(f"COPY {table} ({columns}) FROM STDIN", buf)
-    else:
-        marks = ", ".join("?" for _ in columns.split(","))
-        cur.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)
-
 
 #: The ``maintenance_locks`` row of the compaction job. RoomStore honours it
 #: (``RoomStore.COMPACTION_LOCK_NAME``; the store may not import this package).
@@ -80,34 +62,6 @@ DEFAULT_STALE_LOCK_SECONDS = 600.0
 DEFAULT_HEARTBEAT_SECONDS = 30.0
 #: Swap transactions retried after serialisation failures / deadlocks.
 SWAP_ATTEMPTS = 6
-
-# Per-row checksum of a delta row: small enough that a group's sum fits a
-# signed 64-bit integer for any realistic group (a million rows), identical in
-# Python (numpy int64) and SQL. It only has to catch accidental change (a
-# group deleted and re-created, a concurrent rewrite), not an adversary.
-_KEY_MOD = 1_000_003
-_MUL = 1_000_033
-_EVENT_MOD = 1_000_033
-
-#: SQL for :func:`row_checksum` over ``state_group_deltas AS d``.
-CHECKSUM_SQL = (
-    f"((CAST(d.type_key_nid AS BIGINT) % {_KEY_MOD}) * {_MUL}"
-    f" + COALESCE(d.event_nid, 0) % {_EVENT_MOD})"
-)
-
-
-def row_checksum(type_key_nid: int, event_nid: Optional[int]) -> int:
-    """The checksum of one delta row (``None`` event: a tombstone)."""
-    return (type_key_nid % _KEY_MOD) * _MUL + (event_nid or 0) % _EVENT_MOD
-
-
-def row_checksum_np(type_keys: Any, events: Any) -> Any:
-    """:func:`row_checksum` over numpy int64 arrays; ``events`` uses -1 for NULL."""
-    import numpy as np
-
-    ev = np.where(events < 0, 0, events)
-    return (type_keys % _KEY_MOD) * _MUL + ev % _EVENT_MOD
-
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -132,39 +86,6 @@ class LockLostError(RuntimeError):
 
 class SchemaTooOldError(RuntimeError):
     """The database has no compaction tables (schema version < 2)."""
-
-
-@attrs.frozen
-class StagedChunk:
-    """A chunk's new representation, ready to stage and swap.
-
-    Attributes:
-        room_nid: the room.
-        first_group, last_group: the chunk's first and last group ids (the
-            chunk is every group of the room between them, up to the run's
-            ``snapshot_max``).
-        groups: one tuple per group of the chunk: ``(state_group, old_prev,
-            old_rows, old_checksum, new_prev, new_chain_length, rewrite)``;
-            ``old_*`` is the representation read, ``rewrite`` 1 when the delta
-            rows and predecessor are replaced (0: at most ``chain_length``
-            changes). ``None`` predecessors are snapshots.
-        refs: groups outside the chunk that a new predecessor chain passes
-            through first (the new predecessors from earlier chunks); the swap
-            requires them to still exist.
-        deltas: ``(state_group, type_key_nid, event_nid)`` new rows of the
-            rewritten groups, ``None`` event meaning "key removed".
-        rows_before, rows_after, groups_rewritten: for the progress row.
-    """
-
-    room_nid: int
-    first_group: int
-    last_group: int
-    groups: Sequence[tuple]
-    refs: Sequence[int]
-    deltas: Sequence[tuple]
-    rows_before: int
-    rows_after: int
-    groups_rewritten: int
 
 
 @attrs.frozen
@@ -244,38 +165,18 @@ class _Connection:
     """One DB-API connection plus the engine's dialect; runs transactions."""
 
     def __init__(self, url: str) -> None:
-        from roomstore.storage.engines import engine_from_url
-
         self.engine = engine_from_url(url)
         self.conn = self.engine.connect()
-        self.postgres = self.engine.name == "postgres"
 
     def sql(self, text: str) -> str:
         return self.engine.convert_sql(text)
 
     def run(self, fn: Callable[[Any], Any], attempts: int = SWAP_ATTEMPTS) -> Any:
-        """``fn(cursor)`` in one transaction, retried on serialisation failures."""
-        for attempt in range(1, attempts + 1):
-            cur = self.conn.cursor()
-            try:
-                self.engine.begin(cur)
-                result = fn(cur)
-                self.conn.commit()
-                return result
-            except BaseException as exc:
-                try:
-                    self.conn.rollback()
-                except Exception:
-                    pass
-                if self.engine.is_retryable(exc) and attempt < attempts:
-                    time.sleep(min(0.01 * 2**attempt, 1.0))
-                    continue
-                raise
-            finally:
-                try:
-                    cur.close()
-                except Exception:
-                    pass
+        """``fn(cursor)`` in one transaction, retried on serialisation failures
+        (and :class:`RetryTransaction`)."""
+        return run_transaction(
+            self.engine, lambda: self.conn, fn, attempts=attempts, backoff_s=0.01, max_backoff_s=1.0
+        )
 
     def query(self, text: str, args: Sequence = ()) -> list:
         def fn(cur):
@@ -340,13 +241,13 @@ class CompactionWriter:
     def max_state_group(self) -> int:
         return self.db.query("SELECT COALESCE(MAX(state_group), 0) FROM state_groups")[0][0]
 
-    def group_bounds(self, snapshot_max: int, where: str = "", args: Sequence = ()) -> tuple[Optional[int], Optional[int], int]:
+    def group_bounds(self, snapshot_max: int, where: str = "") -> tuple[Optional[int], Optional[int], int]:
         """MIN, MAX and COUNT of state groups up to ``snapshot_max`` (plus ``where``)."""
         extra = f" AND {where}" if where else ""
         row = self.db.query(
             f"SELECT MIN(state_group), MAX(state_group), COUNT(*) FROM state_groups"
             f" WHERE state_group <= ?{extra}",
-            (snapshot_max, *args),
+            (snapshot_max,),
         )[0]
         return row[0], row[1], row[2]
 
@@ -419,6 +320,12 @@ class CompactionWriter:
             )
         )
 
+    @staticmethod
+    def rooms_not_done_condition(run_id: int) -> str:
+        """A condition on ``{col}`` (a room_nid column): the rooms run ``run_id``
+        has not finished. The id is inlined: Spark's JDBC reads take no parameters."""
+        return "{col} NOT IN (SELECT room_nid FROM state_compaction_rooms WHERE run_id = " + str(int(run_id)) + ")"
+
     def largest_rooms(self, count: int, snapshot_max: int) -> list[int]:
         """The ``count`` rooms with the most state groups (up to ``snapshot_max``)."""
         rows = self.db.query(
@@ -439,10 +346,10 @@ class CompactionWriter:
         """
 
         def txn(cur):
-            lock_sql = " FOR UPDATE" if self.db.postgres else ""
             cur.execute(
                 self.db.sql(
-                    "SELECT holder, acquired_ts, heartbeat_ts FROM maintenance_locks WHERE lock_name = ?" + lock_sql
+                    "SELECT holder, acquired_ts, heartbeat_ts FROM maintenance_locks WHERE lock_name = ?"
+                    + self.db.engine.for_update
                 ),
                 (LOCK_NAME,),
             )
@@ -457,7 +364,7 @@ class CompactionWriter:
                     (LOCK_NAME, self.holder, now, now),
                 )
                 if cur.rowcount != 1:
-                    raise _Retry()
+                    raise RetryTransaction()  # another job inserted it first
                 return None
             holder, acquired, beat = row
             age_s = (now - (beat if beat is not None else acquired)) / 1000.0
@@ -481,17 +388,13 @@ class CompactionWriter:
                 (self.holder, now, now, LOCK_NAME, holder),
             )
             if cur.rowcount != 1:
-                raise _Retry()
+                raise RetryTransaction()  # the lock changed hands meanwhile
             return note
 
-        for _ in range(5):
-            try:
-                note = self.db.run(txn)
-                break
-            except _Retry:
-                continue
-        else:
-            raise RuntimeError("could not take the compaction lock (it kept changing hands)")
+        try:
+            note = self.db.run(txn)
+        except RetryTransaction:
+            raise RuntimeError("could not take the compaction lock (it kept changing hands)") from None
         if note:
             log.warning(note)
         self.has_lock = True
@@ -698,7 +601,7 @@ class CompactionWriter:
 
     def _bulk_insert(self, cur, table: str, columns: str, rows: list) -> None:
         # Integers all (numpy ones from the job too: int() gives their text).
-        bulk_insert(cur, self.db.postgres, table, columns, rows, lambda v: str(int(v)))
+        self.db.engine.bulk_insert(cur, table, columns, rows, lambda v: str(int(v)))
 
     # ------------------------------------------------------------- swap
 
@@ -740,10 +643,11 @@ class CompactionWriter:
             # 2. Row-lock the chunk's groups and the groups it builds on, so a
             # concurrent deletion either finishes first (and the re-check below
             # sees it) or waits for this swap. SQLite: BEGIN IMMEDIATE already
-            # excludes every other writer.
-            if self.db.postgres:
+            # excludes every other writer (no FOR UPDATE there).
+            if self.db.engine.for_update:
                 cur.execute(
-                    sql(f"SELECT state_group FROM state_groups WHERE state_group IN ({staged}) ORDER BY state_group FOR UPDATE"),
+                    sql(f"SELECT state_group FROM state_groups WHERE state_group IN ({staged}) ORDER BY state_group"
+                        + self.db.engine.for_update),
                     key,
                 )
                 cur.fetchall()
@@ -874,7 +778,3 @@ class CompactionWriter:
             self.release_lock()
         finally:
             self.db.close()
-
-
-class _Retry(Exception):
-    """Internal: the lock row changed under us; try again."""

@@ -28,14 +28,13 @@ from roomstore.compaction import chain_depths, verify
 from roomstore.compaction.dataset import load_dataset, read_roomstore_room
 from roomstore.compaction.job.executor import RoomCompactor
 from roomstore.compaction.job.reading import read_room_chunks
+from roomstore.compaction.chunks import CHECKSUM_SQL, row_checksum
 from roomstore.compaction.writer import (
-    CHECKSUM_SQL,
     LOCK_NAME,
     CompactionWriter,
     LockHeldError,
     LockLostError,
     RoomOutcome,
-    row_checksum,
 )
 from roomstore.state.groups import FULL_STATE_SQL, fold_state
 from roomstore.storage.engines import engine_from_url
@@ -604,7 +603,7 @@ class RoomSelectionTests:
             args = ["--db", url] + (["--rooms", spec] if spec else [])
             driver = Driver(job_parser().parse_args(args))
             driver.writer, driver.run = writer, run
-            where, _ = driver.room_filter()
+            where = driver.room_filter()
             if where is None:
                 return None
             lo, hi, n = writer.group_bounds(run.snapshot_max, where.format(col="room_nid"))

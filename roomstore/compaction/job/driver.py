@@ -45,9 +45,13 @@ import logging
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
+from pyspark import StorageLevel
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from roomstore.compaction import levels_hop_bound
 from roomstore.compaction.job.executor import OUTPUT_SCHEMA, ChunkResult, make_room_function
@@ -57,10 +61,15 @@ from roomstore.compaction.job.report import (
     FAILED_STATUSES,
     STATUS_WOULD_WRITE,
     STATUS_WRITTEN,
+    ChunkRecord,
     RoomReport,
-    _write_atomic,
+    report_lines,
+    run_totals,
+    write_atomic,
     write_metrics,
 )
+from roomstore.compaction.writer import CompactionWriter, LockHeldError
+from roomstore.progress import progress_bar
 
 log = logging.getLogger("roomstore.compaction")
 
@@ -105,8 +114,6 @@ class Driver:
         }
 
     def execute(self) -> int:
-        from roomstore.compaction.writer import CompactionWriter, LockHeldError
-
         a = self.args
         if self.max_hops < 0 or a.chunk_groups < 0 or a.window < 1:
             raise SystemExit("max-hops and chunk-groups must not be negative; window must be at least 1")
@@ -143,16 +150,16 @@ class Driver:
                 self.resumed_rooms.append(report)
             if run.done_rooms:
                 self.say(f"  {len(run.done_rooms)} room(s) already finished by the interrupted attempt: skipped")
-            where, where_args = self.room_filter()
+            where = self.room_filter()
             if where is None:
                 self.say("  no rooms selected")
             else:
-                lo, hi, count = writer.group_bounds(run.snapshot_max, where.format(col="room_nid"), where_args)
+                lo, hi, count = writer.group_bounds(run.snapshot_max, where.format(col="room_nid"))
                 if not count:
                     self.say("  nothing to do: no state groups selected")
                 else:
                     spark = self.start_spark()
-                    self.compute_and_write(spark, lo, hi, count, where, where_args)
+                    self.compute_and_write(spark, lo, hi, count, where)
             if not a.dry_run:
                 writer.finish_run(run)
         finally:
@@ -169,12 +176,12 @@ class Driver:
     def all_rooms(self) -> List[RoomReport]:
         return self.resumed_rooms + [self.rooms[n] for n in self.order]
 
-    def room_filter(self) -> Tuple[Optional[str], List[Any]]:
+    def room_filter(self) -> Optional[str]:
         """A condition on ``{col}`` (a room_nid column) selecting the rooms to
-        process: "" for every room, None when the selection is empty."""
+        process: "" for every room, None when the selection is empty. Room
+        ids are inlined as integers: Spark's JDBC reads take no parameters."""
         a, run = self.args, self.run
         clauses: List[str] = []
-        args: List[Any] = []
         if a.rooms:
             spec = a.rooms.strip()
             if spec.startswith("largest:"):
@@ -191,20 +198,14 @@ class Driver:
                         self.warn(f"room {room_id} is not in the database: skipped")
                 nids = sorted(set(found.values()))
             if not nids:
-                return None, []
+                return None
             clauses.append("{col} IN (" + ", ".join(str(int(n)) for n in nids) + ")")
         if run.run_id is not None and run.resumed:
-            clauses.append(
-                "{col} NOT IN (SELECT room_nid FROM state_compaction_rooms WHERE run_id = " + str(int(run.run_id)) + ")"
-            )
-        return " AND ".join(clauses), args
+            clauses.append(self.writer.rooms_not_done_condition(run.run_id))
+        return " AND ".join(clauses)
 
     def start_spark(self) -> Any:
-        import warnings
-
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark(\..*)?")
-        from pyspark.sql import SparkSession
-
         spark = (
             SparkSession.builder.appName(APP_NAME)
             .config("spark.ui.showConsoleProgress", "false")
@@ -217,8 +218,6 @@ class Driver:
 
     def build_frame(self, spark: Any, lo: int, hi: int, count: int, where: str) -> Any:
         """The per-chunk result frame (not yet computed)."""
-        from pyspark.sql import functions as F
-
         a, run = self.args, self.run
         source = JdbcSource.from_db_url(a.db)
         parallelism = spark.sparkContext.defaultParallelism
@@ -300,9 +299,7 @@ class Driver:
             .applyInArrow(fn, OUTPUT_SCHEMA)
         )
 
-    def compute_and_write(self, spark: Any, lo: int, hi: int, count: int, where: str, where_args: List[Any]) -> None:
-        from pyspark import StorageLevel
-
+    def compute_and_write(self, spark: Any, lo: int, hi: int, count: int, where: str) -> None:
         t = time.monotonic()
         cond = where.format(col="room_nid") if where else ""
         self.room_names = self.writer.room_ids_where(self.run.snapshot_max, cond)
@@ -315,8 +312,6 @@ class Driver:
             f" ({self.chunked_rooms} room(s) chunked, {self.timings['boundary_groups']} boundary state(s)),"
             f" {self.timings['read_and_plan']:.1f}s"
         )
-        from roomstore.progress import progress_bar
-
         t = time.monotonic()
         bar = progress_bar(chunks, "compaction", "chunk", force=self.args.progress)
         for row in result.toLocalIterator(prefetchPartitions=True):
@@ -356,7 +351,9 @@ class Driver:
             if row["detail"]:
                 room.detail.append(row["detail"])
             has_changes = bool(row["rewritten"] or row["chain_updates"])
-            room.chunk_list.append((first, last, before, after, rewritten, has_changes, already, row["chain_updates"]))
+            room.chunk_list.append(
+                ChunkRecord(first, last, before, after, rewritten, row["chain_updates"], has_changes, already)
+            )
             if has_changes and not already and not self.args.dry_run and not room.mismatched:
                 chunk = ChunkResult(
                     first_group=first, last_group=last, state_groups=row["state_groups"], rows_before=before,
@@ -371,8 +368,6 @@ class Driver:
             self.finish_room(room)
 
     def finish_room(self, room: RoomReport) -> None:
-        from roomstore.compaction.writer import RoomOutcome
-
         a, writer, run = self.args, self.writer, self.run
         room.room_id = self.room_names.get(room.room_nid) or f"<room_nid {room.room_nid}>"
         if room.error:
@@ -399,7 +394,7 @@ class Driver:
             if room.status == STATUS_WRITTEN:
                 self.swap_room(room)
             else:
-                writer.record_room(run, self._outcome(room, RoomOutcome))
+                writer.record_room(run, room.outcome())
         self.done += 1
         self.rows_so_far[0] += room.rows_before
         self.rows_so_far[1] += room.rows_after
@@ -413,26 +408,18 @@ class Driver:
                 f" | so far {self.rows_so_far[0]:,} -> {self.rows_so_far[1]:,}"
             )
 
-    def _outcome(self, room: RoomReport, cls: Any) -> Any:
-        return cls(
-            room.room_nid, room.status, room.state_groups, room.rows_before, room.rows_after, room.rewritten,
-            "; ".join(d for d in room.detail if d) or room.error,
-        )
-
     def swap_room(self, room: RoomReport) -> None:
-        from roomstore.compaction.writer import RoomOutcome
-
         writer, run = self.writer, self.run
-        todo = [c for c in room.chunk_list if c[5] and not c[6]]
+        todo = [c for c in room.chunk_list if c.to_swap]
         if not todo:
-            writer.record_room(run, self._outcome(room, RoomOutcome))
+            writer.record_room(run, room.outcome())
             return
-        for index, (first, last, before, after, rewritten, _, _, chain_updates) in enumerate(todo):
+        for index, c in enumerate(todo):
             last_one = index == len(todo) - 1
             result = writer.swap_chunk(
-                run, room.room_nid, first, (last, before, after, rewritten),
-                self._outcome(room, RoomOutcome) if last_one else None,
-                chain_changed=chain_updates > 0,
+                run, room.room_nid, c.first_group, (c.last_group, c.rows_before, c.rows_after, c.rewritten),
+                room.outcome() if last_one else None,
+                chain_changed=c.chain_updates > 0,
             )
             if result.status != "swapped":
                 room.status = "changed_underneath"
@@ -441,60 +428,19 @@ class Driver:
                     f"room {room.room_id}: {result.detail}; skipping the rest of the room"
                     f" ({index} of {len(todo)} chunk(s) were already swapped in and stay valid)"
                 )
-                writer.record_room(run, self._outcome(room, RoomOutcome))
+                writer.record_room(run, room.outcome())
                 break
         if self.args.swap_delay:
             time.sleep(self.args.swap_delay)
 
     # -- reporting ------------------------------------------------------------
 
-    def totals(self) -> Dict[str, Any]:
-        rooms = self.all_rooms()
-        by_status: Dict[str, int] = {}
-        for r in rooms:
-            by_status[r.status] = by_status.get(r.status, 0) + 1
-        written = [r for r in rooms if r.status in (STATUS_WRITTEN, STATUS_WOULD_WRITE)]
-        return {
-            "rooms": len(rooms),
-            "rooms_by_status": by_status,
-            "state_groups": sum(r.state_groups for r in rooms),
-            "rows_before": sum(r.rows_before for r in rooms),
-            "rows_after": sum(r.rows_after for r in rooms),
-            "rows_written_before": sum(r.rows_before for r in written),
-            "rows_written_after": sum(r.rows_after for r in written),
-            "rows_saved": sum(r.saving for r in written),
-            "groups_rewritten": sum(r.rewritten for r in written),
-            "mismatched_groups": sum(r.mismatched for r in rooms),
-            "missing_groups": sum(r.missing for r in rooms),
-            "max_hops": max((r.max_depth for r in rooms), default=0),
-        }
-
     def report(self, started: float) -> None:
         a = self.args
-        totals = self.totals()
         rooms = self.all_rooms()
-        self.say("")
-        self.say(f"{'room':<40} {'status':<18} {'groups':>9} {'rows before':>12} {'rows after':>11} {'saved':>8}")
-        shown = sorted(rooms, key=lambda r: (-r.saving, r.room_nid))[:20]
-        for r in shown:
-            name = r.room_id or f"<room_nid {r.room_nid}>"
-            if len(name) > 40:
-                name = name[:37] + "..."
-            pct = f"{r.saving / r.rows_before:.0%}" if r.rows_before else "-"
-            self.say(f"{name:<40} {r.status:<18} {r.state_groups:>9,} {r.rows_before:>12,} {r.rows_after:>11,} {pct:>8}")
-        if len(rooms) > len(shown):
-            self.say(f"... and {len(rooms) - len(shown)} more room(s) (see --summary-json)")
-        saved = totals["rows_saved"]
-        verb = "would save" if a.dry_run else "saved"
-        self.say(
-            f"total: {totals['rooms']} room(s) {totals['rooms_by_status']}; {totals['rows_before']:,} -> "
-            f"{totals['rows_after']:,} rows in the rooms examined; {verb} {saved:,} rows"
-            f" in {self.timings.get('total', 0):.1f}s"
-        )
-        if not a.dry_run and saved:
-            self.say("note: tables do not shrink on disk by themselves; see docs/compaction.md (VACUUM)")
-        if self.warnings:
-            self.say(f"{len(self.warnings)} warning(s); see above or the summary JSON")
+        totals = run_totals(rooms)
+        for line in report_lines(rooms, totals, a.dry_run, self.timings.get("total", 0), len(self.warnings)):
+            self.say(line)
         summary = {
             "run_id": self.run.run_id if self.run else None,
             "resumed": bool(self.run and self.run.resumed),
@@ -512,7 +458,7 @@ class Driver:
             "warnings": self.warnings,
         }
         if a.summary_json:
-            _write_atomic(a.summary_json, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+            write_atomic(a.summary_json, json.dumps(summary, indent=2, sort_keys=True) + "\n")
         if a.metrics_file:
             write_metrics(a.metrics_file, summary)
 

@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 import attrs
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from roomstore.compaction import (
     DEFAULT_LEVELS,
@@ -27,7 +28,8 @@ from roomstore.compaction import (
     StreamingCompactor,
     verify,
 )
-from roomstore.compaction.writer import StagedChunk, row_checksum_np
+from roomstore.compaction.states import apply_delta, state_diff
+from roomstore.compaction.chunks import StagedChunk, row_checksum_np
 
 #: Columns of the rows fed to the per-room function; -1 stands for NULL.
 #: ``sort_id`` orders a room's rows (see the module docstring); ``kind`` 0 =
@@ -85,25 +87,10 @@ class _StateBank:
         diff = self.diffs.get(group_id)
         if diff is None:
             return None
-        state = dict(self.base)
-        for key, value in diff.items():
-            if value is None:
-                state.pop(key, None)
-            else:
-                state[key] = value
-        return state
+        return apply_delta(dict(self.base), diff)
 
     def replace(self, base_id: Optional[int], base: Dict[int, int], diffs: Dict[int, Dict[int, Optional[int]]]) -> None:
         self.base_id, self.base, self.diffs = base_id, base, diffs
-
-
-def _state_diff(state: Mapping[int, int], base: Mapping[int, int]) -> Dict[int, Optional[int]]:
-    """``state`` as changes to ``base`` (None: key absent from ``state``)."""
-    diff: Dict[int, Optional[int]] = {k: v for k, v in state.items() if base.get(k) != v}
-    for key in base:
-        if key not in state:
-            diff[key] = None
-    return diff
 
 
 class ChunkError(RuntimeError):
@@ -395,11 +382,7 @@ class RoomCompactor:
                 break
             state = base if base is not None else {}
             for entry in reversed(path):
-                for key, value in entry.delta.items():
-                    if value is None:
-                        state.pop(key, None)
-                    else:
-                        state[key] = value
+                apply_delta(state, entry.delta)
             return state
 
         newest = max(carried)
@@ -407,7 +390,7 @@ class RoomCompactor:
         diffs = {}
         for gid in carried:
             if gid != newest:
-                diffs[gid] = _state_diff(state_of(gid), base)
+                diffs[gid] = state_diff(state_of(gid), base)
         self._bank.replace(newest, base, diffs)
         self._depth = depth
 
@@ -415,8 +398,6 @@ class RoomCompactor:
 def iter_chunks(batches: Iterable[Any], starts: Sequence[int] = ()) -> Iterator[Dict[str, np.ndarray]]:
     """Regroup a room's Arrow batches (sorted by ``sort_id``) into one dict of
     arrays per chunk; ``starts`` are the first groups of chunks 1, 2, ..."""
-    import pyarrow.compute as pc
-
     starts_arr = np.asarray(sorted(starts), dtype=np.int64)
 
     pending: List[Dict[str, np.ndarray]] = []

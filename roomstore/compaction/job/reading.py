@@ -8,8 +8,6 @@ with plain SQL (a reference for tests and debugging).
 
 from __future__ import annotations
 
-import os
-import urllib.parse
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import attrs
@@ -17,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from roomstore.compaction.job.executor import INPUT_COLUMNS, iter_chunks
-from roomstore.compaction.job.submit import _engine_kind
+from roomstore.storage.engines import engine_from_url
 
 def boundary_states_sql(group_ids: Sequence[int]) -> str:
     """One statement giving the full state of each group in ``group_ids``.
@@ -111,30 +109,12 @@ class JdbcSource:
     url: str
     driver: str
     properties: Dict[str, str]
-    kind: str
 
     @classmethod
     def from_db_url(cls, db_url: str) -> "JdbcSource":
-        kind = _engine_kind(db_url)
-        if kind == "sqlite":
-            from roomstore.storage.engines import engine_from_url
-
-            path = os.path.abspath(engine_from_url(db_url).path)
-            return cls(f"jdbc:sqlite:{path}", "org.sqlite.JDBC", {}, kind)
-        parsed = urllib.parse.urlsplit(db_url)
-        query = dict(urllib.parse.parse_qsl(parsed.query))
-        query.pop("cp_max", None)
-        props: Dict[str, str] = {}
-        if parsed.username:
-            props["user"] = urllib.parse.unquote(parsed.username)
-        if parsed.password:
-            props["password"] = urllib.parse.unquote(parsed.password)
-        props.update(query)
-        host = parsed.hostname or "localhost"
-        if ":" in host:
-            host = f"[{host}]"
-        url = f"jdbc:postgresql://{host}:{parsed.port or 5432}{parsed.path}"
-        return cls(url, "org.postgresql.Driver", props, kind)
+        engine = engine_from_url(db_url)
+        url, properties = engine.jdbc_url()
+        return cls(url, engine.jdbc_driver, properties)
 
     def read(self, spark: Any, table_sql: str, schema: str, partition: Optional[Tuple[int, int, int]] = None) -> Any:
         reader = (

@@ -17,17 +17,17 @@ import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import attr
+import attrs
+import pyspark
+
 from roomstore.compaction.job.options import APP_NAME, submit_parser
+from roomstore.storage.engines import DatabaseConfigError, engine_from_url
 
 #: The file spark-submit runs (a thin entry into :mod:`roomstore.compaction.job.driver`).
 ENTRY_FILE = Path(__file__).resolve().parent.parent / "spark_job.py"
 #: The ``roomstore`` package directory, zipped for the executors.
 PACKAGE_DIR = Path(__file__).resolve().parent.parent.parent
-
-JDBC_JARS = {
-    "postgres": ("ROOMSTORE_POSTGRES_JDBC_JAR", "/usr/share/java/postgresql.jar"),
-    "sqlite": ("ROOMSTORE_SQLITE_JDBC_JAR", "/usr/share/java/sqlite-jdbc.jar"),
-}
 
 _LOG4J2 = """\
 # Written by bin/roomstore-compact: Spark at WARN, our job logs its own progress.
@@ -43,11 +43,6 @@ logger.nativeloader.level = error
 logger.jetty.name = org.sparkproject.jetty
 logger.jetty.level = warn
 """
-
-
-def _engine_kind(url: str) -> str:
-    scheme = url.partition("://")[0].lower()
-    return "sqlite" if scheme == "sqlite" else "postgres"
 
 
 def _cache_dir() -> Path:
@@ -66,13 +61,10 @@ def build_py_files_zip(cache: Optional[Path] = None) -> Path:
     numpy, pandas). Named by a hash of the contents, so an unchanged checkout
     reuses the zip.
     """
-    import attr
-    import attrs as attrs_pkg
-
     roots = [
         (PACKAGE_DIR, "roomstore"),
         (Path(attr.__file__).resolve().parent, "attr"),
-        (Path(attrs_pkg.__file__).resolve().parent, "attrs"),
+        (Path(attrs.__file__).resolve().parent, "attrs"),
     ]
     files: List[Tuple[str, Path]] = []
     for root, name in roots:
@@ -106,20 +98,15 @@ def build_submit_command(argv: Sequence[str]) -> Tuple[List[str], Dict[str, str]
     log4j = cache / "log4j2.properties"
     if not log4j.exists() or log4j.read_text() != _LOG4J2:
         log4j.write_text(_LOG4J2)
-    jars = list(opts.jdbc_jar)
-    if not jars:
-        env_name, default = JDBC_JARS[_engine_kind(opts.db)]
-        jars = [os.environ.get(env_name, default)]
+    engine = engine_from_url(opts.db, create=False)
+    jars = list(opts.jdbc_jar) or [os.environ.get(engine.jdbc_jar_env, engine.jdbc_jar_default)]
     for jar in jars:
         if not os.path.exists(jar):
             raise SystemExit(
-                f"roomstore-compact: JDBC driver jar {jar} not found (Debian: apt-get install "
-                f"{'libpostgresql-jdbc-java' if _engine_kind(opts.db) == 'postgres' else 'libxerial-sqlite-jdbc-java'};"
-                " or pass --jdbc-jar)"
+                f"roomstore-compact: JDBC driver jar {jar} not found (Debian: apt-get install"
+                f" {engine.jdbc_jar_package}; or pass --jdbc-jar)"
             )
     zip_path = build_py_files_zip(cache)
-    import pyspark
-
     spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
     submit = opts.spark_submit or os.path.join(spark_home, "bin", "spark-submit")
     cmd = [submit, "--master", opts.master, "--name", APP_NAME]
@@ -183,8 +170,6 @@ def submit_main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = submit_parser()
     opts = parser.parse_args(argv)  # --help and bad options stop here, before Spark starts
-    from roomstore.storage.engines import DatabaseConfigError, engine_from_url
-
     try:
         engine_from_url(opts.db, create=False).check_exists()  # a mistyped SQLite path is not a new database
     except DatabaseConfigError as exc:
