@@ -36,7 +36,7 @@ from roomstore.compaction.writer import (
     LockLostError,
     RoomOutcome,
 )
-from roomstore.state.groups import FULL_STATE_SQL, fold_state
+from roomstore.state.groups import FULL_STATE_SQL, fold_state, full_state_sql
 from roomstore.storage.engines import engine_from_url
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
@@ -319,6 +319,37 @@ class WriterTests:
         expected = sum(row_checksum(k, e) for k, e in rows)
         got = query(self.url, f"SELECT SUM({CHECKSUM_SQL}) FROM state_group_deltas d")[0][0]
         self.assertEqual(int(got), expected)
+
+    def test_many_group_full_state_sql_agrees_with_the_store_read(self) -> None:
+        # The job's boundary states and the store's reads are one statement
+        # (state.groups.full_state_sql): folded in SQL for many groups at once,
+        # they equal the store's per-group read; unknown chains give no rows.
+        states = all_states(self.url)
+        groups = sorted(states)[::7]
+        top = max(states)
+        wanted = groups + [top + 1000]
+
+        def read_many() -> dict:
+            got: dict = {}
+            for g, k, e in query(self.url, full_state_sql(wanted)):
+                got.setdefault(g, {})
+                if k is not None:
+                    got[g][k] = e
+            return got
+
+        self.assertEqual(read_many(), {g: states[g] for g in groups})
+        # A group whose chain reaches a purged group: unknown, not a wrong state.
+        victim = next(g for g in groups if query(self.url, "SELECT prev_state_group FROM state_groups"
+                                                 " WHERE state_group = ?", (g,))[0][0] is not None)
+        execute(self.url, f"UPDATE state_groups SET prev_state_group = {top + 2000} WHERE state_group = {victim}")
+        got = read_many()
+        self.assertNotIn(victim, got)
+        self.assertEqual({g: got[g] for g in got}, {g: states[g] for g in got})
+        # The key filter: only the given keys, same values.
+        group = max(groups, key=lambda g: len(states[g]))
+        keys = sorted(states[group])[:3]
+        rows = query(self.url, full_state_sql(keys=len(keys)), (group, *keys))
+        self.assertEqual(fold_state(rows), {k: states[group][k] for k in keys})
 
     def test_chunked_plan_equals_whole_room_plan(self) -> None:
         # Boundary states make every predecessor resolvable, so chunking

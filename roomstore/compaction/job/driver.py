@@ -12,7 +12,7 @@ the operator's guide. What happens:
    that many groups in id order; one driver-side statement returns the first
    group of each chunk and every predecessor link that crosses into an
    earlier chunk (about one per chunk). Spark reads those predecessors' full
-   states (one recursive statement, :func:`boundary_states_sql`) and reads
+   states (one recursive statement, :func:`roomstore.state.groups.full_state_sql`) and reads
    ``state_groups`` and ``state_group_deltas`` over JDBC (PostgreSQL, or
    SQLite through the xerial driver), partitioned on ``state_group`` between
    MIN and MAX. Rows are sorted by ``sort_id`` (the group id; for boundary
@@ -56,7 +56,7 @@ from pyspark.sql import functions as F
 from roomstore.compaction import levels_hop_bound
 from roomstore.compaction.job.executor import OUTPUT_SCHEMA, ChunkResult, make_room_function
 from roomstore.compaction.job.options import APP_NAME, EXIT_LOCKED, EXIT_ROOMS_FAILED, job_parser
-from roomstore.compaction.job.reading import JdbcSource, boundary_states_sql
+from roomstore.compaction.job.reading import JdbcSource
 from roomstore.compaction.job.report import (
     FAILED_STATUSES,
     STATUS_WOULD_WRITE,
@@ -70,6 +70,7 @@ from roomstore.compaction.job.report import (
 )
 from roomstore.compaction.writer import CompactionWriter, LockHeldError
 from roomstore.progress import progress_bar
+from roomstore.state.groups import full_state_sql
 
 log = logging.getLogger("roomstore.compaction")
 
@@ -272,7 +273,7 @@ class Driver:
             schema = "boundary_group LONG, type_key_nid LONG, event_nid LONG"
             states = None
             for start in range(0, len(boundary_ids), 2000):
-                part = source.read(spark, f"({boundary_states_sql(boundary_ids[start:start + 2000])}) AS boundary", schema)
+                part = source.read(spark, f"({full_state_sql(boundary_ids[start:start + 2000])}) AS boundary", schema)
                 states = part if states is None else states.unionByName(part)
             boundary_rows = needs.join(states, "boundary_group").select(
                 "room_nid", "sort_id", F.lit(0).cast("long").alias("kind"), F.col("boundary_group").alias("state_group"),

@@ -1,58 +1,23 @@
 """Reading state groups for the job: the SQL the driver and Spark's JDBC reads run.
 
-:class:`JdbcSource` is where Spark reads from; :func:`boundary_states_sql`
-gives the full states of the groups that chunks build on;
+:class:`JdbcSource` is where Spark reads from; the full states of the groups
+that chunks build on come from the state owner's statement
+(:func:`roomstore.state.groups.full_state_sql` with the groups' ids);
 :func:`read_room_chunks` reads one room exactly as the Spark job feeds it,
 with plain SQL (a reference for tests and debugging).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import attrs
 import numpy as np
 import pyarrow as pa
 
 from roomstore.compaction.job.executor import INPUT_COLUMNS, iter_chunks
+from roomstore.state.groups import full_state_sql
 from roomstore.storage.engines import engine_from_url
-
-def boundary_states_sql(group_ids: Sequence[int]) -> str:
-    """One statement giving the full state of each group in ``group_ids``.
-
-    Rows ``(boundary_group, type_key_nid, event_nid)`` plus one row with NULL
-    key per group whose chain is complete (ends at an existing snapshot);
-    groups whose chain reaches a missing (purged) group get no rows at all,
-    so the job treats them as unknown rather than as a wrong state. Works on
-    PostgreSQL and SQLite (recursive CTE, window function).
-    """
-    if not group_ids:
-        raise ValueError("no groups")
-    values = ", ".join(f"({int(g)})" for g in group_ids)
-    return f"""
-WITH RECURSIVE wanted(start_group) AS (VALUES {values}),
-chain(start_group, state_group, hops) AS (
-    SELECT CAST(start_group AS BIGINT), CAST(start_group AS BIGINT), 0 FROM wanted
-    UNION ALL
-    SELECT chain.start_group, g.prev_state_group, chain.hops + 1
-    FROM state_groups AS g JOIN chain ON g.state_group = chain.state_group
-    WHERE g.prev_state_group IS NOT NULL AND chain.hops < 100000
-),
-complete(start_group) AS (
-    SELECT DISTINCT chain.start_group FROM chain JOIN state_groups AS g ON g.state_group = chain.state_group
-    WHERE g.prev_state_group IS NULL
-)
-SELECT start_group AS boundary_group, type_key_nid, event_nid FROM (
-    SELECT chain.start_group, d.type_key_nid, d.event_nid,
-           ROW_NUMBER() OVER (PARTITION BY chain.start_group, d.type_key_nid ORDER BY chain.hops) AS nearest
-    FROM chain JOIN complete ON complete.start_group = chain.start_group
-    JOIN state_group_deltas AS d ON d.state_group = chain.state_group
-) AS ranked
-WHERE nearest = 1 AND event_nid IS NOT NULL
-UNION ALL
-SELECT start_group, NULL, NULL FROM complete
-"""
-
 
 def read_room_chunks(
     writer: Any, room_nid: int, snapshot_max: int, chunk_groups: int
@@ -70,7 +35,7 @@ def read_room_chunks(
     states: Dict[int, List[Tuple[int, int, int]]] = {}
     all_prevs = sorted({p for prevs in need.values() for p in prevs})
     if all_prevs:
-        for g, k, e in db.query(boundary_states_sql(all_prevs)):
+        for g, k, e in db.query(full_state_sql(all_prevs)):
             states.setdefault(g, []).append((-1 if k is None else k, -1 if e is None else e))
     groups = db.query(
         "SELECT state_group, prev_state_group, chain_length FROM state_groups"
