@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
+from roomstore.compaction import sql
 from roomstore.compaction.model import StateGroupEntry
 from roomstore.storage.engines import Engine, engine_from_url
 
@@ -490,13 +491,9 @@ def read_roomstore_room(url: str, room_nid: int) -> List[StateGroupEntry]:
     try:
         cur = conn.cursor()
         q = engine.convert_sql
-        cur.execute(q("SELECT state_group, prev_state_group FROM state_groups WHERE room_nid = ?"), (room_nid,))
-        prevs = dict(cur.fetchall())
-        cur.execute(
-            q("SELECT d.state_group, d.type_key_nid, d.event_nid FROM state_group_deltas d"
-              " JOIN state_groups g ON g.state_group = d.state_group WHERE g.room_nid = ?"),
-            (room_nid,),
-        )
+        cur.execute(q(sql.ROOM_GROUPS), (room_nid, sql.ANY_GROUP))
+        prevs = {g: p for g, p, _ in cur.fetchall()}
+        cur.execute(q(sql.ROOM_DELTAS), (room_nid, sql.ANY_GROUP))
         deltas: Dict[int, Dict[int, Optional[int]]] = {g: {} for g in prevs}
         for g, k, e in cur.fetchall():
             deltas[g][k] = e

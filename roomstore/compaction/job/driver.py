@@ -53,7 +53,7 @@ from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from roomstore.compaction import levels_hop_bound
+from roomstore.compaction import levels_hop_bound, sql
 from roomstore.compaction.job.executor import OUTPUT_SCHEMA, ChunkResult, make_room_function
 from roomstore.compaction.job.options import APP_NAME, EXIT_LOCKED, EXIT_ROOMS_FAILED, job_parser
 from roomstore.compaction.job.reading import JdbcSource
@@ -230,7 +230,6 @@ class Driver:
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_parts))
         snap = int(run.snapshot_max)
         cond = where.format(col="room_nid") if where else ""
-        extra = f" AND {cond}" if cond else ""
 
         t = time.monotonic()
         starts, links = self.writer.chunk_layout(snap, a.chunk_groups, cond)
@@ -241,23 +240,13 @@ class Driver:
 
         groups = source.read(
             spark,
-            f"(SELECT state_group, room_nid, prev_state_group, chain_length FROM state_groups"
-            f" WHERE state_group <= {snap}{extra}) AS sg",
+            sql.jdbc_groups(snap, where),
             "state_group LONG, room_nid LONG, prev_state_group LONG, chain_length LONG",
             (lo, hi, read_parts),
         )
-        if cond:
-            deltas_sql = (
-                "(SELECT d.state_group, d.type_key_nid, d.event_nid FROM state_group_deltas d"
-                " JOIN state_groups g ON g.state_group = d.state_group"
-                f" WHERE d.state_group <= {snap} AND {where.format(col='g.room_nid')}) AS sgd"
-            )
-        else:
-            deltas_sql = (
-                "(SELECT state_group, type_key_nid, event_nid FROM state_group_deltas"
-                f" WHERE state_group <= {snap}) AS sgd"
-            )
-        deltas = source.read(spark, deltas_sql, "state_group LONG, type_key_nid LONG, event_nid LONG", (lo, hi, read_parts))
+        deltas = source.read(
+            spark, sql.jdbc_deltas(snap, where), "state_group LONG, type_key_nid LONG, event_nid LONG", (lo, hi, read_parts)
+        )
         cols = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "chain_length", "type_key_nid", "event_nid"]
         rows = groups.join(deltas, "state_group", "left").select(
             "room_nid", F.col("state_group").alias("sort_id"), F.lit(1).cast("long").alias("kind"), "state_group",

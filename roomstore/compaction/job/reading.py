@@ -15,6 +15,7 @@ import attrs
 import numpy as np
 import pyarrow as pa
 
+from roomstore.compaction import sql
 from roomstore.compaction.job.executor import INPUT_COLUMNS, iter_chunks
 from roomstore.state.groups import full_state_sql
 from roomstore.storage.engines import engine_from_url
@@ -37,18 +38,9 @@ def read_room_chunks(
     if all_prevs:
         for g, k, e in db.query(full_state_sql(all_prevs)):
             states.setdefault(g, []).append((-1 if k is None else k, -1 if e is None else e))
-    groups = db.query(
-        "SELECT state_group, prev_state_group, chain_length FROM state_groups"
-        " WHERE room_nid = ? AND state_group <= ? ORDER BY state_group",
-        (room_nid, snapshot_max),
-    )
+    groups = db.query(sql.ROOM_GROUPS, (room_nid, snapshot_max))
     deltas: Dict[int, List[Tuple[int, Optional[int]]]] = {}
-    for g, k, e in db.query(
-        "SELECT d.state_group, d.type_key_nid, d.event_nid FROM state_group_deltas d"
-        " JOIN state_groups g ON g.state_group = d.state_group"
-        " WHERE g.room_nid = ? AND d.state_group <= ? ORDER BY d.state_group, d.type_key_nid",
-        (room_nid, snapshot_max),
-    ):
+    for g, k, e in db.query(sql.ROOM_DELTAS, (room_nid, snapshot_max)):
         deltas.setdefault(g, []).append((k, e))
     rows: List[Tuple[int, ...]] = []
     for chunk, prevs in need.items():
