@@ -34,7 +34,9 @@ import attrs
 
 from roomstore.compaction import sql
 from roomstore.compaction.model import StateGroupEntry
+from roomstore.storage.database import Transaction
 from roomstore.storage.engines import Engine, engine_from_url
+from roomstore.storage.schema import prepare_database
 
 Key = Tuple[str, str]  # (type, state_key)
 
@@ -294,10 +296,6 @@ def room_entries(
 
 def prepare_roomstore_schema(url: str) -> None:
     """Create (or upgrade) roomstore's schema without a reactor."""
-    from roomstore.storage.database import Transaction
-    from roomstore.storage.engines import engine_from_url
-    from roomstore.storage.schema import prepare_database
-
     class _Quiet:
         def _count_query(self) -> None:
             pass
@@ -329,14 +327,12 @@ CREATE INDEX IF NOT EXISTS state_groups_state_type_idx ON state_groups_state (st
 
 def prepare_synapse_schema(url: str) -> None:
     """The Synapse tables the compressor reads and writes (PostgreSQL), with Synapse's indexes."""
-    import psycopg2
-
-    conn = psycopg2.connect(url)
+    conn = engine_from_url(url).connect()
     try:
-        with conn.cursor() as cur:
-            for statement in SYNAPSE_SCHEMA.split(";"):
-                if statement.strip():
-                    cur.execute(statement)
+        cur = conn.cursor()
+        for statement in SYNAPSE_SCHEMA.split(";"):
+            if statement.strip():
+                cur.execute(statement)
         conn.commit()
     finally:
         conn.close()
@@ -505,25 +501,29 @@ def read_roomstore_room(url: str, room_nid: int) -> List[StateGroupEntry]:
 
 def read_synapse_room(url: str, room_id: str, key_ids: Mapping[Key, int]) -> List[StateGroupEntry]:
     """A room's groups as stored in Synapse's tables now, in roomstore's key ids."""
-    import psycopg2
-
-    conn = psycopg2.connect(url)
+    engine = engine_from_url(url)
+    conn = engine.connect()
     try:
-        with conn.cursor() as cur:
-            cur.execute(
+        cur = conn.cursor()
+        cur.execute(
+            engine.convert_sql(
                 "SELECT g.id, e.prev_state_group FROM state_groups g"
-                " LEFT JOIN state_group_edges e ON e.state_group = g.id WHERE g.room_id = %s",
-                (room_id,),
-            )
-            prevs = dict(cur.fetchall())
-            cur.execute(
+                " LEFT JOIN state_group_edges e ON e.state_group = g.id WHERE g.room_id = ?"
+            ),
+            (room_id,),
+        )
+        prevs = dict(cur.fetchall())
+        cur.execute(
+            engine.convert_sql(
                 "SELECT s.state_group, s.type, s.state_key, s.event_id FROM state_groups_state s"
-                " JOIN state_groups g ON g.id = s.state_group WHERE g.room_id = %s",
-                (room_id,),
-            )
-            deltas: Dict[int, Dict[int, Optional[int]]] = {g: {} for g in prevs}
-            for g, t, s, e in cur.fetchall():
-                deltas.setdefault(g, {})[key_ids[(t, s)]] = event_nid_of(e)
+                " JOIN state_groups g ON g.id = s.state_group WHERE g.room_id = ?"
+            ),
+            (room_id,),
+        )
+        deltas: Dict[int, Dict[int, Optional[int]]] = {g: {} for g in prevs}
+        for g, t, s, e in cur.fetchall():
+            deltas.setdefault(g, {})[key_ids[(t, s)]] = event_nid_of(e)
+        conn.commit()
     finally:
         conn.close()
     return [StateGroupEntry(g, prevs.get(g), deltas[g]) for g in sorted(deltas)]

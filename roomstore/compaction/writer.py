@@ -224,10 +224,6 @@ class CompactionWriter:
 
     # ------------------------------------------------------------- queries
 
-    @property
-    def engine_name(self) -> str:
-        return self.db.engine.name
-
     def check_schema(self) -> int:
         """The schema version; raises :class:`SchemaTooOldError` below 2."""
         rows = self.db.query(sql.SCHEMA_VERSION)
