@@ -37,6 +37,7 @@ from roomstore.compaction.writer import (
     RoomOutcome,
 )
 from roomstore.state.groups import FULL_STATE_SQL, fold_state, full_state_sql
+from roomstore.storage.database import RetryTransaction
 from roomstore.storage.engines import engine_from_url
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
@@ -350,6 +351,37 @@ class WriterTests:
         keys = sorted(states[group])[:3]
         rows = query(self.url, full_state_sql(keys=len(keys)), (group, *keys))
         self.assertEqual(fold_state(rows), {k: states[group][k] for k in keys})
+
+    def test_writer_transactions_retry_through_the_shared_helper(self) -> None:
+        # The writer has no retry loop of its own: storage.database.run_transaction
+        # rolls an attempt back and runs it again (RetryTransaction here, as for
+        # serialisation failures), and a failing body leaves nothing behind.
+        writer = CompactionWriter(self.url, heartbeat_s=0)
+        self.addCleanup(writer.close)
+        attempts = []
+
+        def body(cur):
+            attempts.append(1)
+            cur.execute(
+                writer.db.sql("INSERT INTO maintenance_locks (lock_name, holder, acquired_ts) VALUES (?, ?, ?)"),
+                ("retry_test", "me", len(attempts)),
+            )
+            if len(attempts) < 3:
+                raise RetryTransaction()
+            return "done"
+
+        self.assertEqual(writer.db.run(body), "done")
+        self.assertEqual(len(attempts), 3)
+        self.assertEqual(query(self.url, "SELECT acquired_ts FROM maintenance_locks WHERE lock_name = 'retry_test'"),
+                         [(3,)])
+
+        def failing(cur):
+            cur.execute(writer.db.sql("DELETE FROM maintenance_locks WHERE lock_name = ?"), ("retry_test",))
+            raise ValueError("boom")
+
+        with self.assertRaises(ValueError):
+            writer.db.run(failing)
+        self.assertEqual(len(query(self.url, "SELECT 1 FROM maintenance_locks WHERE lock_name = 'retry_test'")), 1)
 
     def test_chunked_plan_equals_whole_room_plan(self) -> None:
         # Boundary states make every predecessor resolvable, so chunking

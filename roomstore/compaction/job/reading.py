@@ -1,4 +1,4 @@
-"""Reading state groups for the job: the SQL the driver and Spark's JDBC reads run.
+"""Reading state groups for the job (driver side): where Spark reads from, and one room read locally.
 
 :class:`JdbcSource` is where Spark reads from; the full states of the groups
 that chunks build on come from the state owner's statement
@@ -19,6 +19,7 @@ from roomstore.compaction import sql
 from roomstore.compaction.job.executor import INPUT_COLUMNS, iter_chunks
 from roomstore.state.groups import full_state_sql
 from roomstore.storage.engines import engine_from_url
+
 
 def read_room_chunks(
     writer: Any, room_nid: int, snapshot_max: int, chunk_groups: int
