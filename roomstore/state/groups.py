@@ -92,14 +92,18 @@ ORDER BY chain.hops DESC
         carry="chain.start_group, ",
         guard=f" AND chain.hops < {MAX_WALK_HOPS}",
     )
-    # Complete: every group walked exists, and the walk ended (its NULL row).
+    # Complete: the walk ended (its NULL row; not cut by the guard) and every
+    # group it walked exists. (EXCEPT measured faster than a GROUP BY over the
+    # walk joined to state_groups on PostgreSQL; the whole statement about as
+    # fast as the join walk it replaced, on both engines.)
     return f"""
 WITH RECURSIVE wanted(start_group) AS (VALUES {values}),
 {chain},
 complete(start_group) AS (
-    SELECT chain.start_group FROM chain LEFT JOIN state_groups AS g ON g.state_group = chain.state_group
-    GROUP BY chain.start_group
-    HAVING COUNT(chain.state_group) = COUNT(g.state_group) AND COUNT(*) > COUNT(chain.state_group)
+    SELECT chain.start_group FROM chain WHERE chain.state_group IS NULL
+    EXCEPT
+    SELECT chain.start_group FROM chain WHERE chain.state_group IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM state_groups AS g WHERE g.state_group = chain.state_group)
 )
 SELECT start_group AS boundary_group, type_key_nid, event_nid FROM (
     SELECT chain.start_group, d.type_key_nid, d.event_nid,
