@@ -226,6 +226,6 @@ class HelpTextTests(unittest.TestCase):
         self.assertEqual(self.undocumented(build_parser()), [])
 
     def test_roomstore_compact_options(self):
-        from roomstore.compaction.spark_job import submit_parser
+        from roomstore.compaction.job.options import submit_parser
 
         self.assertEqual(self.undocumented(submit_parser()), [])

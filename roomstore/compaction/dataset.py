@@ -32,8 +32,11 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
+from roomstore.compaction import sql
 from roomstore.compaction.model import StateGroupEntry
-from roomstore.compaction.writer import bulk_insert
+from roomstore.storage.database import Transaction
+from roomstore.storage.engines import Engine, engine_from_url
+from roomstore.storage.schema import prepare_database
 
 Key = Tuple[str, str]  # (type, state_key)
 
@@ -293,10 +296,6 @@ def room_entries(
 
 def prepare_roomstore_schema(url: str) -> None:
     """Create (or upgrade) roomstore's schema without a reactor."""
-    from roomstore.storage.database import Transaction
-    from roomstore.storage.engines import engine_from_url
-    from roomstore.storage.schema import prepare_database
-
     class _Quiet:
         def _count_query(self) -> None:
             pass
@@ -328,25 +327,23 @@ CREATE INDEX IF NOT EXISTS state_groups_state_type_idx ON state_groups_state (st
 
 def prepare_synapse_schema(url: str) -> None:
     """The Synapse tables the compressor reads and writes (PostgreSQL), with Synapse's indexes."""
-    import psycopg2
-
-    conn = psycopg2.connect(url)
+    conn = engine_from_url(url).connect()
     try:
-        with conn.cursor() as cur:
-            for statement in SYNAPSE_SCHEMA.split(";"):
-                if statement.strip():
-                    cur.execute(statement)
+        cur = conn.cursor()
+        for statement in SYNAPSE_SCHEMA.split(";"):
+            if statement.strip():
+                cur.execute(statement)
         conn.commit()
     finally:
         conn.close()
 
 
 class _Sink:
-    """Buffered bulk writes into one database: COPY on PostgreSQL, executemany on SQLite."""
+    """Buffered bulk writes into one database (the engine's bulk insert)."""
 
-    def __init__(self, conn: Any, postgres: bool, flush_rows: int = 200_000) -> None:
-        self.conn = conn
-        self.postgres = postgres
+    def __init__(self, engine: Engine, flush_rows: int = 200_000) -> None:
+        self.engine = engine
+        self.conn = engine.connect()
         self.flush_rows = flush_rows
         self.buffers: Dict[Tuple[str, str], List[tuple]] = {}
         self.pending = 0
@@ -359,10 +356,9 @@ class _Sink:
 
     def flush(self) -> None:
         cur = self.conn.cursor()
-        if not self.postgres:
-            cur.execute("BEGIN IMMEDIATE")
+        self.engine.begin(cur)
         for (table, columns), rows in self.buffers.items():
-            bulk_insert(cur, self.postgres, table, columns, rows, _copy_text)
+            self.engine.bulk_insert(cur, table, columns, rows, _copy_text)
         self.conn.commit()
         cur.close()
         self.buffers = {}
@@ -407,17 +403,14 @@ def load_dataset(
     after the current maxima, and PostgreSQL sequences are moved past them.
     With both URLs the two databases hold the same groups under the same ids.
     """
-    from roomstore.storage.engines import engine_from_url
-
     ours = None
     first_group = first_event = 1
     key_ids: Dict[Key, int] = {}
     next_key = next_room = 1
     if roomstore_url is not None:
-        engine = engine_from_url(roomstore_url)
-        ours_conn = engine.connect()
-        cur = ours_conn.cursor()
-        q = engine.convert_sql
+        ours = _Sink(engine_from_url(roomstore_url))
+        cur = ours.conn.cursor()
+        q = ours.engine.convert_sql
         for table, column in (("state_groups", "state_group"), ("event_ids", "event_nid"),
                               ("state_keys", "type_key_nid"), ("rooms", "room_nid")):
             cur.execute(q(f"SELECT COALESCE(MAX({column}), 0) FROM {table}"))
@@ -432,17 +425,14 @@ def load_dataset(
                 next_room = top + 1
         cur.execute("SELECT type, state_key, type_key_nid FROM state_keys")
         key_ids = {(t, s): n for t, s, n in cur.fetchall()}
-        ours_conn.commit()
-        ours = _Sink(ours_conn, engine.name == "postgres")
+        ours.conn.commit()
     spec = make_spec(size, seed, max_chain_length=max_chain_length, first_group=first_group,
                      first_event=first_event, shapes=shapes)
     rooms = [(room_id_for(shape, i), next_room + n) for n, (shape, i) in enumerate(spec.rooms())]
     info = DatasetInfo(spec, rooms, key_ids, first_group=first_group)
     theirs = None
     if synapse_url is not None:
-        import psycopg2
-
-        theirs = _Sink(psycopg2.connect(synapse_url), True)
+        theirs = _Sink(engine_from_url(synapse_url))
     if ours is not None:
         for room_id, nid in rooms:
             ours.add("rooms", "room_nid, room_id, room_version", (nid, room_id, "10"))
@@ -478,15 +468,11 @@ def load_dataset(
         if sink is not None:
             sink.flush()
     if ours is not None:
-        if ours.postgres:
-            cur = ours.conn.cursor()
-            for table, column in (("state_groups", "state_group"), ("event_ids", "event_nid"),
-                                  ("state_keys", "type_key_nid"), ("rooms", "room_nid")):
-                cur.execute(
-                    f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'),"
-                    f" (SELECT GREATEST(COALESCE(MAX({column}), 0), 1) FROM {table}))"
-                )
-            ours.conn.commit()
+        cur = ours.conn.cursor()
+        for table, column in (("state_groups", "state_group"), ("event_ids", "event_nid"),
+                              ("state_keys", "type_key_nid"), ("rooms", "room_nid")):
+            ours.engine.move_sequence_past(cur, table, column)
+        ours.conn.commit()
         ours.conn.close()
     if theirs is not None:
         theirs.conn.close()
@@ -496,20 +482,14 @@ def load_dataset(
 
 def read_roomstore_room(url: str, room_nid: int) -> List[StateGroupEntry]:
     """A room's groups as stored in roomstore's tables now."""
-    from roomstore.storage.engines import engine_from_url
-
     engine = engine_from_url(url)
     conn = engine.connect()
     try:
         cur = conn.cursor()
         q = engine.convert_sql
-        cur.execute(q("SELECT state_group, prev_state_group FROM state_groups WHERE room_nid = ?"), (room_nid,))
-        prevs = dict(cur.fetchall())
-        cur.execute(
-            q("SELECT d.state_group, d.type_key_nid, d.event_nid FROM state_group_deltas d"
-              " JOIN state_groups g ON g.state_group = d.state_group WHERE g.room_nid = ?"),
-            (room_nid,),
-        )
+        cur.execute(q(sql.ROOM_GROUPS), (room_nid, sql.ANY_GROUP))
+        prevs = {g: p for g, p, _ in cur.fetchall()}
+        cur.execute(q(sql.ROOM_DELTAS), (room_nid, sql.ANY_GROUP))
         deltas: Dict[int, Dict[int, Optional[int]]] = {g: {} for g in prevs}
         for g, k, e in cur.fetchall():
             deltas[g][k] = e
@@ -521,25 +501,29 @@ def read_roomstore_room(url: str, room_nid: int) -> List[StateGroupEntry]:
 
 def read_synapse_room(url: str, room_id: str, key_ids: Mapping[Key, int]) -> List[StateGroupEntry]:
     """A room's groups as stored in Synapse's tables now, in roomstore's key ids."""
-    import psycopg2
-
-    conn = psycopg2.connect(url)
+    engine = engine_from_url(url)
+    conn = engine.connect()
     try:
-        with conn.cursor() as cur:
-            cur.execute(
+        cur = conn.cursor()
+        cur.execute(
+            engine.convert_sql(
                 "SELECT g.id, e.prev_state_group FROM state_groups g"
-                " LEFT JOIN state_group_edges e ON e.state_group = g.id WHERE g.room_id = %s",
-                (room_id,),
-            )
-            prevs = dict(cur.fetchall())
-            cur.execute(
+                " LEFT JOIN state_group_edges e ON e.state_group = g.id WHERE g.room_id = ?"
+            ),
+            (room_id,),
+        )
+        prevs = dict(cur.fetchall())
+        cur.execute(
+            engine.convert_sql(
                 "SELECT s.state_group, s.type, s.state_key, s.event_id FROM state_groups_state s"
-                " JOIN state_groups g ON g.id = s.state_group WHERE g.room_id = %s",
-                (room_id,),
-            )
-            deltas: Dict[int, Dict[int, Optional[int]]] = {g: {} for g in prevs}
-            for g, t, s, e in cur.fetchall():
-                deltas.setdefault(g, {})[key_ids[(t, s)]] = event_nid_of(e)
+                " JOIN state_groups g ON g.id = s.state_group WHERE g.room_id = ?"
+            ),
+            (room_id,),
+        )
+        deltas: Dict[int, Dict[int, Optional[int]]] = {g: {} for g in prevs}
+        for g, t, s, e in cur.fetchall():
+            deltas.setdefault(g, {})[key_ids[(t, s)]] = event_nid_of(e)
+        conn.commit()
     finally:
         conn.close()
     return [StateGroupEntry(g, prevs.get(g), deltas[g]) for g in sorted(deltas)]

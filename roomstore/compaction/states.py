@@ -25,6 +25,7 @@ from roomstore.compaction.model import (
 __all__ = [
     "PartialStates",
     "apply_delta",
+    "state_diff",
     "full_states",
     "full_states_partial",
     "chain_depths",
@@ -46,6 +47,16 @@ def apply_delta(state: State, delta: Delta) -> State:
         else:
             state[key] = value
     return state
+
+
+def state_diff(state: Mapping[int, int], base: Mapping[int, int]) -> Dict[int, Optional[int]]:
+    """``state`` as a delta on ``base`` (None: a key of ``base`` absent from
+    ``state``): ``apply_delta(dict(base), state_diff(state, base)) == state``."""
+    diff: Dict[int, Optional[int]] = {k: v for k, v in state.items() if base.get(k) != v}
+    for key in base:
+        if key not in state:
+            diff[key] = None
+    return diff
 
 
 @attrs.frozen(hash=False)

@@ -29,15 +29,13 @@ full state on top of its new predecessor's state, which itself is unchanged
 states. A job killed at any moment (SIGKILL included) leaves every swap either
 committed with its progress row or not at all; the next run resumes.
 
-Contracts shared with the Spark side (:mod:`roomstore.compaction.spark_job`):
-:func:`row_checksum` and :data:`CHECKSUM_SQL` compute the same per-row value;
-a chunk's staged groups carry the representation read (``old_prev``,
-``old_rows``, ``old_checksum``) so the swap can detect any change.
+The contract with the Spark side (:mod:`roomstore.compaction.job`) is
+:mod:`roomstore.compaction.chunks`: :class:`StagedChunk` and the per-row
+checksum both sides compute.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -49,27 +47,12 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
+from roomstore.compaction import sql
+from roomstore.compaction.chunks import StagedChunk
+from roomstore.storage.database import RetryTransaction, run_transaction
+from roomstore.storage.engines import engine_from_url
+
 log = logging.getLogger("roomstore.compaction")
-
-def bulk_insert(
-    cur, postgres: bool, table: str, columns: str, rows: Sequence[tuple], text: Callable[[Any], str] = str
-) -> None:
-    """Insert ``rows`` on a DB-API cursor: COPY on PostgreSQL (one round trip,
-    no per-row statement; ``text`` renders a non-NULL value), executemany on
-    SQLite. ``table`` and ``columns`` (comma-separated) are the caller's SQL."""
-    if not rows:
-        return
-    if postgres:
-        buf = io.StringIO()
-        for row in rows:
-            buf.write("\t".join("\\N" if v is None else text(v) for v in row))
-            buf.write("\n")
-        buf.seek(0)
-        cur.copy_expert(f"COPY {table} ({columns}) FROM STDIN", buf)
-    else:
-        marks = ", ".join("?" for _ in columns.split(","))
-        cur.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)
-
 
 #: The ``maintenance_locks`` row of the compaction job. RoomStore honours it
 #: (``RoomStore.COMPACTION_LOCK_NAME``; the store may not import this package).
@@ -80,34 +63,6 @@ DEFAULT_STALE_LOCK_SECONDS = 600.0
 DEFAULT_HEARTBEAT_SECONDS = 30.0
 #: Swap transactions retried after serialisation failures / deadlocks.
 SWAP_ATTEMPTS = 6
-
-# Per-row checksum of a delta row: small enough that a group's sum fits a
-# signed 64-bit integer for any realistic group (a million rows), identical in
-# Python (numpy int64) and SQL. It only has to catch accidental change (a
-# group deleted and re-created, a concurrent rewrite), not an adversary.
-_KEY_MOD = 1_000_003
-_MUL = 1_000_033
-_EVENT_MOD = 1_000_033
-
-#: SQL for :func:`row_checksum` over ``state_group_deltas AS d``.
-CHECKSUM_SQL = (
-    f"((CAST(d.type_key_nid AS BIGINT) % {_KEY_MOD}) * {_MUL}"
-    f" + COALESCE(d.event_nid, 0) % {_EVENT_MOD})"
-)
-
-
-def row_checksum(type_key_nid: int, event_nid: Optional[int]) -> int:
-    """The checksum of one delta row (``None`` event: a tombstone)."""
-    return (type_key_nid % _KEY_MOD) * _MUL + (event_nid or 0) % _EVENT_MOD
-
-
-def row_checksum_np(type_keys: Any, events: Any) -> Any:
-    """:func:`row_checksum` over numpy int64 arrays; ``events`` uses -1 for NULL."""
-    import numpy as np
-
-    ev = np.where(events < 0, 0, events)
-    return (type_keys % _KEY_MOD) * _MUL + ev % _EVENT_MOD
-
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -132,39 +87,6 @@ class LockLostError(RuntimeError):
 
 class SchemaTooOldError(RuntimeError):
     """The database has no compaction tables (schema version < 2)."""
-
-
-@attrs.frozen
-class StagedChunk:
-    """A chunk's new representation, ready to stage and swap.
-
-    Attributes:
-        room_nid: the room.
-        first_group, last_group: the chunk's first and last group ids (the
-            chunk is every group of the room between them, up to the run's
-            ``snapshot_max``).
-        groups: one tuple per group of the chunk: ``(state_group, old_prev,
-            old_rows, old_checksum, new_prev, new_chain_length, rewrite)``;
-            ``old_*`` is the representation read, ``rewrite`` 1 when the delta
-            rows and predecessor are replaced (0: at most ``chain_length``
-            changes). ``None`` predecessors are snapshots.
-        refs: groups outside the chunk that a new predecessor chain passes
-            through first (the new predecessors from earlier chunks); the swap
-            requires them to still exist.
-        deltas: ``(state_group, type_key_nid, event_nid)`` new rows of the
-            rewritten groups, ``None`` event meaning "key removed".
-        rows_before, rows_after, groups_rewritten: for the progress row.
-    """
-
-    room_nid: int
-    first_group: int
-    last_group: int
-    groups: Sequence[tuple]
-    refs: Sequence[int]
-    deltas: Sequence[tuple]
-    rows_before: int
-    rows_after: int
-    groups_rewritten: int
 
 
 @attrs.frozen
@@ -244,38 +166,18 @@ class _Connection:
     """One DB-API connection plus the engine's dialect; runs transactions."""
 
     def __init__(self, url: str) -> None:
-        from roomstore.storage.engines import engine_from_url
-
         self.engine = engine_from_url(url)
         self.conn = self.engine.connect()
-        self.postgres = self.engine.name == "postgres"
 
     def sql(self, text: str) -> str:
         return self.engine.convert_sql(text)
 
     def run(self, fn: Callable[[Any], Any], attempts: int = SWAP_ATTEMPTS) -> Any:
-        """``fn(cursor)`` in one transaction, retried on serialisation failures."""
-        for attempt in range(1, attempts + 1):
-            cur = self.conn.cursor()
-            try:
-                self.engine.begin(cur)
-                result = fn(cur)
-                self.conn.commit()
-                return result
-            except BaseException as exc:
-                try:
-                    self.conn.rollback()
-                except Exception:
-                    pass
-                if self.engine.is_retryable(exc) and attempt < attempts:
-                    time.sleep(min(0.01 * 2**attempt, 1.0))
-                    continue
-                raise
-            finally:
-                try:
-                    cur.close()
-                except Exception:
-                    pass
+        """``fn(cursor)`` in one transaction, retried on serialisation failures
+        (and :class:`RetryTransaction`)."""
+        return run_transaction(
+            self.engine, lambda: self.conn, fn, attempts=attempts, backoff_s=0.01, max_backoff_s=1.0
+        )
 
     def query(self, text: str, args: Sequence = ()) -> list:
         def fn(cur):
@@ -322,13 +224,9 @@ class CompactionWriter:
 
     # ------------------------------------------------------------- queries
 
-    @property
-    def engine_name(self) -> str:
-        return self.db.engine.name
-
     def check_schema(self) -> int:
         """The schema version; raises :class:`SchemaTooOldError` below 2."""
-        rows = self.db.query("SELECT version FROM schema_version")
+        rows = self.db.query(sql.SCHEMA_VERSION)
         version = rows[0][0] if rows else 0
         if version < 2:
             raise SchemaTooOldError(
@@ -338,23 +236,15 @@ class CompactionWriter:
         return version
 
     def max_state_group(self) -> int:
-        return self.db.query("SELECT COALESCE(MAX(state_group), 0) FROM state_groups")[0][0]
+        return self.db.query(sql.MAX_STATE_GROUP)[0][0]
 
-    def group_bounds(self, snapshot_max: int, where: str = "", args: Sequence = ()) -> tuple[Optional[int], Optional[int], int]:
+    def group_bounds(self, snapshot_max: int, where: str = "") -> tuple[Optional[int], Optional[int], int]:
         """MIN, MAX and COUNT of state groups up to ``snapshot_max`` (plus ``where``)."""
-        extra = f" AND {where}" if where else ""
-        row = self.db.query(
-            f"SELECT MIN(state_group), MAX(state_group), COUNT(*) FROM state_groups"
-            f" WHERE state_group <= ?{extra}",
-            (snapshot_max, *args),
-        )[0]
+        row = self.db.query(sql.group_bounds(where), (snapshot_max,))[0]
         return row[0], row[1], row[2]
 
     def count_rooms(self, snapshot_max: int, where: str = "") -> int:
-        extra = f" AND {where}" if where else ""
-        return self.db.query(
-            f"SELECT COUNT(DISTINCT room_nid) FROM state_groups WHERE state_group <= ?{extra}", (snapshot_max,)
-        )[0][0]
+        return self.db.query(sql.count_rooms(where), (snapshot_max,))[0][0]
 
     def chunk_layout(
         self, snapshot_max: int, chunk_groups: int, where: str = ""
@@ -370,31 +260,11 @@ class CompactionWriter:
         """
         if chunk_groups <= 0:
             return {}, []
-        extra = f" AND {where}" if where else ""
-        numbered = (
-            "WITH big AS (SELECT room_nid FROM state_groups WHERE state_group <= ?" + extra +
-            " GROUP BY room_nid HAVING COUNT(*) > ?),"
-            " numbered AS (SELECT state_group, room_nid, prev_state_group,"
-            "  (ROW_NUMBER() OVER (PARTITION BY room_nid ORDER BY state_group) - 1) AS pos"
-            "  FROM state_groups WHERE state_group <= ?" + extra + " AND room_nid IN (SELECT room_nid FROM big))"
-        )
-        n = int(chunk_groups)
+        args = (snapshot_max, int(chunk_groups), snapshot_max)
         starts: dict[int, list[int]] = {}
-        for room, group in self.db.query(
-            numbered + f" SELECT room_nid, state_group FROM numbered WHERE pos > 0 AND pos % {n} = 0"
-            " ORDER BY room_nid, state_group",
-            (snapshot_max, n, snapshot_max),
-        ):
+        for room, group in self.db.query(sql.chunk_starts(where, chunk_groups), args):
             starts.setdefault(room, []).append(group)
-        links = [
-            (room, chunk, prev)
-            for room, chunk, prev in self.db.query(
-                numbered + f" SELECT g.room_nid, g.pos / {n}, g.prev_state_group FROM numbered g"
-                " JOIN numbered p ON p.state_group = g.prev_state_group AND p.room_nid = g.room_nid"
-                f" WHERE g.pos / {n} <> p.pos / {n}",
-                (snapshot_max, n, snapshot_max),
-            )
-        ]
+        links = [tuple(link) for link in self.db.query(sql.chunk_links(where, chunk_groups), args)]
         return starts, sorted(set(links))
 
     def room_nids(self, room_ids: Iterable[str]) -> dict[str, int]:
@@ -403,30 +273,23 @@ class CompactionWriter:
         out: dict[str, int] = {}
         for start in range(0, len(ids), 500):
             part = ids[start : start + 500]
-            marks = ", ".join("?" for _ in part)
-            for room_id, nid in self.db.query(f"SELECT room_id, room_nid FROM rooms WHERE room_id IN ({marks})", part):
+            for room_id, nid in self.db.query(sql.room_nids(len(part)), part):
                 out[room_id] = nid
         return out
 
     def room_ids_where(self, snapshot_max: int, where: str = "") -> dict[int, str]:
         """``room_nid -> room_id`` of every room with state groups selected by ``where``."""
-        extra = f" AND {where}" if where else ""
-        return dict(
-            self.db.query(
-                "SELECT r.room_nid, r.room_id FROM rooms r WHERE r.room_nid IN"
-                f" (SELECT DISTINCT room_nid FROM state_groups WHERE state_group <= ?{extra})",
-                (snapshot_max,),
-            )
-        )
+        return dict(self.db.query(sql.room_ids_where(where), (snapshot_max,)))
+
+    @staticmethod
+    def rooms_not_done_condition(run_id: int) -> str:
+        """A condition on ``{col}`` (a room_nid column): the rooms run ``run_id``
+        has not finished. The id is inlined: Spark's JDBC reads take no parameters."""
+        return sql.rooms_not_done(run_id)
 
     def largest_rooms(self, count: int, snapshot_max: int) -> list[int]:
         """The ``count`` rooms with the most state groups (up to ``snapshot_max``)."""
-        rows = self.db.query(
-            "SELECT room_nid, COUNT(*) AS n FROM state_groups WHERE state_group <= ?"
-            " GROUP BY room_nid ORDER BY n DESC, room_nid LIMIT ?",
-            (snapshot_max, count),
-        )
-        return [r[0] for r in rows]
+        return [r[0] for r in self.db.query(sql.LARGEST_ROOMS, (snapshot_max, count))]
 
     # ------------------------------------------------------------- lock
 
@@ -439,25 +302,13 @@ class CompactionWriter:
         """
 
         def txn(cur):
-            lock_sql = " FOR UPDATE" if self.db.postgres else ""
-            cur.execute(
-                self.db.sql(
-                    "SELECT holder, acquired_ts, heartbeat_ts FROM maintenance_locks WHERE lock_name = ?" + lock_sql
-                ),
-                (LOCK_NAME,),
-            )
+            cur.execute(self.db.sql(sql.LOCK_SELECT + self.db.engine.for_update), (LOCK_NAME,))
             row = cur.fetchone()
             now = now_ms()
             if row is None:
-                cur.execute(
-                    self.db.sql(
-                        "INSERT INTO maintenance_locks (lock_name, holder, acquired_ts, heartbeat_ts)"
-                        " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
-                    ),
-                    (LOCK_NAME, self.holder, now, now),
-                )
+                cur.execute(self.db.sql(sql.LOCK_INSERT), (LOCK_NAME, self.holder, now, now))
                 if cur.rowcount != 1:
-                    raise _Retry()
+                    raise RetryTransaction()  # another job inserted it first
                 return None
             holder, acquired, beat = row
             age_s = (now - (beat if beat is not None else acquired)) / 1000.0
@@ -473,25 +324,15 @@ class CompactionWriter:
                     raise LockHeldError(holder, age_s)
             else:
                 note = None
-            cur.execute(
-                self.db.sql(
-                    "UPDATE maintenance_locks SET holder = ?, acquired_ts = ?, heartbeat_ts = ?"
-                    " WHERE lock_name = ? AND holder = ?"
-                ),
-                (self.holder, now, now, LOCK_NAME, holder),
-            )
+            cur.execute(self.db.sql(sql.LOCK_TAKE), (self.holder, now, now, LOCK_NAME, holder))
             if cur.rowcount != 1:
-                raise _Retry()
+                raise RetryTransaction()  # the lock changed hands meanwhile
             return note
 
-        for _ in range(5):
-            try:
-                note = self.db.run(txn)
-                break
-            except _Retry:
-                continue
-        else:
-            raise RuntimeError("could not take the compaction lock (it kept changing hands)")
+        try:
+            note = self.db.run(txn)
+        except RetryTransaction:
+            raise RuntimeError("could not take the compaction lock (it kept changing hands)") from None
         if note:
             log.warning(note)
         self.has_lock = True
@@ -503,10 +344,7 @@ class CompactionWriter:
         db = db or self.db
 
         def txn(cur):
-            cur.execute(
-                db.sql("UPDATE maintenance_locks SET heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"),
-                (now_ms(), LOCK_NAME, self.holder),
-            )
+            cur.execute(db.sql(sql.LOCK_HEARTBEAT), (now_ms(), LOCK_NAME, self.holder))
             return cur.rowcount == 1
 
         ok = db.run(txn)
@@ -547,9 +385,7 @@ class CompactionWriter:
             return
 
         def txn(cur):
-            cur.execute(
-                self.db.sql("DELETE FROM maintenance_locks WHERE lock_name = ? AND holder = ?"), (LOCK_NAME, self.holder)
-            )
+            cur.execute(self.db.sql(sql.LOCK_RELEASE), (LOCK_NAME, self.holder))
 
         self.db.run(txn)
         self.has_lock = False
@@ -570,21 +406,12 @@ class CompactionWriter:
         if dry_run:
             return RunState(run_id=None, snapshot_max=self.max_state_group())
         opts = json.dumps(dict(options), sort_keys=True)
-        rows = self.db.query(
-            "SELECT run_id, snapshot_max, options FROM state_compaction_runs WHERE finished_ts IS NULL"
-            " ORDER BY run_id DESC LIMIT 1"
-        )
+        rows = self.db.query(sql.RUN_UNFINISHED)
         if not rows:
             snapshot = self.max_state_group()
 
             def create(cur):
-                cur.execute(
-                    self.db.sql(
-                        "INSERT INTO state_compaction_runs (snapshot_max, holder, options, started_ts)"
-                        " VALUES (?, ?, ?, ?) RETURNING run_id"
-                    ),
-                    (snapshot, self.holder, opts, now_ms()),
-                )
+                cur.execute(self.db.sql(sql.RUN_INSERT), (snapshot, self.holder, opts, now_ms()))
                 return cur.fetchone()[0]
 
             return RunState(run_id=self.db.run(create), snapshot_max=snapshot)
@@ -595,33 +422,16 @@ class CompactionWriter:
             state.warnings.append(
                 f"resuming run {run_id} started with options {old_opts}; continuing with {opts}"
             )
-        for nid, status, groups, before, after, rewritten, detail in self.db.query(
-            "SELECT room_nid, status, state_groups, rows_before, rows_after, groups_rewritten, detail"
-            " FROM state_compaction_rooms WHERE run_id = ?",
-            (run_id,),
-        ):
+        for nid, status, groups, before, after, rewritten, detail in self.db.query(sql.RUN_ROOMS, (run_id,)):
             state.done_rooms[nid] = RoomOutcome(nid, status, groups, before, after, rewritten, detail or "")
-        gone_rooms = [
-            r[0]
-            for r in self.db.query(
-                "SELECT r.room_nid FROM state_compaction_rooms r WHERE r.run_id = ? AND NOT EXISTS"
-                " (SELECT 1 FROM state_groups g WHERE g.room_nid = r.room_nid AND g.state_group <= ?)",
-                (run_id, snapshot),
-            )
-        ]
+        gone_rooms = [r[0] for r in self.db.query(sql.RUN_ROOMS_GONE, (run_id, snapshot))]
         for nid in gone_rooms:
             state.warnings.append(
                 f"progress of run {run_id} lists room {nid} as done, but its state groups no longer exist"
                 " (purged since): skipped"
             )
             state.done_rooms.pop(nid, None)
-        for nid, first, last, before, after, rewritten, first_ok, last_ok in self.db.query(
-            "SELECT c.room_nid, c.first_group, c.last_group, c.rows_before, c.rows_after, c.groups_rewritten,"
-            " (SELECT COUNT(*) FROM state_groups g WHERE g.state_group = c.first_group AND g.room_nid = c.room_nid),"
-            " (SELECT COUNT(*) FROM state_groups g WHERE g.state_group = c.last_group AND g.room_nid = c.room_nid)"
-            " FROM state_compaction_chunks c WHERE c.run_id = ?",
-            (run_id,),
-        ):
+        for nid, first, last, before, after, rewritten, first_ok, last_ok in self.db.query(sql.RUN_CHUNKS, (run_id,)):
             if nid in state.done_rooms:
                 continue
             if not first_ok or not last_ok:
@@ -633,10 +443,10 @@ class CompactionWriter:
             state.done_chunks[(nid, first)] = (last, before, after, rewritten)
 
         def take_over(cur):
-            cur.execute(self.db.sql("UPDATE state_compaction_runs SET holder = ? WHERE run_id = ?"), (self.holder, run_id))
+            cur.execute(self.db.sql(sql.RUN_TAKE_OVER), (self.holder, run_id))
             # Staging rows of the interrupted attempt are recomputed.
-            for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas"):
-                cur.execute(self.db.sql(f"DELETE FROM {table} WHERE run_id = ?"), (run_id,))
+            for statement in sql.delete_staging("run_id"):
+                cur.execute(self.db.sql(statement), (run_id,))
 
         self.db.run(take_over)
         return state
@@ -647,11 +457,9 @@ class CompactionWriter:
             return
 
         def txn(cur):
-            for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas"):
-                cur.execute(self.db.sql(f"DELETE FROM {table} WHERE run_id = ?"), (run.run_id,))
-            cur.execute(
-                self.db.sql("UPDATE state_compaction_runs SET finished_ts = ? WHERE run_id = ?"), (now_ms(), run.run_id)
-            )
+            for statement in sql.delete_staging("run_id"):
+                cur.execute(self.db.sql(statement), (run.run_id,))
+            cur.execute(self.db.sql(sql.RUN_FINISH), (now_ms(), run.run_id))
 
         self.db.run(txn)
 
@@ -663,16 +471,11 @@ class CompactionWriter:
         group_rows = [key + (g[0], 0) + tuple(g[1:]) for g in chunk.groups]
         group_rows += [key + (ref, 1, None, 0, 0, None, 0, 0) for ref in chunk.refs]
         delta_rows = [key + tuple(d) for d in chunk.deltas]
-        group_cols = (
-            "run_id, room_nid, first_group, state_group, is_ref, old_prev, old_rows, old_checksum,"
-            " new_prev, new_chain_length, rewrite"
-        )
-        delta_cols = "run_id, room_nid, first_group, state_group, type_key_nid, event_nid"
 
         def txn(cur):
             self._delete_staged(cur, *key)
-            self._bulk_insert(cur, "state_compaction_staged_groups", group_cols, group_rows)
-            self._bulk_insert(cur, "state_compaction_staged_deltas", delta_cols, delta_rows)
+            self._bulk_insert(cur, sql.STAGED_GROUPS, sql.STAGED_GROUP_COLUMNS, group_rows)
+            self._bulk_insert(cur, sql.STAGED_DELTAS, sql.STAGED_DELTA_COLUMNS, delta_rows)
 
         self.db.run(txn)
 
@@ -682,23 +485,18 @@ class CompactionWriter:
             return
 
         def txn(cur):
-            for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas"):
-                cur.execute(
-                    self.db.sql(f"DELETE FROM {table} WHERE run_id = ? AND room_nid = ?"), (run.run_id, room_nid)
-                )
+            for statement in sql.delete_staging("run_id", "room_nid"):
+                cur.execute(self.db.sql(statement), (run.run_id, room_nid))
 
         self.db.run(txn)
 
     def _delete_staged(self, cur, run_id: int, room_nid: int, first_group: int) -> None:
-        for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas"):
-            cur.execute(
-                self.db.sql(f"DELETE FROM {table} WHERE run_id = ? AND room_nid = ? AND first_group = ?"),
-                (run_id, room_nid, first_group),
-            )
+        for statement in sql.delete_staging("run_id", "room_nid", "first_group"):
+            cur.execute(self.db.sql(statement), (run_id, room_nid, first_group))
 
     def _bulk_insert(self, cur, table: str, columns: str, rows: list) -> None:
         # Integers all (numpy ones from the job too: int() gives their text).
-        bulk_insert(cur, self.db.postgres, table, columns, rows, lambda v: str(int(v)))
+        self.db.engine.bulk_insert(cur, table, columns, rows, lambda v: str(int(v)))
 
     # ------------------------------------------------------------- swap
 
@@ -725,45 +523,24 @@ class CompactionWriter:
         if self._lock_lost.is_set():
             raise LockLostError("the compaction lock was taken over by another job")
         key = (run.run_id, room_nid, first_group)
-        staged = "SELECT state_group FROM state_compaction_staged_groups WHERE run_id = ? AND room_nid = ? AND first_group = ?"
-        sql = self.db.sql
+        q, for_update = self.db.sql, self.db.engine.for_update
 
         def txn(cur):
             # 1. Still ours? The heartbeat update also row-locks the lock row,
             # so a takeover waits for this swap to finish.
-            cur.execute(
-                sql("UPDATE maintenance_locks SET heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"),
-                (now_ms(), LOCK_NAME, self.holder),
-            )
+            cur.execute(q(sql.LOCK_HEARTBEAT), (now_ms(), LOCK_NAME, self.holder))
             if cur.rowcount != 1:
                 raise LockLostError("the compaction lock is no longer held by this job")
             # 2. Row-lock the chunk's groups and the groups it builds on, so a
             # concurrent deletion either finishes first (and the re-check below
             # sees it) or waits for this swap. SQLite: BEGIN IMMEDIATE already
-            # excludes every other writer.
-            if self.db.postgres:
-                cur.execute(
-                    sql(f"SELECT state_group FROM state_groups WHERE state_group IN ({staged}) ORDER BY state_group FOR UPDATE"),
-                    key,
-                )
+            # excludes every other writer (no FOR UPDATE there).
+            if for_update:
+                cur.execute(q(sql.SWAP_LOCK_GROUPS + for_update), key)
                 cur.fetchall()
             # 3. Re-check: every group exists with the representation read;
             # every referenced group outside the chunk still exists.
-            cur.execute(
-                sql(
-                    "SELECT s.state_group, s.is_ref, g.state_group IS NULL FROM state_compaction_staged_groups s"
-                    " LEFT JOIN state_groups g ON g.state_group = s.state_group"
-                    " LEFT JOIN (SELECT d.state_group, COUNT(*) AS n, SUM(" + CHECKSUM_SQL + ") AS h"
-                    f"   FROM state_group_deltas d WHERE d.state_group IN ({staged}) GROUP BY d.state_group) a"
-                    "   ON a.state_group = s.state_group"
-                    " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND ("
-                    "   g.state_group IS NULL OR g.room_nid <> s.room_nid OR (s.is_ref = 0 AND ("
-                    "     COALESCE(g.prev_state_group, -1) <> COALESCE(s.old_prev, -1)"
-                    "     OR COALESCE(a.n, 0) <> s.old_rows OR COALESCE(a.h, 0) <> s.old_checksum)))"
-                    " ORDER BY s.state_group LIMIT 5"
-                ),
-                key + key,
-            )
+            cur.execute(q(sql.SWAP_RECHECK), key + key)
             changed = cur.fetchall()
             if changed:
                 parts = [
@@ -773,67 +550,20 @@ class CompactionWriter:
                 ]
                 return SwapResult("changed_underneath", "; ".join(parts))
             # 4. Replace the rewritten groups' rows.
-            rewritten = f"{staged} AND rewrite = 1 AND is_ref = 0"
-            cur.execute(sql(f"DELETE FROM state_group_deltas WHERE state_group IN ({rewritten})"), key)
+            cur.execute(q(sql.SWAP_DELETE_DELTAS), key)
             deleted = cur.rowcount
-            cur.execute(
-                sql(
-                    "INSERT INTO state_group_deltas (state_group, type_key_nid, event_nid)"
-                    " SELECT state_group, type_key_nid, event_nid FROM state_compaction_staged_deltas"
-                    " WHERE run_id = ? AND room_nid = ? AND first_group = ?"
-                ),
-                key,
-            )
+            cur.execute(q(sql.SWAP_INSERT_DELTAS), key)
             inserted = cur.rowcount
-            cur.execute(
-                sql(
-                    "UPDATE state_groups SET prev_state_group = s.new_prev, chain_length = s.new_chain_length"
-                    " FROM state_compaction_staged_groups AS s"
-                    " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND s.is_ref = 0"
-                    " AND s.state_group = state_groups.state_group"
-                    " AND (s.rewrite = 1 OR state_groups.chain_length <> s.new_chain_length)"
-                ),
-                key,
-            )
-            # 5. chain_length of descendants outside the chunk (later chunks,
-            # groups persisted after snapshot_max) follows their predecessor's
-            # new length. Only where it differs, so the walk stops early.
-            # chain_length only decides when the persister stores a snapshot;
-            # reads never use it.
+            cur.execute(q(sql.SWAP_UPDATE_GROUPS), key)
+            # 5. chain_length of descendants outside the chunk follows their
+            # predecessor's new length. chain_length only decides when the
+            # persister stores a snapshot; reads never use it.
             if chain_changed:
-                cur.execute(
-                    sql(
-                        "WITH RECURSIVE fix(state_group, len) AS ("
-                        "  SELECT c.state_group, p.chain_length + 1"
-                        "  FROM state_groups p JOIN state_groups c ON c.prev_state_group = p.state_group"
-                        f"  WHERE p.state_group IN ({staged} AND is_ref = 0)"
-                        f"  AND c.state_group NOT IN ({staged})"
-                        "  AND c.chain_length <> p.chain_length + 1"
-                        "  UNION ALL"
-                        "  SELECT c.state_group, fix.len + 1 FROM fix"
-                        "  JOIN state_groups c ON c.prev_state_group = fix.state_group"
-                        "  WHERE c.chain_length <> fix.len + 1 AND fix.len < 1000000"
-                        ")"
-                        " UPDATE state_groups SET chain_length = fix.len FROM fix"
-                        " WHERE fix.state_group = state_groups.state_group"
-                    ),
-                    key + key,
-                )
+                cur.execute(q(sql.SWAP_FIX_CHAIN_LENGTHS), key + key)
             # 6. Progress, in the same transaction as the swap it records.
             last, before, after, groups_rewritten = chunk_stats
             now = now_ms()
-            cur.execute(
-                sql(
-                    "INSERT INTO state_compaction_chunks (run_id, room_nid, first_group, last_group, rows_before,"
-                    " rows_after, groups_rewritten, updated_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                    # A resumed run whose chunk layout moved (groups purged
-                    # meanwhile) may swap a chunk starting at the same group.
-                    " ON CONFLICT (run_id, room_nid, first_group) DO UPDATE SET last_group = excluded.last_group,"
-                    " rows_before = excluded.rows_before, rows_after = excluded.rows_after,"
-                    " groups_rewritten = excluded.groups_rewritten, updated_ts = excluded.updated_ts"
-                ),
-                key + (last, before, after, groups_rewritten, now),
-            )
+            cur.execute(q(sql.CHUNK_UPSERT), key + (last, before, after, groups_rewritten, now))
             if room_outcome is not None:
                 self._insert_room(cur, run.run_id, room_outcome, now)
             self._delete_staged(cur, *key)
@@ -850,20 +580,14 @@ class CompactionWriter:
 
         def txn(cur):
             self._insert_room(cur, run.run_id, outcome, now_ms())
-            for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas"):
-                cur.execute(
-                    self.db.sql(f"DELETE FROM {table} WHERE run_id = ? AND room_nid = ?"), (run.run_id, outcome.room_nid)
-                )
+            for statement in sql.delete_staging("run_id", "room_nid"):
+                cur.execute(self.db.sql(statement), (run.run_id, outcome.room_nid))
 
         self.db.run(txn)
 
     def _insert_room(self, cur, run_id: int, o: RoomOutcome, now: int) -> None:
         cur.execute(
-            self.db.sql(
-                "INSERT INTO state_compaction_rooms (run_id, room_nid, status, state_groups, rows_before, rows_after,"
-                " groups_rewritten, detail, updated_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (run_id, room_nid) DO NOTHING"
-            ),
+            self.db.sql(sql.ROOM_INSERT),
             (run_id, o.room_nid, o.status, o.state_groups, o.rows_before, o.rows_after, o.groups_rewritten,
              o.detail or None, now),
         )
@@ -874,7 +598,3 @@ class CompactionWriter:
             self.release_lock()
         finally:
             self.db.close()
-
-
-class _Retry(Exception):
-    """Internal: the lock row changed under us; try again."""

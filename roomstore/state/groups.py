@@ -17,7 +17,7 @@ groups are committed (groups never change content, only representation).
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -29,28 +29,96 @@ StateMap = Mapping[int, int]  # type_key_nid -> event_nid
 #: Synapse's MAX_STATE_DELTA_HOPS: a lookup walks at most this many groups.
 DEFAULT_MAX_CHAIN_LENGTH = 100
 
-#: Every delta row of a group's chain, farthest group first: fold the rows with
-#: :func:`fold_state` (later rows, nearer the group, win). Folding in Python
-#: costs less than ranking the rows in SQL (a window function or DISTINCT ON
-#: sorts every row by key): for 10,000 entries at the end of a 100-hop chain,
-#: measured 0.3x the window function's time on SQLite and 0.5-0.75x on
-#: PostgreSQL (bench/state_vs_synapse.py times the whole read). Each
-#: step looks its predecessor up with a scalar subquery rather than a join:
-#: once ``state_groups`` has statistics (ANALYZE), SQLite plans the join with a
-#: Bloom filter built from the whole table, on every lookup (6x slower on
-#: 46,000 groups). The walk ends with one NULL row, which joins nothing.
-FULL_STATE_SQL = """
-WITH RECURSIVE chain(state_group, hops) AS (
-    SELECT CAST(? AS BIGINT), 0
+#: The walk up a chain of predecessors, written once for every variant
+#: :func:`full_state_sql` builds. Each step looks its predecessor up with a
+#: scalar subquery rather than a join: once ``state_groups`` has statistics
+#: (ANALYZE), SQLite plans the join with a Bloom filter built from the whole
+#: table, on every lookup (6x slower on 46,000 groups). The walk ends with one
+#: NULL row (past a snapshot, or past a group that does not exist), which
+#: joins nothing.
+_CHAIN = """chain({start}state_group, hops) AS (
+    SELECT {seed}, 0{seed_from}
     UNION ALL
-    SELECT (SELECT g.prev_state_group FROM state_groups AS g WHERE g.state_group = chain.state_group),
+    SELECT {carry}(SELECT g.prev_state_group FROM state_groups AS g WHERE g.state_group = chain.state_group),
            chain.hops + 1
-    FROM chain WHERE chain.state_group IS NOT NULL
-)
+    FROM chain WHERE chain.state_group IS NOT NULL{guard}
+)"""
+
+#: Longest chain the many-group form walks (a cycle must not walk forever).
+MAX_WALK_HOPS = 100_000
+
+
+def full_state_sql(groups: Sequence[int] | None = None, keys: int = 0) -> str:
+    """The recursive full-state statement, in the form a caller needs.
+
+    ``groups`` None (the store's reads): one group, the first bound parameter;
+    rows ``(type_key_nid, event_nid)``, every delta row of the chain, farthest
+    group first: fold them with :func:`fold_state` (later rows, nearer the
+    group, win). Folding in Python costs less than ranking the rows in SQL (a
+    window function or DISTINCT ON sorts every row by key): for 10,000
+    entries at the end of a 100-hop chain, measured 0.3x the window
+    function's time on SQLite and 0.5-0.75x on PostgreSQL
+    (bench/state_vs_synapse.py times the whole read).
+
+    ``groups`` given (the compaction job's boundary states, read by Spark over
+    JDBC, which takes no parameters: the ids are inlined as integers): rows
+    ``(boundary_group, type_key_nid, event_nid)``, each group's state folded
+    in SQL (the nearest row of a key wins; removals dropped), plus one row with
+    NULL key per group whose chain is complete (ends at an existing snapshot),
+    so empty states are represented. A group whose chain reaches a missing
+    (purged) group gets no rows at all: unknown, not a wrong state.
+
+    ``keys``: that many more bound parameters (after the group's), type_key_nids
+    the rows are restricted to.
+    """
+    key_filter = ""
+    if keys:
+        key_filter = f" AND d.type_key_nid IN ({', '.join('?' for _ in range(keys))})"
+    if groups is None:
+        chain = _CHAIN.format(start="", seed="CAST(? AS BIGINT)", seed_from="", carry="", guard="")
+        return f"""
+WITH RECURSIVE {chain}
 SELECT d.type_key_nid, d.event_nid
-FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group
+FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group{key_filter}
 ORDER BY chain.hops DESC
 """
+    if not groups:
+        raise ValueError("no groups")
+    values = ", ".join(f"({int(g)})" for g in groups)
+    chain = _CHAIN.format(
+        start="start_group, ",
+        seed="CAST(start_group AS BIGINT), CAST(start_group AS BIGINT)",
+        seed_from=" FROM wanted",
+        carry="chain.start_group, ",
+        guard=f" AND chain.hops < {MAX_WALK_HOPS}",
+    )
+    # Complete: the walk ended (its NULL row; not cut by the guard) and every
+    # group it walked exists. (EXCEPT measured faster than a GROUP BY over the
+    # walk joined to state_groups on PostgreSQL; the whole statement about as
+    # fast as the join walk it replaced, on both engines.)
+    return f"""
+WITH RECURSIVE wanted(start_group) AS (VALUES {values}),
+{chain},
+complete(start_group) AS (
+    SELECT chain.start_group FROM chain WHERE chain.state_group IS NULL
+    EXCEPT
+    SELECT chain.start_group FROM chain WHERE chain.state_group IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM state_groups AS g WHERE g.state_group = chain.state_group)
+)
+SELECT start_group AS boundary_group, type_key_nid, event_nid FROM (
+    SELECT chain.start_group, d.type_key_nid, d.event_nid,
+           ROW_NUMBER() OVER (PARTITION BY chain.start_group, d.type_key_nid ORDER BY chain.hops) AS nearest
+    FROM chain JOIN complete ON complete.start_group = chain.start_group
+    JOIN state_group_deltas AS d ON d.state_group = chain.state_group{key_filter}
+) AS ranked
+WHERE nearest = 1 AND event_nid IS NOT NULL
+UNION ALL
+SELECT start_group, NULL, NULL FROM complete
+"""
+
+
+#: One group's chain rows, farthest first (see :func:`full_state_sql`).
+FULL_STATE_SQL = full_state_sql()
 
 
 def fold_state(rows: Iterable[tuple[int, int | None]]) -> dict[int, int]:
@@ -115,12 +183,7 @@ class StateGroupStore:
             return {k: cached[k] for k in wanted if k in cached}
         result: dict[int, int] = {}
         for part in chunks(wanted):
-            marks = ", ".join("?" for _ in part)
-            sql = FULL_STATE_SQL.replace(
-                "FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group",
-                f"FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group"
-                f" AND d.type_key_nid IN ({marks})",
-            )
+            sql = full_state_sql(keys=len(part))
             result.update(fold_state(txn.execute(sql, (state_group, *part)).fetchall()))
         return result
 

@@ -23,7 +23,7 @@ from twisted.python.threadpool import ThreadPool
 from roomstore.storage.engines import Engine, engine_from_url
 from roomstore.storage.transaction import RetryTransaction, Transaction
 
-__all__ = ["Database", "RetryTransaction", "Transaction", "open_database"]
+__all__ = ["Database", "RetryTransaction", "Transaction", "open_database", "run_transaction"]
 
 log = Logger()
 
@@ -46,6 +46,59 @@ transaction_retries = Counter(
 )
 
 MAX_ATTEMPTS = 8
+
+
+def run_transaction(
+    engine: Engine,
+    connection: Callable[[], Any],
+    body: Callable[[Any], R],
+    *,
+    attempts: int = MAX_ATTEMPTS,
+    backoff_s: float = 0.005,
+    max_backoff_s: float = 0.5,
+    on_retry: Callable[[], None] | None = None,
+    on_connection_lost: Callable[[BaseException], None] | None = None,
+) -> R:
+    """``body(cursor)`` in one transaction on ``connection()``: committed
+    whole, or rolled back and raised.
+
+    The one retry loop of roomstore (the pool's interactions and the offline
+    jobs' plain connections). Serialisation failures, deadlocks, a locked
+    SQLite file and :class:`RetryTransaction` roll back and run ``body`` again,
+    after ``backoff_s * 2**attempt`` seconds (at most ``max_backoff_s``), up
+    to ``attempts`` times. With ``on_connection_lost``, a connection lost
+    before commit (nothing written) is reported to it, which drops the
+    connection, and the next attempt runs on a new one from ``connection()``.
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        conn = connection()
+        cursor = conn.cursor()
+        try:
+            engine.begin(cursor)
+            result = body(cursor)
+            conn.commit()
+            return result
+        except BaseException as exc:
+            try:
+                conn.rollback()
+            except Exception:
+                pass
+            if on_connection_lost is not None and engine.is_connection_lost(exc, conn) and attempt < attempts:
+                on_connection_lost(exc)
+                continue
+            if (isinstance(exc, RetryTransaction) or engine.is_retryable(exc)) and attempt < attempts:
+                if on_retry is not None:
+                    on_retry()
+                time.sleep(min(backoff_s * 2**attempt, max_backoff_s))
+                continue
+            raise
+        finally:
+            try:
+                cursor.close()
+            except Exception:
+                pass
 
 
 class Database:
@@ -132,39 +185,25 @@ class Database:
     def _run_in_thread(
         self, description: str, fn: Callable[..., R], args: tuple, kwargs: dict
     ) -> tuple[R, list]:
-        attempt = 0
-        while True:
-            attempt += 1
-            conn = self._get_connection()
-            cursor = conn.cursor()
+        def body(cursor: Any) -> tuple[R, list]:
             txn = Transaction(self, self.engine, cursor, description)
-            try:
-                self.engine.begin(cursor)
-                result = fn(txn, *args, **kwargs)
-                txn.flush_queue()
-                conn.commit()
-                return result, txn._after_callbacks
-            except BaseException as exc:
-                try:
-                    conn.rollback()
-                except Exception:
-                    pass
-                if self.engine.is_connection_lost(exc, conn) and attempt < MAX_ATTEMPTS:
-                    # The server went away before commit: nothing was written.
-                    log.warn("{desc}: connection lost ({exc}); reconnecting", desc=description, exc=exc)
-                    self._drop_connection()
-                    transaction_retries.labels(description).inc()
-                    continue
-                if (isinstance(exc, RetryTransaction) or self.engine.is_retryable(exc)) and attempt < MAX_ATTEMPTS:
-                    transaction_retries.labels(description).inc()
-                    time.sleep(min(0.005 * 2**attempt, 0.5))
-                    continue
-                raise
-            finally:
-                try:
-                    cursor.close()
-                except Exception:
-                    pass
+            result = fn(txn, *args, **kwargs)
+            txn.flush_queue()
+            return result, txn._after_callbacks
+
+        def connection_lost(exc: BaseException) -> None:
+            # The server went away before commit: nothing was written.
+            log.warn("{desc}: connection lost ({exc}); reconnecting", desc=description, exc=exc)
+            self._drop_connection()
+            transaction_retries.labels(description).inc()
+
+        return run_transaction(
+            self.engine,
+            self._get_connection,
+            body,
+            on_retry=transaction_retries.labels(description).inc,
+            on_connection_lost=connection_lost,
+        )
 
     async def run_interaction(
         self, description: str, fn: Callable[..., R], *args: Any, **kwargs: Any

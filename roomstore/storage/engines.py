@@ -8,12 +8,13 @@ imports ``sqlite3`` or ``psycopg2``.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sqlite3
 import time
 import urllib.parse
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
@@ -137,6 +138,36 @@ class Engine:
     def describe(self) -> str:
         raise NotImplementedError
 
+    # --- offline jobs (state compaction): row locks, bulk loads, Spark's JDBC reads
+
+    #: SQL suffix that row-locks what a SELECT returns until commit; "" where a
+    #: write transaction already excludes every other writer.
+    for_update: str = ""
+    #: Spark reads through JDBC: the driver class, the environment variable
+    #: naming its jar, the jar's default path, and the Debian package with it.
+    jdbc_driver: str = ""
+    jdbc_jar_env: str = ""
+    jdbc_jar_default: str = ""
+    jdbc_jar_package: str = ""
+
+    def jdbc_url(self) -> tuple[str, dict[str, str]]:
+        """The JDBC URL of this database and its connection properties."""
+        raise NotImplementedError
+
+    def bulk_insert(
+        self, cursor: Any, table: str, columns: str, rows: Sequence[tuple], text: Callable[[Any], str] = str
+    ) -> None:
+        """Insert ``rows`` on a cursor of this engine; ``table`` and ``columns``
+        (comma-separated) are the caller's SQL. ``text`` renders a non-NULL
+        value where the engine loads text (PostgreSQL's COPY)."""
+        if rows:
+            marks = ", ".join("?" for _ in columns.split(","))
+            cursor.executemany(self.convert_sql(f"INSERT INTO {table} ({columns}) VALUES ({marks})"), rows)
+
+    def move_sequence_past(self, cursor: Any, table: str, column: str) -> None:
+        """After inserting explicit ids into ``table.column``: make the ids the
+        database generates continue after its maximum (no-op where they do anyway)."""
+
 
 @attrs.define
 class SqliteEngine(Engine):
@@ -243,6 +274,15 @@ class SqliteEngine(Engine):
 
     def describe(self) -> str:
         return f"sqlite:///{self.path}"
+
+    # --- offline jobs (see Engine)
+    jdbc_driver = "org.sqlite.JDBC"
+    jdbc_jar_env = "ROOMSTORE_SQLITE_JDBC_JAR"
+    jdbc_jar_default = "/usr/share/java/sqlite-jdbc.jar"
+    jdbc_jar_package = "libxerial-sqlite-jdbc-java"
+
+    def jdbc_url(self) -> tuple[str, dict[str, str]]:
+        return f"jdbc:sqlite:{os.path.abspath(self.path)}", {}
 
 
 @attrs.define
@@ -360,6 +400,46 @@ class PostgresEngine(Engine):
         parsed = urllib.parse.urlsplit(self.dsn)
         host = parsed.hostname or "localhost"
         return f"postgresql://{host}:{parsed.port or 5432}{parsed.path}"
+
+    # --- offline jobs (see Engine)
+    for_update = " FOR UPDATE"
+    jdbc_driver = "org.postgresql.Driver"
+    jdbc_jar_env = "ROOMSTORE_POSTGRES_JDBC_JAR"
+    jdbc_jar_default = "/usr/share/java/postgresql.jar"
+    jdbc_jar_package = "libpostgresql-jdbc-java"
+
+    def jdbc_url(self) -> tuple[str, dict[str, str]]:
+        parsed = urllib.parse.urlsplit(self.dsn)
+        props: dict[str, str] = {}
+        if parsed.username:
+            props["user"] = urllib.parse.unquote(parsed.username)
+        if parsed.password:
+            props["password"] = urllib.parse.unquote(parsed.password)
+        props.update(urllib.parse.parse_qsl(parsed.query))
+        host = parsed.hostname or "localhost"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"jdbc:postgresql://{host}:{parsed.port or 5432}{parsed.path}", props
+
+    def bulk_insert(
+        self, cursor: Any, table: str, columns: str, rows: Sequence[tuple], text: Callable[[Any], str] = str
+    ) -> None:
+        # COPY: one round trip, no statement per row.
+        if not rows:
+            return
+        buf = io.StringIO()
+        for row in rows:
+            buf.write("\t".join("\\N" if v is None else text(v) for v in row))
+            buf.write("\n")
+        buf.seek(0)
+        cursor.copy_expert(f"COPY {table} ({columns}) FROM STDIN", buf)
+
+    def move_sequence_past(self, cursor: Any, table: str, column: str) -> None:
+        cursor.execute(
+            "SELECT setval(pg_get_serial_sequence(%s, %s),"
+            f" (SELECT GREATEST(COALESCE(MAX({column}), 0), 1) FROM {table}))",
+            (table, column),
+        )
 
 
 def _single(options: Mapping[str, list[str]], key: str) -> str | None:

@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Optional
 
 from twisted.trial import unittest
 
-from roomstore.compaction.spark_job import EXIT_ROOMS_FAILED
+from roomstore.compaction.job.options import EXIT_ROOMS_FAILED
 from tests.compaction.spark_cluster import SparkCluster
 from tests.compaction.test_writer import (
     CHUNK,
@@ -246,7 +247,7 @@ class SubmitCommandTests(unittest.TestCase):
     def test_command_line(self) -> None:
         import zipfile
 
-        from roomstore.compaction.spark_job import build_submit_command
+        from roomstore.compaction.job.submit import build_submit_command
 
         cache = tempfile.mkdtemp(prefix="roomstore-compact-cache-")
         os.environ["ROOMSTORE_COMPACT_CACHE"] = cache
@@ -271,9 +272,29 @@ class SubmitCommandTests(unittest.TestCase):
         with zipfile.ZipFile(cmd[cmd.index("--py-files") + 1]) as zf:
             names = set(zf.namelist())
         self.assertIn("roomstore/compaction/spark_job.py", names)
+        # Executors need no roomstore installed: the job package travels in the zip.
+        self.assertIn("roomstore/compaction/job/executor.py", names)
         self.assertIn("attr/__init__.py", names)
         sqlite_cmd, _ = build_submit_command(["--db", "sqlite:////tmp/x.db"])
         self.assertTrue(sqlite_cmd[sqlite_cmd.index("--jars") + 1].endswith("sqlite-jdbc.jar"))
+
+    def test_executor_code_imports_without_the_store_dependencies(self) -> None:
+        # Executors get the roomstore package from the zip, with pyspark's own
+        # dependencies only: the modules they load must not need Twisted,
+        # psycopg2, prometheus_client or tqdm (nor pyspark itself).
+        script = (
+            "import sys, importlib.abc\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in ('twisted', 'psycopg2', 'prometheus_client', 'tqdm', 'pyspark'):\n"
+            "            raise ImportError('executors do not have ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from roomstore.compaction.job.executor import make_room_function\n"
+            "print(callable(make_room_function({})))\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout.strip(), "True")
 
     def test_help_and_bad_options_stop_before_spark(self) -> None:
         proc = subprocess.run([WRAPPER, "--help"], capture_output=True, text=True, env=job_env(), timeout=60)

@@ -14,6 +14,7 @@ from roomstore.compaction import (
     max_hops,
     verify,
 )
+from roomstore.compaction.states import apply_delta, state_diff
 from tests.compaction._builders import chain, persisted_room
 
 E = StateGroupEntry
@@ -30,6 +31,14 @@ class FullStatesTests(TestCase):
                 3: {1: 11, 2: 20, 3: 30},
             },
         )
+
+    def test_state_diff_is_what_apply_delta_undoes(self) -> None:
+        base = {1: 10, 2: 20, 3: 30}
+        state = {1: 10, 2: 21, 4: 40}
+        diff = state_diff(state, base)
+        self.assertEqual(diff, {2: 21, 4: 40, 3: None})
+        self.assertEqual(apply_delta(dict(base), diff), state)
+        self.assertEqual(state_diff(base, base), {})
 
     def test_tombstones_remove_keys(self) -> None:
         groups = chain({1: 10, 2: 20}, {2: None, 3: 30}, {2: 21})

@@ -26,17 +26,18 @@ from twisted.trial.unittest import TestCase
 
 from roomstore.compaction import chain_depths, verify
 from roomstore.compaction.dataset import load_dataset, read_roomstore_room
-from roomstore.compaction.spark_job import RoomCompactor, read_room_chunks
+from roomstore.compaction.job.executor import RoomCompactor
+from roomstore.compaction.job.reading import read_room_chunks
+from roomstore.compaction.chunks import CHECKSUM_SQL, row_checksum
 from roomstore.compaction.writer import (
-    CHECKSUM_SQL,
     LOCK_NAME,
     CompactionWriter,
     LockHeldError,
     LockLostError,
     RoomOutcome,
-    row_checksum,
 )
-from roomstore.state.groups import FULL_STATE_SQL, fold_state
+from roomstore.state.groups import FULL_STATE_SQL, fold_state, full_state_sql
+from roomstore.storage.database import RetryTransaction
 from roomstore.storage.engines import engine_from_url
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
@@ -320,6 +321,68 @@ class WriterTests:
         got = query(self.url, f"SELECT SUM({CHECKSUM_SQL}) FROM state_group_deltas d")[0][0]
         self.assertEqual(int(got), expected)
 
+    def test_many_group_full_state_sql_agrees_with_the_store_read(self) -> None:
+        # The job's boundary states and the store's reads are one statement
+        # (state.groups.full_state_sql): folded in SQL for many groups at once,
+        # they equal the store's per-group read; unknown chains give no rows.
+        states = all_states(self.url)
+        groups = sorted(states)[::7]
+        top = max(states)
+        wanted = groups + [top + 1000]
+
+        def read_many() -> dict:
+            got: dict = {}
+            for g, k, e in query(self.url, full_state_sql(wanted)):
+                got.setdefault(g, {})
+                if k is not None:
+                    got[g][k] = e
+            return got
+
+        self.assertEqual(read_many(), {g: states[g] for g in groups})
+        # A group whose chain reaches a purged group: unknown, not a wrong state.
+        victim = next(g for g in groups if query(self.url, "SELECT prev_state_group FROM state_groups"
+                                                 " WHERE state_group = ?", (g,))[0][0] is not None)
+        execute(self.url, f"UPDATE state_groups SET prev_state_group = {top + 2000} WHERE state_group = {victim}")
+        got = read_many()
+        self.assertNotIn(victim, got)
+        self.assertEqual({g: got[g] for g in got}, {g: states[g] for g in got})
+        # The key filter: only the given keys, same values.
+        group = max(groups, key=lambda g: len(states[g]))
+        keys = sorted(states[group])[:3]
+        rows = query(self.url, full_state_sql(keys=len(keys)), (group, *keys))
+        self.assertEqual(fold_state(rows), {k: states[group][k] for k in keys})
+
+    def test_writer_transactions_retry_through_the_shared_helper(self) -> None:
+        # The writer has no retry loop of its own: storage.database.run_transaction
+        # rolls an attempt back and runs it again (RetryTransaction here, as for
+        # serialisation failures), and a failing body leaves nothing behind.
+        writer = CompactionWriter(self.url, heartbeat_s=0)
+        self.addCleanup(writer.close)
+        attempts = []
+
+        def body(cur):
+            attempts.append(1)
+            cur.execute(
+                writer.db.sql("INSERT INTO maintenance_locks (lock_name, holder, acquired_ts) VALUES (?, ?, ?)"),
+                ("retry_test", "me", len(attempts)),
+            )
+            if len(attempts) < 3:
+                raise RetryTransaction()
+            return "done"
+
+        self.assertEqual(writer.db.run(body), "done")
+        self.assertEqual(len(attempts), 3)
+        self.assertEqual(query(self.url, "SELECT acquired_ts FROM maintenance_locks WHERE lock_name = 'retry_test'"),
+                         [(3,)])
+
+        def failing(cur):
+            cur.execute(writer.db.sql("DELETE FROM maintenance_locks WHERE lock_name = ?"), ("retry_test",))
+            raise ValueError("boom")
+
+        with self.assertRaises(ValueError):
+            writer.db.run(failing)
+        self.assertEqual(len(query(self.url, "SELECT 1 FROM maintenance_locks WHERE lock_name = 'retry_test'")), 1)
+
     def test_chunked_plan_equals_whole_room_plan(self) -> None:
         # Boundary states make every predecessor resolvable, so chunking
         # changes memory, not the result.
@@ -589,7 +652,8 @@ class RoomSelectionTests:
     timeout = 300
 
     async def test_rooms_option(self):
-        from roomstore.compaction.spark_job import Driver, job_parser
+        from roomstore.compaction.job.driver import Driver
+        from roomstore.compaction.job.options import job_parser
 
         url = await compaction_database(self)
         writer = CompactionWriter(url)
@@ -602,7 +666,7 @@ class RoomSelectionTests:
             args = ["--db", url] + (["--rooms", spec] if spec else [])
             driver = Driver(job_parser().parse_args(args))
             driver.writer, driver.run = writer, run
-            where, _ = driver.room_filter()
+            where = driver.room_filter()
             if where is None:
                 return None
             lo, hi, n = writer.group_bounds(run.snapshot_max, where.format(col="room_nid"))

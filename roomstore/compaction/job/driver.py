@@ -1,0 +1,472 @@
+"""The driver of the state-group compaction job (runs under spark-submit).
+
+Started by ``spark-submit ... roomstore/compaction/spark_job.py --db URL ...``,
+usually through ``bin/roomstore-compact``
+(:func:`roomstore.compaction.job.submit.submit_main`); docs/compaction.md is
+the operator's guide. What happens:
+
+1. The driver takes the compaction lock and starts or resumes a run
+   (:mod:`roomstore.compaction.writer`): ``snapshot_max`` = MAX(state_group)
+   at start; nothing above it is read or written.
+2. Rooms with more than ``--chunk-groups`` groups are cut into chunks of
+   that many groups in id order; one driver-side statement returns the first
+   group of each chunk and every predecessor link that crosses into an
+   earlier chunk (about one per chunk). Spark reads those predecessors' full
+   states (one recursive statement, :func:`roomstore.state.groups.full_state_sql`) and reads
+   ``state_groups`` and ``state_group_deltas`` over JDBC (PostgreSQL, or
+   SQLite through the xerial driver), partitioned on ``state_group`` between
+   MIN and MAX. Rows are sorted by ``sort_id`` (the group id; for boundary
+   states the first group of the chunk that needs them), so a chunk's
+   boundary states arrive just before its groups.
+3. ``groupBy(room).applyInArrow`` with the *iterator* form runs one
+   :class:`RoomCompactor` per room over Arrow batches sorted by (chunk, id):
+   the room is fed to :class:`~roomstore.compaction.StreamingCompactor` chunk by
+   chunk, so a Python worker holds one chunk plus the compactor's bounded
+   carry-over, never the room. For every chunk the job rebuilds the groups
+   from the rows it is about to write and checks with
+   :func:`~roomstore.compaction.verify` that every group's full state is the
+   same under the old and the new representation. A room with any mismatch
+   is reported and not written.
+4. The driver streams the per-chunk results, stages each room's new rows and
+   swaps its chunks in, one short transaction each (re-checking that nothing
+   changed underneath), recording progress in the same transaction.
+
+Everything the executors run is in :mod:`roomstore.compaction.job.executor`
+(pure Python plus numpy/pyarrow, no database); the SQL the reads run is in
+:mod:`roomstore.compaction.job.reading`. Importing this module does not start
+Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import traceback
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+from pyspark import StorageLevel
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from roomstore.compaction import levels_hop_bound, sql
+from roomstore.compaction.job.executor import OUTPUT_SCHEMA, ChunkResult, make_room_function
+from roomstore.compaction.job.options import APP_NAME, EXIT_LOCKED, EXIT_ROOMS_FAILED, job_parser
+from roomstore.compaction.job.reading import JdbcSource
+from roomstore.compaction.job.report import (
+    FAILED_STATUSES,
+    STATUS_WOULD_WRITE,
+    STATUS_WRITTEN,
+    ChunkRecord,
+    RoomReport,
+    report_lines,
+    run_totals,
+    write_atomic,
+    write_metrics,
+)
+from roomstore.compaction.writer import CompactionWriter, LockHeldError
+from roomstore.progress import progress_bar
+from roomstore.state.groups import full_state_sql
+
+log = logging.getLogger("roomstore.compaction")
+
+
+class Driver:
+    """Runs one compaction (driver side): see the module docstring."""
+
+    def __init__(self, args: argparse.Namespace, out=None) -> None:
+        self.args = args
+        self.out = out or sys.stdout
+        self.levels = tuple(args.levels)
+        self.max_hops = args.max_hops if args.max_hops is not None else levels_hop_bound(self.levels)
+        self.rooms: Dict[int, RoomReport] = {}
+        self.order: List[int] = []
+        self.warnings: List[str] = []
+        self.timings: Dict[str, float] = {}
+        self.total_rooms = 0
+        self.done = 0
+        self.writer: Any = None
+        self.run: Any = None
+        self.resumed_rooms: List[RoomReport] = []
+        self.chunked_rooms = 0
+        self.rows_so_far = [0, 0]
+        self.room_names: Dict[int, str] = {}
+
+    # -- output -------------------------------------------------------------
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+        log.warning(text)
+
+    # -- main ---------------------------------------------------------------
+
+    def options(self) -> Dict[str, Any]:
+        a = self.args
+        return {
+            "levels": list(self.levels), "max_hops": self.max_hops, "min_saving": a.min_saving,
+            "chunk_groups": a.chunk_groups, "strategy": a.strategy, "window": a.window, "rooms": a.rooms,
+        }
+
+    def execute(self) -> int:
+        a = self.args
+        if self.max_hops < 0 or a.chunk_groups < 0 or a.window < 1:
+            raise SystemExit("max-hops and chunk-groups must not be negative; window must be at least 1")
+        if a.strategy == "levels" and self.max_hops < levels_hop_bound(self.levels):
+            raise SystemExit(f"--max-hops {self.max_hops} is below the levels' own bound {levels_hop_bound(self.levels)}")
+        started = time.time()
+        t0 = time.monotonic()
+        self.writer = writer = CompactionWriter(a.db, stale_after_s=a.lock_timeout, heartbeat_s=a.heartbeat)
+        spark = None
+        status = 0
+        try:
+            writer.check_schema()
+            if not a.dry_run:
+                try:
+                    writer.acquire_lock()
+                except LockHeldError as exc:
+                    log.error("%s", exc)
+                    return EXIT_LOCKED
+            self.run = run = writer.begin_run(self.options(), dry_run=a.dry_run)
+            for note in run.warnings:
+                self.warn(note)
+            mode = "dry run" if a.dry_run else (f"resuming run {run.run_id}" if run.resumed else f"run {run.run_id}")
+            self.say(
+                f"state compaction ({mode}) on {writer.db.engine.describe()}: snapshot_max={run.snapshot_max},"
+                f" levels={','.join(map(str, self.levels))}, max_hops={self.max_hops}, chunk_groups={a.chunk_groups}"
+            )
+            for nid, outcome in run.done_rooms.items():
+                report = RoomReport(
+                    nid, status=outcome.status, state_groups=outcome.state_groups, rows_before=outcome.rows_before,
+                    rows_after=outcome.rows_after, rewritten=outcome.groups_rewritten, earlier_attempt=True,
+                )
+                if outcome.detail:
+                    report.detail.append(outcome.detail)
+                self.resumed_rooms.append(report)
+            if run.done_rooms:
+                self.say(f"  {len(run.done_rooms)} room(s) already finished by the interrupted attempt: skipped")
+            where = self.room_filter()
+            if where is None:
+                self.say("  no rooms selected")
+            else:
+                lo, hi, count = writer.group_bounds(run.snapshot_max, where.format(col="room_nid"))
+                if not count:
+                    self.say("  nothing to do: no state groups selected")
+                else:
+                    spark = self.start_spark()
+                    self.compute_and_write(spark, lo, hi, count, where)
+            if not a.dry_run:
+                writer.finish_run(run)
+        finally:
+            if spark is not None:
+                spark.stop()
+            writer.close()
+            self.timings["total"] = time.monotonic() - t0
+        self.report(started)
+        failed = [r for r in self.all_rooms() if r.status in FAILED_STATUSES]
+        if failed:
+            status = EXIT_ROOMS_FAILED
+        return status
+
+    def all_rooms(self) -> List[RoomReport]:
+        return self.resumed_rooms + [self.rooms[n] for n in self.order]
+
+    def room_filter(self) -> Optional[str]:
+        """A condition on ``{col}`` (a room_nid column) selecting the rooms to
+        process: "" for every room, None when the selection is empty. Room
+        ids are inlined as integers: Spark's JDBC reads take no parameters."""
+        a, run = self.args, self.run
+        clauses: List[str] = []
+        if a.rooms:
+            spec = a.rooms.strip()
+            if spec.startswith("largest:"):
+                try:
+                    n = int(spec.split(":", 1)[1])
+                except ValueError:
+                    raise SystemExit(f"--rooms {spec!r}: expected largest:N") from None
+                nids = self.writer.largest_rooms(n, run.snapshot_max)
+            else:
+                ids = [r.strip() for r in spec.split(",") if r.strip()]
+                found = self.writer.room_nids(ids)
+                for room_id in ids:
+                    if room_id not in found:
+                        self.warn(f"room {room_id} is not in the database: skipped")
+                nids = sorted(set(found.values()))
+            if not nids:
+                return None
+            clauses.append("{col} IN (" + ", ".join(str(int(n)) for n in nids) + ")")
+        if run.run_id is not None and run.resumed:
+            clauses.append(self.writer.rooms_not_done_condition(run.run_id))
+        return " AND ".join(clauses)
+
+    def start_spark(self) -> Any:
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark(\..*)?")
+        spark = (
+            SparkSession.builder.appName(APP_NAME)
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("WARN")
+        return spark
+
+    # -- Spark --------------------------------------------------------------
+
+    def build_frame(self, spark: Any, lo: int, hi: int, count: int, where: str) -> Any:
+        """The per-chunk result frame (not yet computed)."""
+        a, run = self.args, self.run
+        source = JdbcSource.from_db_url(a.db)
+        parallelism = spark.sparkContext.defaultParallelism
+        read_parts = a.read_partitions or max(parallelism, min(256, -(-count // 100_000)))
+        read_parts = max(1, min(read_parts, hi - lo + 1))
+        shuffle_parts = a.shuffle_partitions or max(parallelism, min(512, -(-count // 50_000)))
+        # Joins and exchanges of this job follow the data's size, not the
+        # 200-partition default (each task costs scheduling time).
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_parts))
+        snap = int(run.snapshot_max)
+        cond = where.format(col="room_nid") if where else ""
+
+        t = time.monotonic()
+        starts, links = self.writer.chunk_layout(snap, a.chunk_groups, cond)
+        self.timings["chunk_layout"] = time.monotonic() - t
+        self.chunked_rooms = len(starts)
+        boundary_ids = sorted({prev for _, _, prev in links})
+        self.timings["boundary_groups"] = len(boundary_ids)
+
+        groups = source.read(
+            spark,
+            sql.jdbc_groups(snap, where),
+            "state_group LONG, room_nid LONG, prev_state_group LONG, chain_length LONG",
+            (lo, hi, read_parts),
+        )
+        deltas = source.read(
+            spark, sql.jdbc_deltas(snap, where), "state_group LONG, type_key_nid LONG, event_nid LONG", (lo, hi, read_parts)
+        )
+        cols = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "chain_length", "type_key_nid", "event_nid"]
+        rows = groups.join(deltas, "state_group", "left").select(
+            "room_nid", F.col("state_group").alias("sort_id"), F.lit(1).cast("long").alias("kind"), "state_group",
+            "prev_state_group", "chain_length", "type_key_nid", "event_nid",
+        )
+        if boundary_ids:
+            # (room, sort_id, boundary group): sort_id is the first group of the
+            # chunk that needs the state (0 for a room's first chunk).
+            placed = [
+                (room, 0 if chunk == 0 else starts[room][chunk - 1], prev) for room, chunk, prev in links
+            ]
+            needs = spark.createDataFrame(placed, "room_nid long, sort_id long, boundary_group long")
+            schema = "boundary_group LONG, type_key_nid LONG, event_nid LONG"
+            states = None
+            for start in range(0, len(boundary_ids), 2000):
+                part = source.read(spark, f"({full_state_sql(boundary_ids[start:start + 2000])}) AS boundary", schema)
+                states = part if states is None else states.unionByName(part)
+            boundary_rows = needs.join(states, "boundary_group").select(
+                "room_nid", "sort_id", F.lit(0).cast("long").alias("kind"), F.col("boundary_group").alias("state_group"),
+                F.lit(None).cast("long").alias("prev_state_group"), F.lit(None).cast("long").alias("chain_length"),
+                "type_key_nid", "event_nid",
+            )
+            rows = rows.select(*cols).unionByName(boundary_rows.select(*cols))
+        fault_room = None
+        if a.inject_fault_room:
+            fault_room = self.writer.room_nids([a.inject_fault_room]).get(a.inject_fault_room)
+        fn = make_room_function(
+            {
+                "strategy": a.strategy, "levels": self.levels, "max_hops": self.max_hops, "window": a.window,
+                "emit": not a.dry_run, "fault_room": fault_room, "starts": starts,
+            }
+        )
+        # Rows of a room in (sort_id, kind, id, key) order: the grouped map
+        # keeps the order of its sorted input, and the iterator form hands the
+        # room over in batches, so a worker never holds more than a chunk.
+        return (
+            rows.repartition(shuffle_parts, "room_nid")
+            .sortWithinPartitions("room_nid", "sort_id", "kind", "state_group", "type_key_nid")
+            .groupBy("room_nid")
+            .applyInArrow(fn, OUTPUT_SCHEMA)
+        )
+
+    def compute_and_write(self, spark: Any, lo: int, hi: int, count: int, where: str) -> None:
+        t = time.monotonic()
+        cond = where.format(col="room_nid") if where else ""
+        self.room_names = self.writer.room_ids_where(self.run.snapshot_max, cond)
+        self.total_rooms = self.writer.count_rooms(self.run.snapshot_max, cond)
+        result = self.build_frame(spark, lo, hi, count, where).persist(StorageLevel.MEMORY_AND_DISK)
+        chunks = result.count()
+        self.timings["read_and_plan"] = time.monotonic() - t
+        self.say(
+            f"  planned {self.total_rooms} room(s), {count:,} state groups in {chunks} chunk(s)"
+            f" ({self.chunked_rooms} room(s) chunked, {self.timings['boundary_groups']} boundary state(s)),"
+            f" {self.timings['read_and_plan']:.1f}s"
+        )
+        t = time.monotonic()
+        bar = progress_bar(chunks, "compaction", "chunk", force=self.args.progress)
+        for row in result.toLocalIterator(prefetchPartitions=True):
+            self.handle(row)
+            bar.update(1)
+        bar.close()
+        self.timings["write"] = time.monotonic() - t
+        result.unpersist()
+
+    # -- per chunk / per room -------------------------------------------------
+
+    def handle(self, row: Any) -> None:
+        """One chunk row from the executors: account, stage, and at the
+        room's last chunk decide and write."""
+        nid = row["room_nid"]
+        room = self.rooms.get(nid)
+        if room is None:
+            room = self.rooms[nid] = RoomReport(nid)
+            self.order.append(nid)
+        if row["status"] == "error":
+            room.error = row["detail"]
+        elif not room.error:
+            first, last = row["first_group"], row["last_group"]
+            done = self.run.done_chunks.get((nid, first))
+            already = done is not None and done[0] == last
+            before, after, rewritten = (done[1], done[2], done[3]) if already else (
+                row["rows_before"], row["rows_after"], row["rewritten"])
+            room.chunks += 1
+            room.state_groups += row["state_groups"]
+            room.rows_before += before
+            room.rows_after += after
+            room.rewritten += rewritten
+            room.chain_updates += row["chain_updates"]
+            room.missing += row["missing"]
+            room.mismatched += row["mismatched"]
+            room.max_depth = max(room.max_depth, row["max_depth"])
+            if row["detail"]:
+                room.detail.append(row["detail"])
+            has_changes = bool(row["rewritten"] or row["chain_updates"])
+            room.chunk_list.append(
+                ChunkRecord(first, last, before, after, rewritten, row["chain_updates"], has_changes, already)
+            )
+            if has_changes and not already and not self.args.dry_run and not room.mismatched:
+                chunk = ChunkResult(
+                    first_group=first, last_group=last, state_groups=row["state_groups"], rows_before=before,
+                    rows_after=after, rewritten=rewritten, chain_updates=row["chain_updates"],
+                    max_depth=row["max_depth"], boundary=row["boundary"], missing={}, mismatched=[],
+                    groups=np.frombuffer(row["groups_blob"], dtype="<i8").reshape(-1, 7),
+                    refs=np.frombuffer(row["refs_blob"], dtype="<i8"),
+                    deltas=np.frombuffer(row["deltas_blob"], dtype="<i8").reshape(-1, 3),
+                )
+                self.writer.stage_chunk(self.run, chunk.to_staged(nid))
+        if row["is_last"]:
+            self.finish_room(room)
+
+    def finish_room(self, room: RoomReport) -> None:
+        a, writer, run = self.args, self.writer, self.run
+        room.room_id = self.room_names.get(room.room_nid) or f"<room_nid {room.room_nid}>"
+        if room.error:
+            room.status = "error"
+            log.error("room %s: %s; left untouched", room.room_id, room.error)
+        elif room.mismatched:
+            room.status = "mismatch"
+            log.error(
+                "room %s: %d state group(s) would change state under the new representation; left untouched (%s)",
+                room.room_id, room.mismatched, "; ".join(room.detail),
+            )
+        elif not room.rewritten and not room.chain_updates:
+            room.status = "unchanged"
+        elif room.saving < a.min_saving:
+            room.status = "below_min_saving"
+        else:
+            room.status = STATUS_WOULD_WRITE if a.dry_run else STATUS_WRITTEN
+        if room.missing:
+            self.warn(
+                f"room {room.room_id}: {room.missing} state group(s) whose predecessor chain reaches a missing"
+                f" (purged) group were skipped"
+            )
+        if not a.dry_run:
+            if room.status == STATUS_WRITTEN:
+                self.swap_room(room)
+            else:
+                writer.record_room(run, room.outcome())
+        self.done += 1
+        self.rows_so_far[0] += room.rows_before
+        self.rows_so_far[1] += room.rows_after
+        # Every room that changed or failed gets a line; quiet rooms only now
+        # and then, so a server with 100,000 small rooms gets a readable log.
+        noteworthy = room.status not in ("unchanged", "below_min_saving")
+        if noteworthy or self.done % 500 == 0 or self.done == self.total_rooms:
+            self.say(
+                f"  [{self.done}/{self.total_rooms}] {room.room_id}: {room.status}, {room.rows_before:,} -> "
+                f"{room.rows_after:,} rows ({room.state_groups:,} groups, {room.chunks} chunk(s))"
+                f" | so far {self.rows_so_far[0]:,} -> {self.rows_so_far[1]:,}"
+            )
+
+    def swap_room(self, room: RoomReport) -> None:
+        writer, run = self.writer, self.run
+        todo = [c for c in room.chunk_list if c.to_swap]
+        if not todo:
+            writer.record_room(run, room.outcome())
+            return
+        for index, c in enumerate(todo):
+            last_one = index == len(todo) - 1
+            result = writer.swap_chunk(
+                run, room.room_nid, c.first_group, (c.last_group, c.rows_before, c.rows_after, c.rewritten),
+                room.outcome() if last_one else None,
+                chain_changed=c.chain_updates > 0,
+            )
+            if result.status != "swapped":
+                room.status = "changed_underneath"
+                room.detail.append(result.detail)
+                self.warn(
+                    f"room {room.room_id}: {result.detail}; skipping the rest of the room"
+                    f" ({index} of {len(todo)} chunk(s) were already swapped in and stay valid)"
+                )
+                writer.record_room(run, room.outcome())
+                break
+        if self.args.swap_delay:
+            time.sleep(self.args.swap_delay)
+
+    # -- reporting ------------------------------------------------------------
+
+    def report(self, started: float) -> None:
+        a = self.args
+        rooms = self.all_rooms()
+        totals = run_totals(rooms)
+        for line in report_lines(rooms, totals, a.dry_run, self.timings.get("total", 0), len(self.warnings)):
+            self.say(line)
+        summary = {
+            "run_id": self.run.run_id if self.run else None,
+            "resumed": bool(self.run and self.run.resumed),
+            "dry_run": a.dry_run,
+            "snapshot_max": self.run.snapshot_max if self.run else None,
+            "database": self.writer.db.engine.describe() if self.writer else None,
+            "options": self.options(),
+            "started_at": started,
+            "duration_s": round(self.timings.get("total", 0.0), 3),
+            "timings_s": {k: round(v, 3) for k, v in self.timings.items() if k != "boundary_groups"},
+            "chunked_rooms": self.chunked_rooms,
+            "boundary_groups": self.timings.get("boundary_groups", 0),
+            "totals": totals,
+            "rooms": [r.as_json() for r in rooms],
+            "warnings": self.warnings,
+        }
+        if a.summary_json:
+            write_atomic(a.summary_json, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        if a.metrics_file:
+            write_metrics(a.metrics_file, summary)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point under spark-submit: parse the job options and run."""
+    args = job_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="roomstore-compact %(levelname)s: %(message)s", force=True
+    )
+    # py4j logs every callback at INFO.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        return Driver(args).execute()
+    except SystemExit:
+        raise
+    except Exception as exc:
+        log.error("compaction failed: %s", exc)
+        traceback.print_exc()
+        return 1
+
