@@ -18,15 +18,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import attrs
 from twisted.logger import Logger
 
-from roomstore.events.persist import (
-    BatchOutcome,
-    EventPersister,
-    EventToPersist,
-    PersistedEvent,
-    is_orphan,
-    precheck_txn,
-    prepare_events,
-)
+from roomstore.events.batch import EventToPersist, PersistedEvent, is_orphan, peek_room_version, prepare_events
+from roomstore.events.caches import StoreCaches, write_cache_invalidations
+from roomstore.events.persist import BatchOutcome, EventPersister
+from roomstore.events.precheck import precheck_txn
+from roomstore.events.censor import RedactionCensor
+from roomstore.events.federation import FederationReader
+from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventReader
 from roomstore.events.timeline import PaginationResult, RecentResult, SyncResult, TimelineReader
 from roomstore.state.groups import DEFAULT_MAX_CHAIN_LENGTH, StateGroupStore
@@ -82,7 +80,7 @@ class StoreConfig:
 class RoomStore:
     """The event store. Construct with ``await RoomStore.open(url_or_database)``."""
 
-    def __init__(self, db: Database, config: StoreConfig, generators: Mapping[str, Any]):
+    def __init__(self, db: Database, config: StoreConfig, generators: Mapping[str, Any], clock: Any = None):
         self.db = db
         self.config = config
         self.instance_name = config.instance_name
@@ -93,15 +91,30 @@ class RoomStore:
         self.interners = Interners()
         self.state_groups = StateGroupStore(config.max_state_chain_length)
         self.visibility = VisibilityStore()
-        self.persister = EventPersister(self.interners, self.state_groups, self.visibility, config.instance_name)
+        #: Drives periodic jobs and bounded waits, and is "now" for the
+        #: timestamps the store writes (``RoomStore.open``'s ``clock``).
+        self.clock = clock if clock is not None else db.reactor
+        self.persister = EventPersister(
+            self.interners, self.state_groups, self.visibility, config.instance_name, self.clock
+        )
         position = self.events_stream.get_current_token()
         # Which rooms had new events, whose membership changed, since a position.
         self.room_changes = StreamChangeCache("room_events", position, config.change_cache_size)
         self.membership_changes = StreamChangeCache("user_memberships", position, config.change_cache_size)
-        #: Drives periodic jobs and bounded waits (``RoomStore.open``'s ``clock``).
-        self.clock = db.reactor
-        self.reader = EventReader(self)
-        self.timeline = TimelineReader(self)
+        self.reader = EventReader(db, self.interners, self.state_groups, self.events_stream, config.event_cache_size)
+        self.positions = ReadPositions(
+            db, self.events_stream, config.instance_name, config.token_wait_ms, self.clock
+        )
+        self.timeline = TimelineReader(
+            db, self.interners, self.positions, self.reader, self.room_changes, self.membership_changes
+        )
+        self.federation = FederationReader(db, self.interners, self.reader)
+        #: What each change drops from this process's caches (replication
+        #: applies a worker's rows through it too).
+        self.caches = StoreCaches(self.reader, self.room_changes, self.membership_changes)
+        self.censor = RedactionCensor(
+            db, self.interners, self.reader.invalidate_event, config.redaction_retention_ms, self.clock
+        )
         self._invalidation_hooks: list = []
 
     @classmethod
@@ -144,25 +157,16 @@ class RoomStore:
             if owns_db:
                 await db.close()
             raise
-        store = cls(db, config, generators)
+        store = cls(db, config, generators, clock)
         store._owns_db = owns_db
-        if clock is not None:
-            store.clock = clock
         store._writer_lock = writer_lock
         if not config.read_only:
-            await db.run_interaction("register_instance", store._register_instance_txn)
+            await db.run_interaction("register_instance", register_instance_txn, config.instance_name)
         store._censor_job = None
         if config.censor_interval_ms is not None:
-            from roomstore.events.censor import RedactionCensor
-
-            store._censor_job = RedactionCensor(store, config.censor_interval_ms, clock or db.reactor)
-            store._censor_job.start()
+            store._censor_job = store.censor
+            store._censor_job.start(config.censor_interval_ms)
         return store
-
-    def _register_instance_txn(self, txn) -> None:
-        txn.execute(
-            "INSERT INTO instances (instance_name) VALUES (?) ON CONFLICT DO NOTHING", (self.instance_name,)
-        )
 
     async def close(self) -> None:
         censor_job = getattr(self, "_censor_job", None)
@@ -234,7 +238,7 @@ class RoomStore:
             ]
             outcome: BatchOutcome = await self.db.run_interaction(
                 "persist_events", self._persist_txn, prepared, stream_ids, backfill_ids,
-                resolved_current_state, cache_stream_id, positions,
+                resolved_current_state, cache_stream_id, positions, self._now_ms(),
             )
             # Caches first, then the IDs complete: a reader woken by the new
             # position must find the change caches already knowing the batch.
@@ -260,14 +264,18 @@ class RoomStore:
                     "persist the room's create event first, or flag the event an outlier"
                 )
 
-    def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions):
-        outcome = self.persister.persist_txn(txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id)
+    def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions, now_ms):
+        outcome = self.persister.persist_txn(
+            txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, now_ms
+        )
         persist_positions_txn(txn, positions)
         return outcome
 
-    async def _known_room_versions(self, events: Sequence[EventToPersist]) -> dict[str, str]:
-        from roomstore.events.persist import peek_room_version
+    def _now_ms(self) -> int:
+        """The store clock's now, in milliseconds (the timestamps it writes)."""
+        return int(self.clock.seconds() * 1000)
 
+    async def _known_room_versions(self, events: Sequence[EventToPersist]) -> dict[str, str]:
         rooms = set()
         for ev in events:
             if isinstance(ev, EventToPersist) and ev.room_version is None:
@@ -288,14 +296,7 @@ class RoomStore:
         return known
 
     def _after_persist(self, outcome: BatchOutcome) -> None:
-        for room_id, position in outcome.room_positions.items():
-            self.room_changes.entity_has_changed(room_id, position)
-        for user_id, position in outcome.membership_users.items():
-            self.membership_changes.entity_has_changed(user_id, position)
-        if outcome.membership_users or outcome.current_state_rooms:
-            self.reader.invalidate_memberships(outcome.current_state_rooms, set(outcome.membership_users))
-        for event_id in outcome.redacted_event_ids:
-            self.reader.invalidate_event(event_id)
+        self.caches.batch_committed(outcome)
         for hook in self._invalidation_hooks:
             hook(outcome)
 
@@ -304,16 +305,12 @@ class RoomStore:
 
         Writes one row of the caches stream; returns its stream ID.
         """
-        import time
-
-        from roomstore.events.persist import write_cache_invalidations
-
         if not cache_name or any(c.isspace() for c in cache_name):
             raise ValueError(f"cache name {cache_name!r} must be a non-empty word")
         async with self.caches_stream.get_next() as stream_id:
             await self.db.run_interaction(
                 "invalidate_cache", write_cache_invalidations, stream_id, self.instance_name,
-                [(cache_name, None if keys is None else list(keys))], int(time.time() * 1000),
+                [(cache_name, None if keys is None else list(keys))], self._now_ms(),
             )
         return stream_id
 
@@ -371,12 +368,10 @@ class RoomStore:
 
     async def censor_expired_redactions(self, now_ms: int | None = None) -> int:
         """Replace the bytes of redacted events whose redaction is older than
-        ``config.redaction_retention_ms`` (at ``now_ms``, default the wall
+        ``config.redaction_retention_ms`` (at ``now_ms``, default the store's
         clock) with their pruned JSON; returns how many events were censored.
         """
-        from roomstore.events.censor import censor_expired_redactions
-
-        return await censor_expired_redactions(self, now_ms)
+        return await self.censor.censor_expired(now_ms)
 
     # --- state group deletion (honours the compaction lock)
 
@@ -490,8 +485,8 @@ class RoomStore:
             txn.execute(f"DELETE FROM state_group_deltas WHERE state_group IN ({marks})", part)
         return ("deleted", deleted, stale)
 
-    # --- timeline reads (roomstore.events.timeline)
-    # Thin async wrappers; contracts and SQL in roomstore.events.timeline.
+    # --- timeline and federation reads (roomstore.events.timeline, .federation)
+    # Thin async wrappers; contracts and SQL in those modules.
 
     async def sync(self, user_id: str, since: str | None, initial_limit: int = 10) -> SyncResult:
         """New visible events in the user's rooms since a stream token, and the
@@ -516,13 +511,13 @@ class RoomStore:
 
     async def backfill(self, room_id: str, event_ids: Sequence[str], limit: int) -> list[dict]:
         """Federation backfill from ``event_ids`` (inclusive), in topological order."""
-        return await self.timeline.backfill(room_id, event_ids, limit)
+        return await self.federation.backfill(room_id, event_ids, limit)
 
     async def get_missing_events(
         self, room_id: str, earliest_events: Sequence[str], latest_events: Sequence[str], limit: int
     ) -> list[dict]:
         """Federation missing events between ``earliest_events`` and ``latest_events``."""
-        return await self.timeline.get_missing_events(room_id, earliest_events, latest_events, limit)
+        return await self.federation.get_missing_events(room_id, earliest_events, latest_events, limit)
 
 
 def event_json_dict(raw: bytes) -> dict:

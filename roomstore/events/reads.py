@@ -11,17 +11,15 @@ them in the same room is stored.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from roomstore.events.redaction import redacted_copy
 from roomstore.events.room_versions import get_room_version
 from roomstore.events.tokens import StreamToken
-from roomstore.storage.database import Transaction
-from roomstore.storage.interning import LruCache, chunks
+from roomstore.state.groups import StateGroupNotFound, StateGroupStore
+from roomstore.storage.database import Database, Transaction
+from roomstore.storage.interning import Interners, LruCache, chunks
 from roomstore.visibility.rules import MEMBERSHIP_CODES
-
-if TYPE_CHECKING:
-    from roomstore.store import RoomStore
 
 JOIN = MEMBERSHIP_CODES["join"]
 
@@ -31,13 +29,28 @@ def _parse(raw) -> dict:
 
 
 class EventReader:
-    """Read paths of the store. Who calls it: ``RoomStore`` only."""
+    """Read paths of the store.
 
-    def __init__(self, store: "RoomStore"):
-        self.store = store
-        self.db = store.db
-        self.interners = store.interners
-        self._events = LruCache(store.config.event_cache_size)  # event_id -> dict (as served)
+    Who calls it: ``RoomStore``, the other readers for events in their
+    served form, and ``StoreCaches`` (``roomstore.events.caches``), which
+    decides what its caches drop. Collaborators: the database, the interners, the state
+    groups (state at an event) and the events stream's ID generator (the
+    current token).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        interners: Interners,
+        state_groups: StateGroupStore,
+        events_stream: Any,
+        event_cache_size: int,
+    ):
+        self.db = db
+        self.interners = interners
+        self.state_groups = state_groups
+        self.events_stream = events_stream
+        self._events = LruCache(event_cache_size)  # event_id -> dict (as served)
         self._rooms_for_user = LruCache(50_000)  # user_id -> frozenset of joined room ids
         # Bumped by every invalidation: a read whose transaction began before
         # an invalidation may have seen the old rows, so it must not fill the
@@ -51,14 +64,16 @@ class EventReader:
         self._events_generation += 1
         self._events.pop(event_id)
 
-    def invalidate_memberships(self, room_ids: Iterable[str], user_ids: Iterable[str]) -> None:
+    def invalidate_rooms_for_users(self, user_ids: Iterable[str]) -> None:
         self._memberships_generation += 1
         for user_id in user_ids:
             self._rooms_for_user.pop(user_id)
-        if room_ids:
-            # A current-state change can change anybody's rooms (e.g. a
-            # resolved state); such batches are rare enough to drop it all.
-            self._rooms_for_user.clear()
+
+    def invalidate_all_memberships(self) -> None:
+        # A current-state change can change anybody's rooms (e.g. a resolved
+        # state); such batches are rare enough to drop it all.
+        self._memberships_generation += 1
+        self._rooms_for_user.clear()
 
     def invalidate_all(self) -> None:
         self._events_generation += 1
@@ -175,8 +190,6 @@ class EventReader:
         return {keys[k]: events[e] for k, e in state.items()}
 
     def state_ids_txn(self, txn: Transaction, event_id: str, before: bool, types) -> dict[tuple[str, str], str]:
-        from roomstore.state.groups import StateGroupNotFound
-
         nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
         row = None if nid is None else txn.execute(
             "SELECT state_group_before, state_group, outlier, room_nid FROM events WHERE event_nid = ?", (nid,)
@@ -189,9 +202,9 @@ class EventReader:
         group = group_before if before else group_after
         keys = self._key_filter(txn, room_nid, types)
         if keys is None:
-            state = self.store.state_groups.get_state(txn, group)
+            state = self.state_groups.get_state(txn, group)
         else:
-            state = self.store.state_groups.get_state_filtered(txn, group, keys)
+            state = self.state_groups.get_state_filtered(txn, group, keys)
         return self._named_state(txn, state)
 
     def current_state_txn(self, txn: Transaction, room_id: str, types) -> dict[tuple[str, str], str]:
@@ -249,4 +262,4 @@ class EventReader:
 
     def current_token(self) -> StreamToken:
         """The position every read 'up to now' stops at."""
-        return StreamToken.create(self.store.events_stream.get_current_token(), {})
+        return StreamToken.create(self.events_stream.get_current_token(), {})

@@ -27,7 +27,7 @@ def page_plan_txn(txn, store: RoomStore, room_id: str, start, direction: str) ->
     timeline = store.timeline
     try:
         timeline._paginate_txn(txn, room_id, timeline._cached_viewer(VIEWER), start, None, direction, 10,
-                               timeline._per_writer(timeline._now()))
+                               timeline.positions.per_writer(timeline.positions.now()))
     finally:
         txn.execute = execute
     sql, args = captured[-1]
