@@ -38,6 +38,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 
 from roomstore.events.redaction import prune_event_dict
+from roomstore.events.redactions import due_for_censoring_txn, mark_censored_txn
 from roomstore.events.room_versions import get_room_version
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners
@@ -47,17 +48,6 @@ log = Logger()
 #: Redactions handled per transaction: bounds how long one transaction holds
 #: its rows, and how many event bytes it has in memory.
 BATCH_SIZE = 100
-
-_DUE_SQL = """
-SELECT r.redaction_event_nid, r.redacts_event_nid, j.room_version, j.json, j.censored
-FROM redactions AS r
-JOIN events AS red ON red.event_nid = r.redaction_event_nid
-JOIN events AS target ON target.event_nid = r.redacts_event_nid AND target.room_nid = red.room_nid
-JOIN event_json AS j ON j.event_nid = r.redacts_event_nid
-WHERE r.have_censored = ? AND r.received_ts < ? AND target.redacted = ?
-ORDER BY r.received_ts, r.redaction_event_nid
-LIMIT ?
-"""
 
 
 def pruned_json_bytes(room_version: str, raw: bytes) -> bytes:
@@ -80,7 +70,7 @@ def censor_batch_txn(
     marked. ``invalidate_event(event_id)`` runs after commit for each
     rewritten event (the event cache).
     """
-    rows = txn.execute(_DUE_SQL, (False, cutoff_ts, True, limit)).fetchall()
+    rows = due_for_censoring_txn(txn, cutoff_ts, limit)
     rewritten: dict[int, None] = {}
     for redaction_nid, target_nid, room_version, raw, censored in rows:
         if not censored and target_nid not in rewritten:
@@ -89,7 +79,7 @@ def censor_batch_txn(
                 (pruned_json_bytes(room_version, raw), True, target_nid),
             )
             rewritten[target_nid] = None
-        txn.execute("UPDATE redactions SET have_censored = ? WHERE redaction_event_nid = ?", (True, redaction_nid))
+        mark_censored_txn(txn, redaction_nid)
     if rewritten:
         event_ids = interners.events.resolve(txn, list(rewritten))
         for event_id in event_ids.values():

@@ -31,6 +31,7 @@ from roomstore.events.batch import (
 )
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import update_current_state, update_extremities
+from roomstore.events.redactions import insert_redactions, unflagged_targets_txn
 from roomstore.events.validation import InvalidEventError
 from roomstore.state.groups import StateGroupStore, StateGroupWrites
 from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_states
@@ -456,9 +457,7 @@ class _BatchWriter:
             membership_rows,
             queue=True,
         )
-        txn.insert_many(
-            "redactions", ("redaction_event_nid", "redacts_event_nid", "received_ts"), redaction_rows, queue=True
-        )
+        insert_redactions(txn, redaction_rows)
         redacted_targets = self.flag_redactions([nid[ev.event_id] for ev in new_events], [r[0] for r in redaction_rows])
 
         rooms_touched = {room_nids[ev.pdu.room_id] for ev in new_events if not ev.outlier}
@@ -575,27 +574,13 @@ class _BatchWriter:
         """Set ``events.redacted`` where both the event and a redaction of it
         in the same room are stored, whichever arrived first."""
         txn = self.txn
-        targets: set[int] = set()
-        sql_tail = (
-            " FROM redactions AS r JOIN events AS red ON red.event_nid = r.redaction_event_nid"
-            " JOIN events AS target ON target.event_nid = r.redacts_event_nid AND target.room_nid = red.room_nid"
-        )
         # A pair is flagged by the batch holding the later of its two events:
         # new events as targets of any redaction (never so for a fresh nid,
         # unless its redaction is in this batch too: found by the second
         # search), and this batch's redactions of any target.
-        searches = (
-            ("r.redacts_event_nid", [n for n in new_event_nids if n not in self.fresh_nids]),
-            ("r.redaction_event_nid", list(new_redaction_nids)),
-        )
-        for column, nids in searches:
-            for part in chunks(nids):
-                marks = ", ".join("?" for _ in part)
-                rows = txn.execute(
-                    f"SELECT r.redacts_event_nid{sql_tail} WHERE {column} IN ({marks}) AND target.redacted = ?",
-                    (*part, False),
-                ).fetchall()
-                targets.update(r[0] for r in rows)
+        targets = unflagged_targets_txn(
+            txn, "redacts_event_nid", [n for n in new_event_nids if n not in self.fresh_nids]
+        ) | unflagged_targets_txn(txn, "redaction_event_nid", new_redaction_nids)
         for part in chunks(sorted(targets)):
             marks = ", ".join("?" for _ in part)
             txn.queue(f"UPDATE events SET redacted = ? WHERE event_nid IN ({marks})", (True, *part))

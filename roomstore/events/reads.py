@@ -14,6 +14,7 @@ import json
 from typing import Any, Iterable, Mapping, Sequence
 
 from roomstore.events.redaction import redacted_copy
+from roomstore.events.redactions import redactions_of_txn
 from roomstore.events.room_versions import get_room_version
 from roomstore.events.tokens import StreamToken
 from roomstore.state.groups import StateGroupNotFound, StateGroupStore
@@ -126,29 +127,18 @@ class EventReader:
         return result
 
     def _apply_redactions(self, txn, result, by_nid, redacted: Mapping[int, str]) -> None:
-        for part in chunks(sorted(redacted)):
-            marks = ", ".join("?" for _ in part)
-            rows = txn.execute(
-                "SELECT r.redacts_event_nid, j.json, i.event_id FROM redactions AS r"
-                " JOIN event_json AS j ON j.event_nid = r.redaction_event_nid"
-                " JOIN event_ids AS i ON i.event_nid = r.redaction_event_nid"
-                " JOIN events AS red ON red.event_nid = r.redaction_event_nid"
-                " JOIN events AS target ON target.event_nid = r.redacts_event_nid AND target.room_nid = red.room_nid"
-                f" WHERE r.redacts_event_nid IN ({marks}) ORDER BY red.stream_ordering",
-                list(part),
-            ).fetchall()
-            done = set()
-            for target, raw, redaction_id in rows:
-                if target in done:
-                    continue  # the first redaction is the one reported
-                done.add(target)
-                event_id = by_nid[target]
-                redaction = _parse(raw)
-                redaction.setdefault("event_id", redaction_id)
-                version = get_room_version(redacted[target])
-                pruned = redacted_copy(result[event_id], version, redaction)
-                pruned.setdefault("event_id", event_id)
-                result[event_id] = pruned
+        done = set()
+        for target, raw, redaction_id in redactions_of_txn(txn, list(redacted)):
+            if target in done:
+                continue  # the first redaction is the one reported
+            done.add(target)
+            event_id = by_nid[target]
+            redaction = _parse(raw)
+            redaction.setdefault("event_id", redaction_id)
+            version = get_room_version(redacted[target])
+            pruned = redacted_copy(result[event_id], version, redaction)
+            pruned.setdefault("event_id", event_id)
+            result[event_id] = pruned
 
     def json_bytes_txn(self, txn: Transaction, event_id: str) -> bytes | None:
         nid = self.interners.events.lookup(txn, [event_id]).get(event_id)

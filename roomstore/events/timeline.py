@@ -44,6 +44,7 @@ import attrs
 from roomstore.events.read_positions import ReadPositions
 from roomstore.events.reads import EventReader
 from roomstore.events.redaction import redacted_copy
+from roomstore.events.redactions import first_redaction_sql
 from roomstore.events.room_versions import get_room_version
 from roomstore.events.tokens import InvalidToken, StreamToken, TopologicalToken
 from roomstore.storage.database import Database, Transaction
@@ -145,23 +146,11 @@ class PaginationResult:
 # ---------------------------------------------------------------------- SQL pieces
 
 
-def _redaction_sql(column: str) -> str:
-    """A scalar subquery: ``column`` of the first stored redaction of ``e`` in
-    its room (by stream order), the one ``EventReader`` reports."""
-    return f"""CASE WHEN e.redacted THEN (
-        SELECT {column} FROM redactions AS rd
-        JOIN events AS red ON red.event_nid = rd.redaction_event_nid AND red.room_nid = e.room_nid
-        JOIN event_json AS rj ON rj.event_nid = rd.redaction_event_nid
-        JOIN event_ids AS ri ON ri.event_nid = rd.redaction_event_nid
-        WHERE rd.redacts_event_nid = e.event_nid
-        ORDER BY red.stream_ordering LIMIT 1) END"""
-
-
 #: The columns ``_event_from_row`` takes, over ``e`` joined by ``EVENT_JOINS``.
 EVENT_COLUMNS = f"""e.event_nid AS event_nid, i.event_id AS event_id, r.room_id AS room_id,
     e.topological_ordering AS topo, e.stream_ordering AS stream, j.room_version AS room_version,
     j.json AS json, e.redacted AS redacted,
-    {_redaction_sql("rj.json")} AS redaction_json, {_redaction_sql("ri.event_id")} AS redaction_id"""
+    {first_redaction_sql("rj.json")} AS redaction_json, {first_redaction_sql("ri.event_id")} AS redaction_id"""
 EVENT_COLUMN_COUNT = 10
 EVENT_JOINS = """JOIN event_json AS j ON j.event_nid = e.event_nid
     JOIN event_ids AS i ON i.event_nid = e.event_nid
