@@ -12,25 +12,33 @@ offers async methods. Everything that touches the database runs through
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from roomstore.events.batch import EventToPersist, PersistedEvent, is_orphan, peek_room_version, prepare_events
 from roomstore.events.caches import StoreCaches, write_cache_invalidations
-from roomstore.events.persist import BatchOutcome, EventPersister
-from roomstore.events.precheck import precheck_txn
 from roomstore.events.censor import RedactionCensor
 from roomstore.events.federation import FederationReader
+from roomstore.events.persist import BatchOutcome, EventPersister
+from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventReader
 from roomstore.events.timeline import PaginationResult, RecentResult, SyncResult, TimelineReader
-from roomstore.state.groups import DEFAULT_MAX_CHAIN_LENGTH, StateGroupStore
+from roomstore.events.validation import InvalidEventError
+from roomstore.state.groups import (
+    COMPACTION_LOCK_NAME,
+    COMPACTION_LOCK_TIMEOUT_S,
+    DEFAULT_MAX_CHAIN_LENGTH,
+    StateGroupStore,
+    delete_state_groups_txn,
+)
 from roomstore.storage.database import Database
 from roomstore.storage.interning import Interners, split_cached
-from roomstore.streams.builtin import open_builtin_generators
+from roomstore.storage.writer_lock import WriterLock
+from roomstore.streams.builtin import BUILTIN_STREAMS, open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.id_generators import persist_positions_txn, reserve_together
 from roomstore.visibility.snapshots import VisibilityStore
@@ -72,8 +80,6 @@ class StoreConfig:
         """Whether this process is a writer of any built-in stream."""
         if self.read_only:
             return False
-        from roomstore.streams.builtin import BUILTIN_STREAMS
-
         return any(self.instance_name in self.stream_writers.get(name, [self.instance_name]) for name in BUILTIN_STREAMS)
 
 
@@ -129,7 +135,8 @@ class RoomStore:
         """Open (and migrate) the database, recover stream positions.
 
         ``clock`` drives periodic jobs and the wait for a token ahead of this
-        process (default: the database's reactor).
+        process, and is "now" for the timestamps the store writes (default:
+        the database's reactor).
         ``create=False``: a database URL naming a SQLite file that does not
         exist raises ``DatabaseConfigError`` instead of creating it.
         """
@@ -144,8 +151,6 @@ class RoomStore:
             if config.writes_anything():
                 # Before anything is written or recovered: recovery assumes
                 # no other live process is this instance.
-                from roomstore.storage.writer_lock import WriterLock
-
                 writer_lock = await WriterLock.acquire(db, config.instance_name)
             await db.prepare()
             generators = await open_builtin_generators(
@@ -249,8 +254,6 @@ class RoomStore:
         """``InvalidEventError`` for a live non-create event without prev
         events in a room that has no create event (stored or in the batch):
         it would start a room without one. Outliers may."""
-        from roomstore.events.validation import InvalidEventError
-
         created = {ev.pdu.room_id for ev in prepared if ev.pdu.type == "m.room.create" and ev.pdu.state_key == ""}
         orphans = [ev for ev in prepared if is_orphan(ev) and ev.pdu.room_id not in created]
         rooms = sorted({ev.pdu.room_id for ev in orphans} - set(known_versions))
@@ -375,13 +378,9 @@ class RoomStore:
 
     # --- state group deletion (honours the compaction lock)
 
-    #: The ``maintenance_locks`` row the offline compaction job holds while it
-    #: runs (``roomstore.compaction.writer.LOCK_NAME``; the store never imports
-    #: the compaction package, so the name is repeated here).
-    COMPACTION_LOCK_NAME = "state_compaction"
-    #: A compaction lock whose heartbeat is older than this many seconds is
-    #: taken to be left behind by a dead job and ignored (with a warning).
-    COMPACTION_LOCK_TIMEOUT_S = 600.0
+    #: The compaction job's lock and its staleness (``roomstore.state.groups``).
+    COMPACTION_LOCK_NAME = COMPACTION_LOCK_NAME
+    COMPACTION_LOCK_TIMEOUT_S = COMPACTION_LOCK_TIMEOUT_S
 
     async def delete_state_groups(
         self,
@@ -406,17 +405,15 @@ class RoomStore:
         state changes. The caller (a purge) is responsible for nothing else
         referring to the deleted groups (events, ``rooms.current_state_group``).
         """
-        from twisted.internet.task import deferLater
-
         ids = sorted({int(g) for g in group_ids})
         if not ids:
             return 0
         timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
-        reactor = clock or self.db.reactor
+        reactor = clock or self.clock
         waiting_logged = False
         while True:
             outcome = await self.db.run_interaction(
-                "delete_state_groups", self._delete_state_groups_txn, ids, timeout_s
+                "delete_state_groups", delete_state_groups_txn, self.state_groups, ids, timeout_s, self._now_ms()
             )
             if outcome[0] == "locked":
                 if not waiting_logged:
@@ -437,53 +434,6 @@ class RoomStore:
             for group in ids:
                 self.state_groups.forget(group)
             return deleted
-
-    def _delete_state_groups_txn(self, txn, ids: list[int], timeout_s: float) -> tuple:
-        import time
-
-        from roomstore.storage.interning import chunks
-
-        row = txn.execute(
-            "SELECT holder, acquired_ts, heartbeat_ts FROM maintenance_locks WHERE lock_name = ?",
-            (self.COMPACTION_LOCK_NAME,),
-        ).fetchone()
-        stale = None
-        if row is not None:
-            holder, acquired_ts, heartbeat_ts = row
-            age_s = (time.time() * 1000 - (heartbeat_ts if heartbeat_ts is not None else acquired_ts)) / 1000
-            if age_s <= timeout_s:
-                return ("locked", holder, age_s)
-            stale = (holder, age_s)
-        doomed = set(ids)
-        children: list[int] = []
-        for part in chunks(ids):
-            marks = ", ".join("?" for _ in part)
-            children += [
-                r[0]
-                for r in txn.execute(
-                    f"SELECT state_group FROM state_groups WHERE prev_state_group IN ({marks})", part
-                ).fetchall()
-                if r[0] not in doomed
-            ]
-        # Full states first (they read through the doomed groups), then rewrite.
-        states = {child: self.state_groups.get_state(txn, child) for child in sorted(set(children))}
-        for child, state in states.items():
-            txn.execute("DELETE FROM state_group_deltas WHERE state_group = ?", (child,))
-            txn.insert_many(
-                "state_group_deltas", ("state_group", "type_key_nid", "event_nid"),
-                [(child, key, event) for key, event in sorted(state.items())],
-            )
-            txn.execute(
-                "UPDATE state_groups SET prev_state_group = NULL, chain_length = 0 WHERE state_group = ?", (child,)
-            )
-        deleted = 0
-        for part in chunks(ids):
-            marks = ", ".join("?" for _ in part)
-            # The group rows first: that takes their row locks before anything else.
-            txn.execute(f"DELETE FROM state_groups WHERE state_group IN ({marks})", part)
-            deleted += txn.rowcount
-            txn.execute(f"DELETE FROM state_group_deltas WHERE state_group IN ({marks})", part)
-        return ("deleted", deleted, stale)
 
     # --- timeline and federation reads (roomstore.events.timeline, .federation)
     # Thin async wrappers; contracts and SQL in those modules.
@@ -518,7 +468,3 @@ class RoomStore:
     ) -> list[dict]:
         """Federation missing events between ``earliest_events`` and ``latest_events``."""
         return await self.federation.get_missing_events(room_id, earliest_events, latest_events, limit)
-
-
-def event_json_dict(raw: bytes) -> dict:
-    return json.loads(bytes(raw).decode("utf-8"))

@@ -33,7 +33,7 @@ from roomstore.events.caches import batch_invalidations, write_cache_invalidatio
 from roomstore.events.current_state import update_current_state, update_extremities
 from roomstore.events.redactions import insert_redactions, unflagged_targets_txn
 from roomstore.events.validation import InvalidEventError
-from roomstore.state.groups import StateGroupStore, StateGroupWrites
+from roomstore.state.groups import StateGroupStore, StateGroupWrites, group_facts_txn
 from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_states
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners, LruCache, chunks, split_cached
@@ -164,14 +164,7 @@ class _BatchWriter:
         facts = self.stored_groups.get(group)
         if facts is None:
             # With its snapshot's facts, which the next snapshot derives from.
-            row = self.txn.execute(
-                "SELECT g.visibility_snapshot, g.chain_length, s.branch_nid, s.seq, s.history_visibility, b.tip_seq"
-                " FROM state_groups AS g"
-                " LEFT JOIN visibility_snapshots AS s ON s.snapshot_nid = g.visibility_snapshot"
-                " LEFT JOIN visibility_branches AS b ON b.branch_nid = s.branch_nid"
-                " WHERE g.state_group = ?",
-                (group,),
-            ).fetchone()
+            row = group_facts_txn(self.txn, group)
             if row is None:
                 raise MissingStateError(f"state group {group} does not exist")
             facts = self.stored_groups[group] = (row[0], row[1])
