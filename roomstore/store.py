@@ -25,7 +25,7 @@ from roomstore.events.federation import FederationReader
 from roomstore.events.persist import BatchOutcome, EventPersister
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
-from roomstore.events.reads import EventReader
+from roomstore.events.reads import EventReader, room_versions_txn
 from roomstore.events.timeline import PaginationResult, RecentResult, SyncResult, TimelineReader
 from roomstore.events.validation import InvalidEventError
 from roomstore.state.groups import (
@@ -292,7 +292,7 @@ class RoomStore:
         cache = self.persister.room_versions
         known, unknown = split_cached(cache, room_ids)
         if unknown:
-            found = await self.db.run_interaction("room_versions", self.reader.room_versions_txn, unknown)
+            found = await self.db.run_interaction("room_versions", room_versions_txn, unknown)
             for room_id, version in found.items():
                 cache.set(room_id, version)
             known.update(found)

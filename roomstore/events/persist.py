@@ -31,6 +31,7 @@ from roomstore.events.batch import (
 )
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import update_current_state, update_extremities
+from roomstore.events.reads import room_versions_txn
 from roomstore.events.redactions import insert_redactions, unflagged_targets_txn
 from roomstore.events.validation import InvalidEventError
 from roomstore.state.groups import StateGroupStore, StateGroupWrites, group_facts_txn
@@ -497,12 +498,8 @@ class _BatchWriter:
     def check_room_versions(self, events: Sequence[PreparedEvent], room_nids: Mapping[str, int]) -> None:
         cache = self.p.room_versions
         versions, unknown = split_cached(cache, room_nids)
-        for part in chunks(unknown):
-            marks = ", ".join("?" for _ in part)
-            found = dict(self.txn.execute(
-                f"SELECT room_id, room_version FROM rooms WHERE room_id IN ({marks}) AND room_version IS NOT NULL",
-                list(part),
-            ).fetchall())
+        if unknown:
+            found = room_versions_txn(self.txn, unknown)
             versions.update(found)
             self.txn.call_after(_remember_all, cache, found)
         for ev in events:

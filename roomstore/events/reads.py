@@ -29,6 +29,19 @@ def _parse(raw) -> dict:
     return json.loads(bytes(raw).decode("utf-8"))
 
 
+def room_versions_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, str]:
+    """room_id -> version of the rooms among ``room_ids`` with a stored create event."""
+    result = {}
+    for part in chunks(list(room_ids)):
+        marks = ", ".join("?" for _ in part)
+        for room_id, version in txn.execute(
+            f"SELECT room_id, room_version FROM rooms WHERE room_id IN ({marks}) AND room_version IS NOT NULL",
+            list(part),
+        ).fetchall():
+            result[room_id] = version
+    return result
+
+
 class EventReader:
     """Read paths of the store.
 
@@ -146,17 +159,6 @@ class EventReader:
             return None
         raw = txn.select_one_value("SELECT json FROM event_json WHERE event_nid = ?", (nid,))
         return None if raw is None else bytes(raw)
-
-    def room_versions_txn(self, txn: Transaction, room_ids: Sequence[str]) -> dict[str, str]:
-        result = {}
-        for part in chunks(list(room_ids)):
-            marks = ", ".join("?" for _ in part)
-            for room_id, version in txn.execute(
-                f"SELECT room_id, room_version FROM rooms WHERE room_id IN ({marks}) AND room_version IS NOT NULL",
-                list(part),
-            ).fetchall():
-                result[room_id] = version
-        return result
 
     # ------------------------------------------------------------------ state
 
