@@ -27,15 +27,18 @@ __all__ = [
 ]
 
 
-def same_room_redactions(r: str = "r", red: str = "red", target: str = "target") -> str:
+def same_room_redactions(r: str = "r", red: str = "red", target: str = "target", outer_target: bool = False) -> str:
     """FROM-clause text: the rows ``r`` of ``redactions`` joined to their
     redaction event ``red`` and their target ``target`` (both ``events``),
-    where the two are in the same room. The aliases are the caller's."""
-    return (
-        f"redactions AS {r}"
-        f" JOIN events AS {red} ON {red}.event_nid = {r}.redaction_event_nid"
-        f" JOIN events AS {target} ON {target}.event_nid = {r}.redacts_event_nid AND {target}.room_nid = {red}.room_nid"
-    )
+    where the two are in the same room. The aliases are the caller's.
+
+    ``outer_target``: ``target`` is already in scope (the row of an outer
+    query a correlated subquery is about), so it is not joined again."""
+    join = f"redactions AS {r} JOIN events AS {red} ON {red}.event_nid = {r}.redaction_event_nid"
+    same_room = f"{target}.event_nid = {r}.redacts_event_nid AND {target}.room_nid = {red}.room_nid"
+    if outer_target:
+        return f"{join} AND {same_room}"
+    return f"{join} JOIN events AS {target} ON {same_room}"
 
 
 def first_redaction_sql(column: str, of: str = "e") -> str:
@@ -44,10 +47,9 @@ def first_redaction_sql(column: str, of: str = "e") -> str:
     redaction of the redacted event ``of`` in its room, by stream order (the
     one ``EventReader`` reports); NULL unless ``of.redacted``."""
     return f"""CASE WHEN {of}.redacted THEN (
-        SELECT {column} FROM {same_room_redactions("rd", "red", "tg")}
+        SELECT {column} FROM {same_room_redactions("rd", "red", of, outer_target=True)}
         JOIN event_json AS rj ON rj.event_nid = rd.redaction_event_nid
         JOIN event_ids AS ri ON ri.event_nid = rd.redaction_event_nid
-        WHERE tg.event_nid = {of}.event_nid
         ORDER BY red.stream_ordering LIMIT 1) END"""
 
 
