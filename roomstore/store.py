@@ -119,7 +119,7 @@ class RoomStore:
         #: applies a worker's rows through it too).
         self.caches = StoreCaches(self.reader, self.room_changes, self.membership_changes)
         self.censor = RedactionCensor(
-            db, self.interners, self.reader.invalidate_event, config.redaction_retention_ms, self.clock
+            db, self.interners, self.caches.event_changed, config.redaction_retention_ms, self.clock
         )
         self._invalidation_hooks: list = []
 

@@ -92,7 +92,7 @@ class RedactionCensor:
     on demand (``censor_expired``) or every ``interval_ms`` (``start``).
 
     Collaborators: the database, the interners, ``invalidate_event`` (drops
-    an event from the event cache), the retention
+    an event from the event cache: ``StoreCaches.event_changed``), the retention
     (``StoreConfig.redaction_retention_ms``) and ``clock``: anything with
     ``seconds()`` and ``callLater`` (the reactor, or a
     ``twisted.internet.task.Clock`` in tests); "now" is ``clock.seconds()``.
