@@ -102,12 +102,7 @@ class RedactionCensor:
     """
 
     def __init__(
-        self,
-        db: Database,
-        interners: Interners,
-        invalidate_event: Callable[[str], None],
-        retention_ms: int,
-        clock: Any,
+        self, db: Database, interners: Interners, invalidate_event: Callable[[str], None], retention_ms: int, clock: Any
     ):
         self.db = db
         self.interners = interners

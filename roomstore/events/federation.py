@@ -24,17 +24,17 @@ from roomstore.storage.interning import Interners, chunks
 __all__ = ["FederationReader"]
 
 
+@attrs.frozen
 class FederationReader:
     """Backfill and missing events; see the module docstring.
 
-    Collaborators: the database, the interners (room and event nids) and
-    the event reader (the served form of the events found).
+    Its fields are its collaborators: the database, the interners (room and
+    event nids) and the event reader (the served form of the events found).
     """
 
-    def __init__(self, db: Database, interners: Interners, events: EventReader):
-        self.db = db
-        self.interners = interners
-        self.events = events
+    db: Database
+    interners: Interners
+    events: EventReader
 
     async def backfill(self, room_id: str, event_ids: Sequence[str], limit: int) -> list[dict]:
         """Up to ``limit`` events of ``room_id`` from ``event_ids`` (inclusive)

@@ -218,30 +218,23 @@ class _Viewer:
 # ---------------------------------------------------------------------- the reader
 
 
+@attrs.frozen
 class TimelineReader:
     """Timeline reads; see the module docstring.
 
-    Collaborators: the database, the interners (the viewer's nids), the
-    read positions (tokens of now, the check of a client's token), the event
-    reader (the user's joined rooms) and the change caches of rooms and of
-    users' memberships (sync's "nothing changed" answer).
+    Its fields are its collaborators: the database, the interners (the
+    viewer's nids), the read positions (tokens of now, the check of a
+    client's token), the event reader (the user's joined rooms) and the
+    change caches of rooms and of users' memberships (sync's "nothing
+    changed" answer).
     """
 
-    def __init__(
-        self,
-        db: Database,
-        interners: Interners,
-        positions: ReadPositions,
-        events: EventReader,
-        room_changes: StreamChangeCache,
-        membership_changes: StreamChangeCache,
-    ):
-        self.db = db
-        self.interners = interners
-        self.positions = positions
-        self.events = events
-        self.room_changes = room_changes
-        self.membership_changes = membership_changes
+    db: Database
+    interners: Interners
+    positions: ReadPositions
+    events: EventReader
+    room_changes: StreamChangeCache
+    membership_changes: StreamChangeCache
 
     # ------------------------------------------------------------------ users
 
