@@ -33,9 +33,17 @@ def same_room_redactions(r: str = "r", red: str = "red", target: str = "target",
     where the two are in the same room. The aliases are the caller's.
 
     ``outer_target``: ``target`` is already in scope (the row of an outer
-    query a correlated subquery is about), so it is not joined again."""
+    query a correlated subquery is about), so it is not joined again.
+
+    The room test is written ``+red.room_nid`` (a numeric no-op on both
+    engines) so that no index on ``events.room_nid`` serves it: a redaction
+    is found from its target (``redactions_redacts``), then checked to be in
+    the room. Given the room as a constant (a correlated subquery), both
+    engines otherwise walked the room's events in stream order looking for
+    the first redaction of the target: a walk of the room per redacted event
+    served (bench/redacted_reads.py)."""
     join = f"redactions AS {r} JOIN events AS {red} ON {red}.event_nid = {r}.redaction_event_nid"
-    same_room = f"{target}.event_nid = {r}.redacts_event_nid AND {target}.room_nid = {red}.room_nid"
+    same_room = f"{target}.event_nid = {r}.redacts_event_nid AND {target}.room_nid = +{red}.room_nid"
     if outer_target:
         return f"{join} AND {same_room}"
     return f"{join} JOIN events AS {target} ON {same_room}"
