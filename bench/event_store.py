@@ -55,7 +55,7 @@ sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(_
 from twisted.internet import defer, task
 
 from bench._common import bench_databases, print_table
-from roomstore.events.persist import prepare_events
+from roomstore.events.batch import prepare_events
 from roomstore.store import RoomStore, StoreConfig
 from roomstore.storage.interning import chunks
 from tests.store.builder import RoomBuilder, fake_event_id

@@ -31,8 +31,9 @@ from twisted.internet import defer, task
 
 from bench._common import bench_databases, print_table
 from roomstore.cli import SAMPLE_PATH, import_file
-from roomstore.events import persist
-from roomstore.events.persist import EventToPersist, stored_results_txn
+from roomstore.events import precheck
+from roomstore.events.persist import EventToPersist
+from roomstore.events.precheck import stored_results_txn
 from roomstore.sample import RoomGraphBuilder
 from roomstore.store import RoomStore
 
@@ -102,8 +103,8 @@ class TrialCounter:
 
     def __init__(self):
         self.batches = self.trials = 0
-        self._may_fail = persist.may_fail_txn
-        persist.may_fail_txn = self
+        self._may_fail = precheck.may_fail_txn
+        precheck.may_fail_txn = self
 
     def __call__(self, *args):
         self.batches += 1
@@ -143,7 +144,7 @@ async def main(reactor, argv: list[str]) -> None:
             await import_file(store, SAMPLE_PATH)
         finally:
             await store.close()
-            persist.may_fail_txn = counter._may_fail
+            precheck.may_fail_txn = counter._may_fail
         trials = f"{counter.trials} of {counter.batches} prechecked batches"
     print(f"events/s through persist_events: linear room of {args.events} events in batches of 100;"
           f" the bundled sample through the importer. Medians of {args.runs} runs")

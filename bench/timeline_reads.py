@@ -160,7 +160,8 @@ def explain_txn(txn, store, user_id):
 
     txn.execute = execute
     timeline = store.timeline
-    timeline._recent_txn(txn, timeline._cached_viewer(user_id), 20, 10, None, timeline._per_writer(timeline._now()))
+    now = timeline.positions.per_writer(timeline.positions.now())
+    timeline._recent_txn(txn, timeline._cached_viewer(user_id), 20, 10, None, now)
     txn.execute = original
     sql, args = captured[0]
     prefix = "EXPLAIN QUERY PLAN " if txn.engine.name == "sqlite" else "EXPLAIN "

@@ -12,27 +12,33 @@ offers async methods. Everything that touches the database runs through
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from roomstore.events.persist import (
-    BatchOutcome,
-    EventPersister,
-    EventToPersist,
-    PersistedEvent,
-    is_orphan,
-    precheck_txn,
-    prepare_events,
-)
-from roomstore.events.reads import EventReader
+from roomstore.events.batch import EventToPersist, PersistedEvent, is_orphan, peek_room_version, prepare_events
+from roomstore.events.caches import StoreCaches, write_cache_invalidations
+from roomstore.events.censor import RedactionCensor
+from roomstore.events.federation import FederationReader
+from roomstore.events.persist import BatchOutcome, EventPersister
+from roomstore.events.precheck import precheck_txn
+from roomstore.events.read_positions import ReadPositions, register_instance_txn
+from roomstore.events.reads import EventReader, room_versions_txn
 from roomstore.events.timeline import PaginationResult, RecentResult, SyncResult, TimelineReader
-from roomstore.state.groups import DEFAULT_MAX_CHAIN_LENGTH, StateGroupStore
+from roomstore.events.validation import InvalidEventError
+from roomstore.state.groups import (
+    COMPACTION_LOCK_NAME,
+    COMPACTION_LOCK_TIMEOUT_S,
+    DEFAULT_MAX_CHAIN_LENGTH,
+    StateGroupStore,
+    delete_state_groups_txn,
+)
 from roomstore.storage.database import Database
 from roomstore.storage.interning import Interners, split_cached
-from roomstore.streams.builtin import open_builtin_generators
+from roomstore.storage.writer_lock import WriterLock
+from roomstore.streams.builtin import BUILTIN_STREAMS, open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.id_generators import persist_positions_txn, reserve_together
 from roomstore.visibility.snapshots import VisibilityStore
@@ -74,15 +80,13 @@ class StoreConfig:
         """Whether this process is a writer of any built-in stream."""
         if self.read_only:
             return False
-        from roomstore.streams.builtin import BUILTIN_STREAMS
-
         return any(self.instance_name in self.stream_writers.get(name, [self.instance_name]) for name in BUILTIN_STREAMS)
 
 
 class RoomStore:
     """The event store. Construct with ``await RoomStore.open(url_or_database)``."""
 
-    def __init__(self, db: Database, config: StoreConfig, generators: Mapping[str, Any]):
+    def __init__(self, db: Database, config: StoreConfig, generators: Mapping[str, Any], clock: Any = None):
         self.db = db
         self.config = config
         self.instance_name = config.instance_name
@@ -93,15 +97,30 @@ class RoomStore:
         self.interners = Interners()
         self.state_groups = StateGroupStore(config.max_state_chain_length)
         self.visibility = VisibilityStore()
-        self.persister = EventPersister(self.interners, self.state_groups, self.visibility, config.instance_name)
+        #: Drives periodic jobs and bounded waits, and is "now" for the
+        #: timestamps the store writes (``RoomStore.open``'s ``clock``).
+        self.clock = clock if clock is not None else db.reactor
+        self.persister = EventPersister(
+            self.interners, self.state_groups, self.visibility, config.instance_name, self.clock
+        )
         position = self.events_stream.get_current_token()
         # Which rooms had new events, whose membership changed, since a position.
         self.room_changes = StreamChangeCache("room_events", position, config.change_cache_size)
         self.membership_changes = StreamChangeCache("user_memberships", position, config.change_cache_size)
-        #: Drives periodic jobs and bounded waits (``RoomStore.open``'s ``clock``).
-        self.clock = db.reactor
-        self.reader = EventReader(self)
-        self.timeline = TimelineReader(self)
+        self.reader = EventReader(db, self.interners, self.state_groups, self.events_stream, config.event_cache_size)
+        self.positions = ReadPositions(
+            db, self.events_stream, config.instance_name, config.token_wait_ms, self.clock
+        )
+        self.timeline = TimelineReader(
+            db, self.interners, self.positions, self.reader, self.room_changes, self.membership_changes
+        )
+        self.federation = FederationReader(db, self.interners, self.reader)
+        #: What each change drops from this process's caches (replication
+        #: applies a worker's rows through it too).
+        self.caches = StoreCaches(self.reader, self.room_changes, self.membership_changes)
+        self.censor = RedactionCensor(
+            db, self.interners, self.caches.event_changed, config.redaction_retention_ms, self.clock
+        )
         self._invalidation_hooks: list = []
 
     @classmethod
@@ -116,7 +135,8 @@ class RoomStore:
         """Open (and migrate) the database, recover stream positions.
 
         ``clock`` drives periodic jobs and the wait for a token ahead of this
-        process (default: the database's reactor).
+        process, and is "now" for the timestamps the store writes (default:
+        the database's reactor).
         ``create=False``: a database URL naming a SQLite file that does not
         exist raises ``DatabaseConfigError`` instead of creating it.
         """
@@ -131,8 +151,6 @@ class RoomStore:
             if config.writes_anything():
                 # Before anything is written or recovered: recovery assumes
                 # no other live process is this instance.
-                from roomstore.storage.writer_lock import WriterLock
-
                 writer_lock = await WriterLock.acquire(db, config.instance_name)
             await db.prepare()
             generators = await open_builtin_generators(
@@ -144,25 +162,16 @@ class RoomStore:
             if owns_db:
                 await db.close()
             raise
-        store = cls(db, config, generators)
+        store = cls(db, config, generators, clock)
         store._owns_db = owns_db
-        if clock is not None:
-            store.clock = clock
         store._writer_lock = writer_lock
         if not config.read_only:
-            await db.run_interaction("register_instance", store._register_instance_txn)
+            await db.run_interaction("register_instance", register_instance_txn, config.instance_name)
         store._censor_job = None
         if config.censor_interval_ms is not None:
-            from roomstore.events.censor import RedactionCensor
-
-            store._censor_job = RedactionCensor(store, config.censor_interval_ms, clock or db.reactor)
-            store._censor_job.start()
+            store._censor_job = store.censor
+            store._censor_job.start(config.censor_interval_ms)
         return store
-
-    def _register_instance_txn(self, txn) -> None:
-        txn.execute(
-            "INSERT INTO instances (instance_name) VALUES (?) ON CONFLICT DO NOTHING", (self.instance_name,)
-        )
 
     async def close(self) -> None:
         censor_job = getattr(self, "_censor_job", None)
@@ -234,7 +243,7 @@ class RoomStore:
             ]
             outcome: BatchOutcome = await self.db.run_interaction(
                 "persist_events", self._persist_txn, prepared, stream_ids, backfill_ids,
-                resolved_current_state, cache_stream_id, positions,
+                resolved_current_state, cache_stream_id, positions, self._now_ms(),
             )
             # Caches first, then the IDs complete: a reader woken by the new
             # position must find the change caches already knowing the batch.
@@ -245,8 +254,6 @@ class RoomStore:
         """``InvalidEventError`` for a live non-create event without prev
         events in a room that has no create event (stored or in the batch):
         it would start a room without one. Outliers may."""
-        from roomstore.events.validation import InvalidEventError
-
         created = {ev.pdu.room_id for ev in prepared if ev.pdu.type == "m.room.create" and ev.pdu.state_key == ""}
         orphans = [ev for ev in prepared if is_orphan(ev) and ev.pdu.room_id not in created]
         rooms = sorted({ev.pdu.room_id for ev in orphans} - set(known_versions))
@@ -260,14 +267,18 @@ class RoomStore:
                     "persist the room's create event first, or flag the event an outlier"
                 )
 
-    def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions):
-        outcome = self.persister.persist_txn(txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id)
+    def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions, now_ms):
+        outcome = self.persister.persist_txn(
+            txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, now_ms
+        )
         persist_positions_txn(txn, positions)
         return outcome
 
-    async def _known_room_versions(self, events: Sequence[EventToPersist]) -> dict[str, str]:
-        from roomstore.events.persist import peek_room_version
+    def _now_ms(self) -> int:
+        """The store clock's now, in milliseconds (the timestamps it writes)."""
+        return int(self.clock.seconds() * 1000)
 
+    async def _known_room_versions(self, events: Sequence[EventToPersist]) -> dict[str, str]:
         rooms = set()
         for ev in events:
             if isinstance(ev, EventToPersist) and ev.room_version is None:
@@ -281,21 +292,14 @@ class RoomStore:
         cache = self.persister.room_versions
         known, unknown = split_cached(cache, room_ids)
         if unknown:
-            found = await self.db.run_interaction("room_versions", self.reader.room_versions_txn, unknown)
+            found = await self.db.run_interaction("room_versions", room_versions_txn, unknown)
             for room_id, version in found.items():
                 cache.set(room_id, version)
             known.update(found)
         return known
 
     def _after_persist(self, outcome: BatchOutcome) -> None:
-        for room_id, position in outcome.room_positions.items():
-            self.room_changes.entity_has_changed(room_id, position)
-        for user_id, position in outcome.membership_users.items():
-            self.membership_changes.entity_has_changed(user_id, position)
-        if outcome.membership_users or outcome.current_state_rooms:
-            self.reader.invalidate_memberships(outcome.current_state_rooms, set(outcome.membership_users))
-        for event_id in outcome.redacted_event_ids:
-            self.reader.invalidate_event(event_id)
+        self.caches.batch_committed(outcome)
         for hook in self._invalidation_hooks:
             hook(outcome)
 
@@ -304,16 +308,12 @@ class RoomStore:
 
         Writes one row of the caches stream; returns its stream ID.
         """
-        import time
-
-        from roomstore.events.persist import write_cache_invalidations
-
         if not cache_name or any(c.isspace() for c in cache_name):
             raise ValueError(f"cache name {cache_name!r} must be a non-empty word")
         async with self.caches_stream.get_next() as stream_id:
             await self.db.run_interaction(
                 "invalidate_cache", write_cache_invalidations, stream_id, self.instance_name,
-                [(cache_name, None if keys is None else list(keys))], int(time.time() * 1000),
+                [(cache_name, None if keys is None else list(keys))], self._now_ms(),
             )
         return stream_id
 
@@ -371,22 +371,16 @@ class RoomStore:
 
     async def censor_expired_redactions(self, now_ms: int | None = None) -> int:
         """Replace the bytes of redacted events whose redaction is older than
-        ``config.redaction_retention_ms`` (at ``now_ms``, default the wall
+        ``config.redaction_retention_ms`` (at ``now_ms``, default the store's
         clock) with their pruned JSON; returns how many events were censored.
         """
-        from roomstore.events.censor import censor_expired_redactions
-
-        return await censor_expired_redactions(self, now_ms)
+        return await self.censor.censor_expired(now_ms)
 
     # --- state group deletion (honours the compaction lock)
 
-    #: The ``maintenance_locks`` row the offline compaction job holds while it
-    #: runs (``roomstore.compaction.writer.LOCK_NAME``; the store never imports
-    #: the compaction package, so the name is repeated here).
-    COMPACTION_LOCK_NAME = "state_compaction"
-    #: A compaction lock whose heartbeat is older than this many seconds is
-    #: taken to be left behind by a dead job and ignored (with a warning).
-    COMPACTION_LOCK_TIMEOUT_S = 600.0
+    #: The compaction job's lock and its staleness (``roomstore.state.groups``).
+    COMPACTION_LOCK_NAME = COMPACTION_LOCK_NAME
+    COMPACTION_LOCK_TIMEOUT_S = COMPACTION_LOCK_TIMEOUT_S
 
     async def delete_state_groups(
         self,
@@ -411,17 +405,15 @@ class RoomStore:
         state changes. The caller (a purge) is responsible for nothing else
         referring to the deleted groups (events, ``rooms.current_state_group``).
         """
-        from twisted.internet.task import deferLater
-
         ids = sorted({int(g) for g in group_ids})
         if not ids:
             return 0
         timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
-        reactor = clock or self.db.reactor
+        reactor = clock or self.clock
         waiting_logged = False
         while True:
             outcome = await self.db.run_interaction(
-                "delete_state_groups", self._delete_state_groups_txn, ids, timeout_s
+                "delete_state_groups", delete_state_groups_txn, self.state_groups, ids, timeout_s, self._now_ms()
             )
             if outcome[0] == "locked":
                 if not waiting_logged:
@@ -443,55 +435,8 @@ class RoomStore:
                 self.state_groups.forget(group)
             return deleted
 
-    def _delete_state_groups_txn(self, txn, ids: list[int], timeout_s: float) -> tuple:
-        import time
-
-        from roomstore.storage.interning import chunks
-
-        row = txn.execute(
-            "SELECT holder, acquired_ts, heartbeat_ts FROM maintenance_locks WHERE lock_name = ?",
-            (self.COMPACTION_LOCK_NAME,),
-        ).fetchone()
-        stale = None
-        if row is not None:
-            holder, acquired_ts, heartbeat_ts = row
-            age_s = (time.time() * 1000 - (heartbeat_ts if heartbeat_ts is not None else acquired_ts)) / 1000
-            if age_s <= timeout_s:
-                return ("locked", holder, age_s)
-            stale = (holder, age_s)
-        doomed = set(ids)
-        children: list[int] = []
-        for part in chunks(ids):
-            marks = ", ".join("?" for _ in part)
-            children += [
-                r[0]
-                for r in txn.execute(
-                    f"SELECT state_group FROM state_groups WHERE prev_state_group IN ({marks})", part
-                ).fetchall()
-                if r[0] not in doomed
-            ]
-        # Full states first (they read through the doomed groups), then rewrite.
-        states = {child: self.state_groups.get_state(txn, child) for child in sorted(set(children))}
-        for child, state in states.items():
-            txn.execute("DELETE FROM state_group_deltas WHERE state_group = ?", (child,))
-            txn.insert_many(
-                "state_group_deltas", ("state_group", "type_key_nid", "event_nid"),
-                [(child, key, event) for key, event in sorted(state.items())],
-            )
-            txn.execute(
-                "UPDATE state_groups SET prev_state_group = NULL, chain_length = 0 WHERE state_group = ?", (child,)
-            )
-        deleted = 0
-        for part in chunks(ids):
-            marks = ", ".join("?" for _ in part)
-            # The group rows first: that takes their row locks before anything else.
-            txn.execute(f"DELETE FROM state_groups WHERE state_group IN ({marks})", part)
-            deleted += txn.rowcount
-            txn.execute(f"DELETE FROM state_group_deltas WHERE state_group IN ({marks})", part)
-        return ("deleted", deleted, stale)
-
-    # --- timeline reads (roomstore.events.timeline)
-    # Thin async wrappers; contracts and SQL in roomstore.events.timeline.
+    # --- timeline and federation reads (roomstore.events.timeline, .federation)
+    # Thin async wrappers; contracts and SQL in those modules.
 
     async def sync(self, user_id: str, since: str | None, initial_limit: int = 10) -> SyncResult:
         """New visible events in the user's rooms since a stream token, and the
@@ -516,14 +461,10 @@ class RoomStore:
 
     async def backfill(self, room_id: str, event_ids: Sequence[str], limit: int) -> list[dict]:
         """Federation backfill from ``event_ids`` (inclusive), in topological order."""
-        return await self.timeline.backfill(room_id, event_ids, limit)
+        return await self.federation.backfill(room_id, event_ids, limit)
 
     async def get_missing_events(
         self, room_id: str, earliest_events: Sequence[str], latest_events: Sequence[str], limit: int
     ) -> list[dict]:
         """Federation missing events between ``earliest_events`` and ``latest_events``."""
-        return await self.timeline.get_missing_events(room_id, earliest_events, latest_events, limit)
-
-
-def event_json_dict(raw: bytes) -> dict:
-    return json.loads(bytes(raw).decode("utf-8"))
+        return await self.federation.get_missing_events(room_id, earliest_events, latest_events, limit)

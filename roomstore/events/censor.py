@@ -23,44 +23,31 @@ What counts, and why:
   target may still arrive); the selection joins on the target, so they never
   hold back due rows behind them.
 
-Who calls it: ``RoomStore.censor_expired_redactions`` (on demand) and
-``RedactionCensor``, the periodic job ``RoomStore.open`` starts when
-``StoreConfig.censor_interval_ms`` is set.
+Who calls it: ``RoomStore.censor_expired_redactions`` (on demand) and the
+periodic job ``RoomStore.open`` starts when ``StoreConfig.censor_interval_ms``
+is set, both through the store's ``RedactionCensor``.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from canonicaljson import encode_canonical_json
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
 from roomstore.events.redaction import prune_event_dict
+from roomstore.events.redactions import due_for_censoring_txn, mark_censored_txn
 from roomstore.events.room_versions import get_room_version
-from roomstore.storage.database import Transaction
-
-if TYPE_CHECKING:
-    from roomstore.store import RoomStore
+from roomstore.storage.database import Database, Transaction
+from roomstore.storage.interning import Interners
 
 log = Logger()
 
 #: Redactions handled per transaction: bounds how long one transaction holds
 #: its rows, and how many event bytes it has in memory.
 BATCH_SIZE = 100
-
-_DUE_SQL = """
-SELECT r.redaction_event_nid, r.redacts_event_nid, j.room_version, j.json, j.censored
-FROM redactions AS r
-JOIN events AS red ON red.event_nid = r.redaction_event_nid
-JOIN events AS target ON target.event_nid = r.redacts_event_nid AND target.room_nid = red.room_nid
-JOIN event_json AS j ON j.event_nid = r.redacts_event_nid
-WHERE r.have_censored = ? AND r.received_ts < ? AND target.redacted = ?
-ORDER BY r.received_ts, r.redaction_event_nid
-LIMIT ?
-"""
 
 
 def pruned_json_bytes(room_version: str, raw: bytes) -> bytes:
@@ -69,14 +56,21 @@ def pruned_json_bytes(room_version: str, raw: bytes) -> bytes:
     return encode_canonical_json(prune_event_dict(get_room_version(room_version), event))
 
 
-def censor_batch_txn(txn: Transaction, store: "RoomStore", cutoff_ts: int, limit: int = BATCH_SIZE) -> tuple[int, int]:
+def censor_batch_txn(
+    txn: Transaction,
+    interners: Interners,
+    invalidate_event: Callable[[str], None],
+    cutoff_ts: int,
+    limit: int = BATCH_SIZE,
+) -> tuple[int, int]:
     """Censor the targets of up to ``limit`` due redactions (received before ``cutoff_ts``).
 
     Returns (redactions handled, events whose bytes were replaced). An event
     redacted several times is rewritten once; its later redactions are only
-    marked. The event cache is invalidated after commit.
+    marked. ``invalidate_event(event_id)`` runs after commit for each
+    rewritten event (the event cache).
     """
-    rows = txn.execute(_DUE_SQL, (False, cutoff_ts, True, limit)).fetchall()
+    rows = due_for_censoring_txn(txn, cutoff_ts, limit)
     rewritten: dict[int, None] = {}
     for redaction_nid, target_nid, room_version, raw, censored in rows:
         if not censored and target_nid not in rewritten:
@@ -85,60 +79,70 @@ def censor_batch_txn(txn: Transaction, store: "RoomStore", cutoff_ts: int, limit
                 (pruned_json_bytes(room_version, raw), True, target_nid),
             )
             rewritten[target_nid] = None
-        txn.execute("UPDATE redactions SET have_censored = ? WHERE redaction_event_nid = ?", (True, redaction_nid))
+        mark_censored_txn(txn, redaction_nid)
     if rewritten:
-        event_ids = store.interners.events.resolve(txn, list(rewritten))
+        event_ids = interners.events.resolve(txn, list(rewritten))
         for event_id in event_ids.values():
-            txn.call_after(store.reader.invalidate_event, event_id)
+            txn.call_after(invalidate_event, event_id)
     return len(rows), len(rewritten)
 
 
-async def censor_expired_redactions(store: "RoomStore", now_ms: int | None = None) -> int:
-    """Censor every redacted event whose redaction is older than the retention.
-
-    ``now_ms`` defaults to the wall clock (``redactions.received_ts`` is wall
-    clock time too). Runs in transactions of ``BATCH_SIZE`` redactions until
-    none is due; returns the number of events censored.
-    """
-    if now_ms is None:
-        now_ms = int(time.time() * 1000)
-    cutoff = now_ms - store.config.redaction_retention_ms
-    total = 0
-    while True:
-        handled, censored = await store.db.run_interaction(
-            "censor_expired_redactions", censor_batch_txn, store, cutoff, BATCH_SIZE
-        )
-        total += censored
-        if handled < BATCH_SIZE:
-            return total
-
-
 class RedactionCensor:
-    """Runs ``censor_expired_redactions`` every ``interval_ms`` on ``clock``.
+    """Censors redacted events whose redaction is older than the retention,
+    on demand (``censor_expired``) or every ``interval_ms`` (``start``).
 
-    ``clock`` is anything with ``seconds()`` and ``callLater`` (the reactor,
-    or a ``twisted.internet.task.Clock`` in tests); "now" is
-    ``clock.seconds()``. A failed run is logged and the next one still
-    happens. ``stop()`` waits for a run in progress, so the store can close
-    its database after it.
+    Collaborators: the database, the interners, ``invalidate_event`` (drops
+    an event from the event cache: ``StoreCaches.event_changed``), the retention
+    (``StoreConfig.redaction_retention_ms``) and ``clock``: anything with
+    ``seconds()`` and ``callLater`` (the reactor, or a
+    ``twisted.internet.task.Clock`` in tests); "now" is ``clock.seconds()``.
+    The periodic job logs a failed run and still runs the next one;
+    ``stop()`` waits for a run in progress, so the store can close its
+    database after it.
     """
 
-    def __init__(self, store: "RoomStore", interval_ms: int, clock: Any):
-        if interval_ms <= 0:
-            raise ValueError("censor_interval_ms must be positive")
-        self.store = store
-        self.interval_ms = interval_ms
+    def __init__(
+        self, db: Database, interners: Interners, invalidate_event: Callable[[str], None], retention_ms: int, clock: Any
+    ):
+        self.db = db
+        self.interners = interners
+        self.invalidate_event = invalidate_event
+        self.retention_ms = retention_ms
         self.clock = clock
+        self.interval_ms: int | None = None
         self.runs = 0
         self.censored = 0
         self._loop = task.LoopingCall(self._run)
         self._loop.clock = clock
         self._in_progress: defer.Deferred | None = None
 
-    def start(self) -> None:
-        # now=False: the first run waits one interval, so opening a store
-        # does not start with a database scan.
-        self._loop.start(self.interval_ms / 1000, now=False)
+    async def censor_expired(self, now_ms: int | None = None) -> int:
+        """Censor every redacted event whose redaction is older than the retention.
+
+        ``now_ms`` defaults to the clock's now (``redactions.received_ts``
+        comes from the same clock). Runs in transactions of ``BATCH_SIZE``
+        redactions until none is due; returns the number of events censored.
+        """
+        if now_ms is None:
+            now_ms = int(self.clock.seconds() * 1000)
+        cutoff = now_ms - self.retention_ms
+        total = 0
+        while True:
+            handled, censored = await self.db.run_interaction(
+                "censor_expired_redactions", censor_batch_txn, self.interners, self.invalidate_event, cutoff,
+                BATCH_SIZE,
+            )
+            total += censored
+            if handled < BATCH_SIZE:
+                return total
+
+    def start(self, interval_ms: int) -> None:
+        """Run every ``interval_ms``; the first run waits one interval, so
+        opening a store does not start with a database scan."""
+        if interval_ms <= 0:
+            raise ValueError("censor_interval_ms must be positive")
+        self.interval_ms = interval_ms
+        self._loop.start(interval_ms / 1000, now=False)
 
     async def stop(self) -> None:
         if self._loop.running:
@@ -166,7 +170,7 @@ class RedactionCensor:
     async def run_once(self) -> int:
         """One run at the clock's now; returns the number censored (0 on failure)."""
         try:
-            count = await censor_expired_redactions(self.store, int(self.clock.seconds() * 1000))
+            count = await self.censor_expired()
         except Exception:
             log.failure("censoring expired redactions failed; trying again in {interval} ms", interval=self.interval_ms)
             return 0

@@ -11,17 +11,16 @@ them in the same room is stored.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from roomstore.events.redaction import redacted_copy
+from roomstore.events.redactions import redactions_of_txn
 from roomstore.events.room_versions import get_room_version
 from roomstore.events.tokens import StreamToken
-from roomstore.storage.database import Transaction
-from roomstore.storage.interning import LruCache, chunks
+from roomstore.state.groups import StateGroupNotFound, StateGroupStore
+from roomstore.storage.database import Database, Transaction
+from roomstore.storage.interning import Interners, LruCache, chunks
 from roomstore.visibility.rules import MEMBERSHIP_CODES
-
-if TYPE_CHECKING:
-    from roomstore.store import RoomStore
 
 JOIN = MEMBERSHIP_CODES["join"]
 
@@ -30,14 +29,42 @@ def _parse(raw) -> dict:
     return json.loads(bytes(raw).decode("utf-8"))
 
 
-class EventReader:
-    """Read paths of the store. Who calls it: ``RoomStore`` only."""
+def room_versions_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, str]:
+    """room_id -> version of the rooms among ``room_ids`` with a stored create event."""
+    result = {}
+    for part in chunks(list(room_ids)):
+        marks = ", ".join("?" for _ in part)
+        for room_id, version in txn.execute(
+            f"SELECT room_id, room_version FROM rooms WHERE room_id IN ({marks}) AND room_version IS NOT NULL",
+            list(part),
+        ).fetchall():
+            result[room_id] = version
+    return result
 
-    def __init__(self, store: "RoomStore"):
-        self.store = store
-        self.db = store.db
-        self.interners = store.interners
-        self._events = LruCache(store.config.event_cache_size)  # event_id -> dict (as served)
+
+class EventReader:
+    """Read paths of the store.
+
+    Who calls it: ``RoomStore``, the other readers for events in their
+    served form, and ``StoreCaches`` (``roomstore.events.caches``), which
+    decides what its caches drop. Collaborators: the database, the interners, the state
+    groups (state at an event) and the events stream's ID generator (the
+    current token).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        interners: Interners,
+        state_groups: StateGroupStore,
+        events_stream: Any,
+        event_cache_size: int,
+    ):
+        self.db = db
+        self.interners = interners
+        self.state_groups = state_groups
+        self.events_stream = events_stream
+        self._events = LruCache(event_cache_size)  # event_id -> dict (as served)
         self._rooms_for_user = LruCache(50_000)  # user_id -> frozenset of joined room ids
         # Bumped by every invalidation: a read whose transaction began before
         # an invalidation may have seen the old rows, so it must not fill the
@@ -51,14 +78,16 @@ class EventReader:
         self._events_generation += 1
         self._events.pop(event_id)
 
-    def invalidate_memberships(self, room_ids: Iterable[str], user_ids: Iterable[str]) -> None:
+    def invalidate_rooms_for_users(self, user_ids: Iterable[str]) -> None:
         self._memberships_generation += 1
         for user_id in user_ids:
             self._rooms_for_user.pop(user_id)
-        if room_ids:
-            # A current-state change can change anybody's rooms (e.g. a
-            # resolved state); such batches are rare enough to drop it all.
-            self._rooms_for_user.clear()
+
+    def invalidate_all_memberships(self) -> None:
+        # A current-state change can change anybody's rooms (e.g. a resolved
+        # state); such batches are rare enough to drop it all.
+        self._memberships_generation += 1
+        self._rooms_for_user.clear()
 
     def invalidate_all(self) -> None:
         self._events_generation += 1
@@ -111,29 +140,18 @@ class EventReader:
         return result
 
     def _apply_redactions(self, txn, result, by_nid, redacted: Mapping[int, str]) -> None:
-        for part in chunks(sorted(redacted)):
-            marks = ", ".join("?" for _ in part)
-            rows = txn.execute(
-                "SELECT r.redacts_event_nid, j.json, i.event_id FROM redactions AS r"
-                " JOIN event_json AS j ON j.event_nid = r.redaction_event_nid"
-                " JOIN event_ids AS i ON i.event_nid = r.redaction_event_nid"
-                " JOIN events AS red ON red.event_nid = r.redaction_event_nid"
-                " JOIN events AS target ON target.event_nid = r.redacts_event_nid AND target.room_nid = red.room_nid"
-                f" WHERE r.redacts_event_nid IN ({marks}) ORDER BY red.stream_ordering",
-                list(part),
-            ).fetchall()
-            done = set()
-            for target, raw, redaction_id in rows:
-                if target in done:
-                    continue  # the first redaction is the one reported
-                done.add(target)
-                event_id = by_nid[target]
-                redaction = _parse(raw)
-                redaction.setdefault("event_id", redaction_id)
-                version = get_room_version(redacted[target])
-                pruned = redacted_copy(result[event_id], version, redaction)
-                pruned.setdefault("event_id", event_id)
-                result[event_id] = pruned
+        done = set()
+        for target, raw, redaction_id in redactions_of_txn(txn, list(redacted)):
+            if target in done:
+                continue  # the first redaction is the one reported
+            done.add(target)
+            event_id = by_nid[target]
+            redaction = _parse(raw)
+            redaction.setdefault("event_id", redaction_id)
+            version = get_room_version(redacted[target])
+            pruned = redacted_copy(result[event_id], version, redaction)
+            pruned.setdefault("event_id", event_id)
+            result[event_id] = pruned
 
     def json_bytes_txn(self, txn: Transaction, event_id: str) -> bytes | None:
         nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
@@ -141,17 +159,6 @@ class EventReader:
             return None
         raw = txn.select_one_value("SELECT json FROM event_json WHERE event_nid = ?", (nid,))
         return None if raw is None else bytes(raw)
-
-    def room_versions_txn(self, txn: Transaction, room_ids: Sequence[str]) -> dict[str, str]:
-        result = {}
-        for part in chunks(list(room_ids)):
-            marks = ", ".join("?" for _ in part)
-            for room_id, version in txn.execute(
-                f"SELECT room_id, room_version FROM rooms WHERE room_id IN ({marks}) AND room_version IS NOT NULL",
-                list(part),
-            ).fetchall():
-                result[room_id] = version
-        return result
 
     # ------------------------------------------------------------------ state
 
@@ -175,8 +182,6 @@ class EventReader:
         return {keys[k]: events[e] for k, e in state.items()}
 
     def state_ids_txn(self, txn: Transaction, event_id: str, before: bool, types) -> dict[tuple[str, str], str]:
-        from roomstore.state.groups import StateGroupNotFound
-
         nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
         row = None if nid is None else txn.execute(
             "SELECT state_group_before, state_group, outlier, room_nid FROM events WHERE event_nid = ?", (nid,)
@@ -189,9 +194,9 @@ class EventReader:
         group = group_before if before else group_after
         keys = self._key_filter(txn, room_nid, types)
         if keys is None:
-            state = self.store.state_groups.get_state(txn, group)
+            state = self.state_groups.get_state(txn, group)
         else:
-            state = self.store.state_groups.get_state_filtered(txn, group, keys)
+            state = self.state_groups.get_state_filtered(txn, group, keys)
         return self._named_state(txn, state)
 
     def current_state_txn(self, txn: Transaction, room_id: str, types) -> dict[tuple[str, str], str]:
@@ -249,4 +254,4 @@ class EventReader:
 
     def current_token(self) -> StreamToken:
         """The position every read 'up to now' stops at."""
-        return StreamToken.create(self.store.events_stream.get_current_token(), {})
+        return StreamToken.create(self.events_stream.get_current_token(), {})

@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 from typing import Iterable, Mapping
 
-import attr
+import attrs
 
 __all__ = [
     "EventIdFormat",
@@ -89,7 +89,7 @@ _TOP_LEVEL_KEYS_V11 = frozenset(
 _TOP_LEVEL_KEYS_V1 = _TOP_LEVEL_KEYS_V11 | {"prev_state", "origin", "membership"}
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=True)
+@attrs.frozen(order=True)  # as attr.s: ordered by its fields
 class RoomVersion:
     """The attributes of one room version that storage code needs.
 

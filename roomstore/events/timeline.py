@@ -1,8 +1,9 @@
-"""Timeline reads: sync, recent, pagination, visibility checks, federation walks.
+"""Timeline reads: sync, recent, pagination, visibility checks.
 
-``TimelineReader`` serves the reads a client or a remote server makes of a
-room's timeline. Every read is one ``run_interaction``; the SQL uses ``?``
-placeholders and bound parameters only. Events come back as dicts, exactly as
+``TimelineReader`` serves the reads a client makes of a room's timeline
+(the federation walks are ``roomstore.events.federation``). Every read is
+one ``run_interaction``; the SQL uses ``?`` placeholders and bound
+parameters only. Events come back as dicts, exactly as
 ``EventReader.events_txn`` returns them: parsed from the stored bytes,
 ``event_id`` added where the room version's PDUs lack it, and pruned (with
 ``unsigned.redacted_because``) when a redaction of them in the same room is
@@ -19,8 +20,8 @@ Orders and tokens (see ``roomstore.events.tokens``):
 * *stream order* (``events.stream_ordering``) is arrival order; sync and
   recent use it. A stream token ``s<n>`` / ``m<min>~<id>.<pos>...`` is a
   position in it, per writer instance; "now" is the events stream
-  generator's per-writer positions, so an event whose stream ID is reserved
-  but not yet complete is never served.
+  generator's per-writer positions (``roomstore.events.read_positions``), so
+  an event whose stream ID is reserved but not yet complete is never served.
 * *topological order* is ``(topological_ordering, stream_ordering)``;
   pagination uses it. A token ``t<topo>-<stream>`` is the position just after
   the event key ``(topo, stream)``: going backwards from it yields keys at or
@@ -28,36 +29,29 @@ Orders and tokens (see ``roomstore.events.tokens``):
   (stream orderings are), so ``(topo, stream - 1)`` is the position just
   before ``(topo, stream)``: pages neither repeat nor skip events.
 
-Federation reads (``backfill``, ``get_missing_events``) are server to server:
-no user visibility filter. They walk the prev-event graph of stored,
-non-outlier events of the room only (an outlier's prev events are not part
-of the room graph we hold); rejected events are walked through, so their
-ancestors are reached, but never returned (as Synapse does for backfill).
-
 Who calls it: ``RoomStore``'s thin wrappers (``sync``, ``recent``,
-``paginate``, ``is_visible``, ``backfill``, ``get_missing_events``).
+``paginate``, ``is_visible``).
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import re
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import attrs
-from twisted.internet import defer
 
+from roomstore.events.read_positions import ReadPositions
+from roomstore.events.reads import EventReader
 from roomstore.events.redaction import redacted_copy
+from roomstore.events.redactions import first_redaction_sql
 from roomstore.events.room_versions import get_room_version
 from roomstore.events.tokens import InvalidToken, StreamToken, TopologicalToken
-from roomstore.storage.database import Transaction
-from roomstore.storage.interning import chunks
+from roomstore.storage.database import Database, Transaction
+from roomstore.storage.interning import Interners
+from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.visibility.rules import MEMBERSHIP_CODES
 from roomstore.visibility.snapshots import visible_params, visible_sql
-
-if TYPE_CHECKING:
-    from roomstore.store import RoomStore
 
 __all__ = ["InvalidToken", "PaginationResult", "RecentResult", "SyncResult", "TimelineReader"]
 
@@ -152,23 +146,11 @@ class PaginationResult:
 # ---------------------------------------------------------------------- SQL pieces
 
 
-def _redaction_sql(column: str) -> str:
-    """A scalar subquery: ``column`` of the first stored redaction of ``e`` in
-    its room (by stream order), the one ``EventReader`` reports."""
-    return f"""CASE WHEN e.redacted THEN (
-        SELECT {column} FROM redactions AS rd
-        JOIN events AS red ON red.event_nid = rd.redaction_event_nid AND red.room_nid = e.room_nid
-        JOIN event_json AS rj ON rj.event_nid = rd.redaction_event_nid
-        JOIN event_ids AS ri ON ri.event_nid = rd.redaction_event_nid
-        WHERE rd.redacts_event_nid = e.event_nid
-        ORDER BY red.stream_ordering LIMIT 1) END"""
-
-
 #: The columns ``_event_from_row`` takes, over ``e`` joined by ``EVENT_JOINS``.
 EVENT_COLUMNS = f"""e.event_nid AS event_nid, i.event_id AS event_id, r.room_id AS room_id,
     e.topological_ordering AS topo, e.stream_ordering AS stream, j.room_version AS room_version,
     j.json AS json, e.redacted AS redacted,
-    {_redaction_sql("rj.json")} AS redaction_json, {_redaction_sql("ri.event_id")} AS redaction_id"""
+    {first_redaction_sql("rj.json")} AS redaction_json, {first_redaction_sql("ri.event_id")} AS redaction_id"""
 EVENT_COLUMN_COUNT = 10
 EVENT_JOINS = """JOIN event_json AS j ON j.event_nid = e.event_nid
     JOIN event_ids AS i ON i.event_nid = e.event_nid
@@ -236,118 +218,23 @@ class _Viewer:
 # ---------------------------------------------------------------------- the reader
 
 
+@attrs.frozen
 class TimelineReader:
-    """Timeline and federation reads; see the module docstring."""
+    """Timeline reads; see the module docstring.
 
-    def __init__(self, store: "RoomStore"):
-        self.store = store
-        self.db = store.db
-        self.interners = store.interners
-        # instance_name <-> instance_id of the `instances` table, as stream
-        # tokens carry ids. Rows are never changed or deleted, so the map
-        # only grows; it is reloaded when a name or id is missing.
-        self._instance_ids: dict[str, int] = {}
-        self._instance_names: dict[int, str] = {}
+    Its fields are its collaborators: the database, the interners (the
+    viewer's nids), the read positions (tokens of now, the check of a
+    client's token), the event reader (the user's joined rooms) and the
+    change caches of rooms and of users' memberships (sync's "nothing
+    changed" answer).
+    """
 
-    # ------------------------------------------------------------------ tokens
-
-    async def _ensure_instances(self, token: StreamToken | None = None) -> None:
-        """Load the instances map when a writer ahead of the linear position,
-        or an instance named by ``token``, is not in it (no query otherwise).
-
-        Raises ``InvalidToken`` for an instance id no instance has.
-        """
-        positions = self.store.events_stream.get_positions()
-        linear = min(positions.values())
-        wanted_names = [n for n, p in positions.items() if p > linear and n not in self._instance_ids]
-        wanted_ids = [] if token is None else [
-            i for i, _ in token.instance_positions if i not in self._instance_names
-        ]
-        if wanted_names or wanted_ids:
-            rows = await self.db.run_interaction(
-                "timeline_instances",
-                lambda txn: txn.execute("SELECT instance_id, instance_name FROM instances").fetchall(),
-            )
-            for instance_id, name in rows:
-                self._instance_ids[name] = instance_id
-                self._instance_names[instance_id] = name
-        unknown = [] if token is None else [i for i, _ in token.instance_positions if i not in self._instance_names]
-        if unknown:
-            raise InvalidToken(f"token {token.to_string()!r} names unknown writer instance id(s) {unknown}")
-
-    def _now(self) -> StreamToken:
-        """The position reads stop at: every writer's completed position.
-
-        A writer without an instance id (it never registered, which a writer
-        ahead of the others cannot be after ``_ensure_instances``) is
-        represented at the minimum: the token then promises no more of it.
-        """
-        positions = self.store.events_stream.get_positions()
-        linear = min(positions.values())
-        ahead = {
-            self._instance_ids[name]: pos for name, pos in positions.items()
-            if pos > linear and name in self._instance_ids
-        }
-        return StreamToken.create(linear, ahead)
-
-    def _per_writer(self, token: StreamToken) -> tuple[int, dict[str, int]]:
-        """(default position, instance name -> position) of a token."""
-        return token.stream, {self._instance_names[i]: p for i, p in token.instance_positions}
-
-    async def _reached(self, token: StreamToken | TopologicalToken) -> None:
-        """Return once this process's positions reach ``token``'s.
-
-        A token ahead of them was not handed out by this stream, unless this
-        process is a worker (or one writer of several) still behind another
-        writer: then wait for the writers' positions, at most
-        ``StoreConfig.token_wait_ms``. ``InvalidToken`` if it stays ahead: a
-        client syncing or paginating from it would miss every event up to it.
-        A topological token's stream part is an event's position: some
-        writer reached it.
-        """
-        if isinstance(token, TopologicalToken):
-            def reached(now: StreamToken) -> bool:
-                return token.stream <= now.get_max_stream_pos()
-        else:
-            def reached(now: StreamToken) -> bool:
-                return token.is_before_or_eq(now)
-        now = self._now()
-        if reached(now):
-            return
-        generator = self.store.events_stream
-        if generator.writers != (self.store.instance_name,):
-            if isinstance(token, TopologicalToken):
-                targets = [(token.stream, name) for name in generator.writers]
-            else:
-                default, per_writer = self._per_writer(token)
-                targets = [(per_writer.get(name, default), name) for name in generator.writers]
-            waits = [generator.wait_for_position(position, name) for position, name in targets]
-            waiting = defer.DeferredList(
-                waits, fireOnOneCallback=isinstance(token, TopologicalToken), consumeErrors=True
-            )
-            waiting.addTimeout(self.store.config.token_wait_ms / 1000, self.store.clock)
-            try:
-                await waiting
-            except defer.TimeoutError:
-                pass
-            finally:
-                for d in waits:
-                    if not d.called:
-                        d.cancel()
-            now = self._now()
-            if reached(now):
-                return
-        raise InvalidToken(
-            f"token {token.to_string()!r} is ahead of the events stream (now at {now.to_string()!r}):"
-            " it was not issued here; sync without a token (an initial sync) for a current one"
-        )
-
-    @staticmethod
-    def parse_stream_token(token: str) -> StreamToken:
-        """An ``s``/``m`` token; ``InvalidToken`` for anything else."""
-        if not isinstance(token, str) or token[:1] not in ("s", "m"):
-            raise InvalidToken(f"{token!r} is not a stream token ('s<n>' or 'm<n>~<instance>.<pos>...')")
-        return StreamToken.parse(token)
+    db: Database
+    interners: Interners
+    positions: ReadPositions
+    events: EventReader
+    room_changes: StreamChangeCache
+    membership_changes: StreamChangeCache
 
     # ------------------------------------------------------------------ users
 
@@ -384,14 +271,14 @@ class TimelineReader:
 
         Raises ``InvalidToken`` for a malformed token, a topological token,
         one naming an unknown writer instance, or one ahead of the stream
-        (after a bounded wait on a worker: see ``_reached``).
+        (after a bounded wait on a worker: see ``ReadPositions.reach``).
         """
-        since_token = None if since is None else self.parse_stream_token(since)
-        await self._ensure_instances(since_token)
+        since_token = None if since is None else self.positions.parse_stream_token(since)
+        await self.positions.ensure_instances(since_token)
         if since_token is not None:
-            await self._reached(since_token)
-        now = self._now()
-        joined = await self.store.get_rooms_for_user(user_id)
+            await self.positions.reach(since_token)
+        now = self.positions.now()
+        joined = await self.events.get_rooms_for_user(user_id)
         if since_token is None:
             # Initial sync: the newest events of every joined room, and the
             # position they were read at to sync on from.
@@ -401,8 +288,8 @@ class TimelineReader:
             return SyncResult(newest.token, rooms, [], joined)
         next_token = since_token.copy_and_advance(now)
         since_pos = since_token.stream  # the change caches are linear: the minimum is conservative
-        changed = self.store.room_changes.get_entities_changed(joined, since_pos)
-        memberships_changed = self.store.membership_changes.has_entity_changed(user_id, since_pos)
+        changed = self.room_changes.get_entities_changed(joined, since_pos)
+        memberships_changed = self.membership_changes.has_entity_changed(user_id, since_pos)
         if changed is not None and not changed and not memberships_changed:
             return SyncResult(next_token.to_string(), {}, [], joined)
         if changed is None or len(changed) > MAX_ROOMS_IN_STATEMENT:
@@ -411,7 +298,7 @@ class TimelineReader:
             rooms = sorted(changed)
         rows = await self.db.run_interaction(
             "sync", self._sync_txn, self._cached_viewer(user_id), rooms, memberships_changed,
-            self._per_writer(since_token), self._per_writer(now),
+            self.positions.per_writer(since_token), self.positions.per_writer(now),
         )
         timelines: dict[str, list[dict]] = {}
         membership_events: list[dict] = []
@@ -528,17 +415,17 @@ class TimelineReader:
             raise ValueError(f"recent needs rooms >= 1 and events >= 0, got rooms={rooms}, events={events}")
         after: tuple[int, int] | None = None
         if from_cursor is None:
-            await self._ensure_instances()
-            pinned = self._now()
+            await self.positions.ensure_instances()
+            pinned = self.positions.now()
         else:
             match = _CURSOR.fullmatch(from_cursor) if isinstance(from_cursor, str) else None
             if match is None:
                 raise InvalidToken(f"{from_cursor!r} is not a cursor returned by recent()")
-            pinned = self.parse_stream_token(match.group(3))
-            await self._ensure_instances(pinned)
+            pinned = self.positions.parse_stream_token(match.group(3))
+            await self.positions.ensure_instances(pinned)
             after = (int(match.group(1)), int(match.group(2)))
         rows = await self.db.run_interaction(
-            "recent", self._recent_txn, self._cached_viewer(user_id), rooms, events, after, self._per_writer(pinned)
+            "recent", self._recent_txn, self._cached_viewer(user_id), rooms, events, after, self.positions.per_writer(pinned)
         )
         pages: list[tuple[str, list[dict]]] = []
         last: tuple[int, int] | None = None
@@ -650,12 +537,12 @@ class TimelineReader:
             if isinstance(from_token, str) and from_token.startswith("t"):
                 start = TopologicalToken.parse(from_token)
             else:
-                start = self.parse_stream_token(from_token)
-        await self._ensure_instances(start if isinstance(start, StreamToken) else None)
+                start = self.positions.parse_stream_token(from_token)
+        await self.positions.ensure_instances(start if isinstance(start, StreamToken) else None)
         if start is not None:
-            await self._reached(start)
-        now = self._per_writer(self._now())
-        stream_start = self._per_writer(start) if isinstance(start, StreamToken) else None
+            await self.positions.reach(start)
+        now = self.positions.per_writer(self.positions.now())
+        stream_start = self.positions.per_writer(start) if isinstance(start, StreamToken) else None
         rows = await self.db.run_interaction(
             "paginate", self._paginate_txn, room_id, self._cached_viewer(user_id),
             start if isinstance(start, TopologicalToken) else None, stream_start, direction, limit, now,
@@ -750,176 +637,3 @@ class TimelineReader:
             [*viewer.params(), event_id, False],
         ).fetchone()
         return bool(row and row[0])
-
-    # ------------------------------------------------------------------ federation
-
-    async def backfill(self, room_id: str, event_ids: Sequence[str], limit: int) -> list[dict]:
-        """Up to ``limit`` events of ``room_id`` from ``event_ids`` (inclusive)
-        backwards, in topological order (oldest first).
-
-        Breadth first over prev events with a priority queue on depth, the
-        deepest first (Synapse's ``get_backfill_events``): since an event is
-        deeper than its prev events, these are the ``limit`` deepest events
-        at or before the given ones. Given events not in the room, unknown or
-        outliers are ignored; rejected events are walked through but not
-        returned (and do not count towards ``limit``).
-        """
-        if limit <= 0 or not event_ids:
-            return []
-        return await self.db.run_interaction("backfill", self._backfill_txn, room_id, list(event_ids), limit)
-
-    def _backfill_txn(self, txn: Transaction, room_id: str, event_ids: list[str], limit: int) -> list[dict]:
-        room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)
-        if room_nid is None:
-            return []
-        walk = _GraphWalk(txn, room_nid)
-        for nid, facts in walk.graph_events(self.interners.events.lookup(txn, event_ids).values()).items():
-            walk.push(nid, facts)
-        result: list[int] = []
-        while walk.heap and len(result) < limit:
-            nid = walk.pop()
-            if not walk.facts[nid].rejected:
-                result.append(nid)
-            for prev in walk.prevs_of(nid):
-                if prev not in walk.facts_seen:
-                    walk.push(prev, walk.facts[prev])
-        return self._events_in_order(txn, walk, result)
-
-    async def get_missing_events(
-        self, room_id: str, earliest_events: Sequence[str], latest_events: Sequence[str], limit: int
-    ) -> list[dict]:
-        """Events a server lacks between what it has and what it got, in
-        topological order (oldest first), at most ``limit`` of them.
-
-        These are the ancestors of ``latest_events`` (the events themselves
-        excluded: the asking server has them) that are neither one of
-        ``earliest_events`` nor an ancestor of one (the asking server has
-        those too). Walked from the latest events deepest first, so with
-        ``limit`` the ones nearest ``latest_events`` come back (Synapse's
-        walk, which stops at the earliest events; this one also never strays
-        into their history through another branch). Relies on events being
-        deeper than their prev events, as depth is defined. Unknown events,
-        outliers and events of other rooms are ignored; rejected events are
-        walked through but not returned.
-        """
-        if limit <= 0 or not latest_events:
-            return []
-        return await self.db.run_interaction(
-            "get_missing_events", self._missing_txn, room_id, list(earliest_events), list(latest_events), limit
-        )
-
-    def _missing_txn(
-        self, txn: Transaction, room_id: str, earliest: list[str], latest: list[str], limit: int
-    ) -> list[dict]:
-        room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)
-        if room_nid is None:
-            return []
-        nids = self.interners.events.lookup(txn, [*earliest, *latest])
-        earliest_nids = {nids[e] for e in earliest if e in nids}
-        latest_nids = {nids[e] for e in latest if e in nids}
-        walk = _GraphWalk(txn, room_nid)
-        # excluded[n]: n is an earliest event or an ancestor of one. Set from
-        # children as they are popped: deepest first, every child of n is
-        # popped before n, so it is final when n is popped.
-        excluded: dict[int, bool] = {}
-        candidates = 0  # queued nodes not (yet) known to be excluded
-        for nid, facts in walk.graph_events(earliest_nids | latest_nids).items():
-            excluded[nid] = nid in earliest_nids
-            candidates += not excluded[nid]
-            walk.push(nid, facts)
-        result: list[int] = []
-        while walk.heap and candidates and len(result) < limit:
-            nid = walk.pop()
-            if not excluded[nid]:
-                candidates -= 1
-                if nid not in latest_nids and not walk.facts[nid].rejected:
-                    result.append(nid)
-            for prev in walk.prevs_of(nid):
-                if prev not in walk.facts_seen:
-                    excluded[prev] = excluded[nid]
-                    candidates += not excluded[prev]
-                    walk.push(prev, walk.facts[prev])
-                elif excluded[nid] and not excluded[prev] and not walk.popped(prev):
-                    excluded[prev] = True
-                    candidates -= 1
-        return self._events_in_order(txn, walk, result)
-
-    def _events_in_order(self, txn: Transaction, walk: "_GraphWalk", nids: list[int]) -> list[dict]:
-        if not nids:
-            return []
-        ids = self.interners.events.resolve(txn, nids)
-        events = self.store.reader.events_txn(txn, [ids[n] for n in nids])
-        ordered = sorted(nids, key=lambda n: (walk.facts[n].topo, walk.facts[n].stream))
-        return [events[ids[n]] for n in ordered if ids[n] in events]
-
-
-@attrs.frozen
-class _Facts:
-    topo: int
-    stream: int
-    rejected: bool
-
-
-class _GraphWalk:
-    """A deepest-first walk over one room's stored, non-outlier events.
-
-    Prev edges are loaded in batches: whenever a popped event's prev events
-    are needed, those of every queued event not loaded yet come with them,
-    so a walk costs a statement per layer of the graph, not per event.
-    """
-
-    def __init__(self, txn: Transaction, room_nid: int):
-        self.txn = txn
-        self.room_nid = room_nid
-        self.heap: list[tuple[int, int, int]] = []
-        self.facts: dict[int, _Facts] = {}
-        self.facts_seen: set[int] = set()  # pushed at some point
-        self._popped: set[int] = set()
-        self._prevs: dict[int, list[int]] = {}
-
-    def graph_events(self, nids: Iterable[int]) -> dict[int, _Facts]:
-        """Facts of those ``nids`` that are stored non-outlier events of the room."""
-        found: dict[int, _Facts] = {}
-        for part in chunks(sorted(set(nids))):
-            marks = ", ".join("?" for _ in part)
-            for nid, topo, stream, rejected in self.txn.execute(
-                "SELECT e.event_nid, e.topological_ordering, e.stream_ordering, e.rejected_reason"
-                f" FROM events AS e WHERE e.event_nid IN ({marks}) AND e.room_nid = ? AND e.outlier = ?",
-                [*part, self.room_nid, False],
-            ).fetchall():
-                found[nid] = _Facts(topo, stream, rejected is not None)
-        self.facts.update(found)
-        return found
-
-    def push(self, nid: int, facts: _Facts) -> None:
-        self.facts_seen.add(nid)
-        heapq.heappush(self.heap, (-facts.topo, -facts.stream, nid))
-
-    def pop(self) -> int:
-        nid = heapq.heappop(self.heap)[2]
-        self._popped.add(nid)
-        return nid
-
-    def popped(self, nid: int) -> bool:
-        return nid in self._popped
-
-    def prevs_of(self, nid: int) -> list[int]:
-        """``nid``'s prev events that are stored non-outlier events of the room."""
-        if nid not in self._prevs:
-            batch = [nid] + [n for _, _, n in self.heap if n not in self._prevs and n != nid]
-            self._load_prevs(batch[:500])
-        return self._prevs[nid]
-
-    def _load_prevs(self, nids: list[int]) -> None:
-        for nid in nids:
-            self._prevs[nid] = []
-        marks = ", ".join("?" for _ in nids)
-        for child, prev, topo, stream, rejected in self.txn.execute(
-            "SELECT ed.event_nid, p.event_nid, p.topological_ordering, p.stream_ordering, p.rejected_reason"
-            " FROM event_edges AS ed JOIN events AS p ON p.event_nid = ed.prev_event_nid"
-            f" WHERE ed.event_nid IN ({marks}) AND p.room_nid = ? AND p.outlier = ?"
-            " ORDER BY ed.event_nid, p.event_nid",
-            [*nids, self.room_nid, False],
-        ).fetchall():
-            self._prevs[child].append(prev)
-            self.facts.setdefault(prev, _Facts(topo, stream, rejected is not None))

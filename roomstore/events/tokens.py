@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping, Union
 
-import attr
+import attrs
 
 __all__ = [
     "InvalidToken",
@@ -97,7 +97,7 @@ def _validate_positions(
 
 
 # order=False: tokens are partially ordered; use is_before_or_eq, not "<".
-@attr.s(frozen=True, slots=True, auto_attribs=True, order=False)
+@attrs.frozen(order=False)
 class StreamToken:
     """A live stream position, optionally with per-writer positions.
 
@@ -108,9 +108,9 @@ class StreamToken:
     """
 
     #: Minimum position: every writer has persisted everything up to here.
-    stream: int = attr.ib(validator=_validate_stream)
+    stream: int = attrs.field(validator=_validate_stream)
     #: ``(instance_id, position)`` for writers ahead of ``stream``.
-    instance_positions: tuple[tuple[int, int], ...] = attr.ib(
+    instance_positions: tuple[tuple[int, int], ...] = attrs.field(
         default=(), validator=_validate_positions
     )
 
@@ -230,7 +230,7 @@ def _validate_topo_stream(instance: "TopologicalToken", attribute: object, value
     _check_position("stream", value, allow_negative=True)
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=True, order=False)
+@attrs.frozen(order=False)
 class TopologicalToken:
     """A pagination position: ``(topological, stream)``, ordered lexicographically.
 
@@ -238,8 +238,8 @@ class TopologicalToken:
     backfilled events are given negative stream orderings.
     """
 
-    topological: int = attr.ib(validator=_validate_topological)
-    stream: int = attr.ib(validator=_validate_topo_stream)
+    topological: int = attrs.field(validator=_validate_topological)
+    stream: int = attrs.field(validator=_validate_topo_stream)
 
     @classmethod
     def parse(cls, token: str) -> "TopologicalToken":

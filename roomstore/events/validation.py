@@ -46,7 +46,7 @@ import math
 import re
 from typing import Any, Mapping
 
-import attr
+import attrs
 from canonicaljson import encode_canonical_json
 
 from roomstore.events.hashing import compute_event_id
@@ -111,7 +111,7 @@ class InvalidEventError(ValueError):
         self.field = field
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=True)
+@attrs.frozen(order=True)  # as attr.s: ordered by its compared fields
 class ParsedPdu:
     """A validated PDU.
 
@@ -136,12 +136,12 @@ class ParsedPdu:
     redacts: str | None
     #: ``content.membership`` for ``m.room.member`` events, else None.
     membership: str | None
-    room_version: RoomVersion = attr.ib(repr=lambda v: f"<room version {v.identifier}>")
+    room_version: RoomVersion = attrs.field(repr=lambda v: f"<room version {v.identifier}>")
     #: The bytes exactly as received (left out of repr: up to 64 KiB).
-    raw: bytes = attr.ib(repr=False)
-    content: Mapping[str, Any] = attr.ib(eq=False, repr=False)
+    raw: bytes = attrs.field(repr=False)
+    content: Mapping[str, Any] = attrs.field(eq=False, repr=False)
     #: The whole parsed JSON object.
-    event_dict: Mapping[str, Any] = attr.ib(eq=False, repr=False)
+    event_dict: Mapping[str, Any] = attrs.field(eq=False, repr=False)
 
     @property
     def is_state(self) -> bool:

@@ -39,7 +39,6 @@ from typing import Any, Callable, Sequence
 
 from twisted.logger import Logger
 
-from roomstore.events.persist import CURRENT_STATE_CACHE, EVENT_CACHE, ROOMS_FOR_USER_CACHE
 from roomstore.replication.client import ReplicationClientHandler
 from roomstore.replication.follower import StreamPositions
 from roomstore.replication.streams import Stream, StreamRegistry, StreamUpdates
@@ -448,60 +447,34 @@ class StoreReplicationHandler(ReplicationClientHandler):
         self.store.generators[stream_name].advance(instance_name, token)
 
     def _apply_events(self, token: int, rows: list) -> None:
-        reader = self.store.reader
-        room_changes = self.store.room_changes
-        membership_changes = self.store.membership_changes
+        caches = self.store.caches
         for kind, data in rows:
             if kind == "ev":
                 room_id, event_type, state_key, redacts = data[1], data[2], data[3], data[4]
-                room_changes.entity_has_changed(room_id, token)
+                caches.room_changed(room_id, token)
                 if event_type == "m.room.member" and state_key is not None:
-                    membership_changes.entity_has_changed(state_key, token)
-                    reader.invalidate_memberships((), [state_key])
+                    caches.membership_changed(state_key, token)
                 if redacts:
-                    reader.invalidate_event(redacts)
+                    caches.event_changed(redacts)
             elif kind == "state":
                 if data[1] == "m.room.member":
                     # Current membership moved (also by state resolution, with
                     # no member event of this user in the batch).
-                    membership_changes.entity_has_changed(data[2], token)
-                    reader.invalidate_memberships((), [data[2]])
+                    caches.membership_changed(data[2], token)
             elif kind == "state-all":
                 # Synapse's "too many state changes in this room": anyone's
                 # membership there may have moved.
-                room_changes.entity_has_changed(data[0], token)
-                _drop_all_memberships(reader)
+                caches.room_changed(data[0], token)
+                caches.all_memberships_changed()
 
     def _apply_backfill(self, rows: list) -> None:
         # Backfill never moves current state or positions of the events
         # stream, but an old redaction can redact an event a worker cached.
-        reader = self.store.reader
         for row in rows:
             if row[4]:
-                reader.invalidate_event(row[4])
+                self.store.caches.event_changed(row[4])
 
     def _apply_invalidation(self, cache_name: str, keys: list | None) -> None:
-        reader = self.store.reader
-        if cache_name == EVENT_CACHE:
-            if keys is None:
-                reader.invalidate_all()
-            else:
-                for event_id in keys:
-                    reader.invalidate_event(event_id)
-        elif cache_name == ROOMS_FOR_USER_CACHE:
-            if keys is None:
-                _drop_all_memberships(reader)
-            else:
-                reader.invalidate_memberships((), keys)
-        elif cache_name == CURRENT_STATE_CACHE:
-            # Keys are room IDs; any current-state change may move anyone's
-            # rooms, and None means every room.
-            if keys is None or keys:
-                _drop_all_memberships(reader)
+        self.store.caches.apply_invalidation(cache_name, keys)
         for handler in self._cache_handlers.get(cache_name, ()):
             handler(keys)
-
-
-def _drop_all_memberships(reader: Any) -> None:
-    # EventReader drops its whole rooms-for-user cache for any room change.
-    reader.invalidate_memberships(["*"], ())

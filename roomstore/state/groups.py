@@ -267,3 +267,85 @@ class StateGroupWrites:
         )
         txn.insert_many("state_group_deltas", ("state_group", "type_key_nid", "event_nid"), self.deltas, queue=True)
         self.groups, self.deltas = [], []
+
+
+# ---------------------------------------------------------------------- writers' SQL
+# What the event store (not the read side above) runs against state groups:
+# the facts the persister derives a new group from, and deleting groups.
+
+#: The ``maintenance_locks`` row the offline compaction job holds while it
+#: runs (``roomstore.compaction.writer.LOCK_NAME``; the store never imports
+#: the compaction package, so the name is repeated here).
+COMPACTION_LOCK_NAME = "state_compaction"
+#: A compaction lock whose heartbeat is older than this many seconds is
+#: taken to be left behind by a dead job and ignored (with a warning).
+COMPACTION_LOCK_TIMEOUT_S = 600.0
+
+
+def group_facts_txn(txn: Transaction, state_group: int) -> tuple | None:
+    """``(visibility snapshot, chain length, branch, seq, history visibility,
+    branch tip seq)`` of a stored group: what the persister needs to make a
+    group on top of it (the snapshot columns NULL when it has none); None
+    when the group does not exist."""
+    return txn.execute(
+        "SELECT g.visibility_snapshot, g.chain_length, s.branch_nid, s.seq, s.history_visibility, b.tip_seq"
+        " FROM state_groups AS g"
+        " LEFT JOIN visibility_snapshots AS s ON s.snapshot_nid = g.visibility_snapshot"
+        " LEFT JOIN visibility_branches AS b ON b.branch_nid = s.branch_nid"
+        " WHERE g.state_group = ?",
+        (state_group,),
+    ).fetchone()
+
+
+def delete_state_groups_txn(
+    txn: Transaction, groups: StateGroupStore, ids: list[int], timeout_s: float, now_ms: int
+) -> tuple:
+    """Delete the groups ``ids`` unless the compaction job holds its lock.
+
+    Returns ``("locked", holder, age_s)`` while a lock younger than
+    ``timeout_s`` (at ``now_ms``) is held, writing nothing; otherwise
+    ``("deleted", how many existed, (holder, age_s) of a stale lock or None)``.
+    Remaining groups stored as a delta against a deleted group are first
+    rewritten as snapshots of their full state (read through ``groups``).
+    """
+    row = txn.execute(
+        "SELECT holder, acquired_ts, heartbeat_ts FROM maintenance_locks WHERE lock_name = ?",
+        (COMPACTION_LOCK_NAME,),
+    ).fetchone()
+    stale = None
+    if row is not None:
+        holder, acquired_ts, heartbeat_ts = row
+        age_s = (now_ms - (heartbeat_ts if heartbeat_ts is not None else acquired_ts)) / 1000
+        if age_s <= timeout_s:
+            return ("locked", holder, age_s)
+        stale = (holder, age_s)
+    doomed = set(ids)
+    children: list[int] = []
+    for part in chunks(ids):
+        marks = ", ".join("?" for _ in part)
+        children += [
+            r[0]
+            for r in txn.execute(
+                f"SELECT state_group FROM state_groups WHERE prev_state_group IN ({marks})", part
+            ).fetchall()
+            if r[0] not in doomed
+        ]
+    # Full states first (they read through the doomed groups), then rewrite.
+    states = {child: groups.get_state(txn, child) for child in sorted(set(children))}
+    for child, state in states.items():
+        txn.execute("DELETE FROM state_group_deltas WHERE state_group = ?", (child,))
+        txn.insert_many(
+            "state_group_deltas", ("state_group", "type_key_nid", "event_nid"),
+            [(child, key, event) for key, event in sorted(state.items())],
+        )
+        txn.execute(
+            "UPDATE state_groups SET prev_state_group = NULL, chain_length = 0 WHERE state_group = ?", (child,)
+        )
+    deleted = 0
+    for part in chunks(ids):
+        marks = ", ".join("?" for _ in part)
+        # The group rows first: that takes their row locks before anything else.
+        txn.execute(f"DELETE FROM state_groups WHERE state_group IN ({marks})", part)
+        deleted += txn.rowcount
+        txn.execute(f"DELETE FROM state_group_deltas WHERE state_group IN ({marks})", part)
+    return ("deleted", deleted, stale)

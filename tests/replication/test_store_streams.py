@@ -13,7 +13,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from roomstore.events.persist import CURRENT_STATE_CACHE, EVENT_CACHE, ROOMS_FOR_USER_CACHE
+from roomstore.events.caches import CURRENT_STATE_CACHE, EVENT_CACHE, ROOMS_FOR_USER_CACHE
 from roomstore.replication import ReplicationClientFactory, ReplicationConfig, ReplicationServerFactory
 from roomstore.replication.store_streams import (
     BackfillStream,

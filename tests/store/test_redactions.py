@@ -281,6 +281,9 @@ class RedactionTests:
             StoreConfig(redaction_retention_ms=RETENTION_MS, censor_interval_ms=interval_ms), clock=clock
         )
         job = store._censor_job
+        # The events arrive a moment after the store opened (the store takes
+        # received_ts from the same clock).
+        clock.advance(0.1)
         room = await self.start_room(store)
         msg = room.message(ALICE, "wait for it")
         red = room.redact(ALICE, msg.event_id)
@@ -311,6 +314,23 @@ class RedactionTests:
         # Closing stops the loop.
         await store.close()
         self.assertFalse(job._loop.running)
+
+    async def test_timestamps_and_now_come_from_the_store_clock(self):
+        # A clock far from the wall clock: received_ts is the clock's, and
+        # censoring without an explicit now measures against the clock.
+        clock = Clock()
+        clock.advance(1_000_000)
+        store = await self.open_store(clock=clock)
+        room = await self.start_room(store)
+        msg = room.message(ALICE, "clocked")
+        red = room.redact(ALICE, msg.event_id)
+        await store.persist_events([room.to_persist(msg), room.to_persist(red)])
+        self.assertEqual(await self.received_ts(store, red), 1_000_000_000)
+        clock.advance(RETENTION_MS / 1000)
+        self.assertEqual(await store.censor_expired_redactions(), 0)  # exactly the retention: not yet
+        clock.advance(0.002)
+        self.assertEqual(await store.censor_expired_redactions(), 1)
+        self.assertNotEqual(await store.get_event_json_bytes(msg.event_id), msg.raw)
 
     async def test_no_job_by_default(self):
         store = await self.open_store()

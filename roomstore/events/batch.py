@@ -1,0 +1,176 @@
+"""A batch to persist, as given and as validated: the value classes and the
+steps before any transaction (room versions, parsing, ordering).
+
+``EventToPersist``, ``StateDelta`` and ``PersistedEvent`` are the public face
+of ``RoomStore.persist_events`` (re-exported by ``roomstore.events.persist``);
+``prepare_events`` validates a batch on the reactor, ``order_batch`` puts each
+event after its prev events in the batch.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, Sequence
+
+import attrs
+
+from roomstore.events.room_versions import get_room_version
+from roomstore.events.validation import InvalidEventError, ParsedPdu, parse_pdu
+
+StateKey = tuple[str, str]
+
+
+@attrs.frozen
+class StateDelta:
+    """State given as changes against a state group the store returned earlier."""
+
+    base_state_group: int
+    changes: Mapping[StateKey, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class EventToPersist:
+    """One event of a batch, as a homeserver hands it over.
+
+    ``raw`` is the PDU exactly as received. ``room_version`` may be left out
+    when the room's create event is stored or earlier in the batch.
+    ``state_before`` is the state before the event: a full map of
+    ``(type, state_key) -> event_id``, a ``StateDelta``, or None to derive it
+    from the prev events.
+    """
+
+    raw: bytes
+    room_version: str | None = None
+    outlier: bool = False
+    rejected_reason: str | None = None
+    backfilled: bool = False
+    state_before: Mapping[StateKey, str] | StateDelta | None = None
+
+
+@attrs.frozen
+class PersistedEvent:
+    """Where an event landed. ``already_persisted``: it was stored before."""
+
+    event_id: str
+    room_id: str
+    stream_ordering: int
+    topological_ordering: int
+    state_group_before: int | None
+    state_group: int | None
+    already_persisted: bool = False
+
+    @property
+    def stream_token(self) -> str:
+        return f"s{self.stream_ordering}"
+
+    @property
+    def topological_token(self) -> str:
+        return f"t{self.topological_ordering}-{self.stream_ordering}"
+
+
+@attrs.frozen
+class PreparedEvent:
+    """A validated event with its flags, ready for the transaction."""
+
+    pdu: ParsedPdu
+    outlier: bool
+    rejected_reason: str | None
+    backfilled: bool
+    state_before: Mapping[StateKey, str] | StateDelta | None
+    event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
+
+
+def peek_room_version(raw: bytes) -> tuple[str | None, str | None, str | None]:
+    """(room_id, type, content.room_version) from raw bytes, for version lookup."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidEventError(f"event is not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise InvalidEventError("event is not a JSON object")
+    content = obj.get("content")
+    version = content.get("room_version") if isinstance(content, dict) else None
+    room_id = obj.get("room_id") if isinstance(obj.get("room_id"), str) else None
+    event_type = obj.get("type") if isinstance(obj.get("type"), str) else None
+    return room_id, event_type, version if isinstance(version, str) else None
+
+
+def prepare_events(events: Sequence[EventToPersist], known_versions: Mapping[str, str]) -> list[PreparedEvent]:
+    """Validate a batch; resolve room versions from the batch's create events
+    and ``known_versions`` (room_id -> version) where not given."""
+    versions = dict(known_versions)
+    prepared = []
+    for index, item in enumerate(events):
+        if not isinstance(item, EventToPersist):
+            raise TypeError(f"event {index} is {type(item).__name__}, not EventToPersist")
+        version_id = item.room_version
+        if version_id is None:
+            room_id, event_type, create_version = peek_room_version(item.raw)
+            if event_type == "m.room.create":
+                version_id = create_version or "1"
+            elif room_id in versions:
+                version_id = versions[room_id]
+            else:
+                raise InvalidEventError(
+                    f"event {index}: no room_version given and the room {room_id!r} is unknown "
+                    "(persist its create event first, or pass room_version)"
+                )
+        pdu = parse_pdu(item.raw, get_room_version(version_id))
+        if pdu.type == "m.room.create" and pdu.state_key == "":
+            versions[pdu.room_id] = version_id
+        prepared.append(PreparedEvent(pdu, item.outlier, item.rejected_reason, item.backfilled, item.state_before))
+    return prepared
+
+
+def is_orphan(ev: PreparedEvent) -> bool:
+    """A live event with nothing to hang it on: not a create event, no prev
+    events, no state given. It may only start a room it is the create of."""
+    return (
+        not ev.outlier and not ev.pdu.prev_event_ids and ev.state_before is None
+        and not (ev.pdu.type == "m.room.create" and ev.pdu.state_key == "")
+    )
+
+
+def order_batch(batch: Sequence[PreparedEvent]) -> list[PreparedEvent]:
+    """The batch with each event after its prev events that are in the batch
+    (stable otherwise); duplicates dropped."""
+    by_id: dict[str, PreparedEvent] = {}
+    for ev in batch:
+        by_id.setdefault(ev.event_id, ev)
+    if len(by_id) == len(batch):
+        # Usually already in order: check that before sorting.
+        seen: set[str] = set()
+        for ev in batch:
+            if any(p in by_id and p not in seen for p in ev.pdu.prev_event_ids):
+                break
+            seen.add(ev.event_id)
+        else:
+            return list(batch)
+    ordered: list[PreparedEvent] = []
+    placed: set[str] = set()
+    visiting: set[str] = set()
+
+    def place(ev: PreparedEvent) -> None:
+        stack = [(ev, iter(ev.pdu.prev_event_ids))]
+        visiting.add(ev.event_id)
+        while stack:
+            node, prevs = stack[-1]
+            advanced = False
+            for prev_id in prevs:
+                prev = by_id.get(prev_id)
+                if prev is not None and prev_id not in placed and prev_id not in visiting:
+                    visiting.add(prev_id)
+                    stack.append((prev, iter(prev.pdu.prev_event_ids)))
+                    advanced = True
+                    break
+            if not advanced:
+                stack.pop()
+                visiting.discard(node.event_id)
+                if node.event_id not in placed:
+                    placed.add(node.event_id)
+                    ordered.append(node)
+
+    for ev in by_id.values():
+        if ev.event_id not in placed:
+            place(ev)
+    return ordered

@@ -1,0 +1,155 @@
+"""Before stream IDs are reserved: which events of a batch are stored
+already, and whether the write would refuse the rest.
+
+Runs in one read-only interaction (``RoomStore.persist_events``): cheap reads
+over cached state groups, then a trial run of the write, undone in a
+savepoint, only for a batch they find a conflict or a gap in. Neither stored
+events nor refused batches take stream IDs.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from roomstore.events.batch import PersistedEvent, PreparedEvent, StateKey, order_batch
+from roomstore.events.persist import EventPersister
+from roomstore.state.merge import find_conflicts, merge_states
+from roomstore.storage.database import Transaction
+from roomstore.storage.interning import Interners, chunks
+
+
+def stored_results_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> dict[str, PersistedEvent]:
+    """``already_persisted`` results for those of ``events`` stored before,
+    by event ID (a read only: asked before any stream ID is reserved)."""
+    nids = interners.events.lookup(txn, {ev.event_id for ev in events})
+    by_nid = {nid: event_id for event_id, nid in nids.items()}
+    rooms = {ev.event_id: ev.pdu.room_id for ev in events}
+    found: dict[str, PersistedEvent] = {}
+    for part in chunks(sorted(by_nid)):
+        marks = ", ".join("?" for _ in part)
+        for nid, stream, topo, before, after in txn.execute(
+            "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group"
+            f" FROM events WHERE event_nid IN ({marks})",
+            list(part),
+        ).fetchall():
+            event_id = by_nid[nid]
+            found[event_id] = PersistedEvent(event_id, rooms[event_id], stream, topo, before, after, already_persisted=True)
+    return found
+
+
+#: Stream orderings of a trial run (``precheck_txn``): far above any real
+#: position, so they collide with no stored row; never committed.
+TRIAL_STREAM_BASE = 2**62
+
+
+def precheck_txn(
+    txn: Transaction,
+    persister: EventPersister,
+    events: Sequence[PreparedEvent],
+    resolved_current_state: Mapping[str, Mapping[StateKey, str]] | None,
+) -> dict[str, PersistedEvent]:
+    """Before stream IDs are reserved: ``already_persisted`` results for the
+    events stored before (as ``stored_results_txn``), and the refusal the
+    write would meet for a reason that does not depend on the write itself
+    (conflicted or underivable state, a room version mismatch), raised now.
+
+    A batch that ``may_fail_txn`` finds risky is written in a trial run that
+    is undone; the others cost a few reads. The write transaction still makes
+    every check: a writer changing a room between the two may still make a
+    batch fail after its IDs are reserved (they complete unused, a gap).
+    """
+    found = stored_results_txn(txn, persister.interners, events)
+    new = [ev for ev in events if ev.event_id not in found]
+    if new and may_fail_txn(txn, persister, new, resolved_current_state):
+        live = sum(1 for ev in new if not ev.backfilled)
+        trial = range(TRIAL_STREAM_BASE, TRIAL_STREAM_BASE + len(new))
+        txn.undone(persister.persist_txn, new, trial[:live], trial[live:], resolved_current_state)
+    return found
+
+
+def may_fail_txn(
+    txn: Transaction,
+    persister: EventPersister,
+    new: Sequence[PreparedEvent],
+    resolved_current_state: Mapping[str, Mapping[StateKey, str]] | None = None,
+) -> bool:
+    """False when the write of ``new`` (none stored) cannot be refused by its
+    state or room version as the database stands: the versions agree, every
+    prev event is there, and where prev events' states or a room's forward
+    extremities' states meet they agree. True (worth a trial run) otherwise,
+    or for a state given by the caller. Reads only, over cached state groups;
+    a cheap filter, not the judge: the trial run is."""
+    interners = persister.interners
+    in_batch = {ev.event_id: ev for ev in new}
+    graph = [ev for ev in new if not ev.outlier]
+    if any(ev.state_before is not None for ev in graph):
+        return True  # a given state may name an unknown group: let the trial say
+    # Prev events neither in the batch nor stored as graph events leave the
+    # state underivable.
+    if any(in_batch[p].outlier for ev in graph for p in ev.pdu.prev_event_ids if p in in_batch):
+        return True
+    outside = {p for ev in graph for p in ev.pdu.prev_event_ids if p not in in_batch}
+    prev_nids = interners.events.lookup(txn, outside)
+    if len(prev_nids) < len(outside):
+        return True
+    group_of: dict[int, int | None] = {}  # stored graph prev event nid -> its state group
+    for part in chunks(sorted(prev_nids.values())):
+        marks = ", ".join("?" for _ in part)
+        group_of.update(txn.execute(
+            f"SELECT event_nid, state_group FROM events WHERE event_nid IN ({marks}) AND outlier = ?", (*part, False)
+        ).fetchall())
+    if len(group_of) < len(prev_nids):
+        return True
+    # Room versions, and each live room's forward extremities after the batch.
+    rooms: dict[str, tuple[int, str | None]] = {}
+    for part in chunks(sorted({ev.pdu.room_id for ev in new})):
+        marks = ", ".join("?" for _ in part)
+        for room_id, room_nid, version in txn.execute(
+            f"SELECT room_id, room_nid, room_version FROM rooms WHERE room_id IN ({marks})", list(part)
+        ).fetchall():
+            rooms[room_id] = (room_nid, version)
+    if any(rooms.get(ev.pdu.room_id, (None, None))[1] not in (None, ev.pdu.room_version.identifier) for ev in new):
+        return True
+    live = [ev for ev in graph if not ev.backfilled]
+    pointed_at = {p for ev in graph for p in ev.pdu.prev_event_ids}
+    live_prevs = {prev_nids[p] for ev in live for p in ev.pdu.prev_event_ids if p in prev_nids}
+    ends: dict[str, tuple[list, list[str]]] = {}  # room -> (stored ends' groups, new ends)
+    for room_id in {ev.pdu.room_id for ev in live}:
+        stored = []
+        if room_id in rooms:
+            stored = [group for nid, group in txn.execute(
+                "SELECT f.event_nid, e.state_group FROM forward_extremities AS f"
+                " JOIN events AS e ON e.event_nid = f.event_nid WHERE f.room_nid = ?",
+                (rooms[room_id][0],),
+            ).fetchall() if nid not in live_prevs]
+        news = [ev.event_id for ev in live if ev.pdu.room_id == room_id and ev.event_id not in pointed_at]
+        if len(stored) + len(news) > 1 and room_id not in (resolved_current_state or {}):
+            ends[room_id] = (stored, news)
+    if not ends and all(len(set(ev.pdu.prev_event_ids)) < 2 for ev in graph):
+        return False  # plain chains, one end per room: nothing can conflict
+    # Derive the states as the write would, keys and events as nids where
+    # interned (a new key or event is its own name: it equals no nid).
+    key_nids = interners.state_keys.lookup(
+        txn, {(ev.pdu.type, ev.pdu.state_key) for ev in graph if ev.pdu.state_key is not None}
+    )
+    event_nids = interners.events.lookup(txn, in_batch)
+    stored_state = persister.state_groups.get_state
+    after: dict[str, dict] = {}
+    for ev in order_batch(graph):
+        prevs = list(dict.fromkeys(ev.pdu.prev_event_ids))
+        states = {}
+        for p in prevs:
+            state = after[p] if p in after else stored_state(txn, group_of[prev_nids[p]])
+            states[id(state)] = state
+        if len(states) > 1 and find_conflicts(list(states.values())):
+            return True
+        state = merge_states(list(states.values()))[1] if len(states) > 1 else next(iter(states.values()), {})
+        if ev.pdu.state_key is not None and not ev.rejected_reason:
+            key = (ev.pdu.type, ev.pdu.state_key)
+            state = {**state, key_nids.get(key, key): event_nids.get(ev.event_id, ev.event_id)}
+        after[ev.event_id] = state
+    for stored, news in ends.values():
+        states = [stored_state(txn, g) for g in set(stored) if g is not None] + [after[e] for e in news]
+        if find_conflicts(states):
+            return True  # the current state is a conflicted merge of the ends
+    return False
