@@ -463,6 +463,8 @@ class _BatchWriter:
             if update_current_state(self, room_nid, room_id, position):
                 current_state_rooms.add(room_id)
 
+        self.note_activity(new_events, room_nids, ordering)
+
         self.group_writes.flush(txn)
         self.visibility_writes.flush(txn)
         redacted_ids = set(self.p.interners.events.resolve(txn, redacted_targets).values()) if redacted_targets else set()
@@ -575,3 +577,24 @@ class _BatchWriter:
             marks = ", ".join("?" for _ in part)
             txn.queue(f"UPDATE events SET redacted = ? WHERE event_nid IN ({marks})", (True, *part))
         return targets
+
+    def note_activity(
+        self, new_events: Sequence[PreparedEvent], room_nids: Mapping[str, int], ordering: Mapping[str, int]
+    ) -> None:
+        """Move ``rooms.activity`` up to each room's newest timeline event in the batch.
+
+        The column only grows: a batch of backfilled (negative) orderings, or
+        a writer whose IDs trail another's, never moves it down.
+        """
+        newest: dict[int, int] = {}
+        for ev in new_events:
+            if ev.outlier or ev.rejected_reason:
+                continue
+            room_nid, stream = room_nids[ev.pdu.room_id], ordering[ev.event_id]
+            if newest.get(room_nid, stream) <= stream:
+                newest[room_nid] = stream
+        for room_nid, stream in newest.items():
+            self.txn.queue(
+                "UPDATE rooms SET activity = ? WHERE room_nid = ? AND (activity IS NULL OR activity < ?)",
+                (stream, room_nid, stream),
+            )

@@ -466,13 +466,16 @@ class TimelineReader:
         vis, _ = visible_sql("e")
         sql = f"""
             WITH joined AS (
-                -- Newest event of each joined room: a backwards walk of the
-                -- (room, stream) index that stops at the first match.
-                SELECT cm.room_nid AS room_nid, (
+                -- Newest event of each joined room. rooms.activity is exact
+                -- when every writer has passed it (<= the minimum position of
+                -- the token); only rooms active since then walk the
+                -- (room, stream) index back to the first event under the token.
+                SELECT cm.room_nid AS room_nid, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
                     SELECT e.stream_ordering FROM events AS e
                     WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
-                    ORDER BY e.stream_ordering DESC LIMIT 1) AS activity
+                    ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
                 FROM current_memberships AS cm
+                JOIN rooms AS ro ON ro.room_nid = cm.room_nid
                 WHERE cm.user_nid = ? AND cm.membership = ?
             ), active AS (
                 SELECT room_nid, activity FROM joined WHERE activity IS NOT NULL
@@ -500,7 +503,7 @@ class TimelineReader:
             LEFT JOIN rooms AS r ON r.room_nid = e.room_nid
             ORDER BY p.activity DESC, p.room_nid DESC, e.stream_ordering ASC"""
         params = [
-            False, *high_params, viewer.user_nid, JOIN,
+            min([upper[0], *upper[1].values()]), False, *high_params, viewer.user_nid, JOIN,
             *cursor_params, rooms,
             False, *high_params, *viewer.params(),
             *cursor_params,

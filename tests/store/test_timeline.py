@@ -267,6 +267,51 @@ class RecentTests(TimelineHelpers):
         self.assertTrue(all(events == [] for _, events in bare.rooms))
         self.assertIsNone(bare.next_cursor)
 
+    async def test_room_activity_is_the_newest_timeline_event(self):
+        """``rooms.activity`` (what recent orders rooms by) moves with live
+        timeline events only: an outlier, a rejected event or backfilled
+        history leave it, and the migration's backfill gives the same values."""
+        store = await self.open_store()
+        [quiet, busy] = await self.make_rooms(store, 2)
+        await store.persist_events([busy.to_persist(busy.message(ALICE, "busy"))])
+        refused = quiet.message(ALICE, "rejected")
+        await store.persist_events([quiet.to_persist(refused, rejected_reason="auth_error")])
+        stray = quiet.message(ALICE, "an outlier")
+        await store.persist_events([quiet.to_persist(stray, outlier=True)])
+        state = {("m.room.create", ""): quiet.events[0].event_id, ("m.room.member", ALICE): quiet.events[1].event_id}
+        old = quiet.message(ALICE, "history")
+        await store.persist_events([quiet.to_persist(old, backfilled=True, state_before=state)])
+        result = await store.recent(ALICE, 2, 1)
+        self.assertEqual([r for r, _ in result.rooms], [busy.room_id, quiet.room_id])
+
+        def columns(txn):
+            return txn.execute("SELECT room_nid, activity FROM rooms ORDER BY room_nid").fetchall()
+
+        def definition(txn):
+            return txn.execute(
+                "SELECT r.room_nid, (SELECT MAX(e.stream_ordering) FROM events AS e WHERE e.room_nid = r.room_nid"
+                " AND e.outlier = ? AND e.rejected_reason IS NULL) FROM rooms AS r ORDER BY r.room_nid",
+                (False,),
+            ).fetchall()
+
+        kept = await store.db.run_interaction("columns", columns)
+        self.assertEqual(kept, await store.db.run_interaction("definition", definition))
+        self.assertEqual(len(kept), 2)
+
+        # The schema delta's backfill of the column, run on a store whose
+        # column is cleared, gives what the persister kept.
+        from roomstore.storage.schema import DEFAULT_SCHEMA_DIR, split_statements
+
+        delta = (DEFAULT_SCHEMA_DIR / "deltas" / "3" / "02_room_activity.sql").read_text()
+        [backfill] = [s for s in split_statements(delta) if s.startswith("UPDATE")]
+
+        def migrate(txn):
+            txn.execute("UPDATE rooms SET activity = NULL")
+            txn.execute(backfill)
+
+        await store.db.run_interaction("migrate", migrate)
+        self.assertEqual(await store.db.run_interaction("columns", columns), kept)
+
     async def test_visibility_counts_and_one_statement(self):
         store = await self.open_store()
         [open_room, closed] = await self.make_rooms(store, 2)
