@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import zlib
 from typing import Any
 
@@ -97,27 +98,30 @@ class WriterLock:
 # ---------------------------------------------------------------- PostgreSQL
 
 
+#: How long a claim waits for the server to end the session of a holder that
+#: is a dead process on this host (killed a moment ago, its lock not yet freed).
+DEAD_HOLDER_WAIT_S = 10.0
+
+
 def _pg_acquire(engine: Any, instance_name: str) -> Any:
     # application_name is at most 63 bytes; keep the pid and host readable.
     app_name = f"{_APP_PREFIX} {os.getpid()}@{socket.gethostname()}"[:63]
     conn = engine.session_connection(app_name)
+    deadline = time.monotonic() + DEAD_HOLDER_WAIT_S
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", writer_lock_key(instance_name))
-            if cur.fetchone()[0]:
-                return conn
-            classid, objid = writer_lock_key(instance_name)
-            # The holder's connection: the lock row of that key, its backend's application_name.
-            cur.execute(
-                "SELECT a.application_name, a.client_addr, a.backend_start FROM pg_locks AS l"
-                " JOIN pg_stat_activity AS a ON a.pid = l.pid"
-                " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
-                " AND l.objsubid = 2"
-                # Advisory locks are per database: the same key elsewhere is someone else's.
-                " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-                (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF),
-            )
-            row = cur.fetchone()
+            while True:
+                cur.execute("SELECT pg_try_advisory_lock(%s, %s)", writer_lock_key(instance_name))
+                if cur.fetchone()[0]:
+                    return conn
+                row = _pg_holder(cur, instance_name)
+                # A writer restarted right after being killed can find its
+                # predecessor's session not yet ended by the server: wait for
+                # it, but only when the holder is provably dead (its pid on
+                # this very host no longer exists), and not for long.
+                if not (row and _is_dead_local_holder(row[0])) or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
     except BaseException:
         conn.close()
         raise
@@ -129,6 +133,38 @@ def _pg_acquire(engine: Any, instance_name: str) -> Any:
         pid, _, host = who.partition("@")
         holder = f"pid {pid} on {host or addr or '?'}, since {started:%Y-%m-%d %H:%M:%S %Z}".rstrip()
     raise WriterLockHeld(_refusal(instance_name, engine.describe(), holder))
+
+
+def _pg_holder(cur: Any, instance_name: str) -> tuple | None:
+    """(application_name, client address, backend start) of the session holding the lock."""
+    classid, objid = writer_lock_key(instance_name)
+    cur.execute(
+        "SELECT a.application_name, a.client_addr, a.backend_start FROM pg_locks AS l"
+        " JOIN pg_stat_activity AS a ON a.pid = l.pid"
+        " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
+        " AND l.objsubid = 2"
+        # Advisory locks are per database: the same key elsewhere is someone else's.
+        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF),
+    )
+    return cur.fetchone()
+
+
+def _is_dead_local_holder(application_name: str | None) -> bool:
+    """True when a holder's application_name names a pid on this host that no longer exists."""
+    if not application_name or not application_name.startswith(_APP_PREFIX):
+        return False
+    pid_text, _, host = application_name[len(_APP_PREFIX):].strip().partition("@")
+    # application_name is cut at 63 bytes: a cut host name never matches.
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, someone else's
+    return False
 
 
 def _pg_release(held: tuple[Any, str]) -> None:

@@ -176,3 +176,51 @@ class WriterLockPerDatabaseTests(DatabaseTestMixin, unittest.TestCase):
             with self.assertRaises(WriterLockHeld) as caught:
                 await WriterLock.acquire(second, "master")
             self.assertIn(f"(pid {os.getpid()} on", str(caught.exception))
+
+    async def test_waits_for_the_session_of_a_holder_killed_a_moment_ago(self):
+        """A writer restarted right after a SIGKILL can find the server still
+        ending its predecessor's session; the claim waits for it (the holder's
+        pid on this host is dead) instead of refusing. A live holder is still
+        refused at once (``test_second_claim_refused_until_released``)."""
+        import socket
+        import threading
+        import time
+
+        import psycopg2
+
+        from roomstore.storage import writer_lock
+
+        url = self.new_database_url()
+        db = await self.make_database(url)
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        dead_holder = psycopg2.connect(url, application_name=f"roomstore-writer {gone.pid}@{socket.gethostname()}")
+        dead_holder.autocommit = True
+        with dead_holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s, %s)", writer_lock.writer_lock_key("master"))
+
+        def end_session_later():
+            time.sleep(0.5)
+            dead_holder.close()  # what the server does once it notices the client is gone
+
+        ender = threading.Thread(target=end_session_later)
+        started = time.monotonic()
+        ender.start()
+        try:
+            lock = await WriterLock.acquire(db, "master")
+        finally:
+            ender.join()
+        self.assertGreaterEqual(time.monotonic() - started, 0.4)
+        await lock.release()
+
+        # Not for ever: a session of a dead holder that never ends is refused
+        # after the wait, naming it.
+        stuck = psycopg2.connect(url, application_name=f"roomstore-writer {gone.pid}@{socket.gethostname()}")
+        stuck.autocommit = True
+        self.addCleanup(stuck.close)
+        with stuck.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s, %s)", writer_lock.writer_lock_key("master"))
+        self.patch(writer_lock, "DEAD_HOLDER_WAIT_S", 0.3)
+        with self.assertRaises(WriterLockHeld) as caught:
+            await WriterLock.acquire(db, "master")
+        self.assertIn(f"pid {gone.pid} on", str(caught.exception))
