@@ -2,6 +2,7 @@
 
 usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [--runs R] [--congestion-events N]
        [--sections parse catchup live transports congestion] [--page-sizes N...] [--parse-lines N] [--profile]
+       [--read-ahead N...]
        [--transports-only]
 
 0. Parsing: roomstore's and Synapse's parse_command_from_line (where
@@ -199,7 +200,12 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
 
 
 async def throughput(reactor, engine: str, new_url, events: int, runs: int, page_sizes, profile: bool = False,
-                     profiles: list | None = None) -> list[list]:
+                     profiles: list | None = None, read_aheads=(2,)) -> list[list]:
+    """Catch-up from token 0, per page size and ``read_ahead`` (the server's
+    config, changed between runs of one server): the settings of one page
+    size take turns run by run, so the load of the machine falls on each alike."""
+    import attrs
+
     url = new_url()
     rows = []
     for page_size in page_sizes:
@@ -213,44 +219,47 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
             print(f"  ({engine}: persisted {server.store.events_stream.get_current_token()} events "
                   f"in {time.perf_counter() - started:.1f}s)", file=sys.stderr)
         targets = {s: server.store.generators[s].get_current_token() for s in ("events", "caches")}
-        samples = []
+        samples: dict[int, list] = {ahead: [] for ahead in read_aheads}
         for run in range(runs + (1 if profile else 0)):
-            # The extra (last) run is profiled on both sides and not counted.
-            profiling = profile and run == runs
-            env = dict(os.environ, PYTHONPATH=REPO)
-            server_profiler = None
-            if profiling:
-                import cProfile
-                import tempfile
+            for read_ahead in read_aheads:
+                server.factory.config = attrs.evolve(server.factory.config, read_ahead=read_ahead)
+                # The extra (last) run is profiled on both sides and not counted.
+                profiling = profile and run == runs
+                env = dict(os.environ, PYTHONPATH=REPO)
+                server_profiler = None
+                if profiling:
+                    import cProfile
+                    import tempfile
 
-                worker_stats = tempfile.mktemp(prefix="bench-worker-", suffix=".prof")
-                env["BENCH_PROFILE"] = worker_stats
-                server_profiler = cProfile.Profile()
-                server_profiler.enable()
-            argv = [sys.executable, os.path.abspath(__file__), "--worker", url, str(server.port.getHost().port),
-                    json.dumps(targets), str(page_size)]
-            server_cpu = time.process_time()
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
-            await until(reactor, lambda: proc.poll() is not None, 600, "worker")
-            server_cpu = time.process_time() - server_cpu
-            if server_profiler is not None:
-                server_profiler.disable()
-                profiles.append((f"{engine}, page size {page_size}, catch-up", server_profiler, worker_stats))
-                proc.stdout.read()
-                continue
-            out = proc.stdout.read().decode().strip().splitlines()
-            if proc.returncode != 0 or not out:
-                raise RuntimeError(f"worker failed ({proc.returncode})")
-            samples.append({**json.loads(out[-1]), "server_cpu": server_cpu})
+                    worker_stats = tempfile.mktemp(prefix="bench-worker-", suffix=".prof")
+                    env["BENCH_PROFILE"] = worker_stats
+                    server_profiler = cProfile.Profile()
+                    server_profiler.enable()
+                argv = [sys.executable, os.path.abspath(__file__), "--worker", url,
+                        str(server.port.getHost().port), json.dumps(targets), str(page_size)]
+                server_cpu = time.process_time()
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
+                await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+                server_cpu = time.process_time() - server_cpu
+                if server_profiler is not None:
+                    server_profiler.disable()
+                    profiles.append((f"{engine}, page size {page_size}, read-ahead {read_ahead}, catch-up",
+                                     server_profiler, worker_stats))
+                    proc.stdout.read()
+                    continue
+                out = proc.stdout.read().decode().strip().splitlines()
+                if proc.returncode != 0 or not out:
+                    raise RuntimeError(f"worker failed ({proc.returncode})")
+                samples[read_ahead].append({**json.loads(out[-1]), "server_cpu": server_cpu})
         await server.stopService()
-        rates = sorted(s["rdata"] / s["seconds"] for s in samples)
-        median = statistics.median(rates)
-        sample = samples[0]
-        rows.append([engine, page_size, targets["events"], int(sample["rdata"]), sample["tokens"],
-                     statistics.median(s["seconds"] for s in samples), median, rates[0], rates[-1],
-                     statistics.median(s["tokens"] / s["seconds"] for s in samples),
-                     statistics.median(s["rdata"] / s["cpu"] for s in samples),
-                     statistics.median(s["rdata"] / s["server_cpu"] for s in samples)])
+        for read_ahead, got in samples.items():
+            rates = sorted(s["rdata"] / s["seconds"] for s in got)
+            sample = got[0]
+            rows.append([engine, page_size, read_ahead, targets["events"], int(sample["rdata"]), sample["tokens"],
+                         statistics.median(s["seconds"] for s in got), statistics.median(rates), rates[0],
+                         rates[-1], statistics.median(s["tokens"] / s["seconds"] for s in got),
+                         statistics.median(s["rdata"] / s["cpu"] for s in got),
+                         statistics.median(s["rdata"] / s["server_cpu"] for s in got)])
     return rows
 
 
@@ -735,8 +744,8 @@ async def main(reactor, args) -> None:
         rows = []
         for engine, new_url in databases:
             rows += await throughput(reactor, engine, new_url, args.events, args.runs, args.page_sizes,
-                                     args.profile, profiles)
-        print_table(["engine", "page size", "events", "RDATA lines", "tokens", "median s", "median lines/s",
+                                     args.profile, profiles, args.read_ahead)
+        print_table(["engine", "page size", "read-ahead", "events", "RDATA lines", "tokens", "median s", "median lines/s",
                      "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s"],
                     rows)
         print("  (lines/s: wall clock at the worker; lines per CPU second of the worker process and of the "
@@ -793,6 +802,8 @@ if __name__ == "__main__":
     parser.add_argument("--max-pending", type=int, nargs="+", default=[50, 1_000, 10_000])
     parser.add_argument("--page-sizes", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--parse-lines", type=int, default=200_000)
+    parser.add_argument("--read-ahead", type=int, nargs="+", default=[2],
+                        help="the server's read_ahead settings for catch-up, taking turns run by run (e.g. 1 2 4)")
     parser.add_argument("--profile", action="store_true",
                         help="one more run per setting, profiled on both sides (not counted in the figures)")
     parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "transports", "congestion"],

@@ -65,6 +65,10 @@ class ReplicationConfig:
     max_pending_commands: int = attrs.field(default=10_000, validator=_positive)
     #: Rows per ``get_updates`` call when catching a connection up.
     page_size: int = attrs.field(default=100, validator=_positive)
+    #: Pages a server reads ahead per stream and writer while earlier ones
+    #: are sent (reads in flight at once, so memory per connection is about
+    #: this many pages more).
+    read_ahead: int = attrs.field(default=2, validator=_positive)
     #: Most ``batch`` rows a client buffers while waiting for the token line.
     max_batch_rows: int = attrs.field(default=10_000, validator=_positive)
 
@@ -160,6 +164,10 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         self._writable_waiters: list[defer.Deferred[None]] = []
         self._bad_line_log = _LogLimiter(clock)
         self._received_counts: dict[str, int] = {}
+        #: ``on_<NAME>`` of each command this side accepts, looked up once.
+        self._handlers: dict[str, Callable[[Any], Any]] = {
+            name: getattr(self, "on_" + name) for name in self.INBOUND_COMMANDS
+        }
         self._peer_error_log = _LogLimiter(clock)
 
     # -- state seen from outside ------------------------------------------
@@ -470,13 +478,14 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             self.log.failure("[{conn_id}] parser crashed on {line}", conn_id=self.conn_id, line=describe(text))
             self._reject_line("malformed", "failed to parse line", line)
             return
-        if cmd.NAME not in self.INBOUND_COMMANDS:
-            self._reject_line("unexpected_command", f"unexpected command {cmd.NAME}", line)
-            return
         name = cmd.NAME
+        handler = self._handlers.get(name)
+        if handler is None:
+            self._reject_line("unexpected_command", f"unexpected command {name}", line)
+            return
         counts = self._received_counts
         counts[name] = counts.get(name, 0) + 1
-        self._dispatch(cmd)
+        self._dispatch(cmd, handler)
 
     def _count_received(self) -> None:
         # Counted per line, added to Prometheus per read: a counter's inc
@@ -487,8 +496,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
                 metrics.child(metrics.COMMANDS_RECEIVED, self.SIDE, name).inc(count)
             counts.clear()
 
-    def _dispatch(self, cmd: Command) -> None:
-        handler: Callable[[Any], Any] = getattr(self, "on_" + cmd.NAME)
+    def _dispatch(self, cmd: Command, handler: Callable[[Any], Any]) -> None:
         try:
             result = handler(cmd)
         except CloseConnection as e:

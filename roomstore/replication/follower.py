@@ -34,7 +34,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from roomstore.replication.commands import PositionCommand, RdataCommand, describe
-from roomstore.replication.metrics import APPLIED_POSITION
+from roomstore.replication.metrics import APPLIED_POSITION, child
 from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.streams import Stream, StreamRow, UnknownStreamError
 
@@ -62,8 +62,13 @@ class StreamPositions:
         return self._tokens.get((stream_name, instance_name))
 
     def set(self, stream_name: str, instance_name: str, token: int) -> None:
-        self._tokens[(stream_name, instance_name)] = token
-        APPLIED_POSITION.labels(stream_name, instance_name).set(token)
+        key = (stream_name, instance_name)
+        if key not in self._tokens:
+            # The gauge reads the position when scraped: nothing to do per
+            # token (a set takes a lock, which costs more than applying a
+            # row). The newest StreamPositions to track a key reports it.
+            child(APPLIED_POSITION, stream_name, instance_name).set_function(partial(self._tokens.get, key, 0))
+        self._tokens[key] = token
 
     def items(self) -> Iterator[tuple[tuple[str, str], int]]:
         return iter(list(self._tokens.items()))

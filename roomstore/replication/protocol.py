@@ -36,10 +36,10 @@ exceed it makes the protocol log loudly, count it, send
 connections are unaffected. Stream rows are written a page at a time
 (``send_rows``: one transport write per page, so at most one page per
 stream and writer sits in the transport's buffer), and the server's catch-up
-loops (:mod:`~roomstore.replication.feed`) do not read the next page while
-the connection is paused, so a slow but live client falls behind in the
-stream (the database) rather than in our memory, and catches up when it
-drains. What
+loops (:mod:`~roomstore.replication.feed`) write no page while the
+connection is paused and read at most ``read_ahead`` pages ahead, so a slow
+but live client falls behind in the stream (the database) rather than in our
+memory, and catches up when it drains. What
 fills the queue past the limit is a client that stays paused while a page,
 or other traffic (POSITIONs, ERRORs for its bad lines, broadcasts), arrives.
 A client that stops reading altogether also stops sending PINGs and is
