@@ -60,6 +60,7 @@ from roomstore.replication.commands import (
     encode_row,
 )
 from roomstore.replication.streams import Stream, StreamRegistry
+from roomstore.replication.wire import encode_fast
 
 __all__ = ["ConnectionFeed", "FeedConnection", "StreamContractError"]
 
@@ -143,6 +144,37 @@ def _cancel_retry(cursor: _Cursor) -> None:
     if cursor.retry_call is not None and cursor.retry_call.active():
         cursor.retry_call.cancel()
     cursor.retry_call = None
+
+
+#: Characters of the longest token (a bigint).
+_MAX_TOKEN_DIGITS = 20
+
+
+def _plain_page(updates: list[tuple[int, tuple]], start: int, upto: int, room: int) -> list | None:
+    """The items of a page whose rows all encode in ``room`` characters and
+    whose tokens are in order within ``(start, upto]`` (every page, as a
+    rule), built without a step per row in Python beyond list
+    comprehensions; None for any other page, which the full loop of
+    ``_page_commands`` handles (and reports)."""
+    if not updates:
+        return []
+    try:
+        encoded = [encode_fast(row) for _, row in updates]
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if max(map(len, encoded)) > room:
+        return None
+    tokens = [token for token, _ in updates]
+    if tokens[0] <= start or tokens[-1] > upto or tokens != sorted(tokens):
+        return None
+    # A row's token goes on its line only if the next row has another
+    # token: the rows before carry "batch".
+    following = tokens[1:]
+    following.append(None)
+    return [
+        (None if token == after else token, update[1], row_json)
+        for token, after, update, row_json in zip(tokens, following, updates, encoded)
+    ]
 
 
 class ConnectionFeed:
@@ -409,7 +441,10 @@ class ConnectionFeed:
         # Bytes of a line besides the row: "RDATA <stream> <writer> <token> ".
         # Rows are ASCII JSON, so their length in characters is in bytes.
         room = self._max_line_length - len(f"RDATA {stream_name} {writer} ".encode("utf-8")) - 1
-        items: list = []
+        items = _plain_page(updates, start, upto, room - _MAX_TOKEN_DIGITS)
+        if items is not None:
+            return items
+        items = []
         previous = start
         index = 0
         count = len(updates)

@@ -183,6 +183,12 @@ else:  # pragma: no cover - CPython always has the C encoder
     _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False).encode
 
 
+#: ``encode_row`` without turning errors into ValueError (TypeError,
+#: ValueError or RecursionError): for loops that fall back to a slower path
+#: which reports them.
+encode_fast = _encode
+
+
 def encode_row(row: Any) -> str:
     """Encode a stream row (or any JSON value) as compact, deterministic JSON.
 

@@ -498,6 +498,26 @@ class _SplittingStream(InMemoryStream):
         return parts
 
 
+class PageWritingTests(unittest.TestCase):
+    """A page is written the same whether or not every line is ASCII."""
+
+    def test_writer_name_outside_ascii(self) -> None:
+        for writer in ("master", "w\u00f6rker"):
+            with self.subTest(writer=writer):
+                events = InMemoryStream("events")
+                events.append(writer, 1, ["$a"])
+                events.append(writer, 2, ["$b"], ["$c"])
+                factory = make_server(StreamRegistry([events]))
+                protocol, transport = connect(factory)
+                feed(protocol, "REPLICATE events 0")
+                self.assertEqual([line for line in written(transport) if line.split(" ")[2] == writer], [
+                    f'RDATA events {writer} 1 ["$a"]',
+                    f'RDATA events {writer} batch ["$b"]',
+                    f'RDATA events {writer} 2 ["$c"]',
+                    f"POSITION events {writer} 2 2",
+                ])
+
+
 class LineLimitTests(unittest.TestCase):
     """No line over max_line_length leaves the server, and no row is lost."""
 
