@@ -366,6 +366,135 @@ def parse_section(rows: list, count: int, runs: int) -> None:
           "Synapse's goes through json.decoder's decode/raw_decode)")
 
 
+# ---------------------------------------------------------------- 5. breakdown
+
+
+class _DiscardingTransport:
+    """A transport that counts what it is given and keeps nothing."""
+
+    def __init__(self) -> None:
+        from twisted.internet.address import IPv4Address
+
+        self.written = 0
+        self.disconnecting = False
+        self._peer = IPv4Address("TCP", "127.0.0.1", 0)
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def writeSequence(self, seq) -> None:
+        for data in seq:
+            self.write(data)
+
+    def getPeer(self):
+        return self._peer
+
+    def getHost(self):
+        return self._peer
+
+    def registerProducer(self, producer, streaming) -> None:
+        pass
+
+    def unregisterProducer(self) -> None:
+        pass
+
+    def loseConnection(self) -> None:
+        self.disconnecting = True
+
+    def abortConnection(self) -> None:
+        self.disconnecting = True
+
+
+async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_size: int) -> list[list]:
+    """Each stage of the catch-up path alone, on the same persisted events,
+    in one process: where a line's time goes. Stages run in turns, run by
+    run; CPU is this process's (its database threads included, PostgreSQL's
+    own processes not)."""
+    import gc
+
+    from roomstore.replication import ReplicationClientFactory, ReplicationConfig, ReplicationServerFactory
+    from roomstore.replication.store_streams import EventsStream, StoreReplicationHandler, store_stream_registry
+    from roomstore.store import RoomStore, StoreConfig
+
+    url = new_url()
+    store = await RoomStore.open(url, reactor=reactor)
+    worker = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}),
+                                  reactor=reactor)
+    try:
+        for batch in history(20, events):
+            await store.persist_events(batch)
+        stream = EventsStream(store)
+        current = stream.current_token("master")
+        config = ReplicationConfig(page_size=page_size)
+        server = ReplicationServerFactory("bench", store_stream_registry(store), reactor, config)
+        timings: dict[str, list[tuple[float, float]]] = {}
+        lines_of: dict[str, int] = {}
+
+        def timed(name: str, lines: int, started: tuple[float, float]) -> None:
+            wall, cpu = time.perf_counter() - started[0], time.process_time() - started[1]
+            timings.setdefault(name, []).append((lines / wall, lines / cpu))
+            lines_of[name] = lines
+
+        def now() -> tuple[float, float]:
+            gc.collect()
+            return time.perf_counter(), time.process_time()
+
+        for _ in range(runs):
+            # 1. The database pages, as the feed asks for them (one at a time).
+            started = now()
+            pages, start = [], 0
+            while start < current:
+                updates, upto, limited = await stream.get_updates("master", start, current, page_size)
+                pages.append((start, updates, upto, limited))
+                start = upto
+            rows = sum(len(page[1]) for page in pages)
+            timed(f"server: database pages of {page_size} (get_updates)", rows, started)
+            # 2. Encoding and writing those pages (the feed's loop body).
+            protocol = server.buildProtocol(None)
+            sink = _DiscardingTransport()
+            protocol.makeConnection(sink)
+            feed = protocol.session.feed
+            started = now()
+            for start, updates, upto, limited in pages:
+                protocol.send_rows("events", "master", feed._page_commands(stream, "master", start, updates, upto,
+                                                                          limited))
+            timed("server: RDATA lines encoded and written", rows, started)
+            protocol.connectionLost(None)
+            # 3. The whole server side: REPLICATE events 0 into a discarding
+            # transport (pages read ahead while others are written).
+            protocol = server.buildProtocol(None)
+            sink = _DiscardingTransport()
+            protocol.makeConnection(sink)
+            started = now()
+            protocol.dataReceived(b"NAME bench\nREPLICATE events 0\n")
+            await until(reactor, lambda: protocol.session.feed.is_idle(), 600, "server catch-up")
+            timed(f"server: catch-up, read-ahead {config.read_ahead} (1 and 2 overlapped)", rows, started)
+            protocol.connectionLost(None)
+            # 4. The worker: bytes in, parsed and applied to a worker store.
+            data = b"".join(
+                (line + "\n").encode() for line in rdata_lines_of([(t, r) for _, u, _, _ in pages for t, r in u],
+                                                                  rows))
+            handler = StoreReplicationHandler(worker)
+            client = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor, config=config)
+            client.positions.set("events", "master", 0)
+            client_protocol = client.buildProtocol(None)
+            client_protocol.makeConnection(_DiscardingTransport())
+            client_protocol.dataReceived(b"SERVER bench\n")
+            started = now()
+            for offset in range(0, len(data), 1 << 16):
+                client_protocol.dataReceived(data[offset:offset + (1 << 16)])
+            timed("worker: lines read, parsed and applied", rows, started)
+            if client.positions.get("events", "master") != current:
+                raise RuntimeError("the worker did not apply every row")
+            client_protocol.connectionLost(None)
+            client.stop()
+    finally:
+        await worker.close()
+        await store.close()
+    return [[engine, name, lines_of[name], statistics.median(w for w, _ in got), statistics.median(c for _, c in got)]
+            for name, got in timings.items()]
+
+
 # ---------------------------------------------------------------- 3. live traffic
 
 
@@ -804,6 +933,15 @@ async def main(reactor, args) -> None:
               "same live connection; caches bulk writer: N cache invalidations, one row per stream ID, 1,000 IDs "
               "reserved and committed per transaction as fast as the writer can, the server told as each commit "
               "completes: live traffic bounded by allocation and commit, not by event validation)")
+    if "breakdown" in args.sections:
+        print(f"\n5. Breakdown: each stage of a catch-up alone, in one process, on {args.events} persisted events "
+              f"(page size {max(args.page_sizes)}); median of {args.runs} runs\n")
+        rows = []
+        for engine, new_url in databases:
+            rows += await breakdown(reactor, engine, new_url, args.events, args.runs, max(args.page_sizes))
+        print_table(["engine", "stage", "lines", "median lines/s", "median lines/CPU s"], rows)
+        print("  (CPU: this process, database threads included, PostgreSQL's own processes not; end to end the "
+              "server's stages and the worker's run in two processes, side by side)")
     if "transports" in args.sections:
         print(f"\n4. Redis vs direct TCP: {args.events} persisted events from token 0 to a worker process, "
               f"the same worker and workload over each transport; median of {args.runs} runs, alternating\n")
@@ -845,8 +983,9 @@ if __name__ == "__main__":
                         help="the server's read_ahead settings for catch-up, taking turns run by run (e.g. 1 2 4)")
     parser.add_argument("--profile", action="store_true",
                         help="one more run per setting, profiled on both sides (not counted in the figures)")
-    parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "transports", "congestion"],
-                        choices=["parse", "catchup", "live", "transports", "congestion"])
+    parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "breakdown", "transports",
+                                                          "congestion"],
+                        choices=["parse", "catchup", "live", "breakdown", "transports", "congestion"])
     parser.add_argument("--transports-only", action="store_true", help="only section 4 (Redis vs TCP)")
     args = parser.parse_args()
     if args.transports_only:

@@ -172,16 +172,18 @@ class StreamFollower:
     # -- commands in -------------------------------------------------------------
 
     def on_rdata(self, cmd: RdataCommand) -> None:
-        if self._stopped or (cmd.stream_name not in self._handler.streams and self._stream(cmd.stream_name) is None):
+        stream_name = cmd.stream_name
+        if self._stopped or (stream_name not in self._handler.streams and self._stream(stream_name) is None):
             return
-        key = (cmd.stream_name, cmd.instance_name)
+        key = (stream_name, cmd.instance_name)
         row = cmd.row
         if type(row) is list:
             row = tuple(row)
-        if cmd.token is None:
+        token = cmd.token
+        if token is None:
             batch = self._batches.setdefault(key, [])
             if len(batch) >= self._max_batch_rows:
-                raise CloseConnection(f"batch for {cmd.stream_name} longer than {self._max_batch_rows} rows")
+                raise CloseConnection(f"batch for {stream_name} longer than {self._max_batch_rows} rows")
             batch.append(row)
             return
         rows = self._batches.pop(key, None)
@@ -189,10 +191,10 @@ class StreamFollower:
             rows = [row]
         else:
             rows.append(row)
-        if cmd.stream_name in self._draining:
-            self._enqueue(cmd.stream_name, partial(self._apply_rows, cmd.stream_name, cmd.instance_name, cmd.token, rows))
+        if stream_name in self._draining:
+            self._enqueue(stream_name, partial(self._apply_rows, stream_name, cmd.instance_name, token, rows))
         else:
-            self._apply_rows_now(cmd.stream_name, cmd.instance_name, cmd.token, rows)
+            self._apply_rows_now(stream_name, cmd.instance_name, token, rows)
 
     def on_position(self, cmd: PositionCommand) -> None:
         if self._stopped:
