@@ -1,9 +1,8 @@
 """TCP replication from a writer store to a worker over loopback TCP.
 
 usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [--runs R] [--congestion-events N]
-       [--sections parse catchup live transports congestion] [--page-sizes N...] [--parse-lines N] [--profile]
-       [--read-ahead N...]
-       [--transports-only]
+       [--sections parse catchup live breakdown transports congestion] [--page-sizes N...] [--read-ahead N...]
+       [--parse-lines N] [--profile] [--transports-only]
 
 0. Parsing: roomstore's and Synapse's parse_command_from_line (where
    matrix-synapse is importable) on the same events RDATA lines, interleaved
@@ -26,6 +25,12 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    N cache invalidations committing 1,000 stream IDs per transaction as fast
    as it can, the server told per commit (live rows bounded by allocation
    and commit).
+
+5. Breakdown (printed after 3): each stage of a catch-up alone, in one
+   process, on the same persisted events: the database pages
+   (``get_updates``), encoding and writing them (into a transport that
+   keeps nothing), the server's whole catch-up loop, and the worker reading,
+   parsing and applying the lines; lines per wall and per CPU second.
 
 4. Redis vs direct TCP (needs redis-server; a private one is started): the
    same N persisted events, sent to a worker process (the same worker store
@@ -943,7 +948,13 @@ async def main(reactor, args) -> None:
         print("  (CPU: this process, database threads included, PostgreSQL's own processes not; end to end the "
               "server's stages and the worker's run in two processes, side by side)")
     if "transports" in args.sections:
-        print(f"\n4. Redis vs direct TCP: {args.events} persisted events from token 0 to a worker process, "
+        print(f"\n5. Breakdown (printed after 3): each stage of a catch-up alone, in one
+   process, on the same persisted events: the database pages
+   (``get_updates``), encoding and writing them (into a transport that
+   keeps nothing), the server's whole catch-up loop, and the worker reading,
+   parsing and applying the lines; lines per wall and per CPU second.
+
+4. Redis vs direct TCP: {args.events} persisted events from token 0 to a worker process, "
               f"the same worker and workload over each transport; median of {args.runs} runs, alternating\n")
         rows = []
         for engine, new_url in databases:
