@@ -948,13 +948,7 @@ async def main(reactor, args) -> None:
         print("  (CPU: this process, database threads included, PostgreSQL's own processes not; end to end the "
               "server's stages and the worker's run in two processes, side by side)")
     if "transports" in args.sections:
-        print(f"\n5. Breakdown (printed after 3): each stage of a catch-up alone, in one
-   process, on the same persisted events: the database pages
-   (``get_updates``), encoding and writing them (into a transport that
-   keeps nothing), the server's whole catch-up loop, and the worker reading,
-   parsing and applying the lines; lines per wall and per CPU second.
-
-4. Redis vs direct TCP: {args.events} persisted events from token 0 to a worker process, "
+        print(f"\n4. Redis vs direct TCP: {args.events} persisted events from token 0 to a worker process, "
               f"the same worker and workload over each transport; median of {args.runs} runs, alternating\n")
         rows = []
         for engine, new_url in databases:
