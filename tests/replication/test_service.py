@@ -18,10 +18,11 @@ from twisted.internet import reactor
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
-from roomstore.replication import ReplicationClientFactory
+from roomstore.replication import ReplicationClientFactory, ReplicationConfig
 from roomstore.replication.service import (
     FollowerService,
     ReplicationServerService,
+    fit_read_ahead,
     load_positions,
     parse_host_port,
     read_secret_file,
@@ -146,6 +147,19 @@ class ServiceTests(ServiceTestMixin):
         self.assertEqual(factory.connections, [])
         with self.assertRaises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+    async def test_server_reads_ahead_no_more_than_its_pool_allows(self):
+        """Pages read ahead at once fit the database pool with a connection
+        to spare for the writer: one on SQLite (one connection), the
+        configured two on PostgreSQL (five)."""
+        server = await self.start_server(self.new_database_url())
+        connections = server.store.db.engine.max_connections
+        self.assertEqual(server.factory.config.read_ahead, 1 if connections <= 2 else 2)
+        self.assertEqual(ReplicationConfig().read_ahead, 2)
+        self.assertEqual(fit_read_ahead(ReplicationConfig(read_ahead=8), 5).read_ahead, 4)
+        self.assertEqual(fit_read_ahead(ReplicationConfig(read_ahead=3), 1).read_ahead, 1)
+        kept = ReplicationConfig(read_ahead=2, page_size=7)
+        self.assertIs(fit_read_ahead(kept, 5), kept)
 
     async def test_follower_resumes_from_its_positions_file(self):
         url = self.new_database_url()
