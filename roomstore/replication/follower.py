@@ -27,19 +27,18 @@ from __future__ import annotations
 import inspect
 from collections import deque
 from functools import partial
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from roomstore.replication.commands import PositionCommand, RdataCommand, describe
+from roomstore.replication.handler import ReplicationClientHandler
 from roomstore.replication.metrics import APPLIED_POSITION, child
 from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.streams import Stream, StreamRow, UnknownStreamError
 
-if TYPE_CHECKING:
-    from roomstore.replication.client import ReplicationClientHandler
 
 __all__ = ["StreamFollower", "StreamPositions"]
 
