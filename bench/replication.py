@@ -1,8 +1,8 @@
 """TCP replication from a writer store to a worker over loopback TCP.
 
 usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [--runs R] [--congestion-events N]
-       [--sections parse catchup live transports congestion] [--page-sizes N...] [--parse-lines N] [--profile]
-       [--transports-only]
+       [--sections parse catchup live breakdown transports congestion] [--page-sizes N...] [--read-ahead N...]
+       [--parse-lines N] [--profile] [--transports-only]
 
 0. Parsing: roomstore's and Synapse's parse_command_from_line (where
    matrix-synapse is importable) on the same events RDATA lines, interleaved
@@ -18,9 +18,19 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    writer's, median of R runs, per engine and page size.
 
 3. Live traffic (printed after 1): a worker connected and caught up while
-   the writer persists N events; lines/s at the worker from its first row,
-   both as the writer commits and with the server told only once all are
-   written (the live path's own capacity).
+   the writer writes; RDATA lines/s at the worker from its first row to the
+   writer's positions, parse and apply included. Writers: N persisted events
+   as the writer commits them (bounded by event validation), the same with
+   the server told only once all are written (burst), and a bulk writer of
+   N cache invalidations committing 1,000 stream IDs per transaction as fast
+   as it can, the server told per commit (live rows bounded by allocation
+   and commit).
+
+5. Breakdown (printed after 3): each stage of a catch-up alone, in one
+   process, on the same persisted events: the database pages
+   (``get_updates``), encoding and writing them (into a transport that
+   keeps nothing), the server's whole catch-up loop, and the worker reading,
+   parsing and applying the lines; lines per wall and per CPU second.
 
 4. Redis vs direct TCP (needs redis-server; a private one is started): the
    same N persisted events, sent to a worker process (the same worker store
@@ -199,7 +209,12 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
 
 
 async def throughput(reactor, engine: str, new_url, events: int, runs: int, page_sizes, profile: bool = False,
-                     profiles: list | None = None) -> list[list]:
+                     profiles: list | None = None, read_aheads=(2,)) -> list[list]:
+    """Catch-up from token 0, per page size and ``read_ahead`` (the server's
+    config, changed between runs of one server): the settings of one page
+    size take turns run by run, so the load of the machine falls on each alike."""
+    import attrs
+
     url = new_url()
     rows = []
     for page_size in page_sizes:
@@ -213,44 +228,47 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
             print(f"  ({engine}: persisted {server.store.events_stream.get_current_token()} events "
                   f"in {time.perf_counter() - started:.1f}s)", file=sys.stderr)
         targets = {s: server.store.generators[s].get_current_token() for s in ("events", "caches")}
-        samples = []
+        samples: dict[int, list] = {ahead: [] for ahead in read_aheads}
         for run in range(runs + (1 if profile else 0)):
-            # The extra (last) run is profiled on both sides and not counted.
-            profiling = profile and run == runs
-            env = dict(os.environ, PYTHONPATH=REPO)
-            server_profiler = None
-            if profiling:
-                import cProfile
-                import tempfile
+            for read_ahead in read_aheads:
+                server.factory.config = attrs.evolve(server.factory.config, read_ahead=read_ahead)
+                # The extra (last) run is profiled on both sides and not counted.
+                profiling = profile and run == runs
+                env = dict(os.environ, PYTHONPATH=REPO)
+                server_profiler = None
+                if profiling:
+                    import cProfile
+                    import tempfile
 
-                worker_stats = tempfile.mktemp(prefix="bench-worker-", suffix=".prof")
-                env["BENCH_PROFILE"] = worker_stats
-                server_profiler = cProfile.Profile()
-                server_profiler.enable()
-            argv = [sys.executable, os.path.abspath(__file__), "--worker", url, str(server.port.getHost().port),
-                    json.dumps(targets), str(page_size)]
-            server_cpu = time.process_time()
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
-            await until(reactor, lambda: proc.poll() is not None, 600, "worker")
-            server_cpu = time.process_time() - server_cpu
-            if server_profiler is not None:
-                server_profiler.disable()
-                profiles.append((f"{engine}, page size {page_size}, catch-up", server_profiler, worker_stats))
-                proc.stdout.read()
-                continue
-            out = proc.stdout.read().decode().strip().splitlines()
-            if proc.returncode != 0 or not out:
-                raise RuntimeError(f"worker failed ({proc.returncode})")
-            samples.append({**json.loads(out[-1]), "server_cpu": server_cpu})
+                    worker_stats = tempfile.mktemp(prefix="bench-worker-", suffix=".prof")
+                    env["BENCH_PROFILE"] = worker_stats
+                    server_profiler = cProfile.Profile()
+                    server_profiler.enable()
+                argv = [sys.executable, os.path.abspath(__file__), "--worker", url,
+                        str(server.port.getHost().port), json.dumps(targets), str(page_size)]
+                server_cpu = time.process_time()
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
+                await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+                server_cpu = time.process_time() - server_cpu
+                if server_profiler is not None:
+                    server_profiler.disable()
+                    profiles.append((f"{engine}, page size {page_size}, read-ahead {read_ahead}, catch-up",
+                                     server_profiler, worker_stats))
+                    proc.stdout.read()
+                    continue
+                out = proc.stdout.read().decode().strip().splitlines()
+                if proc.returncode != 0 or not out:
+                    raise RuntimeError(f"worker failed ({proc.returncode})")
+                samples[read_ahead].append({**json.loads(out[-1]), "server_cpu": server_cpu})
         await server.stopService()
-        rates = sorted(s["rdata"] / s["seconds"] for s in samples)
-        median = statistics.median(rates)
-        sample = samples[0]
-        rows.append([engine, page_size, targets["events"], int(sample["rdata"]), sample["tokens"],
-                     statistics.median(s["seconds"] for s in samples), median, rates[0], rates[-1],
-                     statistics.median(s["tokens"] / s["seconds"] for s in samples),
-                     statistics.median(s["rdata"] / s["cpu"] for s in samples),
-                     statistics.median(s["rdata"] / s["server_cpu"] for s in samples)])
+        for read_ahead, got in samples.items():
+            rates = sorted(s["rdata"] / s["seconds"] for s in got)
+            sample = got[0]
+            rows.append([engine, page_size, read_ahead, targets["events"], int(sample["rdata"]), sample["tokens"],
+                         statistics.median(s["seconds"] for s in got), statistics.median(rates), rates[0],
+                         rates[-1], statistics.median(s["tokens"] / s["seconds"] for s in got),
+                         statistics.median(s["rdata"] / s["cpu"] for s in got),
+                         statistics.median(s["rdata"] / s["server_cpu"] for s in got)])
     return rows
 
 
@@ -353,10 +371,157 @@ def parse_section(rows: list, count: int, runs: int) -> None:
           "Synapse's goes through json.decoder's decode/raw_decode)")
 
 
+# ---------------------------------------------------------------- 5. breakdown
+
+
+class _DiscardingTransport:
+    """A transport that counts what it is given and keeps nothing."""
+
+    def __init__(self) -> None:
+        from twisted.internet.address import IPv4Address
+
+        self.written = 0
+        self.disconnecting = False
+        self._peer = IPv4Address("TCP", "127.0.0.1", 0)
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def writeSequence(self, seq) -> None:
+        for data in seq:
+            self.write(data)
+
+    def getPeer(self):
+        return self._peer
+
+    def getHost(self):
+        return self._peer
+
+    def registerProducer(self, producer, streaming) -> None:
+        pass
+
+    def unregisterProducer(self) -> None:
+        pass
+
+    def loseConnection(self) -> None:
+        self.disconnecting = True
+
+    def abortConnection(self) -> None:
+        self.disconnecting = True
+
+
+async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_size: int) -> list[list]:
+    """Each stage of the catch-up path alone, on the same persisted events,
+    in one process: where a line's time goes. Stages run in turns, run by
+    run; CPU is this process's (its database threads included, PostgreSQL's
+    own processes not)."""
+    import gc
+
+    from roomstore.replication import ReplicationClientFactory, ReplicationConfig, ReplicationServerFactory
+    from roomstore.replication.store_streams import EventsStream, StoreReplicationHandler, store_stream_registry
+    from roomstore.store import RoomStore, StoreConfig
+
+    url = new_url()
+    store = await RoomStore.open(url, reactor=reactor)
+    worker = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}),
+                                  reactor=reactor)
+    try:
+        for batch in history(20, events):
+            await store.persist_events(batch)
+        stream = EventsStream(store)
+        current = stream.current_token("master")
+        config = ReplicationConfig(page_size=page_size)
+        server = ReplicationServerFactory("bench", store_stream_registry(store), reactor, config)
+        timings: dict[str, list[tuple[float, float]]] = {}
+        lines_of: dict[str, int] = {}
+
+        def timed(name: str, lines: int, started: tuple[float, float]) -> None:
+            wall, cpu = time.perf_counter() - started[0], time.process_time() - started[1]
+            timings.setdefault(name, []).append((lines / wall, lines / cpu))
+            lines_of[name] = lines
+
+        def now() -> tuple[float, float]:
+            gc.collect()
+            return time.perf_counter(), time.process_time()
+
+        for _ in range(runs):
+            # 1. The database pages, as the feed asks for them (one at a time).
+            started = now()
+            pages, start = [], 0
+            while start < current:
+                updates, upto, limited = await stream.get_updates("master", start, current, page_size)
+                pages.append((start, updates, upto, limited))
+                start = upto
+            rows = sum(len(page[1]) for page in pages)
+            timed(f"server: database pages of {page_size} (get_updates)", rows, started)
+            # 2. Encoding and writing those pages (the feed's loop body).
+            protocol = server.buildProtocol(None)
+            sink = _DiscardingTransport()
+            protocol.makeConnection(sink)
+            feed = protocol.session.feed
+            started = now()
+            for start, updates, upto, limited in pages:
+                protocol.send_rows("events", "master", feed._page_commands(stream, "master", start, updates, upto,
+                                                                          limited))
+            timed("server: RDATA lines encoded and written", rows, started)
+            protocol.connectionLost(None)
+            # 3. The whole server side: REPLICATE events 0 into a discarding
+            # transport (pages read ahead while others are written).
+            protocol = server.buildProtocol(None)
+            sink = _DiscardingTransport()
+            protocol.makeConnection(sink)
+            started = now()
+            protocol.dataReceived(b"NAME bench\nREPLICATE events 0\n")
+            await until(reactor, lambda: protocol.session.feed.is_idle(), 600, "server catch-up")
+            timed(f"server: catch-up, read-ahead {config.read_ahead} (1 and 2 overlapped)", rows, started)
+            protocol.connectionLost(None)
+            # 4. The worker: bytes in, parsed and applied to a worker store.
+            data = b"".join(
+                (line + "\n").encode() for line in rdata_lines_of([(t, r) for _, u, _, _ in pages for t, r in u],
+                                                                  rows))
+            handler = StoreReplicationHandler(worker)
+            client = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor, config=config)
+            client.positions.set("events", "master", 0)
+            client_protocol = client.buildProtocol(None)
+            client_protocol.makeConnection(_DiscardingTransport())
+            client_protocol.dataReceived(b"SERVER bench\n")
+            started = now()
+            for offset in range(0, len(data), 1 << 16):
+                client_protocol.dataReceived(data[offset:offset + (1 << 16)])
+            timed("worker: lines read, parsed and applied", rows, started)
+            if client.positions.get("events", "master") != current:
+                raise RuntimeError("the worker did not apply every row")
+            client_protocol.connectionLost(None)
+            client.stop()
+    finally:
+        await worker.close()
+        await store.close()
+    return [[engine, name, lines_of[name], statistics.median(w for w, _ in got), statistics.median(c for _, c in got)]
+            for name, got in timings.items()]
+
+
 # ---------------------------------------------------------------- 3. live traffic
 
 
-async def live_run(reactor, url: str, events: int, page_size: int, burst: bool) -> dict:
+async def write_invalidations(store, rows: int, batch: int = 1000) -> None:
+    """The bulk writer of live runs: ``rows`` cache invalidations (one key
+    each, one row per stream ID, as ``invalidate_cache`` writes them), ``batch``
+    stream IDs reserved and committed per transaction, as fast as the writer
+    can allocate and commit them; the server is told as each commit's IDs
+    complete."""
+    from roomstore.events.persist import write_cache_invalidations
+
+    def write(txn, ids: list[int]) -> None:
+        now_ms = int(time.time() * 1000)
+        for stream_id in ids:
+            write_cache_invalidations(txn, stream_id, store.instance_name, [("bench_cache", [f"k{stream_id}"])], now_ms)
+
+    for start in range(0, rows, batch):
+        async with store.caches_stream.get_next_mult(min(batch, rows - start)) as ids:
+            await store.db.run_interaction("bench_invalidations", write, ids)
+
+
+async def live_run(reactor, url: str, events: int, page_size: int, burst: bool, bulk: bool = False) -> dict:
     """A worker process connected and caught up; then the writer (this
     process) persists ``events`` events in batches of 50. ``burst``: the
     server is told of them only once all are written, so the rows reach the
@@ -390,8 +555,11 @@ async def live_run(reactor, url: str, events: int, page_size: int, burst: bool) 
     if b"ready" not in ready:
         raise RuntimeError(f"worker did not start: {ready!r}")
     started = time.perf_counter()
-    for batch in history(20, events):
-        await store.persist_events(batch)
+    if bulk:
+        await write_invalidations(store, events)
+    else:
+        for batch in history(20, events):
+            await store.persist_events(batch)
     written = time.perf_counter() - started
     targets = {s: store.generators[s].get_current_token() for s in ("events", "caches")}
     proc.stdin.write((json.dumps(targets) + "\n").encode())
@@ -408,19 +576,30 @@ async def live_run(reactor, url: str, events: int, page_size: int, burst: bool) 
     factory.close_all()
     await port.stopListening()
     await store.close()
-    return {**json.loads(out[-1]), "write_s": written, "events": targets["events"]}
+    written_rows = events if bulk else targets["events"]
+    return {**json.loads(out[-1]), "write_s": written, "events": written_rows}
+
+
+#: The live modes: (label, burst, bulk).
+LIVE_MODES = (
+    ("events, as written", False, False),
+    ("events, burst (told after the writes)", True, False),
+    ("caches bulk writer, as written", False, True),
+)
 
 
 async def live(reactor, engine: str, new_url, events: int, runs: int, page_size: int) -> list[list]:
+    samples: dict[str, list] = {label: [] for label, _, _ in LIVE_MODES}
+    for _ in range(runs):  # the modes take turns, run by run
+        for label, burst, bulk in LIVE_MODES:
+            samples[label].append(await live_run(reactor, new_url(), events, page_size, burst, bulk))
     rows = []
-    for burst in (False, True):
-        samples = [await live_run(reactor, new_url(), events, page_size, burst) for _ in range(runs)]
-        rates = sorted(s["rdata"] / s["seconds"] for s in samples)
-        rows.append([engine, "burst (told after the writes)" if burst else "as written", page_size,
-                     samples[0]["events"], int(samples[0]["rdata"]),
-                     statistics.median(s["events"] / s["write_s"] for s in samples),
+    for label, got in samples.items():
+        rates = sorted(s["rdata"] / s["seconds"] for s in got)
+        rows.append([engine, label, page_size, got[0]["events"], int(got[0]["rdata"]),
+                     statistics.median(s["events"] / s["write_s"] for s in got),
                      statistics.median(rates), rates[0], rates[-1],
-                     statistics.median(s["rdata"] / s["cpu"] for s in samples)])
+                     statistics.median(s["rdata"] / s["cpu"] for s in got)])
     return rows
 
 
@@ -735,8 +914,8 @@ async def main(reactor, args) -> None:
         rows = []
         for engine, new_url in databases:
             rows += await throughput(reactor, engine, new_url, args.events, args.runs, args.page_sizes,
-                                     args.profile, profiles)
-        print_table(["engine", "page size", "events", "RDATA lines", "tokens", "median s", "median lines/s",
+                                     args.profile, profiles, args.read_ahead)
+        print_table(["engine", "page size", "read-ahead", "events", "RDATA lines", "tokens", "median s", "median lines/s",
                      "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s"],
                     rows)
         print("  (lines/s: wall clock at the worker; lines per CPU second of the worker process and of the "
@@ -752,10 +931,22 @@ async def main(reactor, args) -> None:
         rows = []
         for engine, new_url in databases:
             rows += await live(reactor, engine, new_url, args.events, args.runs, max(args.page_sizes))
-        print_table(["engine", "rows told", "page size", "events", "RDATA lines", "writer events/s",
-                     "median lines/s", "min lines/s", "max lines/s", "lines/worker CPU s"], rows)
-        print("  (as written: the worker cannot get rows faster than the writer commits them; burst: the same "
-              "events, the server told once they are all written, through the same live connection)")
+        print_table(["engine", "writer, rows told", "page size", "rows written", "RDATA lines",
+                     "writer rows/s", "median lines/s", "min lines/s", "max lines/s", "lines/worker CPU s"], rows)
+        print("  (events, as written: persisted events, the worker cannot get rows faster than the writer validates "
+              "and commits them; burst: the same events, the server told once they are all written, through the "
+              "same live connection; caches bulk writer: N cache invalidations, one row per stream ID, 1,000 IDs "
+              "reserved and committed per transaction as fast as the writer can, the server told as each commit "
+              "completes: live traffic bounded by allocation and commit, not by event validation)")
+    if "breakdown" in args.sections:
+        print(f"\n5. Breakdown: each stage of a catch-up alone, in one process, on {args.events} persisted events "
+              f"(page size {max(args.page_sizes)}); median of {args.runs} runs\n")
+        rows = []
+        for engine, new_url in databases:
+            rows += await breakdown(reactor, engine, new_url, args.events, args.runs, max(args.page_sizes))
+        print_table(["engine", "stage", "lines", "median lines/s", "median lines/CPU s"], rows)
+        print("  (CPU: this process, database threads included, PostgreSQL's own processes not; end to end the "
+              "server's stages and the worker's run in two processes, side by side)")
     if "transports" in args.sections:
         print(f"\n4. Redis vs direct TCP: {args.events} persisted events from token 0 to a worker process, "
               f"the same worker and workload over each transport; median of {args.runs} runs, alternating\n")
@@ -793,10 +984,13 @@ if __name__ == "__main__":
     parser.add_argument("--max-pending", type=int, nargs="+", default=[50, 1_000, 10_000])
     parser.add_argument("--page-sizes", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--parse-lines", type=int, default=200_000)
+    parser.add_argument("--read-ahead", type=int, nargs="+", default=[2],
+                        help="the server's read_ahead settings for catch-up, taking turns run by run (e.g. 1 2 4)")
     parser.add_argument("--profile", action="store_true",
                         help="one more run per setting, profiled on both sides (not counted in the figures)")
-    parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "transports", "congestion"],
-                        choices=["parse", "catchup", "live", "transports", "congestion"])
+    parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "breakdown", "transports",
+                                                          "congestion"],
+                        choices=["parse", "catchup", "live", "breakdown", "transports", "congestion"])
     parser.add_argument("--transports-only", action="store_true", help="only section 4 (Redis vs TCP)")
     args = parser.parse_args()
     if args.transports_only:

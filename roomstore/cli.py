@@ -397,12 +397,15 @@ def serve_store_config(args):
 
 async def cmd_serve(reactor, args) -> int:
     """Serve the store's streams to workers over TCP replication, until stopped."""
+    from roomstore.replication import ReplicationConfig
     from roomstore.replication.service import ReplicationServerService, read_secret_file, run_service
 
     try:
         secret = read_secret_file(args.secret_file) if args.secret_file else None
     except (OSError, ValueError) as exc:
         raise CliError(f"secret file: {exc}") from None
+    if args.max_line_length is not None and args.max_line_length < 1:
+        raise CliError("--max-line-length must be a positive number of bytes")
     service = ReplicationServerService(
         args.db,
         port=args.replication_port,
@@ -413,6 +416,8 @@ async def cmd_serve(reactor, args) -> int:
         metrics_port=args.metrics_port,
         store_config=serve_store_config(args),
         redis_url=args.redis,
+        config=ReplicationConfig() if args.max_line_length is None
+        else ReplicationConfig(max_line_length=args.max_line_length),
         reactor=reactor,
     )
 
@@ -557,6 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-file", help="require AUTH with the secret on this file's first line")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on /metrics")
     p.add_argument("--redis", help="also replicate over this Redis (redis://host:port), channel --server-name")
+    p.add_argument("--max-line-length", type=int, default=None, metavar="BYTES",
+                   help="longest replication line sent or accepted, in bytes (default 16384, Synapse's limit;"
+                        " a longer cache invalidation is split over several lines)")
     p = add("follow", "follow a replication server into a worker store, printing applied rows (runs until stopped)")
     p.add_argument("--server", help="the replication server, HOST:PORT (or --redis)")
     p.add_argument("--redis", help="follow every writer over this Redis (redis://host:port), channel --server-name")

@@ -33,6 +33,7 @@ __all__ = [
     "ROOMS_FOR_USER_CACHE",
     "StoreCaches",
     "batch_invalidations",
+    "invalidation_rows_txn",
     "write_cache_invalidations",
 ]
 
@@ -70,6 +71,26 @@ def write_cache_invalidations(
         queue=True,
     )
 
+
+
+_INVALIDATION_ROWS = (
+    "SELECT stream_id, cache_name, keys, invalidation_ts FROM cache_invalidations"
+    " WHERE instance_name = ? AND stream_id > ? AND stream_id <= ?"
+    # COALESCE: SQLite sorts NULL first, PostgreSQL last; rows must come
+    # out the same on both.
+    " ORDER BY stream_id, cache_name, COALESCE(keys, '')"
+)
+
+
+def invalidation_rows_txn(
+    txn: Transaction, instance_name: str, from_id: int, upto: int, limit: int | None = None
+) -> list[tuple]:
+    """``(stream_id, cache_name, keys JSON or None, invalidation_ts)`` of
+    ``instance_name`` with ``from_id < stream_id <= upto``, in a fixed order,
+    at most ``limit`` (None: all)."""
+    if limit is None:
+        return txn.execute(_INVALIDATION_ROWS, (instance_name, from_id, upto)).fetchall()
+    return txn.execute(_INVALIDATION_ROWS + " LIMIT ?", (instance_name, from_id, upto, limit)).fetchall()
 
 class StoreCaches:
     """One process's caches of the store, and what each change drops.

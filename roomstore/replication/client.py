@@ -11,7 +11,7 @@ so nothing is missed across the gap.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable
+from typing import Any
 
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import ReconnectingClientFactory
@@ -31,46 +31,10 @@ from roomstore.replication.commands import (
     UserSyncCommand,
 )
 from roomstore.replication.follower import StreamFollower, StreamPositions
+from roomstore.replication.handler import ReplicationClientHandler
 from roomstore.replication.protocol import ClientReplicationProtocol, ReplicationConfig
-from roomstore.replication.streams import StreamRegistry
 
 __all__ = ["ReplicationClientFactory", "ReplicationClientHandler"]
-
-
-class ReplicationClientHandler:
-    """What a worker supplies to receive replication. Subclass and override.
-
-    ``streams`` holds the streams the worker understands and can read rows
-    from (for the rows it missed); updates for any other stream are ignored.
-    Each method may return an awaitable; updates to one stream are not
-    delivered until the previous one's awaitable has finished.
-    """
-
-    def __init__(self, streams: StreamRegistry) -> None:
-        self.streams = streams
-
-    def on_rdata(
-        self, stream_name: str, instance_name: str, token: int, rows: list[Any]
-    ) -> Awaitable[None] | None:
-        """All rows of ``stream_name`` written by ``instance_name`` at ``token``
-        (one call per token, never part of a batch)."""
-        return None
-
-    def on_position(
-        self, stream_name: str, instance_name: str, prev_token: int, new_token: int
-    ) -> Awaitable[None] | None:
-        """``instance_name``'s position in ``stream_name`` is now ``new_token``;
-        any rows up to it have been delivered through ``on_rdata`` first."""
-        return None
-
-    def on_remote_server_up(self, server: str) -> None:
-        """The main process says remote homeserver ``server`` may be back."""
-
-    def on_lock_released(self, instance_name: str, lock_name: str, lock_key: str) -> None:
-        """``instance_name`` released the lock ``(lock_name, lock_key)``."""
-
-    def on_connected(self) -> None:
-        """A connection to the expected server is up (e.g. resend USER_SYNC)."""
 
 
 class _ClientSession:

@@ -15,11 +15,11 @@ token. That single path gives the guarantees the protocol needs:
   it stops, so rows written meanwhile are sent after the replay, in order.
   They wait in the stream (the database), not in memory.
 - **Bounded pages and bounded memory.** A far-behind connection is caught up
-  ``page_size`` rows at a time, and a loop does not read the next page while
+  ``page_size`` rows at a time. While a page is encoded and written, up to
+  ``read_ahead`` more are being read (the database works meanwhile, on
+  several connections where it has them), and a loop writes nothing while
   the connection is paused (congested), so a slow client costs no more than
-  two pages per cursor: one written, one read ahead (the next page is read
-  while the current one is encoded and written, when the connection is
-  writable).
+  ``read_ahead + 1`` pages per cursor.
 
 Rows sharing a token go out as ``RDATA ... batch`` lines followed by one
 line carrying the token.
@@ -42,6 +42,7 @@ clock (1 s, doubling to 60 s while it keeps failing).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol, Sequence
 
 import attrs
@@ -59,6 +60,7 @@ from roomstore.replication.commands import (
     encode_row,
 )
 from roomstore.replication.streams import Stream, StreamRegistry
+from roomstore.replication.wire import encode_fast
 
 __all__ = ["ConnectionFeed", "FeedConnection", "StreamContractError"]
 
@@ -118,16 +120,61 @@ class _Cursor:
     retry_delay: float = RETRY_FIRST_DELAY
 
 
-def _drop(read: defer.Deferred) -> None:
-    """Forget a page read ahead that will not be sent (its failure, if any,
-    is not an error: the loop that needs those rows reads them again)."""
-    read.addErrback(lambda _failure: None)
+@attrs.frozen
+class _Read:
+    """A page being read: ``get_updates(writer, start, end, page_size)``."""
+
+    start: int
+    end: int
+    generation: int
+    #: A range guessed from an earlier page's density (not "up to the
+    #: current token", nor the rest of a short page's range).
+    guessed: bool
+    result: defer.Deferred
+
+
+def _drop_all(reads: "deque[_Read]") -> None:
+    """Forget pages read ahead that will not be sent (their failures, if
+    any, are not errors: the loop that needs those rows reads them again)."""
+    while reads:
+        reads.popleft().result.addErrback(lambda _failure: None)
 
 
 def _cancel_retry(cursor: _Cursor) -> None:
     if cursor.retry_call is not None and cursor.retry_call.active():
         cursor.retry_call.cancel()
     cursor.retry_call = None
+
+
+#: Characters of the longest token (a bigint).
+_MAX_TOKEN_DIGITS = 20
+
+
+def _plain_page(updates: list[tuple[int, tuple]], start: int, upto: int, room: int) -> list | None:
+    """The items of a page whose rows all encode in ``room`` characters and
+    whose tokens are in order within ``(start, upto]`` (every page, as a
+    rule), built without a step per row in Python beyond list
+    comprehensions; None for any other page, which the full loop of
+    ``_page_commands`` handles (and reports)."""
+    if not updates:
+        return []
+    try:
+        encoded = [encode_fast(row) for _, row in updates]
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if max(map(len, encoded)) > room:
+        return None
+    tokens = [token for token, _ in updates]
+    if tokens[0] <= start or tokens[-1] > upto or tokens != sorted(tokens):
+        return None
+    # A row's token goes on its line only if the next row has another
+    # token: the rows before carry "batch".
+    following = tokens[1:]
+    following.append(None)
+    return [
+        (None if token == after else token, update[1], row_json)
+        for token, after, update, row_json in zip(tokens, following, updates, encoded)
+    ]
 
 
 class ConnectionFeed:
@@ -145,11 +192,13 @@ class ConnectionFeed:
         streams: StreamRegistry,
         page_size: int = 100,
         max_line_length: int = MAX_LINE_LENGTH,
+        read_ahead: int = 2,
     ) -> None:
         self._conn = conn
         self._streams = streams
         self._page_size = page_size
         self._max_line_length = max_line_length
+        self._read_ahead = max(1, read_ahead)
         self._cursors: dict[tuple[str, str], _Cursor] = {}
         self._subscribed: set[str] = set()
         self._loops: dict[tuple[str, str], defer.Deferred[None]] = {}
@@ -285,38 +334,67 @@ class ConnectionFeed:
             self._kick(stream, writer, cursor)
 
     async def _catch_up(self, stream: Stream, writer: str, cursor: _Cursor) -> None:
-        # The next page is read while this one is encoded and written (the
-        # database works in its own thread or process meanwhile): at most one
-        # page ahead, and only while the connection is writable.
-        ahead: tuple[int, int, defer.Deferred] | None = None  # (start, generation, read)
+        # Pages are read ahead while earlier ones are encoded and written:
+        # up to `read_ahead` reads in flight (the database works in its own
+        # threads or processes meanwhile, PostgreSQL's on several
+        # connections at once), paused or not. `reads` covers one contiguous
+        # token range from the cursor on. The first read asks for everything
+        # up to the current token and is cut at page_size rows; the pages
+        # after it are token ranges as wide as held page_size rows in the
+        # page before. A page that came back short (cut at page_size rows
+        # before the end of its range) is followed by a read of the rest of
+        # its range, and the ranges aim lower for a while (rows per token
+        # vary: the events stream has state rows in bursts).
+        reads: deque[_Read] = deque()
+        span: int | None = None  # the width of the next ranges, once known
+        fill = 1.0  # the share of page_size the next ranges aim at
         try:
             while self._conn.is_open:
+                generation = cursor.generation
+                start = cursor.last_sent
+                if reads and (reads[0].start != start or reads[0].generation != generation):
+                    _drop_all(reads)  # a legacy REPLICATE moved the cursor
+                target = stream.current_token(writer)
+                if not reads:
+                    if start >= target:
+                        break
+                    reads.append(self._read(stream, writer, start, target, generation, span))
+                if span is not None:
+                    end = reads[-1].end
+                    while len(reads) < self._read_ahead and end < target:
+                        reads.append(self._read(stream, writer, end, target, generation, span))
+                        end = reads[-1].end
                 if self._conn.paused:
                     await self._conn.when_writable()
                     continue
-                generation = cursor.generation
-                start = cursor.last_sent
-                if ahead is not None and ahead[:2] == (start, generation):
-                    read = ahead[2]
-                else:
-                    if ahead is not None:
-                        _drop(ahead[2])
-                    target = stream.current_token(writer)
-                    if start >= target:
-                        ahead = None
-                        break
-                    read = defer.ensureDeferred(stream.get_updates(writer, start, target, self._page_size))
-                ahead = None
-                updates, upto, limited = await read
+                read = reads[0]
+                updates, upto, limited = await read.result
                 if not self._conn.is_open:
                     return
+                if reads and reads[0] is read:
+                    reads.popleft()
                 if generation != cursor.generation:
                     continue  # a legacy REPLICATE moved the cursor meanwhile
-                target = stream.current_token(writer)
-                if upto < target and upto > start and not self._conn.paused:
-                    ahead = (upto, generation, defer.ensureDeferred(
-                        stream.get_updates(writer, upto, target, self._page_size)))
+                if upto > read.end:
+                    raise StreamContractError(
+                        f"{stream.name}/{writer}: get_updates up to {read.end} returned rows up to {upto}"
+                    )
                 items = self._page_commands(stream, writer, start, updates, upto, limited)
+                if read.guessed:
+                    if upto < read.end:
+                        fill *= 0.75  # short: aim lower (a short page costs one more read)
+                    else:
+                        fill = min(1.0, fill + 0.0625)
+                if updates:
+                    span = max(1, int((upto - start) * self._page_size * fill / len(updates)))
+                elif not limited:
+                    span = 2 * (span or self._page_size)
+                if upto < read.end:
+                    # A short page: the rest of its range comes next (in
+                    # reads of `span` when nothing was read after it).
+                    end = read.end if reads else min(read.end, upto + (span or read.end))
+                    reads.appendleft(_Read(upto, end, generation, False, defer.ensureDeferred(
+                        stream.get_updates(writer, upto, end, self._page_size))))
                 self._conn.send_rows(stream.name, writer, items)
                 if items:
                     # The page ends with its last token's numeric RDATA or POSITION.
@@ -332,8 +410,15 @@ class ConnectionFeed:
                 cursor.want_position = False
         finally:
             cursor.running = False
-            if ahead is not None:
-                _drop(ahead[2])
+            _drop_all(reads)
+
+    def _read(self, stream: Stream, writer: str, start: int, target: int, generation: int,
+              span: int | None) -> _Read:
+        """Start reading the page after ``start``, up to ``target`` or, once
+        a ``span`` is known, the next ``span`` tokens."""
+        end = target if span is None else min(target, start + span)
+        return _Read(start, end, generation, span is not None, defer.ensureDeferred(
+            stream.get_updates(writer, start, end, self._page_size)))
 
     def _page_commands(
         self,
@@ -356,7 +441,10 @@ class ConnectionFeed:
         # Bytes of a line besides the row: "RDATA <stream> <writer> <token> ".
         # Rows are ASCII JSON, so their length in characters is in bytes.
         room = self._max_line_length - len(f"RDATA {stream_name} {writer} ".encode("utf-8")) - 1
-        items: list = []
+        items = _plain_page(updates, start, upto, room - _MAX_TOKEN_DIGITS)
+        if items is not None:
+            return items
+        items = []
         previous = start
         index = 0
         count = len(updates)

@@ -27,19 +27,18 @@ from __future__ import annotations
 import inspect
 from collections import deque
 from functools import partial
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from roomstore.replication.commands import PositionCommand, RdataCommand, describe
-from roomstore.replication.metrics import APPLIED_POSITION
+from roomstore.replication.handler import ReplicationClientHandler
+from roomstore.replication.metrics import APPLIED_POSITION, child
 from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.streams import Stream, StreamRow, UnknownStreamError
 
-if TYPE_CHECKING:
-    from roomstore.replication.client import ReplicationClientHandler
 
 __all__ = ["StreamFollower", "StreamPositions"]
 
@@ -62,8 +61,13 @@ class StreamPositions:
         return self._tokens.get((stream_name, instance_name))
 
     def set(self, stream_name: str, instance_name: str, token: int) -> None:
-        self._tokens[(stream_name, instance_name)] = token
-        APPLIED_POSITION.labels(stream_name, instance_name).set(token)
+        key = (stream_name, instance_name)
+        if key not in self._tokens:
+            # The gauge reads the position when scraped: nothing to do per
+            # token (a set takes a lock, which costs more than applying a
+            # row). The newest StreamPositions to track a key reports it.
+            child(APPLIED_POSITION, stream_name, instance_name).set_function(partial(self._tokens.get, key, 0))
+        self._tokens[key] = token
 
     def items(self) -> Iterator[tuple[tuple[str, str], int]]:
         return iter(list(self._tokens.items()))
@@ -167,16 +171,18 @@ class StreamFollower:
     # -- commands in -------------------------------------------------------------
 
     def on_rdata(self, cmd: RdataCommand) -> None:
-        if self._stopped or (cmd.stream_name not in self._handler.streams and self._stream(cmd.stream_name) is None):
+        stream_name = cmd.stream_name
+        if self._stopped or (stream_name not in self._handler.streams and self._stream(stream_name) is None):
             return
-        key = (cmd.stream_name, cmd.instance_name)
+        key = (stream_name, cmd.instance_name)
         row = cmd.row
         if type(row) is list:
             row = tuple(row)
-        if cmd.token is None:
+        token = cmd.token
+        if token is None:
             batch = self._batches.setdefault(key, [])
             if len(batch) >= self._max_batch_rows:
-                raise CloseConnection(f"batch for {cmd.stream_name} longer than {self._max_batch_rows} rows")
+                raise CloseConnection(f"batch for {stream_name} longer than {self._max_batch_rows} rows")
             batch.append(row)
             return
         rows = self._batches.pop(key, None)
@@ -184,10 +190,10 @@ class StreamFollower:
             rows = [row]
         else:
             rows.append(row)
-        if cmd.stream_name in self._draining:
-            self._enqueue(cmd.stream_name, partial(self._apply_rows, cmd.stream_name, cmd.instance_name, cmd.token, rows))
+        if stream_name in self._draining:
+            self._enqueue(stream_name, partial(self._apply_rows, stream_name, cmd.instance_name, token, rows))
         else:
-            self._apply_rows_now(cmd.stream_name, cmd.instance_name, cmd.token, rows)
+            self._apply_rows_now(stream_name, cmd.instance_name, token, rows)
 
     def on_position(self, cmd: PositionCommand) -> None:
         if self._stopped:

@@ -45,7 +45,8 @@ class _ServerSession:
         self._factory = factory
         self._conn = conn
         self.feed = ConnectionFeed(
-            conn, factory.streams, factory.config.page_size, factory.config.max_line_length
+            conn, factory.streams, factory.config.page_size, factory.config.max_line_length,
+            factory.config.read_ahead,
         )
 
     def on_connection_made(self) -> None:

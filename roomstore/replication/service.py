@@ -28,6 +28,7 @@ import os
 import stat
 from typing import Any, Callable, Mapping
 
+import attrs
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.interfaces import IListeningPort
@@ -226,6 +227,15 @@ class _AsyncService(Service):
         return predicate()
 
 
+def fit_read_ahead(config: ReplicationConfig, connections: int) -> ReplicationConfig:
+    """``config`` with no more pages read ahead than a database pool of
+    ``connections`` can read at once with one connection left for the
+    writer: with one connection (SQLite) reads ahead would only queue behind
+    each other and contend with the reactor thread (measured: slower)."""
+    limit = max(1, connections - 1)
+    return config if config.read_ahead <= limit else attrs.evolve(config, read_ahead=limit)
+
+
 class ReplicationServerService(_AsyncService):
     """The writer: a store writing every stream, served over TCP replication.
 
@@ -278,7 +288,8 @@ class ReplicationServerService(_AsyncService):
     async def _start(self) -> None:
         self.store = await RoomStore.open(self.database, self.store_config, reactor=self.reactor)
         self.factory = ReplicationServerFactory(
-            self.server_name, store_stream_registry(self.store), self.reactor, self.config, secret=self.secret
+            self.server_name, store_stream_registry(self.store), self.reactor,
+            fit_read_ahead(self.config, self.store.db.engine.max_connections), secret=self.secret,
         )
         self._unwire = wire_server(self.store, self.factory.notify_new_rows)
         if self.redis_url is not None:

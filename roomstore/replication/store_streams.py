@@ -39,12 +39,13 @@ from typing import Any, Callable, Sequence
 
 from twisted.logger import Logger
 
+from roomstore.events.caches import invalidation_rows_txn
+from roomstore.events.stream_rows import event_fields_txn, event_rows_page_txn, state_rows_txn
 from roomstore.replication.client import ReplicationClientHandler
 from roomstore.replication.follower import StreamPositions
 from roomstore.replication.streams import Stream, StreamRegistry, StreamUpdates
 from roomstore.storage.database import Transaction
 from roomstore.store import RoomStore
-from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
 
 __all__ = [
     "STORE_STREAMS",
@@ -60,95 +61,6 @@ log = Logger()
 
 #: The streams a store writes, in the order a server answers REPLICATE.
 STORE_STREAMS = ("events", "backfill", "caches")
-
-# The page of events is an index range scan on events alone that stops
-# after LIMIT rows. The event ID is a correlated scalar subquery, which both
-# engines run per row as a primary-key lookup; membership and redaction
-# lookups run only for member and redaction events (CASE); room IDs and
-# state keys come from the store's interners (small tables, cached). With
-# joins instead, PostgreSQL may hash-join a whole table (a sequential scan
-# of event_ids) into every page, so each page costs as much as the whole
-# history and a catch-up is quadratic. The range is a window of stream
-# orderings a few pages wide, widened while the page is short (_event_page):
-# PostgreSQL without fresh statistics estimates a handful of rows for any
-# range and reads and sorts all of it, so an open range would cost the whole
-# rest of the stream for every page.
-EVENT_ROW_SQL = """
-SELECT {token},
-    (SELECT event_id FROM event_ids WHERE event_nid = e.event_nid),
-    e.room_nid,
-    e.type,
-    e.type_key_nid,
-    CASE WHEN e.type = ? THEN
-        (SELECT i.event_id FROM redactions AS red JOIN event_ids AS i ON i.event_nid = red.redacts_event_nid
-         WHERE red.redaction_event_nid = e.event_nid)
-    END,
-    CASE WHEN e.type = ? THEN (SELECT membership FROM room_memberships WHERE event_nid = e.event_nid) END,
-    e.rejected_reason IS NOT NULL,
-    e.outlier
-FROM events AS e
-WHERE e.instance_name = ? AND {range}
-ORDER BY {order}
-LIMIT ?
-"""
-_CASE_TYPES = ("m.room.redaction", "m.room.member")
-
-# Live events: tokens are stream orderings.
-LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(
-    token="e.stream_ordering", order="e.stream_ordering", range="e.stream_ordering > ? AND e.stream_ordering <= ?"
-)
-# Backfilled events: tokens are minus their (negative) stream orderings;
-# the range is written on the column itself so the index serves it.
-BACKFILL_EVENT_ROWS = EVENT_ROW_SQL.format(
-    token="-e.stream_ordering",
-    order="e.stream_ordering DESC",
-    range="e.stream_ordering < 0 - ? AND e.stream_ordering >= 0 - ?",
-)
-
-STATE_ROW_SQL = (
-    "SELECT d.stream_ordering, r.room_id, k.type, k.state_key,"
-    " (SELECT event_id FROM event_ids WHERE event_nid = d.event_nid)"
-    " FROM current_state_deltas AS d JOIN rooms AS r ON r.room_nid = d.room_nid"
-    " JOIN state_keys AS k ON k.type_key_nid = d.type_key_nid"
-    " WHERE d.instance_name = ? AND d.stream_ordering > ? AND d.stream_ordering <= ?"
-    " ORDER BY d.stream_ordering, k.type, k.state_key"
-)
-
-
-
-#: First window of a page, in rows per requested row; doubled while short.
-_WINDOW = 2
-
-
-def _event_page(txn: Transaction, sql: str, instance: str, from_token: int, upto: int, limit: int) -> list[tuple]:
-    """Up to ``limit + 1`` rows with ``from_token < token <= upto``, in token
-    order, read window by window (``sql`` takes instance, window start,
-    window end, limit)."""
-    rows: list[tuple] = []
-    lo = from_token
-    span = max(limit * _WINDOW, 64)
-    while len(rows) <= limit and lo < upto:
-        hi = min(upto, lo + span)
-        rows.extend(txn.execute(sql, (*_CASE_TYPES, instance, lo, hi, limit + 1 - len(rows))).fetchall())
-        lo, span = hi, span * 2
-    return rows
-
-
-def _event_fields(store: RoomStore, txn: Transaction, rows: list[tuple]) -> list[tuple]:
-    """``(token, event_id, room_id, type, state_key, redacts, membership
-    name, rejected, outlier)`` for rows of ``EVENT_ROW_SQL`` (SQLite gives
-    booleans as 0/1)."""
-    if not rows:
-        return []
-    rooms = store.interners.rooms.resolve(txn, [r[2] for r in rows])
-    keys = store.interners.state_keys.resolve(txn, [r[4] for r in rows if r[4] is not None])
-    membership_name = MEMBERSHIP_BY_CODE.get
-    return [
-        (token, event_id, rooms[room_nid], event_type, None if key_nid is None else keys[key_nid][1], redacts,
-         None if membership is None else membership_name(membership), bool(rejected), bool(outlier))
-        for token, event_id, room_nid, event_type, key_nid, redacts, membership, rejected, outlier in rows
-    ]
-
 
 def _merge_by_token(first: list[tuple], second: list[tuple]) -> list[tuple]:
     """Two token-ordered lists of ``(token, row)`` merged in token order,
@@ -235,16 +147,16 @@ class EventsStream(_GeneratorStream):
     def _updates_txn(self, txn, instance, from_token, upto, limit):
         # One event per stream ordering: `limit + 1` events tell whether the
         # range holds more than a page.
-        rows = _event_page(txn, LIVE_EVENT_ROWS, instance, from_token, upto, limit)
+        rows = event_rows_page_txn(txn, live=True, instance=instance, from_token=from_token, upto=upto, limit=limit)
         more = len(rows) > limit
         rows = rows[:limit]
         bound = rows[-1][0] if more else upto
         updates = [
             (token, ("ev", (event_id, room_id, typ, key, redacts, None, membership, rejected, outlier)))
             for token, event_id, room_id, typ, key, redacts, membership, rejected, outlier
-            in _event_fields(self.store, txn, rows)
+            in event_fields_txn(txn, self.store.interners, rows)
         ]
-        state_rows = txn.execute(STATE_ROW_SQL, (instance, from_token, bound)).fetchall()
+        state_rows = state_rows_txn(txn, instance, from_token, bound)
         updates = _merge_by_token(updates, [
             (token, ("state", (room, typ, key, event))) for token, room, typ, key, event in state_rows
         ])
@@ -259,13 +171,13 @@ class BackfillStream(_GeneratorStream):
         super().__init__(store, "backfill", "backfill")
 
     def _updates_txn(self, txn, instance, from_token, upto, limit):
-        rows = _event_page(txn, BACKFILL_EVENT_ROWS, instance, from_token, upto, limit)
+        rows = event_rows_page_txn(txn, live=False, instance=instance, from_token=from_token, upto=upto, limit=limit)
         more = len(rows) > limit
         rows = rows[:limit]
         # Synapse's backfill rows: the first six fields of an ev row, untagged.
         updates = [
             (token, (event_id, room_id, typ, key, redacts, None))
-            for token, event_id, room_id, typ, key, redacts, *_ in _event_fields(self.store, txn, rows)
+            for token, event_id, room_id, typ, key, redacts, *_ in event_fields_txn(txn, self.store.interners, rows)
         ]
         return _whole_token_page(updates, limit, upto, rows[-1][0] if more else upto, more)
 
@@ -276,16 +188,8 @@ class CachesStream(_GeneratorStream):
     def __init__(self, store: RoomStore):
         super().__init__(store, "caches", "caches")
 
-    _ROWS = (
-        "SELECT stream_id, cache_name, keys, invalidation_ts FROM cache_invalidations"
-        " WHERE instance_name = ? AND stream_id > ? AND stream_id <= ?"
-        # COALESCE: SQLite sorts NULL first, PostgreSQL last; rows must come
-        # out the same on both.
-        " ORDER BY stream_id, cache_name, COALESCE(keys, '')"
-    )
-
     def _updates_txn(self, txn, instance, from_token, upto, limit):
-        rows = txn.execute(self._ROWS + " LIMIT ?", (instance, from_token, upto, limit + 1)).fetchall()
+        rows = invalidation_rows_txn(txn, instance, from_token, upto, limit + 1)
         more = len(rows) > limit
         if more:
             # The row after the page names the first token that may be cut;
@@ -294,12 +198,8 @@ class CachesStream(_GeneratorStream):
             rows = [r for r in rows if r[0] < first_cut]
             if not rows:
                 # The first token alone holds more than `limit` rows: all of it.
-                rows = txn.execute(self._ROWS, (instance, from_token, first_cut)).fetchall()
-                more = txn.execute(
-                    "SELECT 1 FROM cache_invalidations WHERE instance_name = ? AND stream_id > ? AND stream_id <= ?"
-                    " LIMIT 1",
-                    (instance, first_cut, upto),
-                ).fetchone() is not None
+                rows = invalidation_rows_txn(txn, instance, from_token, first_cut)
+                more = bool(invalidation_rows_txn(txn, instance, first_cut, upto, 1))
         updates = [(sid, (name, None if keys is None else json.loads(keys), ts)) for sid, name, keys, ts in rows]
         if more:
             return StreamUpdates(updates, updates[-1][0], True)

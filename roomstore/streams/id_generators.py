@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from typing import Any, AsyncIterator, Iterable, Sequence
+from typing import AsyncIterator, Iterable, Sequence
 
 import attrs
 from prometheus_client import Gauge

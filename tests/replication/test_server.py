@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
@@ -365,7 +366,60 @@ class LegacyResumeTests(unittest.TestCase):
         self.assertEqual(run, 0)
 
 
+class _HeldStream(Stream):
+    """Wraps a stream; each get_updates waits until the test releases it."""
+
+    def __init__(self, inner: Stream) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.held: list[tuple[tuple[int, int, int], Deferred]] = []
+        self.calls: list[tuple[int, int, int]] = []
+
+    def writers(self) -> Sequence[str]:
+        return self.inner.writers()
+
+    def current_token(self, instance_name: str) -> int:
+        return self.inner.current_token(instance_name)
+
+    async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int):
+        gate: Deferred = Deferred()
+        self.calls.append((from_token, upto_token, limit))
+        self.held.append(((from_token, upto_token, limit), gate))
+        await gate
+        return await self.inner.get_updates(instance_name, from_token, upto_token, limit)
+
+
 class FarBehindTests(unittest.TestCase):
+    def test_pages_read_ahead_arrive_in_order(self) -> None:
+        """With pages read ahead and answered in any order (the last asked
+        first), every row is sent once, in token order; never more than
+        ``read_ahead`` reads are in flight, each of at most ``page_size``
+        rows; rows per token vary, so some pages come
+        back short and the rest of their range is read next."""
+        events = InMemoryStream("events")
+        for token in range(1, 301):
+            events.append("master", token, *[[f"e-{token}-{i}"] for i in range(1 + (token % 7 == 0) * 4)])
+        held = _HeldStream(events)
+        factory = make_server(StreamRegistry([held]), page_size=10, read_ahead=3)
+        protocol, transport = connect(factory)
+        feed(protocol, "REPLICATE events 0")
+        most = 0
+        while held.held:
+            most = max(most, len(held.held))
+            waiting, held.held = held.held, []
+            for _call, gate in reversed(waiting):
+                gate.callback(None)
+        self.assertLessEqual(most, 3)
+        self.assertGreater(most, 1)
+        self.assertTrue(all(limit == 10 for *_, limit in held.calls))
+        lines = written(transport)
+        expected = [f'["e-{t}-{i}"]' for t in range(1, 301) for i in range(1 + (t % 7 == 0) * 4)]
+        self.assertEqual(_rows_sent(lines), expected)
+        numeric = [int(t) for t in rdata_tokens(lines) if t != "batch"]
+        self.assertEqual(numeric, list(range(1, 301)))
+        self.assertEqual(lines[-1], "POSITION events master 300 300")
+        self.assertTrue(protocol.session.feed.is_idle())
+
     def test_far_behind_client_caught_up_in_bounded_pages(self) -> None:
         events = InMemoryStream("events")
         _fill(events, range(1, 1001))
@@ -383,12 +437,19 @@ class FarBehindTests(unittest.TestCase):
         self.assertEqual([start for _, start, _, _ in counting.calls], list(range(0, 1000, 100)))
 
     def test_paging_waits_for_a_congested_connection(self) -> None:
-        """A far-behind client that cannot keep up holds at most one page in
-        memory: the next page is read only when the transport resumes."""
+        """A far-behind client that cannot keep up holds at most ``read_ahead``
+        pages in memory besides the one written: the next page is read only
+        when the transport resumes and a page went out."""
+        for read_ahead in (1, 2, 3):
+            with self.subTest(read_ahead=read_ahead):
+                self._paging_waits(read_ahead)
+
+    def _paging_waits(self, read_ahead: int) -> None:
         events = InMemoryStream("events")
         _fill(events, range(1, 501))
         counting = CountingStream(events)
-        factory = make_server(StreamRegistry([counting]), page_size=100, max_pending_commands=150)
+        factory = make_server(StreamRegistry([counting]), page_size=100, max_pending_commands=150,
+                              read_ahead=read_ahead)
         protocol, transport = connect(factory)
         # The transport fills with the first page (written in one write).
         original_write = transport.write
@@ -402,9 +463,9 @@ class FarBehindTests(unittest.TestCase):
 
         transport.write = write
         feed(protocol, "REPLICATE events 0")
-        # One page written, the next read ahead (while the first was being
-        # written), none further.
-        self.assertEqual(len(counting.calls), 2)
+        # One page written, `read_ahead` read ahead (while the first was
+        # being written), none further.
+        self.assertEqual(len(counting.calls), 1 + read_ahead)
         self.assertEqual(len(rdata_tokens(written(transport))), 100)
         self.assertEqual(protocol.pending_count, 0)
         self.assertTrue(protocol.is_open)
@@ -412,7 +473,7 @@ class FarBehindTests(unittest.TestCase):
         for page in range(2, 6):
             writes[0] = 0
             protocol.resumeProducing()
-            self.assertEqual(len(counting.calls), min(page + 1, 5))
+            self.assertEqual(len(counting.calls), min(page + read_ahead, 5))
             self.assertEqual(len(rdata_tokens(written(transport))), page * 100)
             self.assertLessEqual(protocol.pending_count, 100)
         protocol.resumeProducing()
@@ -435,6 +496,26 @@ class _SplittingStream(InMemoryStream):
             current.append(key)
         parts.append((name, current))
         return parts
+
+
+class PageWritingTests(unittest.TestCase):
+    """A page is written the same whether or not every line is ASCII."""
+
+    def test_writer_name_outside_ascii(self) -> None:
+        for writer in ("master", "w\u00f6rker"):
+            with self.subTest(writer=writer):
+                events = InMemoryStream("events")
+                events.append(writer, 1, ["$a"])
+                events.append(writer, 2, ["$b"], ["$c"])
+                factory = make_server(StreamRegistry([events]))
+                protocol, transport = connect(factory)
+                feed(protocol, "REPLICATE events 0")
+                self.assertEqual([line for line in written(transport) if line.split(" ")[2] == writer], [
+                    f'RDATA events {writer} 1 ["$a"]',
+                    f'RDATA events {writer} batch ["$b"]',
+                    f'RDATA events {writer} 2 ["$c"]',
+                    f"POSITION events {writer} 2 2",
+                ])
 
 
 class LineLimitTests(unittest.TestCase):

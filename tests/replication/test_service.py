@@ -18,10 +18,11 @@ from twisted.internet import reactor
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
-from roomstore.replication import ReplicationClientFactory
+from roomstore.replication import ReplicationClientFactory, ReplicationConfig
 from roomstore.replication.service import (
     FollowerService,
     ReplicationServerService,
+    fit_read_ahead,
     load_positions,
     parse_host_port,
     read_secret_file,
@@ -146,6 +147,19 @@ class ServiceTests(ServiceTestMixin):
         self.assertEqual(factory.connections, [])
         with self.assertRaises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+    async def test_server_reads_ahead_no_more_than_its_pool_allows(self):
+        """Pages read ahead at once fit the database pool with a connection
+        to spare for the writer: one on SQLite (one connection), the
+        configured two on PostgreSQL (five)."""
+        server = await self.start_server(self.new_database_url())
+        connections = server.store.db.engine.max_connections
+        self.assertEqual(server.factory.config.read_ahead, 1 if connections <= 2 else 2)
+        self.assertEqual(ReplicationConfig().read_ahead, 2)
+        self.assertEqual(fit_read_ahead(ReplicationConfig(read_ahead=8), 5).read_ahead, 4)
+        self.assertEqual(fit_read_ahead(ReplicationConfig(read_ahead=3), 1).read_ahead, 1)
+        kept = ReplicationConfig(read_ahead=2, page_size=7)
+        self.assertIs(fit_read_ahead(kept, 5), kept)
 
     async def test_follower_resumes_from_its_positions_file(self):
         url = self.new_database_url()
@@ -316,6 +330,52 @@ class ChildProcessTests(unittest.TestCase):
         self.assertIn("authentication failed (wrong_secret)", log)
         self.assertIn("replication server stopped", log)
         self.assertNotIn("wrong\n", log.replace("wrong_secret", ""))
+
+    async def test_serve_max_line_length(self):
+        """``--max-line-length`` sets the longest line the server accepts:
+        a longer one is answered with ERROR and a close; a value below 1 is
+        refused with a one-line error."""
+        db = f"sqlite:///{tempfile.mkdtemp()}/serve.db"
+        proc, out, err = self.spawn([
+            sys.executable, "-m", "roomstore.cli", "serve", "--db", db, "--replication-port", "0",
+            "--max-line-length", "200",
+        ])
+        await wait_until(lambda: os.path.getsize(out) > 0 or proc.poll() is not None, timeout=30, what="serving line")
+        with open(out) as handle:
+            port = json.loads(handle.readline())["serving"]["port"]
+
+        def talk(line: bytes, until: bytes) -> bytes:
+            """Send ``line``; what the server says until ``until`` or a close."""
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(line)
+                received = b""
+                while until not in received:
+                    try:
+                        data = sock.recv(4096)
+                    except OSError:
+                        break
+                    if not data:
+                        break
+                    received += data
+                return received
+
+        from twisted.internet import threads
+
+        short = await threads.deferToThread(
+            talk, b"NAME " + b"w" * 150 + b"\nPING 1\nREPLICATE nosuch 0\n", b"unknown stream")
+        self.assertNotIn(b"line too long", short)
+        self.assertIn(b"ERROR unknown stream 'nosuch'", short)
+        long = await threads.deferToThread(talk, b"NAME " + b"w" * 250 + b"\n", b"never said")
+        self.assertIn(b"ERROR line too long\n", long)
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(await self.wait_for_exit(proc), 0)
+        proc, out, err = self.spawn([
+            sys.executable, "-m", "roomstore.cli", "serve", "--db", db, "--max-line-length", "0",
+        ])
+        self.assertEqual(await self.wait_for_exit(proc), 2)
+        with open(err) as handle:
+            self.assertEqual(handle.read().strip().splitlines()[-1],
+                             "roomstore serve: --max-line-length must be a positive number of bytes")
 
     async def test_serve_refuses_a_bad_secret_file_and_a_taken_port(self):
         db = f"sqlite:///{tempfile.mkdtemp()}/serve.db"

@@ -1,0 +1,617 @@
+"""One replication connection, either side: framing, dispatch, keep-alive,
+congestion and closing (:class:`BaseReplicationProtocol`), and the tunables
+both sides share (:class:`ReplicationConfig`).
+
+The behaviour is described in :mod:`.protocol`, which builds the server's and
+the worker's protocols on this base and re-exports its public names.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import deque
+from typing import Any, Callable, ClassVar, Sequence
+
+import attrs
+from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import connectionDone
+from twisted.logger import Logger
+from twisted.protocols.basic import LineOnlyReceiver
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from roomstore.replication import metrics
+from roomstore.replication.commands import (
+    MAX_LINE_LENGTH,
+    Command,
+    CommandParseError,
+    ErrorCommand,
+    PingCommand,
+    RdataCommand,
+    UnknownCommandError,
+    describe,
+    parse_command_from_line,
+    serialize_command,
+)
+
+__all__ = [
+    "BaseReplicationProtocol",
+    "CloseConnection",
+    "ReplicationConfig",
+]
+
+
+def _positive(_inst: object, attribute: attrs.Attribute, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+@attrs.frozen
+class ReplicationConfig:
+    """Tunables shared by both sides of a connection. Times are in seconds."""
+
+    #: Send a PING when nothing else was sent for this long.
+    ping_interval: float = attrs.field(default=5.0, validator=_positive)
+    #: After the peer's first PING, close if it is silent for this long.
+    ping_timeout: float = attrs.field(default=15.0, validator=_positive)
+    #: Abort the transport if a close has not completed after this long.
+    close_timeout: float = attrs.field(default=5.0, validator=_positive)
+    #: Longest line accepted, in bytes without the delimiter.
+    max_line_length: int = attrs.field(default=MAX_LINE_LENGTH, validator=_positive)
+    #: Commands buffered for a paused connection before it is dropped; on the
+    #: client, stream commands queued behind a slow fetch before it gives up.
+    max_pending_commands: int = attrs.field(default=10_000, validator=_positive)
+    #: Rows per ``get_updates`` call when catching a connection up (and when
+    #: a client fetches rows it missed). Pages of 100 rows cost a worker
+    #: catching up from 0 more in database round trips than in rows.
+    page_size: int = attrs.field(default=1000, validator=_positive)
+    #: Pages a server reads ahead per stream and writer while earlier ones
+    #: are sent (reads in flight at once, so memory per connection is about
+    #: this many pages more).
+    read_ahead: int = attrs.field(default=2, validator=_positive)
+    #: Most ``batch`` rows a client buffers while waiting for the token line.
+    max_batch_rows: int = attrs.field(default=10_000, validator=_positive)
+
+
+class CloseConnection(Exception):
+    """Raised by a session to make its protocol send ``ERROR <message>``
+    and close the connection (the peer broke the protocol)."""
+
+
+class _State(enum.Enum):
+    NEW = "new"  # constructed, no transport yet
+    OPEN = "open"
+    CLOSING = "closing"  # loseConnection called, waiting for connectionLost
+    CLOSED = "closed"
+
+
+class _LogLimiter:
+    """Lets one log line through per ``interval`` seconds and counts the rest,
+    so a peer flooding us with bad lines cannot flood the logs too."""
+
+    def __init__(self, clock: IReactorTime, interval: float = 10.0) -> None:
+        self._clock = clock
+        self._interval = interval
+        self._next_at = float("-inf")
+        self._suppressed = 0
+
+    def allow(self) -> int | None:
+        """Return how many lines were suppressed since the last allowed one,
+        or None if this one should be suppressed too."""
+        now = self._clock.seconds()
+        if now < self._next_at:
+            self._suppressed += 1
+            return None
+        self._next_at = now + self._interval
+        suppressed, self._suppressed = self._suppressed, 0
+        return suppressed
+
+
+# Float timers from a reactor can land a hair before the deadline.
+_EPSILON = 1e-3
+
+_connection_ids = itertools.count(1)
+
+
+def _log_failure(log: Logger, what: str) -> Callable[[Failure], None]:
+    def errback(failure: Failure) -> None:
+        log.failure("Unhandled error in {what}", failure=failure, what=what)
+
+    return errback
+
+
+@implementer(IPushProducer)
+class BaseReplicationProtocol(LineOnlyReceiver):
+    """Framing, dispatch, keep-alive, congestion and closing for one connection.
+
+    Subclasses set ``SIDE`` (metrics label), ``INBOUND_COMMANDS`` (names this
+    side accepts) and define ``on_<NAME>(cmd)`` for each of them other than
+    PING and ERROR, plus :meth:`on_connected` for the start-up commands.
+
+    Callers outside the protocol use :meth:`send_command`, :meth:`close`,
+    :meth:`close_with_error`, :attr:`is_open`, :attr:`paused` and
+    :meth:`when_writable`; everything else is internal.
+    """
+
+    delimiter = b"\n"
+    SIDE: ClassVar[str] = "base"
+    INBOUND_COMMANDS: ClassVar[frozenset[str]] = frozenset()
+    #: Whether to register with the transport as a streaming producer.
+    REGISTER_AS_PRODUCER: ClassVar[bool] = False
+
+    log = Logger()
+
+    def __init__(self, clock: IReactorTime, config: ReplicationConfig) -> None:
+        self.clock = clock
+        self.config = config
+        # LineOnlyReceiver reads MAX_LENGTH from the instance.
+        self.MAX_LENGTH = config.max_line_length
+        self.conn_id = f"{self.SIDE}-{next(_connection_ids)}"
+        #: Name the peer gave (NAME on the server side, SERVER on the client).
+        self.peer_name: str | None = None
+
+        self._state = _State.NEW
+        self._last_sent = 0.0
+        self._last_received = 0.0
+        self._ping_seen = False
+        self._keepalive_call: IDelayedCall | None = None
+        self._timeout_call: IDelayedCall | None = None
+        self._abort_call: IDelayedCall | None = None
+        self._auth_call: IDelayedCall | None = None
+
+        self._paused = False
+        self._pending: deque[Command] = deque()
+        self._writable_waiters: list[defer.Deferred[None]] = []
+        self._bad_line_log = _LogLimiter(clock)
+        self._received_counts: dict[str, int] = {}
+        #: ``on_<NAME>`` of each command this side accepts, looked up once.
+        self._handlers: dict[str, Callable[[Any], Any]] = {
+            name: getattr(self, "on_" + name) for name in self.INBOUND_COMMANDS
+        }
+        self._peer_error_log = _LogLimiter(clock)
+
+    # -- state seen from outside ------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        """True from connectionMade until a close starts."""
+        return self._state is _State.OPEN
+
+    @property
+    def paused(self) -> bool:
+        """True while the transport asked us to stop writing."""
+        return self._paused
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def when_writable(self) -> defer.Deferred[None]:
+        """A Deferred that fires once the connection is not paused, or is gone.
+
+        Already fired if that is the case now. Callers must re-check
+        :attr:`is_open` afterwards.
+        """
+        if not self._paused or self._state is not _State.OPEN:
+            return defer.succeed(None)
+        d: defer.Deferred[None] = defer.Deferred()
+        self._writable_waiters.append(d)
+        return d
+
+    # -- connection lifecycle ---------------------------------------------
+
+    def connectionMade(self) -> None:
+        self._state = _State.OPEN
+        now = self.clock.seconds()
+        self._last_sent = self._last_received = now
+        metrics.CONNECTIONS.labels(self.SIDE).inc()
+        peer = self.transport.getPeer()
+        self.log.info("[{conn_id}] replication connection with {peer}", conn_id=self.conn_id, peer=peer)
+        if self.REGISTER_AS_PRODUCER:
+            self.transport.registerProducer(self, True)
+        self.on_connected()
+        if self._state is _State.OPEN:
+            self._schedule_keepalive()
+
+    def on_connected(self) -> None:
+        """Send the start-up commands. Called once from connectionMade."""
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        previous = self._state
+        if previous is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        self._cancel_timers("_keepalive_call", "_timeout_call", "_abort_call", "_auth_call")
+        self._drop_pending()
+        self._release_writable_waiters()
+        if previous is _State.NEW:
+            return
+        metrics.CONNECTIONS.labels(self.SIDE).dec()
+        self.log.info(
+            "[{conn_id}] replication connection lost: {reason}",
+            conn_id=self.conn_id,
+            reason=reason.getErrorMessage() if isinstance(reason, Failure) else reason,
+        )
+        self._notify_session_lost()
+
+    def _cancel_timers(self, *names: str) -> None:
+        for name in names:
+            call: IDelayedCall | None = getattr(self, name)
+            if call is not None and call.active():
+                call.cancel()
+            setattr(self, name, None)
+
+    def _notify_session_lost(self) -> None:
+        """Tell the session the connection went; subclasses override."""
+
+    def close(self) -> None:
+        """Start closing the connection (idempotent).
+
+        Commands still queued for a paused transport are dropped. If the
+        transport does not report the connection lost within
+        ``close_timeout`` seconds (the peer stopped reading, so the kernel
+        buffer never drains), the transport is aborted.
+        """
+        if self._state is not _State.OPEN:
+            return
+        self._state = _State.CLOSING
+        self._cancel_timers("_keepalive_call", "_timeout_call", "_auth_call")
+        self._drop_pending()
+        self._release_writable_waiters()
+        # Scheduled before loseConnection: some transports call connectionLost
+        # synchronously, which cancels it.
+        self._abort_call = self.clock.callLater(self.config.close_timeout, self._abort)
+        self.transport.loseConnection()
+
+    def close_with_error(self, message: str) -> None:
+        """Send ``ERROR <message>`` and close. The ERROR skips the pending
+        queue: it is written to the transport even while paused."""
+        if self._state is not _State.OPEN:
+            return
+        self._drop_pending()
+        self._write(ErrorCommand(_one_line(message)))
+        self.close()
+
+    def _abort(self) -> None:
+        self._abort_call = None
+        if self._state is _State.CLOSING:
+            self.log.warn(
+                "[{conn_id}] connection did not close within {timeout}s; aborting",
+                conn_id=self.conn_id,
+                timeout=self.config.close_timeout,
+            )
+            self.transport.abortConnection()
+
+    # -- sending -------------------------------------------------------------
+
+    def send_command(self, cmd: Command) -> None:
+        """Queue or write ``cmd``. Does nothing once the connection is closing.
+
+        While paused, the command waits in the pending queue; if the queue is
+        already full (``max_pending_commands``), the connection is dropped
+        instead (see module docstring).
+        """
+        if self._state is not _State.OPEN:
+            return
+        if self._paused:
+            if len(self._pending) >= self.config.max_pending_commands:
+                self._on_congested()
+                return
+            self._pending.append(cmd)
+            metrics.PENDING_COMMANDS.labels(self.conn_id).set(len(self._pending))
+            return
+        self._write(cmd)
+
+    def send_rows(self, stream_name: str, instance_name: str, items: Sequence[Any]) -> None:
+        """Send a page of a stream: RDATA lines for ``(token or None, row,
+        row_json)`` items (``row_json`` being ``encode_row(row)``, ``None``
+        for ``batch``) and any commands among them, in order.
+
+        While the connection is writable the page goes out in one transport
+        write, built as lines without a command object per row; while it is
+        paused, each item goes through :meth:`send_command` (and the pending
+        queue) as an :class:`RdataCommand`.
+        """
+        if self._state is not _State.OPEN:
+            return
+        if self._paused:
+            for item in items:
+                if type(item) is tuple:
+                    item = RdataCommand.from_encoded(stream_name, instance_name, *item)
+                self.send_command(item)
+            return
+        limit = self.config.max_line_length
+        prefix = f"RDATA {stream_name} {instance_name} "
+        if self._send_plain_rows(prefix, items, limit):
+            return
+        lines = []
+        counts: dict[str, int] = {}
+        rdata = 0
+        for item in items:
+            if type(item) is tuple:
+                token, row, row_json = item
+                line = f"{prefix}{'batch' if token is None else token} {row_json}"
+                name = "RDATA"
+            else:
+                line = serialize_command(item)
+                name = item.NAME
+            # An ASCII str has as many bytes as characters (and says so in O(1)).
+            length = len(line) if line.isascii() else len(line.encode("utf-8"))
+            if length > limit:
+                self._refuse_long_line(
+                    RdataCommand.from_encoded(stream_name, instance_name, *item) if type(item) is tuple else item,
+                    length,
+                )
+                continue
+            lines.append(line)
+            if name == "RDATA":
+                rdata += 1
+            else:
+                counts[name] = counts.get(name, 0) + 1
+        if not lines:
+            return
+        lines.append("")
+        data = "\n".join(lines).encode("utf-8")
+        self.transport.write(data)
+        self._last_sent = self.clock.seconds()
+        if rdata:
+            counts["RDATA"] = rdata
+        for name, count in counts.items():
+            metrics.child(metrics.COMMANDS_SENT, self.SIDE, name).inc(count)
+        metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(data))
+
+    def _send_plain_rows(self, prefix: str, items: Sequence[Any], limit: int) -> bool:
+        """``send_rows`` for a page of rows only (no commands), every line
+        ASCII and within ``limit``: the usual page, written without a step
+        per row beyond a list comprehension. False, having sent nothing,
+        for any other page."""
+        if not items:
+            return False
+        try:
+            lines = [f"{prefix}{'batch' if token is None else token} {row_json}" for token, _row, row_json in items]
+        except TypeError:  # a command among the rows: it does not unpack
+            return False
+        lines.append("")
+        text = "\n".join(lines)
+        if not text.isascii() or max(map(len, lines)) > limit:
+            return False
+        self.transport.write(text.encode("ascii"))
+        self._last_sent = self.clock.seconds()
+        metrics.child(metrics.COMMANDS_SENT, self.SIDE, "RDATA").inc(len(items))
+        metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(text))
+        return True
+
+    def send_error(self, message: str) -> None:
+        """Send ``ERROR <message>`` without closing."""
+        self.send_command(ErrorCommand(_one_line(message)))
+
+    def _write(self, cmd: Command) -> None:
+        line = serialize_command(cmd).encode("utf-8")
+        if len(line) > self.config.max_line_length:
+            self._refuse_long_line(cmd, len(line))
+            return
+        self.transport.write(line + self.delimiter)
+        self._last_sent = self.clock.seconds()
+        metrics.child(metrics.COMMANDS_SENT, self.SIDE, cmd.NAME).inc()
+        metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(line) + 1)
+
+    def _refuse_long_line(self, cmd: Command, length: int) -> None:
+        # The peer would drop the connection, we would reconnect and send
+        # it again: refuse loudly instead of looping.
+        self.log.error(
+            "[{conn_id}] not sending {command}: line of {length} bytes exceeds {limit}",
+            conn_id=self.conn_id,
+            command=cmd.NAME,
+            length=length,
+            limit=self.config.max_line_length,
+        )
+
+    def _on_congested(self) -> None:
+        self.log.error(
+            "[{conn_id}] peer {peer} is not reading: {count} commands pending; dropping connection",
+            conn_id=self.conn_id,
+            peer=self.peer_name,
+            count=len(self._pending),
+        )
+        metrics.CONGESTION_DISCONNECTS.inc()
+        self.close_with_error("too many pending commands")
+
+    def _drop_pending(self) -> None:
+        if self._pending:
+            self._pending.clear()
+        try:
+            metrics.PENDING_COMMANDS.remove(self.conn_id)
+        except KeyError:
+            pass
+
+    def _release_writable_waiters(self) -> None:
+        waiters, self._writable_waiters = self._writable_waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    # -- IPushProducer (called by the transport) -------------------------
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        # A write may make the transport pause us again: re-check every time.
+        while self._pending and not self._paused and self._state is _State.OPEN:
+            self._write(self._pending.popleft())
+        if self._state is _State.OPEN:
+            metrics.PENDING_COMMANDS.labels(self.conn_id).set(len(self._pending))
+        if not self._paused:
+            self._release_writable_waiters()
+
+    def stopProducing(self) -> None:
+        # The transport is going away; connectionLost follows.
+        self._paused = True
+        self._drop_pending()
+        self._release_writable_waiters()
+
+    # -- receiving -----------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._state is not _State.OPEN:
+            return  # closing: whatever else the peer says is moot
+        # Any bytes prove the peer is alive, even the middle of a long line.
+        self._last_received = self.clock.seconds()
+        metrics.child(metrics.BYTES_RECEIVED, self.SIDE).inc(len(data))
+        try:
+            super().dataReceived(data)
+        finally:
+            self._count_received()
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        self._buffer = b""  # don't hold on to a huge partial line
+        metrics.INVALID_LINES.labels(self.SIDE, "too_long").inc()
+        self.log.warn(
+            "[{conn_id}] line of {length} bytes exceeds {limit}; closing",
+            conn_id=self.conn_id,
+            length=len(line),
+            limit=self.MAX_LENGTH,
+        )
+        self.close_with_error("line too long")
+
+    def lineReceived(self, line: bytes) -> None:
+        """Parse and dispatch one line. Never raises."""
+        if self._state is not _State.OPEN:
+            return
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            self._reject_line("bad_utf8", "line is not valid UTF-8", line)
+            return
+        if not text or text.isspace():
+            return
+        try:
+            cmd = parse_command_from_line(text)
+        except UnknownCommandError as e:
+            self._reject_line("unknown_command", e.reason, line)
+            return
+        except CommandParseError as e:
+            # Not an UnknownCommandError, so the first word is a known name.
+            name = text.partition(" ")[0]
+            self._reject_line("malformed", f"failed to parse {name}: {e.reason}", line)
+            return
+        except Exception:  # a parser bug must not take the connection down
+            self.log.failure("[{conn_id}] parser crashed on {line}", conn_id=self.conn_id, line=describe(text))
+            self._reject_line("malformed", "failed to parse line", line)
+            return
+        name = cmd.NAME
+        handler = self._handlers.get(name)
+        if handler is None:
+            self._reject_line("unexpected_command", f"unexpected command {name}", line)
+            return
+        counts = self._received_counts
+        counts[name] = counts.get(name, 0) + 1
+        self._dispatch(cmd, handler)
+
+    def _count_received(self) -> None:
+        # Counted per line, added to Prometheus per read: a counter's inc
+        # takes a lock, which costs more than the rest of the bookkeeping.
+        counts = self._received_counts
+        if counts:
+            for name, count in counts.items():
+                metrics.child(metrics.COMMANDS_RECEIVED, self.SIDE, name).inc(count)
+            counts.clear()
+
+    def _dispatch(self, cmd: Command, handler: Callable[[Any], Any]) -> None:
+        try:
+            result = handler(cmd)
+        except CloseConnection as e:
+            self.log.warn(
+                "[{conn_id}] closing: {text}", conn_id=self.conn_id, text=str(e)
+            )
+            self.close_with_error(str(e))
+            return
+        except Exception:
+            self.log.failure("[{conn_id}] error handling {command}", conn_id=self.conn_id, command=cmd.NAME)
+            self.send_error(f"internal error handling {cmd.NAME}")
+            return
+        if result is not None and isinstance(result, defer.Deferred):
+            result.addErrback(_log_failure(self.log, f"{self.conn_id} {cmd.NAME}"))
+
+    def _reject_line(self, kind: str, reason: str, line: bytes) -> None:
+        metrics.INVALID_LINES.labels(self.SIDE, kind).inc()
+        suppressed = self._bad_line_log.allow()
+        if suppressed is not None:
+            self.log.warn(
+                "[{conn_id}] bad line from {peer}: {reason} (line {line}; {suppressed} more suppressed)",
+                conn_id=self.conn_id,
+                peer=self.peer_name,
+                reason=reason,
+                line=describe(line.decode("utf-8", "replace")),
+                suppressed=suppressed,
+            )
+        self.send_error(reason)
+
+    # -- commands both sides receive ---------------------------------------
+
+    def on_PING(self, cmd: PingCommand) -> None:
+        if not self._ping_seen:
+            self._ping_seen = True  # the peer speaks the protocol: time it out
+            self._schedule_timeout_check()
+
+    def on_ERROR(self, cmd: ErrorCommand) -> None:
+        suppressed = self._peer_error_log.allow()
+        if suppressed is not None:
+            self.log.error(
+                "[{conn_id}] peer {peer} sent ERROR: {text}",
+                conn_id=self.conn_id,
+                peer=self.peer_name,
+                text=describe(cmd.message, 200),
+            )
+
+    # -- timers ----------------------------------------------------------------
+
+    def _schedule_keepalive(self) -> None:
+        delay = max(0.0, self._last_sent + self.config.ping_interval - self.clock.seconds())
+        self._keepalive_call = self.clock.callLater(delay, self._keepalive)
+
+    def _keepalive(self) -> None:
+        self._keepalive_call = None
+        if self._state is not _State.OPEN:
+            return
+        now = self.clock.seconds()
+        if self._paused:
+            # Nothing can be written now; a queued PING would only add to the
+            # backlog. Look again in a full interval.
+            self._keepalive_call = self.clock.callLater(self.config.ping_interval, self._keepalive)
+            return
+        if now - self._last_sent >= self.config.ping_interval - _EPSILON:
+            self.send_command(self._ping_now())
+        if self._state is _State.OPEN:
+            self._schedule_keepalive()
+
+    def _schedule_timeout_check(self) -> None:
+        delay = max(0.0, self._last_received + self.config.ping_timeout - self.clock.seconds())
+        self._timeout_call = self.clock.callLater(delay, self._check_timeout)
+
+    def _check_timeout(self) -> None:
+        self._timeout_call = None
+        if self._state is not _State.OPEN:
+            return
+        silent_for = self.clock.seconds() - self._last_received
+        if silent_for >= self.config.ping_timeout - _EPSILON:
+            self.log.warn(
+                "[{conn_id}] peer {peer} silent for {silent:.1f}s; closing",
+                conn_id=self.conn_id,
+                peer=self.peer_name,
+                silent=silent_for,
+            )
+            self.close_with_error("ping timeout")
+            return
+        self._schedule_timeout_check()
+
+    def _ping_now(self) -> PingCommand:
+        return PingCommand(str(int(self.clock.seconds() * 1000)))
+
+
+def _one_line(message: str) -> str:
+    return message.replace("\r", " ").replace("\n", " ")
