@@ -14,13 +14,13 @@ import attrs
 
 from roomstore.compaction.model import (
     CompactionPlan,
-    Delta,
     GroupsInput,
     MissingPredecessorError,
     PredecessorCycleError,
     StateGroupEntry,
     as_entries,
 )
+from roomstore.state.deltas import apply_delta, state_diff
 
 __all__ = [
     "PartialStates",
@@ -34,29 +34,6 @@ __all__ = [
 ]
 
 State = Dict[int, int]
-
-
-def apply_delta(state: State, delta: Delta) -> State:
-    """Apply ``delta`` to ``state`` in place and return it.
-
-    Keys mapped to ``None`` are removed (a no-op if absent), others are set.
-    """
-    for key, value in delta.items():
-        if value is None:
-            state.pop(key, None)
-        else:
-            state[key] = value
-    return state
-
-
-def state_diff(state: Mapping[int, int], base: Mapping[int, int]) -> Dict[int, Optional[int]]:
-    """``state`` as a delta on ``base`` (None: a key of ``base`` absent from
-    ``state``): ``apply_delta(dict(base), state_diff(state, base)) == state``."""
-    diff: Dict[int, Optional[int]] = {k: v for k, v in state.items() if base.get(k) != v}
-    for key in base:
-        if key not in state:
-            diff[key] = None
-    return diff
 
 
 @attrs.frozen(hash=False)

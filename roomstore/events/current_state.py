@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from roomstore.events.batch import PreparedEvent
+from roomstore.state.deltas import state_diff
 from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import chunks
@@ -116,8 +117,7 @@ def update_current_state(w: Any, room_nid: int, room_id: str, position: int) -> 
             new_state = {w.key_nids[k]: ids[e] for k, e in resolved.items()}
             base = groups[-1]
             base_state = w.full_state(base)
-            delta: dict[int, int | None] = {k: v for k, v in new_state.items() if base_state.get(k) != v}
-            delta.update({k: None for k in base_state if k not in new_state})
+            delta = state_diff(new_state, base_state)
             new_group = w.new_group(room_nid, None, base, delta) if delta else base
         elif conflicts:
             raise w.conflict_error(
@@ -128,7 +128,7 @@ def update_current_state(w: Any, room_nid: int, room_id: str, position: int) -> 
         else:
             index, new_state = merge_states(states)
             base = groups[index]
-            delta = {k: v for k, v in new_state.items() if states[index].get(k) != v}
+            delta = state_diff(new_state, states[index])
             new_group = w.new_group(room_nid, None, base, delta) if delta else base
     if new_group == old_group:
         return False

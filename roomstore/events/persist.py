@@ -34,6 +34,7 @@ from roomstore.events.current_state import update_current_state, update_extremit
 from roomstore.events.reads import room_versions_txn
 from roomstore.events.redactions import insert_redactions, unflagged_targets_txn
 from roomstore.events.validation import InvalidEventError
+from roomstore.state.deltas import state_diff
 from roomstore.state.groups import StateGroupStore, StateGroupWrites, group_facts_txn
 from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_states
 from roomstore.storage.database import Transaction
@@ -538,9 +539,7 @@ class _BatchWriter:
             base_state = self.full_state(base)
             if base_state == wanted:
                 return base
-            delta: dict[int, int | None] = {k: v for k, v in wanted.items() if base_state.get(k) != v}
-            delta.update({k: None for k in base_state if k not in wanted})
-            return self.new_group(room_nid, None, base, delta)
+            return self.new_group(room_nid, None, base, state_diff(wanted, base_state))
         # Derive from the prev events.
         if not ev.pdu.prev_event_ids:
             return None
@@ -559,8 +558,8 @@ class _BatchWriter:
             raise self.conflict_error(ev.event_id, conflicts)
         index, merged = merge_states(states)
         parent = distinct[index]
-        delta = {k: v for k, v in merged.items() if states[index].get(k) != v}
-        return self.new_group(room_nid, None, parent, delta)
+        # The merge holds every key of the parent's state: no removals.
+        return self.new_group(room_nid, None, parent, state_diff(merged, states[index]))
 
     def flag_redactions(self, new_event_nids: Sequence[int], new_redaction_nids: Sequence[int]) -> set[int]:
         """Set ``events.redacted`` where both the event and a redaction of it
