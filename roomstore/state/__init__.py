@@ -4,17 +4,34 @@ Public face: ``StateGroupStore`` (``create``, ``get_state``,
 ``get_state_filtered``), ``StateGroupWrites`` (a transaction's new groups,
 written together), ``StateGroupNotFound``, ``DEFAULT_MAX_CHAIN_LENGTH``,
 and ``merge_states`` / ``ConflictedStateError`` for deriving the state where
-several prev events meet.
+several prev events meet; ``apply_delta`` / ``state_diff`` between a state and a delta.
 """
 
-from roomstore.state.groups import (
-    DEFAULT_MAX_CHAIN_LENGTH,
-    NewStateGroup,
-    StateGroupNotFound,
-    StateGroupStore,
-    StateGroupWrites,
-)
-from roomstore.state.merge import ConflictedStateError, merge_states
+import importlib
+
+# Names resolved on first use (PEP 562), not at package import: the compaction
+# job's executors import roomstore.state.deltas with none of the store's
+# dependencies (Twisted, prometheus_client) installed, and importing a
+# submodule runs this file first.
+_HOME = {
+    "ConflictedStateError": "roomstore.state.merge",
+    "DEFAULT_MAX_CHAIN_LENGTH": "roomstore.state.groups",
+    "NewStateGroup": "roomstore.state.groups",
+    "StateGroupNotFound": "roomstore.state.groups",
+    "StateGroupStore": "roomstore.state.groups",
+    "StateGroupWrites": "roomstore.state.groups",
+    "apply_delta": "roomstore.state.deltas",
+    "merge_states": "roomstore.state.merge",
+    "state_diff": "roomstore.state.deltas",
+}
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'roomstore.state' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
 
 __all__ = [
     "ConflictedStateError",
@@ -23,5 +40,7 @@ __all__ = [
     "StateGroupNotFound",
     "StateGroupStore",
     "StateGroupWrites",
+    "apply_delta",
     "merge_states",
+    "state_diff",
 ]
