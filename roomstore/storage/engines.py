@@ -31,18 +31,27 @@ class DatabaseUnavailableError(ConnectionError):
 def convert_placeholders(sql: str) -> str:
     """Turn ``?`` placeholders into psycopg2's ``%s`` (and escape literal ``%``).
 
-    Quoted literals and identifiers are copied untouched, so a ``?`` or ``%``
-    inside them keeps its meaning.
+    Quoted literals and identifiers, and ``--`` comments, are copied
+    untouched but for ``%`` (psycopg2 formats the whole text), so a ``?`` in
+    them is no placeholder and an apostrophe in a comment opens no literal.
     """
     out: list[str] = []
     quote: str | None = None
+    comment = False
+    previous = ""
     for ch in sql:
-        if quote is not None:
+        if comment:
+            out.append("%%" if ch == "%" else ch)
+            comment = ch != "\n"
+        elif quote is not None:
             out.append("%%" if ch == "%" else ch)
             if ch == quote:
                 quote = None
         elif ch in ("'", '"'):
             quote = ch
+            out.append(ch)
+        elif ch == "-" and previous == "-":
+            comment = True
             out.append(ch)
         elif ch == "?":
             out.append("%s")
@@ -50,6 +59,7 @@ def convert_placeholders(sql: str) -> str:
             out.append("%%")
         else:
             out.append(ch)
+        previous = "" if comment or quote is not None else ch
     return "".join(out)
 
 

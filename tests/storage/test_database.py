@@ -43,6 +43,12 @@ class TransactionTests:
         )
         self.assertEqual([tuple(r) for r in rows], [(1, 1), (2, 7)])
 
+    async def test_comments_with_apostrophes_and_question_marks(self):
+        db = await self.make_database()
+        row = await db.run_interaction("commented", lambda txn: txn.execute(
+            "SELECT ? + 1, -- the caller's value? plus one\n ? * 2", (1, 4)).fetchone())
+        self.assertEqual(tuple(row), (2, 8))
+
     async def test_exception_rolls_back_everything(self):
         db = await self.make_database()
         await db.run_interaction("create", _create_counter)
@@ -366,3 +372,10 @@ class UrlTests(unittest.TestCase):
     def test_placeholder_conversion(self):
         self.assertEqual(convert_placeholders("SELECT ? WHERE a LIKE '%?%'"), "SELECT %s WHERE a LIKE '%%?%%'")
         self.assertEqual(convert_placeholders("SELECT 5 % 2, ?"), "SELECT 5 %% 2, %s")
+        # A comment is no literal: its apostrophe opens no quote, its ? is no
+        # placeholder, its % is still escaped for psycopg2.
+        self.assertEqual(
+            convert_placeholders("SELECT ? -- the token's end? 5%\nFROM t WHERE x = ?"),
+            "SELECT %s -- the token's end? 5%%\nFROM t WHERE x = %s",
+        )
+        self.assertEqual(convert_placeholders("SELECT '--', ?"), "SELECT '--', %s")
