@@ -306,7 +306,8 @@ STATS_TABLES = [
     "forward_extremities", "backward_extremities", "state_groups", "state_group_deltas", "current_state",
     "current_state_deltas", "room_memberships", "current_memberships", "redactions", "visibility_snapshots",
     "visibility_branches", "visibility_branch_ancestors", "visibility_memberships", "stream_positions",
-    "cache_invalidations",
+    "cache_invalidations", "instances", "maintenance_locks", "state_compaction_runs", "state_compaction_rooms",
+    "state_compaction_chunks", "state_compaction_staged_groups", "state_compaction_staged_deltas",
 ]
 
 

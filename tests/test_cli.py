@@ -13,7 +13,9 @@ from twisted.internet import threads
 from roomstore.cli import SAMPLE_PATH
 from roomstore.sample import write_sample
 from roomstore.storage import SCHEMA_VERSION
+from roomstore.storage.schema import DEFAULT_SCHEMA_DIR
 from tests.db import on_both_engines
+from tests.test_architecture import schema_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,6 +66,8 @@ class CliTests:
         code, out, err = await self.cli("stats", "--db", url)
         self.assertEqual(code, 0, err)
         counts = {row["table"]: row["rows"] for row in out}
+        # Every table of the schema, none left out.
+        self.assertEqual(set(counts), schema_tables(DEFAULT_SCHEMA_DIR))
         self.assertEqual(counts["events"], summary["imported"])
         self.assertEqual(counts["event_json"], summary["imported"])
         self.assertEqual(counts["rooms"], 2)
