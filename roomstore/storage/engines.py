@@ -362,8 +362,16 @@ class PostgresEngine(Engine):
         import psycopg2
         import psycopg2.extensions
 
+        params = psycopg2.extensions.parse_dsn(self.dsn)
+        # JIT off (before any options of the URL's, which may turn it back on):
+        # the store's statements run in well under a millisecond, but once
+        # the tables have statistics PostgreSQL costs the correlated
+        # visibility subqueries of a timeline page above jit_above_cost and
+        # compiles ~180 functions for it, 60-260 ms a page
+        # (bench/timeline_reads.py, section p, after ANALYZE).
+        params["options"] = " ".join(filter(None, ["-c jit=off", params.get("options")]))
         try:
-            conn = psycopg2.connect(self.dsn)
+            conn = psycopg2.connect(**params)
         except psycopg2.OperationalError as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise DatabaseUnavailableError(
@@ -486,7 +494,7 @@ def engine_from_url(url: str, create: bool = True) -> Engine:
         options = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
         cp_max = _single(options, "cp_max")
         options.pop("cp_max", None)
-        query = urllib.parse.urlencode(options, doseq=True)
+        query = urllib.parse.urlencode(options, doseq=True, quote_via=urllib.parse.quote)
         dsn = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, parsed.path, query, ""))
         if not parsed.path.strip("/"):
             raise DatabaseConfigError(f"PostgreSQL URL {url!r} must name a database")

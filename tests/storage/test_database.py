@@ -288,6 +288,31 @@ class TransactionTests:
         reopened = await self.make_database(url)
         self.assertEqual(await reopened.run_interaction("read", _read_counter), 6)
 
+class PostgresSessionSettingsTests(unittest.TestCase):
+    """Pool connections run with JIT off (short OLTP statements: compiling a
+    timeline page once cost 60-260 ms), keeping the URL's own options."""
+
+    async def test_jit_off_and_url_options_kept(self):
+        from urllib.parse import quote
+
+        from tests.db import DatabaseTestMixin
+
+        helper = type("H", (DatabaseTestMixin,), {"engine_name": "postgres"})()
+        helper.addCleanup = self.addCleanup
+        helper.fail = self.fail
+        url = helper.new_database_url()
+        db = await helper.make_database(url)
+
+        def settings(txn):
+            return [txn.execute(f"SHOW {name}").fetchone()[0] for name in ("jit", "statement_timeout")]
+
+        self.assertEqual((await db.run_interaction("show", settings))[0], "off")
+        # Options in the URL still apply, after ours (so they may even turn JIT back on).
+        options = quote("-c statement_timeout=4321 -c jit=on")
+        with_options = await helper.make_database(f"{url}{'&' if '?' in url else '?'}options={options}", prepare=False)
+        self.assertEqual(await with_options.run_interaction("show", settings), ["on", "4321ms"])
+
+
 class PostgresRetryTests(unittest.TestCase):
     """A serialisation failure is retried: forced with two transactions that
     both read a row before either updates it."""
