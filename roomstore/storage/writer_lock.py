@@ -129,8 +129,11 @@ def _pg_acquire(engine: Any, instance_name: str) -> Any:
     holder = "holder unknown"
     if row is not None:
         app, addr, started = row
-        who = app[len(_APP_PREFIX):].strip() if app and app.startswith(_APP_PREFIX) else (app or "?")
-        pid, _, host = who.partition("@")
+        named = _holder_of(app)
+        if named is None:  # another program's session: its application_name as it is
+            pid, _, host = (app or "?").partition("@")
+        else:
+            pid, host = named
         holder = f"pid {pid} on {host or addr or '?'}, since {started:%Y-%m-%d %H:%M:%S %Z}".rstrip()
     raise WriterLockHeld(_refusal(instance_name, engine.describe(), holder))
 
@@ -150,11 +153,18 @@ def _pg_holder(cur: Any, instance_name: str) -> tuple | None:
     return cur.fetchone()
 
 
+def _holder_of(application_name: str | None) -> tuple[str, str] | None:
+    """(pid, host) named by a lock holder's application_name (``_pg_acquire``
+    sets it), or None for a session that is not a roomstore writer's."""
+    if not application_name or not application_name.startswith(_APP_PREFIX):
+        return None
+    pid, _, host = application_name[len(_APP_PREFIX):].strip().partition("@")
+    return pid, host
+
+
 def _is_dead_local_holder(application_name: str | None) -> bool:
     """True when a holder's application_name names a pid on this host that no longer exists."""
-    if not application_name or not application_name.startswith(_APP_PREFIX):
-        return False
-    pid_text, _, host = application_name[len(_APP_PREFIX):].strip().partition("@")
+    pid_text, host = _holder_of(application_name) or ("", "")
     # application_name is cut at 63 bytes: a cut host name never matches.
     if host != socket.gethostname() or not pid_text.isdigit():
         return False

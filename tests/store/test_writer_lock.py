@@ -194,10 +194,16 @@ class WriterLockPerDatabaseTests(DatabaseTestMixin, unittest.TestCase):
         db = await self.make_database(url)
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
         gone.wait()
-        dead_holder = psycopg2.connect(url, application_name=f"roomstore-writer {gone.pid}@{socket.gethostname()}")
-        dead_holder.autocommit = True
-        with dead_holder.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s, %s)", writer_lock.writer_lock_key("master"))
+
+        def session_of_the_dead_process():
+            """A session holding 'master' whose application_name names ``gone``."""
+            conn = psycopg2.connect(url, application_name=f"roomstore-writer {gone.pid}@{socket.gethostname()}")
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_lock(%s, %s)", writer_lock.writer_lock_key("master"))
+            return conn
+
+        dead_holder = session_of_the_dead_process()
 
         def end_session_later():
             time.sleep(0.5)
@@ -215,11 +221,8 @@ class WriterLockPerDatabaseTests(DatabaseTestMixin, unittest.TestCase):
 
         # Not for ever: a session of a dead holder that never ends is refused
         # after the wait, naming it.
-        stuck = psycopg2.connect(url, application_name=f"roomstore-writer {gone.pid}@{socket.gethostname()}")
-        stuck.autocommit = True
+        stuck = session_of_the_dead_process()
         self.addCleanup(stuck.close)
-        with stuck.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s, %s)", writer_lock.writer_lock_key("master"))
         self.patch(writer_lock, "DEAD_HOLDER_WAIT_S", 0.3)
         with self.assertRaises(WriterLockHeld) as caught:
             await WriterLock.acquire(db, "master")
