@@ -33,14 +33,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(home), name)
 
 
-__all__ = [
-    "ConflictedStateError",
-    "DEFAULT_MAX_CHAIN_LENGTH",
-    "NewStateGroup",
-    "StateGroupNotFound",
-    "StateGroupStore",
-    "StateGroupWrites",
-    "apply_delta",
-    "merge_states",
-    "state_diff",
-]
+__all__ = sorted(_HOME)
