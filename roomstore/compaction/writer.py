@@ -390,10 +390,6 @@ class CompactionWriter:
         self.db.run(txn)
         self.has_lock = False
 
-    @property
-    def lock_lost(self) -> bool:
-        return self._lock_lost.is_set()
-
     # ------------------------------------------------------------- runs
 
     def begin_run(self, options: Mapping[str, Any], dry_run: bool = False) -> RunState:
@@ -476,17 +472,6 @@ class CompactionWriter:
             self._delete_staged(cur, *key)
             self._bulk_insert(cur, sql.STAGED_GROUPS, sql.STAGED_GROUP_COLUMNS, group_rows)
             self._bulk_insert(cur, sql.STAGED_DELTAS, sql.STAGED_DELTA_COLUMNS, delta_rows)
-
-        self.db.run(txn)
-
-    def discard_staging(self, run: RunState, room_nid: int) -> None:
-        """Drop a room's staged rows (the room is not being written)."""
-        if run.run_id is None:
-            return
-
-        def txn(cur):
-            for statement in sql.delete_staging("run_id", "room_nid"):
-                cur.execute(self.db.sql(statement), (run.run_id, room_nid))
 
         self.db.run(txn)
 
