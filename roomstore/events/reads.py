@@ -95,6 +95,22 @@ class EventReader:
         self._events.clear()
         self._rooms_for_user.clear()
 
+    @property
+    def events_generation(self) -> int:
+        """Read before a transaction, handed back to ``cache_events`` after it."""
+        return self._events_generation
+
+    def cached_event(self, event_id: str) -> dict | None:
+        """The served event if the event cache holds it (never a fetch)."""
+        return self._events.get(event_id)
+
+    def cache_events(self, generation: int, events: Mapping[str, dict]) -> None:
+        """Cache served events read by another reader in a transaction begun
+        at ``generation``: dropped if an invalidation came since."""
+        if generation == self._events_generation:
+            for event_id, event in events.items():
+                self._events.set(event_id, event)
+
     # ------------------------------------------------------------------ events
 
     async def get_events(self, event_ids: Sequence[str], redact: bool = True) -> dict[str, dict]:

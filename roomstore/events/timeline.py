@@ -163,7 +163,11 @@ def _parse(raw) -> dict:
 
 def _event_from_row(row: Sequence) -> dict:
     """The served dict of an ``EVENT_COLUMNS`` row (as ``events_txn`` makes it)."""
-    event_id, version, raw, redacted, redaction_raw, redaction_id = (row[1], *row[5:EVENT_COLUMN_COUNT])
+    return _served_event(row[1], *row[5:EVENT_COLUMN_COUNT])
+
+
+def _served_event(event_id: str, version: str, raw, redacted, redaction_raw, redaction_id) -> dict:
+    """The served dict of an event's stored bytes and its first redaction's."""
     event = _parse(raw)
     event.setdefault("event_id", event_id)
     if redacted and redaction_raw is not None:
@@ -172,6 +176,12 @@ def _event_from_row(row: Sequence) -> dict:
         event = redacted_copy(event, get_room_version(version), redaction)
         event.setdefault("event_id", event_id)
     return event
+
+
+def _is_pruned(event: dict) -> bool:
+    """Whether a served event is the pruned copy of a redacted one."""
+    unsigned = event.get("unsigned")
+    return isinstance(unsigned, dict) and "redacted_because" in unsigned
 
 
 def _bound_sql(alias: str, op: str, default: int, per_writer: Mapping[str, int]) -> tuple[str, list]:
@@ -424,22 +434,32 @@ class TimelineReader:
             pinned = self.positions.parse_stream_token(match.group(3))
             await self.positions.ensure_instances(pinned)
             after = (int(match.group(1)), int(match.group(2)))
+        generation = self.events.events_generation
         rows = await self.db.run_interaction(
             "recent", self._recent_txn, self._cached_viewer(user_id), rooms, events, after, self.positions.per_writer(pinned)
         )
         pages: list[tuple[str, list[dict]]] = []
         last: tuple[int, int] | None = None
-        remaining = 0
-        for row in rows:
-            room_nid, activity, room_id, remaining = row[:4]
+        next_cursor = None
+        cached = self.events.cached_event
+        parsed: dict[str, dict] = {}
+        for room_nid, activity, room_id, event_id, *stored in rows:
             if last != (activity, room_nid):
+                if len(pages) == rooms:
+                    # The statement's one room more: another page follows.
+                    next_cursor = f"{last[0]}_{last[1]}_{pinned.to_string()}"
+                    break
                 pages.append((room_id, []))
                 last = (activity, room_nid)
-            if row[4] is not None:
-                pages[-1][1].append(_event_from_row(row[4:]))
-        next_cursor = None
-        if last is not None and remaining > rooms:
-            next_cursor = f"{last[0]}_{last[1]}_{pinned.to_string()}"
+            if event_id is None:
+                continue
+            # The event cache's served dict spares parsing the bytes again,
+            # unless it disagrees with the row on whether it is redacted.
+            event = cached(event_id)
+            if event is None or _is_pruned(event) != (bool(stored[2]) and stored[3] is not None):
+                event = parsed[event_id] = _served_event(event_id, *stored)
+            pages[-1][1].append(event)
+        self.events.cache_events(generation, parsed)
         return RecentResult(pages, next_cursor, pinned.to_string())
 
     def _recent_txn(
@@ -451,62 +471,68 @@ class TimelineReader:
         after: tuple[int, int] | None,
         upper: tuple[int, dict[str, int]],
     ) -> list[tuple]:
+        """One statement: rows ``(room_nid, activity, room_id, event_id,
+        room_version, json, redacted, redaction_json, redaction_id)``, the page's rooms most
+        recently active first and each room's events oldest first; a room with
+        no visible event has one row of NULL event columns. The page holds
+        ``rooms + 1`` rooms, the last without events: whether it exists says
+        whether another page follows (no count of the user's rooms)."""
         viewer = self._viewer_txn(txn, viewer)
         if viewer.user_nid is None:
             return []
         high_sql, high_params = _bound_sql("e", "<=", upper[0], upper[1])
         if after is None:
             cursor_sql, cursor_params = "1 = 1", []
-            cursor2_sql = "1 = 1"
         else:
             # Keyset over (activity, room_nid), both descending.
             cursor_sql = "(a.activity < ? OR (a.activity = ? AND a.room_nid < ?))"
-            cursor2_sql = "(a2.activity < ? OR (a2.activity = ? AND a2.room_nid < ?))"
             cursor_params = [after[0], after[0], after[1]]
         vis, _ = visible_sql("e")
+        # Costs that grow with the user's joined rooms are kept to one index
+        # entry and one rooms row per room, sorted once (no materialized list
+        # of them, no second pass to count them); the rest grows with the
+        # page. Each event's row of ``events`` is read once: ``ranked`` carries
+        # what the output needs of it.
         sql = f"""
-            WITH joined AS (
-                -- Newest event of each joined room. rooms.activity is exact
-                -- when every writer has passed it (<= the minimum position of
-                -- the token); only rooms active since then walk the
-                -- (room, stream) index back to the first event under the token.
-                SELECT cm.room_nid AS room_nid, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
-                    SELECT e.stream_ordering FROM events AS e
-                    WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
-                    ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
-                FROM current_memberships AS cm
-                JOIN rooms AS ro ON ro.room_nid = cm.room_nid
-                WHERE cm.user_nid = ? AND cm.membership = ?
-            ), active AS (
-                SELECT room_nid, activity FROM joined WHERE activity IS NOT NULL
-            ), page AS (
-                SELECT a.room_nid AS room_nid, a.activity AS activity FROM active AS a
-                WHERE {cursor_sql}
+            WITH page AS (
+                SELECT a.room_nid AS room_nid, a.activity AS activity FROM (
+                    -- Newest event of each joined room. rooms.activity is exact
+                    -- when every writer has passed it (<= the minimum position of
+                    -- the token); only rooms active since then walk the
+                    -- (room, stream) index back to the first event under the token.
+                    SELECT cm.room_nid AS room_nid, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
+                        SELECT e.stream_ordering FROM events AS e
+                        WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
+                        ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
+                    FROM current_memberships AS cm
+                    JOIN rooms AS ro ON ro.room_nid = cm.room_nid
+                    WHERE cm.user_nid = ? AND cm.membership = ?
+                ) AS a
+                WHERE a.activity IS NOT NULL AND {cursor_sql}
                 ORDER BY a.activity DESC, a.room_nid DESC
                 LIMIT ?
             ), ranked AS (
-                SELECT e.event_nid AS event_nid, e.room_nid AS room_nid,
+                SELECT e.event_nid AS event_nid, e.room_nid AS room_nid, e.stream_ordering AS stream_ordering,
+                       e.redacted AS redacted,
                        ROW_NUMBER() OVER (PARTITION BY e.room_nid ORDER BY e.stream_ordering DESC) AS rn
                 FROM events AS e
-                WHERE e.room_nid IN (SELECT pg.room_nid FROM page AS pg)
+                WHERE e.room_nid IN (
+                    SELECT pg.room_nid FROM page AS pg ORDER BY pg.activity DESC, pg.room_nid DESC LIMIT ?)
                   AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql} AND {vis}
             )
             SELECT p.room_nid, p.activity, pr.room_id,
-                   (SELECT COUNT(*) FROM active AS a2 WHERE {cursor2_sql}) AS remaining,
-                   {EVENT_COLUMNS}
+                   i.event_id, j.room_version, j.json, k.redacted,
+                   {first_redaction_sql("rj.json", "k")}, {first_redaction_sql("ri.event_id", "k")}
             FROM page AS p
             JOIN rooms AS pr ON pr.room_nid = p.room_nid
             LEFT JOIN ranked AS k ON k.room_nid = p.room_nid AND k.rn <= ?
-            LEFT JOIN events AS e ON e.event_nid = k.event_nid
-            LEFT JOIN event_json AS j ON j.event_nid = e.event_nid
-            LEFT JOIN event_ids AS i ON i.event_nid = e.event_nid
-            LEFT JOIN rooms AS r ON r.room_nid = e.room_nid
-            ORDER BY p.activity DESC, p.room_nid DESC, e.stream_ordering ASC"""
+            LEFT JOIN event_json AS j ON j.event_nid = k.event_nid
+            LEFT JOIN event_ids AS i ON i.event_nid = k.event_nid
+            ORDER BY p.activity DESC, p.room_nid DESC, k.stream_ordering ASC"""
         params = [
             min([upper[0], *upper[1].values()]), False, *high_params, viewer.user_nid, JOIN,
-            *cursor_params, rooms,
-            False, *high_params, *viewer.params(),
-            *cursor_params,
+            *cursor_params, rooms + 1,
+            rooms, False, *high_params, *viewer.params(),
             events,
         ]
         return txn.execute(sql, params).fetchall()
