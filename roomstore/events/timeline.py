@@ -66,6 +66,9 @@ MEMBER = "m.room.member"
 #: joined rooms in SQL instead, so the statement stays small.
 MAX_ROOMS_IN_STATEMENT = 1000
 
+#: Below every stream ordering (backfilled events have negative ones).
+LOWEST_STREAM = -(2**63)
+
 
 # ---------------------------------------------------------------------- results
 
@@ -416,7 +419,10 @@ class TimelineReader:
         walk to the current position (carried in the cursor): activities are
         measured there, so the walk over rooms neither repeats nor skips a
         room that stays joined, however busy the rooms are meanwhile. One
-        statement (a window function ranks each room's visible events).
+        statement; its cost grows with the user's joined rooms by one index
+        entry and one row each, and with the page by ``events`` a room
+        (however long the rooms). Served events come from the event cache
+        when it holds them (not parsed again), and fill it.
 
         Raises ``InvalidToken`` for a malformed cursor, ``ValueError`` for
         ``rooms`` < 1 or ``events`` < 0.
@@ -488,19 +494,21 @@ class TimelineReader:
             cursor_sql = "(a.activity < ? OR (a.activity = ? AND a.room_nid < ?))"
             cursor_params = [after[0], after[0], after[1]]
         vis, _ = visible_sql("e")
-        # Costs that grow with the user's joined rooms are kept to one index
-        # entry and one rooms row per room, sorted once (no materialized list
-        # of them, no second pass to count them); the rest grows with the
-        # page. Each event's row of ``events`` is read once: ``ranked`` carries
-        # what the output needs of it.
+        # What grows with the user's joined rooms is one index entry and one
+        # rooms row a room, sorted once (no materialized list of them, no
+        # second pass to count them); what grows with the page is bounded by
+        # ``events`` a room, not by the rooms' length: each room's newest
+        # events are tested only until enough are visible (``bounds``), then
+        # read from there up (``newest``, which carries what the output needs
+        # of each ``events`` row).
         sql = f"""
             WITH page AS (
-                SELECT a.room_nid AS room_nid, a.activity AS activity FROM (
+                SELECT a.room_nid AS room_nid, a.activity AS activity, a.room_id AS room_id FROM (
                     -- Newest event of each joined room. rooms.activity is exact
                     -- when every writer has passed it (<= the minimum position of
                     -- the token); only rooms active since then walk the
                     -- (room, stream) index back to the first event under the token.
-                    SELECT cm.room_nid AS room_nid, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
+                    SELECT cm.room_nid AS room_nid, ro.room_id AS room_id, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
                         SELECT e.stream_ordering FROM events AS e
                         WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
                         ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
@@ -511,29 +519,46 @@ class TimelineReader:
                 WHERE a.activity IS NOT NULL AND {cursor_sql}
                 ORDER BY a.activity DESC, a.room_nid DESC
                 LIMIT ?
-            ), ranked AS (
-                SELECT e.event_nid AS event_nid, e.room_nid AS room_nid, e.stream_ordering AS stream_ordering,
-                       e.redacted AS redacted,
-                       ROW_NUMBER() OVER (PARTITION BY e.room_nid ORDER BY e.stream_ordering DESC) AS rn
-                FROM events AS e
-                WHERE e.room_nid IN (
-                    SELECT pg.room_nid FROM page AS pg ORDER BY pg.activity DESC, pg.room_nid DESC LIMIT ?)
-                  AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql} AND {vis}
+            ), bounds AS (
+                -- Per page room, the stream ordering of its events-th newest
+                -- visible event: the newest events walked (index order) and
+                -- tested only until that many are visible. NULL (take the
+                -- whole room) when the room has fewer; rooms holding fewer
+                -- events than that skip the walk (an index-only count).
+                SELECT pg.room_nid AS room_nid, CASE WHEN (
+                    SELECT c.stream_ordering FROM events AS c WHERE c.room_nid = pg.room_nid
+                    ORDER BY c.stream_ordering DESC LIMIT 1 OFFSET ?) IS NULL THEN NULL ELSE (
+                    SELECT e.stream_ordering FROM events AS e
+                    WHERE e.room_nid = pg.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL
+                      AND {high_sql} AND {vis}
+                    ORDER BY e.stream_ordering DESC LIMIT 1 OFFSET ?) END AS floor
+                FROM page AS pg
+                ORDER BY pg.activity DESC, pg.room_nid DESC
+                LIMIT ?
+            ), newest AS (
+                -- At most ``events`` visible events a room: those from its
+                -- floor up, with what the output needs of each.
+                SELECT e.room_nid AS room_nid, e.stream_ordering AS stream_ordering,
+                       (SELECT i.event_id FROM event_ids AS i WHERE i.event_nid = e.event_nid) AS event_id,
+                       j.room_version AS room_version, j.json AS json, e.redacted AS redacted,
+                       {first_redaction_sql("rj.json")} AS redaction_json,
+                       {first_redaction_sql("ri.event_id")} AS redaction_id
+                FROM bounds AS b
+                JOIN events AS e ON e.room_nid = b.room_nid AND e.stream_ordering >= COALESCE(b.floor, ?)
+                JOIN event_json AS j ON j.event_nid = e.event_nid
+                WHERE e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql} AND {vis}
             )
-            SELECT p.room_nid, p.activity, pr.room_id,
-                   i.event_id, j.room_version, j.json, k.redacted,
-                   {first_redaction_sql("rj.json", "k")}, {first_redaction_sql("ri.event_id", "k")}
+            SELECT p.room_nid, p.activity, p.room_id,
+                   k.event_id, k.room_version, k.json, k.redacted, k.redaction_json, k.redaction_id
             FROM page AS p
-            JOIN rooms AS pr ON pr.room_nid = p.room_nid
-            LEFT JOIN ranked AS k ON k.room_nid = p.room_nid AND k.rn <= ?
-            LEFT JOIN event_json AS j ON j.event_nid = k.event_nid
-            LEFT JOIN event_ids AS i ON i.event_nid = k.event_nid
+            LEFT JOIN newest AS k ON k.room_nid = p.room_nid
             ORDER BY p.activity DESC, p.room_nid DESC, k.stream_ordering ASC"""
+        offset = max(events - 1, 0)
         params = [
             min([upper[0], *upper[1].values()]), False, *high_params, viewer.user_nid, JOIN,
             *cursor_params, rooms + 1,
-            rooms, False, *high_params, *viewer.params(),
-            events,
+            offset, False, *high_params, *viewer.params(), offset, rooms if events else 0,
+            LOWEST_STREAM, False, *high_params, *viewer.params(),
         ]
         return txn.execute(sql, params).fetchall()
 
