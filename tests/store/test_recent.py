@@ -177,3 +177,81 @@ class JoinedRoomsIndexTests:
 
             plan = await store.db.run_interaction("plan", plan_txn)
             self.assertIn("current_memberships_user_rooms", plan)
+
+
+@on_both_engines
+class RecentFloorTests:
+    """Each room's events come from its floor up: the ``events``-th newest
+    visible event, found by testing the newest events only until enough are
+    visible. Checked against a brute force: every event of the room tested
+    with ``is_visible`` (the same predicate, one event at a time), in stream
+    order, the newest ``events`` kept."""
+
+    timeout = 120
+
+    async def expected(self, store: RoomStore, room: RoomBuilder, viewer: str, count: int) -> list[str]:
+        def streams(txn):
+            return txn.execute(
+                "SELECT i.event_id FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid"
+                " JOIN rooms AS r ON r.room_nid = e.room_nid"
+                " WHERE r.room_id = ? AND e.outlier = ? AND e.rejected_reason IS NULL ORDER BY e.stream_ordering",
+                (room.room_id, False),
+            ).fetchall()
+
+        visible = [r[0] for r in await store.db.run_interaction("streams", streams)
+                   if await store.is_visible(viewer, r[0])]
+        return visible[-count:] if count else []
+
+    async def test_rooms_long_short_hidden_and_backfilled(self):
+        store = await RoomStore.open(await self.make_database())
+        self.addCleanup(store.close)
+        persist = store.persist_events
+        # A long room, everything visible.
+        long = RoomBuilder(room_id="!long:example.org")
+        events = [long.create(), long.join(ALICE), long.join(BOB)]
+        events += [long.message(ALICE, f"long {i}") for i in range(40)]
+        await persist([long.to_persist(e) for e in events])
+        # History "joined", Bob joins late: two messages and his join are his.
+        late = RoomBuilder(room_id="!late:example.org")
+        events = [late.create(), late.join(ALICE), late.history_visibility("joined")]
+        events += [late.message(ALICE, f"before {i}") for i in range(30)]
+        events += [late.join(BOB), late.message(ALICE, "after 0"), late.message(ALICE, "after 1")]
+        await persist([late.to_persist(e) for e in events])
+        # History "joined", Bob leaves and comes back: what was sent while he
+        # was away lies between his newest visible events and older ones.
+        away = RoomBuilder(room_id="!away:example.org")
+        events = [away.create(), away.join(ALICE), away.history_visibility("joined"), away.join(BOB)]
+        events += [away.message(ALICE, f"there {i}") for i in range(4)]
+        events += [away.member(BOB, "leave")]
+        events += [away.message(ALICE, f"away {i}") for i in range(20)]
+        events += [away.join(BOB), away.message(ALICE, "back")]
+        await persist([away.to_persist(e) for e in events])
+        # Backfilled history: negative stream orderings, below the others.
+        old = RoomBuilder(room_id="!old:example.org")
+        create, join_alice, join_bob = old.create(), old.join(ALICE), old.join(BOB)
+        older = [old.message(ALICE, f"old {i}") for i in range(3)]
+        newer = old.message(ALICE, "new")
+        state = {("m.room.create", ""): create.event_id, ("m.room.member", ALICE): join_alice.event_id,
+                 ("m.room.member", BOB): join_bob.event_id}
+        await persist([old.to_persist(e) for e in (create, join_alice, join_bob)])
+        await persist([old.to_persist(newer, state_before=state)])
+        await persist([old.to_persist(e, backfilled=True, state_before=state) for e in reversed(older)])
+
+        rooms = (long, late, away, old)
+        for count in (1, 2, 3, 5, 8, 100):
+            result = await store.recent(BOB, 10, count)
+            self.assertEqual(sorted(r for r, _ in result.rooms), sorted(r.room_id for r in rooms))
+            for room_id, served in result.rooms:
+                room = next(r for r in rooms if r.room_id == room_id)
+                want = await self.expected(store, room, BOB, count)
+                self.assertEqual([e["event_id"] for e in served], want, (room_id, count))
+        # The late joiner's room shows him his join and the two messages
+        # after it, however many are asked for; the room where he was away
+        # skips what was sent meanwhile.
+        [(_, served)] = [(r, e) for r, e in (await store.recent(BOB, 10, 100)).rooms if r == late.room_id]
+        self.assertEqual([e["content"].get("body") for e in served][-2:], ["after 0", "after 1"])
+        self.assertEqual(len(served), 3 + 3)  # create, Alice's join, the history visibility; his join, two after
+        [(_, served)] = [(r, e) for r, e in (await store.recent(BOB, 10, 7)).rooms if r == away.room_id]
+        bodies = [e["content"].get("body") for e in served]
+        self.assertNotIn("away 0", bodies)
+        self.assertEqual(bodies[-1], "back")
