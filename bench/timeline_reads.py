@@ -17,7 +17,9 @@ usage: bench/with-postgres .venv/bin/python bench/timeline_reads.py [--runs R] [
     against a user joined to one room; statements per call, the query plan
     (EXPLAIN, shown once per engine), and the median time; goal: <= 10x.
     Also the CPU time with the event cache emptied before each call (recent
-    serves cached events without parsing their bytes again).
+    serves cached events without parsing their bytes again), and a third user
+    in 20 rooms of 500 messages each (--long-messages): the cost of a page
+    must not grow with the length of its rooms.
 
 Timings are medians of R runs (default 7) after one warm-up call.
 """
@@ -43,6 +45,7 @@ from tests.store.builder import RoomBuilder  # noqa: E402
 BATCH = 100
 ROOM_EVENTS = 10_000
 VIEWER = "@viewer:example.org"
+LONG = "@long:example.org"
 
 
 def load_average() -> str:
@@ -169,15 +172,26 @@ def explain_txn(txn, store, user_id):
     return [" | ".join(str(c) for c in row) for row in txn.execute(prefix + sql, args).fetchall()]
 
 
-async def section_r(engines, runs: int, rooms: int) -> None:
-    rows = []
+async def build_long_rooms(store: RoomStore, rooms: int, messages: int) -> None:
+    """``@long`` joined to ``rooms`` rooms of ``messages`` messages each."""
+    for r in range(rooms):
+        room = RoomBuilder(f"!long{r}:example.org")
+        events = [room.create(), room.join(room.creator), room.join(LONG)]
+        events += [room.message(room.creator, f"hello {i}") for i in range(messages)]
+        await persist_all(store, room, events)
+
+
+async def section_r(engines, runs: int, rooms: int, long_messages: int) -> None:
+    rows, long_rows = [], []
     for engine, new_url in engines:
         store = await RoomStore.open(new_url())
         try:
             start = time.perf_counter()
             await build_recent_rooms(store, rooms)
-            print(f"  {engine}: {rooms:,} rooms persisted in {time.perf_counter() - start:.0f}s", flush=True)
-            users = ("@one:example.org", "@many:example.org")
+            await build_long_rooms(store, 20, long_messages)
+            print(f"  {engine}: {rooms:,} rooms and 20 of {long_messages:,} messages persisted"
+                  f" in {time.perf_counter() - start:.0f}s", flush=True)
+            users = ("@one:example.org", "@many:example.org", LONG)
             times: dict[str, list[float]] = {u: [] for u in users}
             cpu: dict[str, list[float]] = {u: [] for u in users}
             cold: dict[str, list[float]] = {u: [] for u in users}
@@ -215,9 +229,10 @@ async def section_r(engines, runs: int, rooms: int) -> None:
             print(f"\n  {engine}: plan of recent()'s statement for the user in {rooms:,} rooms:")
             for line in plan:
                 print(f"    {line}")
-            one, many = figures["@one:example.org"], figures["@many:example.org"]
+            one, many, long = figures["@one:example.org"], figures["@many:example.org"], figures[LONG]
             rows.append([engine, one[1], many[1], one[0], many[0], f"{many[0] / one[0]:.1f}",
                          one[2], many[2], f"{many[2] / one[2]:.1f}", one[3], many[3], f"{many[3] / one[3]:.1f}"])
+            long_rows.append([engine, long[1], long[0], f"{long[0] / one[0]:.1f}", long[2], f"{long[2] / one[2]:.1f}"])
         finally:
             await store.close()
     print(f"\n(r) recent(user, rooms=20, events=10): a user in 1 room vs a user in {rooms:,} rooms,"
@@ -226,6 +241,8 @@ async def section_r(engines, runs: int, rooms: int) -> None:
     print_table(["engine", "statements (1 room)", f"statements ({rooms:,} rooms)", "1 room ms",
                  f"{rooms:,} rooms ms", "ratio", "1 room CPU ms", f"{rooms:,} rooms CPU ms", "CPU ratio",
                  "cold 1 room CPU ms", f"cold {rooms:,} rooms CPU ms", "cold CPU ratio"], rows)
+    print(f"\n(r) the same call for a user in 20 rooms of {long_messages:,} messages each (ratios to the user in 1 room)")
+    print_table(["engine", "statements", "long rooms ms", "ratio", "long rooms CPU ms", "CPU ratio"], long_rows)
 
 
 async def main(reactor, args) -> None:
@@ -236,7 +253,7 @@ async def main(reactor, args) -> None:
     if "p" in args.sections:
         await section_p(engines, args.runs, args.limit)
     if "r" in args.sections:
-        await section_r(engines, args.runs, args.rooms)
+        await section_r(engines, args.runs, args.rooms, args.long_messages)
     print(f"\n(total {time.perf_counter() - started:.0f} s; load average at end {load_average()})")
 
 
@@ -245,6 +262,8 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--limit", type=int, default=10, help="page size of (p) (default 10)")
     parser.add_argument("--rooms", type=int, default=2000, help="rooms of the busy user in (r) (default 2000)")
+    parser.add_argument("--long-messages", type=int, default=500,
+                        help="messages in each of the 20 rooms of the third user of (r) (default 500)")
     parser.add_argument("--sections", default="pr")
     args = parser.parse_args()
     if args.runs < 3:

@@ -535,9 +535,11 @@ class TimelineReader:
                 FROM page AS pg
                 ORDER BY pg.activity DESC, pg.room_nid DESC
                 LIMIT ?
-            ), newest AS (
+            ), newest AS MATERIALIZED (
                 -- At most ``events`` visible events a room: those from its
-                -- floor up, with what the output needs of each.
+                -- floor up, with what the output needs of each. Materialized
+                -- (both engines know the word): computed once, not once per
+                -- page room where PostgreSQL expects a single page room.
                 SELECT e.room_nid AS room_nid, e.stream_ordering AS stream_ordering,
                        (SELECT i.event_id FROM event_ids AS i WHERE i.event_nid = e.event_nid) AS event_id,
                        j.room_version AS room_version, j.json AS json, e.redacted AS redacted,
