@@ -26,8 +26,8 @@ def page_plan_txn(txn, store: RoomStore, room_id: str, start, direction: str) ->
     txn.execute = spy
     timeline = store.timeline
     try:
-        timeline._paginate_txn(txn, room_id, timeline._cached_viewer(VIEWER), start, None, direction, 10,
-                               timeline.positions.per_writer(timeline.positions.now()))
+        store.pagination._paginate_txn(txn, room_id, timeline._cached_viewer(VIEWER), start, None, direction, 10,
+                                       timeline.positions.per_writer(timeline.positions.now()))
     finally:
         txn.execute = execute
     sql, args = captured[-1]
