@@ -30,7 +30,7 @@ from roomstore.events.timeline import (
 )
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
-from roomstore.visibility.snapshots import access_allows_sql, last_join_sql, snapshot_access_sql
+from roomstore.visibility.snapshots import snapshot_upto_sql, visible_sql
 
 __all__ = ["PaginationResult", "Paginator"]
 
@@ -58,9 +58,9 @@ class Paginator:
     """
 
     timeline: TimelineReader
-    #: A page first tests the next ``limit`` + this many events one by one,
-    #: and only beyond them goes by snapshots (see ``_paginate_txn``); tests
-    #: set it to 0 (``attrs.evolve``) to take that path on most pages.
+    #: A page tests events one by one up to ``limit`` + this many from its
+    #: key, and only beyond them goes by snapshots (see ``_paginate_txn``);
+    #: tests set it to 0 (``attrs.evolve``) to take that path on most pages.
     pagination_slack: int = 40
 
     async def paginate(
@@ -159,103 +159,96 @@ class Paginator:
             bound_params = [key[0], key[1]]
         order = "DESC" if direction == "b" else "ASC"
         beyond = "<" if direction == "b" else ">"
+        within = ">=" if direction == "b" else "<="
+        far = -(2**63) if direction == "b" else 2**63 - 1
         # The stream bound must not pick the (room, stream) index: walking the
-        # (room, topological) index in ORDER BY order stops after the window,
-        # where the stream index made the database test the visibility of
-        # every event of the room, then sort them (bench/timeline_reads.py).
-        # Unary plus: a numeric no-op on both engines that no index matches.
+        # (room, topological) index in ORDER BY order stops after the page or
+        # at the window's edge, where the stream index made the database test
+        # the visibility of every event of the room, then sort them
+        # (bench/timeline_reads.py). Unary plus: a numeric no-op on both
+        # engines that no index matches.
         high_sql = high_sql.replace("e.stream_ordering", "+e.stream_ordering")
-        window = limit + self.pagination_slack
-        rev = "ASC" if direction == "b" else "DESC"
-        lj = "(SELECT lj.stream_ordering FROM last_join AS lj)"
-        own = "(e.type = 'm.room.history_visibility' OR e.type_key_nid = ?)"
+        vis, _ = visible_sql("e")
         # One statement, two parts.
-        # (1) ``win``: the next ``window`` events from the key, whoever may
-        # see them, walked on the (room, topological) index; ``hit``: the
-        # visible ones among them. Visibility is decided once per snapshot
-        # met in the window (``win_access``: ``snapshot_access_sql``), then
-        # per event by a comparison (``access_allows_sql``): an event is
-        # visible when its snapshot before allows it, or, for a history
-        # visibility event or the viewer's own membership, its snapshot after.
-        # (2) Only when that leaves the page short and the window was full
-        # (more events lie beyond it): ``more``, the visible events beyond
-        # the window's far end (``edge``), found through the room's snapshots
-        # the viewer may see (``seen``), each searched on the
+        # (1) ``edge``: the key of the ``window``-th event from the key (any
+        # event; the walk reads the (room, topological) index alone), absent
+        # when fewer lie that way. ``hit``: each event from the key tested by
+        # ``visible_sql`` in index order until ``limit`` are found, but not
+        # past the edge. A page of events the viewer may see is this part
+        # alone, at the cost of a plain walk.
+        # (2) Only when that leaves the page short and the edge exists (more
+        # events lie beyond it): ``more``, the visible events beyond the
+        # edge, found through the room's snapshots at which the viewer may
+        # see some event (``seen``, with the stream ordering ``upto`` below
+        # which they may: ``snapshot_upto_sql``), each searched on the
         # (visibility_before|visibility_after, topological) indexes for its
-        # first ``limit`` events beyond the edge. A long run of events they
-        # may not see then costs nothing per event. Both parts apply the same
-        # exact rule; the snapshots are searched one by one, not as runs, so
-        # forks that interleave snapshots cannot hide a visible event.
-        gate = "(SELECT COUNT(*) FROM hit) < ? AND (SELECT COUNT(*) FROM win) = ?"
-        edge_sql = "((SELECT g.topo FROM edge AS g), (SELECT g.stream FROM edge AS g))"
+        # first ``limit`` events beyond the edge. A long run of events the
+        # viewer may not see then costs nothing per event. Both parts apply
+        # the same rule; the snapshots are searched one by one, not as runs,
+        # so forks that interleave snapshots cannot hide a visible event.
+        window = limit + self.pagination_slack
+        gate = "(SELECT COUNT(*) FROM hit) < ? AND EXISTS (SELECT 1 FROM edge)"
+        edge_sql = f"""(COALESCE((SELECT g.topo FROM edge AS g), {far}),
+                        COALESCE((SELECT g.stream FROM edge AS g), {far}))"""
+        own = "(e.type = 'm.room.history_visibility' OR e.type_key_nid = ?)"
 
         def per_snapshot(column: str, extra: str) -> str:
-            """The first ``limit`` visible events beyond the edge whose
-            ``column`` is the seen snapshot ``s``."""
+            """The first ``limit`` visible events beyond the edge ``g``
+            whose ``column`` is the seen snapshot ``s``."""
             search = f"""FROM events AS e
                 WHERE e.{column} = s.snapshot_nid {extra}
                   AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
-                  AND (e.topological_ordering, e.stream_ordering) {beyond} {edge_sql}
-                  AND {access_allows_sql("s.access", "e.stream_ordering", lj)}
+                  AND (e.topological_ordering, e.stream_ordering) {beyond} (g.topo, g.stream)
+                  AND e.stream_ordering < s.upto
                 ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
                 LIMIT ?"""
             if txn.engine.lateral_joins:
                 return (
                     "SELECT x.event_nid AS event_nid, x.topo AS topo, x.stream AS stream"
-                    " FROM seen AS s CROSS JOIN LATERAL (SELECT e.event_nid AS event_nid,"
-                    f" e.topological_ordering AS topo, e.stream_ordering AS stream {search}) AS x WHERE {gate}"
+                    " FROM seen AS s CROSS JOIN edge AS g CROSS JOIN LATERAL (SELECT e.event_nid AS event_nid,"
+                    f" e.topological_ordering AS topo, e.stream_ordering AS stream {search}) AS x"
                 )
-            # SQLite has no LATERAL: the same search as a correlated IN,
-            # which it runs once per seen snapshot.
+            # Without LATERAL: the same search as a correlated IN, run once
+            # per seen snapshot.
             return (
                 "SELECT y.event_nid AS event_nid, y.topological_ordering AS topo, y.stream_ordering AS stream"
-                f" FROM seen AS s CROSS JOIN events AS y WHERE y.event_nid IN (SELECT e.event_nid {search}) AND {gate}"
+                f" FROM seen AS s CROSS JOIN edge AS g CROSS JOIN events AS y"
+                f" WHERE y.event_nid IN (SELECT e.event_nid {search})"
             )
 
         # An event found by its snapshot before is not searched for again
         # by its snapshot after (UNION ALL: SQLite's UNION cost 0.3 ms a
         # page even when both halves are empty).
-        after_only = f"""AND e.visibility_after IS NOT NULL AND e.visibility_before IS NOT NULL AND {own}
+        after_only = f"""AND e.visibility_before IS NOT NULL AND {own}
                   AND NOT EXISTS (SELECT 1 FROM seen AS sb WHERE sb.snapshot_nid = e.visibility_before
-                      AND {access_allows_sql("sb.access", "e.stream_ordering", lj)})"""
+                      AND e.stream_ordering < sb.upto)"""
         # ``page``: every event of ``more`` lies beyond every event of
         # ``hit``. Unary plus in the ORDER BYs over it: SQLite otherwise
         # pushes the order into the arms of the compound and plans them anew,
         # which cost 0.35 ms a page even with ``more`` empty.
         sql = f"""
-            WITH win AS (
-                SELECT e.event_nid AS event_nid, e.topological_ordering AS topo, e.stream_ordering AS stream,
-                       e.visibility_before AS before, e.visibility_after AS after,
-                       CASE WHEN {own} THEN 1 ELSE 0 END AS own
+            WITH edge AS (
+                SELECT e.topological_ordering AS topo, e.stream_ordering AS stream
+                FROM events AS e
+                WHERE e.room_nid = ? AND {bound_sql}
+                ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
+                LIMIT 1 OFFSET ?
+            ), hit AS (
+                SELECT e.event_nid AS event_nid, e.topological_ordering AS topo, e.stream_ordering AS stream
                 FROM events AS e
                 WHERE e.room_nid = ? AND e.outlier = ? AND e.rejected_reason IS NULL
                   AND {high_sql} AND {bound_sql}
+                  AND (e.topological_ordering, e.stream_ordering) {within} {edge_sql}
+                  AND {vis}
                 ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
                 LIMIT ?
-            ), last_join AS (
-                SELECT {last_join_sql()} AS stream_ordering
-            ), win_access AS (
-                {snapshot_access_sql("cs.snapshot_nid IN (SELECT w.before FROM win AS w UNION SELECT w.after FROM win AS w)")}
-            ), hit AS (
-                SELECT w.event_nid AS event_nid, w.topo AS topo, w.stream AS stream
-                FROM win AS w
-                LEFT JOIN win_access AS ab ON ab.snapshot_nid = w.before
-                LEFT JOIN win_access AS aa ON aa.snapshot_nid = w.after AND w.own = 1
-                WHERE w.before IS NOT NULL AND ({access_allows_sql("ab.access", "w.stream", lj)}
-                    OR {access_allows_sql("aa.access", "w.stream", lj)})
-                ORDER BY w.topo {order}, w.stream {order}
-                LIMIT ?
-            ), edge AS (
-                SELECT w.topo AS topo, w.stream AS stream FROM win AS w
-                ORDER BY w.topo {rev}, w.stream {rev}
-                LIMIT 1
             ), seen AS (
-                {snapshot_access_sql(f"cs.room_nid = ? AND {gate}")}
+                {snapshot_upto_sql(f"cs.room_nid = ? AND {gate}")}
             ), more AS (
                 {per_snapshot("visibility_before", "")}
                 UNION ALL
                 {per_snapshot("visibility_after", after_only)}
-            ), page AS MATERIALIZED (
+            ), page AS (
                 SELECT h.event_nid AS event_nid, h.topo AS topo, h.stream AS stream FROM hit AS h
                 UNION ALL
                 SELECT m.event_nid AS event_nid, m.topo AS topo, m.stream AS stream FROM (
@@ -269,16 +262,13 @@ class Paginator:
             LIMIT ?"""
         user_nid = viewer.user_nid if viewer.user_nid is not None else -1
         own_key = viewer.member_key_nid if viewer.member_key_nid is not None else -1
-        snapshot_params = [False, *high_params, limit]
-        gate_params = [limit, window]
+        search_params = [False, *high_params, limit]
         params = [
-            own_key, room_nid, False, *high_params, *bound_params, window,  # win
-            room_nid, user_nid,  # last_join
-            user_nid,  # win_access
-            limit,  # hit
-            user_nid, room_nid, limit, window,  # seen
-            *snapshot_params, *gate_params,  # more, by visibility_before
-            own_key, *snapshot_params, *gate_params,  # more, by visibility_after
+            room_nid, *bound_params, window - 1,  # edge
+            room_nid, False, *high_params, *bound_params, *viewer.params(), limit,  # hit
+            room_nid, user_nid, user_nid, room_nid, limit,  # seen
+            *search_params,  # more, by visibility_before
+            own_key, *search_params,  # more, by visibility_after
             limit,  # page: more
             limit,
         ]
