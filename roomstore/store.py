@@ -22,11 +22,12 @@ from roomstore.events.batch import EventToPersist, PersistedEvent, is_orphan, pe
 from roomstore.events.caches import StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
 from roomstore.events.federation import FederationReader
+from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventReader, room_versions_txn
-from roomstore.events.timeline import PaginationResult, RecentResult, SyncResult, TimelineReader
+from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
 from roomstore.events.validation import InvalidEventError
 from roomstore.state.groups import (
     COMPACTION_LOCK_NAME,
@@ -114,6 +115,7 @@ class RoomStore:
         self.timeline = TimelineReader(
             db, self.interners, self.positions, self.reader, self.room_changes, self.membership_changes
         )
+        self.pagination = Paginator(self.timeline)
         self.federation = FederationReader(db, self.interners, self.reader)
         #: What each change drops from this process's caches (replication
         #: applies a worker's rows through it too).
@@ -453,7 +455,7 @@ class RoomStore:
         self, room_id: str, user_id: str, from_token: str | None, direction: str, limit: int
     ) -> PaginationResult:
         """A visible page of a room in topological order (``"b"``/``"f"``)."""
-        return await self.timeline.paginate(room_id, user_id, from_token, direction, limit)
+        return await self.pagination.paginate(room_id, user_id, from_token, direction, limit)
 
     async def is_visible(self, user_id: str, event_id: str) -> bool:
         """Whether the timelines would show ``event_id`` to ``user_id``."""

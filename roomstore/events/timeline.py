@@ -1,4 +1,5 @@
-"""Timeline reads: sync, recent, pagination, visibility checks.
+"""Timeline reads: sync, recent, visibility checks (pagination is
+``roomstore.events.pagination``, which uses this module's pieces).
 
 ``TimelineReader`` serves the reads a client makes of a room's timeline
 (the federation walks are ``roomstore.events.federation``). Every read is
@@ -23,14 +24,14 @@ Orders and tokens (see ``roomstore.events.tokens``):
   generator's per-writer positions (``roomstore.events.read_positions``), so
   an event whose stream ID is reserved but not yet complete is never served.
 * *topological order* is ``(topological_ordering, stream_ordering)``;
-  pagination uses it. A token ``t<topo>-<stream>`` is the position just after
+  pagination (``roomstore.events.pagination``) uses it. A token ``t<topo>-<stream>`` is the position just after
   the event key ``(topo, stream)``: going backwards from it yields keys at or
   below it, going forwards keys above it. Keys are integers and unique
   (stream orderings are), so ``(topo, stream - 1)`` is the position just
   before ``(topo, stream)``: pages neither repeat nor skip events.
 
 Who calls it: ``RoomStore``'s thin wrappers (``sync``, ``recent``,
-``paginate``, ``is_visible``).
+``is_visible``) and ``Paginator``.
 """
 
 from __future__ import annotations
@@ -46,14 +47,14 @@ from roomstore.events.reads import EventReader
 from roomstore.events.redaction import redacted_copy
 from roomstore.events.redactions import first_redaction_sql
 from roomstore.events.room_versions import get_room_version
-from roomstore.events.tokens import InvalidToken, StreamToken, TopologicalToken
+from roomstore.events.tokens import InvalidToken
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.visibility.rules import MEMBERSHIP_CODES
 from roomstore.visibility.snapshots import visible_params, visible_sql
 
-__all__ = ["InvalidToken", "PaginationResult", "RecentResult", "SyncResult", "TimelineReader"]
+__all__ = ["InvalidToken", "RecentResult", "SyncResult", "TimelineReader"]
 
 JOIN = MEMBERSHIP_CODES["join"]
 INVITE = MEMBERSHIP_CODES["invite"]
@@ -130,20 +131,6 @@ class RecentResult:
     rooms: list[tuple[str, list[dict]]]
     next_cursor: str | None
     token: str
-
-
-@attrs.frozen
-class PaginationResult:
-    """A page of a room's timeline in the direction asked.
-
-    ``events`` in that direction's order (newest first for ``"b"``).
-    ``next_token`` continues in the same direction; None when the page is
-    empty (nothing visible lies that way now), as the client-server API omits
-    ``end`` then.
-    """
-
-    events: list[dict]
-    next_token: str | None
 
 
 # ---------------------------------------------------------------------- SQL pieces
@@ -562,116 +549,6 @@ class TimelineReader:
             offset, False, *high_params, *viewer.params(), offset, rooms if events else 0,
             LOWEST_STREAM, False, *high_params, *viewer.params(),
         ]
-        return txn.execute(sql, params).fetchall()
-
-    # ------------------------------------------------------------------ pagination
-
-    async def paginate(
-        self, room_id: str, user_id: str, from_token: str | None, direction: str, limit: int
-    ) -> PaginationResult:
-        """A page of ``room_id`` as ``user_id`` may see it, in topological order.
-
-        ``direction`` ``"b"`` walks back (newest first), ``"f"`` forwards.
-        ``from_token``: a ``t<topo>-<stream>`` token (a position between
-        events), a stream token (converted to the topological position just
-        after the last event, in topological order, of those at or before it:
-        forwards from it come only events after it in stream order), or None
-        (the end for ``"b"``, the start for ``"f"``). Events not yet complete
-        in the events stream are never served. ``next_token`` continues from
-        just past the last event returned.
-
-        Raises ``InvalidToken`` for a bad token or one ahead of the stream
-        (after a bounded wait on a worker), ``ValueError`` for a bad
-        direction or ``limit`` < 1.
-        """
-        if direction not in ("b", "f"):
-            raise ValueError(f"direction must be 'b' or 'f', not {direction!r}")
-        if not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be a positive int, not {limit!r}")
-        start: TopologicalToken | StreamToken | None = None
-        if from_token is not None:
-            if isinstance(from_token, str) and from_token.startswith("t"):
-                start = TopologicalToken.parse(from_token)
-            else:
-                start = self.positions.parse_stream_token(from_token)
-        await self.positions.ensure_instances(start if isinstance(start, StreamToken) else None)
-        if start is not None:
-            await self.positions.reach(start)
-        now = self.positions.per_writer(self.positions.now())
-        stream_start = self.positions.per_writer(start) if isinstance(start, StreamToken) else None
-        rows = await self.db.run_interaction(
-            "paginate", self._paginate_txn, room_id, self._cached_viewer(user_id),
-            start if isinstance(start, TopologicalToken) else None, stream_start, direction, limit, now,
-        )
-        events = [_event_from_row(row) for row in rows]
-        if not rows:
-            return PaginationResult([], None)
-        topo, stream = rows[-1][3], rows[-1][4]
-        # Backwards, the next page starts just before the last event's key.
-        next_token = TopologicalToken(topo, stream - 1 if direction == "b" else stream)
-        return PaginationResult(events, next_token.to_string())
-
-    def _paginate_txn(
-        self,
-        txn: Transaction,
-        room_id: str,
-        viewer: _Viewer,
-        start: TopologicalToken | None,
-        stream_start: tuple[int, dict[str, int]] | None,
-        direction: str,
-        limit: int,
-        upper: tuple[int, dict[str, int]],
-    ) -> list[tuple]:
-        room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)
-        if room_nid is None:
-            return []
-        viewer = self._viewer_txn(txn, viewer)
-        high_sql, high_params = _bound_sql("e", "<=", upper[0], upper[1])
-        key: tuple[int, int] | None = None if start is None else start.as_tuple()
-        if stream_start is not None:
-            # The newest key, in topological order, of the events at or
-            # before the stream position.
-            at_sql, at_params = _bound_sql("e", "<=", stream_start[0], stream_start[1])
-            row = txn.execute(
-                "SELECT e.topological_ordering, e.stream_ordering FROM events AS e"
-                f" WHERE e.room_nid = ? AND e.outlier = ? AND {at_sql}"
-                " ORDER BY e.topological_ordering DESC, e.stream_ordering DESC LIMIT 1",
-                [room_nid, False, *at_params],
-            ).fetchone()
-            if row is None:
-                if direction == "b":
-                    return []  # nothing at or before it
-                key = None  # forwards from before the first event
-            else:
-                key = (row[0], row[1])
-        if key is None:
-            bound_sql, bound_params = "1 = 1", []
-        elif direction == "b":
-            # Row values: both engines start the index walk at the key itself
-            # (the equivalent OR of comparisons made SQLite walk from the end
-            # of the room every page).
-            bound_sql = "(e.topological_ordering, e.stream_ordering) <= (?, ?)"
-            bound_params = [key[0], key[1]]
-        else:
-            bound_sql = "(e.topological_ordering, e.stream_ordering) > (?, ?)"
-            bound_params = [key[0], key[1]]
-        order = "DESC" if direction == "b" else "ASC"
-        # The stream bound must not pick the (room, stream) index: walking the
-        # (room, topological) index in ORDER BY order stops after ``limit``
-        # visible events, where the stream index made the database test the
-        # visibility of every event of the room, then sort them
-        # (bench/timeline_reads.py). Unary plus: a numeric no-op on both
-        # engines that no index matches.
-        high_sql = high_sql.replace("e.stream_ordering", "+e.stream_ordering")
-        vis, _ = visible_sql("e")
-        sql = f"""
-            SELECT {EVENT_COLUMNS}
-            FROM events AS e {EVENT_JOINS}
-            WHERE e.room_nid = ? AND e.outlier = ? AND e.rejected_reason IS NULL
-              AND {high_sql} AND {bound_sql} AND {vis}
-            ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
-            LIMIT ?"""
-        params = [room_nid, False, *high_params, *bound_params, *viewer.params(), limit]
         return txn.execute(sql, params).fetchall()
 
     # ------------------------------------------------------------------ one event

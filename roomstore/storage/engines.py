@@ -184,6 +184,13 @@ class Engine:
         """After inserting explicit ids into ``table.column``: make the ids the
         database generates continue after its maximum (no-op where they do anyway)."""
 
+    # --- Reading: what the dialect offers queries -------------------------
+
+    #: True where a subquery in FROM may refer to the tables before it
+    #: (``CROSS JOIN LATERAL``, PostgreSQL); elsewhere a per-row search is
+    #: written as a correlated ``IN`` (SQLite runs it once per outer row).
+    lateral_joins: bool = False
+
 
 @attrs.define
 class SqliteEngine(Engine):
@@ -464,6 +471,9 @@ class PostgresEngine(Engine):
             f" (SELECT GREATEST(COALESCE(MAX({column}), 0), 1) FROM {table}))",
             (table, column),
         )
+
+    # --- Reading (see Engine) -----------------------------------------------
+    lateral_joins = True
 
 
 def _single(options: Mapping[str, list[str]], key: str) -> str | None:

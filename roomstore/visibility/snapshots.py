@@ -94,6 +94,39 @@ def visible_sql(event_alias: str = "e") -> tuple[str, int]:
     return sql, 5
 
 
+def snapshot_upto_sql(scope: str, alias: str = "cs") -> str:
+    """SQL selecting ``snapshot_nid`` and ``upto`` of the snapshots
+    ``visibility_snapshots AS <alias>`` matching ``scope`` (a condition on
+    ``alias``) at which the viewer may see some event: the rules of
+    ``allowed_sql`` applied once per snapshot rather than once per event.
+
+    The viewer may see an event at such a snapshot exactly when its stream
+    ordering is below ``upto``: the largest BIGINT where ``allowed_sql``
+    holds for every event there (world_readable; the viewer's membership
+    there is join; invited with an invite); for "shared", the stream
+    ordering of the viewer's last join of the room (``allowed_sql``'s
+    "joined after": some join of theirs comes later), NULL (no event) when
+    they never joined. Snapshots where they may see nothing are left out.
+    Binds the room nid and the viewer's user nid (their last join), the user
+    nid again (their membership), then ``scope``'s parameters. ``alias`` must differ from the
+    aliases ``membership_sql`` uses. (The LIMIT: PostgreSQL would otherwise
+    copy the membership subquery into each use of ``m`` and plan it that
+    many times.)
+    """
+    member = membership_sql(f"{alias}.snapshot_nid")
+    last_join = f"""(SELECT MAX(lj.stream_ordering) FROM room_memberships AS lj
+        WHERE lj.room_nid = ? AND lj.user_nid = ? AND lj.membership = {JOIN})"""
+    return f"""SELECT f.snapshot_nid AS snapshot_nid, CASE
+            WHEN f.v = {WORLD_READABLE} OR f.m = {JOIN} OR (f.v = {INVITED} AND f.m = {INVITE})
+                THEN 9223372036854775807
+            ELSE {last_join} END AS upto
+        FROM (SELECT {alias}.snapshot_nid AS snapshot_nid, {alias}.history_visibility AS v,
+                CASE WHEN {alias}.history_visibility = {WORLD_READABLE} THEN {NO_MEMBERSHIP_CODE}
+                     ELSE {member} END AS m
+              FROM visibility_snapshots AS {alias} WHERE {scope} LIMIT 9223372036854775807) AS f
+        WHERE f.v = {WORLD_READABLE} OR f.m = {JOIN} OR (f.v = {INVITED} AND f.m = {INVITE}) OR f.v = {SHARED}"""
+
+
 def visible_params(user_nid: int, own_member_key_nid: int | None) -> list:
     """The parameters of ``visible_sql`` for a viewer, in order."""
     # before: membership, joined-after; own key; after: membership, joined-after

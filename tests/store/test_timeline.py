@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from roomstore.events.tokens import InvalidToken
 from roomstore.store import RoomStore
 from tests.db import on_both_engines
@@ -167,6 +169,87 @@ class PaginationTests(TimelineHelpers):
         # The late fork event sorts by its place in the graph.
         order = ids(page.events)
         self.assertLess(order.index(named["late"].event_id), order.index(named["base"].event_id) - 1)
+
+    async def test_pages_across_long_invisible_runs_with_forks(self):
+        """Runs of events the viewer may not see, longer than a page's window
+        (so the page goes on by snapshots), between forks whose branches
+        interleave snapshots in topological order, an invite under "invited",
+        a leave and a rejoin under "joined", "shared" history before a later
+        join, and "world_readable": every page, either way, with the window
+        and without, is exactly the events ``is_visible`` accepts."""
+        store = await self.open_store()
+        room = RoomBuilder(room_id="!gaps:example.org")
+        keys: dict[str, tuple[int, int]] = {}
+
+        async def persist(*events, resolved=None, state_before=None):
+            flags = {} if state_before is None else {"state_before": state_before}
+            results = await store.persist_events(
+                [room.to_persist(e, **flags) for e in events], None if resolved is None else {room.room_id: resolved}
+            )
+            for r in results:
+                keys[r.event_id] = (r.topological_ordering, r.stream_ordering)
+
+        def chat(sender, n, tag):
+            return [room.message(sender, f"{tag}{i}") for i in range(n)]
+
+        await persist(room.create(), room.join(ALICE), room.history_visibility("shared"))
+        await persist(*chat(ALICE, 5, "shared"))  # seen later by carol's join
+        await persist(room.history_visibility("invited"), *chat(ALICE, 60, "before-invite"))
+        await persist(room.member(CAROL, "invite", sender=ALICE), *chat(ALICE, 3, "invited"))
+        await persist(room.history_visibility("joined"), *chat(ALICE, 60, "joined-not-carol"))
+        # A fork: branch A has carol join and talk; branch B, from before it,
+        # has bob join and leave between long talks; both persisted
+        # interleaved, so their snapshots interleave in topological order.
+        fork = room.leaves[0]
+        a = [room.join(CAROL, prev=[fork])]
+        b = [room.join(BOB, prev=[fork])]
+        for i in range(70):
+            a.append(room.message(CAROL, f"a{i}", prev=[a[-1].event_id]))
+            b.append(room.message(BOB if i < 35 else ALICE, f"b{i}", prev=[b[-1].event_id]))
+            if i == 35:
+                b.append(room.member(BOB, "leave", prev=[b[-1].event_id]))
+        # The branches' states differ on carol (A: join) and bob (B): the
+        # room's current state takes A's carol and B's bob.
+        at_fork = dict(await store.get_state_ids(fork))
+        resolved = dict(at_fork)
+        resolved[("m.room.member", CAROL)] = a[0].event_id
+        for i in range(0, max(len(a), len(b)), 10):
+            for event in b[i:i + 10]:
+                if event.event["type"] == "m.room.member":
+                    resolved[("m.room.member", BOB)] = event.event_id
+            await persist(*a[i:i + 10], *b[i:i + 10], resolved=dict(resolved))
+        room.leaves = [a[-1].event_id, b[-1].event_id]
+        await persist(room.message(ALICE, "merge"), resolved=dict(resolved), state_before=dict(resolved))
+        await persist(room.member(CAROL, "leave"), *chat(ALICE, 80, "after-leave"))
+        await persist(room.join(CAROL), *chat(CAROL, 4, "rejoined"))
+        await persist(room.history_visibility("world_readable"), *chat(ALICE, 3, "public"))
+
+        for user in (CAROL, BOB, ALICE, "@stranger:example.org"):
+            visible = [e for e in keys if await store.is_visible(user, e)]
+            ascending = sorted(visible, key=keys.__getitem__)
+            if user == CAROL:
+                self.assertGreater(len(ascending), 20)
+                self.assertLess(len(ascending), len(keys) - 150)  # long gaps
+            paginator = store.pagination
+            for slack in (paginator.pagination_slack, 0):
+                store.pagination = attrs.evolve(paginator, pagination_slack=slack)
+                try:
+                    for limit in (3, 10):
+                        back, _ = await self.walk(store, room.room_id, user, "b", None, limit)
+                        self.assertEqual(ids(back), ascending[::-1], (user, slack, limit))
+                        forward, _ = await self.walk(store, room.room_id, user, "f", None, limit)
+                        self.assertEqual(ids(forward), ascending, (user, slack, limit))
+                    # Every page but the last of each walk is full.
+                    token, sizes = None, []
+                    while True:
+                        page = await store.paginate(room.room_id, user, token, "b", 7)
+                        sizes.append(len(page.events))
+                        if page.next_token is None:
+                            break
+                        token = page.next_token
+                    self.assertTrue(all(n == 7 for n in sizes[:-2]), (user, slack, sizes))
+                finally:
+                    store.pagination = paginator
 
     async def test_backfilled_history_pages_too(self):
         store = await self.open_store()

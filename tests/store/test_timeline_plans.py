@@ -1,5 +1,5 @@
 """The plan of a pagination page, on both engines: the statement walks the
-(room, topological) index in its ORDER BY order and stops after the page,
+(room, topological) index in its ORDER BY order and stops after its window,
 rather than reading the room through the (room, stream) index and sorting it
 (which tested the visibility of every event of the room for each page)."""
 
@@ -26,8 +26,8 @@ def page_plan_txn(txn, store: RoomStore, room_id: str, start, direction: str) ->
     txn.execute = spy
     timeline = store.timeline
     try:
-        timeline._paginate_txn(txn, room_id, timeline._cached_viewer(VIEWER), start, None, direction, 10,
-                               timeline.positions.per_writer(timeline.positions.now()))
+        store.pagination._paginate_txn(txn, room_id, timeline._cached_viewer(VIEWER), start, None, direction, 10,
+                                       timeline.positions.per_writer(timeline.positions.now()))
     finally:
         txn.execute = execute
     sql, args = captured[-1]
@@ -66,14 +66,27 @@ class PaginationPlanTests:
             plan = await db.run_interaction("plan", page_plan_txn, store, room.room_id, start, direction)
             self.assertIn("events_room_topo", plan, plan)
             if self.engine_name == "sqlite":
-                # The statement itself needs no sort: the index gives the order.
-                self.assertNotIn("0 USE TEMP B-TREE FOR ORDER BY", plan.splitlines(), plan)
-                walk = [line for line in plan.splitlines() if line.startswith("0 SEARCH e ")]
-                self.assertEqual(len(walk), 1, plan)
-                self.assertTrue(walk[0].startswith("0 SEARCH e USING INDEX events_room_topo (room_nid=?"), plan)
-                if start is not None:
-                    # The walk starts at the token's key, not at the end of the room.
+                # The two walks over the room need no sort: the index gives
+                # the order. ``hit``, the page tested event by event, and
+                # ``edge``, the window's far end (index alone). (The statement
+                # sorts only the page it keeps, at most twice ``limit`` keys.)
+                lines = plan.splitlines()
+                for cte, index in (("hit", "INDEX"), ("edge", "COVERING INDEX")):
+                    found = [i for i, line in enumerate(lines) if line.endswith(f" MATERIALIZE {cte}")]
+                    self.assertEqual(len(found), 1, (cte, plan))
+                    # Its first step is the walk; no sort shares its parent.
+                    parent, _, first = lines[found[0] + 1].partition(" ")
+                    under = [line.partition(" ")[2] for line in lines if line.partition(" ")[0] == parent]
+                    self.assertNotIn("USE TEMP B-TREE FOR ORDER BY", under, plan)
+                    walk = [line for line in under if line.startswith("SEARCH e ")]
+                    self.assertEqual(walk, [first], plan)
+                    self.assertTrue(walk[0].startswith(f"SEARCH e USING {index} events_room_topo (room_nid=?"), plan)
+                    # The walk starts at the token's key (or the end of the
+                    # room), not at the end of the room every page.
                     self.assertIn("(topological_ordering,stream_ordering)", walk[0], plan)
+                # Nothing else reads the room's events in order of the room.
+                searches = [line for line in lines if " SEARCH e USING " in line and " events_room_topo " in line]
+                self.assertEqual(len(searches), 2, plan)
             else:
                 self.assertIn("Limit", plan.splitlines()[0], plan)
                 self.assertNotIn("Sort Key: e.topological_ordering", plan, plan)

@@ -184,7 +184,35 @@ async def check_history(test, store: RoomStore, history: History) -> int:
             got += [e["event_id"] for e in page.events]
             token = page.next_token
         test.assertEqual(got, ascending[::-1], viewer)
+    await check_pages_by_snapshot(test, store, room.room_id, expected, topo, stream)
     return sum(len(v) for v in expected.values())
+
+
+async def check_pages_by_snapshot(test, store: RoomStore, room_id: str, expected, topo, stream) -> None:
+    """Pages again with no slack: every page whose next ``limit`` events hold
+    an invisible one goes on through the snapshots the viewer may see (the
+    second part of ``_paginate_txn``), and must give exactly the same pages."""
+    paginator = store.pagination
+    store.pagination = attrs.evolve(paginator, pagination_slack=0)
+    try:
+        for viewer in VIEWERS:
+            ascending = sorted(expected[viewer], key=lambda e: (topo[e], stream[e]))
+            for direction, want in (("b", ascending[::-1]), ("f", ascending)):
+                for limit in (1, 3):
+                    got, token = [], None
+                    while True:
+                        page = await store.paginate(room_id, viewer, token, direction, limit)
+                        if page.next_token is None:
+                            break
+                        test.assertLessEqual(len(page.events), limit)
+                        got += [e["event_id"] for e in page.events]
+                        # Full, or the last page before the end of what they may see.
+                        if len(page.events) < limit:
+                            test.assertEqual(len(got), len(want), (viewer, direction, limit))
+                        token = page.next_token
+                    test.assertEqual(got, want, (viewer, direction, limit))
+    finally:
+        store.pagination = paginator
 
 
 @on_both_engines
