@@ -1,6 +1,6 @@
 """Full state of a state group: roomstore's read against Synapse's own function.
 
-usage: bench/with-postgres .venv/bin/python bench/state_vs_synapse.py [--runs R] [--groups N]
+usage: bench/with-postgres .venv/bin/python bench/state_vs_synapse.py [--runs R] [--groups N] [--profile]
 
 For each engine (SQLite, PostgreSQL) one database holds roomstore's tables and,
 beside them, Synapse-shaped ``state_group_edges(state_group, prev_state_group)``
@@ -18,7 +18,8 @@ the type, state key and event ID strings). Then, side by side in one run:
   event_id``), interner caches warm as in a running server.
 
 Each call is timed inside its own transaction (ours and theirs alternate), and
-every result of ours is checked equal to Synapse's. Two cases: a 10,000-entry
+every result of ours is checked equal to Synapse's. ``--profile`` also prints
+cProfile's breakdown of our named call (the functions taking the most time). Two cases: a 10,000-entry
 group at the end of a 100-hop delta chain, and N random groups (default
 1,000) of the compaction benchmark's ``small`` dataset (403 rooms, 46,000
 groups, snapshots every 100 hops, forks). The goal is ours <= 0.5x theirs.
@@ -27,7 +28,10 @@ groups, snapshots every 100 hops, forks). The goal is ours <= 0.5x theirs.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib
+import io
+import pstats
 import random
 import statistics
 import subprocess
@@ -148,6 +152,20 @@ async def measure(store, synapse: SynapseCaller, groups, runs: int):
     return statistics.median(ids), statistics.median(named), statistics.median(theirs), len(expected)
 
 
+def profile_txn(txn, store, groups, repeat: int) -> str:
+    """cProfile's top entries over ``repeat`` named reads of each of ``groups``."""
+    profiler = cProfile.Profile()
+    for _ in range(repeat):
+        for group in groups:
+            store.state_groups._cache.clear()
+            profiler.enable()
+            store.reader._named_state(txn, store.state_groups.get_state(txn, group))
+            profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(12)
+    return out.getvalue()
+
+
 async def main(reactor, args) -> None:
     ensure_synapse()
     engines = bench_databases()
@@ -175,6 +193,12 @@ async def main(reactor, args) -> None:
                 # database's caches for this case, then time it.
                 await measure(store, synapse, groups, 1)
                 ids, named, theirs, _ = await measure(store, synapse, groups, runs)
+                if args.profile:
+                    report = await store.db.run_interaction("profile", profile_txn, store, groups,
+                                                            max(1, 20 // len(groups)))
+                    print(f"  cProfile of our named read, {engine}, {case}:")
+                    print("\n".join("    " + line for line in report.splitlines()
+                                    if line.strip() and not line.lstrip().startswith(("Ordered", "List"))), flush=True)
                 rows.append([engine, case, ids, named, theirs, f"{named / theirs:.2f}", f"{ids / theirs:.2f}"])
                 print(f"  {engine}: {case}: ours {named:.3f} ms ({ids:.3f} ms as ids), Synapse {theirs:.3f} ms",
                       flush=True)
@@ -190,5 +214,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="timed runs of each case (default 5)")
     parser.add_argument("--groups", type=int, default=1000, help="random groups (default 1000)")
+    parser.add_argument("--profile", action="store_true", help="also print cProfile of our named read per case")
     args = parser.parse_args()
     task.react(lambda reactor: defer.ensureDeferred(main(reactor, args)))
