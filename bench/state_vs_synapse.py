@@ -1,6 +1,6 @@
 """Full state of a state group: roomstore's read against Synapse's own function.
 
-usage: bench/with-postgres .venv/bin/python bench/state_vs_synapse.py [--runs R] [--groups N]
+usage: bench/with-postgres .venv/bin/python bench/state_vs_synapse.py [--runs R] [--chain-runs C] [--groups N] [--profile]
 
 For each engine (SQLite, PostgreSQL) one database holds roomstore's tables and,
 beside them, Synapse-shaped ``state_group_edges(state_group, prev_state_group)``
@@ -17,8 +17,10 @@ the type, state key and event ID strings). Then, side by side in one run:
   store's interners (the same output as Synapse's: ``(type, state_key) ->
   event_id``), interner caches warm as in a running server.
 
-Each call is timed inside its own transaction (ours and theirs alternate), and
-every result of ours is checked equal to Synapse's. Two cases: a 10,000-entry
+Each call is timed inside its own transaction (ours as ids, ours named and
+theirs take turns at going first for a group), and every result of ours is
+checked equal to Synapse's. ``--profile`` also prints
+cProfile's breakdown of our named call (the functions taking the most time). Two cases: a 10,000-entry
 group at the end of a 100-hop delta chain, and N random groups (default
 1,000) of the compaction benchmark's ``small`` dataset (403 rooms, 46,000
 groups, snapshots every 100 hops, forks). The goal is ours <= 0.5x theirs.
@@ -27,7 +29,10 @@ groups, snapshots every 100 hops, forks). The goal is ours <= 0.5x theirs.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib
+import io
+import pstats
 import random
 import statistics
 import subprocess
@@ -132,20 +137,45 @@ def ours_txn(txn, store, group: int, names: bool):
 
 
 async def measure(store, synapse: SynapseCaller, groups, runs: int):
-    """(median ms ours ids, ours names, theirs) over ``groups`` x ``runs``, checked equal."""
-    ids, named, theirs = [], [], []
+    """(median ms ours ids, ours names, theirs) over ``groups`` x ``runs``, checked equal.
+
+    The three calls take turns at going first for a group (the first warms
+    the database's page cache for the next two)."""
+    times: dict[str, list[float]] = {"ids": [], "named": [], "theirs": []}
+    calls = {
+        "ids": lambda group: store.db.run_interaction("bench_ours_ids", ours_txn, store, group, False),
+        "named": lambda group: store.db.run_interaction("bench_ours", ours_txn, store, group, True),
+        "theirs": lambda group: store.db.run_interaction("bench_synapse", synapse.txn, group),
+    }
+    names = list(calls)
+    turn = 0
     for _ in range(runs):
         for group in groups:
-            t_ids, _ = await store.db.run_interaction("bench_ours_ids", ours_txn, store, group, False)
-            t_named, state = await store.db.run_interaction("bench_ours", ours_txn, store, group, True)
-            t_theirs, expected = await store.db.run_interaction("bench_synapse", synapse.txn, group)
+            turn += 1
+            results = {}
+            for name in names[turn % 3:] + names[:turn % 3]:
+                elapsed, results[name] = await calls[name](group)
+                times[name].append(elapsed * 1000)
+            state, expected = results["named"], results["theirs"]
             if state != expected:
                 raise SystemExit(f"group {group}: our state differs from Synapse's ({len(state)} vs"
                                  f" {len(expected)} entries)")
-            ids.append(t_ids * 1000)
-            named.append(t_named * 1000)
-            theirs.append(t_theirs * 1000)
-    return statistics.median(ids), statistics.median(named), statistics.median(theirs), len(expected)
+    return (statistics.median(times["ids"]), statistics.median(times["named"]), statistics.median(times["theirs"]),
+            len(expected))
+
+
+def profile_txn(txn, store, groups, repeat: int) -> str:
+    """cProfile's top entries over ``repeat`` named reads of each of ``groups``."""
+    profiler = cProfile.Profile()
+    for _ in range(repeat):
+        for group in groups:
+            store.state_groups._cache.clear()
+            profiler.enable()
+            store.reader._named_state(txn, store.state_groups.get_state(txn, group))
+            profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(12)
+    return out.getvalue()
 
 
 async def main(reactor, args) -> None:
@@ -169,19 +199,26 @@ async def main(reactor, args) -> None:
             synapse = SynapseCaller(engine, url)
             rng = random.Random(7)
             sample = sorted(rng.sample(range(info.first_group, info.last_group + 1), args.groups))
-            for case, groups, runs in ((f"10,000 entries, end of a 100-hop chain", [long_group], args.runs),
+            for case, groups, runs in ((f"10,000 entries, end of a 100-hop chain", [long_group], args.chain_runs),
                                        (f"{args.groups:,} random groups of 46,000 (per group)", sample, args.runs)):
                 # Warm the interners (as a running server's are) and the
                 # database's caches for this case, then time it.
                 await measure(store, synapse, groups, 1)
                 ids, named, theirs, _ = await measure(store, synapse, groups, runs)
+                if args.profile:
+                    report = await store.db.run_interaction("profile", profile_txn, store, groups,
+                                                            max(1, 20 // len(groups)))
+                    print(f"  cProfile of our named read, {engine}, {case}:")
+                    print("\n".join("    " + line for line in report.splitlines()
+                                    if line.strip() and not line.lstrip().startswith(("Ordered", "List"))), flush=True)
                 rows.append([engine, case, ids, named, theirs, f"{named / theirs:.2f}", f"{ids / theirs:.2f}"])
                 print(f"  {engine}: {case}: ours {named:.3f} ms ({ids:.3f} ms as ids), Synapse {theirs:.3f} ms",
                       flush=True)
         finally:
             await store.close()
     print()
-    print(f"median ms per group; {args.runs} run(s) of each case after one warm-up run; every result checked equal")
+    print(f"median ms per group; {args.chain_runs} run(s) of the chain case, {args.runs} of the random groups, after"
+          " one warm-up run; every result checked equal")
     print_table(["engine", "case", "ours (ids)", "ours (names)", "Synapse", "ours/Synapse", "ids/Synapse"], rows)
     print(f"load average at end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 
@@ -189,6 +226,8 @@ async def main(reactor, args) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="timed runs of each case (default 5)")
+    parser.add_argument("--chain-runs", type=int, default=30, help="timed runs of the chain case (default 30)")
     parser.add_argument("--groups", type=int, default=1000, help="random groups (default 1000)")
+    parser.add_argument("--profile", action="store_true", help="also print cProfile of our named read per case")
     args = parser.parse_args()
     task.react(lambda reactor: defer.ensureDeferred(main(reactor, args)))

@@ -193,9 +193,11 @@ class EventReader:
         return sorted(keys)
 
     def _named_state(self, txn: Transaction, state: Mapping[int, int]) -> dict[tuple[str, str], str]:
-        keys = self.interners.state_keys.resolve(txn, state.keys())
-        events = self.interners.events.resolve(txn, state.values())
-        return {keys[k]: events[e] for k, e in state.items()}
+        """``(type, state_key) -> event_id`` of an interned state: two bulk
+        lookups in the interners' caches and one ``dict(zip())``."""
+        keys = self.interners.state_keys.resolve_list(txn, list(state))
+        events = self.interners.events.resolve_list(txn, list(state.values()))
+        return dict(zip(keys, events))
 
     def state_ids_txn(self, txn: Transaction, event_id: str, before: bool, types) -> dict[tuple[str, str], str]:
         nid = self.interners.events.lookup(txn, [event_id]).get(event_id)

@@ -52,3 +52,42 @@ class InternerTests:
         created: set = set()
         await db.run_interaction("intern", events.intern, ["$gone"], created)
         self.assertEqual(created, {"$gone"})
+
+    async def test_resolve_list_keeps_order_and_duplicates(self):
+        db = await self.make_database()
+        keys = [("m.room.member", f"@u{i}:x") for i in range(12)]
+        nids = await db.run_interaction("intern", Interners().state_keys.intern, keys)
+        wanted = [nids[k] for k in reversed(keys)] + [nids[keys[0]]]
+        # A cold interner reads them from the table; a warm one from its cache;
+        # one with a cache of 4 (smaller than the request) still answers whole.
+        for interner in (Interners().state_keys, Interners(cache_size=4).state_keys):
+            for _ in range(2):
+                got = await db.run_interaction("resolve", interner.resolve_list, wanted)
+                self.assertEqual(got, list(reversed(keys)) + [keys[0]])
+                self.assertLessEqual(len(interner._to_key), interner._to_key.max_size)
+        missing = max(nids.values()) + 1000
+        with self.assertRaises(KeyError):
+            await db.run_interaction("resolve", Interners().state_keys.resolve_list, [wanted[0], missing])
+
+    async def test_resolve_caches_only_after_commit(self):
+        """A read in a transaction that rolls back teaches the cache nothing;
+        one that commits does, and the next read needs no statement."""
+        db = await self.make_database()
+        nids = await db.run_interaction("intern", Interners().events.intern, ["$a", "$b"])
+        events = Interners().events
+
+        def resolve_then_fail(txn):
+            self.assertEqual(events.resolve_list(txn, [nids["$a"]]), ["$a"])
+            raise ValueError("roll back")
+
+        with self.assertRaises(ValueError):
+            await db.run_interaction("fail", resolve_then_fail)
+        self.assertNotIn(nids["$a"], events._to_key)
+        await db.run_interaction("resolve", events.resolve_list, [nids["$a"], nids["$b"]])
+        self.assertIn(nids["$a"], events._to_key)
+
+        def no_statements(txn):
+            txn.execute = None  # any statement would fail
+            return events.resolve_list(txn, [nids["$b"], nids["$a"]]), events.resolve(txn, [nids["$a"]])
+
+        self.assertEqual(await db.run_interaction("cached", no_statements), (["$b", "$a"], {nids["$a"]: "$a"}))
