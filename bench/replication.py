@@ -85,6 +85,30 @@ def rss_kib() -> int:
     return 0
 
 
+def count_wakeups(reactor) -> list[int]:
+    """Count the reactor's iterations (each a poll that returned, a wake-up
+    unless work was already waiting) in the returned one-item list."""
+    count = [0]
+    iterate = reactor.doIteration
+
+    def counted(timeout):
+        count[0] += 1
+        return iterate(timeout)
+
+    reactor.doIteration = counted
+    return count
+
+
+_SERVER_WAKEUPS: list[list[int]] = []
+
+
+def server_wakeup_counter(reactor) -> list[int]:
+    """This (the server's) process's wake-up counter, made once."""
+    if not _SERVER_WAKEUPS:
+        _SERVER_WAKEUPS.append(count_wakeups(reactor))
+    return _SERVER_WAKEUPS[0]
+
+
 async def sleep(reactor, seconds: float) -> None:
     await deferLater(reactor, seconds, lambda: None)
 
@@ -96,6 +120,15 @@ async def until(reactor, predicate, timeout: float, what: str) -> float:
             raise TimeoutError(what)
         await sleep(reactor, 0.002)
     return time.perf_counter()
+
+
+async def exited(proc: subprocess.Popen) -> int:
+    """Wait for a child process to exit in a thread blocked in waitpid: the
+    server's reactor stays asleep meanwhile (polling the child every 2 ms
+    woke it ~4x as often as the rows did, and counted as server CPU)."""
+    from twisted.internet import threads
+
+    return await threads.deferToThread(proc.wait, 600)
 
 
 def history(rooms: int, events: int):
@@ -150,15 +183,38 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
 
         first_row: list[float] = []
         first_cpu: list[float] = []
+        # Done when every stream's applied token (RDATA applied, or POSITION)
+        # reaches its target: noted as it happens, not polled (a poll every
+        # 2 ms cost more worker CPU than the rows of a live run as written).
+        goal: dict[str, int] = {}
+        reached: dict[str, int] = {}
+        finished: defer.Deferred = defer.Deferred()
+
+        def check() -> None:
+            if goal and not finished.called and all(reached.get(s, 0) >= t for s, t in goal.items()):
+                finished.callback((time.perf_counter(), time.process_time()))
+
+        def note(stream: str, token: int) -> None:
+            if token > reached.get(stream, 0):
+                reached[stream] = token
+                if token >= goal.get(stream, token + 1):
+                    check()
 
         def applied(stream, instance, token, rows):
             if not first_row:
                 first_row.append(time.perf_counter())
                 first_cpu.append(time.process_time())
+                wakeups_at_start.append((wakeups[0], reads[0]))
             counts["tokens"] += 1
             counts["rows"] += len(rows)
+            note(stream, token)
 
-        handler = StoreReplicationHandler(store, on_applied=applied)
+        class Handler(StoreReplicationHandler):
+            def on_position(self, stream_name, instance_name, prev_token, new_token):
+                super().on_position(stream_name, instance_name, prev_token, new_token)
+                note(stream_name, new_token)
+
+        handler = Handler(store, on_applied=applied)
         connected = []
         connected_cpu = []
         handler.on_connected = lambda: (connected.append(time.perf_counter()), connected_cpu.append(time.process_time()))
@@ -166,6 +222,24 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
                                            config=ReplicationConfig(page_size=page_size))
         for stream in STREAMS:
             factory.positions.set(stream, "master", 0)
+        # Reads (dataReceived calls) and wake-ups, from the connection on.
+        reads = [0]
+        build = factory.buildProtocol
+
+        def counting_build(addr):
+            protocol = build(addr)
+            receive = protocol.dataReceived
+
+            def data_received(data: bytes) -> None:
+                reads[0] += 1
+                receive(data)
+
+            protocol.dataReceived = data_received
+            return protocol
+
+        factory.buildProtocol = counting_build
+        wakeups = count_wakeups(reactor)
+        wakeups_at_start = []
         profile_path = os.environ.get("BENCH_PROFILE")
         profiler = None
         if profile_path:
@@ -173,6 +247,8 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
 
             profiler = cProfile.Profile()
             profiler.enable()
+        if targets is not None:
+            goal.update(targets)
         reactor.connectTCP("127.0.0.1", port, factory)
         if targets is None:
             from twisted.internet import threads
@@ -181,23 +257,29 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
             await sleep(reactor, 0.2)  # the REPLICATE answered
             print(json.dumps({"ready": True}), flush=True)
             targets = json.loads(await threads.deferToThread(sys.stdin.readline))
-        # The follower's own positions: the store's generators start at the
+            goal.update(targets)
+            check()  # reached already (rows as written): done now
+        # The follower's own tokens: the store's generators start at the
         # database's positions, already at the targets.
-        done = await until(
-            reactor, lambda: all((factory.positions.get(s, "master") or 0) >= t for s, t in targets.items()),
-            600, "catch-up",
-        )
+        done, cpu_done = await finished.addTimeout(600, reactor)
+        wakeups_done = list(wakeups)
+        # It fired inside the read that applied the last row: let that read
+        # end, which adds its lines to the RDATA counter.
+        await sleep(reactor, 0)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(profile_path)
         rdata = REGISTRY.get_sample_value("roomstore_replication_commands_received_total",
                                           {"side": "client", "command": "RDATA"}) or 0.0
+        received = REGISTRY.get_sample_value("roomstore_replication_bytes_received_total", {"side": "client"}) or 0.0
         factory.stop()
-        cpu_done = time.process_time()
         live = first_row and os.environ.get("BENCH_LIVE")
         start, cpu_start = (first_row[0], first_cpu[0]) if live else (connected[0], connected_cpu[0])
-        print(json.dumps({"seconds": done - start, "cpu": cpu_done - cpu_start, "rdata": rdata, **counts}),
-              flush=True)
+        # Live: from the first row's read on (that read included).
+        wakeups_from, reads_from = (wakeups_at_start[0][0] - 1, wakeups_at_start[0][1] - 1) if live else (0, 0)
+        print(json.dumps({"seconds": done - start, "cpu": cpu_done - cpu_start, "rdata": rdata, **counts,
+                          "reads": reads[0] - reads_from, "bytes": received,
+                          "wakeups": wakeups_done[0] - wakeups_from}), flush=True)
     except BaseException:
         import traceback
 
@@ -217,6 +299,7 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
 
     url = new_url()
     rows = []
+    wakeups = server_wakeup_counter(reactor)
     for page_size in page_sizes:
         from roomstore.replication import ReplicationConfig
 
@@ -247,9 +330,11 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
                 argv = [sys.executable, os.path.abspath(__file__), "--worker", url,
                         str(server.port.getHost().port), json.dumps(targets), str(page_size)]
                 server_cpu = time.process_time()
+                server_wakeups = wakeups[0]
                 proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
-                await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+                await exited(proc)
                 server_cpu = time.process_time() - server_cpu
+                server_wakeups = wakeups[0] - server_wakeups
                 if server_profiler is not None:
                     server_profiler.disable()
                     profiles.append((f"{engine}, page size {page_size}, read-ahead {read_ahead}, catch-up",
@@ -259,7 +344,8 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
                 out = proc.stdout.read().decode().strip().splitlines()
                 if proc.returncode != 0 or not out:
                     raise RuntimeError(f"worker failed ({proc.returncode})")
-                samples[read_ahead].append({**json.loads(out[-1]), "server_cpu": server_cpu})
+                samples[read_ahead].append({**json.loads(out[-1]), "server_cpu": server_cpu,
+                                            "server_wakeups": server_wakeups})
         await server.stopService()
         for read_ahead, got in samples.items():
             rates = sorted(s["rdata"] / s["seconds"] for s in got)
@@ -268,7 +354,11 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
                          statistics.median(s["seconds"] for s in got), statistics.median(rates), rates[0],
                          rates[-1], statistics.median(s["tokens"] / s["seconds"] for s in got),
                          statistics.median(s["rdata"] / s["cpu"] for s in got),
-                         statistics.median(s["rdata"] / s["server_cpu"] for s in got)])
+                         statistics.median(s["rdata"] / s["server_cpu"] for s in got),
+                         statistics.median(s["reads"] for s in got),
+                         statistics.median(s["bytes"] / s["reads"] / 1024 for s in got),
+                         statistics.median(s["wakeups"] for s in got),
+                         statistics.median(s["server_wakeups"] for s in got)])
     return rows
 
 
@@ -568,7 +658,7 @@ async def live_run(reactor, url: str, events: int, page_size: int, burst: bool, 
         gate[0] = True
         for name in sorted(held):
             factory.notify_new_rows(name)
-    await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+    await exited(proc)
     out = proc.stdout.read().decode().strip().splitlines()
     if proc.returncode != 0 or not out:
         raise RuntimeError(f"worker failed ({proc.returncode})")
@@ -599,7 +689,10 @@ async def live(reactor, engine: str, new_url, events: int, runs: int, page_size:
         rows.append([engine, label, page_size, got[0]["events"], int(got[0]["rdata"]),
                      statistics.median(s["events"] / s["write_s"] for s in got),
                      statistics.median(rates), rates[0], rates[-1],
-                     statistics.median(s["rdata"] / s["cpu"] for s in got)])
+                     statistics.median(s["rdata"] / s["cpu"] for s in got),
+                     statistics.median(s["reads"] for s in got),
+                     statistics.median(s["rdata"] / s["reads"] for s in got),
+                     statistics.median(s["wakeups"] for s in got)])
     return rows
 
 
@@ -687,7 +780,7 @@ async def transports(reactor, new_url, events: int, runs: int) -> list[list]:
                     publisher = RedisReplication(server.store, parse_redis_url(redis_url), "bench", reactor=reactor,
                                                  page_size=500, replay_from={s: 0 for s in STREAMS})
                     publisher.start()
-                await until(reactor, lambda: proc.poll() is not None, 600, "worker")
+                await exited(proc)
                 lines = proc.stdout.read().strip().splitlines()
                 if publisher is not None:
                     await publisher.stop()
@@ -916,11 +1009,12 @@ async def main(reactor, args) -> None:
             rows += await throughput(reactor, engine, new_url, args.events, args.runs, args.page_sizes,
                                      args.profile, profiles, args.read_ahead)
         print_table(["engine", "page size", "read-ahead", "events", "RDATA lines", "tokens", "median s", "median lines/s",
-                     "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s"],
-                    rows)
+                     "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s",
+                      "worker reads", "KiB/read", "worker wake-ups", "server wake-ups"], rows)
         print("  (lines/s: wall clock at the worker; lines per CPU second of the worker process and of the "
               "server process (its database threads included; PostgreSQL's own process not), which the load "
-              "of other processes on the machine does not inflate)")
+              "of other processes on the machine does not inflate; reads: the worker's dataReceived calls; "
+              "wake-ups: reactor iterations of each process from the connection to the end)")
         for title, server_profile, worker_stats in profiles:
             print_profile(f"server ({title})", server_profile)
             print_profile(f"worker ({title})", worker_stats)
@@ -932,7 +1026,8 @@ async def main(reactor, args) -> None:
         for engine, new_url in databases:
             rows += await live(reactor, engine, new_url, args.events, args.runs, max(args.page_sizes))
         print_table(["engine", "writer, rows told", "page size", "rows written", "RDATA lines",
-                     "writer rows/s", "median lines/s", "min lines/s", "max lines/s", "lines/worker CPU s"], rows)
+                     "writer rows/s", "median lines/s", "min lines/s", "max lines/s", "lines/worker CPU s",
+                      "worker reads", "lines/read", "worker wake-ups"], rows)
         print("  (events, as written: persisted events, the worker cannot get rows faster than the writer validates "
               "and commits them; burst: the same events, the server told once they are all written, through the "
               "same live connection; caches bulk writer: N cache invalidations, one row per stream ID, 1,000 IDs "

@@ -51,6 +51,8 @@ class _ClientSession:
             max_batch_rows=config.max_batch_rows,
             max_queued=config.max_pending_commands,
         )
+        #: The protocol hands well-formed RDATA lines here as fields.
+        self.on_rdata_fields = self.follower.on_rdata_fields
 
     def replicate_commands(self) -> list[ReplicateCommand]:
         resume = self._factory.positions.resume_tokens()

@@ -93,6 +93,7 @@ __all__ = [
     "describe",
     "encode_row",
     "parse_command_from_line",
+    "parse_rdata_fields",
     "serialize_command",
 ]
 
@@ -394,8 +395,15 @@ _RDATA_FIELDS = attrs.fields(RdataCommand)
 
 def _rdata(stream_name: str, instance_name: str, token_text: str, row_json: str) -> RdataCommand:
     """An RDATA command from the four fields of its line, checked as the
-    validators would check them, without running them: this is the worker's
-    hot path (every check below is a C-level scan or a set lookup)."""
+    validators would check them, without running them."""
+    return _checked_rdata(*_rdata_fields(stream_name, instance_name, token_text, row_json), row_json)
+
+
+def _rdata_fields(stream_name: str, instance_name: str, token_text: str, row_json: str) -> tuple:
+    """``(stream_name, instance_name, token or None, row)`` from the four
+    fields of an RDATA line, or CommandParseError: the checks of ``_rdata``,
+    without building a command. This is the worker's hot path (every check
+    below is a C-level scan or a set lookup)."""
     if stream_name not in _known_words:
         _parse_word(stream_name, "stream_name")
     if instance_name not in _known_words:
@@ -416,7 +424,24 @@ def _rdata(stream_name: str, instance_name: str, token_text: str, row_json: str)
         row = decode_row(row_json)
     if not row_json.isascii():
         _check_writable(row_json, "row")
-    return _checked_rdata(stream_name, instance_name, token, row, row_json)
+    return stream_name, instance_name, token, row
+
+
+def parse_rdata_fields(line: str) -> tuple | None:
+    """For an RDATA line that ``parse_command_from_line`` would parse into
+    an RdataCommand: its ``(stream_name, instance_name, token or None, row)``
+    (the row's top-level array a list), without building the command. None
+    for any other line, including a bad RDATA line: parse it with
+    ``parse_command_from_line`` for the command or the error. What a worker's
+    protocol calls for every line before anything else."""
+    if line.startswith("RDATA ") and "\n" not in line and "\r" not in line:
+        parts = line.split(" ", 4)
+        if len(parts) == 5:
+            try:
+                return _rdata_fields(parts[1], parts[2], parts[3], parts[4])
+            except CommandParseError:
+                return None
+    return None
 
 
 def _checked_rdata(stream_name: str, instance_name: str, token: int | None, row: Any, row_json: str) -> RdataCommand:

@@ -33,6 +33,7 @@ from roomstore.replication.commands import (
     UnknownCommandError,
     describe,
     parse_command_from_line,
+    parse_rdata_fields,
     serialize_command,
 )
 
@@ -140,6 +141,10 @@ class BaseReplicationProtocol(LineOnlyReceiver):
     INBOUND_COMMANDS: ClassVar[frozenset[str]] = frozenset()
     #: Whether to register with the transport as a streaming producer.
     REGISTER_AS_PRODUCER: ClassVar[bool] = False
+    #: Called with ``(stream_name, instance_name, token, row)`` for each
+    #: well-formed RDATA line instead of ``on_RDATA`` with a command, if set
+    #: (a worker's protocol sets it: no command object per row).
+    _on_rdata_fields: Callable[[tuple], Any] | None = None
 
     log = Logger()
 
@@ -489,6 +494,14 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             return
         if not text or text.isspace():
             return
+        on_rdata_fields = self._on_rdata_fields
+        if on_rdata_fields is not None:
+            fields = parse_rdata_fields(text)
+            if fields is not None:
+                counts = self._received_counts
+                counts["RDATA"] = counts.get("RDATA", 0) + 1
+                self._dispatch("RDATA", fields, on_rdata_fields)
+                return
         try:
             cmd = parse_command_from_line(text)
         except UnknownCommandError as e:
@@ -510,7 +523,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             return
         counts = self._received_counts
         counts[name] = counts.get(name, 0) + 1
-        self._dispatch(cmd, handler)
+        self._dispatch(name, cmd, handler)
 
     def _count_received(self) -> None:
         # Counted per line, added to Prometheus per read: a counter's inc
@@ -521,7 +534,9 @@ class BaseReplicationProtocol(LineOnlyReceiver):
                 metrics.child(metrics.COMMANDS_RECEIVED, self.SIDE, name).inc(count)
             counts.clear()
 
-    def _dispatch(self, cmd: Command, handler: Callable[[Any], Any]) -> None:
+    def _dispatch(self, name: str, cmd: Any, handler: Callable[[Any], Any]) -> None:
+        """``handler(cmd)`` for a command ``name`` (``cmd``: a command, or an
+        RDATA line's fields), its errors answered as the protocol says."""
         try:
             result = handler(cmd)
         except CloseConnection as e:
@@ -531,11 +546,11 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             self.close_with_error(str(e))
             return
         except Exception:
-            self.log.failure("[{conn_id}] error handling {command}", conn_id=self.conn_id, command=cmd.NAME)
-            self.send_error(f"internal error handling {cmd.NAME}")
+            self.log.failure("[{conn_id}] error handling {command}", conn_id=self.conn_id, command=name)
+            self.send_error(f"internal error handling {name}")
             return
         if result is not None and isinstance(result, defer.Deferred):
-            result.addErrback(_log_failure(self.log, f"{self.conn_id} {cmd.NAME}"))
+            result.addErrback(_log_failure(self.log, f"{self.conn_id} {name}"))
 
     def _reject_line(self, kind: str, reason: str, line: bytes) -> None:
         metrics.INVALID_LINES.labels(self.SIDE, kind).inc()

@@ -171,29 +171,32 @@ class StreamFollower:
     # -- commands in -------------------------------------------------------------
 
     def on_rdata(self, cmd: RdataCommand) -> None:
-        stream_name = cmd.stream_name
+        self.on_rdata_fields((cmd.stream_name, cmd.instance_name, cmd.token, cmd.row))
+
+    def on_rdata_fields(self, fields: tuple) -> None:
+        """``on_rdata`` for an RDATA line's ``(stream_name, instance_name,
+        token or None, row)`` (``parse_rdata_fields``): no command object."""
+        stream_name, instance_name, token, row = fields
         if self._stopped or (stream_name not in self._handler.streams and self._stream(stream_name) is None):
             return
-        key = (stream_name, cmd.instance_name)
-        row = cmd.row
         if type(row) is list:
             row = tuple(row)
-        token = cmd.token
         if token is None:
+            key = (stream_name, instance_name)
             batch = self._batches.setdefault(key, [])
             if len(batch) >= self._max_batch_rows:
                 raise CloseConnection(f"batch for {stream_name} longer than {self._max_batch_rows} rows")
             batch.append(row)
             return
-        rows = self._batches.pop(key, None)
+        rows = self._batches.pop((stream_name, instance_name), None) if self._batches else None
         if rows is None:
             rows = [row]
         else:
             rows.append(row)
         if stream_name in self._draining:
-            self._enqueue(stream_name, partial(self._apply_rows, stream_name, cmd.instance_name, token, rows))
+            self._enqueue(stream_name, partial(self._apply_rows, stream_name, instance_name, token, rows))
         else:
-            self._apply_rows_now(stream_name, cmd.instance_name, token, rows)
+            self._apply_rows_now(stream_name, instance_name, token, rows)
 
     def on_position(self, cmd: PositionCommand) -> None:
         if self._stopped:

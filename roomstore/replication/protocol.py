@@ -139,6 +139,11 @@ class ClientSession(Protocol):
     def on_rdata(self, cmd: RdataCommand) -> None:
         """A row arrived. May raise CloseConnection."""
 
+    # Optional: ``on_rdata_fields(fields)``, the same for a row given as
+    # ``(stream_name, instance_name, token or None, row)``. A session that
+    # has it is handed every well-formed RDATA line that way, with no
+    # command built (a worker's every line); ``on_rdata`` gets the rest.
+
     def on_position(self, cmd: PositionCommand) -> None:
         """A stream position arrived. May raise CloseConnection."""
 
@@ -294,6 +299,7 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
         self.expected_server_name = expected_server_name
         self._secret = secret
         self.session = session_factory(self)
+        self._on_rdata_fields = getattr(self.session, "on_rdata_fields", None)
 
     def on_connected(self) -> None:
         if self._secret is not None:

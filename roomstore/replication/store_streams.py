@@ -34,7 +34,9 @@ Rows are Synapse's (matrix-synapse 1.163, ``synapse.replication.tcp.streams``;
 
 from __future__ import annotations
 
+import bisect
 import json
+import operator
 from typing import Any, Callable, Sequence
 
 from twisted.logger import Logger
@@ -64,16 +66,25 @@ STORE_STREAMS = ("events", "backfill", "caches")
 
 def _merge_by_token(first: list[tuple], second: list[tuple]) -> list[tuple]:
     """Two token-ordered lists of ``(token, row)`` merged in token order,
-    ``first``'s rows before ``second``'s at the same token."""
-    merged = []
-    i = 0
+    ``first``'s rows before ``second``'s at the same token.
+
+    ``second`` is short (a page's state rows beside its events): each of its
+    items is placed by bisection and ``first`` is copied in slices, with no
+    step per row of ``first`` in Python."""
+    if not second:
+        return first
+    merged: list[tuple] = []
+    start = 0
     for item in second:
-        while i < len(first) and first[i][0] <= item[0]:
-            merged.append(first[i])
-            i += 1
+        end = bisect.bisect_right(first, item[0], start, key=_token)
+        merged += first[start:end]
         merged.append(item)
-    merged.extend(first[i:])
+        start = end
+    merged += first[start:]
     return merged
+
+
+_token = operator.itemgetter(0)
 
 
 def _whole_token_page(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 from typing import AsyncIterator, Iterable, Sequence
 
 import attrs
@@ -47,6 +48,10 @@ stream_linear_position_gauge = Gauge(
     "Linear (minimum over writers) current position of each stream",
     ["stream"],
 )
+
+
+def _linear_position(positions: dict[str, int]) -> int:
+    return min(positions.values())
 
 
 class StreamConfigError(ValueError):
@@ -382,7 +387,6 @@ class StreamIdGenerator:
         return self.get_current_token_for_writer(instance_name)
 
     def _on_positions_changed(self) -> None:
-        self._publish_metrics()
         if not self._waiters:
             return
         remaining = []
@@ -398,18 +402,16 @@ class StreamIdGenerator:
             d.callback(current)
 
     def _publish_metrics(self) -> None:
-        # The labelled gauges are looked up once: labels() costs more than a
-        # position update, which a replicating worker makes for every token.
-        gauges = self.__dict__.setdefault("_gauges", {})
-        for writer, position in self._positions.items():
-            gauge = gauges.get(writer)
-            if gauge is None:
-                gauge = gauges[writer] = stream_position_gauge.labels(self.stream_name, writer)
-            gauge.set(position)
-        linear = gauges.get(None)
-        if linear is None:
-            linear = gauges[None] = stream_linear_position_gauge.labels(self.stream_name)
-        linear.set(self.get_current_token())
+        # The gauges read the positions when scraped: nothing to do per
+        # position update, which a replicating worker makes for every token
+        # (a gauge's set takes a lock, which cost more than the update). The
+        # newest generator of a stream in a process reports it.
+        for writer in self._positions:
+            stream_position_gauge.labels(self.stream_name, writer).set_function(
+                functools.partial(self._positions.get, writer, 0))
+        # The positions alone, not the generator: the registry outlives it.
+        stream_linear_position_gauge.labels(self.stream_name).set_function(
+            functools.partial(_linear_position, self._positions))
 
     # ------------------------------------------------------------------ persistence
 

@@ -218,6 +218,26 @@ class HandlerHookTests(ClientTestCase):
         self.assertTrue(self.protocol.is_open)
 
 
+    def test_bad_rdata_lines_are_answered_and_skipped(self) -> None:
+        """A worker reads RDATA through the fast path (fields, no command);
+        a line that path refuses still gets the parser's ERROR, and the
+        lines around it are applied."""
+        take(self.transport)
+        feed(
+            self.protocol,
+            'RDATA caches master 5 ["a"]',
+            'RDATA caches master -6 ["b"]',
+            'RDATA caches master 7 ["c"',
+            'RDATA caches master 8 ["d"]\r\r',
+            "RDATA caches master 9",
+            'RDATA caches master 10 ["e"]',
+        )
+        errors = take(self.transport)
+        self.assertEqual(len(errors), 4, errors)
+        self.assertTrue(all(e.startswith("ERROR failed to parse RDATA") for e in errors), errors)
+        self.assertEqual(self.handler.rdata, [("caches", "master", 5, [("a",)]), ("caches", "master", 10, [("e",)])])
+        self.assertTrue(self.protocol.is_open)
+
 class ReconnectTests(ClientTestCase):
     def test_reconnect_resumes_with_legacy_replicate(self) -> None:
         self.assertEqual(written(self.transport), ["NAME worker1", "PING 0", "REPLICATE"])

@@ -18,7 +18,9 @@ from roomstore.replication.commands import (
     CLIENT_SENT_COMMANDS,
     COMMAND_TYPES,
     CommandParseError,
+    RdataCommand,
     parse_command_from_line,
+    parse_rdata_fields,
 )
 
 from .test_commands import EXAMPLE_LINES
@@ -207,3 +209,33 @@ class FuzzTests(unittest.TestCase):
         # Every connection but the last was closed for a too-long line only.
         self.assertEqual(len(factory.connections), 1)
         self.assertLess(elapsed, 60, f"fuzzing took {elapsed:.1f}s")
+
+    def test_rdata_fields_agree_with_the_parser(self) -> None:
+        """``parse_rdata_fields`` (a worker's fast path, no command built)
+        gives exactly the fields of the RdataCommand ``parse_command_from_line``
+        makes of a line, and None for every line it would not make one of
+        (other commands, and bad RDATA lines, which the parser then reports)."""
+        rng = random.Random(SEED + 1)
+        rdata_seeds = [line for line in SEEDS if line.startswith("RDATA ")]
+        outcomes = {"rdata": 0, "other": 0, "error": 0}
+        for i in range(LINES // 4):
+            raw = _mutate(rng, rng.choice(rdata_seeds).encode()) if i % 2 else make_line(rng)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            try:
+                cmd = parse_command_from_line(text)
+            except CommandParseError:
+                cmd = None
+            fields = parse_rdata_fields(text)
+            if isinstance(cmd, RdataCommand):
+                outcomes["rdata"] += 1
+                self.assertEqual(fields, (cmd.stream_name, cmd.instance_name, cmd.token, cmd.row), repr(raw))
+                self.assertEqual(type(fields[3]), type(cmd.row), repr(raw))
+            else:
+                outcomes["other" if cmd is not None else "error"] += 1
+                self.assertIsNone(fields, repr(raw))
+        self.assertGreater(outcomes["rdata"], 1000)
+        self.assertGreater(outcomes["error"], 1000)
+        self.assertGreater(outcomes["other"], 100)

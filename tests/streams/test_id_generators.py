@@ -276,6 +276,18 @@ class SingleWriterTests:
         reader.advance("stranger", 100)  # unknown writer: ignored
         self.assertEqual(reader.get_positions(), {"master": 7})
 
+    async def test_position_gauges_follow_advance(self):
+        """The gauges read the positions when scraped, so they follow every
+        advance with no work per advance."""
+        from prometheus_client import REGISTRY
+
+        db = await self.make_database()
+        reader = await StreamIdGenerator.create(db, "events", "reader", writers=["master"])
+        reader.advance("master", 41)
+        self.assertEqual(
+            REGISTRY.get_sample_value("roomstore_stream_position", {"stream": "events", "instance": "master"}), 41)
+        self.assertEqual(REGISTRY.get_sample_value("roomstore_stream_linear_position", {"stream": "events"}), 41)
+
     async def test_ids_never_repeat_after_restart_without_flush(self):
         """SQLite's in-process counter (and PostgreSQL's sequence) continue
         past every ID recorded in the backing table."""
