@@ -16,8 +16,8 @@ statement (``roomstore/events/timeline.py``) for bench/timeline_reads.py's
 users in 1 room, in 2,000 rooms and in 20 rooms of 500 messages. For each,
 per execution, median of R (default 15) in one transaction (and of R EXPLAINs): plain execute
 (parse, plan, run), prepared with force_custom_plan (plan, run), with
-force_generic_plan (run), with auto after its first five (what the server
-chose: "generic" when its plan shows a $n parameter); and the generic plan's
+force_generic_plan (run), with auto after those (and the plans the server
+chose, from pg_prepared_statements); and the generic plan's
 and the custom plan's execution time by EXPLAIN ANALYZE (the server's own
 clock, no round trip). After ANALYZE, as bench/timeline_reads.py.
 """
@@ -68,18 +68,15 @@ def measure_txn(txn, sql: str, args: list, runs: int) -> list:
             samples.append((time.perf_counter() - t0) * 1000)
         return statistics.median(samples)
 
-    def explain(mode: str) -> tuple[float, str]:
+    def explain(mode: str) -> float:
         txn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-        # The engine's name for the statement (bench only: reaching into the
-        # connection's memory of what it prepared).
-        name = txn._cursor.connection.prepared[sql]
         marks = ", ".join("%s" for _ in args)
         samples = []
         for _ in range(runs):
             txn._cursor.execute(f"EXPLAIN (ANALYZE, TIMING OFF) EXECUTE {name} ({marks})", args)
             lines = [r[0] for r in txn._cursor.fetchall()]
             samples.append(float(next(line for line in lines if line.startswith("Execution Time")).split()[2]))
-        return statistics.median(samples), "\n".join(lines)
+        return statistics.median(samples)
 
     plain = timed(False)
     txn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
@@ -87,11 +84,16 @@ def measure_txn(txn, sql: str, args: list, runs: int) -> list:
     txn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
     generic = timed(True)
     txn.execute("SET LOCAL plan_cache_mode = auto")
+    counts = "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = ?"
+    # The engine's name for the statement (bench only: reaching into the
+    # connection's memory of what it prepared).
+    name = txn._cursor.connection.prepared[sql]
+    generic_before, custom_before = txn.execute(counts, (name,)).fetchone()
     auto = timed(True)
-    _, auto_plan = explain("auto")
-    chose = "generic" if "$" in auto_plan else "custom"
-    generic_exec, _ = explain("force_generic_plan")
-    custom_exec, _ = explain("force_custom_plan")
+    generic_after, custom_after = txn.execute(counts, (name,)).fetchone()
+    chose = f"{generic_after - generic_before} generic, {custom_after - custom_before} custom"
+    generic_exec = explain("force_generic_plan")
+    custom_exec = explain("force_custom_plan")
     return [plain, custom, generic, auto, chose, custom_exec, generic_exec]
 
 
