@@ -204,3 +204,9 @@ class PostgresPreparedTests(unittest.TestCase):
         after = REGISTRY.get_sample_value("roomstore_db_transaction_retries_total", {"desc": "read"})
         self.assertEqual(after - retries, 1)
         self.assertEqual(len(await db.run_interaction("names", _prepared_names)), 1)
+
+    async def test_a_parameter_without_context_comes_back_as_text(self):
+        # The limit Transaction.execute's docstring states: the server types
+        # a bare parameter as text, where a plain execute's literal is a number.
+        db = await self.database()
+        self.assertEqual(await self.read(db, "SELECT ?, ? + 1 FROM things WHERE id = ?", (5, 5, 1)), [("5", 6)])
