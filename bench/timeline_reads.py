@@ -181,9 +181,9 @@ def explain_txn(txn, store, user_id):
     captured = []
     original = txn.execute
 
-    def execute(sql, args=()):
+    def execute(sql, args=(), prepare=False):
         captured.append((sql, args))
-        return original(sql, args)
+        return original(sql, args, prepare)
 
     txn.execute = execute
     timeline = store.timeline

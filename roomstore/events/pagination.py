@@ -272,4 +272,4 @@ class Paginator:
             limit,  # page: more
             limit,
         ]
-        return txn.execute(sql, params).fetchall()
+        return txn.execute(sql, params, prepare=True).fetchall()

@@ -549,7 +549,7 @@ class TimelineReader:
             offset, False, *high_params, *viewer.params(), offset, rooms if events else 0,
             LOWEST_STREAM, False, *high_params, *viewer.params(),
         ]
-        return txn.execute(sql, params).fetchall()
+        return txn.execute(sql, params, prepare=True).fetchall()
 
     # ------------------------------------------------------------------ one event
 

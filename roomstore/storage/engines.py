@@ -8,7 +8,9 @@ imports ``sqlite3`` or ``psycopg2``.
 
 from __future__ import annotations
 
+import collections
 import functools
+import hashlib
 import io
 import os
 import re
@@ -30,8 +32,10 @@ class DatabaseUnavailableError(ConnectionError):
 
 
 @functools.lru_cache(maxsize=1024)
-def convert_placeholders(sql: str) -> str:
-    """Turn ``?`` placeholders into psycopg2's ``%s`` (and escape literal ``%``).
+def convert_placeholders(sql: str, numbered: bool = False) -> str:
+    """Turn ``?`` placeholders into psycopg2's ``%s`` (and escape literal ``%``),
+    or with ``numbered`` into PostgreSQL's ``$1``, ``$2``... for ``PREPARE``
+    (sent without values, so ``%`` stays as it is).
 
     Every PostgreSQL statement passes here and the scan costs ~85 us per KiB
     of SQL (measured on this 2-core machine); statement texts repeat, so the
@@ -41,16 +45,18 @@ def convert_placeholders(sql: str) -> str:
     untouched but for ``%`` (psycopg2 formats the whole text), so a ``?`` in
     them is no placeholder and an apostrophe in a comment opens no literal.
     """
+    percent = "%" if numbered else "%%"
     out: list[str] = []
     quote: str | None = None
     comment = False
     previous = ""
+    marks = 0
     for ch in sql:
         if comment:
-            out.append("%%" if ch == "%" else ch)
+            out.append(percent if ch == "%" else ch)
             comment = ch != "\n"
         elif quote is not None:
-            out.append("%%" if ch == "%" else ch)
+            out.append(percent if ch == "%" else ch)
             if ch == quote:
                 quote = None
         elif ch in ("'", '"'):
@@ -60,9 +66,10 @@ def convert_placeholders(sql: str) -> str:
             comment = True
             out.append(ch)
         elif ch == "?":
-            out.append("%s")
+            marks += 1
+            out.append(f"${marks}" if numbered else "%s")
         elif ch == "%":
-            out.append("%%")
+            out.append(percent)
         else:
             out.append(ch)
         previous = "" if comment or quote is not None else ch
@@ -130,6 +137,12 @@ class Engine:
 
     def convert_sql(self, sql: str) -> str:
         raise NotImplementedError
+
+    def execute_prepared(self, cursor: Any, sql: str, args: Sequence[Any]) -> None:
+        """Run ``sql`` (with ``?``) as a statement the server keeps planned
+        for this connection, where the engine has such statements; elsewhere
+        (SQLite, whose own statement cache reuses the parse) a plain execute."""
+        cursor.execute(self.convert_sql(sql), tuple(args))
 
     def translate_schema(self, sql: str) -> str:
         """Rewrite a schema file's portable DDL into this engine's dialect."""
@@ -318,6 +331,9 @@ class PostgresEngine(Engine):
 
     dsn: str
     max_connections: int = 5
+    #: Server-side prepared statements kept per connection (``execute_prepared``);
+    #: beyond it the least recently used is deallocated.
+    max_prepared: int = 64
 
     name = "postgres"
     supports_sequences = True
@@ -384,7 +400,7 @@ class PostgresEngine(Engine):
         # (bench/timeline_reads.py, section p, after ANALYZE).
         params["options"] = " ".join(filter(None, ["-c jit=off", params.get("options")]))
         try:
-            conn = psycopg2.connect(**params)
+            conn = psycopg2.connect(**params, connection_factory=_preparing_connection())
         except psycopg2.OperationalError as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise DatabaseUnavailableError(
@@ -400,12 +416,53 @@ class PostgresEngine(Engine):
     def convert_sql(self, sql: str) -> str:
         return convert_placeholders(sql)
 
+    def execute_prepared(self, cursor: Any, sql: str, args: Sequence[Any]) -> None:
+        # What the server holds is remembered on the connection object (see
+        # _preparing_connection), so a new connection starts with nothing.
+        # PREPARE and DEALLOCATE are not transactional (checked on the
+        # server, tests/storage/test_prepared.py): a statement prepared in a
+        # transaction that then rolls back or fails stays prepared, and one
+        # whose PREPARE failed does not exist; so the memory, written only
+        # after the server answered, is exact. The names are sent in their
+        # own statements before the EXECUTE, never in the caller's.
+        conn = cursor.connection
+        prepared = getattr(conn, "prepared", None)
+        if prepared is None:  # a connection not made by connect()
+            cursor.execute(self.convert_sql(sql), tuple(args))
+            return
+        if conn.stale:
+            # A plan the schema changed under (see is_retryable): gone now.
+            cursor.execute("; ".join(f"DEALLOCATE {name}" for name in conn.stale))
+            conn.stale.clear()
+        name = prepared.get(sql)
+        if name is None:
+            name = "rs_" + hashlib.sha1(sql.encode()).hexdigest()[:20]
+            cursor.execute(f"PREPARE {name} AS {convert_placeholders(sql, numbered=True)}")
+            prepared[sql] = name
+            while len(prepared) > self.max_prepared:
+                oldest = next(iter(prepared))
+                cursor.execute(f"DEALLOCATE {prepared[oldest]}")
+                del prepared[oldest]
+        else:
+            prepared.move_to_end(sql)
+        marks = ", ".join("%s" for _ in args)
+        try:
+            cursor.execute(f"EXECUTE {name} ({marks})" if args else f"EXECUTE {name}", tuple(args))
+        except Exception as exc:
+            if _is_stale_plan(exc):
+                # Another process altered a table this plan reads; the
+                # transaction is aborted, and is retried (is_retryable) after
+                # the statement is deallocated and prepared again.
+                del prepared[sql]
+                conn.stale.append(name)
+            raise
+
     def is_retryable(self, exc: BaseException) -> bool:
         import psycopg2.errors
 
         return isinstance(
             exc, (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected)
-        )
+        ) or _is_stale_plan(exc)
 
     def is_connection_lost(self, exc: BaseException, conn: Any) -> bool:
         import psycopg2
@@ -474,6 +531,31 @@ class PostgresEngine(Engine):
 
     # --- Reading (see Engine) -----------------------------------------------
     lateral_joins = True
+
+
+def _is_stale_plan(exc: BaseException) -> bool:
+    """The error EXECUTE gives when a table was altered after PREPARE so that
+    the statement's result columns changed."""
+    import psycopg2.errors
+
+    return isinstance(exc, psycopg2.errors.FeatureNotSupported) and "cached plan must not change" in str(exc)
+
+
+@functools.lru_cache(maxsize=1)
+def _preparing_connection() -> type:
+    """psycopg2's connection class with a memory of the statements prepared
+    on it (``PostgresEngine.execute_prepared``): ``prepared`` maps SQL text to
+    statement name, least recently used first; ``stale`` lists names to
+    deallocate before the next prepared statement runs."""
+    import psycopg2.extensions
+
+    class PreparingConnection(psycopg2.extensions.connection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.prepared: collections.OrderedDict[str, str] = collections.OrderedDict()
+            self.stale: list[str] = []
+
+    return PreparingConnection
 
 
 def _single(options: Mapping[str, list[str]], key: str) -> str | None:

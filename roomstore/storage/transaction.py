@@ -47,10 +47,24 @@ class Transaction:
 
     # --- SQL -------------------------------------------------------------
 
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> "Transaction":
+    def execute(self, sql: str, args: Sequence[Any] = (), prepare: bool = False) -> "Transaction":
+        """Run ``sql`` with ``args`` bound to its ``?`` placeholders.
+
+        ``prepare=True``, for a hot read whose planning costs more than its
+        running: PostgreSQL keeps the statement prepared on this connection
+        (``Engine.execute_prepared``), so later calls skip parsing and
+        analysis, and after five may reuse a generic plan. Every ``?`` must
+        have a type the server can infer from where it stands (a column it
+        is compared with, ``LIMIT``...): one it cannot, as in ``SELECT ?``,
+        comes back as text. SQLite runs it as usual (its statement cache
+        already reuses the parse).
+        """
         self.flush_queue()
         self.db._count_query()
-        self._cursor.execute(self.engine.convert_sql(sql), tuple(args))
+        if prepare:
+            self.engine.execute_prepared(self._cursor, sql, args)
+        else:
+            self._cursor.execute(self.engine.convert_sql(sql), tuple(args))
         return self
 
     def queue(self, sql: str, args: Sequence[Any] = ()) -> None:

@@ -34,9 +34,9 @@ class Recording:
     def __getattr__(self, name):
         return getattr(self.txn, name)
 
-    def execute(self, sql, args=()):
+    def execute(self, sql, args=(), prepare=False):
         self.statements.append((sql, list(args)))
-        return self.txn.execute(sql, args)
+        return self.txn.execute(sql, args, prepare)
 
 
 def recent_plan_txn(txn, store: RoomStore, user_id: str) -> str:

@@ -19,9 +19,9 @@ def page_plan_txn(txn, store: RoomStore, room_id: str, start, direction: str) ->
     captured = []
     execute = txn.execute
 
-    def spy(sql, args=()):
+    def spy(sql, args=(), prepare=False):
         captured.append((sql, list(args)))
-        return execute(sql, args)
+        return execute(sql, args, prepare)
 
     txn.execute = spy
     timeline = store.timeline
