@@ -181,7 +181,7 @@ class StateGroupStore:
         cached = self._cache.get(state_group)
         if cached is not None:
             return dict(cached)
-        state = fold_state(txn.execute(FULL_STATE_SQL, (state_group,)).fetchall())
+        state = fold_state(txn.execute(FULL_STATE_SQL, (state_group,), prepare=True).fetchall())
         if not state and not self.group_exists(txn, state_group):
             raise StateGroupNotFound(f"state group {state_group} does not exist")
         txn.call_after(self._cache.set, state_group, dict(state))
