@@ -677,7 +677,9 @@ def parse_command_from_line(line: str) -> Command:
         # Most lines a worker reads: split once, not name then arguments.
         parts = line.split(" ", 4)
         if len(parts) == 5:
-            return _rdata(parts[1], parts[2], parts[3], parts[4])
+            # _rdata's two steps called here, one call fewer a line.
+            row_json = parts[4]
+            return _checked_rdata(*_rdata_fields(parts[1], parts[2], parts[3], row_json), row_json)
     name, _, args = line.partition(" ")
     cmd_type = _COMMAND_TYPES_GET(name)
     if cmd_type is None:
