@@ -332,7 +332,9 @@ class PostgresEngine(Engine):
     dsn: str
     max_connections: int = 5
     #: Server-side prepared statements kept per connection (``execute_prepared``);
-    #: beyond it the least recently used is deallocated.
+    #: beyond it the least recently used is deallocated. 0: none, every
+    #: statement a plain execute (a pooler that hands each transaction another
+    #: server session, such as pgbouncer's transaction mode, loses them).
     max_prepared: int = 64
 
     name = "postgres"
@@ -427,7 +429,7 @@ class PostgresEngine(Engine):
         # own statements before the EXECUTE, never in the caller's.
         conn = cursor.connection
         prepared = getattr(conn, "prepared", None)
-        if prepared is None:  # a connection not made by connect()
+        if prepared is None or self.max_prepared <= 0:  # not made by connect(), or turned off
             cursor.execute(self.convert_sql(sql), tuple(args))
             return
         if conn.stale:
@@ -569,7 +571,8 @@ def engine_from_url(url: str, create: bool = True) -> Engine:
     ``sqlite:///relative/path.db``, ``sqlite:////abs/path.db`` or
     ``sqlite:///:memory:``; ``postgresql://user@host:port/dbname`` (any libpq
     URL). Options of ours ride in the query string and are removed before the
-    URL reaches libpq: ``synchronous`` (SQLite), ``cp_max`` (PostgreSQL pool size).
+    URL reaches libpq: ``synchronous`` (SQLite), ``cp_max`` (PostgreSQL pool size),
+    ``max_prepared`` (PostgreSQL prepared statements kept per connection, 0 for none).
     """
     if not isinstance(url, str) or "://" not in url:
         raise DatabaseConfigError(
@@ -591,7 +594,9 @@ def engine_from_url(url: str, create: bool = True) -> Engine:
         parsed = urllib.parse.urlsplit(url)
         options = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
         cp_max = _single(options, "cp_max")
+        max_prepared = _single(options, "max_prepared")
         options.pop("cp_max", None)
+        options.pop("max_prepared", None)
         query = urllib.parse.urlencode(options, doseq=True, quote_via=urllib.parse.quote)
         dsn = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, parsed.path, query, ""))
         if not parsed.path.strip("/"):
@@ -602,5 +607,13 @@ def engine_from_url(url: str, create: bool = True) -> Engine:
             raise DatabaseConfigError(f"cp_max must be an integer, not {cp_max!r}") from None
         if size < 1:
             raise DatabaseConfigError("cp_max must be at least 1")
-        return PostgresEngine(dsn=dsn, max_connections=size)
+        engine = PostgresEngine(dsn=dsn, max_connections=size)
+        if max_prepared is not None:
+            try:
+                engine.max_prepared = int(max_prepared)
+            except ValueError:
+                raise DatabaseConfigError(f"max_prepared must be an integer, not {max_prepared!r}") from None
+            if engine.max_prepared < 0:
+                raise DatabaseConfigError("max_prepared must be 0 (none) or more")
+        return engine
     raise DatabaseConfigError(f"unsupported database scheme {scheme!r}: use sqlite or postgresql")

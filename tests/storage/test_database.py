@@ -387,10 +387,15 @@ class UrlTests(unittest.TestCase):
         self.assertEqual(engine.max_connections, 3)
         self.assertNotIn("cp_max", engine.dsn)
         self.assertIn("sslmode=disable", engine.dsn)
+        self.assertEqual(engine.max_prepared, 64)
+        engine = engine_from_url("postgresql://alice@db.example/rooms?max_prepared=0&sslmode=disable")
+        self.assertEqual(engine.max_prepared, 0)
+        self.assertNotIn("max_prepared", engine.dsn)
 
     def test_bad_urls_are_clear_errors(self):
         for url in ("", "store.db", "mysql://x/y", "sqlite://", "sqlite:///", "postgresql://host:5432/",
-                    "postgresql://h/db?cp_max=zero", "sqlite:///x.db?synchronous=sometimes"):
+                    "postgresql://h/db?cp_max=zero", "postgresql://h/db?max_prepared=-1",
+                    "postgresql://h/db?max_prepared=many", "sqlite:///x.db?synchronous=sometimes"):
             with self.assertRaises(DatabaseConfigError, msg=url):
                 engine_from_url(url)
 

@@ -210,3 +210,16 @@ class PostgresPreparedTests(unittest.TestCase):
         # a bare parameter as text, where a plain execute's literal is a number.
         db = await self.database()
         self.assertEqual(await self.read(db, "SELECT ?, ? + 1 FROM things WHERE id = ?", (5, 5, 1)), [("5", 6)])
+
+    async def test_none_kept_when_the_url_says_max_prepared_0(self):
+        # For a pooler that gives each transaction another server session
+        # (pgbouncer's transaction mode), where a prepared statement is lost.
+        helper = type("H", (DatabaseTestMixin,), {"engine_name": "postgres"})()
+        helper.addCleanup = self.addCleanup
+        helper.fail = self.fail
+        db = await helper.make_database(f"{helper.new_database_url()}?cp_max=1&max_prepared=0")
+        self.assertEqual(db.engine.max_prepared, 0)
+        await db.run_interaction("create", _create)
+        for _ in range(3):
+            self.assertEqual(await self.read(db, "SELECT name FROM things WHERE id = ?", (3,)), [("c",)])
+        self.assertEqual(await db.run_interaction("names", _prepared_names), [])
