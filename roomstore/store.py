@@ -37,7 +37,7 @@ from roomstore.state.groups import (
     delete_state_groups_txn,
 )
 from roomstore.storage.database import Database
-from roomstore.storage.interning import Interners, split_cached
+from roomstore.storage.interning import Interners
 from roomstore.storage.writer_lock import WriterLock
 from roomstore.streams.builtin import BUILTIN_STREAMS, open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
@@ -292,7 +292,7 @@ class RoomStore:
     async def _room_versions(self, room_ids: Sequence[str]) -> dict[str, str]:
         """room_id -> version of the rooms among ``room_ids`` with a stored create event."""
         cache = self.persister.room_versions
-        known, unknown = split_cached(cache, room_ids)
+        known, unknown = cache.split(room_ids)
         if unknown:
             found = await self.db.run_interaction("room_versions", room_versions_txn, unknown)
             for room_id, version in found.items():

@@ -38,7 +38,7 @@ from roomstore.state.deltas import state_diff
 from roomstore.state.groups import StateGroupStore, StateGroupWrites, group_facts_txn
 from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_states
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import Interners, LruCache, chunks, split_cached
+from roomstore.storage.interning import Interners, LruCache, chunks
 from roomstore.visibility.rules import NO_MEMBERSHIP_CODE, membership_code, visibility_code
 from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, VisibilityWrites
 
@@ -500,7 +500,7 @@ class _BatchWriter:
 
     def check_room_versions(self, events: Sequence[PreparedEvent], room_nids: Mapping[str, int]) -> None:
         cache = self.p.room_versions
-        versions, unknown = split_cached(cache, room_nids)
+        versions, unknown = cache.split(room_nids)
         if unknown:
             found = room_versions_txn(self.txn, unknown)
             versions.update(found)

@@ -157,11 +157,6 @@ def chunks(values: Sequence, size: int = CHUNK) -> Iterable[Sequence]:
         yield values[start : start + size]
 
 
-def split_cached(cache: LruCache | InternCache, wanted: Iterable) -> tuple[dict, list]:
-    """(what ``cache`` knows of ``wanted``, the rest), deduplicated in order."""
-    return cache.split(wanted)
-
-
 class Interner:
     """Interns one kind of string id (or tuple of strings) into a table.
 
@@ -206,7 +201,7 @@ class Interner:
 
     def lookup(self, txn: Transaction, keys: Iterable) -> dict:
         """The nids of those ``keys`` that are interned already (no writes)."""
-        result, missing = split_cached(self._to_nid, keys)
+        result, missing = self._to_nid.split(keys)
         if missing:
             found = self._select(txn, missing)
             result.update(found)
@@ -225,7 +220,7 @@ class Interner:
             # from the SELECT after (or not at all, if their commit is newer
             # than our snapshot: then start again). One statement fewer than
             # looking first, when the keys are new as they mostly are.
-            result, missing = split_cached(self._to_nid, keys)
+            result, missing = self._to_nid.split(keys)
             missing.sort()
             if not missing:
                 return result
@@ -279,7 +274,7 @@ class Interner:
 
     def resolve(self, txn: Transaction, nids: Iterable[int]) -> dict[int, object]:
         """The keys of interned ``nids`` (those not interned are left out)."""
-        result, missing = split_cached(self._to_key, nids)
+        result, missing = self._to_key.split(nids)
         if missing:
             result.update(self._fetch_keys(txn, missing))
         return result

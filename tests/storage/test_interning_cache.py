@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.trial import unittest
 
-from roomstore.storage.interning import InternCache, LruCache, split_cached
+from roomstore.storage.interning import InternCache, LruCache
 
 
 class InternCacheTests(unittest.TestCase):
@@ -68,11 +68,11 @@ class InternCacheTests(unittest.TestCase):
         cache.clear()
         self.assertEqual(len(cache), 0)
 
-    def test_split_cached_on_both_cache_kinds(self):
+    def test_split_on_both_cache_kinds(self):
         for cache in (InternCache(100), LruCache(100)):
             cache.set("a", 1)
             cache.set("c", 3)
-            known, missing = split_cached(cache, ["c", "b", "a", "b", "d"])
+            known, missing = cache.split(["c", "b", "a", "b", "d"])
             self.assertEqual(known, {"c": 3, "a": 1}, type(cache))
             self.assertEqual(missing, ["b", "d"], type(cache))
             self.assertEqual(list(known), ["c", "a"])
