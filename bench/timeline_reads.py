@@ -188,7 +188,7 @@ def explain_txn(txn, store, user_id):
     txn.execute = execute
     timeline = store.timeline
     now = timeline.positions.per_writer(timeline.positions.now())
-    timeline._recent_txn(txn, timeline._cached_viewer(user_id), 20, 10, None, now)
+    timeline._recent_txn(txn, timeline.cached_viewer(user_id), 20, 10, None, now)
     txn.execute = original
     sql, args = captured[-1]  # the viewer's nids are cached: recent's one statement
     prefix = "EXPLAIN QUERY PLAN " if txn.engine.name == "sqlite" else "EXPLAIN "

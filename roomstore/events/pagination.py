@@ -24,9 +24,9 @@ from roomstore.events.timeline import (
     EVENT_COLUMNS,
     EVENT_JOINS,
     TimelineReader,
-    _bound_sql,
-    _event_from_row,
-    _Viewer,
+    stream_bound_sql,
+    event_from_row,
+    Viewer,
 )
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
@@ -98,10 +98,10 @@ class Paginator:
         now = positions.per_writer(positions.now())
         stream_start = positions.per_writer(start) if isinstance(start, StreamToken) else None
         rows = await self.timeline.db.run_interaction(
-            "paginate", self._paginate_txn, room_id, self.timeline._cached_viewer(user_id),
+            "paginate", self._paginate_txn, room_id, self.timeline.cached_viewer(user_id),
             start if isinstance(start, TopologicalToken) else None, stream_start, direction, limit, now,
         )
-        events = [_event_from_row(row) for row in rows]
+        events = [event_from_row(row) for row in rows]
         if not rows:
             return PaginationResult([], None)
         topo, stream = rows[-1][3], rows[-1][4]
@@ -113,7 +113,7 @@ class Paginator:
         self,
         txn: Transaction,
         room_id: str,
-        viewer: _Viewer,
+        viewer: Viewer,
         start: TopologicalToken | None,
         stream_start: tuple[int, dict[str, int]] | None,
         direction: str,
@@ -123,13 +123,13 @@ class Paginator:
         room_nid = self.timeline.interners.rooms.lookup(txn, [room_id]).get(room_id)
         if room_nid is None:
             return []
-        viewer = self.timeline._viewer_txn(txn, viewer)
-        high_sql, high_params = _bound_sql("e", "<=", upper[0], upper[1])
+        viewer = self.timeline.viewer_txn(txn, viewer)
+        high_sql, high_params = stream_bound_sql("e", "<=", upper[0], upper[1])
         key: tuple[int, int] | None = None if start is None else start.as_tuple()
         if stream_start is not None:
             # The newest key, in topological order, of the events at or
             # before the stream position.
-            at_sql, at_params = _bound_sql("e", "<=", stream_start[0], stream_start[1])
+            at_sql, at_params = stream_bound_sql("e", "<=", stream_start[0], stream_start[1])
             row = txn.execute(
                 "SELECT e.topological_ordering, e.stream_ordering FROM events AS e"
                 f" WHERE e.room_nid = ? AND e.outlier = ? AND {at_sql}"

@@ -136,7 +136,7 @@ class RecentResult:
 # ---------------------------------------------------------------------- SQL pieces
 
 
-#: The columns ``_event_from_row`` takes, over ``e`` joined by ``EVENT_JOINS``.
+#: The columns ``event_from_row`` takes, over ``e`` joined by ``EVENT_JOINS``.
 EVENT_COLUMNS = f"""e.event_nid AS event_nid, i.event_id AS event_id, r.room_id AS room_id,
     e.topological_ordering AS topo, e.stream_ordering AS stream, j.room_version AS room_version,
     j.json AS json, e.redacted AS redacted,
@@ -151,7 +151,7 @@ def _parse(raw) -> dict:
     return json.loads(bytes(raw).decode("utf-8"))
 
 
-def _event_from_row(row: Sequence) -> dict:
+def event_from_row(row: Sequence) -> dict:
     """The served dict of an ``EVENT_COLUMNS`` row (as ``events_txn`` makes it)."""
     return _served_event(row[1], *row[5:EVENT_COLUMN_COUNT])
 
@@ -174,7 +174,7 @@ def _is_pruned(event: dict) -> bool:
     return isinstance(unsigned, dict) and "redacted_because" in unsigned
 
 
-def _bound_sql(alias: str, op: str, default: int, per_writer: Mapping[str, int]) -> tuple[str, list]:
+def stream_bound_sql(alias: str, op: str, default: int, per_writer: Mapping[str, int]) -> tuple[str, list]:
     """``alias.stream_ordering op <bound>`` where the bound is per writer.
 
     ``per_writer`` maps instance names to their positions; every other
@@ -201,7 +201,7 @@ _CURSOR = re.compile(r"(-?[0-9]{1,19})_([0-9]{1,19})_([sm][0-9~.]+)", re.ASCII)
 
 
 @attrs.frozen
-class _Viewer:
+class Viewer:
     """A user as the visibility SQL needs them: nids, -1 when unknown."""
 
     user_id: str
@@ -238,15 +238,15 @@ class TimelineReader:
 
     # ------------------------------------------------------------------ users
 
-    def _cached_viewer(self, user_id: str) -> _Viewer:
+    def cached_viewer(self, user_id: str) -> Viewer:
         """The viewer's nids from the interner caches only (None when not cached)."""
-        return _Viewer(
+        return Viewer(
             user_id,
             self.interners.users.cached_nid(user_id),
             self.interners.state_keys.cached_nid((MEMBER, user_id)),
         )
 
-    def _viewer_txn(self, txn: Transaction, viewer: _Viewer) -> _Viewer:
+    def viewer_txn(self, txn: Transaction, viewer: Viewer) -> Viewer:
         """Fill in nids the caches lacked (one lookup each, only then)."""
         user_nid, key_nid = viewer.user_nid, viewer.member_key_nid
         if user_nid is None:
@@ -254,7 +254,7 @@ class TimelineReader:
         if key_nid is None and user_nid is not None:
             key = (MEMBER, viewer.user_id)
             key_nid = self.interners.state_keys.lookup(txn, [key]).get(key)
-        return _Viewer(viewer.user_id, user_nid, key_nid)
+        return Viewer(viewer.user_id, user_nid, key_nid)
 
     # ------------------------------------------------------------------ sync
 
@@ -297,13 +297,13 @@ class TimelineReader:
         else:
             rooms = sorted(changed)
         rows = await self.db.run_interaction(
-            "sync", self._sync_txn, self._cached_viewer(user_id), rooms, memberships_changed,
+            "sync", self._sync_txn, self.cached_viewer(user_id), rooms, memberships_changed,
             self.positions.per_writer(since_token), self.positions.per_writer(now),
         )
         timelines: dict[str, list[dict]] = {}
         membership_events: list[dict] = []
         for row in rows:
-            event = _event_from_row(row)
+            event = event_from_row(row)
             in_timeline, is_own = row[EVENT_COLUMN_COUNT], row[EVENT_COLUMN_COUNT + 1]
             if in_timeline:
                 timelines.setdefault(row[2], []).append(event)
@@ -314,18 +314,18 @@ class TimelineReader:
     def _sync_txn(
         self,
         txn: Transaction,
-        viewer: _Viewer,
+        viewer: Viewer,
         rooms: list[str] | None,
         memberships: bool,
         lower: tuple[int, dict[str, int]],
         upper: tuple[int, dict[str, int]],
     ) -> list[tuple]:
-        viewer = self._viewer_txn(txn, viewer)
+        viewer = self.viewer_txn(txn, viewer)
         if viewer.user_nid is None:
             return []  # never a member of anything, never sent anything
         user_nid = viewer.user_nid
-        low_sql, low_params = _bound_sql("e", ">", lower[0], lower[1])
-        high_sql, high_params = _bound_sql("e", "<=", upper[0], upper[1])
+        low_sql, low_params = stream_bound_sql("e", ">", lower[0], lower[1])
+        high_sql, high_params = stream_bound_sql("e", "<=", upper[0], upper[1])
         # The membership tables carry no instance name: bound them by the
         # widest window; the exact per-writer window applies to `e` below.
         low_any = min([lower[0], *lower[1].values()])
@@ -429,7 +429,7 @@ class TimelineReader:
             after = (int(match.group(1)), int(match.group(2)))
         generation = self.events.events_generation
         rows = await self.db.run_interaction(
-            "recent", self._recent_txn, self._cached_viewer(user_id), rooms, events, after, self.positions.per_writer(pinned)
+            "recent", self._recent_txn, self.cached_viewer(user_id), rooms, events, after, self.positions.per_writer(pinned)
         )
         pages: list[tuple[str, list[dict]]] = []
         last: tuple[int, int] | None = None
@@ -458,7 +458,7 @@ class TimelineReader:
     def _recent_txn(
         self,
         txn: Transaction,
-        viewer: _Viewer,
+        viewer: Viewer,
         rooms: int,
         events: int,
         after: tuple[int, int] | None,
@@ -470,10 +470,10 @@ class TimelineReader:
         no visible event has one row of NULL event columns. The page holds
         ``rooms + 1`` rooms, the last without events: whether it exists says
         whether another page follows (no count of the user's rooms)."""
-        viewer = self._viewer_txn(txn, viewer)
+        viewer = self.viewer_txn(txn, viewer)
         if viewer.user_nid is None:
             return []
-        high_sql, high_params = _bound_sql("e", "<=", upper[0], upper[1])
+        high_sql, high_params = stream_bound_sql("e", "<=", upper[0], upper[1])
         if after is None:
             cursor_sql, cursor_params = "1 = 1", []
         else:
@@ -557,11 +557,11 @@ class TimelineReader:
         """May ``user_id`` see ``event_id``, by the same SQL predicate the
         timelines use? False for unknown, outlier and rejected events."""
         return await self.db.run_interaction(
-            "is_visible", self._is_visible_txn, self._cached_viewer(user_id), event_id
+            "is_visible", self._is_visible_txn, self.cached_viewer(user_id), event_id
         )
 
-    def _is_visible_txn(self, txn: Transaction, viewer: _Viewer, event_id: str) -> bool:
-        viewer = self._viewer_txn(txn, viewer)
+    def _is_visible_txn(self, txn: Transaction, viewer: Viewer, event_id: str) -> bool:
+        viewer = self.viewer_txn(txn, viewer)
         vis, _ = visible_sql("e")
         row = txn.execute(
             f"SELECT CASE WHEN {vis} THEN 1 ELSE 0 END FROM events AS e"

@@ -44,7 +44,7 @@ def recent_plan_txn(txn, store: RoomStore, user_id: str) -> str:
     timeline = store.timeline
     recording = Recording(txn)
     now = timeline.positions.per_writer(timeline.positions.now())
-    timeline._recent_txn(recording, timeline._cached_viewer(user_id), 20, 10, None, now)
+    timeline._recent_txn(recording, timeline.cached_viewer(user_id), 20, 10, None, now)
     sql, args = recording.statements[-1]
     if txn.engine.name == "sqlite":
         return "\n".join(row[3] for row in txn.execute("EXPLAIN QUERY PLAN " + sql, args).fetchall())

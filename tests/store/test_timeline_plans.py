@@ -26,7 +26,7 @@ def page_plan_txn(txn, store: RoomStore, room_id: str, start, direction: str) ->
     txn.execute = spy
     timeline = store.timeline
     try:
-        store.pagination._paginate_txn(txn, room_id, timeline._cached_viewer(VIEWER), start, None, direction, 10,
+        store.pagination._paginate_txn(txn, room_id, timeline.cached_viewer(VIEWER), start, None, direction, 10,
                                        timeline.positions.per_writer(timeline.positions.now()))
     finally:
         txn.execute = execute
