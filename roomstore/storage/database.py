@@ -164,7 +164,7 @@ class Database:
     def _get_connection(self) -> Any:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self.engine.connect()
+            conn = self.engine.connect(pooled=True)
             self._local.conn = conn
             with self._connections_lock:
                 self._connections.append(conn)

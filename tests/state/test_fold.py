@@ -1,4 +1,4 @@
-"""fold_state: the nearest row of each key wins whatever order the rows come in."""
+"""fold_state and fold_packed_state: the nearest row of each key wins whatever order the rows come in."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 from twisted.trial import unittest
 
-from roomstore.state.groups import fold_state
+from roomstore.state.groups import fold_packed_state, fold_state
 
 # (hops, type_key_nid, event_nid): hop 0 is the group itself, hop 3 its snapshot.
 ROWS = [
@@ -37,3 +37,45 @@ class FoldStateTests(unittest.TestCase):
     def test_removal_nearest_wins_over_an_older_value(self):
         self.assertEqual(fold_state([(2, 7, 1), (0, 7, None), (1, 7, 2)]), {})
         self.assertEqual(fold_state([(2, 7, None), (0, 7, 3), (1, 7, 2)]), {7: 3})
+
+
+def packed(rows):
+    """ROWS-shaped rows as packed_full_state_sql returns them: (hops, [keys, events]) per group."""
+    groups: dict[int, list[list]] = {}
+    for hops, key, event in rows:
+        columns = groups.setdefault(hops, [[], []])
+        columns[0].append(key)
+        columns[1].append(event)
+    return list(groups.items())
+
+
+def identity(value):
+    return value
+
+
+class FoldPackedStateTests(unittest.TestCase):
+    def test_any_order_of_groups_gives_the_row_fold(self):
+        rng = random.Random(6)
+        for _ in range(50):
+            rows = packed(ROWS)
+            rng.shuffle(rows)
+            self.assertEqual(fold_packed_state(rows, identity), EXPECTED, rows)
+
+    def test_groups_without_rows_and_no_groups(self):
+        rows = packed(ROWS) + [(4, [[], []]), (5, [])]
+        self.assertEqual(fold_packed_state(rows, identity), EXPECTED)
+        self.assertEqual(fold_packed_state([], identity), {})
+
+    def test_removal_nearest_wins_over_an_older_value(self):
+        self.assertEqual(fold_packed_state([(2, [[7], [1]]), (0, [[7], [None]]), (1, [[7], [2]])], identity), {})
+        self.assertEqual(fold_packed_state([(2, [[7], [None]]), (0, [[7], [3]]), (1, [[7], [2]])], identity),
+                         {7: 3})
+
+    def test_random_rows_agree_with_fold_state(self):
+        rng = random.Random(8)
+        for _ in range(200):
+            rows = []
+            for hops in range(rng.randrange(1, 8)):
+                for key in rng.sample(range(20), rng.randrange(0, 10)):
+                    rows.append((hops, key, rng.choice([None, rng.randrange(1, 1 << 62)])))
+            self.assertEqual(fold_packed_state(packed(rows), identity), fold_state(list(rows)), rows)

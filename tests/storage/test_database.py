@@ -313,6 +313,88 @@ class PostgresSessionSettingsTests(unittest.TestCase):
         self.assertEqual(await with_options.run_interaction("show", settings), ["on", "4321ms"])
 
 
+class PostgresDeferredBeginTests(unittest.TestCase):
+    """Pool connections send BEGIN in the same message as the transaction's
+    first statement (one round trip less per transaction), and transactions
+    stay what they were: repeatable read, whole or nothing, whatever kind of
+    statement comes first."""
+
+    async def make_database(self):
+        from tests.db import DatabaseTestMixin
+
+        helper = type("H", (DatabaseTestMixin,), {"engine_name": "postgres"})()
+        helper.addCleanup = self.addCleanup
+        helper.fail = self.fail
+        return await helper.make_database()
+
+    async def test_begin_travels_with_the_first_statement(self):
+        db = await self.make_database()
+        observer = db.engine.session_connection("deferred-begin-test")
+        self.addCleanup(observer.close)
+
+        def first_statement(txn):
+            pid = txn.select_one_value("SELECT pg_backend_pid()")
+            with observer.cursor() as cur:
+                # What the server last received from this backend, as one message.
+                cur.execute("SELECT query, state FROM pg_stat_activity WHERE pid = %s", (pid,))
+                seen = cur.fetchone()
+            isolation = txn.select_one_value("SHOW transaction_isolation")
+            return seen, isolation
+
+        (query, state), isolation = await db.run_interaction("first", first_statement)
+        self.assertEqual(query, "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_backend_pid()")
+        self.assertEqual(state, "idle in transaction")
+        self.assertEqual(isolation, "repeatable read")
+
+    async def test_snapshot_holds_against_a_concurrent_commit(self):
+        db = await self.make_database()
+        await db.run_interaction("create", _create_counter)
+        other = db.engine.session_connection("deferred-begin-test")
+        self.addCleanup(other.close)
+
+        def read_twice(txn):
+            before = _read_counter(txn)
+            with other.cursor() as cur:
+                cur.execute("UPDATE counter SET value = 99 WHERE id = 1")  # autocommit: committed now
+            return before, _read_counter(txn)
+
+        self.assertEqual(await db.run_interaction("read twice", read_twice), (0, 0))
+        self.assertEqual(await db.run_interaction("read", _read_counter), 99)
+
+    async def test_every_kind_of_first_statement_rolls_back(self):
+        db = await self.make_database()
+        await db.run_interaction("create", _create_counter)
+        firsts = {
+            "execute": lambda txn: txn.execute("INSERT INTO counter (id, value) VALUES (?, ?)", (2, 2)),
+            "executemany": lambda txn: txn.executemany("INSERT INTO counter (id, value) VALUES (?, ?)", [(2, 2)]),
+            "queued": lambda txn: txn.insert_many("counter", ("id", "value"), [(2, 2)], queue=True),
+            "copy": lambda txn: txn.engine.bulk_insert(txn._cursor, "counter", "id, value", [(2, 2)]),
+        }
+        for name, first in firsts.items():
+            def write_then_fail(txn, first=first):
+                first(txn)
+                txn.execute("UPDATE counter SET value = 5 WHERE id = 1")
+                raise Boom(name)
+
+            with self.assertRaises(Boom):
+                await db.run_interaction(name, write_then_fail)
+            count = await db.run_interaction("count", lambda t: t.select_one_value("SELECT COUNT(*) FROM counter"))
+            self.assertEqual((name, count, await db.run_interaction("read", _read_counter)), (name, 1, 0))
+
+            def write(txn, first=first):
+                first(txn)
+
+            await db.run_interaction(name, write)
+            count = await db.run_interaction("count", lambda t: t.select_one_value("SELECT COUNT(*) FROM counter"))
+            self.assertEqual((name, count), (name, 2))
+            await db.run_interaction("reset", lambda t: t.execute("DELETE FROM counter WHERE id = 2"))
+
+    async def test_a_transaction_without_statements_sends_nothing(self):
+        db = await self.make_database()
+        self.assertEqual(await db.run_interaction("nothing", lambda txn: "done"), "done")
+        self.assertEqual(await db.run_interaction("then", lambda t: t.select_one_value("SELECT 1")), 1)
+
+
 class PostgresRetryTests(unittest.TestCase):
     """A serialisation failure is retried: forced with two transactions that
     both read a row before either updates it."""

@@ -1,10 +1,15 @@
 """StateGroupStore's full-state reads on hand-written chains, on both engines:
 the nearest row of each key wins, a NULL event (written by compaction) removes
-the key, and the filtered read agrees with the full one."""
+the key, and the filtered read agrees with the full one. On SQLite the read
+packs each group's rows into one value (``packed_full_state_sql``): large
+random chains check the store's read against the row-per-entry statement and
+a plain Python replay, on both engines."""
 
 from __future__ import annotations
 
-from roomstore.state.groups import StateGroupNotFound, StateGroupStore
+import random
+
+from roomstore.state.groups import FULL_STATE_SQL, StateGroupNotFound, StateGroupStore, fold_state
 from tests.db import on_both_engines
 
 # group -> (prev group, {type_key_nid: event_nid or None}); ids deliberately not
@@ -53,3 +58,81 @@ class StateGroupReadTests:
         db = await self.make_database()
         with self.assertRaises(StateGroupNotFound):
             await db.run_interaction("read", StateGroupStore().get_state, 12345)
+
+
+def random_chain(seed: int, groups: int = 40, snapshot_keys: int = 5000):
+    """(rows of state_groups, rows of state_group_deltas, expected states) of
+    one long chain: a big snapshot, then deltas that add, change and remove
+    keys; group ids shuffled, keys up to 2**31, events up to 2**62."""
+    rng = random.Random(seed)
+    ids = rng.sample(range(1000, 100_000), groups)
+    keys = rng.sample(range(1, 1 << 31), snapshot_keys + 2000)  # type_key_nid: INTEGER on PostgreSQL
+    state = {key: rng.randrange(1, 1 << 62) for key in keys[:snapshot_keys]}
+    group_rows, delta_rows, expected = [], [], {}
+    prev = None
+    for index, group in enumerate(ids):
+        if prev is None:
+            delta = dict(state)
+        else:
+            delta = {}
+            for key in rng.sample(keys, rng.randrange(0, 300)):
+                delta[key] = None if key in state and rng.random() < 0.3 else rng.randrange(1, 1 << 62)
+            for key, event in delta.items():
+                if event is None:
+                    state.pop(key, None)
+                else:
+                    state[key] = event
+        group_rows.append((group, 1, prev, index))
+        delta_rows += [(group, key, event) for key, event in delta.items()]
+        expected[group] = dict(state)
+        prev = group
+    return group_rows, delta_rows, expected
+
+
+@on_both_engines
+class PackedStateReadTests:
+    async def test_large_random_chains_match_the_row_read_and_a_replay(self):
+        db = await self.make_database()
+        expected = {}
+        for seed in (1, 2):
+            group_rows, delta_rows, states = random_chain(seed)
+            expected.update(states)
+
+            def write(txn, group_rows=group_rows, delta_rows=delta_rows):
+                txn.insert_many("state_groups", ("state_group", "room_nid", "prev_state_group", "chain_length"),
+                                group_rows)
+                txn.insert_many("state_group_deltas", ("state_group", "type_key_nid", "event_nid"), delta_rows)
+
+            await db.run_interaction("write", write)
+        groups = StateGroupStore()
+
+        def read_both(txn, group):
+            rows = fold_state(txn.execute(FULL_STATE_SQL, (group,)).fetchall())
+            return groups.get_state(txn, group), rows
+
+        for group, state in expected.items():
+            packed, rows = await db.run_interaction("read", read_both, group)
+            self.assertEqual(packed, state, group)
+            self.assertEqual(rows, state, group)
+
+    async def test_packed_ints_keep_order_nulls_and_64_bit_values(self):
+        db = await self.make_database()
+        if not db.engine.packs_rows:
+            with self.assertRaises(NotImplementedError):
+                db.engine.packed_ints_sql(["a"])
+            return
+        values = [(3, None), (-(1 << 63), 1 << 62), ((1 << 63) - 1, 7), (1, 2)]
+
+        def read(txn):
+            engine = txn.engine
+            marks = " UNION ALL ".join("SELECT CAST(? AS BIGINT) AS a, CAST(? AS BIGINT) AS b" for _ in values)
+            args = [v for pair in values for v in pair]
+            packed = txn.execute(f"SELECT {engine.packed_ints_sql(['a', 'b'])} FROM ({marks}) AS v", args).fetchone()[0]
+            empty = txn.execute(
+                f"SELECT {engine.packed_ints_sql(['a', 'b'])} FROM ({marks}) AS v WHERE a = 5", args
+            ).fetchone()[0]
+            return engine.unpack_ints(packed), engine.unpack_ints(empty)
+
+        columns, empty = await db.run_interaction("read", read)
+        self.assertEqual(sorted(zip(*columns), key=repr), sorted(values, key=repr))
+        self.assertEqual(list(zip(*empty)), [])

@@ -1,0 +1,100 @@
+"""PostgreSQL connections of the pool: psycopg2's connection and cursor
+classes with what ``PostgresEngine`` keeps on them.
+
+* Prepared statements: the connection remembers which it holds
+  (``PostgresEngine.execute_prepared``).
+* Deferred BEGIN: a pooled connection runs in autocommit and sends the
+  transaction's ``BEGIN`` in the same message as its first statement, one
+  round trip instead of psycopg2's two; ``commit()`` and ``rollback()`` send
+  ``COMMIT``/``ROLLBACK`` only when a ``BEGIN`` went out.
+
+Imported by ``engines.py`` only; psycopg2 is imported when first needed.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Any
+
+
+def is_stale_plan(exc: BaseException) -> bool:
+    """The error EXECUTE gives when a table was altered after PREPARE so that
+    the statement's result columns changed."""
+    import psycopg2.errors
+
+    return isinstance(exc, psycopg2.errors.FeatureNotSupported) and "cached plan must not change" in str(exc)
+
+
+@functools.lru_cache(maxsize=1)
+def preparing_connection() -> type:
+    """psycopg2's connection class with a memory of the statements prepared
+    on it (``PostgresEngine.execute_prepared``): ``prepared`` maps SQL text to
+    statement name, least recently used first; ``stale`` lists names to
+    deallocate before the next prepared statement runs."""
+    import psycopg2.extensions
+
+    class DeferredBeginCursor(psycopg2.extensions.cursor):
+        """Sends a pending ``BEGIN`` with the first statement: one message,
+        one round trip (the simple query protocol runs both)."""
+
+        def _take_begin(self) -> bool:
+            conn = self.connection
+            if not conn.begin_pending:
+                return False
+            conn.begin_pending = False
+            conn.in_transaction = True
+            return True
+
+        def execute(self, query: Any, vars: Any = None) -> None:
+            if self.connection.begin_pending and self._take_begin():
+                query = (_BEGIN_BYTES if isinstance(query, bytes) else _BEGIN) + query
+            return super().execute(query, vars)
+
+        def executemany(self, query: Any, vars_list: Any) -> None:
+            if self.connection.begin_pending and self._take_begin():
+                super().execute(_BEGIN)
+            return super().executemany(query, vars_list)
+
+        def copy_expert(self, sql: Any, file: Any, size: int = 8192) -> None:
+            if self.connection.begin_pending and self._take_begin():
+                super().execute(_BEGIN)
+            return super().copy_expert(sql, file, size)
+
+    class PreparingConnection(psycopg2.extensions.connection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.prepared: collections.OrderedDict[str, str] = collections.OrderedDict()
+            self.stale: list[str] = []
+            # Pooled connections (PostgresEngine.connect): in autocommit, the
+            # transaction's BEGIN waiting for its first statement, COMMIT and
+            # ROLLBACK sent here only when a BEGIN went out.
+            self.deferred_begin = False
+            self.begin_pending = False
+            self.in_transaction = False
+            self.cursor_factory = DeferredBeginCursor
+
+        def _end(self, statement: str) -> None:
+            self.begin_pending = False
+            if self.in_transaction:
+                self.in_transaction = False
+                with psycopg2.extensions.cursor(self) as cursor:
+                    cursor.execute(statement)
+
+        def commit(self) -> None:
+            if not self.deferred_begin:
+                return super().commit()
+            self._end("COMMIT")
+
+        def rollback(self) -> None:
+            if not self.deferred_begin:
+                return super().rollback()
+            self._end("ROLLBACK")
+
+    return PreparingConnection
+
+
+#: What a pooled PostgreSQL connection sends before a transaction's first
+#: statement (the isolation level psycopg2 would have asked for).
+_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ; "
+_BEGIN_BYTES = _BEGIN.encode()
