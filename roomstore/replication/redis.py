@@ -445,8 +445,17 @@ class RedisReplication:
         persisted positions: a writer that has exited since (an import) is
         not there to answer REPLICATE with a POSITION."""
         for name in STORE_STREAMS:
+            if self._stopped:
+                return
             generator = self.store.generators[name]
-            persisted = await generator.read_persisted_positions()
+            try:
+                persisted = await generator.read_persisted_positions()
+            except Exception:
+                if self._stopped:
+                    return  # stopped meanwhile: the store may already be closed
+                raise
+            if self._stopped:
+                return
             for writer, token in sorted(persisted.items()):
                 if self._is_other_writer(name, writer):
                     self.follower.catch_up(name, writer, token)

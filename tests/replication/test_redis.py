@@ -215,6 +215,27 @@ class RedisUrlTests(unittest.TestCase):
             parse_redis_url("http://h:1")
 
 
+@on_both_engines
+class RedisStopTests(RedisMixin):
+    """A catch-up from the database that a stop overtakes ends quietly: the
+    embedding process stops replication and then closes the store, and the
+    catch-up begun on connect may still be reading positions."""
+
+    async def test_catch_up_after_stop_and_close_ends_quietly(self):
+        store = await RoomStore.open(self.new_database_url(), StoreConfig())
+        replication = RedisReplication(store, parse_redis_url("redis://127.0.0.1:1"), fresh_channel())
+        await replication.stop()
+        await store.close()
+        await replication._catch_up_from_database()  # no "database is closed"
+
+    async def test_catch_up_of_a_running_connection_still_reports_a_closed_store(self):
+        store = await RoomStore.open(self.new_database_url(), StoreConfig())
+        replication = RedisReplication(store, parse_redis_url("redis://127.0.0.1:1"), fresh_channel())
+        await store.close()
+        with self.assertRaises(RuntimeError):
+            await replication._catch_up_from_database()
+
+
 class RedisCommandTests(DatabaseTestMixin, unittest.TestCase):
     """The commands as an operator runs them (PostgreSQL, two writers): the
     twistd plugin as writer ``w1``, ``roomstore import`` as ``w2`` reaching a

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 from roomstore.state.groups import FULL_STATE_SQL, StateGroupNotFound, StateGroupStore, fold_state
+from roomstore.storage.schema import prepare_database
 from tests.db import on_both_engines
 
 # group -> (prev group, {type_key_nid: event_nid or None}); ids deliberately not
@@ -136,3 +137,54 @@ class PackedStateReadTests:
         columns, empty = await db.run_interaction("read", read)
         self.assertEqual(sorted(zip(*columns), key=repr), sorted(values, key=repr))
         self.assertEqual(list(zip(*empty)), [])
+
+
+@on_both_engines
+class StateGroupWalkIndexTests:
+    timeout = 120
+
+    async def test_version_5_keeps_every_chain_readable(self):
+        """Upgrading a version 4 database (PostgreSQL: the primary key gets
+        prev_state_group INCLUDEd; SQLite: nothing) keeps every state, and the
+        key still refuses a duplicate group."""
+        db = await self.make_database(prepare=False)
+        self.assertEqual(await db.run_interaction("to 4", prepare_database, None, 4), 4)
+        await db.run_interaction("write", write_chain_txn)
+        self.assertEqual(await db.run_interaction("to 5", prepare_database, None, 5), 5)
+        groups = StateGroupStore()
+        for group, expected in EXPECTED.items():
+            self.assertEqual(await db.run_interaction("read", groups.get_state, group), expected, group)
+        with self.assertRaises(Exception):
+            await db.run_interaction("dup", lambda t: t.execute(
+                "INSERT INTO state_groups (state_group, room_nid, prev_state_group, chain_length) VALUES (50, 1, NULL, 0)"))
+
+    async def test_the_walk_is_index_only_on_postgresql(self):
+        """After VACUUM (what autovacuum does on a running server) each hop of
+        the walk reads the primary key's index and no table page."""
+        if self.engine_name != "postgres":
+            return  # SQLite: a rowid table, the key lookup is the row
+        db = await self.make_database()
+        group_rows, delta_rows, _ = random_chain(3, groups=30, snapshot_keys=50)
+
+        def write(txn):
+            txn.insert_many("state_groups", ("state_group", "room_nid", "prev_state_group", "chain_length"), group_rows)
+            txn.insert_many("state_group_deltas", ("state_group", "type_key_nid", "event_nid"), delta_rows)
+
+        await db.run_interaction("write", write)
+        conn = db.engine.session_connection("walk-index-test")
+        self.addCleanup(conn.close)
+        with conn.cursor() as cur:
+            # The test server commits asynchronously (synchronous_commit=off),
+            # and vacuum does not mark a page all-visible before the WAL of its
+            # rows' commit is on disk: a checkpoint writes it.
+            cur.execute("CHECKPOINT")
+            cur.execute("VACUUM ANALYZE state_groups")
+
+        def plan(txn):
+            txn.execute("SET LOCAL enable_seqscan = off")
+            sql = "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + FULL_STATE_SQL
+            return "\n".join(r[0] for r in txn.execute(sql, (group_rows[-1][0],)).fetchall())
+
+        text = await db.run_interaction("plan", plan)
+        self.assertIn("Index Only Scan using state_groups_pkey on state_groups", text)
+        self.assertIn("Heap Fetches: 0", text)
