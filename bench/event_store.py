@@ -455,7 +455,7 @@ async def section_c_d(engines, size) -> None:
     ]
     print_table(["", *names], table_rows)
 
-    print(f"\n(d) bytes per state entry, table + indexes: the state groups of (c)'s room")
+    print("\n(d) bytes per state entry, table + indexes: the state groups of (c)'s room")
     print_table(
         ["", *names],
         [
