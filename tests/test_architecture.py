@@ -27,7 +27,6 @@ The checker itself is tested on small packages written to a temp directory.
 from __future__ import annotations
 
 import ast
-import os
 import re
 import textwrap
 from pathlib import Path

@@ -61,8 +61,6 @@ class CliTests:
         self.assertEqual(out[-1]["imported"], 0)
         self.assertEqual(out[-1]["current_token"], summary["current_token"])
 
-        last_event = json.loads(open(sample).read().splitlines()[-1])
-        event = last_event.get("event", last_event)
         code, out, err = await self.cli("stats", "--db", url)
         self.assertEqual(code, 0, err)
         counts = {row["table"]: row["rows"] for row in out}

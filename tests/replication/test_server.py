@@ -265,7 +265,7 @@ class ClientNotificationTests(unittest.TestCase):
 
     def test_remote_server_up_broadcast(self) -> None:
         factory = make_server()
-        (a, ta), (b, tb) = connect(factory), connect(factory)
+        (_, ta), (_, tb) = connect(factory), connect(factory)
         factory.send_remote_server_up("matrix.org")
         self.assertEqual(written(ta), ["REMOTE_SERVER_UP matrix.org"])
         self.assertEqual(written(tb), ["REMOTE_SERVER_UP matrix.org"])

@@ -10,7 +10,6 @@ import sys
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.storage import Database
 from roomstore.streams import BackingTable, SequenceLagError, StreamConfigError, StreamIdGenerator, reserve_together
 from tests.db import DatabaseTestMixin, on_both_engines
 
