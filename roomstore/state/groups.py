@@ -47,6 +47,9 @@ _CHAIN = """chain({start}state_group, hops) AS (
     FROM chain WHERE chain.state_group IS NOT NULL{guard}
 )"""
 
+#: The walk of one group (the first bound parameter), for the store's reads.
+_ONE_GROUP_CHAIN = _CHAIN.format(start="", seed="CAST(? AS BIGINT)", seed_from="", carry="", guard="")
+
 #: Longest chain the many-group form walks (a cycle must not walk forever).
 MAX_WALK_HOPS = 100_000
 
@@ -86,9 +89,8 @@ def full_state_sql(groups: Sequence[int] | None = None, keys: int = 0) -> str:
     if keys:
         key_filter = f" AND d.type_key_nid IN ({', '.join('?' for _ in range(keys))})"
     if groups is None:
-        chain = _CHAIN.format(start="", seed="CAST(? AS BIGINT)", seed_from="", carry="", guard="")
         return f"""
-WITH RECURSIVE {chain}
+WITH RECURSIVE {_ONE_GROUP_CHAIN}
 SELECT chain.hops, d.type_key_nid, d.event_nid
 FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group{key_filter}
 """
@@ -154,14 +156,20 @@ def packed_full_state_sql(engine: Engine) -> str:
     """
     sql = _PACKED_SQL.get(type(engine))
     if sql is None:
-        chain = _CHAIN.format(start="", seed="CAST(? AS BIGINT)", seed_from="", carry="", guard="")
         packed = engine.packed_ints_sql(["d.type_key_nid", "d.event_nid"])
         sql = _PACKED_SQL[type(engine)] = f"""
-WITH RECURSIVE {chain}
+WITH RECURSIVE {_ONE_GROUP_CHAIN}
 SELECT chain.hops, (SELECT {packed} FROM state_group_deltas AS d WHERE d.state_group = chain.state_group)
 FROM chain WHERE chain.state_group IS NOT NULL
 """
     return sql
+
+
+def _without_removals(state: dict[int, int | None]) -> dict[int, int]:
+    """``state`` without the keys a nearest row removed (None events)."""
+    if None in state.values():
+        return {key: event for key, event in state.items() if event is not None}
+    return state
 
 
 def fold_packed_state(rows: list[tuple[int, object]], unpack: Callable[[object], list]) -> dict[int, int]:
@@ -175,9 +183,7 @@ def fold_packed_state(rows: list[tuple[int, object]], unpack: Callable[[object],
         columns = unpack(packed)
         if columns:
             update(zip(*columns))
-    if None in state.values():
-        state = {key: event for key, event in state.items() if event is not None}
-    return state
+    return _without_removals(state)
 
 
 def fold_state(rows: Iterable[tuple[int, int, int | None]]) -> dict[int, int]:
@@ -189,9 +195,7 @@ def fold_state(rows: Iterable[tuple[int, int, int | None]]) -> dict[int, int]:
         rows = list(rows)
     rows.sort(key=_HOPS)
     state = {key: event for _, key, event in reversed(rows)}
-    if None in state.values():
-        state = {key: event for key, event in state.items() if event is not None}
-    return state
+    return _without_removals(state)
 
 
 class StateGroupNotFound(LookupError):

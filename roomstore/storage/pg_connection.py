@@ -39,6 +39,7 @@ def preparing_connection() -> type:
         one round trip (the simple query protocol runs both)."""
 
         def _take_begin(self) -> bool:
+            """True for the transaction's first statement, which carries the BEGIN."""
             conn = self.connection
             if not conn.begin_pending:
                 return False
@@ -47,17 +48,17 @@ def preparing_connection() -> type:
             return True
 
         def execute(self, query: Any, vars: Any = None) -> None:
-            if self.connection.begin_pending and self._take_begin():
+            if self._take_begin():
                 query = (_BEGIN_BYTES if isinstance(query, bytes) else _BEGIN) + query
             return super().execute(query, vars)
 
         def executemany(self, query: Any, vars_list: Any) -> None:
-            if self.connection.begin_pending and self._take_begin():
+            if self._take_begin():
                 super().execute(_BEGIN)
             return super().executemany(query, vars_list)
 
         def copy_expert(self, sql: Any, file: Any, size: int = 8192) -> None:
-            if self.connection.begin_pending and self._take_begin():
+            if self._take_begin():
                 super().execute(_BEGIN)
             return super().copy_expert(sql, file, size)
 

@@ -90,6 +90,12 @@ def random_chain(seed: int, groups: int = 40, snapshot_keys: int = 5000):
     return group_rows, delta_rows, expected
 
 
+def write_groups_txn(txn, group_rows, delta_rows) -> None:
+    """:func:`random_chain`'s rows into the tables."""
+    txn.insert_many("state_groups", ("state_group", "room_nid", "prev_state_group", "chain_length"), group_rows)
+    txn.insert_many("state_group_deltas", ("state_group", "type_key_nid", "event_nid"), delta_rows)
+
+
 @on_both_engines
 class PackedStateReadTests:
     async def test_large_random_chains_match_the_row_read_and_a_replay(self):
@@ -98,13 +104,7 @@ class PackedStateReadTests:
         for seed in (1, 2):
             group_rows, delta_rows, states = random_chain(seed)
             expected.update(states)
-
-            def write(txn, group_rows=group_rows, delta_rows=delta_rows):
-                txn.insert_many("state_groups", ("state_group", "room_nid", "prev_state_group", "chain_length"),
-                                group_rows)
-                txn.insert_many("state_group_deltas", ("state_group", "type_key_nid", "event_nid"), delta_rows)
-
-            await db.run_interaction("write", write)
+            await db.run_interaction("write", write_groups_txn, group_rows, delta_rows)
         groups = StateGroupStore()
 
         def read_both(txn, group):
@@ -165,12 +165,7 @@ class StateGroupWalkIndexTests:
             return  # SQLite: a rowid table, the key lookup is the row
         db = await self.make_database()
         group_rows, delta_rows, _ = random_chain(3, groups=30, snapshot_keys=50)
-
-        def write(txn):
-            txn.insert_many("state_groups", ("state_group", "room_nid", "prev_state_group", "chain_length"), group_rows)
-            txn.insert_many("state_group_deltas", ("state_group", "type_key_nid", "event_nid"), delta_rows)
-
-        await db.run_interaction("write", write)
+        await db.run_interaction("write", write_groups_txn, group_rows, delta_rows)
         conn = db.engine.session_connection("walk-index-test")
         self.addCleanup(conn.close)
         with conn.cursor() as cur:
