@@ -115,3 +115,22 @@ def on_both_engines(cls):
             attrs["skip"] = "no PostgreSQL: set ROOMSTORE_TEST_POSTGRES (bin/test does)"
         setattr(module, name, type(name, bases, attrs))
     return cls
+
+
+#: Groups whose copy of a one-row delta (``state_groups.sole_*``, schema
+#: version 6) disagrees with their rows in ``state_group_deltas``: set when
+#: the group has not exactly that one row, or unset when it has exactly one.
+SOLE_DELTA_MISMATCHES_SQL = """
+SELECT g.state_group FROM state_groups AS g
+LEFT JOIN (SELECT state_group, COUNT(*) AS n, MAX(type_key_nid) AS k, MAX(event_nid) AS e
+           FROM state_group_deltas GROUP BY state_group) AS d ON d.state_group = g.state_group
+WHERE (COALESCE(d.n, 0) = 1 AND (g.sole_type_key_nid IS NULL OR g.sole_type_key_nid <> d.k
+                                  OR COALESCE(g.sole_event_nid, -1) <> COALESCE(d.e, -1)))
+   OR (COALESCE(d.n, 0) <> 1 AND (g.sole_type_key_nid IS NOT NULL OR g.sole_event_nid IS NOT NULL))
+ORDER BY g.state_group
+"""
+
+
+def sole_delta_mismatches_txn(txn) -> list[int]:
+    """The groups of :data:`SOLE_DELTA_MISMATCHES_SQL` (a transaction's cursor)."""
+    return [row[0] for row in txn.execute(SOLE_DELTA_MISMATCHES_SQL).fetchall()]

@@ -449,9 +449,13 @@ def load_dataset(
                     next_key += 1
             for ev in range(g.event_nid, g.event_nid + g.events_used):
                 ours.add("event_ids", "event_nid, event_id", (ev, event_id_for(ev)))
+            # A one-row delta is also kept in the group's row (schema version 6).
+            sole = next(iter(g.delta.items())) if len(g.delta) == 1 else None
             ours.add(
-                "state_groups", "state_group, room_nid, event_nid, prev_state_group, chain_length",
-                (g.state_group, room_nid, g.event_nid, g.prev_group, g.chain_length),
+                "state_groups",
+                "state_group, room_nid, event_nid, prev_state_group, chain_length, sole_type_key_nid, sole_event_nid",
+                (g.state_group, room_nid, g.event_nid, g.prev_group, g.chain_length,
+                 key_ids[sole[0]] if sole else None, sole[1] if sole else None),
             )
             for key, ev in g.delta.items():
                 ours.add("state_group_deltas", "state_group, type_key_nid, event_nid", (g.state_group, key_ids[key], ev))

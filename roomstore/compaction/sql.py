@@ -18,6 +18,7 @@ parameters, so those statements inline integers too).
 from __future__ import annotations
 
 from roomstore.compaction.chunks import CHECKSUM_SQL
+from roomstore.state.groups import refresh_sole_delta_sql
 
 #: A bound above every state group id (a room's groups, whatever was written).
 ANY_GROUP = 2**63 - 1
@@ -244,6 +245,9 @@ SWAP_UPDATE_GROUPS = (
     " AND s.state_group = state_groups.state_group"
     " AND (s.rewrite = 1 OR state_groups.chain_length <> s.new_chain_length)"
 )
+#: The rewritten groups' copy of a one-row delta (``state_groups.sole_*``),
+#: from the rows just inserted: the store's full-state read trusts it (key).
+SWAP_REFRESH_SOLE_DELTAS = refresh_sole_delta_sql(f"{_STAGED} AND rewrite = 1 AND is_ref = 0")
 #: chain_length of descendants outside the chunk (later chunks, groups
 #: persisted after snapshot_max) follows their predecessor's new length; only
 #: where it differs, so the walk stops early (key, key).

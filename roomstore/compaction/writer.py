@@ -51,6 +51,7 @@ from roomstore.compaction import sql
 from roomstore.compaction.chunks import StagedChunk
 from roomstore.storage.database import RetryTransaction, run_transaction
 from roomstore.storage.engines import engine_from_url
+from roomstore.storage.schema import SCHEMA_VERSION, SchemaTooNewError
 
 log = logging.getLogger("roomstore.compaction")
 
@@ -225,13 +226,20 @@ class CompactionWriter:
     # ------------------------------------------------------------- queries
 
     def check_schema(self) -> int:
-        """The schema version; raises :class:`SchemaTooOldError` below 2."""
+        """The schema version; raises :class:`SchemaTooOldError` below 2,
+        :class:`SchemaTooNewError` above the version this code knows (a newer
+        schema may keep more about the rows this job rewrites)."""
         rows = self.db.query(sql.SCHEMA_VERSION)
         version = rows[0][0] if rows else 0
         if version < 2:
             raise SchemaTooOldError(
                 f"database schema is version {version}; state compaction needs version 2. "
                 "Start the homeserver (roomstore >= this version) once to upgrade it."
+            )
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNewError(
+                f"database schema is version {version}, newer than this roomstore's ({SCHEMA_VERSION}); "
+                "install the homeserver's roomstore version for the compaction job."
             )
         return version
 
@@ -540,6 +548,7 @@ class CompactionWriter:
             cur.execute(q(sql.SWAP_INSERT_DELTAS), key)
             inserted = cur.rowcount
             cur.execute(q(sql.SWAP_UPDATE_GROUPS), key)
+            cur.execute(q(sql.SWAP_REFRESH_SOLE_DELTAS), key)
             # 5. chain_length of descendants outside the chunk follows their
             # predecessor's new length. chain_length only decides when the
             # persister stores a snapshot; reads never use it.

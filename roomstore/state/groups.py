@@ -134,34 +134,61 @@ FULL_STATE_SQL = full_state_sql()
 
 _HOPS = itemgetter(0)
 
+#: The walk of one group that also yields each group's sole delta row
+#: (schema version 6: ``state_groups.sole_*``, NULL unless the group's delta
+#: is exactly one row), where ``engine.walk_reads_sole_deltas``. A join, not
+#: a scalar subquery: a step reads three columns. It ends at a snapshot, or
+#: at a group that does not exist.
+_SOLE_CHAIN = """chain(state_group, prev_state_group, hops, sole_key, sole_event) AS (
+    SELECT g.state_group, g.prev_state_group, 0, g.sole_type_key_nid, g.sole_event_nid
+    FROM state_groups AS g WHERE g.state_group = CAST(? AS BIGINT)
+    UNION ALL
+    SELECT g.state_group, g.prev_state_group, chain.hops + 1, g.sole_type_key_nid, g.sole_event_nid
+    FROM chain JOIN state_groups AS g ON g.state_group = chain.prev_state_group
+)"""
+
 _PACKED_SQL: dict[type, str] = {}
 
 
 def packed_full_state_sql(engine: Engine) -> str:
-    """The store's full-state read where the engine ``packs_rows``
-    (SQLite): :func:`full_state_sql`'s walk, one row ``(hops, packed)`` per
-    group of the chain, ``packed`` that group's delta rows as
-    ``engine.packed_ints_sql`` packs them (the keys, the events). Fold the
-    rows with :func:`fold_packed_state`.
+    """The store's full-state read of one group (the bound parameter): rows
+    ``(hops, type_key_nid, event_nid, packed)``, one per group of the chain;
+    fold them with :func:`fold_packed_state`.
 
-    A 10,000-entry state is then ~100 rows instead of ~10,000, and SQLite's
-    driver spends ~0.3 us a row, which was most of the read's time. Measured
-    on the 10,000 entries at the end of a 100-hop chain, statement and fold:
-    2.9 ms against 4.7 ms. Small random groups (~23 hops, a row or two each)
-    cost more packed (~0.25 ms against ~0.14 ms): an aggregate per hop, and
-    still well under Synapse's ~1.3 ms (bench/state_vs_synapse.py). On
-    PostgreSQL, packed as arrays, the long chain took 6.7-7.1 ms against
-    8.7-9.7 ms but random groups 0.68-0.72 ms against 0.58 ms (one run of
-    each, the forms taking turns): there the row form stays.
+    ``packed`` holds a group's delta rows as ``engine.packed_ints_sql`` packs
+    them (the keys, the events), or is NULL when the row's own key and event
+    are the group's only delta row. Where ``engine.walk_reads_sole_deltas``
+    (PostgreSQL) the walk takes one-row deltas from the group's row, and only
+    the other groups (snapshots, larger deltas) probe ``state_group_deltas``;
+    elsewhere (SQLite) every group's rows are packed.
+
+    Packed, a 10,000-entry state is ~100 rows instead of ~10,000: SQLite's
+    driver spends ~0.3 us a row, psycopg2 more. Measured on the 10,000
+    entries at the end of a 100-hop chain, statement and fold: SQLite 2.9 ms
+    against 4.7 ms row by row. On PostgreSQL, against the row form, 1,000
+    random groups (~33 hops, most of one row): 0.44 against 0.59 ms; the
+    chain: 6.4-7.8 against 8.3-9.8 ms (two runs, the forms taking turns). On
+    PostgreSQL without the sole rows, packing every group made random groups
+    slower (0.68-0.72 against 0.58 ms): an aggregate per hop.
     """
     sql = _PACKED_SQL.get(type(engine))
     if sql is None:
         packed = engine.packed_ints_sql(["d.type_key_nid", "d.event_nid"])
-        sql = _PACKED_SQL[type(engine)] = f"""
+        if engine.walk_reads_sole_deltas:
+            sql = f"""
+WITH RECURSIVE {_SOLE_CHAIN}
+SELECT chain.hops, chain.sole_key, chain.sole_event, NULL FROM chain WHERE chain.sole_key IS NOT NULL
+UNION ALL
+SELECT chain.hops, NULL, NULL, (SELECT {packed} FROM state_group_deltas AS d WHERE d.state_group = chain.state_group)
+FROM chain WHERE chain.sole_key IS NULL
+"""
+        else:
+            sql = f"""
 WITH RECURSIVE {_ONE_GROUP_CHAIN}
-SELECT chain.hops, (SELECT {packed} FROM state_group_deltas AS d WHERE d.state_group = chain.state_group)
+SELECT chain.hops, NULL, NULL, (SELECT {packed} FROM state_group_deltas AS d WHERE d.state_group = chain.state_group)
 FROM chain WHERE chain.state_group IS NOT NULL
 """
+        _PACKED_SQL[type(engine)] = sql
     return sql
 
 
@@ -172,17 +199,21 @@ def _without_removals(state: dict[int, int | None]) -> dict[int, int]:
     return state
 
 
-def fold_packed_state(rows: list[tuple[int, object]], unpack: Callable[[object], list]) -> dict[int, int]:
-    """A group's state from :func:`packed_full_state_sql`'s rows, in any
-    order: farthest group first, each nearer one overwriting its keys; then
-    removals (None events) dropped."""
+def fold_packed_state(rows: list[tuple], unpack: Callable[[object], list]) -> dict[int, int]:
+    """A group's state from :func:`packed_full_state_sql`'s rows
+    ``(hops, key, event, packed)``, in any order: farthest group first, each
+    nearer one overwriting its keys (its packed rows, or its one row when
+    ``packed`` is NULL); then removals (None events) dropped."""
     rows.sort(key=_HOPS, reverse=True)
     state: dict[int, int] = {}
     update = state.update
-    for _, packed in rows:
-        columns = unpack(packed)
-        if columns:
-            update(zip(*columns))
+    for _, key, event, packed in rows:
+        if packed is None:
+            state[key] = event
+        else:
+            columns = unpack(packed)
+            if columns:
+                update(zip(*columns))
     return _without_removals(state)
 
 
@@ -236,11 +267,8 @@ class StateGroupStore:
         if cached is not None:
             return dict(cached)
         engine = txn.engine
-        if engine.packs_rows:
-            rows = txn.execute(packed_full_state_sql(engine), (state_group,)).fetchall()
-            state = fold_packed_state(rows, engine.unpack_ints)
-        else:
-            state = fold_state(txn.execute(FULL_STATE_SQL, (state_group,), prepare=True).fetchall())
+        rows = txn.execute(packed_full_state_sql(engine), (state_group,), prepare=True).fetchall()
+        state = fold_packed_state(rows, engine.unpack_ints)
         if not state and not self.group_exists(txn, state_group):
             raise StateGroupNotFound(f"state group {state_group} does not exist")
         txn.call_after(self._cache.set, state_group, dict(state))
@@ -305,11 +333,14 @@ class StateGroupStore:
             prev, length, rows = None, 0, state
         else:
             prev, length, rows = parent, parent_chain_length + 1, delta
+        # In key order: PostgreSQL returns a group's rows in the order they
+        # were written, and naming a state whose keys come in interning order
+        # touches the interners' caches in the order they were filled.
+        written = [(group, key, rows[key]) for key in sorted(rows) if prev is not None or rows[key] is not None]
+        sole_key, sole_event = written[0][1:] if len(written) == 1 else (None, None)
         own = writes if writes is not None else StateGroupWrites()
-        own.groups.append((group, room_nid, event_nid, prev, length, visibility_snapshot))
-        own.deltas.extend(
-            (group, key, event) for key, event in rows.items() if prev is not None or event is not None
-        )
+        own.groups.append((group, room_nid, event_nid, prev, length, visibility_snapshot, sole_key, sole_event))
+        own.deltas.extend(written)
         if writes is None:
             own.flush(txn)
         txn.call_after(self._cache.set, group, state)
@@ -334,7 +365,8 @@ class StateGroupWrites:
     def flush(self, txn: Transaction) -> None:
         txn.insert_many(
             "state_groups",
-            ("state_group", "room_nid", "event_nid", "prev_state_group", "chain_length", "visibility_snapshot"),
+            ("state_group", "room_nid", "event_nid", "prev_state_group", "chain_length", "visibility_snapshot",
+             "sole_type_key_nid", "sole_event_nid"),
             self.groups,
             queue=True,
         )
@@ -353,6 +385,22 @@ COMPACTION_LOCK_NAME = "state_compaction"
 #: A compaction lock whose heartbeat is older than this many seconds is
 #: taken to be left behind by a dead job and ignored (with a warning).
 COMPACTION_LOCK_TIMEOUT_S = 600.0
+
+
+def refresh_sole_delta_sql(groups_sql: str) -> str:
+    """An UPDATE that sets ``state_groups.sole_*`` of the groups
+    ``groups_sql`` selects (a subquery, its parameters bound in its place)
+    from their rows in ``state_group_deltas``: the row when there is exactly
+    one, else NULLs. Run it in the transaction that changes a group's rows
+    (the compaction swap does): the full-state read on PostgreSQL takes a
+    group's sole columns, when set, instead of its rows."""
+    only = "(SELECT CASE WHEN COUNT(*) = 1 THEN MAX(d.{column}) END FROM state_group_deltas AS d" \
+           " WHERE d.state_group = state_groups.state_group)"
+    return (
+        f"UPDATE state_groups SET sole_type_key_nid = {only.format(column='type_key_nid')},"
+        f" sole_event_nid = {only.format(column='event_nid')}"
+        f" WHERE state_group IN ({groups_sql})"
+    )
 
 
 def group_facts_txn(txn: Transaction, state_group: int) -> tuple | None:
@@ -411,8 +459,11 @@ def delete_state_groups_txn(
             "state_group_deltas", ("state_group", "type_key_nid", "event_nid"),
             [(child, key, event) for key, event in sorted(state.items())],
         )
+        sole_key, sole_event = next(iter(state.items())) if len(state) == 1 else (None, None)
         txn.execute(
-            "UPDATE state_groups SET prev_state_group = NULL, chain_length = 0 WHERE state_group = ?", (child,)
+            "UPDATE state_groups SET prev_state_group = NULL, chain_length = 0,"
+            " sole_type_key_nid = ?, sole_event_nid = ? WHERE state_group = ?",
+            (sole_key, sole_event, child),
         )
     deleted = 0
     for part in chunks(ids):

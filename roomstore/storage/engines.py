@@ -211,20 +211,23 @@ class Engine:
     #: written as a correlated ``IN`` (SQLite runs it once per outer row).
     lateral_joins: bool = False
 
-    #: True where a read of thousands of small rows costs less packed into
-    #: one value per group (:meth:`packed_ints_sql`) than row by row.
-    packs_rows: bool = False
+    #: True where the full-state walk joins ``state_groups`` and takes each
+    #: one-row group's delta from the group's own row (``sole_*`` columns,
+    #: schema version 6; PostgreSQL: from the primary key's index alone).
+    #: SQLite walks with a scalar subquery instead (a join there is planned
+    #: with a Bloom filter over the whole table) and reads every group's rows.
+    walk_reads_sole_deltas: bool = False
 
     def packed_ints_sql(self, columns: Sequence[str]) -> str:
         """An aggregate that packs the integer ``columns`` of the rows it sees
         into one value, which :meth:`unpack_ints` turns into one list per
         column, aligned (the aggregates of one query level see the rows in
-        the same order); NULLs are kept as None. Only where ``packs_rows``."""
-        raise NotImplementedError(f"{self.name} reads rows unpacked")
+        the same order); NULLs are kept as None. No rows: empty lists, or none."""
+        raise NotImplementedError
 
     def unpack_ints(self, packed: Any) -> list[list[int | None]]:
         """The lists of a :meth:`packed_ints_sql` value."""
-        raise NotImplementedError(f"{self.name} reads rows unpacked")
+        raise NotImplementedError
 
 
 @attrs.define
@@ -334,8 +337,6 @@ class SqliteEngine(Engine):
     # the GIL go and takes it back, then builds a tuple): for 10,000 rows
     # more than SQLite's own work. JSON text is built by SQLite in C and
     # parsed by json.loads in C.
-    packs_rows = True
-
     def packed_ints_sql(self, columns: Sequence[str]) -> str:
         return "json_array(" + ", ".join(f"json_group_array({c})" for c in columns) + ")"
 
@@ -587,6 +588,15 @@ class PostgresEngine(Engine):
 
     # --- Reading (see Engine) -----------------------------------------------
     lateral_joins = True
+    walk_reads_sole_deltas = True
+
+    def packed_ints_sql(self, columns: Sequence[str]) -> str:
+        # A two-dimensional BIGINT array, one row per column; psycopg2 parses
+        # it into lists of ints in C. No rows: ARRAY[NULL, NULL] is '{}'.
+        return "ARRAY[" + ", ".join(f"CAST(array_agg({c}) AS BIGINT[])" for c in columns) + "]"
+
+    def unpack_ints(self, packed: Any) -> list[list[int | None]]:
+        return packed
 
 
 def _single(options: Mapping[str, list[str]], key: str) -> str | None:

@@ -36,11 +36,12 @@ from roomstore.compaction.writer import (
     LockLostError,
     RoomOutcome,
 )
-from roomstore.state.groups import FULL_STATE_SQL, fold_state, full_state_sql
+from roomstore.state.groups import FULL_STATE_SQL, fold_packed_state, fold_state, full_state_sql, packed_full_state_sql
 from roomstore.storage.database import RetryTransaction
 from roomstore.storage.engines import engine_from_url
 from roomstore.store import RoomStore, StoreConfig
-from tests.db import on_both_engines
+from roomstore.storage.schema import SCHEMA_VERSION, SchemaTooNewError
+from tests.db import SOLE_DELTA_MISMATCHES_SQL, on_both_engines
 
 #: Small enough that the persisted rooms have many snapshots to compact.
 CHAIN = 6
@@ -172,7 +173,10 @@ def execute(url: str, *statements: str) -> None:
 
 
 def all_states(url: str) -> dict[int, dict[int, int]]:
-    """Every group's full state as the store reads it (FULL_STATE_SQL)."""
+    """Every group's full state from its rows (FULL_STATE_SQL), checked equal
+    to the store's own read (``packed_full_state_sql``: on PostgreSQL it takes
+    one-row deltas from ``state_groups.sole_*``, which must follow every
+    rewrite)."""
     engine, conn = connect(url)
     try:
         cur = conn.cursor()
@@ -186,10 +190,15 @@ def all_states(url: str) -> dict[int, dict[int, int]]:
             cur.execute("ANALYZE state_groups")
             cur.execute("ANALYZE state_group_deltas")
         sql = engine.convert_sql(FULL_STATE_SQL)
+        store_sql = engine.convert_sql(packed_full_state_sql(engine))
         states = {}
         for group in groups:
             cur.execute(sql, (group,))
             states[group] = fold_state(cur.fetchall())
+            cur.execute(store_sql, (group,))
+            read = fold_packed_state(cur.fetchall(), engine.unpack_ints)
+            if read != states[group]:
+                raise AssertionError(f"group {group}: the store's read differs from the group's rows")
         conn.commit()
         return states
     finally:
@@ -399,9 +408,12 @@ class WriterTests:
     def test_swap_preserves_every_state_and_shrinks(self) -> None:
         before = all_states(self.url)
         rows_before = delta_rows(self.url)
+        self.assertEqual(query(self.url, SOLE_DELTA_MISMATCHES_SQL), [])
         outcomes = reference_compaction(self.url)
         self.assertIn("written", outcomes.values())
         self.assertEqual(all_states(self.url), before)
+        # Every rewritten group's copy of a one-row delta follows its new rows.
+        self.assertEqual(query(self.url, SOLE_DELTA_MISMATCHES_SQL), [])
         self.assertLess(delta_rows(self.url), rows_before * 0.6)
         chain_lengths_are_depths(self, self.url)
         # Progress recorded, staging emptied, lock released, run finished.
@@ -565,6 +577,32 @@ class WriterTests:
 
 
 @on_both_engines
+class SoleDeltaCopyTests:
+    """``state_groups.sole_*`` (schema version 6) as the persister writes it,
+    and the job refusing a schema newer than it knows."""
+
+    timeout = 300
+
+    async def test_persisted_groups_copy_exactly_their_one_row_deltas(self):
+        url = await compaction_database(self, "one_room")
+        self.assertEqual(query(url, SOLE_DELTA_MISMATCHES_SQL), [])
+        copied, groups = query(url, "SELECT COUNT(sole_type_key_nid), COUNT(*) FROM state_groups")[0]
+        self.assertGreater(copied, groups // 2)
+        all_states(url)  # the store's read equals the rows' for every group
+
+    async def test_the_job_refuses_a_newer_schema(self):
+        url = await compaction_database(self, "one_room")
+        writer = CompactionWriter(url)
+        self.addCleanup(writer.close)
+        self.assertEqual(writer.check_schema(), SCHEMA_VERSION)
+        execute(url, f"UPDATE schema_version SET version = {SCHEMA_VERSION + 1}")
+        with self.assertRaises(SchemaTooNewError) as caught:
+            writer.check_schema()
+        self.assertIn(f"version {SCHEMA_VERSION + 1}, newer than", str(caught.exception))
+        self.assertNotIn("\n", str(caught.exception))
+
+
+@on_both_engines
 class DeleteStateGroupsTests:
     timeout = 300
 
@@ -600,6 +638,7 @@ class DeleteStateGroupsTests:
         self.assertEqual(query(self.url, "SELECT COUNT(*) FROM state_groups WHERE state_group = ?", (group,)), [(0,)])
         # The children were re-based as snapshots: every other state is intact.
         after = all_states(self.url)
+        self.assertEqual(query(self.url, SOLE_DELTA_MISMATCHES_SQL), [])
         del states[group]
         self.assertEqual(after, states)
         for child in children:

@@ -39,14 +39,19 @@ class FoldStateTests(unittest.TestCase):
         self.assertEqual(fold_state([(2, 7, None), (0, 7, 3), (1, 7, 2)]), {7: 3})
 
 
-def packed(rows):
-    """ROWS-shaped rows as packed_full_state_sql returns them: (hops, [keys, events]) per group."""
+def packed(rows, sole=False):
+    """ROWS-shaped rows as packed_full_state_sql returns them: (hops, None,
+    None, [keys, events]) per group; with ``sole``, a group of one row as
+    (hops, key, event, None), as the walk on PostgreSQL returns it."""
     groups: dict[int, list[list]] = {}
     for hops, key, event in rows:
         columns = groups.setdefault(hops, [[], []])
         columns[0].append(key)
         columns[1].append(event)
-    return list(groups.items())
+    return [
+        (hops, columns[0][0], columns[1][0], None) if sole and len(columns[0]) == 1 else (hops, None, None, columns)
+        for hops, columns in groups.items()
+    ]
 
 
 def identity(value):
@@ -57,19 +62,21 @@ class FoldPackedStateTests(unittest.TestCase):
     def test_any_order_of_groups_gives_the_row_fold(self):
         rng = random.Random(6)
         for _ in range(50):
-            rows = packed(ROWS)
-            rng.shuffle(rows)
-            self.assertEqual(fold_packed_state(rows, identity), EXPECTED, rows)
+            for sole in (False, True):
+                rows = packed(ROWS, sole)
+                rng.shuffle(rows)
+                self.assertEqual(fold_packed_state(rows, identity), EXPECTED, rows)
 
     def test_groups_without_rows_and_no_groups(self):
-        rows = packed(ROWS) + [(4, [[], []]), (5, [])]
+        rows = packed(ROWS) + [(4, None, None, [[], []]), (5, None, None, [])]
         self.assertEqual(fold_packed_state(rows, identity), EXPECTED)
         self.assertEqual(fold_packed_state([], identity), {})
 
     def test_removal_nearest_wins_over_an_older_value(self):
-        self.assertEqual(fold_packed_state([(2, [[7], [1]]), (0, [[7], [None]]), (1, [[7], [2]])], identity), {})
-        self.assertEqual(fold_packed_state([(2, [[7], [None]]), (0, [[7], [3]]), (1, [[7], [2]])], identity),
-                         {7: 3})
+        for sole in (False, True):
+            self.assertEqual(fold_packed_state(packed([(2, 7, 1), (0, 7, None), (1, 7, 2)], sole), identity), {})
+            self.assertEqual(fold_packed_state(packed([(2, 7, None), (0, 7, 3), (1, 7, 2)], sole), identity),
+                             {7: 3})
 
     def test_random_rows_agree_with_fold_state(self):
         rng = random.Random(8)
@@ -78,4 +85,5 @@ class FoldPackedStateTests(unittest.TestCase):
             for hops in range(rng.randrange(1, 8)):
                 for key in rng.sample(range(20), rng.randrange(0, 10)):
                     rows.append((hops, key, rng.choice([None, rng.randrange(1, 1 << 62)])))
-            self.assertEqual(fold_packed_state(packed(rows), identity), fold_state(list(rows)), rows)
+            for sole in (False, True):
+                self.assertEqual(fold_packed_state(packed(rows, sole), identity), fold_state(list(rows)), rows)
