@@ -18,7 +18,7 @@ parameters, so those statements inline integers too).
 from __future__ import annotations
 
 from roomstore.compaction.chunks import CHECKSUM_SQL
-from roomstore.state.groups import refresh_sole_delta_sql
+from roomstore.state.groups import sole_delta_assignments_sql
 
 #: A bound above every state group id (a room's groups, whatever was written).
 ANY_GROUP = 2**63 - 1
@@ -238,16 +238,23 @@ SWAP_INSERT_DELTAS = (
     f" SELECT state_group, type_key_nid, event_nid FROM {STAGED_DELTAS}"
     " WHERE run_id = ? AND room_nid = ? AND first_group = ?"
 )
+#: The rewritten groups: new predecessor and chain length, and their copy of a
+#: one-row delta (``state_groups.sole_*``) from the rows just inserted, which
+#: the store's full-state read trusts; one UPDATE, one new row version (key).
 SWAP_UPDATE_GROUPS = (
-    "UPDATE state_groups SET prev_state_group = s.new_prev, chain_length = s.new_chain_length"
+    "UPDATE state_groups SET prev_state_group = s.new_prev, chain_length = s.new_chain_length,"
+    f" {sole_delta_assignments_sql()}"
     f" FROM {STAGED_GROUPS} AS s"
-    " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND s.is_ref = 0"
+    " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND s.is_ref = 0 AND s.rewrite = 1"
     " AND s.state_group = state_groups.state_group"
-    " AND (s.rewrite = 1 OR state_groups.chain_length <> s.new_chain_length)"
 )
-#: The rewritten groups' copy of a one-row delta (``state_groups.sole_*``),
-#: from the rows just inserted: the store's full-state read trusts it (key).
-SWAP_REFRESH_SOLE_DELTAS = refresh_sole_delta_sql(f"{_STAGED} AND rewrite = 1 AND is_ref = 0")
+#: The chunk's groups kept as they were whose chain length changed (key).
+SWAP_UPDATE_CHAIN_LENGTHS = (
+    "UPDATE state_groups SET chain_length = s.new_chain_length"
+    f" FROM {STAGED_GROUPS} AS s"
+    " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND s.is_ref = 0 AND s.rewrite = 0"
+    " AND s.state_group = state_groups.state_group AND state_groups.chain_length <> s.new_chain_length"
+)
 #: chain_length of descendants outside the chunk (later chunks, groups
 #: persisted after snapshot_max) follows their predecessor's new length; only
 #: where it differs, so the walk stops early (key, key).
