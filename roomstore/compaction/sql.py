@@ -18,7 +18,7 @@ parameters, so those statements inline integers too).
 from __future__ import annotations
 
 from roomstore.compaction.chunks import CHECKSUM_SQL
-from roomstore.state.groups import sole_delta_assignments_sql
+from roomstore.state.groups import sole_deltas_sql
 
 #: A bound above every state group id (a room's groups, whatever was written).
 ANY_GROUP = 2**63 - 1
@@ -239,12 +239,18 @@ SWAP_INSERT_DELTAS = (
     " WHERE run_id = ? AND room_nid = ? AND first_group = ?"
 )
 #: The rewritten groups: new predecessor and chain length, and their copy of a
-#: one-row delta (``state_groups.sole_*``) from the rows just inserted, which
-#: the store's full-state read trusts; one UPDATE, one new row version (key).
+#: one-row delta (``state_groups.sole_*``, which the store's full-state read
+#: trusts) from the chunk's staged rows, which are exactly their new rows: one
+#: aggregate over the chunk, one UPDATE, one new row version each (key, key).
 SWAP_UPDATE_GROUPS = (
     "UPDATE state_groups SET prev_state_group = s.new_prev, chain_length = s.new_chain_length,"
-    f" {sole_delta_assignments_sql()}"
-    f" FROM {STAGED_GROUPS} AS s"
+    " sole_type_key_nid = a.sole_type_key_nid, sole_event_nid = a.sole_event_nid"
+    f" FROM {STAGED_GROUPS} AS s LEFT JOIN ("
+    + sole_deltas_sql(
+        f"SELECT state_group, type_key_nid, event_nid FROM {STAGED_DELTAS}"
+        " WHERE run_id = ? AND room_nid = ? AND first_group = ?"
+    )
+    + ") AS a ON a.state_group = s.state_group"
     " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND s.is_ref = 0 AND s.rewrite = 1"
     " AND s.state_group = state_groups.state_group"
 )

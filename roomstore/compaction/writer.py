@@ -547,7 +547,7 @@ class CompactionWriter:
             deleted = cur.rowcount
             cur.execute(q(sql.SWAP_INSERT_DELTAS), key)
             inserted = cur.rowcount
-            cur.execute(q(sql.SWAP_UPDATE_GROUPS), key)
+            cur.execute(q(sql.SWAP_UPDATE_GROUPS), key + key)
             cur.execute(q(sql.SWAP_UPDATE_CHAIN_LENGTHS), key)
             # 5. chain_length of descendants outside the chunk follows their
             # predecessor's new length. chain_length only decides when the

@@ -387,25 +387,29 @@ COMPACTION_LOCK_NAME = "state_compaction"
 COMPACTION_LOCK_TIMEOUT_S = 600.0
 
 
-def sole_delta_assignments_sql() -> str:
-    """The SET assignments of an UPDATE of ``state_groups`` that make each
-    updated group's ``sole_*`` columns its one row in ``state_group_deltas``
-    when it has exactly one, else NULLs (:func:`refresh_sole_delta_sql`)."""
-    only = ("(SELECT CASE WHEN COUNT(*) = 1 THEN MAX(d.{column}) END FROM state_group_deltas AS d"
-            " WHERE d.state_group = state_groups.state_group)")
-    return (f"sole_type_key_nid = {only.format(column='type_key_nid')},"
-            f" sole_event_nid = {only.format(column='event_nid')}")
+def sole_deltas_sql(rows_sql: str) -> str:
+    """``(state_group, sole_type_key_nid, sole_event_nid)`` of each group in
+    ``rows_sql``'s ``(state_group, type_key_nid, event_nid)`` rows (a
+    subquery): its one row when it has exactly one, else NULLs. The rule of
+    ``state_groups.sole_*`` (schema version 6), for a writer that has a set of
+    groups' new rows at hand (the compaction swap, from its staging table)."""
+    only = "CASE WHEN COUNT(*) = 1 THEN MAX(r.{column}) END AS sole_{column}"
+    return (f"SELECT r.state_group, {only.format(column='type_key_nid')}, {only.format(column='event_nid')}"
+            f" FROM ({rows_sql}) AS r GROUP BY r.state_group")
 
 
 def refresh_sole_delta_sql(groups_sql: str) -> str:
     """An UPDATE that sets ``state_groups.sole_*`` of the groups
     ``groups_sql`` selects (a subquery, its parameters bound in its place)
-    from their rows in ``state_group_deltas``. Run it (or put
-    :func:`sole_delta_assignments_sql` in the UPDATE it makes anyway, as the
-    compaction swap does) in the transaction that changes a group's rows: the
-    full-state read on PostgreSQL takes a group's sole columns, when set,
-    instead of its rows."""
-    return f"UPDATE state_groups SET {sole_delta_assignments_sql()} WHERE state_group IN ({groups_sql})"
+    from their rows in ``state_group_deltas`` (the rule of
+    :func:`sole_deltas_sql`). Run it, or write the columns as part of the
+    change, in the transaction that changes a group's rows: the full-state
+    read on PostgreSQL takes a group's sole columns, when set, instead of its
+    rows."""
+    only = ("(SELECT CASE WHEN COUNT(*) = 1 THEN MAX(d.{column}) END FROM state_group_deltas AS d"
+            " WHERE d.state_group = state_groups.state_group)")
+    return (f"UPDATE state_groups SET sole_type_key_nid = {only.format(column='type_key_nid')},"
+            f" sole_event_nid = {only.format(column='event_nid')} WHERE state_group IN ({groups_sql})")
 
 
 def group_facts_txn(txn: Transaction, state_group: int) -> tuple | None:
