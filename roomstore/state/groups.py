@@ -4,10 +4,13 @@ A state group maps interned ``(type, state_key)`` ids to event ids. It is
 stored as a delta against a predecessor (``state_groups.prev_state_group``)
 or, when the chain of predecessors would grow past ``max_chain_length``, as a
 full snapshot. A delta row with a NULL event removes the key (only offline
-compaction writes those). The full state of a group is computed by one SQL
+compaction writes those). A group whose delta is one row also keeps a copy of
+it in its own row (``sole_*``, schema version 6), which every writer of its
+rows keeps in step. The full state of a group is computed by one SQL
 statement: a recursive walk up the chain returning each group's rows (packed
-into one value per group) with its distance from the group, folded so that
-for each key the nearest row wins. One statement
+into one value per group; on PostgreSQL a one-row delta comes from the
+group's row) with its distance from the group, folded so that for each key
+the nearest row wins. One statement
 sees one snapshot of the database, so a concurrent rewrite of the chain by the
 compaction job is seen wholly or not at all.
 
