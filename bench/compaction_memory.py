@@ -105,7 +105,10 @@ def role_of(cmdline: str) -> str:
         return "driver Python"
     if "synapse_auto_compressor" in cmdline:
         return "synapse_auto_compressor"
-    return "other: " + cmdline[:60]
+    # Short-lived helpers (Spark's cleanup ``rm -rf <temp dir>``, shells):
+    # the program's name, so one role covers every run's.
+    program = cmdline.split()[0].rsplit("/", 1)[-1] if cmdline.split() else "?"
+    return f"other ({program})"
 
 
 class PeakSampler:
