@@ -34,6 +34,7 @@ import attrs
 
 from roomstore.compaction import sql
 from roomstore.compaction.model import StateGroupEntry
+from roomstore.state.groups import sole_delta
 from roomstore.storage.database import Transaction
 from roomstore.storage.engines import Engine, engine_from_url
 from roomstore.storage.schema import prepare_database
@@ -450,12 +451,12 @@ def load_dataset(
             for ev in range(g.event_nid, g.event_nid + g.events_used):
                 ours.add("event_ids", "event_nid, event_id", (ev, event_id_for(ev)))
             # A one-row delta is also kept in the group's row (schema version 6).
-            sole = next(iter(g.delta.items())) if len(g.delta) == 1 else None
+            sole_key, sole_event = sole_delta(g.delta)
             ours.add(
                 "state_groups",
                 "state_group, room_nid, event_nid, prev_state_group, chain_length, sole_type_key_nid, sole_event_nid",
                 (g.state_group, room_nid, g.event_nid, g.prev_group, g.chain_length,
-                 key_ids[sole[0]] if sole else None, sole[1] if sole else None),
+                 None if sole_key is None else key_ids[sole_key], sole_event),
             )
             for key, ev in g.delta.items():
                 ours.add("state_group_deltas", "state_group, type_key_nid, event_nid", (g.state_group, key_ids[key], ev))

@@ -232,6 +232,16 @@ def fold_state(rows: Iterable[tuple[int, int, int | None]]) -> dict[int, int]:
     return _without_removals(state)
 
 
+def sole_delta(rows: Mapping[int, int | None]) -> tuple[int | None, int | None]:
+    """``(type_key_nid, event_nid)`` of a group's delta rows when there is
+    exactly one (a None event: a removal), else ``(None, None)``: what the
+    group's ``state_groups.sole_*`` columns hold (schema version 6; the same
+    rule in SQL: :func:`sole_deltas_sql`)."""
+    if len(rows) == 1:
+        return next(iter(rows.items()))
+    return None, None
+
+
 class StateGroupNotFound(LookupError):
     pass
 
@@ -339,11 +349,10 @@ class StateGroupStore:
         # In key order: PostgreSQL returns a group's rows in the order they
         # were written, and naming a state whose keys come in interning order
         # touches the interners' caches in the order they were filled.
-        written = [(group, key, rows[key]) for key in sorted(rows) if prev is not None or rows[key] is not None]
-        sole_key, sole_event = written[0][1:] if len(written) == 1 else (None, None)
+        written = {key: rows[key] for key in sorted(rows) if prev is not None or rows[key] is not None}
         own = writes if writes is not None else StateGroupWrites()
-        own.groups.append((group, room_nid, event_nid, prev, length, visibility_snapshot, sole_key, sole_event))
-        own.deltas.extend(written)
+        own.groups.append((group, room_nid, event_nid, prev, length, visibility_snapshot, *sole_delta(written)))
+        own.deltas.extend((group, key, event) for key, event in written.items())
         if writes is None:
             own.flush(txn)
         txn.call_after(self._cache.set, group, state)
@@ -394,25 +403,12 @@ def sole_deltas_sql(rows_sql: str) -> str:
     """``(state_group, sole_type_key_nid, sole_event_nid)`` of each group in
     ``rows_sql``'s ``(state_group, type_key_nid, event_nid)`` rows (a
     subquery): its one row when it has exactly one, else NULLs. The rule of
-    ``state_groups.sole_*`` (schema version 6), for a writer that has a set of
-    groups' new rows at hand (the compaction swap, from its staging table)."""
+    ``state_groups.sole_*`` (schema version 6; in Python: :func:`sole_delta`),
+    for a writer that has a set of groups' new rows at hand (the compaction
+    swap, from its staging table)."""
     only = "CASE WHEN COUNT(*) = 1 THEN MAX(r.{column}) END AS sole_{column}"
     return (f"SELECT r.state_group, {only.format(column='type_key_nid')}, {only.format(column='event_nid')}"
             f" FROM ({rows_sql}) AS r GROUP BY r.state_group")
-
-
-def refresh_sole_delta_sql(groups_sql: str) -> str:
-    """An UPDATE that sets ``state_groups.sole_*`` of the groups
-    ``groups_sql`` selects (a subquery, its parameters bound in its place)
-    from their rows in ``state_group_deltas`` (the rule of
-    :func:`sole_deltas_sql`). Run it, or write the columns as part of the
-    change, in the transaction that changes a group's rows: the full-state
-    read on PostgreSQL takes a group's sole columns, when set, instead of its
-    rows."""
-    only = ("(SELECT CASE WHEN COUNT(*) = 1 THEN MAX(d.{column}) END FROM state_group_deltas AS d"
-            " WHERE d.state_group = state_groups.state_group)")
-    return (f"UPDATE state_groups SET sole_type_key_nid = {only.format(column='type_key_nid')},"
-            f" sole_event_nid = {only.format(column='event_nid')} WHERE state_group IN ({groups_sql})")
 
 
 def group_facts_txn(txn: Transaction, state_group: int) -> tuple | None:
@@ -471,11 +467,10 @@ def delete_state_groups_txn(
             "state_group_deltas", ("state_group", "type_key_nid", "event_nid"),
             [(child, key, event) for key, event in sorted(state.items())],
         )
-        sole_key, sole_event = next(iter(state.items())) if len(state) == 1 else (None, None)
         txn.execute(
             "UPDATE state_groups SET prev_state_group = NULL, chain_length = 0,"
             " sole_type_key_nid = ?, sole_event_nid = ? WHERE state_group = ?",
-            (sole_key, sole_event, child),
+            (*sole_delta(state), child),
         )
     deleted = 0
     for part in chunks(ids):

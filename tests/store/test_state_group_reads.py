@@ -17,10 +17,9 @@ from roomstore.state.groups import (
     StateGroupStore,
     fold_state,
     packed_full_state_sql,
-    refresh_sole_delta_sql,
 )
 from roomstore.storage.schema import prepare_database
-from tests.db import on_both_engines, sole_delta_mismatches_txn
+from tests.db import on_both_engines, refresh_sole_delta_sql, sole_delta_mismatches_txn
 
 # group -> (prev group, {type_key_nid: event_nid or None}); ids deliberately not
 # in chain order, so nothing may rely on a predecessor having a smaller id.

@@ -5,8 +5,8 @@
 -- PostgreSQL reads them from the primary key's index alone (02, INCLUDE) and
 -- probes state_group_deltas only for the rest: snapshots and larger deltas.
 -- state_group_deltas stays complete (compaction and the filtered reads use
--- it); a writer that changes a group's rows refreshes the copy in the same
--- transaction (roomstore.state.groups.refresh_sole_delta_sql). NULL in both
+-- it); a writer that changes a group's rows sets the copy in the same
+-- transaction (roomstore.state.groups.sole_delta / sole_deltas_sql). NULL in both
 -- columns means "read the rows", which is always correct.
 ALTER TABLE state_groups ADD COLUMN sole_type_key_nid INTEGER;
 ALTER TABLE state_groups ADD COLUMN sole_event_nid BIGINT;
