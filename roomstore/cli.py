@@ -347,7 +347,7 @@ async def cmd_demo(reactor, args) -> int:
                 (room_id,),
             ),
         )
-        emit({"demo": "current state", "room_id": room_id,
+        emit({"demo": "current state", "room_id": room_id, "room_version": await store.get_room_version(room_id),
               "state": state_as_json(await store.get_current_state_ids(room_id, [("m.room.topic", ""), ("m.room.history_visibility", "")]))})
         extremities = await store.get_forward_extremities(room_id)
         state = await store.get_state_ids(extremities[0], before=True)

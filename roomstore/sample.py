@@ -4,7 +4,8 @@
 hashes and reference-hash event IDs, so v3+ IDs are what a homeserver would
 compute; signatures are placeholders) and tracks the room's leaves and depths.
 ``generate_sample`` writes a deterministic multi-room history with membership
-churn, redactions and history visibility changes as JSON lines in the import
+churn, redactions and history visibility changes, in rooms of versions 12,
+11, 10, 9 and 6 (the first room is a version 12 room), as JSON lines in the import
 format: ``{"room_version": "...", "event": {...}}`` or a bare PDU.
 """
 
@@ -17,6 +18,7 @@ from typing import Any, Iterator, Sequence
 import attrs
 
 from roomstore.events.hashing import compute_content_hash, compute_event_id
+from roomstore.events.power_levels import room_creators
 from roomstore.events.room_versions import get_room_version
 
 
@@ -35,7 +37,11 @@ class BuiltEvent:
 
 class RoomGraphBuilder:
     """Builds one room's events; each new event's prev events default to the
-    room's current leaves."""
+    room's current leaves.
+
+    Room version 12: the room ID is the create event's hash, so ``room_id``
+    is ignored and :meth:`create` sets it (the create event carries none);
+    ``additional_creators`` go into the create event's content."""
 
     def __init__(
         self,
@@ -43,11 +49,16 @@ class RoomGraphBuilder:
         version: str = "10",
         creator: str = "@alice:example.org",
         start_ts: int = 1_700_000_000_000,
+        additional_creators: Sequence[str] = (),
     ):
-        self.room_id = room_id
+        self.room_version = get_room_version(version)
+        self.hashed_room_id = self.room_version.room_id_is_create_hash
+        # A v12 room has no ID before its create event.
+        self.room_id = "" if self.hashed_room_id else room_id
+        self.origin = creator.split(":", 1)[-1] if self.hashed_room_id else room_id.split(":", 1)[-1]
         self.version = version
         self.creator = creator
-        self.room_version = get_room_version(version)
+        self.additional_creators = list(additional_creators)
         self.leaves: list[str] = []
         self.depth_of: dict[str, int] = {}
         self.clock = start_ts
@@ -70,13 +81,18 @@ class RoomGraphBuilder:
             "auth_events": [],
             "content": content,
             "depth": depth,
-            "origin": self.room_id.split(":", 1)[-1],
+            "origin": self.origin,
             "origin_server_ts": self.clock,
             "prev_events": prev_ids,
             "room_id": self.room_id,
             "sender": sender,
             "type": event_type,
         }
+        is_create = event_type == "m.room.create" and state_key == ""
+        if self.hashed_room_id and is_create:
+            del event["room_id"]  # v12: the room ID is this event's hash
+        elif self.hashed_room_id and not self.room_id:
+            raise ValueError("a room version 12 room has no ID before its create event: build that first")
         if state_key is not None:
             event["state_key"] = state_key
         if extra:
@@ -84,6 +100,8 @@ class RoomGraphBuilder:
         event["hashes"] = {"sha256": compute_content_hash(event)}
         event["signatures"] = {event["origin"]: {"ed25519:a": "c2lnbmF0dXJl"}}
         event_id = compute_event_id(self.room_version, event)
+        if self.hashed_room_id and is_create:
+            self.room_id = "!" + event_id[1:]
         built = BuiltEvent(event_id, json.dumps(event).encode("utf-8"), event)
         self.depth_of[event_id] = depth
         if set_leaves:
@@ -92,7 +110,21 @@ class RoomGraphBuilder:
         return built
 
     def create(self) -> BuiltEvent:
-        return self.build("m.room.create", self.creator, {"creator": self.creator, "room_version": self.version}, "")
+        if not self.room_version.creators_have_infinite_power:
+            content: dict[str, Any] = {"creator": self.creator, "room_version": self.version}
+        else:
+            content = {"room_version": self.version}
+            if self.additional_creators:
+                content["additional_creators"] = list(self.additional_creators)
+        return self.build("m.room.create", self.creator, content, "")
+
+    def power_levels(self, levels: dict[str, int], **kw) -> BuiltEvent:
+        """``m.room.power_levels`` giving ``levels`` to users, less the room
+        version 12 creators, whose power is infinite and may not be listed."""
+        create = self.events[0].event
+        creators = room_creators(self.room_version, create) if self.room_version.creators_have_infinite_power else ()
+        users = {user: level for user, level in levels.items() if user not in creators}
+        return self.state("m.room.power_levels", "", {"users": users, "users_default": 0}, **kw)
 
     def member(self, user: str, membership: str, sender: str | None = None, **kw) -> BuiltEvent:
         return self.build("m.room.member", sender or user, {"membership": membership}, user, **kw)
@@ -129,13 +161,17 @@ def sample_lines(rooms: int = 5, events_per_room: int = 800, users: int = 60, se
     """
     rng = random.Random(seed)
     people = [f"@user{i}:example.org" for i in range(users)]
-    versions = ["10", "11", "9", "10", "6"]
+    versions = ["12", "11", "9", "10", "6"]
     for r in range(rooms):
         creator = people[r % users]
-        builder = RoomGraphBuilder(f"!room{r}:example.org", versions[r % len(versions)], creator, 1_700_000_000_000 + r)
+        version = versions[r % len(versions)]
+        # A v12 room (the default of today's servers) has a co-founder, whose
+        # power is infinite like the creator's; nobody else of the walk is.
+        cofounders = [f"@cofounder{r}:example.org"] if version == "12" else []
+        builder = RoomGraphBuilder(f"!room{r}:example.org", version, creator, 1_700_000_000_000 + r, cofounders)
         builder.create()
         builder.join(creator)
-        builder.state("m.room.power_levels", "", {"users": {creator: 100}, "users_default": 0})
+        builder.power_levels({creator: 100})
         builder.history_visibility("shared")
         members = {creator: "join"}
         messages: list[str] = []

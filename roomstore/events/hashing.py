@@ -8,6 +8,10 @@
 * Event ID (v3+): ``$`` + the reference hash in unpadded base64; standard
   alphabet in v3, URL-safe alphabet from v4.  v1/v2 event IDs are chosen by
   the sender and carried in the PDU, so they cannot be computed.
+* Room ID (v12): ``!`` + the create event's reference hash, URL-safe (its
+  event ID with ``!`` for ``$``); the create event itself carries none.
+
+:func:`add_derived_ids` puts what a PDU leaves out back into its served form.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from roomstore.events.redaction import prune_event_dict
 from roomstore.events.room_versions import EventIdFormat, RoomVersion
 
 __all__ = [
+    "add_derived_ids",
     "compute_content_hash",
     "compute_event_id",
     "compute_reference_hash",
@@ -77,3 +82,20 @@ def compute_event_id(room_version: RoomVersion, event_dict: Mapping[str, Any]) -
         )
     digest = compute_reference_hash(room_version, event_dict)
     return "$" + unpadded_base64(digest, urlsafe=fmt is EventIdFormat.V4_PLUS)
+
+
+def add_derived_ids(event: dict[str, Any], event_id: str, room_version: RoomVersion | None) -> dict[str, Any]:
+    """Complete the served form of a stored event, in place: ``event_id``
+    where the PDU does not carry it (v3+), and the ``room_id`` of a room
+    version 12 create event (``!`` + its hash), which its PDU must not carry
+    and Synapse adds back when serving it. Keys present are left alone.
+    Returns ``event``."""
+    event.setdefault("event_id", event_id)
+    if (
+        room_version is not None
+        and room_version.room_id_is_create_hash
+        and event.get("type") == "m.room.create"
+        and event.get("state_key") == ""
+    ):
+        event.setdefault("room_id", "!" + event_id[1:])
+    return event

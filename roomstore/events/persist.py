@@ -309,7 +309,7 @@ class _BatchWriter:
         for ev in batch:
             all_ids.add(ev.event_id)
             all_ids.update(ev.pdu.prev_event_ids)
-            all_ids.update(ev.pdu.auth_event_ids)
+            all_ids.update(ev.pdu.auth_chain_event_ids)
             if ev.pdu.redacts:
                 all_ids.add(ev.pdu.redacts)
             if ev.state_before is None:
@@ -420,7 +420,8 @@ class _BatchWriter:
             ))
             json_rows.append((event_nid, pdu.room_version.identifier, pdu.raw))
             edge_rows.extend((event_nid, nid[p]) for p in dict.fromkeys(pdu.prev_event_ids))
-            auth_rows.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_event_ids))
+            # With v12's implied create event: the auth chain's edges, as Synapse's event_auth.
+            auth_rows.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
             if pdu.type == MEMBER and pdu.state_key is not None and not ev.rejected_reason:
                 membership_rows.append((
                     event_nid, room_nid, self.user_nids[pdu.state_key], self.user_nids[pdu.sender],

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 
 from roomstore.events.batch import PersistedEvent, PreparedEvent, StateKey, order_batch
 from roomstore.events.persist import EventPersister
+from roomstore.events.validation import InvalidEventError, create_event_id_of
 from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners, chunks
@@ -51,7 +52,8 @@ def precheck_txn(
     """Before stream IDs are reserved: ``already_persisted`` results for the
     events stored before (as ``stored_results_txn``), and the refusal the
     write would meet for a reason that does not depend on the write itself
-    (conflicted or underivable state, a room version mismatch), raised now.
+    (conflicted or underivable state, a room version mismatch, a room
+    version 12 room ID naming no stored create event), raised now.
 
     A batch that ``may_fail_txn`` finds risky is written in a trial run that
     is undone; the others cost a few reads. The write transaction still makes
@@ -60,6 +62,7 @@ def precheck_txn(
     """
     found = stored_results_txn(txn, persister.interners, events)
     new = [ev for ev in events if ev.event_id not in found]
+    check_create_events_txn(txn, persister.interners, new)
     if new and may_fail_txn(txn, persister, new, resolved_current_state):
         live = sum(1 for ev in new if not ev.backfilled)
         trial = range(TRIAL_STREAM_BASE, TRIAL_STREAM_BASE + len(new))
@@ -153,3 +156,49 @@ def may_fail_txn(
         if find_conflicts(states):
             return True  # the current state is a conflicted merge of the ends
     return False
+
+
+def check_create_events_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> None:
+    """Room version 12 (MSC4291): an event's room ID is ``!`` + its room's
+    create event's hash, so it names that create event (``$`` + the same
+    hash), which must be stored in that room as its ``m.room.create`` or come
+    in the same batch. ``InvalidEventError`` for the first event whose room
+    ID names none: a room ID that matches no create event's hash. Outliers
+    and rejected events too: every event of such a room has its create event
+    in its auth chain. A read; nothing for rooms of other versions."""
+    in_batch = {ev.event_id for ev in events if ev.pdu.is_create}
+    wanted: dict[str, PreparedEvent] = {}
+    for ev in events:
+        pdu = ev.pdu
+        if pdu.room_version.room_id_is_create_hash and not pdu.is_create:
+            create_id = create_event_id_of(pdu.room_id)
+            if create_id not in in_batch:
+                wanted.setdefault(create_id, ev)
+    if not wanted:
+        return
+    nids = interners.events.lookup(txn, wanted)
+    creates: dict[int, tuple[str, str]] = {}
+    for part in chunks(sorted(nids.values())):
+        marks = ", ".join("?" for _ in part)
+        for nid, room_id, event_type in txn.execute(
+            "SELECT e.event_nid, r.room_id, e.type FROM events AS e JOIN rooms AS r ON r.room_nid = e.room_nid"
+            f" WHERE e.event_nid IN ({marks})",
+            list(part),
+        ).fetchall():
+            creates[nid] = (room_id, event_type)
+    for create_id, ev in wanted.items():
+        stored = creates.get(nids.get(create_id, -1))
+        if stored is None:
+            raise InvalidEventError(
+                f"event {ev.event_id} names room {ev.pdu.room_id}, but no create event {create_id} is stored: "
+                f"a room version {ev.pdu.room_version.identifier} room ID is '!' + its create event's hash; "
+                "persist the room's create event first (or in the same batch)",
+                "room_id",
+            )
+        if stored != (ev.pdu.room_id, "m.room.create"):
+            raise InvalidEventError(
+                f"event {ev.event_id} names room {ev.pdu.room_id}, but the stored event {create_id} is not "
+                f"that room's create event: a room version {ev.pdu.room_version.identifier} room ID is '!' + "
+                "its create event's hash",
+                "room_id",
+            )

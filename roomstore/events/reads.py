@@ -3,7 +3,8 @@
 ``EventReader`` holds the read caches (parsed events in a bounded LRU, rooms
 for each user) and the transaction functions ``RoomStore`` runs. Events are
 returned as dicts parsed from the stored bytes, with ``event_id`` added for
-room versions whose PDUs do not carry it, and pruned by the room version's
+room versions whose PDUs do not carry it (and ``room_id`` for a room version
+12 create event: ``add_derived_ids``), and pruned by the room version's
 redaction algorithm (``unsigned.redacted_because`` set) when a redaction of
 them in the same room is stored.
 """
@@ -14,9 +15,11 @@ import json
 from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
+
+from roomstore.events.hashing import add_derived_ids
 from roomstore.events.redaction import redacted_copy
 from roomstore.events.redactions import redactions_of_txn
-from roomstore.events.room_versions import get_room_version
+from roomstore.events.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
 from roomstore.events.tokens import StreamToken
 from roomstore.state.groups import StateGroupNotFound, StateGroupStore
 from roomstore.storage.database import Database, Transaction
@@ -158,8 +161,7 @@ class EventReader:
                 list(part),
             ).fetchall()
             for nid, version, raw, is_redacted, outlier, rejected, stream in rows:
-                event = _parse(raw)
-                event.setdefault("event_id", by_nid[nid])
+                event = add_derived_ids(_parse(raw), by_nid[nid], KNOWN_ROOM_VERSIONS.get(version))
                 result[by_nid[nid]] = event
                 if is_redacted and redact:
                     redacted[nid] = version
@@ -192,8 +194,7 @@ class EventReader:
             redaction = _parse(raw)
             redaction.setdefault("event_id", redaction_id)
             version = get_room_version(redacted[target])
-            pruned = redacted_copy(result[event_id], version, redaction)
-            pruned.setdefault("event_id", event_id)
+            pruned = add_derived_ids(redacted_copy(result[event_id], version, redaction), event_id, version)
             result[event_id] = pruned
 
     def json_bytes_txn(self, txn: Transaction, event_id: str) -> bytes | None:

@@ -1,11 +1,11 @@
-"""Room versions 1-11 and the per-version rules this package depends on.
+"""Room versions 1-12 and the per-version rules this package depends on.
 
 A room version fixes, among other things, the event ID format and the
 redaction algorithm.  Everything here is pure data: :class:`RoomVersion` is a
 frozen value and :data:`KNOWN_ROOM_VERSIONS` maps the identifier carried in
 ``m.room.create`` (``content.room_version``) to it.
 
-Sources: the Matrix spec's room version pages (``/rooms/v1`` ... ``/rooms/v11``).
+Sources: the Matrix spec's room version pages (``/rooms/v1`` ... ``/rooms/v12``).
 Redaction changes by version, as the spec states them:
 
 * v1-v5: the base algorithm (``m.room.aliases`` keeps ``aliases``).
@@ -21,6 +21,21 @@ Redaction changes by version, as the spec states them:
   keeps the ``invite`` property under ``content``." and "it allows the
   ``signed`` key of the ``third_party_invite`` key" (MSC2176, MSC2174,
   MSC3821, MSC3989).
+* v12: no change to redaction, event IDs or canonical JSON ("Unchanged from
+  v11"); ``m.room.create`` keeps its whole content, so ``additional_creators``
+  survives as v11 already implies.  What changes (MSC4291, MSC4289, MSC4297):
+
+  - the room ID is ``!`` + the create event's reference hash in unpadded
+    URL-safe base64 (its event ID with ``!`` for ``$``); the create event
+    carries no ``room_id``, every other event carries that ID, which has no
+    server part;
+  - the create event is never listed in ``auth_events``: it is implied in
+    every auth chain;
+  - the room's creators (the create event's ``sender`` and
+    ``content.additional_creators``) have infinite power, and power levels
+    may not list them in ``users``;
+  - state resolution 2.1 (MSC4297).  roomstore resolves no state; it is
+    recorded here as data (:attr:`RoomVersion.state_res_version`).
 """
 
 from __future__ import annotations
@@ -55,7 +70,7 @@ class EventIdFormat(enum.Enum):
 
 
 class UnknownRoomVersion(ValueError):
-    """Raised when a room version identifier is not one of 1-11.
+    """Raised when a room version identifier is not one of 1-12.
 
     ``identifier`` holds the offending value (which may not even be a string).
     """
@@ -102,7 +117,8 @@ class RoomVersion:
     #: The identifier clients and servers use, e.g. ``"10"``.
     identifier: str
     event_id_format: EventIdFormat
-    #: 1 for the original state resolution algorithm (v1 only), else 2.
+    #: 1 for the original state resolution algorithm (v1 only), else 2
+    #: (v12's 2.1 is a revision of 2: see :attr:`state_res_version`).
     state_res: int
     #: v5+: signing keys must be valid at ``origin_server_ts``.
     enforce_key_validity: bool
@@ -125,6 +141,16 @@ class RoomVersion:
     #: v11+: ``m.room.redaction`` carries ``redacts`` under ``content``
     #: instead of at the top level (MSC2174).
     redacts_in_content: bool
+    #: v12+ (MSC4291): the room ID is ``!`` + the create event's reference
+    #: hash; the create event has no ``room_id`` and is never listed in
+    #: ``auth_events`` (it is implied in every auth chain).
+    room_id_is_create_hash: bool
+    #: v12+ (MSC4289): the creators (create ``sender`` plus
+    #: ``content.additional_creators``) have infinite power and may not be
+    #: listed in the power levels' ``users``.
+    creators_have_infinite_power: bool
+    #: v12+ (MSC4297): state resolution 2.1 rather than 2.
+    state_res_v2_1: bool
 
     #: Top-level keys kept by the redaction algorithm.
     redaction_top_level_keys: frozenset[str]
@@ -148,6 +174,13 @@ class RoomVersion:
             if listed_type == event_type:
                 return keys
         return frozenset()
+
+    @property
+    def state_res_version(self) -> str:
+        """The state resolution algorithm by its spec name: "1", "2" or "2.1"."""
+        if self.state_res_v2_1:
+            return "2.1"
+        return str(self.state_res)
 
     @property
     def event_id_in_pdu(self) -> bool:
@@ -197,7 +230,8 @@ def _content_rules(
 
 
 def _version(number: int) -> RoomVersion:
-    """Derive room version ``number`` from the list of changes in the spec."""
+    """Derive room version ``number`` from the list of changes in the spec
+    (v12's redaction rules are v11's: it changes none of them)."""
     v11 = number >= 11
     if number <= 2:
         event_id_format = EventIdFormat.V1_V2
@@ -219,6 +253,9 @@ def _version(number: int) -> RoomVersion:
         enforce_int_power_levels=number >= 10,
         implicit_room_creator=v11,
         redacts_in_content=v11,
+        room_id_is_create_hash=number >= 12,
+        creators_have_infinite_power=number >= 12,
+        state_res_v2_1=number >= 12,
         redaction_top_level_keys=_TOP_LEVEL_KEYS_V11 if v11 else _TOP_LEVEL_KEYS_V1,
         redaction_content_keys=_content_rules(
             aliases=number <= 5,
@@ -245,6 +282,7 @@ class RoomVersions:
     V9 = _version(9)
     V10 = _version(10)
     V11 = _version(11)
+    V12 = _version(12)
 
 
 def _index(versions: Iterable[RoomVersion]) -> Mapping[str, RoomVersion]:
@@ -265,6 +303,7 @@ KNOWN_ROOM_VERSIONS: Mapping[str, RoomVersion] = _index(
         RoomVersions.V9,
         RoomVersions.V10,
         RoomVersions.V11,
+        RoomVersions.V12,
     )
 )
 

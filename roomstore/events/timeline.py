@@ -42,11 +42,12 @@ from typing import Mapping, Sequence
 
 import attrs
 
+from roomstore.events.hashing import add_derived_ids
 from roomstore.events.read_positions import ReadPositions
 from roomstore.events.reads import EventReader
 from roomstore.events.redaction import redacted_copy
 from roomstore.events.redactions import first_redaction_sql
-from roomstore.events.room_versions import get_room_version
+from roomstore.events.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
 from roomstore.events.tokens import InvalidToken
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners
@@ -158,13 +159,13 @@ def event_from_row(row: Sequence) -> dict:
 
 def _served_event(event_id: str, version: str, raw, redacted, redaction_raw, redaction_id) -> dict:
     """The served dict of an event's stored bytes and its first redaction's."""
-    event = _parse(raw)
-    event.setdefault("event_id", event_id)
+    room_version = KNOWN_ROOM_VERSIONS.get(version)
+    event = add_derived_ids(_parse(raw), event_id, room_version)
     if redacted and redaction_raw is not None:
         redaction = _parse(redaction_raw)
         redaction.setdefault("event_id", redaction_id)
         event = redacted_copy(event, get_room_version(version), redaction)
-        event.setdefault("event_id", event_id)
+        add_derived_ids(event, event_id, room_version)
     return event
 
 

@@ -34,6 +34,17 @@ Decisions not fixed by the spec, and why:
 * ``depth`` must be in [0, 2**63-1] (the spec's maximum; Synapse also rejects
   negative depths).  ``origin_server_ts`` must be an integer; booleans are
   never accepted where an integer is required.
+* **Room version 12 room IDs** (MSC4291).  The create event
+  (``m.room.create`` with state key ``""``) must not carry ``room_id``: its
+  room ID is ``!`` + its reference hash, which :attr:`ParsedPdu.room_id`
+  holds.  One that carries a ``room_id`` is refused, whatever the value (the
+  spec's auth rule 1.2 rejects it, and Synapse will not even parse it; the ID
+  derived from its hash cannot be it either, as the hash covers
+  ``room_id``).  Every other event's ``room_id`` must be a v12 room ID: ``!``
+  + 43 URL-safe base64 characters, no server part.  ``auth_events`` must not
+  list the room's create event (``$`` + the room ID's hash, as Synapse
+  refuses it on receipt): it is implied, see
+  :attr:`ParsedPdu.auth_chain_event_ids`.
 * ``m.room.member`` events need a ``state_key`` and a string
   ``content.membership``; ``redacts`` (top level before v11, in ``content``
   from v11) must be a string when present on an ``m.room.redaction``.
@@ -61,8 +72,10 @@ __all__ = [
     "MAX_IDENTIFIER_BYTES",
     "MAX_PDU_SIZE",
     "ParsedPdu",
+    "create_event_id_of",
     "is_valid_event_id",
     "parse_pdu",
+    "room_id_of_create",
 ]
 
 #: Maximum size of a PDU in bytes (spec "Size limits").
@@ -96,6 +109,8 @@ _EVENT_ID_PATTERNS = {
     EventIdFormat.V3: re.compile(r"\$[A-Za-z0-9+/]{43}", re.ASCII),
     EventIdFormat.V4_PLUS: re.compile(r"\$[A-Za-z0-9_-]{43}", re.ASCII),
 }
+#: A room version 12 room ID: "!" + the create event's reference hash.
+_HASH_ROOM_ID = re.compile(r"![A-Za-z0-9_-]{43}", re.ASCII)
 
 
 class InvalidEventError(ValueError):
@@ -147,6 +162,30 @@ class ParsedPdu:
     def is_state(self) -> bool:
         """True for state events (those with a ``state_key``)."""
         return self.state_key is not None
+
+    @property
+    def is_create(self) -> bool:
+        """True for the room's create event (``m.room.create``, state key ``""``)."""
+        return self.type == "m.room.create" and self.state_key == ""
+
+    @property
+    def auth_chain_event_ids(self) -> tuple[str, ...]:
+        """The event's auth events as its auth chain starts: ``auth_events``,
+        and from room version 12 the room's create event, which is implied
+        and never listed (MSC4291); the create event itself has none."""
+        if self.room_version.room_id_is_create_hash and not self.is_create:
+            return (*self.auth_event_ids, create_event_id_of(self.room_id))
+        return self.auth_event_ids
+
+
+def create_event_id_of(room_id: str) -> str:
+    """The create event ID of a room version 12 room: ``$`` + its room ID's hash."""
+    return "$" + room_id[1:]
+
+
+def room_id_of_create(create_event_id: str) -> str:
+    """The room ID a room version 12 create event makes: ``!`` + its hash."""
+    return "!" + create_event_id[1:]
 
 
 def is_valid_event_id(room_version: RoomVersion, event_id: object) -> bool:
@@ -201,8 +240,16 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
                 f"the limit is {MAX_PDU_SIZE} bytes"
             )
 
+    hashed_room_id = room_version.room_id_is_create_hash
+    is_create = event.get("type") == "m.room.create" and event.get("state_key") == ""
+    if hashed_room_id and is_create and "room_id" in event:
+        raise InvalidEventError(
+            f"the m.room.create event of a room version {room_version.identifier} room must not "
+            "carry 'room_id': the room ID is '!' + the create event's reference hash",
+            "room_id",
+        )
     for key in _REQUIRED_KEYS:
-        if key not in event:
+        if key not in event and not (key == "room_id" and hashed_room_id and is_create):
             raise InvalidEventError(f"PDU is missing required key {key!r}", key)
     if room_version.event_id_in_pdu and "event_id" not in event:
         raise InvalidEventError(
@@ -211,7 +258,15 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
             "event_id",
         )
 
-    room_id = _require_identifier(event, "room_id", sigil="!")
+    room_id = None
+    if not (hashed_room_id and is_create):
+        room_id = _require_identifier(event, "room_id", sigil="" if hashed_room_id else "!")
+        if hashed_room_id and not _HASH_ROOM_ID.fullmatch(room_id):
+            raise InvalidEventError(
+                f"'room_id' must be a room version {room_version.identifier} room ID "
+                f"('!' + 43 URL-safe base64 characters, no server part), got {room_id!r}",
+                "room_id",
+            )
     sender = _require_identifier(event, "sender", sigil="@")
     event_type = _require_identifier(event, "type")
     state_key = None
@@ -229,6 +284,12 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
         )
     prev_event_ids = _event_references(event, "prev_events", room_version)
     auth_event_ids = _event_references(event, "auth_events", room_version)
+    if room_id is not None and hashed_room_id and create_event_id_of(room_id) in auth_event_ids:
+        raise InvalidEventError(
+            f"'auth_events' lists the room's create event {create_event_id_of(room_id)}, which "
+            f"room version {room_version.identifier} implies and forbids listing",
+            "auth_events",
+        )
     _check_hashes(event)
     _check_signatures(event)
     if "unsigned" in event and not isinstance(event["unsigned"], dict):
@@ -255,6 +316,8 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
             event_id = compute_event_id(room_version, event)
         except RecursionError:
             raise InvalidEventError("PDU JSON is nested too deeply") from None
+    if room_id is None:
+        room_id = room_id_of_create(event_id)
 
     membership = None
     if event_type == "m.room.member":
