@@ -38,7 +38,7 @@ def build(server: SynapseServer) -> dict:
     power = alice.get_state(main, "m.room.power_levels")
     power.setdefault("users", {})[bob.user_id] = 50
     alice.state(main, "m.room.power_levels", power)
-    _talk([alice, bob], main, 20, "shared")
+    _talk([alice, bob], main, 30, "shared")
     _hv(alice, main, "invited")
     _talk([alice, bob], main, 10, "invited")
     alice.invite(main, carol.user_id)
@@ -46,7 +46,7 @@ def build(server: SynapseServer) -> dict:
     marks["invited_to_joined"] = _hv(alice, main, "joined")
     _talk([alice, bob], main, 10, "joined, carol still invited")
     carol.join(main)
-    carol_said = _talk([alice, bob, carol], main, 12, "carol in")
+    carol_said = _talk([alice, bob, carol], main, 18, "carol in")
     alice.kick(main, carol.user_id)
     _talk([alice, bob], main, 5, "after the kick")
     alice.invite(main, dave.user_id)
@@ -68,13 +68,13 @@ def build(server: SynapseServer) -> dict:
     alice.unban(main, dave.user_id)
     alice.invite(main, eve.user_id)
     eve.join(main)
-    _talk([alice, eve], main, 10, "eve in")
+    _talk([alice, eve], main, 20, "eve in")
 
     # A v10 room: public, people come and go.
     second = alice.create_room(room_version="10", preset="public_chat", name="second")
     for user in (bob, carol, eve):
         user.join(second)
-    said = _talk([alice, bob, carol, eve], second, 24, "public shared")
+    said = _talk([alice, bob, carol, eve], second, 36, "public shared")
     _hv(alice, second, "joined")
     _talk([alice, bob, carol, eve], second, 12, "public joined")
     carol.leave(second)
@@ -89,7 +89,7 @@ def build(server: SynapseServer) -> dict:
     _talk([alice, bob, dave], second, 12, "public world readable")
     alice.ban(second, bob.user_id, "enough")
     carol.join(second)
-    _talk([alice, carol, dave], second, 10, "carol back")
+    _talk([alice, carol, dave], second, 20, "carol back")
 
     return {
         "rooms": {"main": main, "second": second},
