@@ -50,6 +50,11 @@ class ImportSummary:
     outliers: int = 0
     rejected: int = 0
     backfilled: int = 0
+    #: Events given the state before them from Synapse's state groups (forks).
+    states_from_synapse: int = 0
+    #: Batches written again with Synapse's current state, their rooms'
+    #: forward extremities' states conflicting.
+    current_states_from_synapse: int = 0
     #: Reason (the store's error name) -> events skipped for it.
     skipped: dict[str, int] = attrs.field(factory=dict)
     seconds: float = 0.0
@@ -100,17 +105,18 @@ async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], s
     """Persist one page as one batch; when the store refuses the batch, each
     event on its own so one bad event is reported and the rest imported."""
     items, skipped = await _to_persist(reader, page)
+    summary.states_from_synapse += sum(item.state_before is not None for _, item in items)
     for ev, reason, message in skipped:
         _skip(summary, report, ev, reason, message)
     events = [ev for ev, _ in items]
     batch = [item for _, item in items]
     try:
-        results = await _persist_resolving(store, reader, events, batch)
+        results = await _persist_resolving(store, reader, events, batch, summary)
     except REFUSALS:
         results = []
         for ev, item in items:
             try:
-                results.extend(await _persist_resolving(store, reader, [ev], [item]))
+                results.extend(await _persist_resolving(store, reader, [ev], [item], summary))
             except REFUSALS as exc:
                 _skip(summary, report, ev, type(exc).__name__, str(exc))
                 continue
@@ -127,14 +133,16 @@ async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], s
 
 
 async def _persist_resolving(store, reader: SynapseReader, events: Sequence[SynapseEvent],
-                             batch: Sequence[EventToPersist]) -> list:
+                             batch: Sequence[EventToPersist], summary: ImportSummary) -> list:
     """``persist_events``; where the rooms' forward extremities conflict,
     again with Synapse's current state of each room as of the batch."""
     try:
         return await store.persist_events(batch)
     except ConflictedStateError:
         resolved = await reader.run(_current_states, reader.source, events)
-        return await store.persist_events(batch, resolved_current_state=resolved)
+        results = await store.persist_events(batch, resolved_current_state=resolved)
+        summary.current_states_from_synapse += 1
+        return results
 
 
 def _current_states(source: SynapseSource, events: Sequence[SynapseEvent]) -> dict[str, StateMap]:

@@ -1,9 +1,10 @@
 """The history the import tests make on a real Synapse through its client API.
 
-Two rooms, one at Synapse's default room version (12) and one at 10, with
+Three rooms: one at Synapse's default room version (12) and one at 10, with
 several users: invites, joins, leaves, kicks, bans, history-visibility
 changes through all four settings, topic and power-level changes,
-redactions, and a few hundred messages. ``build`` returns what it made as
+redactions, and a few hundred messages; and a third (v12) whose DAG forks,
+its events sent concurrently, with conflicting topic changes. ``build`` returns what it made as
 JSON (room IDs, users with their access tokens, the events whose visibility
 the tests name) so every test process reads the same history.
 """
@@ -11,6 +12,7 @@ the tests name) so every test process reads the same history.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from tests.synapse_server import SynapseServer, SynapseUser
 
@@ -91,8 +93,28 @@ def build(server: SynapseServer) -> dict:
     carol.join(second)
     _talk([alice, carol, dave], second, 20, "carol back")
 
+    # A room whose DAG forks: messages and topic changes sent concurrently
+    # (Synapse creates up to five events of a room at once), so events have
+    # several prev events and the branches' topics conflict: Synapse resolves
+    # them, roomstore must take its answer.
+    forked = alice.create_room(preset="public_chat", name="forked")
+    for user in (bob, carol):
+        user.join(forked)
+    power = alice.get_state(forked, "m.room.power_levels")
+    power["users"].update({bob.user_id: 100, carol.user_id: 100})
+    alice.state(forked, "m.room.power_levels", power)
+
+    def concurrent(i: int) -> str:
+        user = (alice, bob, carol)[i % 3]
+        if i % 4 == 0:
+            return user.state(forked, "m.room.topic", {"topic": f"topic {i}"})
+        return user.send(forked, f"concurrent {i}")
+
+    with ThreadPoolExecutor(12) as pool:
+        list(pool.map(concurrent, range(90)))
+
     return {
-        "rooms": {"main": main, "second": second},
+        "rooms": {"main": main, "second": second, "forked": forked},
         "users": {name: {"user_id": u.user_id, "token": u.token} for name, u in users.items()},
         "marks": marks,
     }
