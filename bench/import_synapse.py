@@ -15,8 +15,8 @@ room ends in a merge whose branches conflict; the bench's "Synapse" resolves
 it by taking the first branch, as a homeserver's state resolution would pick
 one side, so ``import-synapse`` imports it and ``import`` reports it.
 
-Each import runs as a subprocess (``python -m roomstore.cli``) into a fresh
-store; wall time and the child's peak RSS (``wait4``'s ``ru_maxrss``). The
+Each import runs as a subprocess (``roomstore.cli``) into a fresh store;
+wall time and the child's own peak RSS (``VmHWM`` at its exit). The
 two commands take turns, ``--runs`` times each, medians printed. Then
 ``import-synapse`` alone on databases of growing size (a prefix of the same
 rooms) for its peak RSS.
@@ -80,7 +80,7 @@ class SynapseLayout:
 
     def add_room(self, version: str, events: list[dict], ids: list[str]) -> None:
         room_id = None
-        full: dict[int, dict] = {}  # group -> its full state (the room's live groups)
+        full: collections.OrderedDict[int, dict] = collections.OrderedDict()  # group -> full state, recent ones
         chain: dict[int, int] = {}  # group -> deltas since its snapshot
         after: dict[str, int] = {}
         for event, event_id in zip(events, ids):
@@ -88,6 +88,9 @@ class SynapseLayout:
                 room_id = event.get("room_id") or "!" + event_id[1:]
                 self.rows["rooms"].append((room_id, True, event["sender"], version))
             before_groups = list(dict.fromkeys(after[p] for p in event["prev_events"] if p in after))
+            for g in before_groups:
+                if g is not None:
+                    full.move_to_end(g)
             if len(before_groups) == 1:
                 before = before_groups[0]
             elif not before_groups:
@@ -123,11 +126,8 @@ class SynapseLayout:
             if event["type"] == "m.room.redaction":
                 redacts = event.get("redacts") or event["content"].get("redacts")
                 self.rows["redactions"].append((event_id, redacts, False, event["origin_server_ts"], False))
-            # Keep full states of groups still referenced by the room's leaves only.
-            if len(full) > 512:
-                live = set(list(after.values())[-64:])
-                for g in [g for g in full if g not in live]:
-                    del full[g]
+            while len(full) > 256:  # prev events' groups are recent ones
+                full.popitem(last=False)
         self.flush()
 
     def flush(self) -> None:
@@ -172,22 +172,35 @@ def generated_rooms(total_events: int):
         yield version, current
 
 
+#: Runs ``roomstore.cli`` and, at exit, writes its own peak RSS (``VmHWM``:
+#: this process's memory only; ``wait4``'s ``ru_maxrss`` would also count the
+#: parent's memory at spawn time) to the file named in the environment.
+_MEASURED_CLI = """
+import atexit, os, runpy, sys
+def _peak():
+    with open("/proc/self/status") as f:
+        kib = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["ROOMSTORE_BENCH_HWM_FILE"], "w") as out:
+        out.write(kib)
+atexit.register(_peak)
+sys.argv = ["roomstore"] + sys.argv[1:]
+runpy.run_module("roomstore.cli", run_name="__main__")
+"""
+
+
 def run_measured(args: list[str]) -> tuple[float, int, list[dict]]:
-    """As ``run``, with the child's own peak RSS from ``wait4``."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    out_file = tempfile.TemporaryFile("w+")
-    err_file = tempfile.TemporaryFile("w+")
+    """Wall seconds, peak RSS (KiB) and JSON output lines of a roomstore command."""
+    hwm = tempfile.NamedTemporaryFile(prefix="roomstore-hwm-", delete=False).name
+    env = {**os.environ, "PYTHONPATH": ROOT, "ROOMSTORE_BENCH_HWM_FILE": hwm}
     started = time.monotonic()
-    pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "roomstore.cli", *args], env,
-                         file_actions=[(os.POSIX_SPAWN_DUP2, out_file.fileno(), 1),
-                                       (os.POSIX_SPAWN_DUP2, err_file.fileno(), 2)])
-    _, status, usage = os.wait4(pid, 0)
+    proc = subprocess.run([sys.executable, "-c", _MEASURED_CLI, *args], capture_output=True, text=True, env=env, cwd=ROOT)
     wall = time.monotonic() - started
-    out_file.seek(0)
-    err_file.seek(0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"roomstore {args[0]} failed: {err_file.read().strip()[-500:]}")
-    return wall, usage.ru_maxrss, [json.loads(line) for line in out_file if line.strip()]
+    if proc.returncode != 0:
+        raise SystemExit(f"roomstore {args[0]} failed: {proc.stderr.strip()[-500:]}")
+    with open(hwm) as f:
+        peak = int(f.read())
+    os.remove(hwm)
+    return wall, peak, [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
 
 def main() -> None:

@@ -43,6 +43,8 @@ SUPPORTED_SCHEMA = (84, 94)
 
 #: Ids per ``IN (...)`` list: below SQLite's default limit of bound parameters.
 _CHUNK = 500
+#: Longest state group chain followed; Synapse keeps its chains under 100.
+_MAX_HOPS = 10_000
 
 StateMap = dict[tuple[str, str], str]
 
@@ -232,19 +234,31 @@ class SynapseSource:
 
     def group_state(self, group: int) -> StateMap:
         """The full state of a group: its chain's rows, the nearest group's
-        row winning for each key (Synapse's own reading of its layout)."""
-        state: StateMap = {}
-        seen: set[int] = set()
-        current: int | None = group
-        while current is not None:
-            if current in seen:
-                raise SynapseDatabaseError(f"state group {group}'s chain loops at {current}")
-            seen.add(current)
-            prev, rows = self.group_delta(current)
-            for key, event_id in rows.items():
-                state.setdefault(key, event_id)
-            current = prev
-        return state
+        row winning for each key (Synapse's own reading of its layout). Two
+        statements: the chain (a recursive walk of ``state_group_edges``),
+        then every row of its groups."""
+        chain = [int(g) for g, _ in self._rows(
+            "WITH RECURSIVE chain(state_group, hops) AS ("
+            " SELECT CAST(? AS BIGINT), 0"
+            " UNION ALL SELECT e.prev_state_group, c.hops + 1 FROM state_group_edges AS e"
+            " JOIN chain AS c ON e.state_group = c.state_group WHERE c.hops < ?"
+            ") SELECT state_group, hops FROM chain ORDER BY hops",
+            (group, _MAX_HOPS),
+        )]
+        if len(chain) > _MAX_HOPS:
+            raise SynapseDatabaseError(f"state group {group}'s chain is over {_MAX_HOPS} groups long (a loop?)")
+        nearest = {g: hops for hops, g in enumerate(chain)}
+        best: dict[tuple[str, str], tuple[int, str]] = {}
+        for part in _chunks(chain):
+            for g, event_type, state_key, event_id in self._rows(
+                "SELECT state_group, type, state_key, event_id FROM state_groups_state"
+                f" WHERE state_group IN ({_marks(part)})", part,
+            ):
+                hops = nearest[int(g)]
+                key = (event_type, state_key)
+                if key not in best or hops < best[key][0]:
+                    best[key] = (hops, event_id)
+        return {key: event_id for key, (_, event_id) in best.items()}
 
     def current_state_at(self, room_id: str, stream_ordering: int) -> StateMap:
         """A room's current state as Synapse had it once the event at
