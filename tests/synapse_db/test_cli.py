@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 
+from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
 from tests.synapse_db.history import build
 from tests.synapse_server import SharedHistory, SynapseServer
@@ -106,3 +107,35 @@ class ImportSynapseCliTests:
             self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
             self.assertIn(expected, result.stderr)
             self.assertEqual(result.stdout, "")
+
+    async def test_outliers_and_rejected_events_keep_their_flags(self):
+        """Synapse's flags, set by hand in a copy of its database (a
+        single-server Synapse makes neither): a rejected message in the
+        middle of a room and an outlier at its end are imported as such."""
+        copy = self.frozen_copy()
+        second = self.history["rooms"]["second"]
+        conn = sqlite3.connect(copy)
+        messages = [e for (e,) in conn.execute(
+            "SELECT event_id FROM events WHERE room_id = ? AND type = 'm.room.message' ORDER BY stream_ordering",
+            (second,))]
+        rejected, outlier = messages[len(messages) // 2], messages[-1]
+        conn.execute("INSERT INTO rejections (event_id, reason, last_check) VALUES (?, 'auth_error', '1')", (rejected,))
+        conn.execute("UPDATE events SET rejection_reason = 'auth_error' WHERE event_id = ?", (rejected,))
+        conn.execute("UPDATE events SET outlier = 1 WHERE event_id = ?", (outlier,))
+        conn.execute("DELETE FROM event_to_state_groups WHERE event_id = ?", (outlier,))
+        conn.commit()
+        conn.close()
+        db = self.new_database_url()
+        done = run_cli("import-synapse", "--from", copy, "--db", db, "--rooms", second)
+        summary = lines(done.stdout)[-1]
+        self.assertEqual((summary["outliers"], summary["rejected"], summary["skipped"]), (1, 1, {}), done.stderr)
+        store = await RoomStore.open(db, StoreConfig(read_only=True), create=False)
+        self.addCleanup(store.close)
+        flags = await store.get_event_flags([rejected, outlier])
+        self.assertEqual((flags[rejected].rejected_reason, flags[rejected].outlier), ("auth_error", False))
+        self.assertEqual((flags[outlier].rejected_reason, flags[outlier].outlier), (None, True))
+        verified = run_cli("verify-synapse", "--from", copy, "--db", db, "--rooms", second)
+        self.assertEqual(verified.returncode, 0, verified.stdout)
+        result = lines(verified.stdout)[-1]
+        # Every event checked; the outlier has no state on either side.
+        self.assertEqual(result["events_checked"] - result["states_compared"], 1)
