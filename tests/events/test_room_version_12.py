@@ -240,3 +240,27 @@ class CreatorPowerTests(unittest.TestCase):
         levels = room.events[2].event["content"]
         self.assertEqual(levels["users"], {BOB: 50})
         self.assertEqual(creators_listed(V12, room.events[0].event, levels), [])
+
+
+class BundledSampleAgainstSynapseTests(unittest.TestCase):
+    def test_the_samples_v12_room_agrees_with_synapse(self) -> None:
+        from roomstore.cli import SAMPLE_PATH
+
+        known, make_event, prune_event, *_ = synapse()
+        room_id, count = None, 0
+        with open(SAMPLE_PATH, encoding="utf-8") as handle:
+            for line in handle:
+                obj = json.loads(line)
+                event = obj.get("event", obj)
+                if obj.get("room_version") != "12" and (room_id is None or event.get("room_id") != room_id):
+                    continue
+                theirs = make_event(copy.deepcopy(event), known["12"])
+                ours = parse_pdu(json.dumps(event).encode(), V12)
+                self.assertEqual((ours.event_id, ours.room_id), (theirs.event_id, theirs.room_id))
+                pruned = prune_event(theirs).get_dict()
+                pruned.pop("unsigned", None)
+                self.assertEqual(prune_event_dict(V12, event), pruned)
+                room_id = ours.room_id
+                count += 1
+        # The sample's first room: 800 events of a version 12 room.
+        self.assertEqual(count, 800)
