@@ -14,6 +14,8 @@ from roomstore.events.room_versions import EventIdFormat, RoomVersion
 V3_REF = "$" + "A+/" + "b" * 40
 V4_REF = "$" + "A-_" + "b" * 40
 V1_REF = "$abcdef:example.org"
+#: A room version 12 room ID ("!" + a create event's hash; no such event here).
+V12_ROOM = "!" + "r00m-_" + "d" * 37
 
 
 def reference_for(room_version: RoomVersion, n: int = 0) -> Any:
@@ -35,7 +37,7 @@ def make_pdu(room_version: RoomVersion, **overrides: Any) -> dict[str, Any]:
     """
     drop = overrides.pop("_drop", ())
     pdu: dict[str, Any] = {
-        "room_id": "!room:example.org",
+        "room_id": V12_ROOM if room_version.room_id_is_create_hash else "!room:example.org",
         "sender": "@alice:example.org",
         "type": "m.room.message",
         "content": {"msgtype": "m.text", "body": "hello"},

@@ -10,13 +10,13 @@ from roomstore.events.room_versions import (
 
 
 class KnownRoomVersionsTests(unittest.TestCase):
-    def test_exactly_versions_one_to_eleven_in_order(self) -> None:
-        self.assertEqual(list(KNOWN_ROOM_VERSIONS), [str(n) for n in range(1, 12)])
+    def test_exactly_versions_one_to_twelve_in_order(self) -> None:
+        self.assertEqual(list(KNOWN_ROOM_VERSIONS), [str(n) for n in range(1, 13)])
         for identifier, version in KNOWN_ROOM_VERSIONS.items():
             self.assertEqual(version.identifier, identifier)
 
     def test_namespace_matches_dict(self) -> None:
-        for n in range(1, 12):
+        for n in range(1, 13):
             self.assertIs(getattr(RoomVersions, f"V{n}"), KNOWN_ROOM_VERSIONS[str(n)])
 
     def test_event_id_formats(self) -> None:
@@ -47,16 +47,27 @@ class KnownRoomVersionsTests(unittest.TestCase):
             "redacts_in_content": 11,
             "redaction_create_keeps_all_content": 11,
             "redaction_keeps_third_party_invite_signed": 11,
+            "room_id_is_create_hash": 12,
+            "creators_have_infinite_power": 12,
+            "state_res_v2_1": 12,
         }
-        for n in range(1, 12):
+        for n in range(1, 13):
             version = KNOWN_ROOM_VERSIONS[str(n)]
             for attribute, since in first.items():
                 self.assertEqual(getattr(version, attribute), n >= since, (n, attribute))
             self.assertEqual(version.special_case_aliases_auth, n <= 5, n)
             self.assertEqual(version.state_res, 1 if n == 1 else 2, n)
+            self.assertEqual(version.state_res_version, {1: "1", 12: "2.1"}.get(n, "2"), n)
+
+    def test_v12_redaction_rules_are_v11s(self) -> None:
+        # The spec's v12 page: redactions "unchanged from v11".
+        for attribute in ("redaction_top_level_keys", "redaction_content_keys", "redacts_in_content",
+                          "redaction_create_keeps_all_content", "redaction_keeps_third_party_invite_signed",
+                          "event_id_format", "strict_canonicaljson"):
+            self.assertEqual(getattr(RoomVersions.V12, attribute), getattr(RoomVersions.V11, attribute), attribute)
 
     def test_versions_are_hashable_values(self) -> None:
-        self.assertEqual(len(set(KNOWN_ROOM_VERSIONS.values())), 11)
+        self.assertEqual(len(set(KNOWN_ROOM_VERSIONS.values())), 12)
         with self.assertRaises(AttributeError):
             RoomVersions.V1.identifier = "x"  # type: ignore[misc]
 
@@ -71,10 +82,12 @@ class GetRoomVersionTests(unittest.TestCase):
 
     def test_unknown_string(self) -> None:
         with self.assertRaises(UnknownRoomVersion) as cm:
-            get_room_version("12")
-        self.assertEqual(cm.exception.identifier, "12")
-        self.assertIn("'12'", str(cm.exception))
+            get_room_version("13")
+        self.assertEqual(cm.exception.identifier, "13")
+        self.assertIn("'13'", str(cm.exception))
         self.assertIn("known room versions are: 1, 2, 3", str(cm.exception))
+        self.assertIn(", 11, 12", str(cm.exception))
+        self.assertNotIn("\n", str(cm.exception))
 
     def test_unknown_non_strings(self) -> None:
         for bad in (1, None, b"1", "v1", " 1", "org.matrix.msc3757.11"):
