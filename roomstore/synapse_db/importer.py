@@ -20,7 +20,6 @@ events stream does not move for them.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -83,12 +82,13 @@ async def import_synapse(
     if rooms is not None and not room_list:
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
-    after = None
+    # One page read ahead: Synapse's database is read while the store writes.
+    next_page = reader.run(source.events_page, None, batch_size, selection)
     while True:
-        page: list[SynapseEvent] = await reader.run(source.events_page, after, batch_size, selection)
+        page: list[SynapseEvent] = await next_page
         if not page:
             break
-        after = page[-1].stream_ordering
+        next_page = reader.run(source.events_page, page[-1].stream_ordering, batch_size, selection)
         present = await store.get_event_flags([ev.event_id for ev in page])
         todo = [ev for ev in page if ev.event_id not in present]
         summary.already_present += len(page) - len(todo)
@@ -104,10 +104,8 @@ async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], s
                        report: Report) -> None:
     """Persist one page as one batch; when the store refuses the batch, each
     event on its own so one bad event is reported and the rest imported."""
-    items, skipped = await _to_persist(reader, page)
+    items = await _to_persist(reader, page)
     summary.states_from_synapse += sum(item.state_before is not None for _, item in items)
-    for ev, reason, message in skipped:
-        _skip(summary, report, ev, reason, message)
     events = [ev for ev, _ in items]
     batch = [item for _, item in items]
     try:
@@ -153,48 +151,21 @@ def _current_states(source: SynapseSource, events: Sequence[SynapseEvent]) -> di
     return {room_id: source.current_state_at(room_id, position) for room_id, position in newest.items()}
 
 
-async def _to_persist(reader: SynapseReader, page: Sequence[SynapseEvent]):
-    """(event, ``EventToPersist``) for each event of the page that can be
-    given to the store, and (event, reason, message) for each that cannot."""
-    parsed: dict[str, dict] = {}
-    skipped = []
-    for ev in page:
-        try:
-            obj = json.loads(ev.json)
-        except ValueError as exc:
-            skipped.append((ev, "InvalidEventError", f"Synapse's stored JSON does not parse: {exc}"))
-            continue
-        parsed[ev.event_id] = obj if isinstance(obj, dict) else {}
-    forks = [ev.event_id for ev in page if ev.event_id in parsed and not ev.outlier
-             and len(set(_prev_ids(parsed[ev.event_id]))) > 1]
-    states: Mapping[str, StateMap] = {}
-    if forks:
-        wanted = {ev.event_id: (_state_key_of(parsed[ev.event_id]), ev.rejected_reason is not None)
-                  for ev in page if ev.event_id in forks}
-        states = await reader.run(_states_before, reader.source, wanted)
-    items = []
-    for ev in page:
-        if ev.event_id not in parsed:
-            continue
-        state_before = states.get(ev.event_id)
-        items.append((ev, EventToPersist(
+async def _to_persist(reader: SynapseReader, page: Sequence[SynapseEvent]) -> list[tuple[SynapseEvent, EventToPersist]]:
+    """(event, ``EventToPersist``) for each event of the page; an event with
+    several prev events gets Synapse's state before it where it can be read."""
+    wanted = {
+        ev.event_id: ((ev.event_type, ev.state_key) if ev.state_key is not None else None, ev.rejected_reason is not None)
+        for ev in page if not ev.outlier and ev.prev_count > 1
+    }
+    states: Mapping[str, StateMap] = await reader.run(_states_before, reader.source, wanted) if wanted else {}
+    return [
+        (ev, EventToPersist(
             ev.json, ev.room_version, outlier=ev.outlier, rejected_reason=ev.rejected_reason,
-            backfilled=ev.stream_ordering < 0, state_before=state_before,
-        )))
-    return items, skipped
-
-
-def _prev_ids(obj: dict) -> list[str]:
-    """The prev event IDs of a PDU of any room version (v1/v2 give pairs)."""
-    prevs = obj.get("prev_events")
-    if not isinstance(prevs, list):
-        return []
-    return [p[0] if isinstance(p, list) and p else p for p in prevs if isinstance(p, (str, list))]
-
-
-def _state_key_of(obj: dict) -> tuple[str, str] | None:
-    state_key = obj.get("state_key")
-    return (obj.get("type"), state_key) if isinstance(state_key, str) else None
+            backfilled=ev.stream_ordering < 0, state_before=states.get(ev.event_id),
+        ))
+        for ev in page
+    ]
 
 
 def _states_before(source: SynapseSource, wanted: Mapping[str, tuple[tuple[str, str] | None, bool]]

@@ -8,8 +8,9 @@ by id), so a live Synapse is never held up by a long transaction of ours,
 and memory stays bounded by a page whatever the database's size.
 
 Synapse's layout, as read here:
-* ``events`` (``stream_ordering``, ``event_id``, ``room_id``, ``outlier``)
-  and ``event_json`` (``json``: the event as Synapse stored it);
+* ``events`` (``stream_ordering``, ``event_id``, ``room_id``, ``outlier``,
+  ``type``, ``state_key``), ``event_json`` (``json``: the event as Synapse
+  stored it) and ``event_edges`` (its prev events, counted);
 * ``rooms.room_version``; ``rejections`` (``event_id``, ``reason``);
   ``redactions`` (``event_id`` redacts ``redacts``);
 * state: ``event_to_state_groups`` gives the group of the state *after* an
@@ -65,6 +66,11 @@ class SynapseEvent:
     json: bytes
     outlier: bool
     rejected_reason: str | None
+    event_type: str
+    #: None for an event that is not a state event.
+    state_key: str | None
+    #: How many prev events it names (``event_edges``).
+    prev_count: int
 
 
 def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
@@ -183,7 +189,8 @@ class SynapseSource:
             where.append(f"e.room_id IN ({_marks(rooms)})")
             args.extend(rooms)
         rows = self._rows(
-            "SELECT e.stream_ordering, e.event_id, e.room_id, r.room_version, j.json, e.outlier, rj.reason"
+            "SELECT e.stream_ordering, e.event_id, e.room_id, r.room_version, j.json, e.outlier, rj.reason,"
+            " e.type, e.state_key, (SELECT COUNT(*) FROM event_edges AS ed WHERE ed.event_id = e.event_id)"
             " FROM events AS e"
             " JOIN event_json AS j ON j.event_id = e.event_id"
             " LEFT JOIN rooms AS r ON r.room_id = e.room_id"
@@ -195,9 +202,9 @@ class SynapseSource:
             SynapseEvent(
                 stream_ordering=int(so), event_id=event_id, room_id=room_id, room_version=version or "1",
                 json=raw.encode("utf-8") if isinstance(raw, str) else bytes(raw), outlier=bool(outlier),
-                rejected_reason=reason,
+                rejected_reason=reason, event_type=event_type, state_key=state_key, prev_count=int(prevs),
             )
-            for so, event_id, room_id, version, raw, outlier, reason in rows
+            for so, event_id, room_id, version, raw, outlier, reason, event_type, state_key, prevs in rows
         ]
 
     def redacted_events(self, event_ids: Sequence[str]) -> set[str]:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import threading
 
