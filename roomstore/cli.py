@@ -8,6 +8,7 @@ and logs go to stderr.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -16,17 +17,11 @@ from typing import Any, Callable, Iterator
 
 from twisted.internet import defer, task
 
+from roomstore import cli_synapse
+from roomstore.cli_common import CliError, emit
+
 DEFAULT_DB = "sqlite:///var/roomstore.db"
 SAMPLE_PATH = os.path.join(os.path.dirname(__file__), "data", "sample-rooms.jsonl")
-
-
-def emit(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, sort_keys=True, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
-
-
-class CliError(Exception):
-    """A problem the operator can fix; printed without a traceback."""
 
 
 async def open_store(reactor, args, create: bool = False, read_only: bool = False):
@@ -494,6 +489,8 @@ async def cmd_follow(reactor, args) -> int:
 COMMANDS: dict[str, Callable] = {
     "init": cmd_init,
     "import": cmd_import,
+    "import-synapse": functools.partial(cli_synapse.cmd_import_synapse, open_store=open_store),
+    "verify-synapse": functools.partial(cli_synapse.cmd_verify_synapse, open_store=open_store),
     "state": cmd_state,
     "messages": cmd_messages,
     "sync": cmd_sync,
@@ -527,6 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--redis", help="announce the imported rows on this Redis (redis://host:port) to live followers")
     p.add_argument("--server-name", default="localhost", help="the homeserver's name: the Redis channel")
+    cli_synapse.add_parsers(add)
     p = add("state", "the state at an event")
     p.add_argument("event_id", help="the event whose state to show")
     p.add_argument("--before", action="store_true", help="the state before the event, not after")

@@ -26,7 +26,7 @@ from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
-from roomstore.events.reads import EventReader, room_versions_txn
+from roomstore.events.reads import EventFlags, EventReader, room_versions_txn
 from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
 from roomstore.events.validation import InvalidEventError
 from roomstore.state.groups import (
@@ -331,6 +331,11 @@ class RoomStore:
 
     async def get_events(self, event_ids: Iterable[str], redact: bool = True) -> dict[str, dict]:
         return await self.reader.get_events(list(event_ids), redact=redact)
+
+    async def get_event_flags(self, event_ids: Sequence[str]) -> dict[str, EventFlags]:
+        """Outlier, rejection, redaction and stream position of those of
+        ``event_ids`` that are stored (the others are absent from the result)."""
+        return await self.db.run_interaction("get_event_flags", self.reader.flags_txn, list(event_ids))
 
     async def get_event_json_bytes(self, event_id: str) -> bytes | None:
         return await self.db.run_interaction("get_event_json_bytes", self.reader.json_bytes_txn, event_id)

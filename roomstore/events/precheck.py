@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from roomstore.events.batch import PersistedEvent, PreparedEvent, StateKey, order_batch
+from roomstore.events.batch import PersistedEvent, PreparedEvent, StateDelta, StateKey, order_batch
 from roomstore.events.persist import EventPersister
 from roomstore.events.validation import InvalidEventError, create_event_id_of
 from roomstore.state.merge import find_conflicts, merge_states
@@ -85,8 +85,10 @@ def may_fail_txn(
     interners = persister.interners
     in_batch = {ev.event_id: ev for ev in new}
     graph = [ev for ev in new if not ev.outlier]
-    if any(ev.state_before is not None for ev in graph):
-        return True  # a given state may name an unknown group: let the trial say
+    if any(isinstance(ev.state_before, StateDelta) for ev in graph):
+        return True  # a given delta may name an unknown group: let the trial say
+    # A whole state given for an event (a map) is never refused: it stands in
+    # for the state derived from its prev events below.
     # Prev events neither in the batch nor stored as graph events leave the
     # state underivable.
     if any(in_batch[p].outlier for ev in graph for p in ev.pdu.prev_event_ids if p in in_batch):
@@ -132,21 +134,21 @@ def may_fail_txn(
         return False  # plain chains, one end per room: nothing can conflict
     # Derive the states as the write would, keys and events as nids where
     # interned (a new key or event is its own name: it equals no nid).
+    given = [ev.state_before for ev in graph if ev.state_before is not None]
     key_nids = interners.state_keys.lookup(
         txn, {(ev.pdu.type, ev.pdu.state_key) for ev in graph if ev.pdu.state_key is not None}
+        | {key for state in given for key in state}
     )
-    event_nids = interners.events.lookup(txn, in_batch)
+    event_nids = interners.events.lookup(txn, set(in_batch) | {e for state in given for e in state.values()})
     stored_state = persister.state_groups.get_state
     after: dict[str, dict] = {}
     for ev in order_batch(graph):
-        prevs = list(dict.fromkeys(ev.pdu.prev_event_ids))
-        states = {}
-        for p in prevs:
-            state = after[p] if p in after else stored_state(txn, group_of[prev_nids[p]])
-            states[id(state)] = state
-        if len(states) > 1 and find_conflicts(list(states.values())):
-            return True
-        state = merge_states(list(states.values()))[1] if len(states) > 1 else next(iter(states.values()), {})
+        if ev.state_before is not None:
+            state = {key_nids.get(k, k): event_nids.get(e, e) for k, e in ev.state_before.items()}
+        else:
+            state = _derived_state(txn, ev, after, stored_state, group_of, prev_nids)
+            if state is None:
+                return True
         if ev.pdu.state_key is not None and not ev.rejected_reason:
             key = (ev.pdu.type, ev.pdu.state_key)
             state = {**state, key_nids.get(key, key): event_nids.get(ev.event_id, ev.event_id)}
@@ -202,3 +204,15 @@ def check_create_events_txn(txn: Transaction, interners: Interners, events: Sequ
                 "its create event's hash",
                 "room_id",
             )
+
+
+def _derived_state(txn, ev: PreparedEvent, after: Mapping[str, dict], stored_state, group_of, prev_nids) -> dict | None:
+    """The state before ``ev`` as the write derives it from its prev events
+    (in the batch or stored), or None where their states conflict."""
+    states = {}
+    for p in dict.fromkeys(ev.pdu.prev_event_ids):
+        state = after[p] if p in after else stored_state(txn, group_of[prev_nids[p]])
+        states[id(state)] = state
+    if len(states) > 1 and find_conflicts(list(states.values())):
+        return None
+    return merge_states(list(states.values()))[1] if len(states) > 1 else next(iter(states.values()), {})

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
+import attrs
+
 from roomstore.events.hashing import add_derived_ids
 from roomstore.events.redaction import redacted_copy
 from roomstore.events.redactions import redactions_of_txn
@@ -42,6 +44,17 @@ def room_versions_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, st
         ).fetchall():
             result[room_id] = version
     return result
+
+
+@attrs.frozen
+class EventFlags:
+    """What the store knows of a stored event beside its JSON."""
+
+    outlier: bool
+    rejected_reason: str | None
+    #: A redaction of it, in its room, is stored too.
+    redacted: bool
+    stream_ordering: int
 
 
 class EventReader:
@@ -155,6 +168,21 @@ class EventReader:
         if redacted:
             self._apply_redactions(txn, result, by_nid, redacted)
         return result
+
+    def flags_txn(self, txn: Transaction, event_ids: Sequence[str]) -> dict[str, "EventFlags"]:
+        """The stored flags of those of ``event_ids`` that are stored (no JSON read)."""
+        nids = self.interners.events.lookup(txn, event_ids)
+        by_nid = {n: e for e, n in nids.items()}
+        flags: dict[str, EventFlags] = {}
+        for part in chunks(sorted(by_nid)):
+            marks = ", ".join("?" for _ in part)
+            for nid, outlier, rejected, redacted, stream in txn.execute(
+                "SELECT event_nid, outlier, rejected_reason, redacted, stream_ordering"
+                f" FROM events WHERE event_nid IN ({marks})",
+                list(part),
+            ).fetchall():
+                flags[by_nid[nid]] = EventFlags(bool(outlier), rejected, bool(redacted), stream)
+        return flags
 
     def _apply_redactions(self, txn, result, by_nid, redacted: Mapping[int, str]) -> None:
         done = set()

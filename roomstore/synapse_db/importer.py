@@ -1,0 +1,197 @@
+"""Import a Synapse database's rooms into a ``RoomStore``.
+
+Events go in Synapse's stream order, a page at a time (memory is bounded by
+the page, whatever the database's size), each with the JSON Synapse stored,
+byte for byte, its room's version, and Synapse's flags: outliers stay
+outliers, rejected events keep their reason, backfilled events (negative
+stream orderings) are stored as backfilled. Redactions are events like any
+other: the store flags their targets itself.
+
+roomstore does no state resolution, so where the DAG forks Synapse's answer
+is taken: an event with several prev events is given the state before it from
+Synapse's state groups, and a batch whose rooms' forward extremities conflict
+is written again with Synapse's current state as of that batch as the
+resolved current state.
+
+A rerun asks the store which events of each page it holds already and skips
+them (counted as ``already_present``): nothing is stored twice and the
+events stream does not move for them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import attrs
+
+from roomstore.events.batch import EventToPersist
+from roomstore.events.persist import MissingStateError
+from roomstore.events.room_versions import UnknownRoomVersion
+from roomstore.events.validation import InvalidEventError
+from roomstore.state.merge import ConflictedStateError
+from roomstore.synapse_db.reader import SynapseReader
+from roomstore.synapse_db.source import StateMap, SynapseEvent, SynapseSource
+
+#: What makes the store refuse an event or a batch: reported, never fatal.
+REFUSALS = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
+
+Report = Callable[[dict], None]
+
+
+@attrs.define
+class ImportSummary:
+    """What one ``import-synapse`` run did (its JSON summary line)."""
+
+    rooms: int = 0
+    events: int = 0
+    already_present: int = 0
+    outliers: int = 0
+    rejected: int = 0
+    backfilled: int = 0
+    #: Events given the state before them from Synapse's state groups (forks).
+    states_from_synapse: int = 0
+    #: Batches written again with Synapse's current state, their rooms'
+    #: forward extremities' states conflicting.
+    current_states_from_synapse: int = 0
+    #: Reason (the store's error name) -> events skipped for it.
+    skipped: dict[str, int] = attrs.field(factory=dict)
+    seconds: float = 0.0
+
+    def as_json(self) -> dict:
+        return attrs.asdict(self)
+
+
+async def import_synapse(
+    store: Any,
+    reader: SynapseReader,
+    rooms: Sequence[str] | None = None,
+    batch_size: int = 500,
+    report: Report | None = None,
+    progress: Any = None,
+) -> ImportSummary:
+    """Import ``rooms`` (default: every room) of the Synapse database behind
+    ``reader`` into ``store``. ``report`` receives one dict per skipped event;
+    ``progress``, a bar, is updated per page."""
+    started = time.monotonic()
+    source = reader.source
+    summary = ImportSummary()
+    room_list = await reader.run(source.room_ids, rooms)
+    summary.rooms = len(room_list)
+    selection = None if rooms is None else room_list
+    if rooms is not None and not room_list:
+        summary.seconds = round(time.monotonic() - started, 3)
+        return summary
+    # One page read ahead: Synapse's database is read while the store writes.
+    next_page = reader.run(source.events_page, None, batch_size, selection)
+    while True:
+        page: list[SynapseEvent] = await next_page
+        if not page:
+            break
+        next_page = reader.run(source.events_page, page[-1].stream_ordering, batch_size, selection)
+        present = await store.get_event_flags([ev.event_id for ev in page])
+        todo = [ev for ev in page if ev.event_id not in present]
+        summary.already_present += len(page) - len(todo)
+        if todo:
+            await _import_page(store, reader, todo, summary, report or (lambda item: None))
+        if progress is not None:
+            progress.update(len(page))
+    summary.seconds = round(time.monotonic() - started, 3)
+    return summary
+
+
+async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], summary: ImportSummary,
+                       report: Report) -> None:
+    """Persist one page as one batch; when the store refuses the batch, each
+    event on its own so one bad event is reported and the rest imported."""
+    items = await _to_persist(reader, page)
+    summary.states_from_synapse += sum(item.state_before is not None for _, item in items)
+    events = [ev for ev, _ in items]
+    batch = [item for _, item in items]
+    try:
+        results = await _persist_resolving(store, reader, events, batch, summary)
+    except REFUSALS:
+        results = []
+        for ev, item in items:
+            try:
+                results.extend(await _persist_resolving(store, reader, [ev], [item], summary))
+            except REFUSALS as exc:
+                _skip(summary, report, ev, type(exc).__name__, str(exc))
+                continue
+    by_id = {ev.event_id: ev for ev in events}
+    for result in results:
+        if result.already_persisted:
+            summary.already_present += 1
+            continue
+        ev = by_id[result.event_id]
+        summary.events += 1
+        summary.outliers += ev.outlier
+        summary.rejected += ev.rejected_reason is not None
+        summary.backfilled += ev.stream_ordering < 0
+
+
+async def _persist_resolving(store, reader: SynapseReader, events: Sequence[SynapseEvent],
+                             batch: Sequence[EventToPersist], summary: ImportSummary) -> list:
+    """``persist_events``; where the rooms' forward extremities conflict,
+    again with Synapse's current state of each room as of the batch."""
+    try:
+        return await store.persist_events(batch)
+    except ConflictedStateError:
+        resolved = await reader.run(_current_states, reader.source, events)
+        results = await store.persist_events(batch, resolved_current_state=resolved)
+        summary.current_states_from_synapse += 1
+        return results
+
+
+def _current_states(source: SynapseSource, events: Sequence[SynapseEvent]) -> dict[str, StateMap]:
+    """Synapse's current state of each room of ``events`` as of the newest of them."""
+    newest: dict[str, int] = {}
+    for ev in events:
+        newest[ev.room_id] = max(newest.get(ev.room_id, ev.stream_ordering), ev.stream_ordering)
+    return {room_id: source.current_state_at(room_id, position) for room_id, position in newest.items()}
+
+
+async def _to_persist(reader: SynapseReader, page: Sequence[SynapseEvent]) -> list[tuple[SynapseEvent, EventToPersist]]:
+    """(event, ``EventToPersist``) for each event of the page; an event with
+    several prev events gets Synapse's state before it where it can be read."""
+    wanted = {
+        ev.event_id: ((ev.event_type, ev.state_key) if ev.state_key is not None else None, ev.rejected_reason is not None)
+        for ev in page if not ev.outlier and ev.prev_count > 1
+    }
+    states: Mapping[str, StateMap] = await reader.run(_states_before, reader.source, wanted) if wanted else {}
+    return [
+        (ev, EventToPersist(
+            ev.json, ev.room_version, outlier=ev.outlier, rejected_reason=ev.rejected_reason,
+            backfilled=ev.stream_ordering < 0, state_before=states.get(ev.event_id),
+        ))
+        for ev in page
+    ]
+
+
+def _states_before(source: SynapseSource, wanted: Mapping[str, tuple[tuple[str, str] | None, bool]]
+                   ) -> dict[str, StateMap]:
+    """Synapse's state before each event where it can be read: its state
+    group is the state after it; for an accepted state event Synapse stores
+    that group as a one-row delta (the event itself) on the group of the
+    state before it. Where neither holds (no group; a group rewritten by a
+    compressor) the event is left out and the store derives its state from
+    its prev events, refusing it if they conflict."""
+    groups = source.state_groups_of(list(wanted))
+    found: dict[str, StateMap] = {}
+    for event_id, (key, rejected) in wanted.items():
+        group = groups.get(event_id)
+        if group is None:
+            continue
+        if key is None or rejected:
+            found[event_id] = source.group_state(group)
+            continue
+        prev, rows = source.group_delta(group)
+        if prev is not None and rows == {key: event_id}:
+            found[event_id] = source.group_state(prev)
+    return found
+
+
+def _skip(summary: ImportSummary, report: Report, ev: SynapseEvent, reason: str, message: str) -> None:
+    summary.skipped[reason] = summary.skipped.get(reason, 0) + 1
+    report({"event_id": ev.event_id, "room_id": ev.room_id, "stream_ordering": ev.stream_ordering,
+            "error": reason, "message": message})
