@@ -7,8 +7,8 @@ The Synapse database: a real Synapse (matrix-synapse 1.163.2 from
 migrations create the schema, and stopped. Rooms from roomstore's generator
 (``roomstore.sample``: rooms at versions 12, 11, 9, 10 and 6, membership
 churn, redactions, forks that merge) are then written into Synapse's tables
-as Synapse lays them out: ``events``, ``event_json`` (the JSON), ``rooms``,
-``redactions``, and state groups (a one-row delta on the state before for
+as Synapse lays them out: ``events``, ``event_json`` (the JSON),
+``event_edges``, ``rooms``, ``redactions``, and state groups (a one-row delta on the state before for
 each state event, a snapshot where a chain reaches 100 or branches merge,
 ``event_to_state_groups`` pointing at the state after each event). The last
 room ends in a merge whose branches conflict; the bench's "Synapse" resolves
@@ -123,6 +123,7 @@ class SynapseLayout:
             ))
             self.rows["event_json"].append((event_id, room_id, "{}", json.dumps(event, separators=(",", ":")), 3))
             self.rows["event_to_state_groups"].append((event_id, group))
+            self.rows["event_edges"].extend((event_id, p, room_id, False) for p in event["prev_events"])
             if event["type"] == "m.room.redaction":
                 redacts = event.get("redacts") or event["content"].get("redacts")
                 self.rows["redactions"].append((event_id, redacts, False, event["origin_server_ts"], False))
@@ -139,6 +140,7 @@ class SynapseLayout:
                       " origin_server_ts, received_ts, sender, instance_name, state_key",
             "event_json": "event_id, room_id, internal_metadata, json, format_version",
             "event_to_state_groups": "event_id, state_group",
+            "event_edges": "event_id, prev_event_id, room_id, is_state",
             "state_groups": "id, room_id, event_id",
             "state_group_edges": "state_group, prev_state_group",
             "state_groups_state": "state_group, room_id, type, state_key, event_id",
@@ -210,6 +212,7 @@ def main() -> None:
     parser.add_argument("--engines", default="sqlite", help="roomstore engines to import into (sqlite,postgres)")
     parser.add_argument("--batch-size", type=int, default=500, help="events per transaction, both commands")
     parser.add_argument("--growth", default="0.25,0.5,1", help="fractions of --events for the RSS-as-it-grows runs")
+    parser.add_argument("--growth-only", action="store_true", help="only the RSS-as-it-grows runs")
     args = parser.parse_args()
     admin = os.environ.get("ROOMSTORE_BENCH_POSTGRES")
     if not admin:
@@ -236,6 +239,14 @@ def main() -> None:
     largest_url, largest_count = synapse_dbs[sizes[-1]]
     print(f"  done in {time.monotonic() - started:.0f} s; largest: {largest_count:,} events in {len(rooms)} rooms")
 
+    engines = [e for e in bench_databases() if e[0] in args.engines.split(",")]
+    if not args.growth_only:
+        compare(args, engines, largest_url, largest_count)
+    growth(args, engines[0], sizes, synapse_dbs)
+
+
+def compare(args, engines, largest_url: str, largest_count: int) -> None:
+    """Both commands on the largest database, taking turns."""
     # The same events as JSON lines, read back from the Synapse database.
     from roomstore.synapse_db.source import SynapseSource
 
@@ -250,7 +261,6 @@ def main() -> None:
             after = page[-1].stream_ordering
     source.close()
 
-    engines = [e for e in bench_databases() if e[0] in args.engines.split(",")]
     rows = []
     for engine, new_url in engines:
         samples = {"import-synapse": [], "import": []}
@@ -275,15 +285,19 @@ def main() -> None:
     print(f"\nImport of {largest_count:,} events: medians of {args.runs} runs, the two commands taking turns")
     print_table(["engine", "command", "events stored", "wall s", "events/s", "peak RSS MiB", "runs (s)"], rows)
 
+
+def growth(args, engine_and_url, sizes, synapse_dbs) -> None:
+    """``import-synapse``'s peak RSS on databases of growing size."""
     growth = []
-    engine, new_url = engines[0]
+    engine, new_url = engine_and_url
     for size in sizes:
         url, count = synapse_dbs[size]
         wall, rss, out = run_measured(["import-synapse", "--from", url, "--db", new_url(),
                                        "--batch-size", str(args.batch_size)])
-        growth.append((f"{count:,}", out[-1]["events"], wall, out[-1]["events"] / wall, rss / 1024))
+        growth.append((f"{count:,}", out[-1]["events"], out[-1]["states_from_synapse"], wall, out[-1]["events"] / wall,
+                       rss / 1024))
     print(f"\nimport-synapse's peak RSS as the Synapse database grows ({engine})")
-    print_table(["Synapse events", "events stored", "wall s", "events/s", "peak RSS MiB"], growth)
+    print_table(["Synapse events", "events stored", "states from Synapse", "wall s", "events/s", "peak RSS MiB"], growth)
 
 
 if __name__ == "__main__":
