@@ -304,14 +304,11 @@ class RedisReplication:
         defer.ensureDeferred(self._catch_up_from_database()).addErrback(
             lambda f: log.failure("redis replication: catching up from the database failed", f))
         for name in self.own_streams:
-            # Our rows since the last announcement are not sent: readers
-            # behind this position fill the gap from the database.
-            position = self.store.generators[name].get_current_token_for_writer(self.instance_name)
             if name in self._replay:
                 self._announced[name] = self._replay.pop(name)
+                self._publish_position(name)
             else:
-                self._announced[name] = max(self._announced[name], position)
-            self._publish_position(name)
+                self._publish_current_position(name)
             self._schedule_announce(name)
         log.info("redis replication: connected to {address}", address=self.address.describe())
         waiters, self._ready_waiters = self._ready_waiters, []
@@ -338,6 +335,20 @@ class RedisReplication:
     def _publish_position(self, name: str) -> None:
         token = self._announced[name]
         self._publish(PositionCommand(name, self.instance_name, token, token))
+
+    def _publish_current_position(self, name: str) -> None:
+        """``POSITION`` at our generator's position, not at the last token
+        whose rows went out: that lags while ``_announce`` reads the new rows,
+        and the generator may have persisted its position meanwhile (an idle
+        writer moved up by another's, or a batch's own transaction), which a
+        reader catches up to from the database; an answer from the lagging
+        token would step back below it (issue 24). Our rows since the last
+        announcement are then not sent as RDATA: a reader behind this position
+        fills the gap from the database, and ``_announce``, finding
+        ``_announced`` moved, stops."""
+        position = self.store.generators[name].get_current_token_for_writer(self.instance_name)
+        self._announced[name] = max(self._announced[name], position)
+        self._publish_position(name)
 
     def _stream_advanced(self, name: str) -> None:
         if name in self._announced:
@@ -367,7 +378,7 @@ class RedisReplication:
                     updates, upto, limited = await stream.get_updates(self.instance_name, start, target,
                                                                       self.page_size)
                     if not self.ready or self._announced[name] != start:
-                        break  # reconnected meanwhile: the POSITION sent then covers it
+                        break  # a POSITION at our position went out meanwhile (connect, REPLICATE): it covers these
                     sent = []
                     for index, (token, row) in enumerate(updates):
                         last_of_token = index + 1 == len(updates) or updates[index + 1][0] != token
@@ -419,7 +430,7 @@ class RedisReplication:
         try:
             if isinstance(cmd, ReplicateCommand):
                 for name in self.own_streams:
-                    self._publish_position(name)
+                    self._publish_current_position(name)
             elif isinstance(cmd, PositionCommand):
                 if self._is_other_writer(cmd.stream_name, cmd.instance_name):
                     self._synced.add((cmd.stream_name, cmd.instance_name))
