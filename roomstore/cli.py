@@ -208,21 +208,53 @@ async def cmd_import(reactor, args) -> int:
     return 1 if summary["failed"] and args.strict else 0
 
 
+def redis_tls(args):
+    """The ``ClientTLS`` of ``--redis-ca``/``--redis-cert``/``--redis-key``
+    (None without them); they need a ``rediss://`` URL."""
+    from roomstore.replication.tls import ClientTLS
+
+    files = (getattr(args, "redis_ca", None), getattr(args, "redis_cert", None), getattr(args, "redis_key", None))
+    if not any(files):
+        return None
+    if not (getattr(args, "redis", None) or "").startswith("rediss://"):
+        raise CliError("--redis-ca, --redis-cert and --redis-key are for TLS: give --redis rediss://HOST:PORT")
+    try:
+        return ClientTLS(*files)
+    except ValueError as exc:
+        raise CliError(str(exc).replace("its certificate file and its key file", "--redis-cert and --redis-key"))
+
+
+def redis_shown(url: str) -> str:
+    """A Redis URL as an error may show it: without its password."""
+    from roomstore.replication.redis import parse_redis_url
+
+    try:
+        return parse_redis_url(url).describe()
+    except ValueError:
+        return "the Redis URL"
+
+
 async def connect_redis(reactor, store, args, timeout: float = 15.0):
     """``store`` on the Redis bus of ``--redis`` (channel ``--server-name``), connected."""
+    from roomstore.replication.redis import RedisRefused
     from roomstore.replication.service import start_redis
 
     try:
-        redis = start_redis(store, args.redis, args.server_name or "localhost", reactor)
+        redis = start_redis(store, args.redis, args.server_name or "localhost", reactor, redis_tls(args))
     except ValueError as exc:
         raise CliError(str(exc)) from None
     ready = redis.when_ready()
     timer = reactor.callLater(timeout, ready.cancel)
     try:
         await ready
-    except defer.CancelledError:
+    except (defer.CancelledError, RedisRefused) as exc:
         await redis.stop()
-        raise CliError(f"cannot reach Redis at {args.redis} within {timeout:.0f}s: is redis-server running there?")
+        if isinstance(exc, RedisRefused):
+            timer.cancel()
+            raise CliError(str(exc)) from None
+        tls = " (TLS: does its certificate match the host and --redis-ca?)" if redis.tls is not None else ""
+        raise CliError(f"cannot reach Redis at {redis_shown(args.redis)} within {timeout:.0f}s:"
+                       f" is redis-server running there?{tls}") from None
     timer.cancel()
     return redis
 
@@ -235,7 +267,7 @@ async def flush_redis(reactor, redis, args, timeout: float = 60.0) -> None:
         await flushed
         timer.cancel()
     except defer.CancelledError:
-        sys.stderr.write(f"roomstore import: Redis at {args.redis} unreachable for {timeout:.0f}s: the rows are"
+        sys.stderr.write(f"roomstore import: Redis at {redis_shown(args.redis)} unreachable for {timeout:.0f}s: the rows are"
                          f" stored, but followers see them only once instance {args.instance!r} is heard again"
                          " (its next start) or they restart\n")
 
@@ -401,31 +433,39 @@ async def cmd_serve(reactor, args) -> int:
     from roomstore.replication import ReplicationConfig
     from roomstore.replication.service import ReplicationServerService, read_secret_file, run_service
 
+    from roomstore.replication.tls import TLSConfigError
+
     try:
         secret = read_secret_file(args.secret_file) if args.secret_file else None
     except (OSError, ValueError) as exc:
         raise CliError(f"secret file: {exc}") from None
     if args.max_line_length is not None and args.max_line_length < 1:
         raise CliError("--max-line-length must be a positive number of bytes")
-    service = ReplicationServerService(
-        args.db,
-        port=args.replication_port,
-        bind=args.bind,
-        server_name=args.server_name,
-        instance_name=args.instance,
-        secret=secret,
-        metrics_port=args.metrics_port,
-        store_config=serve_store_config(args),
-        redis_url=args.redis,
-        config=ReplicationConfig() if args.max_line_length is None
-        else ReplicationConfig(max_line_length=args.max_line_length),
-        reactor=reactor,
-    )
+    try:
+        service = ReplicationServerService(
+            args.db,
+            port=args.replication_port,
+            bind=args.bind,
+            server_name=args.server_name,
+            instance_name=args.instance,
+            secret=secret,
+            metrics_port=args.metrics_port,
+            store_config=serve_store_config(args),
+            redis_url=args.redis,
+            redis_tls=redis_tls(args),
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            config=ReplicationConfig() if args.max_line_length is None
+            else ReplicationConfig(max_line_length=args.max_line_length),
+            reactor=reactor,
+        )
+    except TLSConfigError as exc:
+        raise CliError(str(exc)) from None
 
     def started() -> None:
         address = service.port.getHost()
         serving = {"host": address.host, "port": address.port, "server_name": args.server_name,
-                   "secret": bool(secret)}
+                   "secret": bool(secret), "tls": service.tls is not None}
         if service.metrics_port_listener is not None:
             serving["metrics_port"] = service.metrics_port_listener.getHost().port
         emit({"serving": serving, "positions": {n: g.get_positions() for n, g in service.store.generators.items()}})
@@ -446,9 +486,16 @@ async def cmd_follow(reactor, args) -> int:
 
     if (args.server is None) == (args.redis is None):
         raise CliError("give --server HOST:PORT (TCP) or --redis URL, one of them")
+    from roomstore.replication.tls import ClientTLS
+
+    if args.tls_ca and not args.server:
+        raise CliError("--tls-ca is for --server (TCP); for Redis over TLS give --redis rediss://... --redis-ca FILE")
     try:
         host, port = parse_host_port(args.server) if args.server else (None, None)
         secret = read_secret_file(args.secret_file) if args.secret_file else None
+        tls = ClientTLS(args.tls_ca) if args.tls_ca else redis_tls(args)
+        if tls is not None:
+            tls.options(host or "localhost")  # a file that cannot be used stops the start here, in one line
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
 
@@ -475,6 +522,7 @@ async def cmd_follow(reactor, args) -> int:
         redis_url=args.redis,
         stream_writers=stream_writers(args),
         metrics_port=args.metrics_port,
+        tls=tls,
         reactor=reactor,
     )
 
@@ -482,7 +530,8 @@ async def cmd_follow(reactor, args) -> int:
         resume: dict[str, dict[str, int]] = {}
         for (stream, instance), token in sorted(service.resumed_from.items()):
             resume.setdefault(stream, {})[instance] = token
-        following = {"following": args.redis or f"{host}:{port}", "name": args.name, "resume": resume}
+        following = {"following": redis_shown(args.redis) if args.redis else f"{host}:{port}", "name": args.name,
+                     "resume": resume, "tls": tls is not None or bool(args.redis and args.redis.startswith("rediss:"))}
         if service.metrics_port_listener is not None:
             following["metrics_port"] = service.metrics_port_listener.getHost().port
         emit(following)
@@ -519,14 +568,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-v", "--verbose", action="store_true", help="log at info level to stderr")
         return p
 
+    def add_redis_tls(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--redis-ca", metavar="FILE", help="with --redis rediss://...: trust this CA (PEM;"
+                       " default: the system's)")
+        p.add_argument("--redis-cert", metavar="FILE", help="with rediss://: a client certificate (PEM)")
+        p.add_argument("--redis-key", metavar="FILE", help="the private key of --redis-cert (PEM)")
+
     add("init", "create or upgrade the schema; print schema version and stream positions")
     p = add("import", "import events from a JSON-lines file")
     p.add_argument("file", help="JSON lines: one event a line, a bare PDU or {\"room_version\": ..., \"event\": {...}}")
     p.add_argument("--batch-size", type=int, default=100, help="events persisted per transaction (default 100)")
     p.add_argument("--strict", action="store_true", help="exit 1 if any event failed")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
-    p.add_argument("--redis", help="announce the imported rows on this Redis (redis://host:port) to live followers")
+    p.add_argument("--redis", help="announce the imported rows on this Redis (redis://[:PASSWORD@]host:port;"
+                   " rediss:// for TLS) to live followers")
     p.add_argument("--server-name", default="localhost", help="the homeserver's name: the Redis channel")
+    add_redis_tls(p)
     p = add("state", "the state at an event")
     p.add_argument("event_id", help="the event whose state to show")
     p.add_argument("--before", action="store_true", help="the state before the event, not after")
@@ -562,13 +619,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-name", default="localhost", help="the name sent to workers in SERVER")
     p.add_argument("--secret-file", help="require AUTH with the secret on this file's first line")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on /metrics")
-    p.add_argument("--redis", help="also replicate over this Redis (redis://host:port), channel --server-name")
+    p.add_argument("--redis", help="also replicate over this Redis (redis://[:PASSWORD@]host:port; rediss:// for TLS),"
+                   " channel --server-name")
+    add_redis_tls(p)
+    p.add_argument("--tls-cert", metavar="FILE", help="serve over TLS with this certificate (PEM; with --tls-key)")
+    p.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
     p.add_argument("--max-line-length", type=int, default=None, metavar="BYTES",
                    help="longest replication line sent or accepted, in bytes (default 16384, Synapse's limit;"
                         " a longer cache invalidation is split over several lines)")
     p = add("follow", "follow a replication server into a worker store, printing applied rows (runs until stopped)")
     p.add_argument("--server", help="the replication server, HOST:PORT (or --redis)")
-    p.add_argument("--redis", help="follow every writer over this Redis (redis://host:port), channel --server-name")
+    p.add_argument("--redis", help="follow every writer over this Redis (redis://[:PASSWORD@]host:port;"
+                   " rediss:// for TLS), channel --server-name")
+    add_redis_tls(p)
+    p.add_argument("--tls-ca", metavar="FILE", help="connect to --server over TLS, trusting this CA (PEM)")
     p.add_argument("--name", default="worker1", help="this worker's instance name (--instance is not used)")
     p.add_argument("--writer", default="master", help="the instance writing the streams (default master)")
     p.add_argument("--server-name", default=None,

@@ -61,8 +61,9 @@ from roomstore.replication.commands import (
 from roomstore.replication.follower import StreamFollower, StreamPositions
 from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.store_streams import STORE_STREAMS, StoreReplicationHandler, wire_server
+from roomstore.replication.tls import ClientTLS
 
-__all__ = ["RedisAddress", "RedisReplication", "parse_redis_url"]
+__all__ = ["RedisAddress", "RedisRefused", "RedisReplication", "parse_redis_url"]
 
 log = Logger()
 
@@ -72,24 +73,35 @@ class RedisAddress:
     host: str
     port: int = 6379
     dbid: int | None = None
-    password: str | None = None
+    password: str | None = attrs.field(default=None, repr=False)
+    #: ``rediss://``: TLS to the server.
+    tls: bool = False
 
     def describe(self) -> str:
-        return f"redis://{self.host}:{self.port}" + (f"/{self.dbid}" if self.dbid is not None else "")
+        """The URL without the password."""
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{self.host}:{self.port}" + (f"/{self.dbid}" if self.dbid is not None else "")
 
 
 def parse_redis_url(url: str) -> RedisAddress:
-    """``redis://[:password@]host[:port][/db]``; raises ValueError with what to write."""
+    """``redis[s]://[:password@]host[:port][/db]`` (``rediss``: over TLS);
+    raises ValueError with what to write (never repeating the password)."""
     parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme != "redis" or not parsed.hostname:
-        raise ValueError(f"Redis URL {url!r} is not of the form redis://host:port")
+    if parsed.scheme not in ("redis", "rediss") or not parsed.hostname:
+        shown = url if parsed.password is None else url.replace(parsed.password, "***")
+        raise ValueError(f"Redis URL {shown!r} is not of the form redis://[:PASSWORD@]host:port or rediss://...")
     try:
         port = parsed.port or 6379
         path = parsed.path.strip("/")
         dbid = int(path) if path else None
     except ValueError:
-        raise ValueError(f"Redis URL {url!r}: bad port or database number") from None
-    return RedisAddress(parsed.hostname, port, dbid, parsed.password)
+        raise ValueError(f"Redis URL {parsed.hostname}: bad port or database number") from None
+    password = urllib.parse.unquote(parsed.password) if parsed.password is not None else None
+    return RedisAddress(parsed.hostname, port, dbid, password, parsed.scheme == "rediss")
+
+
+class RedisRefused(RuntimeError):
+    """The Redis server refused our password (or database number)."""
 
 
 class _Reporting:
@@ -108,6 +120,26 @@ class _Reporting:
         super().delConnection(conn)  # type: ignore[misc]
         self.owner._connection_down(self.role, conn)  # type: ignore[attr-defined]
 
+    def connectionError(self, why: str) -> None:
+        # txredisapi gave up: AUTH or SELECT refused (it stops retrying).
+        super().connectionError(why)  # type: ignore[misc]
+        self.owner._connection_refused(why)  # type: ignore[attr-defined]
+
+
+class _TLSEndpoint:
+    """TLS over another client endpoint, handing the Redis protocol (not the
+    TLS wrapper) to txredisapi's connection slots."""
+
+    def __init__(self, wrapped: Any, options: Any) -> None:
+        self.wrapped = wrapped
+        self.options = options
+
+    def connect(self, factory: Any) -> defer.Deferred:
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+
+        d = self.wrapped.connect(TLSMemoryBIOFactory(self.options, True, factory))
+        return d.addCallback(lambda protocol: protocol.wrappedProtocol)
+
 
 class _Publisher(_Reporting, txredisapi.RedisFactory):
     """One connection for PUBLISH."""
@@ -118,6 +150,7 @@ class _Publisher(_Reporting, txredisapi.RedisFactory):
         txredisapi.RedisFactory.__init__(self, address.describe(), address.dbid, 1, isLazy=True,
                                          password=address.password, convertNumbers=False)
         self.owner = owner
+        self.deferred.addErrback(lambda f: None)  # a refusal is reported through the owner
 
 
 class _SubscriberProtocol(txredisapi.SubscriberProtocol):
@@ -135,6 +168,7 @@ class _Subscriber(_Reporting, txredisapi.SubscriberFactory):
         txredisapi.RedisFactory.__init__(self, address.describe(), address.dbid, 1, isLazy=True,
                                          password=address.password, convertNumbers=False)
         self.owner = owner
+        self.deferred.addErrback(lambda f: None)  # a refusal is reported through the owner
 
 
 class RedisReplication:
@@ -163,6 +197,7 @@ class RedisReplication:
         positions: StreamPositions | None = None,
         page_size: int = 500,
         replay_from: dict[str, int] | None = None,
+        tls: ClientTLS | None = None,
     ):
         if not channel or any(c.isspace() for c in channel):
             raise ValueError(f"Redis channel {channel!r} must be a non-empty word")
@@ -172,6 +207,9 @@ class RedisReplication:
             reactor = default_reactor
         self.store = store
         self.address = address
+        # rediss:// without files: the system's trusted roots.
+        self.tls = tls if tls is not None else (ClientTLS() if address.tls else None)
+        self.refused: str | None = None
         self.channel = channel
         self.instance_name = store.instance_name
         self.instance_channel = f"{channel}/{self.instance_name}"
@@ -210,16 +248,23 @@ class RedisReplication:
         """Connect (and keep reconnecting) both connections."""
         self._publisher = _Publisher(self, self.address)
         self._subscriber = _Subscriber(self, self.address)
+        options = self.tls.options(self.address.host) if self.tls is not None else None
         for factory in (self._publisher, self._subscriber):
-            factory.startConnecting(TCP4ClientEndpoint(self.reactor, self.address.host, self.address.port))
+            endpoint: Any = TCP4ClientEndpoint(self.reactor, self.address.host, self.address.port)
+            if options is not None:
+                endpoint = _TLSEndpoint(endpoint, options)
+            factory.startConnecting(endpoint)
         self._unwire = wire_server(self.store, self._stream_advanced)
         log.info("redis replication: {instance} on {address}, channel {channel}", instance=self.instance_name,
                  address=self.address.describe(), channel=self.channel)
 
     def when_ready(self) -> defer.Deferred:
-        """Fires once both connections are up and REPLICATE went out."""
+        """Fires once both connections are up and REPLICATE went out; fails
+        with ``RedisRefused`` if the server refused our password."""
         if self.ready:
             return defer.succeed(None)
+        if self.refused is not None:
+            return defer.fail(RedisRefused(self.refused))
         d: defer.Deferred = defer.Deferred()
         self._ready_waiters.append(d)
         return d
@@ -272,7 +317,25 @@ class RedisReplication:
                 self._subscribed = True
                 self._check_ready()
 
-        d.addCallbacks(subscribed, lambda f: log.warn("redis SUBSCRIBE failed: {f}", f=f.getErrorMessage()))
+        def failed(f: Any) -> None:
+            if "NOAUTH" in f.getErrorMessage():  # the server needs a password we did not give
+                self._connection_refused(f.getErrorMessage())
+            else:
+                log.warn("redis SUBSCRIBE failed: {f}", f=f.getErrorMessage())
+
+        d.addCallbacks(subscribed, failed)
+
+    def _connection_refused(self, why: str) -> None:
+        if self.refused is not None:
+            return
+        reason = why.removeprefix("Redis error: ")
+        self.refused = (f"Redis at {self.address.describe()} refused the connection ({reason});"
+                        " check the password in the URL (redis://:PASSWORD@host:port)")
+        waiters, self._ready_waiters = self._ready_waiters, []
+        if not waiters:  # a waiter (the import command) says it itself, once
+            log.error("redis replication: {reason}", reason=self.refused)
+        for d in waiters:
+            d.errback(RedisRefused(self.refused))
 
     def _connection_down(self, role: str, conn: Any) -> None:
         if conn not in (self._pub_conn, self._sub_conn):
