@@ -149,11 +149,14 @@ def member_text(text: str, wanted: str) -> str:
     return found
 
 
-async def import_file(store, path: str, batch_size: int = 100, progress: bool = False) -> dict:
+async def import_file(store, path: str, batch_size: int = 100, progress: bool = False,
+                      summary: dict | None = None) -> dict:
     """Import a JSON-lines file in batches; a failing batch is retried event by
     event so one unresolvable event is reported and the rest imported.
 
-    A progress bar on stderr when it is a terminal, or ``progress`` forces it."""
+    A progress bar on stderr when it is a terminal, or ``progress`` forces it.
+    ``summary`` (filled as it goes) keeps the counts when an error stops it:
+    ``next_line`` is the first line not imported."""
     from roomstore.events.persist import EventToPersist, MissingStateError
     from roomstore.events.room_versions import UnknownRoomVersion
     from roomstore.events.validation import InvalidEventError
@@ -163,9 +166,11 @@ async def import_file(store, path: str, batch_size: int = 100, progress: bool = 
     expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
     lines = list(read_import_lines(path))
     bar = progress_bar(len(lines), "import", "event", force=progress)
-    summary = {"imported": 0, "already_present": 0, "failed": 0}
+    summary = {} if summary is None else summary
+    summary.update(imported=0, already_present=0, failed=0)
     for start in range(0, len(lines), batch_size):
         chunk = lines[start : start + batch_size]
+        summary["next_line"] = chunk[0][0]
         batch = [EventToPersist(raw, version) for _, raw, version in chunk]
         try:
             results = await store.persist_events(batch)
@@ -181,6 +186,7 @@ async def import_file(store, path: str, batch_size: int = 100, progress: bool = 
             summary["already_present" if result.already_persisted else "imported"] += 1
         bar.update(len(chunk))
     bar.close()
+    summary.pop("next_line", None)
     return summary
 
 
@@ -189,13 +195,27 @@ async def cmd_import(reactor, args) -> int:
         raise CliError(f"no such file: {args.file}")
     if os.path.isdir(args.file):
         raise CliError(f"{args.file} is a directory: give a JSON-lines file")
-    store = await open_store(reactor, args, create=True)
+    from roomstore.storage import StorageFullError
+
+    try:
+        store = await open_store(reactor, args, create=True)
+    except StorageFullError as exc:
+        raise CliError(f"{exc}: free space and run it again") from None
     redis = None
+    summary: dict = {}
     try:
         if args.redis:
             redis = await connect_redis(reactor, store, args)
         started = time.monotonic()
-        summary = await import_file(store, args.file, args.batch_size, args.progress)
+        try:
+            await import_file(store, args.file, args.batch_size, args.progress, summary)
+        except StorageFullError as exc:
+            # What committed stays (each batch is one transaction); the same
+            # import run again skips it as already present.
+            emit(dict(summary, complete=False))
+            raise CliError(f"stopped at line {summary.get('next_line')}: {exc}; {summary['imported']} events"
+                           " were imported before it and are stored: free space and run the same import again"
+                           " (what is stored is skipped)") from None
         if redis is not None:
             await flush_redis(reactor, redis, args)
         summary["seconds"] = round(time.monotonic() - started, 3)
@@ -209,34 +229,19 @@ async def cmd_import(reactor, args) -> int:
 
 
 def redis_tls(args):
-    """The ``ClientTLS`` of ``--redis-ca``/``--redis-cert``/``--redis-key``
-    (None without them); they need a ``rediss://`` URL."""
-    from roomstore.replication.tls import ClientTLS
+    """The ``ClientTLS`` of ``--redis-ca``/``--redis-cert``/``--redis-key`` (None without them)."""
+    from roomstore.replication.tls import redis_client_tls
 
-    files = (getattr(args, "redis_ca", None), getattr(args, "redis_cert", None), getattr(args, "redis_key", None))
-    if not any(files):
-        return None
-    if not (getattr(args, "redis", None) or "").startswith("rediss://"):
-        raise CliError("--redis-ca, --redis-cert and --redis-key are for TLS: give --redis rediss://HOST:PORT")
     try:
-        return ClientTLS(*files)
+        return redis_client_tls(getattr(args, "redis", None), getattr(args, "redis_ca", None),
+                                getattr(args, "redis_cert", None), getattr(args, "redis_key", None))
     except ValueError as exc:
-        raise CliError(str(exc).replace("its certificate file and its key file", "--redis-cert and --redis-key"))
-
-
-def redis_shown(url: str) -> str:
-    """A Redis URL as an error may show it: without its password."""
-    from roomstore.replication.redis import parse_redis_url
-
-    try:
-        return parse_redis_url(url).describe()
-    except ValueError:
-        return "the Redis URL"
+        raise CliError(str(exc)) from None
 
 
 async def connect_redis(reactor, store, args, timeout: float = 15.0):
     """``store`` on the Redis bus of ``--redis`` (channel ``--server-name``), connected."""
-    from roomstore.replication.redis import RedisRefused
+    from roomstore.replication.redis import RedisRefused, shown_url
     from roomstore.replication.service import start_redis
 
     try:
@@ -253,7 +258,7 @@ async def connect_redis(reactor, store, args, timeout: float = 15.0):
             timer.cancel()
             raise CliError(str(exc)) from None
         tls = " (TLS: does its certificate match the host and --redis-ca?)" if redis.tls is not None else ""
-        raise CliError(f"cannot reach Redis at {redis_shown(args.redis)} within {timeout:.0f}s:"
+        raise CliError(f"cannot reach Redis at {shown_url(args.redis)} within {timeout:.0f}s:"
                        f" is redis-server running there?{tls}") from None
     timer.cancel()
     return redis
@@ -261,13 +266,15 @@ async def connect_redis(reactor, store, args, timeout: float = 15.0):
 
 async def flush_redis(reactor, redis, args, timeout: float = 60.0) -> None:
     """Wait until followers have been sent every row we wrote; warn (one line) if Redis stays away."""
+    from roomstore.replication.redis import shown_url
+
     flushed = defer.ensureDeferred(redis.flush())
     timer = reactor.callLater(timeout, flushed.cancel)
     try:
         await flushed
         timer.cancel()
     except defer.CancelledError:
-        sys.stderr.write(f"roomstore import: Redis at {redis_shown(args.redis)} unreachable for {timeout:.0f}s: the rows are"
+        sys.stderr.write(f"roomstore import: Redis at {shown_url(args.redis)} unreachable for {timeout:.0f}s: the rows are"
                          f" stored, but followers see them only once instance {args.instance!r} is heard again"
                          " (its next start) or they restart\n")
 
@@ -486,6 +493,7 @@ async def cmd_follow(reactor, args) -> int:
 
     if (args.server is None) == (args.redis is None):
         raise CliError("give --server HOST:PORT (TCP) or --redis URL, one of them")
+    from roomstore.replication.redis import shown_url
     from roomstore.replication.tls import ClientTLS
 
     if args.tls_ca and not args.server:
@@ -530,7 +538,7 @@ async def cmd_follow(reactor, args) -> int:
         resume: dict[str, dict[str, int]] = {}
         for (stream, instance), token in sorted(service.resumed_from.items()):
             resume.setdefault(stream, {})[instance] = token
-        following = {"following": redis_shown(args.redis) if args.redis else f"{host}:{port}", "name": args.name,
+        following = {"following": shown_url(args.redis) if args.redis else f"{host}:{port}", "name": args.name,
                      "resume": resume, "tls": tls is not None or bool(args.redis and args.redis.startswith("rediss:"))}
         if service.metrics_port_listener is not None:
             following["metrics_port"] = service.metrics_port_listener.getHost().port
@@ -669,9 +677,9 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:
             # Errors the store raises for bad input carry a clear message.
             from roomstore.events.tokens import InvalidToken
-            from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError
+            from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError, StorageFullError
 
-            if isinstance(exc, DatabaseUnavailableError):
+            if isinstance(exc, (DatabaseUnavailableError, StorageFullError)):
                 sys.stderr.write(f"roomstore {args.command}: {exc}\n")
                 code = 2
             elif isinstance(exc, (InvalidToken, DatabaseConfigError, SchemaError, ValueError)):

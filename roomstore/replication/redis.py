@@ -63,7 +63,7 @@ from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.store_streams import STORE_STREAMS, StoreReplicationHandler, wire_server
 from roomstore.replication.tls import ClientTLS
 
-__all__ = ["RedisAddress", "RedisRefused", "RedisReplication", "parse_redis_url"]
+__all__ = ["RedisAddress", "RedisRefused", "RedisReplication", "parse_redis_url", "shown_url"]
 
 log = Logger()
 
@@ -98,6 +98,14 @@ def parse_redis_url(url: str) -> RedisAddress:
         raise ValueError(f"Redis URL {parsed.hostname}: bad port or database number") from None
     password = urllib.parse.unquote(parsed.password) if parsed.password is not None else None
     return RedisAddress(parsed.hostname, port, dbid, password, parsed.scheme == "rediss")
+
+
+def shown_url(url: str) -> str:
+    """A Redis URL as a message may show it: without its password."""
+    try:
+        return parse_redis_url(url).describe()
+    except ValueError:
+        return "the Redis URL"
 
 
 class RedisRefused(RuntimeError):

@@ -457,8 +457,10 @@ class FollowerService(_AsyncService):
         for (stream, instance), token in self._resume_positions().items():
             self.factory.positions.set(stream, instance, token)
         if self.tls is not None:
-            self._connector = self.reactor.connectSSL(self.host, self.server_port, self.factory,
-                                                      self.tls.options(self.host))
+            from twisted.protocols.tls import TLSMemoryBIOFactory
+
+            tls_factory = TLSMemoryBIOFactory(self.tls.options(self.host), True, self.factory)
+            self._connector = self.reactor.connectTCP(self.host, self.server_port, tls_factory)
         else:
             self._connector = self.reactor.connectTCP(self.host, self.server_port, self.factory)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["ClientTLS", "TLSConfigError", "check_bind_protected", "is_loopback", "server_tls"]
+__all__ = ["ClientTLS", "TLSConfigError", "check_bind_protected", "is_loopback", "redis_client_tls", "server_tls"]
 
 
 class TLSConfigError(ValueError):
@@ -80,6 +80,19 @@ class ClientTLS:
             trust = platformTrust()
         client = None if self.cert_file is None else _private_certificate(self.cert_file, self.key_file or "")
         return optionsForClientTLS(hostname, trustRoot=trust, clientCertificate=client)
+
+
+def redis_client_tls(url: str | None, ca_file: str | None, cert_file: str | None,
+                     key_file: str | None) -> ClientTLS | None:
+    """The ``ClientTLS`` of the ``--redis-ca``/``--redis-cert``/``--redis-key``
+    options (None without them), which need a ``rediss://`` URL."""
+    if not (ca_file or cert_file or key_file):
+        return None
+    if not (url or "").startswith("rediss://"):
+        raise TLSConfigError("--redis-ca, --redis-cert and --redis-key are for TLS: give --redis rediss://HOST:PORT")
+    if (cert_file is None) != (key_file is None):
+        raise TLSConfigError("a Redis client certificate needs both --redis-cert and --redis-key")
+    return ClientTLS(ca_file, cert_file, key_file)
 
 
 def is_loopback(address: str) -> bool:

@@ -231,12 +231,14 @@ class AcrossMachinesCommandTests(unittest.TestCase):
         self.assertEqual(printed_tokens(), set(range(1, 41)))
         self.assertTrue(json.loads(open(fout).readline())["tls"])
 
-        # A follower trusting another CA never gets a row.
+        # A follower trusting another CA never gets a row, and says why in its retry lines.
         other, oout, oerr = self.roomstore("follow", "--db", f"sqlite:///{directory}/other.db", "--server",
                                            f"127.0.0.1:{serving['port']}", "--tls-ca", certs.other_ca,
                                            "--positions-file", os.path.join(directory, "other.json"))
-        await sleep(3)
+        await wait_until(lambda: "TLS handshake failed (certificate verify failed)" in open(oerr).read(), timeout=30,
+                         what="the untrusting follower to say why it retries")
         self.assertEqual(open(oout).read().strip().splitlines()[1:], [])
+        self.assertIn("is --tls-ca the CA that signed the server's certificate", open(oerr).read())
         for proc in (other, follower, server):
             proc.send_signal(signal.SIGTERM)
             self.assertEqual(await self.wait_for_exit(proc), 0)
