@@ -94,7 +94,8 @@ def run_transaction(
                 time.sleep(min(backoff_s * 2**attempt, max_backoff_s))
                 continue
             if engine.is_storage_full(exc):
-                raise StorageFullError(f"{engine.describe()} is out of space ({str(exc).strip()})") from exc
+                reason = " ".join(str(exc).split())  # one line (PostgreSQL adds a HINT line)
+                raise StorageFullError(f"{engine.describe()} is out of space ({reason})") from exc
             raise
         finally:
             try:
