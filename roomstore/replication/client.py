@@ -91,12 +91,14 @@ class _ClientProtocol(ClientReplicationProtocol):
 
 
 def _describe(reason: Failure) -> str:
+    """Why a connection ended, in words; a failed TLS handshake says what to check."""
     error = reason.value
     if type(error).__module__.startswith("OpenSSL") or type(error).__name__ == "VerificationError":
-        details = [part for item in (error.args[0] if error.args and isinstance(error.args[0], list) else [])
-                   for part in (item[-1] if isinstance(item, tuple) else item,)] or [str(error)]
-        return (f"TLS handshake failed ({'; '.join(map(str, details))}): is --tls-ca the CA that signed the"
-                " server's certificate, and is the --server host a name on it?")
+        # pyOpenSSL's errors carry [(library, function, reason), ...].
+        parts = error.args[0] if error.args and isinstance(error.args[0], list) else []
+        details = "; ".join(str(p[-1]) if isinstance(p, tuple) else str(p) for p in parts) or str(error)
+        return (f"TLS handshake failed ({details}): is --tls-ca the CA that signed the server's certificate,"
+                " and is the --server host a name on it?")
     return reason.getErrorMessage()
 
 

@@ -14,8 +14,9 @@ reader alike):
 
 - on (re)connect, once both its publishing and its subscribed connection are
   up, it publishes ``REPLICATE``, and, for every stream it writes,
-  ``POSITION <stream> <self> <p> <p>`` with ``p`` its current position; it
-  answers every ``REPLICATE`` the same way;
+  ``POSITION <stream> <self> <p> <p>`` with ``p`` its current position (its
+  generator's, which may be past the rows it has published); it answers
+  every ``REPLICATE`` the same way;
 - as its own position in a stream moves, it reads the new rows from the
   database (the stream's ``get_updates``, in pages) and publishes them as
   ``RDATA`` (all but the last row of a token with ``batch``), then
