@@ -144,11 +144,14 @@ def member_text(text: str, wanted: str) -> str:
     return found
 
 
-async def import_file(store, path: str, batch_size: int = 100, progress: bool = False) -> dict:
+async def import_file(store, path: str, batch_size: int = 100, progress: bool = False,
+                      summary: dict | None = None) -> dict:
     """Import a JSON-lines file in batches; a failing batch is retried event by
     event so one unresolvable event is reported and the rest imported.
 
-    A progress bar on stderr when it is a terminal, or ``progress`` forces it."""
+    A progress bar on stderr when it is a terminal, or ``progress`` forces it.
+    ``summary`` (filled as it goes) keeps the counts when an error stops it:
+    ``next_line`` is the first line not imported."""
     from roomstore.events.persist import EventToPersist, MissingStateError
     from roomstore.events.room_versions import UnknownRoomVersion
     from roomstore.events.validation import InvalidEventError
@@ -158,9 +161,11 @@ async def import_file(store, path: str, batch_size: int = 100, progress: bool = 
     expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
     lines = list(read_import_lines(path))
     bar = progress_bar(len(lines), "import", "event", force=progress)
-    summary = {"imported": 0, "already_present": 0, "failed": 0}
+    summary = {} if summary is None else summary
+    summary.update(imported=0, already_present=0, failed=0)
     for start in range(0, len(lines), batch_size):
         chunk = lines[start : start + batch_size]
+        summary["next_line"] = chunk[0][0]
         batch = [EventToPersist(raw, version) for _, raw, version in chunk]
         try:
             results = await store.persist_events(batch)
@@ -176,6 +181,7 @@ async def import_file(store, path: str, batch_size: int = 100, progress: bool = 
             summary["already_present" if result.already_persisted else "imported"] += 1
         bar.update(len(chunk))
     bar.close()
+    summary.pop("next_line", None)
     return summary
 
 
@@ -184,13 +190,27 @@ async def cmd_import(reactor, args) -> int:
         raise CliError(f"no such file: {args.file}")
     if os.path.isdir(args.file):
         raise CliError(f"{args.file} is a directory: give a JSON-lines file")
-    store = await open_store(reactor, args, create=True)
+    from roomstore.storage import StorageFullError
+
+    try:
+        store = await open_store(reactor, args, create=True)
+    except StorageFullError as exc:
+        raise CliError(f"{exc}: free space and run it again") from None
     redis = None
+    summary: dict = {}
     try:
         if args.redis:
             redis = await connect_redis(reactor, store, args)
         started = time.monotonic()
-        summary = await import_file(store, args.file, args.batch_size, args.progress)
+        try:
+            await import_file(store, args.file, args.batch_size, args.progress, summary)
+        except StorageFullError as exc:
+            # What committed stays (each batch is one transaction); the same
+            # import run again skips it as already present.
+            emit(dict(summary, complete=False))
+            raise CliError(f"stopped at line {summary.get('next_line')}: {exc}; {summary['imported']} events"
+                           " were imported before it and are stored: free space and run the same import again"
+                           " (what is stored is skipped)") from None
         if redis is not None:
             await flush_redis(reactor, redis, args)
         summary["seconds"] = round(time.monotonic() - started, 3)
@@ -203,34 +223,53 @@ async def cmd_import(reactor, args) -> int:
     return 1 if summary["failed"] and args.strict else 0
 
 
+def redis_tls(args):
+    """The ``ClientTLS`` of ``--redis-ca``/``--redis-cert``/``--redis-key`` (None without them)."""
+    from roomstore.replication.tls import redis_client_tls
+
+    try:
+        return redis_client_tls(getattr(args, "redis", None), getattr(args, "redis_ca", None),
+                                getattr(args, "redis_cert", None), getattr(args, "redis_key", None))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 async def connect_redis(reactor, store, args, timeout: float = 15.0):
     """``store`` on the Redis bus of ``--redis`` (channel ``--server-name``), connected."""
+    from roomstore.replication.redis import RedisRefused, shown_url
     from roomstore.replication.service import start_redis
 
     try:
-        redis = start_redis(store, args.redis, args.server_name or "localhost", reactor)
+        redis = start_redis(store, args.redis, args.server_name or "localhost", reactor, redis_tls(args))
     except ValueError as exc:
         raise CliError(str(exc)) from None
     ready = redis.when_ready()
     timer = reactor.callLater(timeout, ready.cancel)
     try:
         await ready
-    except defer.CancelledError:
+    except (defer.CancelledError, RedisRefused) as exc:
         await redis.stop()
-        raise CliError(f"cannot reach Redis at {args.redis} within {timeout:.0f}s: is redis-server running there?")
+        if isinstance(exc, RedisRefused):
+            timer.cancel()
+            raise CliError(str(exc)) from None
+        tls = " (TLS: does its certificate match the host and --redis-ca?)" if redis.tls is not None else ""
+        raise CliError(f"cannot reach Redis at {shown_url(args.redis)} within {timeout:.0f}s:"
+                       f" is redis-server running there?{tls}") from None
     timer.cancel()
     return redis
 
 
 async def flush_redis(reactor, redis, args, timeout: float = 60.0) -> None:
     """Wait until followers have been sent every row we wrote; warn (one line) if Redis stays away."""
+    from roomstore.replication.redis import shown_url
+
     flushed = defer.ensureDeferred(redis.flush())
     timer = reactor.callLater(timeout, flushed.cancel)
     try:
         await flushed
         timer.cancel()
     except defer.CancelledError:
-        sys.stderr.write(f"roomstore import: Redis at {args.redis} unreachable for {timeout:.0f}s: the rows are"
+        sys.stderr.write(f"roomstore import: Redis at {shown_url(args.redis)} unreachable for {timeout:.0f}s: the rows are"
                          f" stored, but followers see them only once instance {args.instance!r} is heard again"
                          " (its next start) or they restart\n")
 
@@ -396,31 +435,39 @@ async def cmd_serve(reactor, args) -> int:
     from roomstore.replication import ReplicationConfig
     from roomstore.replication.service import ReplicationServerService, read_secret_file, run_service
 
+    from roomstore.replication.tls import TLSConfigError
+
     try:
         secret = read_secret_file(args.secret_file) if args.secret_file else None
     except (OSError, ValueError) as exc:
         raise CliError(f"secret file: {exc}") from None
     if args.max_line_length is not None and args.max_line_length < 1:
         raise CliError("--max-line-length must be a positive number of bytes")
-    service = ReplicationServerService(
-        args.db,
-        port=args.replication_port,
-        bind=args.bind,
-        server_name=args.server_name,
-        instance_name=args.instance,
-        secret=secret,
-        metrics_port=args.metrics_port,
-        store_config=serve_store_config(args),
-        redis_url=args.redis,
-        config=ReplicationConfig() if args.max_line_length is None
-        else ReplicationConfig(max_line_length=args.max_line_length),
-        reactor=reactor,
-    )
+    try:
+        service = ReplicationServerService(
+            args.db,
+            port=args.replication_port,
+            bind=args.bind,
+            server_name=args.server_name,
+            instance_name=args.instance,
+            secret=secret,
+            metrics_port=args.metrics_port,
+            store_config=serve_store_config(args),
+            redis_url=args.redis,
+            redis_tls=redis_tls(args),
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            config=ReplicationConfig() if args.max_line_length is None
+            else ReplicationConfig(max_line_length=args.max_line_length),
+            reactor=reactor,
+        )
+    except TLSConfigError as exc:
+        raise CliError(str(exc)) from None
 
     def started() -> None:
         address = service.port.getHost()
         serving = {"host": address.host, "port": address.port, "server_name": args.server_name,
-                   "secret": bool(secret)}
+                   "secret": bool(secret), "tls": service.tls is not None}
         if service.metrics_port_listener is not None:
             serving["metrics_port"] = service.metrics_port_listener.getHost().port
         emit({"serving": serving, "positions": {n: g.get_positions() for n, g in service.store.generators.items()}})
@@ -441,9 +488,17 @@ async def cmd_follow(reactor, args) -> int:
 
     if (args.server is None) == (args.redis is None):
         raise CliError("give --server HOST:PORT (TCP) or --redis URL, one of them")
+    from roomstore.replication.redis import shown_url
+    from roomstore.replication.tls import ClientTLS
+
+    if args.tls_ca and not args.server:
+        raise CliError("--tls-ca is for --server (TCP); for Redis over TLS give --redis rediss://... --redis-ca FILE")
     try:
         host, port = parse_host_port(args.server) if args.server else (None, None)
         secret = read_secret_file(args.secret_file) if args.secret_file else None
+        tls = ClientTLS(args.tls_ca) if args.tls_ca else redis_tls(args)
+        if tls is not None:
+            tls.options(host or "localhost")  # a file that cannot be used stops the start here, in one line
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
 
@@ -470,6 +525,7 @@ async def cmd_follow(reactor, args) -> int:
         redis_url=args.redis,
         stream_writers=stream_writers(args),
         metrics_port=args.metrics_port,
+        tls=tls,
         reactor=reactor,
     )
 
@@ -477,7 +533,8 @@ async def cmd_follow(reactor, args) -> int:
         resume: dict[str, dict[str, int]] = {}
         for (stream, instance), token in sorted(service.resumed_from.items()):
             resume.setdefault(stream, {})[instance] = token
-        following = {"following": args.redis or f"{host}:{port}", "name": args.name, "resume": resume}
+        following = {"following": shown_url(args.redis) if args.redis else f"{host}:{port}", "name": args.name,
+                     "resume": resume, "tls": tls is not None or bool(args.redis and args.redis.startswith("rediss:"))}
         if service.metrics_port_listener is not None:
             following["metrics_port"] = service.metrics_port_listener.getHost().port
         emit(following)
@@ -516,15 +573,23 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-v", "--verbose", action="store_true", help="log at info level to stderr")
         return p
 
+    def add_redis_tls(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--redis-ca", metavar="FILE", help="with --redis rediss://...: trust this CA (PEM;"
+                       " default: the system's)")
+        p.add_argument("--redis-cert", metavar="FILE", help="with rediss://: a client certificate (PEM)")
+        p.add_argument("--redis-key", metavar="FILE", help="the private key of --redis-cert (PEM)")
+
     add("init", "create or upgrade the schema; print schema version and stream positions")
     p = add("import", "import events from a JSON-lines file")
     p.add_argument("file", help="JSON lines: one event a line, a bare PDU or {\"room_version\": ..., \"event\": {...}}")
     p.add_argument("--batch-size", type=int, default=100, help="events persisted per transaction (default 100)")
     p.add_argument("--strict", action="store_true", help="exit 1 if any event failed")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
-    p.add_argument("--redis", help="announce the imported rows on this Redis (redis://host:port) to live followers")
+    p.add_argument("--redis", help="announce the imported rows on this Redis (redis://[:PASSWORD@]host:port;"
+                   " rediss:// for TLS) to live followers")
     p.add_argument("--server-name", default="localhost", help="the homeserver's name: the Redis channel")
     cli_synapse.add_parsers(add)
+    add_redis_tls(p)
     p = add("state", "the state at an event")
     p.add_argument("event_id", help="the event whose state to show")
     p.add_argument("--before", action="store_true", help="the state before the event, not after")
@@ -560,13 +625,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-name", default="localhost", help="the name sent to workers in SERVER")
     p.add_argument("--secret-file", help="require AUTH with the secret on this file's first line")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on /metrics")
-    p.add_argument("--redis", help="also replicate over this Redis (redis://host:port), channel --server-name")
+    p.add_argument("--redis", help="also replicate over this Redis (redis://[:PASSWORD@]host:port; rediss:// for TLS),"
+                   " channel --server-name")
+    add_redis_tls(p)
+    p.add_argument("--tls-cert", metavar="FILE", help="serve over TLS with this certificate (PEM; with --tls-key)")
+    p.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
     p.add_argument("--max-line-length", type=int, default=None, metavar="BYTES",
                    help="longest replication line sent or accepted, in bytes (default 16384, Synapse's limit;"
                         " a longer cache invalidation is split over several lines)")
     p = add("follow", "follow a replication server into a worker store, printing applied rows (runs until stopped)")
     p.add_argument("--server", help="the replication server, HOST:PORT (or --redis)")
-    p.add_argument("--redis", help="follow every writer over this Redis (redis://host:port), channel --server-name")
+    p.add_argument("--redis", help="follow every writer over this Redis (redis://[:PASSWORD@]host:port;"
+                   " rediss:// for TLS), channel --server-name")
+    add_redis_tls(p)
+    p.add_argument("--tls-ca", metavar="FILE", help="connect to --server over TLS, trusting this CA (PEM)")
     p.add_argument("--name", default="worker1", help="this worker's instance name (--instance is not used)")
     p.add_argument("--writer", default="master", help="the instance writing the streams (default master)")
     p.add_argument("--server-name", default=None,
@@ -603,9 +675,9 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:
             # Errors the store raises for bad input carry a clear message.
             from roomstore.events.tokens import InvalidToken
-            from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError
+            from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError, StorageFullError
 
-            if isinstance(exc, DatabaseUnavailableError):
+            if isinstance(exc, (DatabaseUnavailableError, StorageFullError)):
                 sys.stderr.write(f"roomstore {args.command}: {exc}\n")
                 code = 2
             elif isinstance(exc, (InvalidToken, DatabaseConfigError, SchemaError, ValueError)):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.interfaces import IAddress, IReactorTime
-from twisted.internet.protocol import ReconnectingClientFactory
+from twisted.internet.protocol import ReconnectingClientFactory, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -82,6 +82,26 @@ class _ClientSession:
         self._factory._connection_lost(self._conn)
 
 
+class _ClientProtocol(ClientReplicationProtocol):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        # The transport's reason, which under TLS says why a handshake failed
+        # (the connector's only says the socket closed cleanly).
+        self.factory._lost_reason = reason
+        super().connectionLost(reason)
+
+
+def _describe(reason: Failure) -> str:
+    """Why a connection ended, in words; a failed TLS handshake says what to check."""
+    error = reason.value
+    if type(error).__module__.startswith("OpenSSL") or type(error).__name__ == "VerificationError":
+        # pyOpenSSL's errors carry [(library, function, reason), ...].
+        parts = error.args[0] if error.args and isinstance(error.args[0], list) else []
+        details = "; ".join(str(p[-1]) if isinstance(p, tuple) else str(p) for p in parts) or str(error)
+        return (f"TLS handshake failed ({details}): is --tls-ca the CA that signed the server's certificate,"
+                " and is the --server host a name on it?")
+    return reason.getErrorMessage()
+
+
 class ReplicationClientFactory(ReconnectingClientFactory):
     """Keeps one worker connected to the main process.
 
@@ -115,6 +135,7 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         self.clock = clock  # read by ReconnectingClientFactory.retry
         self.config = config
         self.positions = StreamPositions()
+        self._lost_reason: Failure | None = None
         self._connection: ClientReplicationProtocol | None = None
         self.resetDelay()  # the first retry after initialDelay (the base class starts at its own 1.0)
 
@@ -126,7 +147,8 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         return reactor  # type: ignore[return-value]
 
     def buildProtocol(self, addr: IAddress) -> ClientReplicationProtocol:
-        protocol = ClientReplicationProtocol(
+        self._lost_reason = None
+        protocol = _ClientProtocol(
             self.client_name,
             self.expected_server_name,
             self._clock(),
@@ -163,7 +185,9 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         if self.continueTrying:
             self.log.warn(
                 "replication connection to {where} {what}: {reason}; retrying in {delay:.1f}s (retry {n})",
-                where=where, what=what, reason=reason.getErrorMessage(), delay=self.delay, n=self.retries,
+                where=where, what=what, reason=_describe(self._lost_reason if what == "lost" and self._lost_reason
+                                                         is not None else reason),
+                delay=self.delay, n=self.retries,
             )
 
     def _connection_lost(self, conn: ClientReplicationProtocol) -> None:

@@ -14,8 +14,9 @@ reader alike):
 
 - on (re)connect, once both its publishing and its subscribed connection are
   up, it publishes ``REPLICATE``, and, for every stream it writes,
-  ``POSITION <stream> <self> <p> <p>`` with ``p`` its current position; it
-  answers every ``REPLICATE`` the same way;
+  ``POSITION <stream> <self> <p> <p>`` with ``p`` its current position (its
+  generator's, which may be past the rows it has published); it answers
+  every ``REPLICATE`` the same way;
 - as its own position in a stream moves, it reads the new rows from the
   database (the stream's ``get_updates``, in pages) and publishes them as
   ``RDATA`` (all but the last row of a token with ``batch``), then
@@ -61,8 +62,9 @@ from roomstore.replication.commands import (
 from roomstore.replication.follower import StreamFollower, StreamPositions
 from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.store_streams import STORE_STREAMS, StoreReplicationHandler, wire_server
+from roomstore.replication.tls import ClientTLS
 
-__all__ = ["RedisAddress", "RedisReplication", "parse_redis_url"]
+__all__ = ["RedisAddress", "RedisRefused", "RedisReplication", "parse_redis_url", "shown_url"]
 
 log = Logger()
 
@@ -72,24 +74,43 @@ class RedisAddress:
     host: str
     port: int = 6379
     dbid: int | None = None
-    password: str | None = None
+    password: str | None = attrs.field(default=None, repr=False)
+    #: ``rediss://``: TLS to the server.
+    tls: bool = False
 
     def describe(self) -> str:
-        return f"redis://{self.host}:{self.port}" + (f"/{self.dbid}" if self.dbid is not None else "")
+        """The URL without the password."""
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{self.host}:{self.port}" + (f"/{self.dbid}" if self.dbid is not None else "")
 
 
 def parse_redis_url(url: str) -> RedisAddress:
-    """``redis://[:password@]host[:port][/db]``; raises ValueError with what to write."""
+    """``redis[s]://[:password@]host[:port][/db]`` (``rediss``: over TLS);
+    raises ValueError with what to write (never repeating the password)."""
     parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme != "redis" or not parsed.hostname:
-        raise ValueError(f"Redis URL {url!r} is not of the form redis://host:port")
+    if parsed.scheme not in ("redis", "rediss") or not parsed.hostname:
+        shown = url if parsed.password is None else url.replace(parsed.password, "***")
+        raise ValueError(f"Redis URL {shown!r} is not of the form redis://[:PASSWORD@]host:port or rediss://...")
     try:
         port = parsed.port or 6379
         path = parsed.path.strip("/")
         dbid = int(path) if path else None
     except ValueError:
-        raise ValueError(f"Redis URL {url!r}: bad port or database number") from None
-    return RedisAddress(parsed.hostname, port, dbid, parsed.password)
+        raise ValueError(f"Redis URL {parsed.hostname}: bad port or database number") from None
+    password = urllib.parse.unquote(parsed.password) if parsed.password is not None else None
+    return RedisAddress(parsed.hostname, port, dbid, password, parsed.scheme == "rediss")
+
+
+def shown_url(url: str) -> str:
+    """A Redis URL as a message may show it: without its password."""
+    try:
+        return parse_redis_url(url).describe()
+    except ValueError:
+        return "the Redis URL"
+
+
+class RedisRefused(RuntimeError):
+    """The Redis server refused our password (or database number)."""
 
 
 class _Reporting:
@@ -108,6 +129,26 @@ class _Reporting:
         super().delConnection(conn)  # type: ignore[misc]
         self.owner._connection_down(self.role, conn)  # type: ignore[attr-defined]
 
+    def connectionError(self, why: str) -> None:
+        # txredisapi gave up: AUTH or SELECT refused (it stops retrying).
+        super().connectionError(why)  # type: ignore[misc]
+        self.owner._connection_refused(why)  # type: ignore[attr-defined]
+
+
+class _TLSEndpoint:
+    """TLS over another client endpoint, handing the Redis protocol (not the
+    TLS wrapper) to txredisapi's connection slots."""
+
+    def __init__(self, wrapped: Any, options: Any) -> None:
+        self.wrapped = wrapped
+        self.options = options
+
+    def connect(self, factory: Any) -> defer.Deferred:
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+
+        d = self.wrapped.connect(TLSMemoryBIOFactory(self.options, True, factory))
+        return d.addCallback(lambda protocol: protocol.wrappedProtocol)
+
 
 class _Publisher(_Reporting, txredisapi.RedisFactory):
     """One connection for PUBLISH."""
@@ -118,6 +159,7 @@ class _Publisher(_Reporting, txredisapi.RedisFactory):
         txredisapi.RedisFactory.__init__(self, address.describe(), address.dbid, 1, isLazy=True,
                                          password=address.password, convertNumbers=False)
         self.owner = owner
+        self.deferred.addErrback(lambda f: None)  # a refusal is reported through the owner
 
 
 class _SubscriberProtocol(txredisapi.SubscriberProtocol):
@@ -135,6 +177,7 @@ class _Subscriber(_Reporting, txredisapi.SubscriberFactory):
         txredisapi.RedisFactory.__init__(self, address.describe(), address.dbid, 1, isLazy=True,
                                          password=address.password, convertNumbers=False)
         self.owner = owner
+        self.deferred.addErrback(lambda f: None)  # a refusal is reported through the owner
 
 
 class RedisReplication:
@@ -163,6 +206,7 @@ class RedisReplication:
         positions: StreamPositions | None = None,
         page_size: int = 500,
         replay_from: dict[str, int] | None = None,
+        tls: ClientTLS | None = None,
     ):
         if not channel or any(c.isspace() for c in channel):
             raise ValueError(f"Redis channel {channel!r} must be a non-empty word")
@@ -172,6 +216,9 @@ class RedisReplication:
             reactor = default_reactor
         self.store = store
         self.address = address
+        # rediss:// without files: the system's trusted roots.
+        self.tls = tls if tls is not None else (ClientTLS() if address.tls else None)
+        self.refused: str | None = None
         self.channel = channel
         self.instance_name = store.instance_name
         self.instance_channel = f"{channel}/{self.instance_name}"
@@ -210,16 +257,23 @@ class RedisReplication:
         """Connect (and keep reconnecting) both connections."""
         self._publisher = _Publisher(self, self.address)
         self._subscriber = _Subscriber(self, self.address)
+        options = self.tls.options(self.address.host) if self.tls is not None else None
         for factory in (self._publisher, self._subscriber):
-            factory.startConnecting(TCP4ClientEndpoint(self.reactor, self.address.host, self.address.port))
+            endpoint: Any = TCP4ClientEndpoint(self.reactor, self.address.host, self.address.port)
+            if options is not None:
+                endpoint = _TLSEndpoint(endpoint, options)
+            factory.startConnecting(endpoint)
         self._unwire = wire_server(self.store, self._stream_advanced)
         log.info("redis replication: {instance} on {address}, channel {channel}", instance=self.instance_name,
                  address=self.address.describe(), channel=self.channel)
 
     def when_ready(self) -> defer.Deferred:
-        """Fires once both connections are up and REPLICATE went out."""
+        """Fires once both connections are up and REPLICATE went out; fails
+        with ``RedisRefused`` if the server refused our password."""
         if self.ready:
             return defer.succeed(None)
+        if self.refused is not None:
+            return defer.fail(RedisRefused(self.refused))
         d: defer.Deferred = defer.Deferred()
         self._ready_waiters.append(d)
         return d
@@ -272,7 +326,25 @@ class RedisReplication:
                 self._subscribed = True
                 self._check_ready()
 
-        d.addCallbacks(subscribed, lambda f: log.warn("redis SUBSCRIBE failed: {f}", f=f.getErrorMessage()))
+        def failed(f: Any) -> None:
+            if "NOAUTH" in f.getErrorMessage():  # the server needs a password we did not give
+                self._connection_refused(f.getErrorMessage())
+            else:
+                log.warn("redis SUBSCRIBE failed: {f}", f=f.getErrorMessage())
+
+        d.addCallbacks(subscribed, failed)
+
+    def _connection_refused(self, why: str) -> None:
+        if self.refused is not None:
+            return
+        reason = why.removeprefix("Redis error: ")
+        self.refused = (f"Redis at {self.address.describe()} refused the connection ({reason});"
+                        " check the password in the URL (redis://:PASSWORD@host:port)")
+        waiters, self._ready_waiters = self._ready_waiters, []
+        if not waiters:  # a waiter (the import command) says it itself, once
+            log.error("redis replication: {reason}", reason=self.refused)
+        for d in waiters:
+            d.errback(RedisRefused(self.refused))
 
     def _connection_down(self, role: str, conn: Any) -> None:
         if conn not in (self._pub_conn, self._sub_conn):
@@ -304,14 +376,11 @@ class RedisReplication:
         defer.ensureDeferred(self._catch_up_from_database()).addErrback(
             lambda f: log.failure("redis replication: catching up from the database failed", f))
         for name in self.own_streams:
-            # Our rows since the last announcement are not sent: readers
-            # behind this position fill the gap from the database.
-            position = self.store.generators[name].get_current_token_for_writer(self.instance_name)
             if name in self._replay:
                 self._announced[name] = self._replay.pop(name)
+                self._publish_position(name)
             else:
-                self._announced[name] = max(self._announced[name], position)
-            self._publish_position(name)
+                self._publish_current_position(name)
             self._schedule_announce(name)
         log.info("redis replication: connected to {address}", address=self.address.describe())
         waiters, self._ready_waiters = self._ready_waiters, []
@@ -338,6 +407,20 @@ class RedisReplication:
     def _publish_position(self, name: str) -> None:
         token = self._announced[name]
         self._publish(PositionCommand(name, self.instance_name, token, token))
+
+    def _publish_current_position(self, name: str) -> None:
+        """``POSITION`` at our generator's position, not at the last token
+        whose rows went out: that lags while ``_announce`` reads the new rows,
+        and the generator may have persisted its position meanwhile (an idle
+        writer moved up by another's, or a batch's own transaction), which a
+        reader catches up to from the database; an answer from the lagging
+        token would step back below it (issue 24). Our rows since the last
+        announcement are then not sent as RDATA: a reader behind this position
+        fills the gap from the database, and ``_announce``, finding
+        ``_announced`` moved, stops."""
+        position = self.store.generators[name].get_current_token_for_writer(self.instance_name)
+        self._announced[name] = max(self._announced[name], position)
+        self._publish_position(name)
 
     def _stream_advanced(self, name: str) -> None:
         if name in self._announced:
@@ -367,7 +450,7 @@ class RedisReplication:
                     updates, upto, limited = await stream.get_updates(self.instance_name, start, target,
                                                                       self.page_size)
                     if not self.ready or self._announced[name] != start:
-                        break  # reconnected meanwhile: the POSITION sent then covers it
+                        break  # a POSITION at our position went out meanwhile (connect, REPLICATE): it covers these
                     sent = []
                     for index, (token, row) in enumerate(updates):
                         last_of_token = index + 1 == len(updates) or updates[index + 1][0] != token
@@ -419,7 +502,7 @@ class RedisReplication:
         try:
             if isinstance(cmd, ReplicateCommand):
                 for name in self.own_streams:
-                    self._publish_position(name)
+                    self._publish_current_position(name)
             elif isinstance(cmd, PositionCommand):
                 if self._is_other_writer(cmd.stream_name, cmd.instance_name):
                     self._synced.add((cmd.stream_name, cmd.instance_name))

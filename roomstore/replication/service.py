@@ -40,6 +40,7 @@ from roomstore.replication.client import ReplicationClientFactory
 from roomstore.replication.follower import StreamPositions
 from roomstore.replication.protocol import ReplicationConfig
 from roomstore.replication.server import ReplicationServerFactory
+from roomstore.replication.tls import ClientTLS, TLSConfigError, check_bind_protected, server_tls
 from roomstore.replication.store_streams import (
     STORE_STREAMS,
     StoreReplicationHandler,
@@ -241,7 +242,9 @@ class ReplicationServerService(_AsyncService):
 
     ``database``: a URL (or a ``Database``). ``port`` 0 picks a free port
     (read it from :attr:`port` after :meth:`when_ready`). ``secret``: require
-    ``AUTH <secret>`` from every client. ``metrics_port``: serve Prometheus
+    ``AUTH <secret>`` from every client. ``tls_cert``/``tls_key``: serve over
+    TLS with this certificate and key (PEM files). A ``bind`` address that is
+    not loopback needs a secret or TLS (``TLSConfigError`` otherwise). ``metrics_port``: serve Prometheus
     metrics on ``metrics_bind`` (default: ``bind``). Workers are sent new
     rows as soon as a stream's position moves (``wire_server``).
 
@@ -265,11 +268,20 @@ class ReplicationServerService(_AsyncService):
         config: ReplicationConfig = ReplicationConfig(),
         store_config: StoreConfig | None = None,
         redis_url: str | None = None,
+        redis_tls: ClientTLS | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
         reactor: Any = None,
     ) -> None:
         super().__init__(reactor)
+        if (tls_cert is None) != (tls_key is None):
+            raise TLSConfigError("TLS needs both --tls-cert FILE and --tls-key FILE")
+        check_bind_protected(bind, secret is not None, tls_cert is not None)
+        # Read now: a bad file stops the start with one line, before the database.
+        self.tls = server_tls(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
         self.database = database
         self.redis_url = redis_url
+        self.redis_tls = redis_tls
         self.redis: Any = None
         self.listen_port = port
         self.bind = bind
@@ -293,15 +305,19 @@ class ReplicationServerService(_AsyncService):
         )
         self._unwire = wire_server(self.store, self.factory.notify_new_rows)
         if self.redis_url is not None:
-            self.redis = start_redis(self.store, self.redis_url, self.server_name, self.reactor)
-        self.port = self.reactor.listenTCP(self.listen_port, self.factory, interface=self.bind)
+            self.redis = start_redis(self.store, self.redis_url, self.server_name, self.reactor, self.redis_tls)
+        if self.tls is not None:
+            self.port = self.reactor.listenSSL(self.listen_port, self.factory, self.tls, interface=self.bind)
+        else:
+            self.port = self.reactor.listenTCP(self.listen_port, self.factory, interface=self.bind)
         address = self.port.getHost()
         log.info(
-            "replication server {name} listening on {host}:{port} ({auth})",
+            "replication server {name} listening on {host}:{port} ({auth}) over {tls}",
             name=self.server_name,
             host=address.host,
             port=address.port,
             auth="shared secret required" if self.secret else "no secret",
+            tls="TLS" if self.tls is not None else "plaintext",
         )
         if self.metrics_listen_port is not None:
             self.metrics_port_listener = _listen_metrics(self.reactor, self.metrics_listen_port, self.metrics_bind)
@@ -328,11 +344,11 @@ class ReplicationServerService(_AsyncService):
         log.info("replication server stopped")
 
 
-def start_redis(store: RoomStore, redis_url: str, channel: str, reactor: Any) -> Any:
+def start_redis(store: RoomStore, redis_url: str, channel: str, reactor: Any, tls: ClientTLS | None = None) -> Any:
     """A started ``RedisReplication`` of ``store`` (a writer announces, a reader applies)."""
     from roomstore.replication.redis import RedisReplication, parse_redis_url
 
-    replication = RedisReplication(store, parse_redis_url(redis_url), channel, reactor=reactor)
+    replication = RedisReplication(store, parse_redis_url(redis_url), channel, reactor=reactor, tls=tls)
     replication.start()
     return replication
 
@@ -356,7 +372,9 @@ class FollowerService(_AsyncService):
     ``database``: the same database the writer uses. ``host``/``port``: the
     server's replication listener. ``writer``: the writer instance of every
     stream. ``expected_server_name``: refuse a server naming itself otherwise
-    (None: any). ``secret``: sent as ``AUTH``.
+    (None: any). ``secret``: sent as ``AUTH``. ``tls``: connect over TLS
+    (a ``ClientTLS``: the CA that signed the server's certificate, whose
+    name must be ``host``), to the server or, with ``redis_url``, to Redis.
 
     Resuming: with ``positions_file``, the position of every (stream, writer)
     is saved there after each applied token or position move, and read back
@@ -389,9 +407,11 @@ class FollowerService(_AsyncService):
         redis_url: str | None = None,
         stream_writers: Mapping[str, Any] | None = None,
         metrics_port: int | None = None,
+        tls: ClientTLS | None = None,
         reactor: Any = None,
     ) -> None:
         super().__init__(reactor)
+        self.tls = tls
         self.metrics_listen_port = metrics_port
         self.metrics_port_listener: IListeningPort | None = None
         if (host is None) == (redis_url is None):
@@ -436,7 +456,13 @@ class FollowerService(_AsyncService):
         )
         for (stream, instance), token in self._resume_positions().items():
             self.factory.positions.set(stream, instance, token)
-        self._connector = self.reactor.connectTCP(self.host, self.server_port, self.factory)
+        if self.tls is not None:
+            from twisted.protocols.tls import TLSMemoryBIOFactory
+
+            tls_factory = TLSMemoryBIOFactory(self.tls.options(self.host), True, self.factory)
+            self._connector = self.reactor.connectTCP(self.host, self.server_port, tls_factory)
+        else:
+            self._connector = self.reactor.connectTCP(self.host, self.server_port, self.factory)
 
     def _resume_positions(self) -> dict[tuple[str, str], int]:
         saved = load_positions(self.positions_file) if self.positions_file else None
@@ -462,6 +488,7 @@ class FollowerService(_AsyncService):
         self.redis = RedisReplication(
             self.store, parse_redis_url(self.redis_url), self.expected_server_name or "localhost",
             reactor=self.reactor, handler=self.handler, positions=tracked, page_size=self.config.page_size,
+            tls=self.tls,
         )
         self.redis.start()
 

@@ -6,11 +6,17 @@ Public face:
 - ``Database.run_interaction(description, fn, *args)``: ``fn(txn, *args)`` in one
   transaction on a pool thread; ``txn.execute(sql, args)`` with ``?`` placeholders.
 - ``engine_from_url(url)``, ``DatabaseConfigError``, ``SchemaError``,
-  ``SchemaTooNewError``, ``SCHEMA_VERSION``.
+  ``SchemaTooNewError``, ``StorageFullError`` (out of space), ``SCHEMA_VERSION``.
 """
 
 from roomstore.storage.database import Database, RetryTransaction, Transaction, open_database
-from roomstore.storage.engines import DatabaseConfigError, DatabaseUnavailableError, Engine, engine_from_url
+from roomstore.storage.engines import (
+    DatabaseConfigError,
+    DatabaseUnavailableError,
+    Engine,
+    StorageFullError,
+    engine_from_url,
+)
 from roomstore.storage.schema import SCHEMA_VERSION, SchemaError, SchemaTooNewError
 
 __all__ = [
@@ -22,6 +28,7 @@ __all__ = [
     "RetryTransaction",
     "SchemaError",
     "SchemaTooNewError",
+    "StorageFullError",
     "Transaction",
     "engine_from_url",
     "open_database",

@@ -20,7 +20,7 @@ from twisted.internet import defer, threads
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-from roomstore.storage.engines import Engine, engine_from_url
+from roomstore.storage.engines import Engine, StorageFullError, engine_from_url
 from roomstore.storage.transaction import RetryTransaction, Transaction
 
 __all__ = ["Database", "RetryTransaction", "Transaction", "open_database", "run_transaction"]
@@ -93,6 +93,9 @@ def run_transaction(
                     on_retry()
                 time.sleep(min(backoff_s * 2**attempt, max_backoff_s))
                 continue
+            if engine.is_storage_full(exc):
+                reason = " ".join(str(exc).split())  # one line (PostgreSQL adds a HINT line)
+                raise StorageFullError(f"{engine.describe()} is out of space ({reason})") from exc
             raise
         finally:
             try:

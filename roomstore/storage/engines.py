@@ -29,6 +29,12 @@ class DatabaseConfigError(ValueError):
     """The database URL or its options are not usable."""
 
 
+class StorageFullError(OSError):
+    """The database ran out of space (a full disk, a full PostgreSQL
+    tablespace). The transaction was rolled back whole; the message says
+    where, in one line. Free space and run it again."""
+
+
 class DatabaseUnavailableError(ConnectionError):
     """The database server cannot be reached (or refuses us): the message says
     which server and why, in one line."""
@@ -163,6 +169,10 @@ class Engine:
         return False
 
     def is_connection_lost(self, exc: BaseException, conn: Any) -> bool:
+        return False
+
+    def is_storage_full(self, exc: BaseException) -> bool:
+        """True for "out of space" errors (raised as ``StorageFullError``)."""
         return False
 
     def lock_schema(self, cursor: Any) -> None:
@@ -346,6 +356,10 @@ class SqliteEngine(Engine):
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
+    def is_storage_full(self, exc: BaseException) -> bool:
+        # SQLITE_FULL (13), extended codes included: SQLite's answer to ENOSPC.
+        return isinstance(exc, sqlite3.Error) and (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == 13
+
     def table_exists(self, cursor: Any, table: str) -> bool:
         cursor.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
@@ -520,6 +534,9 @@ class PostgresEngine(Engine):
         return isinstance(
             exc, (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected)
         ) or is_stale_plan(exc)
+
+    def is_storage_full(self, exc: BaseException) -> bool:
+        return getattr(exc, "pgcode", None) == "53100"  # disk_full
 
     def is_connection_lost(self, exc: BaseException, conn: Any) -> bool:
         import psycopg2

@@ -35,6 +35,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from roomstore.storage.database import Database, Transaction
+from roomstore.storage.engines import StorageFullError
 
 log = Logger()
 
@@ -464,6 +465,11 @@ class StreamIdGenerator:
                             position,
                         )
                         self._note_persisted(position)
+                    except StorageFullError as exc:
+                        # Out of space: the writes of the facts fail too, and
+                        # say so; this one loses nothing (see below).
+                        log.info("stream {stream}: could not persist position: {exc}", stream=self.stream_name,
+                                 exc=exc)
                     except Exception:
                         # Recovery at start-up also reads the backing tables, so
                         # a failed write here loses nothing; log and carry on.

@@ -42,23 +42,32 @@ def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
 
 class RedisServer:
     """A private redis-server process on a fixed loopback port; ``stop`` and
-    ``start`` again (a restart) keep the port, so clients reconnect to it."""
+    ``start`` again (a restart) keep the port, so clients reconnect to it.
 
-    def __init__(self, test) -> None:
+    ``password``: ``--requirepass``. ``tls``: a ``tests.replication.certs.Certs``:
+    TLS on :attr:`tls_port` (``rediss://`` in :attr:`tls_url`), client
+    certificates signed by its CA required, beside the plaintext port."""
+
+    def __init__(self, test, password: str | None = None, tls=None) -> None:
         binary = os.environ.get("ROOMSTORE_REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
         if not os.path.exists(binary):
             test.fail(f"no redis-server at {binary}: apt-get install redis-server (bin/setup does)")
         self.binary = binary
         self.port = _free_port()
         self.directory = tempfile.mkdtemp(prefix="roomstore-redis-")
-        self.url = f"redis://127.0.0.1:{self.port}"
+        self.password = password
+        self.tls = tls
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}"
+        self.tls_port = _free_port() if tls is not None else None
+        self.tls_url = f"rediss://{auth}127.0.0.1:{self.tls_port}" if tls is not None else None
         self.process: subprocess.Popen | None = None
         self.starts = 0
         test.addCleanup(self.close)
@@ -66,11 +75,15 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> None:
         assert self.process is None, "already running"
         log = open(os.path.join(self.directory, f"redis{self.starts}.log"), "wb")
-        self.process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.directory],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", self.directory]
+        if self.password:
+            args += ["--requirepass", self.password]
+        if self.tls is not None:
+            args += ["--tls-port", str(self.tls_port), "--tls-cert-file", self.tls.server_cert,
+                     "--tls-key-file", self.tls.server_key, "--tls-ca-cert-file", self.tls.ca,
+                     "--tls-auth-clients", "yes"]
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.starts += 1
         deadline = time.monotonic() + timeout

@@ -341,6 +341,42 @@ class PostgresOnly(DatabaseTestMixin, unittest.TestCase):
         self.assertEqual(a.get_positions(), b.get_positions())
         self.assertEqual(a.get_positions(), {"a": 3, "b": 3})
 
+    async def test_writer_moved_up_while_idle_then_killed_restarts_at_least_there(self):
+        """Issue 24's sequence at the generator: a writes, b writes past it,
+        a (idle) moves up with b and persists that, a dies without closing;
+        restarted, a starts at or above what it persisted (the anomaly was
+        the Redis announcer's, tests/replication/test_redis_positions.py)."""
+        url = self.new_database_url()
+        db_a = await self.make_database(url)
+        await db_a.run_interaction("facts", _create_facts)
+        db_b = await self.make_database(url, prepare=False)
+        a = await StreamIdGenerator.create(db_a, "events", "a", writers=["a", "b"], backing_tables=[FACTS])
+        b = await StreamIdGenerator.create(db_b, "events", "b", writers=["a", "b"], backing_tables=[FACTS])
+
+        async def write(gen, db, n):
+            async with gen.get_next_mult(n) as ids:
+                await db.run_interaction("facts", lambda t: t.insert_many(
+                    "facts", ("stream_id", "instance_name"), [(i, gen.instance_name) for i in ids]))
+
+        await write(a, db_a, 3)
+        await write(b, db_b, 5)
+        await b.flush()
+        a.advance("b", b.get_current_token_for_writer("b"))
+        self.assertEqual(a.get_current_token_for_writer("a"), 8)  # idle: moved up with b
+        await a.flush()
+        self.assertEqual((await a.read_persisted_positions())["a"], 8)
+        held = Reservation(b.get_next())
+        self.assertEqual(await held.reserve(), 9)  # b has 9 in flight when a dies
+        await db_a.close()  # killed: no close() of the generator
+
+        db_a2 = await self.make_database(url, prepare=False)
+        restarted = await StreamIdGenerator.create(db_a2, "events", "a", writers=["a", "b"], backing_tables=[FACTS])
+        self.assertGreaterEqual(restarted.get_current_token_for_writer("a"), 8)
+        self.assertEqual(restarted.get_current_token_for_writer("b"), 8)  # b's persisted, not its in-flight 9
+        await held.complete()
+        async with restarted.get_next() as stream_id:
+            self.assertEqual(stream_id, 10)
+
     async def test_sequence_lag_is_detected(self):
         db = await self.make_database()
         await db.run_interaction("facts", _create_facts)

@@ -1,6 +1,7 @@
 """twistd plugin: ``twistd -n roomstore --db URL [options]`` runs the
 replication server (the writer's store, served to workers over TCP, and with
-``--redis URL`` announced on Redis; ``--instance`` and ``--stream-writers``
+``--redis URL`` announced on Redis; ``--instance``, ``--stream-writers``,
+``--tls-cert``/``--tls-key`` and ``--redis-ca``/``--redis-cert``/``--redis-key``
 as on the command line).
 
 Twisted finds this file through ``twisted.plugins`` on ``sys.path``: run from
@@ -25,7 +26,13 @@ class Options(usage.Options):
         ["instance", None, "master", "this process's instance name"],
         ["secret-file", None, None, "require AUTH with the secret on this file's first line"],
         ["metrics-port", None, None, "serve Prometheus metrics on /metrics at this port", int],
-        ["redis", None, None, "also replicate over this Redis (redis://host:port), channel --server-name"],
+        ["redis", None, None, "also replicate over this Redis (redis://[:PASSWORD@]host:port, rediss:// for TLS),"
+                              " channel --server-name"],
+        ["redis-ca", None, None, "with a rediss:// URL: trust this CA (PEM; default: the system's)"],
+        ["redis-cert", None, None, "with a rediss:// URL: a client certificate (PEM)"],
+        ["redis-key", None, None, "the private key of --redis-cert (PEM)"],
+        ["tls-cert", None, None, "serve replication over TLS with this certificate (PEM; with --tls-key)"],
+        ["tls-key", None, None, "the private key of --tls-cert (PEM)"],
     ]
 
     def __init__(self) -> None:
@@ -46,26 +53,31 @@ class RoomstoreServiceMaker:
     def makeService(self, options: Options):
         from types import SimpleNamespace
 
-        from roomstore.cli import CliError, serve_store_config
+        from roomstore.cli import CliError, redis_tls, serve_store_config
         from roomstore.replication.service import ReplicationServerService, read_secret_file
 
         secret = read_secret_file(options["secret-file"]) if options["secret-file"] else None
         try:
             store_config = serve_store_config(SimpleNamespace(
                 instance=options["instance"], stream_writers=options["stream-writers"], redis=options["redis"]))
-        except CliError as exc:
+            tls = redis_tls(SimpleNamespace(redis=options["redis"], redis_ca=options["redis-ca"],
+                                            redis_cert=options["redis-cert"], redis_key=options["redis-key"]))
+            service = ReplicationServerService(
+                options["db"],
+                port=options["replication-port"],
+                bind=options["bind"],
+                server_name=options["server-name"],
+                instance_name=options["instance"],
+                secret=secret,
+                metrics_port=options["metrics-port"],
+                store_config=store_config,
+                redis_url=options["redis"],
+                redis_tls=tls,
+                tls_cert=options["tls-cert"],
+                tls_key=options["tls-key"],
+            )
+        except (CliError, ValueError) as exc:  # ValueError: TLSConfigError, a bind without protection
             raise usage.UsageError(str(exc)) from None
-        service = ReplicationServerService(
-            options["db"],
-            port=options["replication-port"],
-            bind=options["bind"],
-            server_name=options["server-name"],
-            instance_name=options["instance"],
-            secret=secret,
-            metrics_port=options["metrics-port"],
-            store_config=store_config,
-            redis_url=options["redis"],
-        )
         # Under twistd nothing else notices a failed start-up (database
         # unreachable, port taken): exit instead of running empty.
         service.stop_reactor_on_failure = True

@@ -71,6 +71,7 @@ from roomstore.compaction.job.report import (
 from roomstore.compaction.writer import CompactionWriter, LockHeldError
 from roomstore.progress import progress_bar
 from roomstore.state.groups import full_state_sql
+from roomstore.storage.engines import StorageFullError
 
 log = logging.getLogger("roomstore.compaction")
 
@@ -465,6 +466,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return Driver(args).execute()
     except SystemExit:
         raise
+    except StorageFullError as exc:
+        # Staging (or a swap) ran out of space: that transaction rolled back
+        # whole, swaps committed before it are complete rooms or chunks.
+        log.error(
+            "compaction stopped: %s. No state group's state changed: what was swapped in before stays valid and"
+            " every other group keeps its representation. Free space (the staging tables' disk or tablespace) and"
+            " run it again: it resumes", exc)
+        return 1
     except Exception as exc:
         log.error("compaction failed: %s", exc)
         traceback.print_exc()
