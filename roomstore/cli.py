@@ -149,10 +149,16 @@ def member_text(text: str, wanted: str) -> str:
     return found
 
 
-async def import_file(store, path: str, batch_size: int = 100, progress: bool = False) -> dict:
+async def import_file(
+    store, path: str, batch_size: int = 100, progress: bool = False, strict: bool = False, verify_keys=None
+) -> dict:
     """Import a JSON-lines file in batches; a failing batch is retried event by
     event so one unresolvable event is reported and the rest imported.
 
+    An event whose content hash does not match is stored redacted and reported
+    (one line, ``"error": "content hash mismatch"``); ``strict`` refuses it
+    instead. ``verify_keys`` (``roomstore.events.signatures``): signatures are
+    checked where the keys allow, a bad one refuses the event.
     A progress bar on stderr when it is a terminal, or ``progress`` forces it."""
     from roomstore.events.persist import EventToPersist, MissingStateError
     from roomstore.events.room_versions import UnknownRoomVersion
@@ -161,26 +167,39 @@ async def import_file(store, path: str, batch_size: int = 100, progress: bool = 
     from roomstore.state.merge import ConflictedStateError
 
     expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
+    options = {"refuse_hash_mismatch": strict, "verify_keys": verify_keys}
     lines = list(read_import_lines(path))
     bar = progress_bar(len(lines), "import", "event", force=progress)
-    summary = {"imported": 0, "already_present": 0, "failed": 0}
+    summary = {"imported": 0, "already_present": 0, "failed": 0, "redacted_content_hash_mismatch": 0}
+    unchecked = 0
     for start in range(0, len(lines), batch_size):
         chunk = lines[start : start + batch_size]
         batch = [EventToPersist(raw, version) for _, raw, version in chunk]
         try:
-            results = await store.persist_events(batch)
+            results = list(zip(chunk, await store.persist_events(batch, **options)))
         except expected:
             results = []
-            for (number, raw, version), item in zip(chunk, batch):
+            for line, item in zip(chunk, batch):
                 try:
-                    results.extend(await store.persist_events([item]))
+                    results.extend((line, r) for r in await store.persist_events([item], **options))
                 except expected as exc:
                     summary["failed"] += 1
-                    emit({"line": number, "error": type(exc).__name__, "message": str(exc)})
-        for result in results:
+                    emit({"line": line[0], "error": type(exc).__name__, "message": str(exc)})
+        for (number, _, _), result in results:
             summary["already_present" if result.already_persisted else "imported"] += 1
+            if result.content_hash_mismatch:
+                if not result.already_persisted:
+                    summary["redacted_content_hash_mismatch"] += 1
+                emit({"line": number, "event_id": result.event_id, "error": "content hash mismatch",
+                      "stored": "an earlier copy" if result.already_persisted else "redacted"})
+            unchecked += not result.signatures_checked
         bar.update(len(chunk))
     bar.close()
+    if verify_keys is None:
+        summary["signatures"] = "not checked: no --keys file given"
+    else:
+        summary["signatures"] = {"checked": summary["imported"] + summary["already_present"] - unchecked,
+                                 "unchecked_no_key": unchecked}
     return summary
 
 
@@ -189,13 +208,21 @@ async def cmd_import(reactor, args) -> int:
         raise CliError(f"no such file: {args.file}")
     if os.path.isdir(args.file):
         raise CliError(f"{args.file} is a directory: give a JSON-lines file")
+    verify_keys = None
+    if args.keys:
+        from roomstore.events.signatures import KeysFileError, load_verify_keys
+
+        try:
+            verify_keys = load_verify_keys(args.keys)
+        except (OSError, KeysFileError) as exc:
+            raise CliError(f"--keys: {exc}") from None
     store = await open_store(reactor, args, create=True)
     redis = None
     try:
         if args.redis:
             redis = await connect_redis(reactor, store, args)
         started = time.monotonic()
-        summary = await import_file(store, args.file, args.batch_size, args.progress)
+        summary = await import_file(store, args.file, args.batch_size, args.progress, args.strict, verify_keys)
         if redis is not None:
             await flush_redis(reactor, redis, args)
         summary["seconds"] = round(time.monotonic() - started, 3)
@@ -523,7 +550,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("import", "import events from a JSON-lines file")
     p.add_argument("file", help="JSON lines: one event a line, a bare PDU or {\"room_version\": ..., \"event\": {...}}")
     p.add_argument("--batch-size", type=int, default=100, help="events persisted per transaction (default 100)")
-    p.add_argument("--strict", action="store_true", help="exit 1 if any event failed")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse an event whose content hash does not match (default: store it redacted);"
+                        " exit 1 if any event failed")
+    p.add_argument("--keys", metavar="FILE",
+                   help="check signatures against these verify keys: a JSON object, server name -> {\"ed25519:ID\":"
+                        " \"<unpadded base64 public key>\"} (or the server's /_matrix/key/v2/server response);"
+                        " a bad signature refuses the event; without it signatures are not checked")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--redis", help="announce the imported rows on this Redis (redis://host:port) to live followers")
     p.add_argument("--server-name", default="localhost", help="the homeserver's name: the Redis channel")

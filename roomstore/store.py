@@ -27,6 +27,7 @@ from roomstore.events.persist import BatchOutcome, EventPersister
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventReader, room_versions_txn
+from roomstore.events.signatures import VerifyKeys
 from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
 from roomstore.events.validation import InvalidEventError
 from roomstore.state.groups import (
@@ -194,10 +195,21 @@ class RoomStore:
         self,
         events: Sequence[EventToPersist],
         resolved_current_state: Mapping[str, Mapping[tuple[str, str], str]] | None = None,
+        *,
+        refuse_hash_mismatch: bool = False,
+        verify_keys: VerifyKeys | None = None,
     ) -> list[PersistedEvent]:
         """Persist a batch atomically; returns one result per event given, in order.
 
         An event stored before is a no-op reporting its existing position.
+        An event whose content hash does not match is stored in its redacted
+        form, its result's ``content_hash_mismatch`` set (also when it was
+        stored before: the flag tells of the copy given); with
+        ``refuse_hash_mismatch`` the batch is refused (``ContentHashMismatch``).
+        With ``verify_keys`` (``roomstore.events.signatures``) signatures are
+        checked where the keys allow: a bad one refuses the batch
+        (``InvalidSignature``); ``signatures_checked`` says whether an
+        event's every needed signature was verified.
         Raises ``InvalidEventError`` (bad bytes or fields), ``ConflictedStateError``
         (prev events' states conflict), ``MissingStateError`` (state cannot be
         derived); nothing is written then, and reserved stream IDs still complete.
@@ -205,7 +217,7 @@ class RoomStore:
         if not events:
             return []
         known_versions = await self._known_room_versions(events)
-        prepared = prepare_events(events, known_versions)
+        prepared = prepare_events(events, known_versions, refuse_hash_mismatch, verify_keys)
         await self._refuse_orphans(prepared, known_versions)
         # An event given twice is stored once: the later copies report it as
         # already persisted, and only the first gets a stream ID.
@@ -223,11 +235,17 @@ class RoomStore:
         new = [ev for ev in unique if ev.event_id not in results]
         if new:
             results.update(await self._persist_new(new, resolved_current_state))
-        return [
-            results[ev.event_id] if first_index[ev.event_id] == index
-            else attrs.evolve(results[ev.event_id], already_persisted=True)
-            for index, ev in enumerate(prepared)
-        ]
+        out = []
+        for index, ev in enumerate(prepared):
+            result = results[ev.event_id]
+            if first_index[ev.event_id] != index:
+                result = attrs.evolve(result, already_persisted=True)
+            if ev.content_hash_mismatch or ev.signatures_checked:
+                result = attrs.evolve(
+                    result, content_hash_mismatch=ev.content_hash_mismatch, signatures_checked=ev.signatures_checked
+                )
+            out.append(result)
+        return out
 
     async def _persist_new(self, prepared, resolved_current_state) -> dict[str, PersistedEvent]:
         live = sum(1 for ev in prepared if not ev.backfilled)
