@@ -646,8 +646,14 @@ def main(argv: list[str] | None = None) -> None:
             elif isinstance(exc, (InvalidToken, DatabaseConfigError, SchemaError, ValueError)):
                 sys.stderr.write(f"roomstore {args.command}: {type(exc).__name__}: {exc}\n")
                 code = 2
-            else:
+            elif args.verbose:
                 raise
+            else:
+                # Anything else still gets one line; -v shows the traceback.
+                reason = " ".join(str(exc).split()) or "no message"
+                sys.stderr.write(f"roomstore {args.command}: {type(exc).__name__}: {reason}"
+                                 " (run again with -v for the traceback)\n")
+                code = 1
         if code:
             raise SystemExit(code)  # react() exits with a SystemExit's code
 

@@ -142,6 +142,13 @@ class Engine:
     def check_exists(self) -> None:
         """``DatabaseConfigError`` if the database is missing and may not be created."""
 
+    def check_usable(self) -> None:
+        """Connect once and leave, writing nothing: ``DatabaseConfigError`` or
+        ``DatabaseUnavailableError`` (one line each) if the database is not
+        there, not a database, or cannot be reached."""
+        self.check_exists()
+        self.connect().close()
+
     def convert_sql(self, sql: str) -> str:
         raise NotImplementedError
 
@@ -279,6 +286,19 @@ class SqliteEngine(Engine):
                 f"the SQLite database {self.path} does not exist: check the path, or create it with `roomstore init`"
             )
 
+    def check_usable(self) -> None:
+        self.check_exists()
+        if self.path == ":memory:" or not os.path.exists(self.path):
+            return
+        try:  # read only: no journal-mode change, no file created
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+            try:
+                conn.execute("PRAGMA schema_version").fetchone()
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseConfigError(f"{self.path} is not a SQLite database ({exc}): check the path in --db") from None
+
     def connect(self, pooled: bool = False) -> sqlite3.Connection:
         # (pooled or not: BEGIN costs SQLite no round trip)
         self.check_exists()
@@ -305,6 +325,11 @@ class SqliteEngine(Engine):
                     conn.close()
                     raise
                 time.sleep(0.01)
+            except sqlite3.DatabaseError as exc:  # "file is not a database": the first read of the file
+                conn.close()
+                raise DatabaseConfigError(
+                    f"{self.path} is not a SQLite database ({exc}): check the path in --db"
+                ) from None
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         try:
@@ -429,9 +454,19 @@ class PostgresEngine(Engine):
         ``application_name`` names this process to ``pg_stat_activity``."""
         import psycopg2
 
-        conn = psycopg2.connect(self.dsn, application_name=application_name)
+        try:
+            conn = psycopg2.connect(self.dsn, application_name=application_name)
+        except psycopg2.OperationalError as exc:
+            raise self._unavailable(exc) from None
         conn.autocommit = True
         return conn
+
+    def _unavailable(self, exc: Exception) -> DatabaseUnavailableError:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        return DatabaseUnavailableError(
+            f"cannot connect to PostgreSQL {self.describe()}: {reason}"
+            " (is the server running, and are the URL's host, port, user and database right?)"
+        )
 
     def connect(self, pooled: bool = False) -> Any:
         import psycopg2
@@ -448,11 +483,7 @@ class PostgresEngine(Engine):
         try:
             conn = psycopg2.connect(**params, connection_factory=preparing_connection())
         except psycopg2.OperationalError as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise DatabaseUnavailableError(
-                f"cannot connect to PostgreSQL {self.describe()}: {reason}"
-                " (is the server running, and are the URL's host, port, user and database right?)"
-            ) from None
+            raise self._unavailable(exc) from None
         conn.set_session(
             isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ,
             autocommit=False,

@@ -71,6 +71,7 @@ from roomstore.compaction.job.report import (
 from roomstore.compaction.writer import CompactionWriter, LockHeldError
 from roomstore.progress import progress_bar
 from roomstore.state.groups import full_state_sql
+from roomstore.storage.engines import DatabaseConfigError, DatabaseUnavailableError
 
 log = logging.getLogger("roomstore.compaction")
 
@@ -477,6 +478,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return Driver(args).execute()
     except SystemExit:
         raise
+    except (DatabaseConfigError, DatabaseUnavailableError) as exc:  # what the operator fixes: one line
+        sys.stderr.write(f"roomstore-compact: {exc}\n")
+        return 1
     except Exception as exc:
         log.error("compaction failed: %s", exc)
         traceback.print_exc()

@@ -22,7 +22,7 @@ import attrs
 import pyspark
 
 from roomstore.compaction.job.options import APP_NAME, submit_parser, unreachable_master
-from roomstore.storage.engines import DatabaseConfigError, engine_from_url
+from roomstore.storage.engines import DatabaseConfigError, DatabaseUnavailableError, engine_from_url
 
 #: The file spark-submit runs (a thin entry into :mod:`roomstore.compaction.job.driver`).
 ENTRY_FILE = Path(__file__).resolve().parent.parent / "spark_job.py"
@@ -197,8 +197,10 @@ def submit_main(argv: Optional[Sequence[str]] = None) -> int:
     parser = submit_parser()
     opts = parser.parse_args(argv)  # --help and bad options stop here, before Spark starts
     try:
-        engine_from_url(opts.db, create=False).check_exists()  # a mistyped SQLite path is not a new database
-    except DatabaseConfigError as exc:
+        # A mistyped SQLite path is not a new database; an unreachable server
+        # or a file that is not a database stop here too, before Spark starts.
+        engine_from_url(opts.db, create=False).check_usable()
+    except (DatabaseConfigError, DatabaseUnavailableError) as exc:
         sys.stderr.write(f"roomstore-compact: {exc}\n")
         return 2
     if not opts.print_command:
