@@ -89,8 +89,10 @@ async def report_positions(store) -> None:
 # ---------------------------------------------------------------------- import
 
 
-def read_import_lines(path: str) -> Iterator[tuple[int, bytes, str | None]]:
-    """(line number, event bytes, room version or None) per non-blank line.
+def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None]]:
+    """(line number, event bytes, room version or None) per non-blank line;
+    for a line that cannot be an event (not UTF-8 JSON, truncated, a wrapped
+    line whose ``room_version`` is not a string): (line number, None, why).
 
     A bare PDU line is stored byte for byte; so is the event of a wrapped line
     ``{"room_version": ..., "event": {...}}``: its bytes exactly as they
@@ -105,11 +107,13 @@ def read_import_lines(path: str) -> Iterator[tuple[int, bytes, str | None]]:
                 text = line.decode("utf-8")
                 obj = json.loads(text)
             except (UnicodeDecodeError, ValueError) as exc:
-                raise CliError(f"{path}:{number}: not a JSON object: {exc}") from None
+                yield number, None, f"not a JSON object ({exc}): a truncated or damaged line?"
+                continue
             if isinstance(obj, dict) and "event" in obj and isinstance(obj.get("event"), dict):
                 version = obj.get("room_version")
                 if version is not None and not isinstance(version, str):
-                    raise CliError(f"{path}:{number}: room_version must be a string")
+                    yield number, None, "room_version must be a string"
+                    continue
                 yield number, member_text(text, "event").encode("utf-8"), version
             else:
                 yield number, line, None
@@ -168,9 +172,15 @@ async def import_file(
 
     expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
     options = {"refuse_hash_mismatch": strict, "verify_keys": verify_keys}
-    lines = list(read_import_lines(path))
-    bar = progress_bar(len(lines), "import", "event", force=progress)
+    lines = []
     summary = {"imported": 0, "already_present": 0, "failed": 0, "redacted_content_hash_mismatch": 0}
+    for number, raw, version in read_import_lines(path):
+        if raw is None:  # reported, the other lines imported
+            summary["failed"] += 1
+            emit({"line": number, "error": "BadLine", "message": version})
+        else:
+            lines.append((number, raw, version))
+    bar = progress_bar(len(lines), "import", "event", force=progress)
     unchecked = 0
     for start in range(0, len(lines), batch_size):
         chunk = lines[start : start + batch_size]

@@ -142,10 +142,14 @@ class RoomStore:
         the database's reactor).
         ``create=False``: a database URL naming a SQLite file that does not
         exist raises ``DatabaseConfigError`` instead of creating it.
+        ``StoreConfig(read_only=True)``: nothing is written, the schema neither
+        created nor upgraded (``SchemaError`` says to run ``roomstore init``).
         """
         config = config or StoreConfig()
         if isinstance(database, str):
-            db = Database.from_url(database, reactor, create)
+            # A read-only store's connections cannot write: it never creates
+            # or migrates the schema, and refuses a database without one.
+            db = Database.from_url(database, reactor, create and not config.read_only, read_only=config.read_only)
             owns_db = True
         else:
             db, owns_db = database, False
@@ -155,7 +159,10 @@ class RoomStore:
                 # Before anything is written or recovered: recovery assumes
                 # no other live process is this instance.
                 writer_lock = await WriterLock.acquire(db, config.instance_name)
-            await db.prepare()
+            if config.read_only:
+                await db.check_schema()
+            else:
+                await db.prepare()
             generators = await open_builtin_generators(
                 db, config.instance_name, config.stream_writers, read_only=config.read_only
             )

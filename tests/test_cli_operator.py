@@ -152,3 +152,90 @@ class SampleHashTests(unittest.TestCase):
         self.assertEqual(code, 2)
         self.assertEqual(len(err.strip().splitlines()), 1, err)
         self.assertIn("--keys", err)
+
+
+READ_COMMANDS = {
+    "stats": [],
+    "state": ["$" + "A" * 43],
+    "messages": ["!room0:example.org", "--user", "@user0:example.org"],
+    "sync": ["--user", "@user0:example.org"],
+    "recent": ["--user", "@user0:example.org"],
+}
+
+
+def tree(directory: str) -> dict[str, bytes]:
+    return {name: open(os.path.join(directory, name), "rb").read() for name in sorted(os.listdir(directory))}
+
+
+class ReadCommandsWriteNothingTests(unittest.TestCase):
+    def test_an_empty_file_stays_empty(self):
+        directory = tempfile.mkdtemp(prefix="roomstore-readonly-")
+        path = os.path.join(directory, "empty.db")
+        open(path, "wb").close()
+        for command, extra in READ_COMMANDS.items():
+            code, out, err = run_cli(command, *extra, "--db", f"sqlite:///{path}")
+            self.assertEqual(code, 2, err)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+            self.assertIn("has no roomstore schema", err)
+            self.assertIn("roomstore init", err)
+            self.assertEqual(tree(directory), {"empty.db": b""}, command)
+
+    def test_reads_of_a_store_leave_every_file_as_it_was(self):
+        directory = tempfile.mkdtemp(prefix="roomstore-readonly-")
+        sample = os.path.join(directory, "sample.jsonl")
+        write_sample(sample, rooms=1, events_per_room=60, seed=4)
+        db = os.path.join(directory, "store.db")
+        code, imported, err = run_cli("import", sample, "--db", f"sqlite:///{db}")
+        self.assertEqual(code, 0, err)
+        before = tree(directory)
+        self.assertEqual(sorted(before), ["sample.jsonl", "store.db", "store.db.writer-lock"])
+        for command, extra in READ_COMMANDS.items():
+            code, out, err = run_cli(command, *extra, "--db", f"sqlite:///{db}")
+            self.assertIn(code, (0, 2), err)
+            self.assertEqual(tree(directory), before, command)  # no byte changed, no -wal/-shm left
+        code, out, err = run_cli("stats", "--db", f"sqlite:///{db}")
+        self.assertEqual(code, 0, err)
+        self.assertEqual({r["table"]: r["rows"] for r in out}["events"], imported[-1]["imported"])
+
+
+@on_both_engines
+class ReadOnlyAndBadLineTests:
+    async def cli(self, *args):
+        return await threads.deferToThread(run_cli, *args)
+
+    async def test_read_commands_on_a_database_without_schema_create_nothing(self):
+        url = self.new_database_url()
+        if url.startswith("sqlite"):
+            open(url[len("sqlite:///"):], "wb").close()
+        for command, extra in READ_COMMANDS.items():
+            code, out, err = await self.cli(command, *extra, "--db", url)
+            self.assertEqual(code, 2, err)
+            self.assertIn("has no roomstore schema", err)
+        db = await self.make_database(url, prepare=False)
+        tables = await db.run_interaction("tables", lambda t: t.engine.table_exists(t._cursor, "events")
+                                          or t.engine.table_exists(t._cursor, "schema_version"))
+        await db.close()
+        self.assertFalse(tables)
+
+    async def test_truncated_and_bad_lines_are_reported_and_the_rest_imported(self):
+        directory = tempfile.mkdtemp(prefix="roomstore-badline-")
+        sample = os.path.join(directory, "sample.jsonl")
+        write_sample(sample, rooms=1, events_per_room=20, seed=6)
+        with open(sample, "rb") as handle:
+            lines = handle.read().splitlines()
+        good = lines[:10]
+        damaged = os.path.join(directory, "damaged.jsonl")
+        with open(damaged, "wb") as handle:
+            handle.write(b"\n".join(good[:5] + [b"\xff\xfe not utf-8", b'{"room_version": 10, "event": {}}']
+                                    + good[5:] + [lines[10][: len(lines[10]) // 2]]))
+        url = self.new_database_url()
+        code, out, err = await self.cli("import", damaged, "--db", url)
+        self.assertEqual(code, 0, err)
+        bad = [o for o in out if o.get("error") == "BadLine"]
+        self.assertEqual([o["line"] for o in bad], [6, 7, 13])
+        self.assertIn("truncated", bad[-1]["message"])
+        self.assertEqual(out[-1]["imported"], 10)
+        self.assertEqual(out[-1]["failed"], 3)
+        code, out, err = await self.cli("import", damaged, "--db", url, "--strict")
+        self.assertEqual(code, 1, err)
+        self.assertEqual(out[-1]["already_present"], 10)
