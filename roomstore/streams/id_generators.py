@@ -41,7 +41,8 @@ log = Logger()
 stream_position_gauge = Gauge(
     "roomstore_stream_position",
     "Per-writer current position of each stream, as this process knows it",
-    ["stream", "instance"],
+    # "writer", not "instance": Prometheus sets "instance" on every scraped series (the target).
+    ["stream", "writer"],
 )
 stream_linear_position_gauge = Gauge(
     "roomstore_stream_linear_position",
