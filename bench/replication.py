@@ -271,7 +271,7 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
             profiler.dump_stats(profile_path)
         rdata = REGISTRY.get_sample_value("roomstore_replication_commands_received_total",
                                           {"side": "client", "command": "RDATA"}) or 0.0
-        received = REGISTRY.get_sample_value("roomstore_replication_bytes_received_total", {"side": "client"}) or 0.0
+        received = REGISTRY.get_sample_value("roomstore_replication_received_bytes_total", {"side": "client"}) or 0.0
         factory.stop()
         live = first_row and os.environ.get("BENCH_LIVE")
         start, cpu_start = (first_row[0], first_cpu[0]) if live else (connected[0], connected_cpu[0])

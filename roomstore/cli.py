@@ -13,12 +13,13 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Callable
 
 from twisted.internet import defer, task
 
 from roomstore import cli_synapse
 from roomstore.cli_common import CliError, emit
+from roomstore.cli_import import import_file
 
 DEFAULT_DB = "sqlite:///var/roomstore.db"
 SAMPLE_PATH = os.path.join(os.path.dirname(__file__), "data", "sample-rooms.jsonl")
@@ -84,112 +85,19 @@ async def report_positions(store) -> None:
 # ---------------------------------------------------------------------- import
 
 
-def read_import_lines(path: str) -> Iterator[tuple[int, bytes, str | None]]:
-    """(line number, event bytes, room version or None) per non-blank line.
-
-    A bare PDU line is stored byte for byte; so is the event of a wrapped line
-    ``{"room_version": ..., "event": {...}}``: its bytes exactly as they
-    stand on the line.
-    """
-    with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                text = line.decode("utf-8")
-                obj = json.loads(text)
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise CliError(f"{path}:{number}: not a JSON object: {exc}") from None
-            if isinstance(obj, dict) and "event" in obj and isinstance(obj.get("event"), dict):
-                version = obj.get("room_version")
-                if version is not None and not isinstance(version, str):
-                    raise CliError(f"{path}:{number}: room_version must be a string")
-                yield number, member_text(text, "event").encode("utf-8"), version
-            else:
-                yield number, line, None
-
-
-_DECODER = json.JSONDecoder()
-_WHITESPACE = " \t\n\r"
-
-
-def member_text(text: str, wanted: str) -> str:
-    """The text of member ``wanted``'s value in the JSON object ``text``, as
-    written (the last one, as ``json.loads`` keeps the last of repeated keys).
-
-    ``text`` is known to parse as an object with that member.
-    """
-    found = None
-    pos = text.index("{") + 1
-    while True:
-        while text[pos] in _WHITESPACE:
-            pos += 1
-        if text[pos] == "}":
-            break
-        key, pos = json.decoder.scanstring(text, pos + 1)
-        while text[pos] in _WHITESPACE + ":":
-            pos += 1
-        _, end = _DECODER.raw_decode(text, pos)
-        if key == wanted:
-            found = text[pos:end]
-        pos = end
-        while text[pos] in _WHITESPACE:
-            pos += 1
-        if text[pos] == ",":
-            pos += 1
-        else:
-            break
-    assert found is not None, wanted
-    return found
-
-
-async def import_file(store, path: str, batch_size: int = 100, progress: bool = False,
-                      summary: dict | None = None) -> dict:
-    """Import a JSON-lines file in batches; a failing batch is retried event by
-    event so one unresolvable event is reported and the rest imported.
-
-    A progress bar on stderr when it is a terminal, or ``progress`` forces it.
-    ``summary`` (filled as it goes) keeps the counts when an error stops it:
-    ``next_line`` is the first line not imported."""
-    from roomstore.events.persist import EventToPersist, MissingStateError
-    from roomstore.events.room_versions import UnknownRoomVersion
-    from roomstore.events.validation import InvalidEventError
-    from roomstore.progress import progress_bar
-    from roomstore.state.merge import ConflictedStateError
-
-    expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
-    lines = list(read_import_lines(path))
-    bar = progress_bar(len(lines), "import", "event", force=progress)
-    summary = {} if summary is None else summary
-    summary.update(imported=0, already_present=0, failed=0)
-    for start in range(0, len(lines), batch_size):
-        chunk = lines[start : start + batch_size]
-        summary["next_line"] = chunk[0][0]
-        batch = [EventToPersist(raw, version) for _, raw, version in chunk]
-        try:
-            results = await store.persist_events(batch)
-        except expected:
-            results = []
-            for (number, raw, version), item in zip(chunk, batch):
-                try:
-                    results.extend(await store.persist_events([item]))
-                except expected as exc:
-                    summary["failed"] += 1
-                    emit({"line": number, "error": type(exc).__name__, "message": str(exc)})
-        for result in results:
-            summary["already_present" if result.already_persisted else "imported"] += 1
-        bar.update(len(chunk))
-    bar.close()
-    summary.pop("next_line", None)
-    return summary
-
-
 async def cmd_import(reactor, args) -> int:
     if not os.path.exists(args.file):
         raise CliError(f"no such file: {args.file}")
     if os.path.isdir(args.file):
         raise CliError(f"{args.file} is a directory: give a JSON-lines file")
+    verify_keys = None
+    if args.keys:
+        from roomstore.events.signatures import KeysFileError, load_verify_keys
+
+        try:
+            verify_keys = load_verify_keys(args.keys)
+        except (OSError, KeysFileError) as exc:
+            raise CliError(f"--keys: {exc}") from None
     from roomstore.storage import StorageFullError
 
     try:
@@ -203,7 +111,7 @@ async def cmd_import(reactor, args) -> int:
             redis = await connect_redis(reactor, store, args)
         started = time.monotonic()
         try:
-            await import_file(store, args.file, args.batch_size, args.progress, summary)
+            await import_file(store, args.file, args.batch_size, args.progress, args.strict, verify_keys, summary)
         except StorageFullError as exc:
             # What committed stays (each batch is one transaction); the same
             # import run again skips it as already present.
@@ -583,7 +491,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("import", "import events from a JSON-lines file")
     p.add_argument("file", help="JSON lines: one event a line, a bare PDU or {\"room_version\": ..., \"event\": {...}}")
     p.add_argument("--batch-size", type=int, default=100, help="events persisted per transaction (default 100)")
-    p.add_argument("--strict", action="store_true", help="exit 1 if any event failed")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse an event whose content hash does not match (default: store it redacted);"
+                        " exit 1 if any event failed")
+    p.add_argument("--keys", metavar="FILE",
+                   help="check signatures against these verify keys: a JSON object, server name -> {\"ed25519:ID\":"
+                        " \"<unpadded base64 public key>\"} (or the server's /_matrix/key/v2/server response);"
+                        " a bad signature refuses the event; without it signatures are not checked")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--redis", help="announce the imported rows on this Redis (redis://[:PASSWORD@]host:port;"
                    " rediss:// for TLS) to live followers")
@@ -683,8 +597,14 @@ def main(argv: list[str] | None = None) -> None:
             elif isinstance(exc, (InvalidToken, DatabaseConfigError, SchemaError, ValueError)):
                 sys.stderr.write(f"roomstore {args.command}: {type(exc).__name__}: {exc}\n")
                 code = 2
-            else:
+            elif args.verbose:
                 raise
+            else:
+                # Anything else still gets one line; -v shows the traceback.
+                reason = " ".join(str(exc).split()) or "no message"
+                sys.stderr.write(f"roomstore {args.command}: {type(exc).__name__}: {reason}"
+                                 " (run again with -v for the traceback)\n")
+                code = 1
         if code:
             raise SystemExit(code)  # react() exits with a SystemExit's code
 

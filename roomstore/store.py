@@ -27,6 +27,7 @@ from roomstore.events.persist import BatchOutcome, EventPersister
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader, room_versions_txn
+from roomstore.events.signatures import VerifyKeys
 from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
 from roomstore.events.validation import InvalidEventError
 from roomstore.state.groups import (
@@ -141,10 +142,14 @@ class RoomStore:
         the database's reactor).
         ``create=False``: a database URL naming a SQLite file that does not
         exist raises ``DatabaseConfigError`` instead of creating it.
+        ``StoreConfig(read_only=True)``: nothing is written, the schema neither
+        created nor upgraded (``SchemaError`` says to run ``roomstore init``).
         """
         config = config or StoreConfig()
         if isinstance(database, str):
-            db = Database.from_url(database, reactor, create)
+            # A read-only store's connections cannot write: it never creates
+            # or migrates the schema, and refuses a database without one.
+            db = Database.from_url(database, reactor, create and not config.read_only, read_only=config.read_only)
             owns_db = True
         else:
             db, owns_db = database, False
@@ -154,7 +159,10 @@ class RoomStore:
                 # Before anything is written or recovered: recovery assumes
                 # no other live process is this instance.
                 writer_lock = await WriterLock.acquire(db, config.instance_name)
-            await db.prepare()
+            if config.read_only:
+                await db.check_schema()
+            else:
+                await db.prepare()
             generators = await open_builtin_generators(
                 db, config.instance_name, config.stream_writers, read_only=config.read_only
             )
@@ -194,10 +202,21 @@ class RoomStore:
         self,
         events: Sequence[EventToPersist],
         resolved_current_state: Mapping[str, Mapping[tuple[str, str], str]] | None = None,
+        *,
+        refuse_hash_mismatch: bool = False,
+        verify_keys: VerifyKeys | None = None,
     ) -> list[PersistedEvent]:
         """Persist a batch atomically; returns one result per event given, in order.
 
         An event stored before is a no-op reporting its existing position.
+        An event whose content hash does not match is stored in its redacted
+        form, its result's ``content_hash_mismatch`` set (also when it was
+        stored before: the flag tells of the copy given); with
+        ``refuse_hash_mismatch`` the batch is refused (``ContentHashMismatch``).
+        With ``verify_keys`` (``roomstore.events.signatures``) signatures are
+        checked where the keys allow: a bad one refuses the batch
+        (``InvalidSignature``); ``signatures_checked`` says whether an
+        event's every needed signature was verified.
         Raises ``InvalidEventError`` (bad bytes or fields), ``ConflictedStateError``
         (prev events' states conflict), ``MissingStateError`` (state cannot be
         derived); nothing is written then, and reserved stream IDs still complete.
@@ -205,7 +224,7 @@ class RoomStore:
         if not events:
             return []
         known_versions = await self._known_room_versions(events)
-        prepared = prepare_events(events, known_versions)
+        prepared = prepare_events(events, known_versions, refuse_hash_mismatch, verify_keys)
         await self._refuse_orphans(prepared, known_versions)
         # An event given twice is stored once: the later copies report it as
         # already persisted, and only the first gets a stream ID.
@@ -223,11 +242,17 @@ class RoomStore:
         new = [ev for ev in unique if ev.event_id not in results]
         if new:
             results.update(await self._persist_new(new, resolved_current_state))
-        return [
-            results[ev.event_id] if first_index[ev.event_id] == index
-            else attrs.evolve(results[ev.event_id], already_persisted=True)
-            for index, ev in enumerate(prepared)
-        ]
+        out = []
+        for index, ev in enumerate(prepared):
+            result = results[ev.event_id]
+            if first_index[ev.event_id] != index:
+                result = attrs.evolve(result, already_persisted=True)
+            if ev.content_hash_mismatch or ev.signatures_checked:
+                result = attrs.evolve(
+                    result, content_hash_mismatch=ev.content_hash_mismatch, signatures_checked=ev.signatures_checked
+                )
+            out.append(result)
+        return out
 
     async def _persist_new(self, prepared, resolved_current_state) -> dict[str, PersistedEvent]:
         live = sum(1 for ev in prepared if not ev.backfilled)

@@ -20,7 +20,7 @@ import tempfile
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.cli import read_import_lines
+from roomstore.cli_import import read_import_lines
 from roomstore.events.room_versions import get_room_version
 from roomstore.events.validation import parse_pdu
 from roomstore.store import RoomStore, StoreConfig

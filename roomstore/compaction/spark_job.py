@@ -15,6 +15,10 @@ if __name__ == "__main__":
     # executors must find the functions by their package name (from --py-files).
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    import warnings
+
+    # pyspark warns on import about newer pandas; the job's own checks cover what it uses.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark(\..*)?")
     from roomstore.compaction.job.driver import main
 
     sys.exit(main())

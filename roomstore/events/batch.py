@@ -14,7 +14,9 @@ from typing import Mapping, Sequence
 
 import attrs
 
+from roomstore.events.content_hash import checked_pdu
 from roomstore.events.room_versions import get_room_version
+from roomstore.events.signatures import VerifyKeys, signatures_checked
 from roomstore.events.validation import InvalidEventError, ParsedPdu, parse_pdu
 
 StateKey = tuple[str, str]
@@ -58,6 +60,12 @@ class PersistedEvent:
     state_group_before: int | None
     state_group: int | None
     already_persisted: bool = False
+    #: The event's content hash did not match: it is stored in its redacted
+    #: form (``events/content_hash.py``).
+    content_hash_mismatch: bool = False
+    #: Every signature the event needs was verified against the keys given
+    #: (``persist_events(verify_keys=...)``); False when none were given.
+    signatures_checked: bool = False
 
     @property
     def stream_token(self) -> str:
@@ -77,6 +85,10 @@ class PreparedEvent:
     rejected_reason: str | None
     backfilled: bool
     state_before: Mapping[StateKey, str] | StateDelta | None
+    #: Its content hash failed: ``pdu`` is its redacted form (events/content_hash.py).
+    content_hash_mismatch: bool = False
+    #: Every signature it needs was verified (``events/signatures.py``).
+    signatures_checked: bool = False
     event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
 
 
@@ -95,9 +107,18 @@ def peek_room_version(raw: bytes) -> tuple[str | None, str | None, str | None]:
     return room_id, event_type, version if isinstance(version, str) else None
 
 
-def prepare_events(events: Sequence[EventToPersist], known_versions: Mapping[str, str]) -> list[PreparedEvent]:
+def prepare_events(
+    events: Sequence[EventToPersist],
+    known_versions: Mapping[str, str],
+    refuse_hash_mismatch: bool = False,
+    verify_keys: VerifyKeys | None = None,
+) -> list[PreparedEvent]:
     """Validate a batch; resolve room versions from the batch's create events
-    and ``known_versions`` (room_id -> version) where not given."""
+    and ``known_versions`` (room_id -> version) where not given. With
+    ``verify_keys``, signatures are checked where the keys allow
+    (``InvalidSignature``). An event whose content hash fails is replaced by
+    its redacted form, or with ``refuse_hash_mismatch`` refused
+    (``ContentHashMismatch``)."""
     versions = dict(known_versions)
     prepared = []
     for index, item in enumerate(events):
@@ -116,9 +137,13 @@ def prepare_events(events: Sequence[EventToPersist], known_versions: Mapping[str
                     "(persist its create event first, or pass room_version)"
                 )
         pdu = parse_pdu(item.raw, get_room_version(version_id))
+        signed = verify_keys is not None and signatures_checked(pdu, verify_keys)
+        pdu, mismatch = checked_pdu(pdu, refuse_hash_mismatch)
         if pdu.type == "m.room.create" and pdu.state_key == "":
             versions[pdu.room_id] = version_id
-        prepared.append(PreparedEvent(pdu, item.outlier, item.rejected_reason, item.backfilled, item.state_before))
+        prepared.append(
+            PreparedEvent(pdu, item.outlier, item.rejected_reason, item.backfilled, item.state_before, mismatch, signed)
+        )
     return prepared
 
 

@@ -418,7 +418,7 @@ class _BatchWriter:
                 ev.rejected_reason, ev.backfilled, False, group_before, group_after,
                 visibility_before, visibility_after,
             ))
-            json_rows.append((event_nid, pdu.room_version.identifier, pdu.raw))
+            json_rows.append((event_nid, pdu.room_version.identifier, pdu.raw, ev.content_hash_mismatch))
             edge_rows.extend((event_nid, nid[p]) for p in dict.fromkeys(pdu.prev_event_ids))
             # With v12's implied create event: the auth chain's edges, as Synapse's event_auth.
             auth_rows.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
@@ -444,7 +444,8 @@ class _BatchWriter:
             event_rows,
             queue=True,
         )
-        txn.insert_many("event_json", ("event_nid", "room_version", "json"), json_rows, queue=True)
+        # censored: the bytes are the redacted form (a content hash mismatch, events/content_hash.py)
+        txn.insert_many("event_json", ("event_nid", "room_version", "json", "censored"), json_rows, queue=True)
         txn.insert_many("event_edges", ("event_nid", "prev_event_nid"), edge_rows, queue=True)
         txn.insert_many("event_auth_edges", ("event_nid", "auth_event_nid"), auth_rows, queue=True)
         txn.insert_many(

@@ -42,12 +42,12 @@ COMMANDS_SENT = Counter(
     ["side", "command"],
 )
 BYTES_RECEIVED = Counter(
-    "roomstore_replication_bytes_received",
+    "roomstore_replication_received_bytes",
     "Bytes of replication lines received (including the delimiter)",
     ["side"],
 )
 BYTES_SENT = Counter(
-    "roomstore_replication_bytes_sent",
+    "roomstore_replication_sent_bytes",
     "Bytes of replication lines written to the transport (including the delimiter)",
     ["side"],
 )
@@ -116,5 +116,6 @@ REDIS_RDATA_BEFORE_POSITION = Counter(
 APPLIED_POSITION = Gauge(
     "roomstore_replication_applied_position",
     "Per stream and writer, the newest token this process has applied from replication",
-    ["stream", "instance"],
+    # "writer", not "instance": Prometheus sets "instance" on every scraped series (the target).
+    ["stream", "writer"],
 )

@@ -10,13 +10,8 @@ Public face:
 """
 
 from roomstore.storage.database import Database, RetryTransaction, Transaction, open_database
-from roomstore.storage.engines import (
-    DatabaseConfigError,
-    DatabaseUnavailableError,
-    Engine,
-    StorageFullError,
-    engine_from_url,
-)
+from roomstore.storage.engines import Engine, engine_from_url
+from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError, StorageFullError
 from roomstore.storage.schema import SCHEMA_VERSION, SchemaError, SchemaTooNewError
 
 __all__ = [

@@ -20,7 +20,8 @@ from twisted.internet import defer, threads
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-from roomstore.storage.engines import Engine, StorageFullError, engine_from_url
+from roomstore.storage.engines import Engine, engine_from_url
+from roomstore.storage.errors import StorageFullError
 from roomstore.storage.transaction import RetryTransaction, Transaction
 
 __all__ = ["Database", "RetryTransaction", "Transaction", "open_database", "run_transaction"]
@@ -141,10 +142,11 @@ class Database:
         self._drained: list[defer.Deferred] = []
 
     @classmethod
-    def from_url(cls, url: str, reactor: Any = None, create: bool = True) -> "Database":
+    def from_url(cls, url: str, reactor: Any = None, create: bool = True, read_only: bool = False) -> "Database":
         """``create=False``: a SQLite file that does not exist is refused
-        (``DatabaseConfigError``) rather than created."""
-        engine = engine_from_url(url, create)
+        (``DatabaseConfigError``) rather than created. ``read_only``:
+        connections that cannot write (``engine_from_url``)."""
+        engine = engine_from_url(url, create, read_only)
         engine.check_exists()
         return cls(engine, reactor)
 
@@ -153,6 +155,13 @@ class Database:
         from roomstore.storage.schema import prepare_database
 
         return await self.run_interaction("prepare_database", prepare_database, schema_dir)
+
+    async def check_schema(self) -> int:
+        """The schema version, which must be current; writes nothing
+        (``roomstore.storage.schema.check_schema_txn``)."""
+        from roomstore.storage.schema import check_schema_txn
+
+        return await self.run_interaction("check_schema", check_schema_txn)
 
     @property
     def closed(self) -> bool:

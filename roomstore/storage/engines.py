@@ -16,28 +16,16 @@ import json
 import os
 import re
 import sqlite3
-import time
 import urllib.parse
 from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
+from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError
 from roomstore.storage.pg_connection import is_stale_plan, preparing_connection
+from roomstore.storage.sqlite_connection import check_sqlite_file, connect_sqlite
 
 
-class DatabaseConfigError(ValueError):
-    """The database URL or its options are not usable."""
-
-
-class StorageFullError(OSError):
-    """The database ran out of space (a full disk, a full PostgreSQL
-    tablespace). The transaction was rolled back whole; the message says
-    where, in one line. Free space and run it again."""
-
-
-class DatabaseUnavailableError(ConnectionError):
-    """The database server cannot be reached (or refuses us): the message says
-    which server and why, in one line."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -148,6 +136,13 @@ class Engine:
     def check_exists(self) -> None:
         """``DatabaseConfigError`` if the database is missing and may not be created."""
 
+    def check_usable(self) -> None:
+        """Connect once and leave, writing nothing: ``DatabaseConfigError`` or
+        ``DatabaseUnavailableError`` (one line each) if the database is not
+        there, not a database, or cannot be reached."""
+        self.check_exists()
+        self.connect().close()
+
     def convert_sql(self, sql: str) -> str:
         raise NotImplementedError
 
@@ -256,6 +251,9 @@ class SqliteEngine(Engine):
     #: False: a missing file is an error (a mistyped path must not become a
     #: new, empty database), not created with its directories.
     create: bool = True
+    #: Open the file so that nothing writes to it (``PRAGMA query_only``, no
+    #: journal-mode change, plain ``BEGIN``): the read commands' stores.
+    read_only: bool = False
 
     name = "sqlite"
     supports_sequences = False
@@ -289,43 +287,18 @@ class SqliteEngine(Engine):
                 f"the SQLite database {self.path} does not exist: check the path, or create it with `roomstore init`"
             )
 
+    def check_usable(self) -> None:
+        self.check_exists()
+        if self.path != ":memory:" and os.path.exists(self.path):
+            check_sqlite_file(self.path)
+
     def connect(self, pooled: bool = False) -> sqlite3.Connection:
         # (pooled or not: BEGIN costs SQLite no round trip)
         self.check_exists()
         if self.path != ":memory:" and self.create:
             parent = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(parent, exist_ok=True)
-        # isolation_level=None: we issue BEGIN ourselves, so DDL is transactional too.
-        conn = sqlite3.connect(
-            self.path,
-            isolation_level=None,
-            check_same_thread=False,
-            timeout=self.busy_timeout_ms / 1000,
-        )
-        # A journal-mode change needs the file to itself, and SQLite may answer
-        # "database is locked" at once (without its busy handler) while another
-        # process is creating or migrating it: retry up to the busy timeout.
-        deadline = time.monotonic() + self.busy_timeout_ms / 1000
-        while True:
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() >= deadline:
-                    conn.close()
-                    raise
-                time.sleep(0.01)
-        conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
-        try:
-            conn.execute("SELECT json_group_array(1)")  # packed_ints_sql's functions
-        except sqlite3.OperationalError:
-            conn.close()
-            raise DatabaseConfigError(
-                f"this Python's SQLite ({sqlite3.sqlite_version}) has no JSON functions:"
-                " use a Python built with SQLite 3.38 or later (or with its JSON1 extension)"
-            ) from None
-        return conn
+        return connect_sqlite(self.path, self.synchronous, self.busy_timeout_ms, self.read_only)
 
     def convert_sql(self, sql: str) -> str:
         return sql
@@ -341,7 +314,8 @@ class SqliteEngine(Engine):
         return sql
 
     def begin(self, cursor: Any) -> None:
-        cursor.execute("BEGIN IMMEDIATE")
+        # A reader takes no write lock (and a read-only file could not).
+        cursor.execute("BEGIN" if self.read_only else "BEGIN IMMEDIATE")
 
     # The sqlite3 module spends ~0.3 us a row (each step of the cursor lets
     # the GIL go and takes it back, then builds a tuple): for 10,000 rows
@@ -394,6 +368,9 @@ class PostgresEngine(Engine):
     #: statement a plain execute (a pooler that hands each transaction another
     #: server session, such as pgbouncer's transaction mode, loses them).
     max_prepared: int = 64
+    #: Every transaction read-only (``default_transaction_read_only``): the
+    #: read commands' stores.
+    read_only: bool = False
 
     name = "postgres"
     supports_sequences = True
@@ -443,9 +420,19 @@ class PostgresEngine(Engine):
         ``application_name`` names this process to ``pg_stat_activity``."""
         import psycopg2
 
-        conn = psycopg2.connect(self.dsn, application_name=application_name)
+        try:
+            conn = psycopg2.connect(self.dsn, application_name=application_name)
+        except psycopg2.OperationalError as exc:
+            raise self._unavailable(exc) from None
         conn.autocommit = True
         return conn
+
+    def _unavailable(self, exc: Exception) -> DatabaseUnavailableError:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        return DatabaseUnavailableError(
+            f"cannot connect to PostgreSQL {self.describe()}: {reason}"
+            " (is the server running, and are the URL's host, port, user and database right?)"
+        )
 
     def connect(self, pooled: bool = False) -> Any:
         import psycopg2
@@ -458,15 +445,12 @@ class PostgresEngine(Engine):
         # visibility subqueries of a timeline page above jit_above_cost and
         # compiles ~180 functions for it, 60-260 ms a page
         # (bench/timeline_reads.py, section p, after ANALYZE).
-        params["options"] = " ".join(filter(None, ["-c jit=off", params.get("options")]))
+        read_only = "-c default_transaction_read_only=on" if self.read_only else None
+        params["options"] = " ".join(filter(None, ["-c jit=off", read_only, params.get("options")]))
         try:
             conn = psycopg2.connect(**params, connection_factory=preparing_connection())
         except psycopg2.OperationalError as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise DatabaseUnavailableError(
-                f"cannot connect to PostgreSQL {self.describe()}: {reason}"
-                " (is the server running, and are the URL's host, port, user and database right?)"
-            ) from None
+            raise self._unavailable(exc) from None
         conn.set_session(
             isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ,
             autocommit=False,
@@ -621,7 +605,7 @@ def _single(options: Mapping[str, list[str]], key: str) -> str | None:
     return values[-1] if values else None
 
 
-def engine_from_url(url: str, create: bool = True) -> Engine:
+def engine_from_url(url: str, create: bool = True, read_only: bool = False) -> Engine:
     """Build the engine a URL names.
 
     ``sqlite:///relative/path.db``, ``sqlite:////abs/path.db`` or
@@ -629,6 +613,8 @@ def engine_from_url(url: str, create: bool = True) -> Engine:
     URL). Options of ours ride in the query string and are removed before the
     URL reaches libpq: ``synchronous`` (SQLite), ``cp_max`` (PostgreSQL pool size),
     ``max_prepared`` (PostgreSQL prepared statements kept per connection, 0 for none).
+    ``read_only``: connections that cannot write (SQLite ``mode=ro``,
+    PostgreSQL read-only transactions).
     """
     if not isinstance(url, str) or "://" not in url:
         raise DatabaseConfigError(
@@ -645,7 +631,7 @@ def engine_from_url(url: str, create: bool = True) -> Engine:
         synchronous = (_single(options, "synchronous") or "FULL").upper()
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise DatabaseConfigError(f"unknown SQLite synchronous mode {synchronous!r}")
-        return SqliteEngine(path=path, synchronous=synchronous, create=create)
+        return SqliteEngine(path=path, synchronous=synchronous, create=create and not read_only, read_only=read_only)
     if scheme in ("postgresql", "postgres"):
         parsed = urllib.parse.urlsplit(url)
         options = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
@@ -663,7 +649,7 @@ def engine_from_url(url: str, create: bool = True) -> Engine:
             raise DatabaseConfigError(f"cp_max must be an integer, not {cp_max!r}") from None
         if size < 1:
             raise DatabaseConfigError("cp_max must be at least 1")
-        engine = PostgresEngine(dsn=dsn, max_connections=size)
+        engine = PostgresEngine(dsn=dsn, max_connections=size, read_only=read_only)
         if max_prepared is not None:
             try:
                 engine.max_prepared = int(max_prepared)

@@ -139,3 +139,27 @@ def prepare_database(txn: Transaction, override_dir: str | None = None, target: 
             )
         txn.execute("UPDATE schema_version SET version = ?", (version,))
     return target
+
+
+def check_schema_txn(txn: Transaction, target: int | None = None) -> int:
+    """For a process that must not write (the read commands): the schema
+    version, which must be ``target`` (default ``SCHEMA_VERSION``); a database
+    without the schema, or at another version, raises ``SchemaError`` saying
+    what to run. Nothing is created or upgraded."""
+    target = SCHEMA_VERSION if target is None else target
+    engine = txn.engine
+    where = engine.describe()
+    if not engine.table_exists(txn._cursor, "schema_version"):
+        raise SchemaError(f"{where} has no roomstore schema: create it with `roomstore init --db {where}`"
+                          " (read commands write nothing)")
+    current = txn.select_one_value("SELECT version FROM schema_version")
+    if current is None:
+        raise SchemaError("schema_version table is empty: the database is damaged")
+    if current > target:
+        raise SchemaTooNewError(
+            f"database schema is version {current}, newer than this code's {target}: upgrade roomstore"
+        )
+    if current < target:
+        raise SchemaError(f"database schema is version {current}, older than this roomstore's {target}: upgrade it"
+                          f" with `roomstore init --db {where}` (read commands write nothing)")
+    return current

@@ -35,14 +35,15 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from roomstore.storage.database import Database, Transaction
-from roomstore.storage.engines import StorageFullError
+from roomstore.storage.errors import StorageFullError
 
 log = Logger()
 
 stream_position_gauge = Gauge(
     "roomstore_stream_position",
     "Per-writer current position of each stream, as this process knows it",
-    ["stream", "instance"],
+    # "writer", not "instance": Prometheus sets "instance" on every scraped series (the target).
+    ["stream", "writer"],
 )
 stream_linear_position_gauge = Gauge(
     "roomstore_stream_linear_position",

@@ -54,6 +54,9 @@ class ImportSummary:
     #: Batches written again with Synapse's current state, their rooms'
     #: forward extremities' states conflicting.
     current_states_from_synapse: int = 0
+    #: Events whose content hash did not match: stored in their redacted
+    #: form, each reported (as by ``roomstore import``).
+    redacted_content_hash_mismatch: int = 0
     #: Reason (the store's error name) -> events skipped for it.
     skipped: dict[str, int] = attrs.field(factory=dict)
     seconds: float = 0.0
@@ -124,6 +127,10 @@ async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], s
             summary.already_present += 1
             continue
         ev = by_id[result.event_id]
+        if result.content_hash_mismatch:
+            summary.redacted_content_hash_mismatch += 1
+            report({"event_id": ev.event_id, "room_id": ev.room_id, "stream_ordering": ev.stream_ordering,
+                    "error": "content hash mismatch", "stored": "redacted"})
         summary.events += 1
         summary.outliers += ev.outlier
         summary.rejected += ev.rejected_reason is not None

@@ -517,12 +517,12 @@ class MetricsTests(unittest.TestCase):
         factory = make_server()
         sent = metric("roomstore_replication_commands_sent_total", side="server", command="POSITION")
         received = metric("roomstore_replication_commands_received_total", side="server", command="REPLICATE")
-        bytes_in = metric("roomstore_replication_bytes_received_total", side="server")
+        bytes_in = metric("roomstore_replication_received_bytes_total", side="server")
         connections = metric("roomstore_replication_connections", side="server")
 
         protocol, transport = connect(factory)
         self.assertEqual(metric("roomstore_replication_connections", side="server") - connections, 1)
-        bytes_out = metric("roomstore_replication_bytes_sent_total", side="server")
+        bytes_out = metric("roomstore_replication_sent_bytes_total", side="server")
         feed(protocol, "REPLICATE")
         self.assertEqual(
             metric("roomstore_replication_commands_received_total", side="server", command="REPLICATE") - received, 1
@@ -530,9 +530,9 @@ class MetricsTests(unittest.TestCase):
         self.assertEqual(
             metric("roomstore_replication_commands_sent_total", side="server", command="POSITION") - sent, 3
         )
-        self.assertEqual(metric("roomstore_replication_bytes_received_total", side="server") - bytes_in, 10)
+        self.assertEqual(metric("roomstore_replication_received_bytes_total", side="server") - bytes_in, 10)
         self.assertEqual(
-            metric("roomstore_replication_bytes_sent_total", side="server") - bytes_out, len(transport.value())
+            metric("roomstore_replication_sent_bytes_total", side="server") - bytes_out, len(transport.value())
         )
         protocol.connectionLost(None)
         self.assertEqual(metric("roomstore_replication_connections", side="server") - connections, 0)

@@ -311,7 +311,7 @@ class RedisCommandTests(DatabaseTestMixin, unittest.TestCase):
         self.assertEqual(applied(), [(token, row) for token, rows in w2_rows for row in rows])
         metrics_text = await threads.deferToThread(
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{start['metrics_port']}/metrics").read().decode())
-        self.assertIn(f'roomstore_replication_applied_position{{instance="w2",stream="events"}} {float(final)}',
+        self.assertIn(f'roomstore_replication_applied_position{{stream="events",writer="w2"}} {float(final)}',
                       metrics_text)
         self.assertIn('roomstore_replication_redis_connected{role="subscribe"} 1.0', metrics_text)
         for proc in (follower, plugin):

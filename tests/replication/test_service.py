@@ -128,13 +128,13 @@ class ServiceTests(ServiceTestMixin):
         for name in [
             'roomstore_replication_commands_sent_total{command="RDATA",side="server"}',
             'roomstore_replication_commands_received_total{command="REPLICATE",side="server"}',
-            'roomstore_replication_bytes_sent_total{side="server"}',
-            'roomstore_replication_bytes_received_total{side="server"}',
+            'roomstore_replication_sent_bytes_total{side="server"}',
+            'roomstore_replication_received_bytes_total{side="server"}',
             'roomstore_replication_connections{side="server"}',
             "# TYPE roomstore_replication_pending_commands gauge",
             "# TYPE roomstore_replication_congestion_disconnects_total counter",
             "# TYPE roomstore_replication_auth_failures_total counter",
-            'roomstore_stream_position{instance="master",stream="events"}',
+            'roomstore_stream_position{stream="events",writer="master"}',
         ]:
             self.assertIn(name, body)
 

@@ -67,8 +67,37 @@ class ApiDocTests:
         self.assertEqual((event["event_id"], event["type"]), (create.event_id, "m.room.create"))
 
     async def test_default_reactor_program_runs(self):
-        example, runner = python_blocks("## Embedding")
-        await self.run_documented_program(example + "\n\n" + runner)
+        example, program = python_blocks("## Embedding")
+        await self.run_documented_program(program)  # on its own
+
+    async def test_the_documented_event_file_and_command(self):
+        # docs/create-event.json, with the documented line (embed.py = the program block), from the checkout.
+        example, program = python_blocks("## Embedding")
+        text = open(DOC, encoding="utf-8").read()
+        [line] = re.findall(r"^(\.venv/bin/python embed\.py .*?)\s+#", text, re.M)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        directory = tempfile.mkdtemp(prefix="roomstore-apidoc-")
+        with open(os.path.join(directory, "embed.py"), "w", encoding="utf-8") as handle:
+            handle.write(program)
+        url = self.new_database_url()
+        words = line.split()
+        words[1] = os.path.join(directory, "embed.py")
+        words[0] = os.path.join(root, words[0])
+        words[2] = url  # this test's database, not var/embed.db
+        env = dict(os.environ, PYTHONPATH="")
+        proc = await threads.deferToThread(
+            subprocess.run, words, capture_output=True, text=True, cwd=root, env=env, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        event = json.loads(proc.stdout)
+        with open(os.path.join(root, "docs", "create-event.json"), "rb") as handle:
+            created = json.loads(handle.read())
+        from roomstore.events.hashing import compute_content_hash, compute_event_id
+        from roomstore.events.room_versions import get_room_version
+
+        self.assertEqual(event["type"], "m.room.create")
+        self.assertEqual(event["content"], created["content"])
+        self.assertEqual(event["event_id"], compute_event_id(get_room_version("10"), created))
+        self.assertEqual(created["hashes"]["sha256"], compute_content_hash(created))  # a valid event to try
 
     async def test_asyncio_program_runs(self):
         [program] = python_blocks("## Embedding under asyncio")

@@ -137,6 +137,8 @@ class MultiWriterRefusalTests:
             self.assertEqual(code, 2, err)
             self.assertEqual(len(err.strip().splitlines()), 1, err)
             self.assertIn("multi-writer stream needs PostgreSQL", err)
+        code, out, err = await threads.deferToThread(run_cli, "init", "--db", url)  # read commands create nothing
+        self.assertEqual(code, 0, err)
         code, out, err = await threads.deferToThread(run_cli, "stats", "--db", url, *writers)
         # Reading a multi-writer PostgreSQL database is fine; SQLite has none.
         self.assertEqual(code, 0 if self.engine_name == "postgres" else 2, err)

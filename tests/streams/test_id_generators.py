@@ -284,7 +284,7 @@ class SingleWriterTests:
         reader = await StreamIdGenerator.create(db, "events", "reader", writers=["master"])
         reader.advance("master", 41)
         self.assertEqual(
-            REGISTRY.get_sample_value("roomstore_stream_position", {"stream": "events", "instance": "master"}), 41)
+            REGISTRY.get_sample_value("roomstore_stream_position", {"stream": "events", "writer": "master"}), 41)
         self.assertEqual(REGISTRY.get_sample_value("roomstore_stream_linear_position", {"stream": "events"}), 41)
 
     async def test_ids_never_repeat_after_restart_without_flush(self):

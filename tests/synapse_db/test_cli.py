@@ -139,3 +139,31 @@ class ImportSynapseCliTests:
         result = lines(verified.stdout)[-1]
         # Every event checked; the outlier has no state on either side.
         self.assertEqual(result["events_checked"] - result["states_compared"], 1)
+
+    async def test_a_tampered_event_is_stored_redacted_and_reported(self):
+        """A message whose body was changed in Synapse's database (its content
+        hash no longer matches) is stored in its redacted form under the same
+        ID and reported, as ``roomstore import`` does."""
+        copy = self.frozen_copy()
+        second = self.history["rooms"]["second"]
+        conn = sqlite3.connect(copy)
+        event_id, raw = conn.execute(
+            "SELECT e.event_id, j.json FROM events AS e JOIN event_json AS j USING (event_id)"
+            " WHERE e.room_id = ? AND e.type = 'm.room.message' ORDER BY e.stream_ordering LIMIT 1", (second,)
+        ).fetchone()
+        event = json.loads(raw)
+        event["content"]["body"] = "not what was sent"
+        conn.execute("UPDATE event_json SET json = ? WHERE event_id = ?", (json.dumps(event), event_id))
+        conn.commit()
+        conn.close()
+        db = self.new_database_url()
+        done = run_cli("import-synapse", "--from", copy, "--db", db, "--rooms", second)
+        out = lines(done.stdout)
+        self.assertEqual(out[0], {"event_id": event_id, "room_id": second, "stream_ordering": out[0]["stream_ordering"],
+                                  "error": "content hash mismatch", "stored": "redacted"})
+        self.assertEqual((out[-1]["redacted_content_hash_mismatch"], out[-1]["skipped"]), (1, {}))
+        store = await RoomStore.open(db, StoreConfig(read_only=True), create=False)
+        self.addCleanup(store.close)
+        served = await store.get_event(event_id)
+        self.assertEqual(served["content"], {})  # a message keeps no content when redacted
+        self.assertEqual(served["event_id"], event_id)

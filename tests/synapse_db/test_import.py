@@ -17,7 +17,7 @@ import sqlite3
 import tempfile
 import threading
 
-from roomstore import cli as cli_module
+from roomstore import cli_import
 from roomstore.cli import import_file
 from roomstore.store import RoomStore
 from roomstore.synapse_db import SynapseReader, import_synapse, verify_synapse
@@ -309,11 +309,12 @@ class SynapseImportMixin:
         other = await RoomStore.open(await self.make_database())
         self.addCleanup(other.close)
         result = await import_file(other, paths["linear"], batch_size=64)
-        self.assertEqual(result, {"imported": counts["linear"], "already_present": 0, "failed": 0})
+        self.assertEqual((result["imported"], result["already_present"], result["failed"]), (counts["linear"], 0, 0))
+        self.assertEqual(result["redacted_content_hash_mismatch"], 0)  # Synapse's JSON holds its hashes
         checked = await verify_synapse(other, reader, sorted(set(self.rooms) - {forked}))
         self.assertEqual((checked.differences, checked.not_imported), (0, 0))
         errors = []
-        self.patch(cli_module, "emit", errors.append)
+        self.patch(cli_import, "emit", errors.append)
         result = await import_file(other, paths["forked"], batch_size=64)
         self.assertGreater(result["failed"], 0)
         self.assertEqual(result["imported"] + result["failed"], counts["forked"])

@@ -1,87 +1,13 @@
 """twistd plugin: ``twistd -n roomstore --db URL [options]`` runs the
-replication server (the writer's store, served to workers over TCP, and with
-``--redis URL`` announced on Redis; ``--instance``, ``--stream-writers``,
-``--tls-cert``/``--tls-key`` and ``--redis-ca``/``--redis-cert``/``--redis-key``
-as on the command line).
+replication server with the options of ``roomstore serve``
+(``roomstore/twistd_plugin.py``).
 
-Twisted finds this file through ``twisted.plugins`` on ``sys.path``: run from
-a checkout with ``PYTHONPATH=<checkout> twistd -n roomstore ...``. This
-folder must stay without an ``__init__.py`` (Twisted's plugin convention).
+``pip install .`` installs this file into ``twisted/plugins/`` in
+site-packages (setup.cfg lists ``twisted.plugins`` as a namespace package),
+where Twisted finds it from any directory. This folder must stay without an
+``__init__.py``: it would replace Twisted's own ``twisted/plugins/__init__.py``.
 """
 
-from __future__ import annotations
+from roomstore.twistd_plugin import serviceMaker
 
-from twisted.application.service import IServiceMaker
-from twisted.plugin import IPlugin
-from twisted.python import usage
-from zope.interface import implementer
-
-
-class Options(usage.Options):
-    optParameters = [
-        ["db", None, "sqlite:///var/roomstore.db", "database URL"],
-        ["replication-port", None, 9092, "TCP port for replication (0: any free port)", int],
-        ["bind", None, "127.0.0.1", "address to listen on (default: loopback only)"],
-        ["server-name", None, "localhost", "the name sent to workers in SERVER"],
-        ["instance", None, "master", "this process's instance name"],
-        ["secret-file", None, None, "require AUTH with the secret on this file's first line"],
-        ["metrics-port", None, None, "serve Prometheus metrics on /metrics at this port", int],
-        ["redis", None, None, "also replicate over this Redis (redis://[:PASSWORD@]host:port, rediss:// for TLS),"
-                              " channel --server-name"],
-        ["redis-ca", None, None, "with a rediss:// URL: trust this CA (PEM; default: the system's)"],
-        ["redis-cert", None, None, "with a rediss:// URL: a client certificate (PEM)"],
-        ["redis-key", None, None, "the private key of --redis-cert (PEM)"],
-        ["tls-cert", None, None, "serve replication over TLS with this certificate (PEM; with --tls-key)"],
-        ["tls-key", None, None, "the private key of --tls-cert (PEM)"],
-    ]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self["stream-writers"] = []
-
-    def opt_stream_writers(self, spec: str) -> None:
-        """STREAM=NAME[,NAME...]: the writer instances of a stream (repeatable)"""
-        self["stream-writers"].append(spec)
-
-
-@implementer(IServiceMaker, IPlugin)
-class RoomstoreServiceMaker:
-    tapname = "roomstore"
-    description = "roomstore replication server: a writer store served to workers over TCP replication"
-    options = Options
-
-    def makeService(self, options: Options):
-        from types import SimpleNamespace
-
-        from roomstore.cli import CliError, redis_tls, serve_store_config
-        from roomstore.replication.service import ReplicationServerService, read_secret_file
-
-        secret = read_secret_file(options["secret-file"]) if options["secret-file"] else None
-        try:
-            store_config = serve_store_config(SimpleNamespace(
-                instance=options["instance"], stream_writers=options["stream-writers"], redis=options["redis"]))
-            tls = redis_tls(SimpleNamespace(redis=options["redis"], redis_ca=options["redis-ca"],
-                                            redis_cert=options["redis-cert"], redis_key=options["redis-key"]))
-            service = ReplicationServerService(
-                options["db"],
-                port=options["replication-port"],
-                bind=options["bind"],
-                server_name=options["server-name"],
-                instance_name=options["instance"],
-                secret=secret,
-                metrics_port=options["metrics-port"],
-                store_config=store_config,
-                redis_url=options["redis"],
-                redis_tls=tls,
-                tls_cert=options["tls-cert"],
-                tls_key=options["tls-key"],
-            )
-        except (CliError, ValueError) as exc:  # ValueError: TLSConfigError, a bind without protection
-            raise usage.UsageError(str(exc)) from None
-        # Under twistd nothing else notices a failed start-up (database
-        # unreachable, port taken): exit instead of running empty.
-        service.stop_reactor_on_failure = True
-        return service
-
-
-serviceMaker = RoomstoreServiceMaker()
+__all__ = ["serviceMaker"]

@@ -55,7 +55,7 @@ from pyspark.sql import functions as F
 
 from roomstore.compaction import levels_hop_bound, sql
 from roomstore.compaction.job.executor import OUTPUT_SCHEMA, ChunkResult, make_room_function
-from roomstore.compaction.job.options import APP_NAME, EXIT_LOCKED, EXIT_ROOMS_FAILED, job_parser
+from roomstore.compaction.job.options import APP_NAME, EXIT_LOCKED, EXIT_ROOMS_FAILED, job_parser, unreachable_master
 from roomstore.compaction.job.reading import JdbcSource
 from roomstore.compaction.job.report import (
     FAILED_STATUSES,
@@ -71,7 +71,7 @@ from roomstore.compaction.job.report import (
 from roomstore.compaction.writer import CompactionWriter, LockHeldError
 from roomstore.progress import progress_bar
 from roomstore.state.groups import full_state_sql
-from roomstore.storage.engines import StorageFullError
+from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError, StorageFullError
 
 log = logging.getLogger("roomstore.compaction")
 
@@ -454,6 +454,17 @@ class Driver:
             write_metrics(a.metrics_file, summary)
 
 
+def check_master() -> None:
+    """Under a direct spark-submit to a standalone master that is not there,
+    stop with one line before Spark retries it for a minute."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # the JVM spark-submit started: its conf holds the master
+    reason = unreachable_master(SparkConf().get("spark.master", "local[*]"))
+    if reason is not None:
+        raise SystemExit(f"roomstore-compact: {reason}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point under spark-submit: parse the job options and run."""
     args = job_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -463,9 +474,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # py4j logs every callback at INFO.
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
+        check_master()
         return Driver(args).execute()
     except SystemExit:
         raise
+    except (DatabaseConfigError, DatabaseUnavailableError) as exc:  # what the operator fixes: one line
+        sys.stderr.write(f"roomstore-compact: {exc}\n")
+        return 1
     except StorageFullError as exc:
         # Staging (or a swap) ran out of space: that transaction rolled back
         # whole, swaps committed before it are complete rooms or chunks.

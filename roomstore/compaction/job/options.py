@@ -8,7 +8,8 @@ which parses the job options under spark-submit). Exit codes live here too.
 from __future__ import annotations
 
 import argparse
-from typing import Tuple
+import socket
+from typing import Optional, Tuple
 
 from roomstore.compaction import DEFAULT_LEVELS, DEFAULT_WINDOW
 from roomstore.compaction.writer import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_STALE_LOCK_SECONDS
@@ -109,3 +110,32 @@ def submit_parser() -> argparse.ArgumentParser:
     _add_job_options(parser)
     return parser
 
+
+
+#: How long the launcher and the driver wait for a standalone master's port.
+MASTER_PROBE_SECONDS = 5.0
+
+
+def unreachable_master(master: str, timeout: float = MASTER_PROBE_SECONDS) -> Optional[str]:
+    """None when ``master`` is not a standalone ``spark://`` URL or one of its
+    masters accepts a TCP connection; else a one-line reason.
+
+    Spark itself retries an unreachable standalone master for about a minute
+    and prints pages of traces; this probe fails first, in at most
+    ``timeout`` seconds per listed master.
+    """
+    if not master.startswith("spark://"):
+        return None
+    reasons = []
+    for hostport in master[len("spark://"):].split(","):
+        host, _, port = hostport.strip().rpartition(":")
+        host = host.strip("[]")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                return None
+        except ValueError:
+            return f"--master {master}: write spark://HOST:PORT[,HOST:PORT...]"
+        except OSError as exc:
+            reasons.append(f"{hostport}: {exc.strerror or exc}")
+    return (f"cannot reach the Spark master {master} ({'; '.join(reasons)}): start it, or check --master"
+            " (local[*] runs Spark in this process)")

@@ -21,8 +21,8 @@ import attr
 import attrs
 import pyspark
 
-from roomstore.compaction.job.options import APP_NAME, submit_parser
-from roomstore.storage.engines import DatabaseConfigError, engine_from_url
+from roomstore.compaction.job.options import APP_NAME, submit_parser, unreachable_master
+from roomstore.storage.engines import DatabaseConfigError, DatabaseUnavailableError, engine_from_url
 
 #: The file spark-submit runs (a thin entry into :mod:`roomstore.compaction.job.driver`).
 ENTRY_FILE = Path(__file__).resolve().parent.parent / "spark_job.py"
@@ -123,18 +123,44 @@ def build_submit_command(argv: Sequence[str]) -> Tuple[List[str], Dict[str, str]
     ):
         if value:
             cmd += [flag, value]
+    # The Pythons in the line itself, not in the environment: the line runs as
+    # printed from a shell with no virtualenv active. The driver is this
+    # Python (it has roomstore, psycopg2, prometheus_client); executors too
+    # unless --conf spark.pyspark.python or PYSPARK_PYTHON names another
+    # (a cluster's workers: docs/compaction.md).
+    given = {conf.split("=", 1)[0].strip() for conf in opts.conf}
+    if "spark.pyspark.driver.python" not in given:
+        cmd += ["--conf", f"spark.pyspark.driver.python={sys.executable}"]
+    if "spark.pyspark.python" not in given:
+        cmd += ["--conf", f"spark.pyspark.python={os.environ.get('PYSPARK_PYTHON') or sys.executable}"]
     for conf in opts.conf:
         cmd += ["--conf", conf]
     cmd.append(str(ENTRY_FILE))
     cmd += job_args
     env = dict(os.environ)
-    env.setdefault("SPARK_HOME", spark_home)
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if opts.master.startswith("local"):
-        # The host name may resolve to an address Spark cannot bind.
-        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    for name, value in line_environment(opts.master, spark_home).items():
+        env[name] = value
     return cmd, env
+
+
+def line_environment(master: str, spark_home: str) -> Dict[str, str]:
+    """The variables the printed line sets itself (``env NAME=VALUE spark-submit ...``)."""
+    names = {"SPARK_HOME": os.environ.get("SPARK_HOME") or spark_home}
+    if master.startswith("local"):
+        # The host name may resolve to an address Spark cannot bind (and Spark
+        # warns about it): loopback, unless the operator chose an address.
+        names["SPARK_LOCAL_IP"] = os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+    return names
+
+
+def printable_command(cmd: Sequence[str], env: Dict[str, str]) -> str:
+    """The line ``--print-command`` prints: ``env`` with the variables of
+    ``line_environment`` (their values from ``env``), then spark-submit and
+    its arguments, shell-quoted."""
+    master = cmd[list(cmd).index("--master") + 1]
+    names = line_environment(master, env.get("SPARK_HOME", ""))
+    prefix = ["env"] + [f"{name}={env.get(name, value)}" for name, value in names.items()]
+    return " ".join(shlex.quote(part) for part in [*prefix, *cmd])
 
 
 _SUBMIT_FLAGS_WITH_VALUE = {
@@ -171,13 +197,20 @@ def submit_main(argv: Optional[Sequence[str]] = None) -> int:
     parser = submit_parser()
     opts = parser.parse_args(argv)  # --help and bad options stop here, before Spark starts
     try:
-        engine_from_url(opts.db, create=False).check_exists()  # a mistyped SQLite path is not a new database
-    except DatabaseConfigError as exc:
+        # A mistyped SQLite path is not a new database; an unreachable server
+        # or a file that is not a database stop here too, before Spark starts.
+        engine_from_url(opts.db, create=False).check_usable()
+    except (DatabaseConfigError, DatabaseUnavailableError) as exc:
         sys.stderr.write(f"roomstore-compact: {exc}\n")
         return 2
+    if not opts.print_command:
+        reason = unreachable_master(opts.master)
+        if reason is not None:
+            sys.stderr.write(f"roomstore-compact: {reason}\n")
+            return 2
     cmd, env = build_submit_command(argv)
     if opts.print_command:
-        print(" ".join(shlex.quote(c) for c in cmd))
+        print(printable_command(cmd, env))
         return 0
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,0 +1,140 @@
+"""Importing a JSON-lines file (``roomstore import`` and the demo): reading
+the lines, each event's bytes exactly as they stand on its line, and the
+batch loop that reports what the store refuses and imports the rest."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from roomstore.cli_common import emit
+
+
+def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None]]:
+    """(line number, event bytes, room version or None) per non-blank line;
+    for a line that cannot be an event (not UTF-8 JSON, truncated, a wrapped
+    line whose ``room_version`` is not a string): (line number, None, why).
+
+    A bare PDU line is stored byte for byte; so is the event of a wrapped line
+    ``{"room_version": ..., "event": {...}}``: its bytes exactly as they
+    stand on the line.
+    """
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                text = line.decode("utf-8")
+                obj = json.loads(text)
+            except (UnicodeDecodeError, ValueError) as exc:
+                yield number, None, f"not a JSON object ({exc}): a truncated or damaged line?"
+                continue
+            if isinstance(obj, dict) and "event" in obj and isinstance(obj.get("event"), dict):
+                version = obj.get("room_version")
+                if version is not None and not isinstance(version, str):
+                    yield number, None, "room_version must be a string"
+                    continue
+                yield number, member_text(text, "event").encode("utf-8"), version
+            else:
+                yield number, line, None
+
+
+_DECODER = json.JSONDecoder()
+_WHITESPACE = " \t\n\r"
+
+
+def member_text(text: str, wanted: str) -> str:
+    """The text of member ``wanted``'s value in the JSON object ``text``, as
+    written (the last one, as ``json.loads`` keeps the last of repeated keys).
+
+    ``text`` is known to parse as an object with that member.
+    """
+    found = None
+    pos = text.index("{") + 1
+    while True:
+        while text[pos] in _WHITESPACE:
+            pos += 1
+        if text[pos] == "}":
+            break
+        key, pos = json.decoder.scanstring(text, pos + 1)
+        while text[pos] in _WHITESPACE + ":":
+            pos += 1
+        _, end = _DECODER.raw_decode(text, pos)
+        if key == wanted:
+            found = text[pos:end]
+        pos = end
+        while text[pos] in _WHITESPACE:
+            pos += 1
+        if text[pos] == ",":
+            pos += 1
+        else:
+            break
+    assert found is not None, wanted
+    return found
+
+
+async def import_file(
+    store, path: str, batch_size: int = 100, progress: bool = False, strict: bool = False, verify_keys=None,
+    summary: dict | None = None,
+) -> dict:
+    """Import a JSON-lines file in batches; a failing batch is retried event by
+    event so one unresolvable event is reported and the rest imported.
+
+    An event whose content hash does not match is stored redacted and reported
+    (one line, ``"error": "content hash mismatch"``); ``strict`` refuses it
+    instead. ``verify_keys`` (``roomstore.events.signatures``): signatures are
+    checked where the keys allow, a bad one refuses the event.
+    A progress bar on stderr when it is a terminal, or ``progress`` forces it.
+    ``summary`` (filled as it goes) keeps the counts when an error stops it:
+    ``next_line`` is the first line not imported."""
+    from roomstore.events.persist import EventToPersist, MissingStateError
+    from roomstore.events.room_versions import UnknownRoomVersion
+    from roomstore.events.validation import InvalidEventError
+    from roomstore.progress import progress_bar
+    from roomstore.state.merge import ConflictedStateError
+
+    expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
+    options = {"refuse_hash_mismatch": strict, "verify_keys": verify_keys}
+    lines = []
+    summary = {} if summary is None else summary
+    summary.update(imported=0, already_present=0, failed=0, redacted_content_hash_mismatch=0)
+    for number, raw, version in read_import_lines(path):
+        if raw is None:  # reported, the other lines imported
+            summary["failed"] += 1
+            emit({"line": number, "error": "BadLine", "message": version})
+        else:
+            lines.append((number, raw, version))
+    bar = progress_bar(len(lines), "import", "event", force=progress)
+    unchecked = 0
+    for start in range(0, len(lines), batch_size):
+        chunk = lines[start : start + batch_size]
+        summary["next_line"] = chunk[0][0]
+        batch = [EventToPersist(raw, version) for _, raw, version in chunk]
+        try:
+            results = list(zip(chunk, await store.persist_events(batch, **options)))
+        except expected:
+            results = []
+            for line, item in zip(chunk, batch):
+                try:
+                    results.extend((line, r) for r in await store.persist_events([item], **options))
+                except expected as exc:
+                    summary["failed"] += 1
+                    emit({"line": line[0], "error": type(exc).__name__, "message": str(exc)})
+        for (number, _, _), result in results:
+            summary["already_present" if result.already_persisted else "imported"] += 1
+            if result.content_hash_mismatch:
+                if not result.already_persisted:
+                    summary["redacted_content_hash_mismatch"] += 1
+                emit({"line": number, "event_id": result.event_id, "error": "content hash mismatch",
+                      "stored": "an earlier copy" if result.already_persisted else "redacted"})
+            unchecked += not result.signatures_checked
+        bar.update(len(chunk))
+    bar.close()
+    summary.pop("next_line", None)
+    if verify_keys is None:
+        summary["signatures"] = "not checked: no --keys file given"
+    else:
+        summary["signatures"] = {"checked": summary["imported"] + summary["already_present"] - unchecked,
+                                 "unchecked_no_key": unchecked}
+    return summary

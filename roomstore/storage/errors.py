@@ -1,0 +1,21 @@
+"""The storage errors a person fixes, each one line (``roomstore.storage``
+re-exports them; ``engines.py`` and ``sqlite_connection.py`` raise them)."""
+
+from __future__ import annotations
+
+__all__ = ["DatabaseConfigError", "DatabaseUnavailableError", "StorageFullError"]
+
+
+class DatabaseConfigError(ValueError):
+    """The database URL or its options are not usable."""
+
+
+class DatabaseUnavailableError(ConnectionError):
+    """The database server cannot be reached (or refuses us): the message says
+    which server and why, in one line."""
+
+
+class StorageFullError(OSError):
+    """The database ran out of space (a full disk, a full PostgreSQL
+    tablespace). The transaction was rolled back whole; the message says
+    where, in one line. Free space and run it again."""
