@@ -73,7 +73,9 @@ class ContentHashCliTests:
 
         event_id = reports[0]["event_id"]
         with open(tampered) as src:
-            room_id = json.loads(src.readline())["event"]["room_id"]
+            line = next(text for number, text in enumerate(src, start=1) if number == target)
+        obj = json.loads(line)
+        room_id = obj.get("event", obj)["room_id"]  # a message: it names its room
         code, out, err = await self.cli("messages", room_id, "--user", "@user0:example.org", "--limit", "200",
                                         "--db", url)
         self.assertEqual(code, 0, err)

@@ -76,9 +76,11 @@ class DiskFullImportTests(TmpfsMixin, unittest.TestCase):
         versions: dict[str, str] = {}  # a bare PDU line is of its room's version
         ids_by_line = {}
         for n, raw, version in lines:
-            room = json.loads(raw)["room_id"]
-            version = versions.setdefault(room, version) if version else versions[room]
-            ids_by_line[n] = parse_pdu(raw, get_room_version(version)).event_id
+            # A v12 create event carries no room_id (its line names its version).
+            version = version or versions[json.loads(raw)["room_id"]]
+            pdu = parse_pdu(raw, get_room_version(version))
+            versions.setdefault(pdu.room_id, version)
+            ids_by_line[n] = pdu.event_id
         raw_by_id = {ids_by_line[n]: raw for n, raw, _ in lines}
 
         first = await threads.deferToThread(_run, "import", SAMPLE, "--db", url)

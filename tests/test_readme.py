@@ -79,6 +79,6 @@ class FirstTenMinutesTests(unittest.TestCase):
         self.assertEqual(tables["events"], 4002)
         state = next(o for o in lines if "state" in o and "before" in o)
         self.assertEqual([s["type"] for s in state["state"]], ["m.room.create"])
-        self.assertEqual(len([o for o in lines if o.get("room_id") == "!room0:example.org" and "type" in o]), 3)
+        self.assertEqual(len([o for o in lines if o.get("room_id") == "!u6Uu_jrNs3kpjRg4NAqo3yLO4rCli2DeRapcDvlG24o" and "type" in o]), 3)
         self.assertTrue(any("next_token" in o for o in lines))
         self.assertEqual(proc.stderr, "")
