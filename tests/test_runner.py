@@ -36,6 +36,7 @@ class RunnerTests(unittest.TestCase):
             capture_output=True, text=True, timeout=300,
         )
         self.assertNotEqual(proc.returncode, 0, proc.stdout)
+        self.assertTrue(proc.stdout.strip(), proc.stderr[-3000:])
         self.assertEqual(proc.stdout.strip().splitlines()[-1], "0 passed, 1 failed")
 
     async def test_options_alone_run_tests(self):
@@ -44,6 +45,7 @@ class RunnerTests(unittest.TestCase):
             subprocess.run, [os.path.join(ROOT, "bin", "test"), "--reporter=timing", "--dry-run"],
             capture_output=True, text=True, timeout=300,
         )
+        self.assertTrue(proc.stdout.strip(), proc.stderr[-3000:])
         last = proc.stdout.strip().splitlines()[-1]
         passed = int(last.split()[0])
         self.assertGreater(passed, 500, proc.stdout[-2000:])
