@@ -167,6 +167,9 @@ class RoomStore:
         store = cls(db, config, generators, clock)
         store._owns_db = owns_db
         store._writer_lock = writer_lock
+        if writer_lock is not None:
+            # A database restart frees a session lock: take it again, or stop.
+            writer_lock.watch(store.clock)
         if not config.read_only:
             await db.run_interaction("register_instance", register_instance_txn, config.instance_name)
         store._censor_job = None
@@ -174,6 +177,19 @@ class RoomStore:
             store._censor_job = store.censor
             store._censor_job.start(config.censor_interval_ms)
         return store
+
+    def writer_lock_lost(self) -> "defer.Deferred | None":
+        """Fires with a ``WriterLockLost`` (its result, not an error) if this
+        writer's lock went with a database session and another process took
+        it; None for a process that holds no lock (read-only, SQLite in memory)."""
+        lock = getattr(self, "_writer_lock", None)
+        return None if lock is None else lock.lost
+
+    def check_writer_lock(self) -> None:
+        """Raise ``WriterLockLost`` once this writer's lock is lost for good."""
+        lost = self.writer_lock_lost()
+        if lost is not None and lost.called:
+            raise lost.result
 
     async def close(self) -> None:
         censor_job = getattr(self, "_censor_job", None)
@@ -204,6 +220,7 @@ class RoomStore:
         """
         if not events:
             return []
+        self.check_writer_lock()
         known_versions = await self._known_room_versions(events)
         prepared = prepare_events(events, known_versions)
         await self._refuse_orphans(prepared, known_versions)

@@ -169,7 +169,18 @@ class Engine:
         return False
 
     def is_connection_lost(self, exc: BaseException, conn: Any) -> bool:
+        """True when ``exc`` says the server went away (``conn`` is dead, or
+        none could be opened): the pool reconnects and tries again."""
         return False
+
+    #: A query returning the running transaction's id as text, or NULL when
+    #: it has written nothing; None where connections cannot be lost.
+    xid_sql: str | None = None
+
+    def transaction_status(self, cursor: Any, xid: str) -> str:
+        """``committed``, ``aborted`` or ``in progress``: what became of the
+        transaction ``xid`` (from ``xid_sql``) whose COMMIT went unanswered."""
+        raise NotImplementedError(f"{self.name} does not lose connections")
 
     def is_storage_full(self, exc: BaseException) -> bool:
         """True for "out of space" errors (raised as ``StorageFullError``)."""
@@ -541,9 +552,34 @@ class PostgresEngine(Engine):
     def is_connection_lost(self, exc: BaseException, conn: Any) -> bool:
         import psycopg2
 
-        return isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and bool(
-            getattr(conn, "closed", 0)
+        if isinstance(exc, DatabaseUnavailableError):
+            return True
+        # admin_shutdown (pg_terminate_backend, a fast shutdown), crash_shutdown
+        # (another backend crashed: the server restarts), cannot_connect_now
+        # (starting up, shutting down, in recovery).
+        if getattr(exc, "pgcode", None) in ("57P01", "57P02", "57P03"):
+            return True
+        return isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and (
+            conn is None or bool(getattr(conn, "closed", 0))
         )
+
+    xid_sql = "SELECT pg_current_xact_id_if_assigned()::text"
+
+    def transaction_status(self, cursor: Any, xid: str) -> str:
+        import psycopg2
+
+        cursor.execute("SAVEPOINT xact_status")
+        try:
+            cursor.execute("SELECT pg_xact_status(%s::xid8)", (xid,))
+            status = cursor.fetchone()[0]
+        except psycopg2.errors.InvalidParameterValue:
+            # "transaction ID ... is in the future": after a crash the server
+            # restarted below it, so nothing of it reached the disk.
+            cursor.execute("ROLLBACK TO SAVEPOINT xact_status")
+            status = "aborted"
+        cursor.execute("RELEASE SAVEPOINT xact_status")
+        # NULL: too old to be known, which a transaction of seconds ago is not.
+        return status or "aborted"
 
     def lock_schema(self, cursor: Any) -> None:
         # Read committed, so that after waiting for the lock this transaction
