@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
-from roomstore.storage.pg_connection import is_stale_plan, preparing_connection
+from roomstore.storage.pg_connection import is_stale_plan, preparing_connection, xact_status
 
 
 class DatabaseConfigError(ValueError):
@@ -566,20 +566,7 @@ class PostgresEngine(Engine):
     xid_sql = "SELECT pg_current_xact_id_if_assigned()::text"
 
     def transaction_status(self, cursor: Any, xid: str) -> str:
-        import psycopg2
-
-        cursor.execute("SAVEPOINT xact_status")
-        try:
-            cursor.execute("SELECT pg_xact_status(%s::xid8)", (xid,))
-            status = cursor.fetchone()[0]
-        except psycopg2.errors.InvalidParameterValue:
-            # "transaction ID ... is in the future": after a crash the server
-            # restarted below it, so nothing of it reached the disk.
-            cursor.execute("ROLLBACK TO SAVEPOINT xact_status")
-            status = "aborted"
-        cursor.execute("RELEASE SAVEPOINT xact_status")
-        # NULL: too old to be known, which a transaction of seconds ago is not.
-        return status or "aborted"
+        return xact_status(cursor, xid)
 
     def lock_schema(self, cursor: Any) -> None:
         # Read committed, so that after waiting for the lock this transaction
