@@ -218,7 +218,7 @@ class Database:
             if conn is None and not self._ever_connected:
                 return  # never reached the server: the error as it is, now
             self._drop_connection()
-            pending = (xid, self._local.outcome) if committing and xid is not None else None
+            pending = (xid, outcome_box[0]) if committing and xid is not None and outcome_box else None
             raise ConnectionLost(exc, generation, pending) from exc
 
         if in_doubt is not None:
@@ -236,14 +236,15 @@ class Database:
                                      self.outages.generation, in_doubt)
 
         txn_box: list[Transaction] = []
+        outcome_box: list[tuple[R, list]] = []
 
         def body(cursor: Any) -> tuple[R, list]:
             txn = Transaction(self, self.engine, cursor, description)
             txn_box[:] = [txn]
             result = fn(txn, *args, **kwargs)
             txn.finish()
-            self._local.outcome = (result, txn._after_callbacks)
-            return self._local.outcome
+            outcome_box[:] = [(result, txn._after_callbacks)]
+            return outcome_box[0]
 
         return run_transaction(
             self.engine,
