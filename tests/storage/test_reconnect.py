@@ -170,6 +170,46 @@ class PoolReconnectTest(DatabaseTestMixin, unittest.TestCase):
         self.assertEqual(await db.run_interaction("n", lambda txn: txn.select_one_value(
             "SELECT COUNT(*) FROM settled")), 1)
 
+    async def test_commit_that_happened_is_never_run_again(self):
+        # The server commits, and the answer is lost with the connection (cut
+        # here by closing it right after COMMIT): the pool asks the server,
+        # which says committed, and returns the first attempt's result.
+        db, clock = await self._pool()
+        await db.run_interaction("t", lambda txn: txn.execute("CREATE TABLE twice (x INT)"))
+        real_get = db._get_connection
+        cut = []
+
+        class CutAfterCommit:
+            def __init__(self, conn):
+                self._conn = conn
+
+            def __getattr__(self, name):
+                return getattr(self._conn, name)
+
+            def commit(self):
+                self._conn.commit()
+                if not cut:
+                    cut.append(1)
+                    self._conn.close()
+                    raise psycopg2.OperationalError("server closed the connection unexpectedly")
+
+        self.patch(db, "_get_connection", lambda: CutAfterCommit(real_get()))
+        runs, after = [], []
+
+        def write(txn):
+            runs.append(1)
+            txn.execute("INSERT INTO twice VALUES (1)")
+            txn.call_after(after.append, "committed")
+            return "first"
+
+        d = defer.ensureDeferred(db.run_interaction("write", write))
+        await _until(lambda: clock.getDelayedCalls())
+        clock.advance(0.5)
+        self.assertEqual(await d, "first")
+        self.assertEqual((runs, after), ([1], ["committed"]))
+        self.assertEqual(await db.run_interaction("n", lambda txn: txn.select_one_value(
+            "SELECT COUNT(*) FROM twice")), 1)
+
     async def test_commit_status_of_a_transaction(self):
         db, _ = await self._pool()
         await db.run_interaction("t", lambda txn: txn.execute("CREATE TABLE st (x INT)"))
