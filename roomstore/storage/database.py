@@ -6,7 +6,10 @@ Serialisation failures and deadlocks (PostgreSQL) and a locked file (SQLite)
 make the pool roll back and run ``fn`` again, so ``fn`` must not have effects
 outside the transaction; effects that belong to a successful commit (cache
 updates, notifications) are registered with ``txn.call_after`` and run on the
-reactor thread once the commit has happened.
+reactor thread once the commit has happened. A connection that dies (the
+server restarted, the backend was terminated) is dropped and the transaction
+run again on a new one after a backoff (``reconnect.py``); a COMMIT left
+unanswered is first settled by asking the server (see ``run_interaction``).
 """
 
 from __future__ import annotations
