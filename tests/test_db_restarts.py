@@ -37,7 +37,7 @@ from tests.replication.test_redis_processes import write_chunks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULTS = int(os.environ.get("ROOMSTORE_DB_FAULTS", "10"))
-CHUNKS = int(os.environ.get("ROOMSTORE_DB_FAULT_CHUNKS", "60"))
+CHUNKS = int(os.environ.get("ROOMSTORE_DB_FAULT_CHUNKS", "120"))
 WRITERS = ("w1", "w2")
 CHANNEL = "dbfaults.example"
 W_ARGS = [arg for name in STORE_STREAMS for arg in ("--stream-writers", f"{name}={','.join(WRITERS)}")]
@@ -215,7 +215,7 @@ class DatabaseRestartsTest(unittest.TestCase):
             if reader is None:
                 command = read_commands[n % len(read_commands)]
                 reader = spawn([*command, "--db", url], f"read-{n}.out")
-            time.sleep(1.0)
+            time.sleep(0.7)
             if importer.poll() is None:
                 during_import += 1
             if n % 2 == 0:
