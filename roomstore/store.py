@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
+from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
@@ -175,6 +176,9 @@ class RoomStore:
         store = cls(db, config, generators, clock)
         store._owns_db = owns_db
         store._writer_lock = writer_lock
+        if writer_lock is not None:
+            # A database restart frees a session lock: take it again, or stop.
+            writer_lock.watch(store.clock)
         if not config.read_only:
             await db.run_interaction("register_instance", register_instance_txn, config.instance_name)
         store._censor_job = None
@@ -182,6 +186,19 @@ class RoomStore:
             store._censor_job = store.censor
             store._censor_job.start(config.censor_interval_ms)
         return store
+
+    def writer_lock_lost(self) -> "defer.Deferred | None":
+        """Fires with a ``WriterLockLost`` (its result, not an error) if this
+        writer's lock went with a database session and another process took
+        it; None for a process that holds no lock (read-only, SQLite in memory)."""
+        lock = getattr(self, "_writer_lock", None)
+        return None if lock is None else lock.lost
+
+    def check_writer_lock(self) -> None:
+        """Raise ``WriterLockLost`` once this writer's lock is lost for good."""
+        lost = self.writer_lock_lost()
+        if lost is not None and lost.called:
+            raise lost.result
 
     async def close(self) -> None:
         censor_job = getattr(self, "_censor_job", None)
@@ -223,6 +240,7 @@ class RoomStore:
         """
         if not events:
             return []
+        self.check_writer_lock()
         known_versions = await self._known_room_versions(events)
         prepared = prepare_events(events, known_versions, refuse_hash_mismatch, verify_keys)
         await self._refuse_orphans(prepared, known_versions)

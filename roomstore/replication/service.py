@@ -144,6 +144,12 @@ async def run_service(reactor: Any, service: "_AsyncService", started: Callable[
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
     if started is not None:
         started()
+    store = getattr(service, "store", None)
+    lost = store.writer_lock_lost() if store is not None else None
+    if lost is not None:
+        # Fires only if another process took this writer's lock while a
+        # database restart had freed it: stop (the line says why).
+        raise await lost
     await defer.Deferred()  # fires never: the reactor stopping ends the process
 
 

@@ -6,7 +6,10 @@ Serialisation failures and deadlocks (PostgreSQL) and a locked file (SQLite)
 make the pool roll back and run ``fn`` again, so ``fn`` must not have effects
 outside the transaction; effects that belong to a successful commit (cache
 updates, notifications) are registered with ``txn.call_after`` and run on the
-reactor thread once the commit has happened.
+reactor thread once the commit has happened. A connection that dies (the
+server restarted, the backend was terminated) is dropped and the transaction
+run again on a new one after a backoff (``reconnect.py``); a COMMIT left
+unanswered is first settled by asking the server (see ``run_interaction``).
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from typing import Any, Callable, TypeVar
 
 from prometheus_client import Counter, Histogram
 from twisted.internet import defer, threads
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from roomstore.storage.engines import Engine, engine_from_url
-from roomstore.storage.errors import StorageFullError
+from roomstore.storage.errors import DatabaseUnavailableError, StorageFullError
+from roomstore.storage.reconnect import Backoff, ConnectionLost, Outages
 from roomstore.storage.transaction import RetryTransaction, Transaction
 
 __all__ = ["Database", "RetryTransaction", "Transaction", "open_database", "run_transaction"]
@@ -58,7 +63,7 @@ def run_transaction(
     backoff_s: float = 0.005,
     max_backoff_s: float = 0.5,
     on_retry: Callable[[], None] | None = None,
-    on_connection_lost: Callable[[BaseException], None] | None = None,
+    on_connection_lost: Callable[[BaseException, Any, bool], None] | None = None,
 ) -> R:
     """``body(cursor)`` in one transaction on ``connection()``: committed
     whole, or rolled back and raised.
@@ -67,28 +72,33 @@ def run_transaction(
     jobs' plain connections). Serialisation failures, deadlocks, a locked
     SQLite file and :class:`RetryTransaction` roll back and run ``body`` again,
     after ``backoff_s * 2**attempt`` seconds (at most ``max_backoff_s``), up
-    to ``attempts`` times. With ``on_connection_lost``, a connection lost
-    before commit (nothing written) is reported to it, which drops the
-    connection, and the next attempt runs on a new one from ``connection()``.
+    to ``attempts`` times. With ``on_connection_lost``, a connection that
+    died (or could not be opened) is reported to it as ``(exc, conn,
+    committing)`` (``committing``: it died while COMMIT was on its way), and
+    it raises (the pool's ``ConnectionLost``); without, the error is raised.
     """
     attempt = 0
     while True:
         attempt += 1
-        conn = connection()
-        cursor = conn.cursor()
+        conn = cursor = None
+        committing = False
         try:
+            conn = connection()
+            cursor = conn.cursor()
             engine.begin(cursor)
             result = body(cursor)
+            committing = True
             conn.commit()
             return result
         except BaseException as exc:
-            try:
-                conn.rollback()
-            except Exception:
-                pass
-            if on_connection_lost is not None and engine.is_connection_lost(exc, conn) and attempt < attempts:
-                on_connection_lost(exc)
-                continue
+            if conn is not None:
+                try:
+                    conn.rollback()
+                except Exception:
+                    pass
+            if on_connection_lost is not None and engine.is_connection_lost(exc, conn):
+                on_connection_lost(exc, conn, committing)
+                raise
             if (isinstance(exc, RetryTransaction) or engine.is_retryable(exc)) and attempt < attempts:
                 if on_retry is not None:
                     on_retry()
@@ -99,10 +109,11 @@ def run_transaction(
                 raise StorageFullError(f"{engine.describe()} is out of space ({reason})") from exc
             raise
         finally:
-            try:
-                cursor.close()
-            except Exception:
-                pass
+            if cursor is not None:
+                try:
+                    cursor.close()
+                except Exception:
+                    pass
 
 
 class Database:
@@ -114,13 +125,22 @@ class Database:
     ``query_count`` (tests use it to prove a read touched no database).
     """
 
-    def __init__(self, engine: Engine, reactor: Any = None, name: str = "db"):
+    def __init__(
+        self, engine: Engine, reactor: Any = None, name: str = "db", clock: Any = None,
+        backoff: Backoff = Backoff(), give_up_after_s: float = 60.0,
+    ):
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
             reactor = default_reactor
         self.engine = engine
         self.reactor = reactor
+        #: Lost connections and the waits between attempts (reconnect.py);
+        #: ``clock`` times the waits (default: the reactor).
+        self.outages = Outages(clock if clock is not None else reactor, engine.describe(), backoff, give_up_after_s)
+        # Until a first connection was made, a server that cannot be reached
+        # is a wrong URL or a server not started: say so at once.
+        self._ever_connected = False
         self.query_count = 0
         self._query_lock = threading.Lock()
         self._local = threading.local()
@@ -175,9 +195,16 @@ class Database:
 
     def _get_connection(self) -> Any:
         conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.generation < self.outages.generation:
+            # Opened before the last outage began: its server is gone.
+            self._drop_connection()
+            conn = None
         if conn is None:
+            generation = self.outages.generation
             conn = self.engine.connect(pooled=True)
+            self._ever_connected = True
             self._local.conn = conn
+            self._local.generation = generation
             with self._connections_lock:
                 self._connections.append(conn)
         return conn
@@ -195,26 +222,49 @@ class Database:
                 pass
 
     def _run_in_thread(
-        self, description: str, fn: Callable[..., R], args: tuple, kwargs: dict
+        self, description: str, fn: Callable[..., R], args: tuple, kwargs: dict,
+        in_doubt: tuple[str, Any] | None = None,
     ) -> tuple[R, list]:
+        def lost(exc: BaseException, conn: Any, committing: bool, xid: str | None = None) -> None:
+            generation = getattr(self._local, "generation", self.outages.generation)
+            if conn is None and not self._ever_connected:
+                return  # never reached the server: the error as it is, now
+            self._drop_connection()
+            pending = (xid, outcome_box[0]) if committing and xid is not None and outcome_box else None
+            raise ConnectionLost(exc, generation, pending) from exc
+
+        if in_doubt is not None:
+            # The last attempt's COMMIT went unanswered: did it happen?
+            xid, outcome = in_doubt
+            status = run_transaction(
+                self.engine, self._get_connection, lambda cur: self.engine.transaction_status(cur, xid),
+                on_connection_lost=lambda exc, conn, committing: lost(exc, conn, False),
+            )
+            if status == "committed":
+                log.info("{desc}: committed before the connection was lost", desc=description)
+                return outcome
+            if status == "in progress":  # the old session is still ending
+                raise ConnectionLost(RuntimeError(f"transaction {xid} still in progress"),
+                                     self.outages.generation, in_doubt)
+
+        txn_box: list[Transaction] = []
+        outcome_box: list[tuple[R, list]] = []
+
         def body(cursor: Any) -> tuple[R, list]:
             txn = Transaction(self, self.engine, cursor, description)
+            txn_box[:] = [txn]
             result = fn(txn, *args, **kwargs)
-            txn.flush_queue()
-            return result, txn._after_callbacks
-
-        def connection_lost(exc: BaseException) -> None:
-            # The server went away before commit: nothing was written.
-            log.warn("{desc}: connection lost ({exc}); reconnecting", desc=description, exc=exc)
-            self._drop_connection()
-            transaction_retries.labels(description).inc()
+            txn.finish()
+            outcome_box[:] = [(result, txn._after_callbacks)]
+            return outcome_box[0]
 
         return run_transaction(
             self.engine,
             self._get_connection,
             body,
             on_retry=transaction_retries.labels(description).inc,
-            on_connection_lost=connection_lost,
+            on_connection_lost=lambda exc, conn, committing: lost(
+                exc, conn, committing, txn_box[0].xid if txn_box else None),
         )
 
     async def run_interaction(
@@ -224,15 +274,39 @@ class Database:
 
         Returns what ``fn`` returns, after running the callbacks registered with
         ``txn.call_after``. Raises what ``fn`` raised (nothing is committed then).
+
+        A connection that dies is dropped and the transaction tried again on a
+        new one, after a backoff (``reconnect.py``), for up to
+        ``give_up_after_s`` of outage: before COMMIT nothing was written; a
+        COMMIT left unanswered is settled first by asking the server whether
+        the transaction committed (then ``fn``'s result stands), so ``fn``
+        never runs again after its transaction committed.
         """
         if self._closed:
             raise RuntimeError(f"database is closed (interaction {description!r})")
         start = time.perf_counter()
         self._in_flight += 1
+        attempt = 0
+        in_doubt = None
         try:
-            result, after = await threads.deferToThreadPool(
-                self.reactor, self._threadpool, self._run_in_thread, description, fn, args, kwargs
-            )
+            while True:
+                attempt += 1
+                try:
+                    result, after = await threads.deferToThreadPool(
+                        self.reactor, self._threadpool, self._run_in_thread, description, fn, args, kwargs,
+                        in_doubt,
+                    )
+                    break
+                except ConnectionLost as lost:
+                    if lost.in_doubt is not None:
+                        in_doubt = lost.in_doubt
+                    delay = self.outages.lost(lost, attempt)
+                    transaction_retries.labels(description).inc()
+                    await deferLater(self.outages.clock, delay, lambda: None)
+                    if self._closed:
+                        raise DatabaseUnavailableError(
+                            f"{self.engine.describe()}: closed while reconnecting ({lost})") from None
+            self.outages.committed()
         except BaseException:
             transaction_outcomes.labels(description, "error").inc()
             raise

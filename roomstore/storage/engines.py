@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import attrs
 
 from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError
-from roomstore.storage.pg_connection import is_stale_plan, preparing_connection
+from roomstore.storage.pg_connection import is_stale_plan, preparing_connection, xact_status
 from roomstore.storage.sqlite_connection import check_sqlite_file, connect_sqlite
 
 
@@ -164,7 +164,18 @@ class Engine:
         return False
 
     def is_connection_lost(self, exc: BaseException, conn: Any) -> bool:
+        """True when ``exc`` says the server went away (``conn`` is dead, or
+        none could be opened): the pool reconnects and tries again."""
         return False
+
+    #: A query returning the running transaction's id as text, or NULL when
+    #: it has written nothing; None where connections cannot be lost.
+    xid_sql: str | None = None
+
+    def transaction_status(self, cursor: Any, xid: str) -> str:
+        """``committed``, ``aborted`` or ``in progress``: what became of the
+        transaction ``xid`` (from ``xid_sql``) whose COMMIT went unanswered."""
+        raise NotImplementedError(f"{self.name} does not lose connections")
 
     def is_storage_full(self, exc: BaseException) -> bool:
         """True for "out of space" errors (raised as ``StorageFullError``)."""
@@ -525,9 +536,21 @@ class PostgresEngine(Engine):
     def is_connection_lost(self, exc: BaseException, conn: Any) -> bool:
         import psycopg2
 
-        return isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and bool(
-            getattr(conn, "closed", 0)
+        if isinstance(exc, DatabaseUnavailableError):
+            return True
+        # admin_shutdown (pg_terminate_backend, a fast shutdown), crash_shutdown
+        # (another backend crashed: the server restarts), cannot_connect_now
+        # (starting up, shutting down, in recovery).
+        if getattr(exc, "pgcode", None) in ("57P01", "57P02", "57P03"):
+            return True
+        return isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and (
+            conn is None or bool(getattr(conn, "closed", 0))
         )
+
+    xid_sql = "SELECT pg_current_xact_id_if_assigned()::text"
+
+    def transaction_status(self, cursor: Any, xid: str) -> str:
+        return xact_status(cursor, xid)
 
     def lock_schema(self, cursor: Any) -> None:
         # Read committed, so that after waiting for the lock this transaction

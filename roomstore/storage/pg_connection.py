@@ -26,6 +26,25 @@ def is_stale_plan(exc: BaseException) -> bool:
     return isinstance(exc, psycopg2.errors.FeatureNotSupported) and "cached plan must not change" in str(exc)
 
 
+def xact_status(cursor: Any, xid: str) -> str:
+    """``committed``, ``aborted`` or ``in progress``: what became of the
+    transaction ``xid`` (``PostgresEngine.transaction_status``)."""
+    import psycopg2.errors
+
+    cursor.execute("SAVEPOINT xact_status")
+    try:
+        cursor.execute("SELECT pg_xact_status(%s::xid8)", (xid,))
+        status = cursor.fetchone()[0]
+    except psycopg2.errors.InvalidParameterValue:
+        # "transaction ID ... is in the future": after a crash the server
+        # restarted below it, so nothing of it reached the disk.
+        cursor.execute("ROLLBACK TO SAVEPOINT xact_status")
+        status = "aborted"
+    cursor.execute("RELEASE SAVEPOINT xact_status")
+    # NULL: too old to be known, which a transaction of seconds ago is not.
+    return status or "aborted"
+
+
 @functools.lru_cache(maxsize=1)
 def preparing_connection() -> type:
     """psycopg2's connection class with a memory of the statements prepared

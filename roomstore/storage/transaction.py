@@ -44,6 +44,12 @@ class Transaction:
         self._allocated: dict[tuple[str, str], int] = {}
         self._free_ids: dict[tuple[str, str], list[int]] = {}
         self._queued: list[bytes] = []
+        #: True once a statement that may write has run (anything but a plain
+        #: SELECT); ``finish`` then asks the server for the transaction's id.
+        self.wrote = False
+        #: The server's id of this transaction once ``finish`` ran, if it
+        #: wrote: what the pool asks about when a COMMIT goes unanswered.
+        self.xid: str | None = None
 
     # --- SQL -------------------------------------------------------------
 
@@ -64,6 +70,8 @@ class Transaction:
         if prepare:
             self.engine.execute_prepared(self._cursor, sql, args)
         else:
+            if not self.wrote and not _is_plain_select(sql):
+                self.wrote = True
             self._cursor.execute(self.engine.convert_sql(sql), tuple(args))
         return self
 
@@ -81,6 +89,7 @@ class Transaction:
             self.execute(sql, args)
             return
         self.db._count_query()
+        self.wrote = True
         self._queued.append(self.engine.bind_statement(self._cursor, sql, args))
 
     def flush_queue(self) -> None:
@@ -90,12 +99,26 @@ class Transaction:
             # No arguments: the text is sent as it is (already bound).
             self._cursor.execute(b";\n".join(statements))
 
+    def finish(self) -> None:
+        """Before commit (the pool calls it): send what is queued and, where
+        connections can be lost and this transaction wrote, learn its id
+        (``xid``), in the same round trip as the queued statements if any."""
+        xid_sql = self.engine.xid_sql
+        if xid_sql is None or not self.wrote:
+            self.flush_queue()
+            return
+        statements, self._queued = self._queued, []
+        self._cursor.execute(b";\n".join([*statements, xid_sql.encode()]))
+        row = self._cursor.fetchone()
+        self.xid = row[0] if row else None
+
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         rows = [tuple(r) for r in rows]
         if not rows:
             return
         self.flush_queue()
         self.db._count_query()
+        self.wrote = True
         self._cursor.executemany(self.engine.convert_sql(sql), rows)
 
     def insert_many(
@@ -125,6 +148,7 @@ class Transaction:
             raise ValueError("insert_many: a queued insert cannot return rows")
         if not rows:
             return [] if returning else None
+        self.wrote = True
         if queue and self.engine.batches_writes:
             for statement in self.engine.bind_insert(self._cursor, table, columns, rows, on_conflict):
                 self.db._count_query()
@@ -212,3 +236,8 @@ class Transaction:
         Dropped if this attempt rolls back (a retry registers its own).
         """
         self._after_callbacks.append((fn, args, kwargs))
+
+
+def _is_plain_select(sql: str) -> bool:
+    """A statement that writes nothing (a plain SELECT; ``WITH`` may hide a write)."""
+    return sql.lstrip()[:6].upper() == "SELECT"

@@ -18,6 +18,14 @@ process that writes takes a lock for its whole life:
 ``await WriterLock.acquire(db, instance_name)`` returns the held lock or
 raises :class:`WriterLockHeld` (one line: the instance, the holder, what to
 do); ``await lock.release()`` lets it go. Read-only processes take no lock.
+
+A session lock dies with its session: a PostgreSQL restart, or
+``pg_terminate_backend`` of the lock's connection, frees it. ``lock.watch(clock)``
+checks the session every ``CHECK_INTERVAL_S`` (and when the pool's outage
+ends); finding it gone, it reconnects and takes the lock again (a warning
+line says so), or, if another process took it meanwhile, gives up: an error
+line names the holder and ``lost`` fires with :class:`WriterLockLost`, which
+the store raises from then on and the services stop on.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from twisted.logger import Logger
 
 from roomstore.storage.engines import DatabaseConfigError
 
-__all__ = ["WriterLock", "WriterLockHeld", "writer_lock_key"]
+__all__ = ["WriterLock", "WriterLockHeld", "WriterLockLost", "writer_lock_key"]
 
 log = Logger()
 
@@ -45,6 +53,15 @@ _APP_PREFIX = "roomstore-writer"
 
 class WriterLockHeld(DatabaseConfigError):
     """Another live process already is this writer instance."""
+
+
+class WriterLockLost(DatabaseConfigError):
+    """The lock went with the database connection and another process holds
+    it now: this process must stop writing as the instance."""
+
+
+#: How often a held PostgreSQL lock's session is checked (seconds).
+CHECK_INTERVAL_S = 1.0
 
 
 def writer_lock_key(instance_name: str) -> tuple[int, int]:
@@ -73,6 +90,75 @@ class WriterLock:
         self.instance_name = instance_name
         self._resource = resource
         self._release_fn = release_fn
+        #: Fires with a WriterLockLost (as its result, not an error) if the
+        #: lock is lost for good; see the module docstring.
+        self.lost: Any = None
+        self.retaken = 0
+        self._watcher: Any = None
+        self._checking = False
+
+    def watch(self, clock: Any, interval_s: float = CHECK_INTERVAL_S) -> None:
+        """Check the lock's session every ``interval_s`` and after each
+        outage of the pool (PostgreSQL; a no-op elsewhere)."""
+        from twisted.internet import defer, task
+
+        self.lost = defer.Deferred()
+        if self._release_fn is not _pg_release:
+            return
+        self._watcher = task.LoopingCall(self.check)
+        self._watcher.clock = clock
+        self._watcher.start(interval_s, now=False)
+        self.db.outages.on_end.append(self.check)
+
+    def check(self) -> Any:
+        """Check the lock now (returns a Deferred, or None if a check is running)."""
+        from twisted.internet import defer
+
+        if self._checking or self._resource is None or self.db.closed or (self.lost and self.lost.called):
+            return None
+        self._checking = True
+        d = defer.ensureDeferred(self._check())
+
+        def done(result: Any) -> Any:
+            self._checking = False
+            return result
+
+        return d.addBoth(done)
+
+    async def _check(self) -> None:
+        resource = self._resource
+        try:
+            outcome, detail = await self.db.run_blocking(_pg_recheck, self.db.engine, resource)
+        except Exception as exc:  # the database is not back yet: the next check
+            log.info("writer lock of {instance}: check failed ({exc})", instance=self.instance_name, exc=exc)
+            return
+        if outcome == "held":
+            return
+        if outcome == "retaken":
+            if self._resource is None:  # released meanwhile: let the new one go too
+                await self.db.run_blocking(_pg_release, (detail, self.instance_name))
+                return
+            self.retaken += 1
+            self._resource = (detail, self.instance_name)
+            log.warn(
+                "writer lock of instance {instance!r} went with its database session (the server restarted"
+                " or ended the session); taken again, on a new session",
+                instance=self.instance_name,
+            )
+            return
+        if outcome == "down":
+            return
+        # Taken by another process while ours was gone.
+        self._resource = None
+        if self._watcher is not None and self._watcher.running:
+            self._watcher.stop()
+        error = WriterLockLost(
+            f"writer instance {self.instance_name!r} lost its lock with its database session, and another process"
+            f" took it meanwhile ({detail}): stopping, since two processes must never write as one instance"
+        )
+        log.error("{error}", error=str(error))
+        if self.lost is not None and not self.lost.called:
+            self.lost.callback(error)
 
     @classmethod
     async def acquire(cls, db: Any, instance_name: str) -> "WriterLock":
@@ -90,6 +176,11 @@ class WriterLock:
 
     async def release(self) -> None:
         """Let the lock go (idempotent)."""
+        if self._watcher is not None and self._watcher.running:
+            self._watcher.stop()
+        outages = getattr(self.db, "outages", None)
+        if outages is not None and self.check in outages.on_end:
+            outages.on_end.remove(self.check)
         resource, self._resource = self._resource, None
         if resource is not None and self._release_fn is not None:
             await self.db.run_blocking(self._release_fn, resource)
@@ -136,6 +227,50 @@ def _pg_acquire(engine: Any, instance_name: str) -> Any:
             pid, host = named
         holder = f"pid {pid} on {host or addr or '?'}, since {started:%Y-%m-%d %H:%M:%S %Z}".rstrip()
     raise WriterLockHeld(_refusal(instance_name, engine.describe(), holder))
+
+
+def _pg_recheck(engine: Any, held: tuple) -> tuple[str, Any]:
+    """("held", None) while the session holds the lock; else reconnects and
+    takes it again: ("retaken", new connection), ("taken", holder text) if
+    another session has it, ("down", None) if the server is not back yet."""
+    conn, instance_name = held[0], held[1]
+    try:
+        with conn.cursor() as cur:
+            classid, objid = writer_lock_key(instance_name)
+            cur.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()"
+                " AND classid = %s::oid AND objid = %s::oid AND objsubid = 2",
+                (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF),
+            )
+            if cur.fetchone()[0]:
+                return "held", None
+            # The session lives but the lock is gone (unlocked by hand): take it again below.
+    except Exception:
+        pass
+    try:
+        conn.close()
+    except Exception:
+        pass
+    app_name = f"{_APP_PREFIX} {os.getpid()}@{socket.gethostname()}"[:63]
+    try:
+        new = engine.session_connection(app_name)
+    except Exception:
+        return "down", None
+    try:
+        with new.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", writer_lock_key(instance_name))
+            if cur.fetchone()[0]:
+                return "retaken", new
+            row = _pg_holder(cur, instance_name)
+    except Exception:
+        new.close()
+        return "down", None
+    new.close()
+    if row is None:
+        return "down", None  # released between the two statements: try again next time
+    named = _holder_of(row[0])
+    pid, host = named if named is not None else ((row[0] or "?"), "")
+    return "taken", f"pid {pid} on {host or row[1] or '?'}"
 
 
 def _pg_holder(cur: Any, instance_name: str) -> tuple | None:
