@@ -67,6 +67,7 @@ from roomstore.compaction.job.report import (
     write_metrics,
 )
 from roomstore.compaction.roomstore_tables import RoomstoreTables
+from roomstore.compaction.synapse_tables import SynapseTables
 from roomstore.compaction.tables import StateTables
 from roomstore.compaction.writer import CompactionWriter, LockHeldError
 from roomstore.progress import progress_bar
@@ -79,7 +80,12 @@ class Driver:
 
     def __init__(self, args: argparse.Namespace, out=None, tables: Optional[StateTables] = None) -> None:
         self.args = args
-        self.tables = tables or RoomstoreTables()
+        if tables is None:
+            tables = SynapseTables() if getattr(args, "synapse", None) else RoomstoreTables()
+        if getattr(args, "synapse", None):
+            args.db = args.synapse  # the database the writer and Spark's reads open
+        self.tables = tables
+        self.skipped: Dict[str, int] = {}
         self.out = out or sys.stdout
         self.levels = tuple(args.levels)
         self.max_hops = args.max_hops if args.max_hops is not None else levels_hop_bound(self.levels)
@@ -129,6 +135,7 @@ class Driver:
         status = 0
         try:
             writer.check_schema()
+            self.tables.prepare(writer.db, a.dry_run)
             if not a.dry_run:
                 try:
                     writer.acquire_lock()
@@ -140,7 +147,7 @@ class Driver:
                 self.warn(note)
             mode = "dry run" if a.dry_run else (f"resuming run {run.run_id}" if run.resumed else f"run {run.run_id}")
             self.say(
-                f"state compaction ({mode}) on {writer.db.engine.describe()}: snapshot_max={run.snapshot_max},"
+                f"state compaction ({mode}) on {self.tables.layout} {writer.db.engine.describe()}: snapshot_max={run.snapshot_max},"
                 f" levels={','.join(map(str, self.levels))}, max_hops={self.max_hops}, chunk_groups={a.chunk_groups}"
             )
             for nid, outcome in run.done_rooms.items():
@@ -154,6 +161,11 @@ class Driver:
             if run.done_rooms:
                 self.say(f"  {len(run.done_rooms)} room(s) already finished by the interrupted attempt: skipped")
             where = self.room_filter()
+            if where is not None:
+                cond = where.format(col="room_nid") if where else ""
+                self.skipped = self.tables.skipped_at_start(writer.db, run.snapshot_max, cond)
+                if any(self.skipped.values()):
+                    self.say("  left alone for this run: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in self.skipped.items()))
             if where is None:
                 self.say("  no rooms selected")
             else:
@@ -163,6 +175,9 @@ class Driver:
                 else:
                     spark = self.start_spark()
                     self.compute_and_write(spark, lo, hi, count, where)
+            if where is not None:
+                cond = where.format(col="room_nid") if where else ""
+                self.skipped.update(self.tables.skipped_at_end(writer.db, run.snapshot_max, cond))
             if not a.dry_run:
                 writer.finish_run(run)
         finally:
@@ -397,12 +412,16 @@ class Driver:
         totals = run_totals(rooms)
         for line in report_lines(rooms, totals, a.dry_run, self.timings.get("total", 0), len(self.warnings)):
             self.say(line)
+        if any(self.skipped.values()):
+            self.say("groups left alone: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in self.skipped.items()))
         summary = {
             "run_id": self.run.run_id if self.run else None,
             "resumed": bool(self.run and self.run.resumed),
             "dry_run": a.dry_run,
             "snapshot_max": self.run.snapshot_max if self.run else None,
             "database": self.writer.db.engine.describe() if self.writer else None,
+            "layout": self.tables.layout,
+            "skipped_groups": self.skipped,
             "options": self.options(),
             "started_at": started,
             "duration_s": round(self.timings.get("total", 0.0), 3),
