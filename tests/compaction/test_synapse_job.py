@@ -342,3 +342,92 @@ class SynapseCompactionTests(unittest.TestCase):
         # Synapse, running all along, serves the room's state as before.
         served = self.alice._call("GET", self.alice._room(self.api_room) + "/state")
         self.assertEqual(sorted((e["type"], e["state_key"], e["event_id"]) for e in served), self.api_state)
+
+
+class SynapseSwapTests(unittest.TestCase):
+    """The swap on Synapse's tables without Spark: a chunk staged by hand is
+    refused, with nothing written, when one of its groups is pending deletion,
+    being persisted or changed since the read; otherwise swapped, and
+    Synapse's read gives every group the same state."""
+
+    def setUp(self) -> None:
+        from roomstore.compaction import synapse_sql
+        from roomstore.compaction.synapse_tables import SynapseTables
+        from roomstore.compaction.writer import CompactionWriter
+
+        self.dsn = synapse_server().database
+        self.oracle = SynapseOracle()
+        self.room = f"!swap{os.urandom(3).hex()}:synapse.test"
+        self.ids = insert_chain_room(self.dsn, self.room, 6, seed=7)
+        self.nid = query(self.dsn, f"SELECT {synapse_sql.room_nid('%s')}", (self.room,))[0][0]
+        self.writer = CompactionWriter(self.dsn, tables=SynapseTables(), heartbeat_s=0)
+        self.addCleanup(self.writer.close)
+        self.writer.check_schema()
+        self.writer.tables.prepare(self.writer.db, False)
+        self.writer.acquire_lock()
+        self.run = self.writer.begin_run({"test": self.room})
+        self.addCleanup(self.writer.finish_run, self.run)
+
+    def chunk(self):
+        """Group ids[3] rewritten as a delta on ids[0] (the chunk: ids[1..3])."""
+        from roomstore.compaction.chunks import StagedChunk
+        from roomstore.compaction.job.synapse_rows import text_row_checksum
+
+        ids = self.ids
+        states = self.oracle.states(self.dsn, ids[:4])
+        groups = []
+        for g in ids[1:4]:
+            rows = query(self.dsn, "SELECT type, state_key, event_id FROM state_groups_state WHERE state_group = %s", (g,))
+            prev = query(self.dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (g,))[0][0]
+            checksum = sum(text_row_checksum(*r) for r in rows)
+            rewrite = g == ids[3]
+            groups.append((g, prev, len(rows), checksum, ids[0] if rewrite else prev, 0, 1 if rewrite else 0))
+        new = {k: v for k, v in states[ids[3]].items() if states[ids[0]].get(k) != v}
+        self.assertFalse([k for k in states[ids[0]] if k not in states[ids[3]]])  # no removal needed
+        deltas = [(ids[3], t, k, e) for (t, k), e in sorted(new.items())]
+        return StagedChunk(self.nid, ids[1], ids[3], groups, [ids[0]], deltas, 0, 0, 1)
+
+    def swap(self):
+        chunk = self.chunk()
+        self.writer.stage_chunk(self.run, chunk)
+        return self.writer.swap_chunk(self.run, self.nid, chunk.first_group, (chunk.last_group, 0, 0, 1))
+
+    def test_refused_when_pending_deletion_persisting_or_changed_then_swapped(self) -> None:
+        dsn, ids = self.dsn, self.ids
+        before = self.oracle.states(dsn, ids)
+        stored = representation(dsn, ids)
+        cases = [
+            ("is pending deletion", ids[2],
+             "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, 0)",
+             "DELETE FROM state_groups_pending_deletion WHERE state_group = %s"),
+            ("is pending deletion", ids[0],  # the base outside the chunk
+             "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, 0)",
+             "DELETE FROM state_groups_pending_deletion WHERE state_group = %s"),
+            ("is being persisted", ids[3],
+             "INSERT INTO state_groups_persisting (state_group, instance_name) VALUES (%s, 'master')",
+             "DELETE FROM state_groups_persisting WHERE state_group = %s"),
+            ("changed since it was read", ids[3],
+             "INSERT INTO state_groups_state VALUES (%s, 'x', 'm.room.topic', 'extra', '$extra')",
+             "DELETE FROM state_groups_state WHERE state_group = %s AND state_key = 'extra'"),
+        ]
+        for reason, group, make, undo in cases:
+            chunk = self.chunk()
+            self.writer.stage_chunk(self.run, chunk)
+            query(dsn, make, (group,))
+            try:
+                result = self.writer.swap_chunk(self.run, self.nid, chunk.first_group, (chunk.last_group, 0, 0, 1))
+            finally:
+                query(dsn, undo, (group,))
+            self.assertEqual(result.status, "changed_underneath", reason)
+            self.assertIn(f"state group {group} {reason}", result.detail)
+            self.assertEqual(representation(dsn, ids), stored, reason)
+        result = self.swap()
+        self.assertEqual(result.status, "swapped")
+        self.assertGreater(result.rows_deleted, 0)
+        self.assertEqual(query(dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (ids[3],)),
+                         [(ids[0],)])
+        self.assertEqual(self.oracle.states(dsn, ids), before)
+        self.assertEqual(query(dsn, f"SELECT first_group, last_group FROM {PREFIX}chunks WHERE run_id = %s",
+                               (self.run.run_id,)), [(ids[1], ids[3])])
+        self.assertEqual(query(dsn, f"SELECT COUNT(*) FROM {PREFIX}staged_deltas WHERE run_id = %s",
+                               (self.run.run_id,)), [(0,)])
