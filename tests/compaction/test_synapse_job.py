@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import tempfile
 import time
@@ -431,3 +432,108 @@ class SynapseSwapTests(unittest.TestCase):
                                (self.run.run_id,)), [(ids[1], ids[3])])
         self.assertEqual(query(dsn, f"SELECT COUNT(*) FROM {PREFIX}staged_deltas WHERE run_id = %s",
                                (self.run.run_id,)), [(0,)])
+
+
+class SynapseLiveTests(unittest.TestCase):
+    """A run killed with SIGKILL mid-write while Synapse keeps sending events
+    and purging history, then a rerun beside the same traffic: every group
+    that existed keeps its state (Synapse's read), the rerun completes, and
+    Synapse logs no error."""
+
+    timeout = 1800
+
+    def test_killed_while_synapse_sends_and_purges_then_rerun(self) -> None:
+        import threading
+
+        server = synapse_server()
+        dsn = server.database
+        oracle = SynapseOracle()
+        tag = os.urandom(3).hex()
+        api_room, alice = churn_room(server)
+        admin = server.register(f"admin{tag}", admin=True)
+        chain_rooms = [f"!live{tag}{n}:synapse.test" for n in range(4)]
+        for n, room in enumerate(chain_rooms):
+            insert_chain_room(dsn, room, 450, seed=10 + n)
+        spec = ",".join([api_room] + chain_rooms)
+        log = os.path.join(server.folder, "homeserver.log")
+        log_offset = os.path.getsize(log)
+        groups = all_groups(dsn)
+        before = oracle.states(dsn, groups)
+
+        stop = threading.Event()
+        sent: List[str] = []
+        purges: List[str] = []
+        errors: List[BaseException] = []
+
+        def traffic() -> None:
+            try:
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    sent.append(alice.send(api_room, f"live {i}"))
+                    if i % 4 == 0:
+                        alice.state(api_room, "m.room.topic", {"topic": f"live {i}"})
+                    if i % 15 == 0 and len(sent) > 10:
+                        result = admin._call("POST", f"/_synapse/admin/v1/purge_history/{api_room}",
+                                             {"delete_local_events": True, "purge_up_to_event_id": sent[-5]})
+                        purges.append(result["purge_id"])
+                    time.sleep(0.05)
+            except BaseException as exc:  # reported by the test
+                errors.append(exc)
+
+        sender = threading.Thread(target=traffic)
+        sender.start()
+        try:
+            cmd = [WRAPPER, "--master", "local[2]", *FAST_START, "--synapse", dsn, "--heartbeat", "1",
+                   "--rooms", spec, "--chunk-groups", "100", "--swap-delay", "0.7"]
+            with tempfile.TemporaryFile(mode="w+") as out:
+                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=job_env(), start_new_session=True)
+                try:
+                    deadline = time.monotonic() + 600
+                    while True:
+                        if PREFIX + "rooms" in own_tables(dsn) and query(
+                                dsn, f"SELECT COUNT(*) FROM {PREFIX}rooms o JOIN {PREFIX}runs r USING (run_id)"
+                                     " WHERE r.finished_ts IS NULL")[0][0] >= 1:
+                            break
+                        out.seek(0)
+                        self.assertIsNone(proc.poll(), out.read())
+                        self.assertLess(time.monotonic(), deadline)
+                        time.sleep(0.1)
+                finally:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            unfinished = query(dsn, f"SELECT run_id FROM {PREFIX}runs WHERE finished_ts IS NULL")
+            self.assertEqual(len(unfinished), 1)
+            self.assertEqual(query(dsn, f"SELECT COUNT(*) FROM {PREFIX}lock")[0][0], 1)
+            present = set(all_groups(dsn))
+            mid = oracle.states(dsn, [g for g in groups if g in present])
+            self.assertEqual(mid, {g: before[g] for g in groups if g in present})
+
+            status, output, summary = run_job(dsn, "--rooms", spec, "--chunk-groups", "100")
+            self.assertEqual(status, 0, output)
+            self.assertIn("resuming run", output)
+            self.assertIn("no longer running on this host", output)
+            self.assertEqual(summary["totals"]["mismatched_groups"], 0, output)
+        finally:
+            stop.set()
+            sender.join()
+        self.assertEqual(errors, [])
+        self.assertGreater(len(sent), 10)
+        self.assertTrue(purges)
+        # Every group that still exists (purges delete some) has its state.
+        present = set(all_groups(dsn))
+        kept = [g for g in groups if g in present]
+        self.assertGreater(len(kept), len(groups) * 0.9)
+        self.assertEqual(oracle.states(dsn, kept), {g: before[g] for g in kept})
+        written = [r for r in summary["rooms"] if r["status"] == "written"]
+        self.assertTrue(written or summary["resumed"], output)
+        self.assertEqual(query(dsn, f"SELECT COUNT(*) FROM {PREFIX}runs WHERE finished_ts IS NULL")[0][0], 0)
+        self.assertEqual(query(dsn, f"SELECT COUNT(*) FROM {PREFIX}lock")[0][0], 0)
+        with open(log) as f:
+            f.seek(log_offset)
+            logged = f.read()
+        # (the log holds warnings and errors only)
+        self.assertNotIn(" - ERROR - ", logged)
+        done = [admin._call("GET", f"/_synapse/admin/v1/purge_history_status/{p}")["status"] for p in purges]
+        self.assertIn("complete", done)
+        self.assertNotIn("failed", done)
