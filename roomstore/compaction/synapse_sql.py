@@ -121,6 +121,18 @@ LARGEST_ROOMS = (
 ROOM_NID_COLLISIONS = f"SELECT COUNT(DISTINCT room_id), COUNT(DISTINCT {room_nid('room_id')}) FROM state_groups"
 
 
+#: A condition on ``{col}``: rooms that no finished run compacted (written,
+#: unchanged or below the minimum saving) or that have groups above the
+#: snapshot_max of the last finished run that did. Reruns skip the others.
+ROOMS_CHANGED_SINCE_DONE = (
+    "{col} NOT IN (SELECT d.room_nid FROM (SELECT r.room_nid, MAX(u.snapshot_max) AS snap FROM "
+    + PREFIX + "rooms r JOIN " + PREFIX + "runs u ON u.run_id = r.run_id WHERE u.finished_ts IS NOT NULL"
+    " AND r.status IN ('written', 'unchanged', 'below_min_saving') GROUP BY r.room_nid) d"
+    " WHERE NOT EXISTS (SELECT 1 FROM state_groups sg WHERE sg.id > d.snap AND "
+    + room_nid("sg.room_id") + " = d.room_nid))"
+)
+
+
 def rooms_not_done(run_id: int) -> str:
     return "{col} NOT IN (SELECT room_nid FROM " + PREFIX + "rooms WHERE run_id = " + str(int(run_id)) + ")"
 

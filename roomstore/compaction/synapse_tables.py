@@ -55,6 +55,11 @@ class SynapseTables(StateTables):
 
         db.run(txn)
 
+    def incremental_condition(self, db: Any) -> str:
+        if not db.query(sql.OWN_TABLES)[0][0]:
+            return ""
+        return sql.ROOMS_CHANGED_SINCE_DONE
+
     def skipped_at_start(self, db: Any, snapshot_max: int, where: str) -> Dict[str, int]:
         extra = f" WHERE {where}" if where else ""
         return {

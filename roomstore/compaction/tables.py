@@ -57,6 +57,11 @@ class StateTables:
     def prepare(self, db: Any, dry_run: bool) -> None:
         """Make the job's own tables ready (nothing in a dry run)."""
 
+    def incremental_condition(self, db: Any) -> str:
+        """A condition on ``{col}`` (a room_nid column) leaving out rooms that
+        earlier finished runs compacted and that have no group since, or ""."""
+        return ""
+
     def skipped_at_start(self, db: Any, snapshot_max: int, where: str) -> Dict[str, int]:
         """Groups the run leaves alone from the start, counted for the summary."""
         return {}

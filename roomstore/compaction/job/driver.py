@@ -220,6 +220,9 @@ class Driver:
             clauses.append("{col} IN (" + ", ".join(str(int(n)) for n in nids) + ")")
         if run.run_id is not None and run.resumed:
             clauses.append(self.writer.rooms_not_done_condition(run.run_id))
+        incremental = self.tables.incremental_condition(self.writer.db)
+        if incremental:
+            clauses.append(incremental)
         return " AND ".join(clauses)
 
     def start_spark(self) -> Any:
