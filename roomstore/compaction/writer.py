@@ -4,8 +4,14 @@ Everything here runs in the Spark *driver* with plain DB-API connections
 (``psycopg2`` or ``sqlite3``, opened by :mod:`roomstore.storage.engines`);
 Spark never writes to the database. The flow, per run:
 
-1. :meth:`CompactionWriter.acquire_lock` takes the ``maintenance_locks`` row
-   ``state_compaction`` and keeps its ``heartbeat_ts`` fresh from a thread.
+The table layout (roomstore's tables or a Synapse database's) is behind
+:class:`~roomstore.compaction.tables.StateTables`: its statements module
+gives the SQL this module runs by name, and its ``swap`` the lock, re-check
+and replacement inside the swap transaction; nothing here is layout-specific.
+
+1. :meth:`CompactionWriter.acquire_lock` takes the lock row (roomstore: the
+   ``maintenance_locks`` row ``state_compaction``; Synapse:
+   ``roomstore_compressor_lock``) and keeps its ``heartbeat_ts`` fresh from a thread.
    ``RoomStore.delete_state_groups`` waits while the lock is held and ignores
    it (with a warning) once the heartbeat is older than its timeout.
 2. :meth:`CompactionWriter.begin_run` records ``snapshot_max`` (MAX(state_group)

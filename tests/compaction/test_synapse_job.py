@@ -66,7 +66,17 @@ class SynapseOracle:
         from synapse.storage.databases.state.bg_updates import StateGroupBackgroundUpdateStore
         from synapse.storage.engines import create_engine
 
-        self.engine = create_engine({"name": "psycopg2", "args": {}})
+        # Synapse's PostgresEngine disables psycopg2's bytes adapter for the
+        # whole process (roomstore's own PostgreSQL writes pass bytes): keep
+        # psycopg2's adapters as they were.
+        import psycopg2.extensions
+
+        adapters = dict(psycopg2.extensions.adapters)
+        try:
+            self.engine = create_engine({"name": "psycopg2", "args": {}})
+        finally:
+            psycopg2.extensions.adapters.clear()
+            psycopg2.extensions.adapters.update(adapters)
         self.LoggingTransaction = LoggingTransaction
         self.store = StateGroupBackgroundUpdateStore.__new__(StateGroupBackgroundUpdateStore)
         self.store.database_engine = self.engine
