@@ -557,3 +557,19 @@ class SynapseLiveTests(unittest.TestCase):
         done = [admin._call("GET", f"/_synapse/admin/v1/purge_history_status/{p}")["status"] for p in purges]
         self.assertIn("complete", done)
         self.assertNotIn("failed", done)
+
+
+class NotSynapseTests(unittest.TestCase):
+    def test_a_database_without_synapse_tables_is_one_line(self) -> None:
+        from tests.db import create_postgres_database, drop_postgres_database
+
+        if not os.environ.get("ROOMSTORE_TEST_POSTGRES"):
+            raise unittest.SkipTest("no test PostgreSQL server (run through bin/test)")
+        url = create_postgres_database()
+        self.addCleanup(drop_postgres_database, url)
+        status, out, _ = run_job(url, "--dry-run")
+        self.assertEqual(status, 1, out)
+        errors = [line for line in out.splitlines() if "ERROR" in line]
+        self.assertEqual(len(errors), 1, out)
+        self.assertIn("not a Synapse database", errors[0])
+        self.assertNotIn("Traceback", out)

@@ -66,8 +66,9 @@ from roomstore.compaction.job.report import (
     write_atomic,
     write_metrics,
 )
-from roomstore.compaction.roomstore_tables import RoomstoreTables
-from roomstore.compaction.synapse_tables import SynapseTables
+from roomstore.compaction.roomstore_tables import RoomstoreTables, SchemaTooOldError
+from roomstore.compaction.synapse_tables import NotSynapseError, SynapseTables
+from roomstore.storage.schema import SchemaTooNewError
 from roomstore.compaction.tables import StateTables
 from roomstore.compaction.writer import CompactionWriter, LockHeldError
 from roomstore.progress import progress_bar
@@ -453,6 +454,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return Driver(args).execute()
     except SystemExit:
         raise
+    except (NotSynapseError, SchemaTooOldError, SchemaTooNewError) as exc:
+        # The database is not one the job can compact: one line says what to do.
+        log.error("%s", exc)
+        return 1
     except Exception as exc:
         log.error("compaction failed: %s", exc)
         traceback.print_exc()
