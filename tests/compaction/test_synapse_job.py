@@ -137,7 +137,8 @@ def schema_of_synapse_tables(dsn: str) -> list:
 def insert_chain_room(dsn: str, room_id: str, groups: int, seed: int) -> List[int]:
     """A room of ``groups`` state groups in Synapse's layout: membership churn,
     a snapshot every 100 hops, a fork every 90 groups (the fork's branch lacks
-    members the other branch added), now and then a group without rows."""
+    members the other branch added), now and then a group without rows; each
+    group the state group of one (made-up) event in ``event_to_state_groups``."""
     rng = random.Random(seed)
     tag = room_id[1:].split(":")[0]
     conn = connect(dsn)
@@ -167,6 +168,9 @@ def insert_chain_room(dsn: str, room_id: str, groups: int, seed: int) -> List[in
                             state[key] = f"${kind}-{tag}-{i}-{rng.randrange(10**6)}"
                 event_id = f"$ev-{tag}-{i}"
                 cur.execute("INSERT INTO state_groups (id, room_id, event_id) VALUES (%s, %s, %s)", (gid, room_id, event_id))
+                # An event refers to every group, as in a real room: otherwise
+                # Synapse's background update marks them pending deletion.
+                cur.execute("INSERT INTO event_to_state_groups (event_id, state_group) VALUES (%s, %s)", (event_id, gid))
                 if prev is None or hops[prev] >= 99:
                     rows = state
                     hops[gid] = 0
@@ -297,6 +301,8 @@ class SynapseCompactionTests(unittest.TestCase):
                 cur.execute("SELECT nextval('state_group_id_seq')")
                 gid = cur.fetchone()[0]
                 cur.execute("INSERT INTO state_groups (id, room_id, event_id) VALUES (%s, %s, '$late')", (gid, extra_room))
+                cur.execute("INSERT INTO event_to_state_groups (event_id, state_group) VALUES (%s, %s)",
+                            (f"$late-{gid}", gid))
                 cur.execute("INSERT INTO state_group_edges VALUES (%s, %s)", (gid, last))
                 cur.execute("INSERT INTO state_groups_state VALUES (%s, %s, 'm.room.topic', '', '$late-topic')",
                             (gid, extra_room))
