@@ -199,6 +199,10 @@ class StreamingCompactor:
         window: number of recent groups kept as bases / for resolving
             original predecessors across chunk boundaries (at least 1).
         resolve_state: fallback lookup of original full states, see above.
+        allow_removals: False for layouts whose deltas cannot remove a key
+            (Synapse's): a group is never hung off a base holding a key the
+            group lacks (it becomes a snapshot rather), so no delta of the
+            plan holds a ``None``.
     """
 
     def __init__(
@@ -209,6 +213,7 @@ class StreamingCompactor:
         max_hops: Optional[int] = None,
         window: int = DEFAULT_WINDOW,
         resolve_state: Optional[StateResolver] = None,
+        allow_removals: bool = True,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
@@ -229,6 +234,7 @@ class StreamingCompactor:
         self.max_hops = max_hops
         self._window = window
         self._resolve_state = resolve_state
+        self._allow_removals = allow_removals
 
         # The anchor: full state of the last group processed (or empty).
         self._anchor: Dict[int, int] = {}
@@ -328,6 +334,10 @@ class StreamingCompactor:
 
         if self.strategy == "levels":
             new_prev = levels_prev
+            if new_prev is not None and not self._allow_removals and self._needs_removal(self._diffs[new_prev]):
+                # The levels base would need a removal: the best base that
+                # needs none, within the same depth budget as smart's.
+                new_prev = self._best_base(group_id, entry.prev_group, self.max_hops - reach)
         else:
             # Leave room for everything the skeleton may still hang below this
             # group; that keeps the levels choice legal for every later group.
@@ -376,9 +386,15 @@ class StreamingCompactor:
             if cand_depth >= budget:
                 continue
             key = (len(diff), cand != orig_prev, cand_depth, -cand)
-            if key < best_key:
+            if key < best_key and (self._allow_removals or not self._needs_removal(diff)):
                 best, best_key = cand, key
         return best
+
+    def _needs_removal(self, diff: Mapping[int, Optional[int]]) -> bool:
+        """Whether a delta against the base with this diff would remove a key
+        (the base holds a key the anchor, the group being planned, lacks)."""
+        anchor = self._anchor
+        return any(key not in anchor for key in diff)
 
     def _advance_anchor(self, group_id: int, changes: Dict[int, Optional[int]]) -> None:
         """Make ``group_id`` (= anchor + ``changes``) the new anchor."""

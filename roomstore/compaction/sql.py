@@ -149,6 +149,8 @@ LOCK_TAKE = (
 )
 LOCK_HEARTBEAT = "UPDATE maintenance_locks SET heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"
 LOCK_RELEASE = "DELETE FROM maintenance_locks WHERE lock_name = ? AND holder = ?"
+#: What an operator runs to drop a dead job's lock (printed, never executed).
+LOCK_RELEASE_HINT = "DELETE FROM maintenance_locks WHERE lock_name = 'state_compaction'"
 
 
 # ---------------------------------------------------------------------------

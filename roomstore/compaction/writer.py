@@ -4,8 +4,14 @@ Everything here runs in the Spark *driver* with plain DB-API connections
 (``psycopg2`` or ``sqlite3``, opened by :mod:`roomstore.storage.engines`);
 Spark never writes to the database. The flow, per run:
 
-1. :meth:`CompactionWriter.acquire_lock` takes the ``maintenance_locks`` row
-   ``state_compaction`` and keeps its ``heartbeat_ts`` fresh from a thread.
+The table layout (roomstore's tables or a Synapse database's) is behind
+:class:`~roomstore.compaction.tables.StateTables`: its statements module
+gives the SQL this module runs by name, and its ``swap`` the lock, re-check
+and replacement inside the swap transaction; nothing here is layout-specific.
+
+1. :meth:`CompactionWriter.acquire_lock` takes the lock row (roomstore: the
+   ``maintenance_locks`` row ``state_compaction``; Synapse:
+   ``roomstore_compressor_lock``) and keeps its ``heartbeat_ts`` fresh from a thread.
    ``RoomStore.delete_state_groups`` waits while the lock is held and ignores
    it (with a warning) once the heartbeat is older than its timeout.
 2. :meth:`CompactionWriter.begin_run` records ``snapshot_max`` (MAX(state_group)
@@ -47,17 +53,15 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from roomstore.compaction import sql
 from roomstore.compaction.chunks import StagedChunk
+from roomstore.compaction.roomstore_tables import LOCK_NAME, RoomstoreTables, SchemaTooOldError
+from roomstore.compaction.tables import StateTables
 from roomstore.storage.database import RetryTransaction, run_transaction
 from roomstore.storage.engines import engine_from_url
-from roomstore.storage.schema import SCHEMA_VERSION, SchemaTooNewError
 
 log = logging.getLogger("roomstore.compaction")
 
-#: The ``maintenance_locks`` row of the compaction job. RoomStore honours it
-#: (``RoomStore.COMPACTION_LOCK_NAME``; the store may not import this package).
-LOCK_NAME = "state_compaction"
+__all__ = ["LOCK_NAME", "SchemaTooOldError", "CompactionWriter", "LockHeldError", "LockLostError"]
 #: A lock whose heartbeat is older than this is treated as abandoned.
 DEFAULT_STALE_LOCK_SECONDS = 600.0
 #: How often the job refreshes its heartbeat.
@@ -72,11 +76,11 @@ def now_ms() -> int:
 class LockHeldError(RuntimeError):
     """Another live job holds the compaction lock."""
 
-    def __init__(self, holder: str, age_s: float) -> None:
+    def __init__(self, holder: str, age_s: float, release: str = "") -> None:
         super().__init__(
             f"state compaction lock is held by {holder} (last heartbeat {age_s:.0f}s ago); "
             "another compaction is running. If it died, wait for the lock to go stale or "
-            "delete the row: DELETE FROM maintenance_locks WHERE lock_name = 'state_compaction'"
+            f"delete the row: {release}"
         )
         self.holder = holder
         self.age_s = age_s
@@ -84,10 +88,6 @@ class LockHeldError(RuntimeError):
 
 class LockLostError(RuntimeError):
     """Our lock was taken over (we were presumed dead): stop writing at once."""
-
-
-class SchemaTooOldError(RuntimeError):
-    """The database has no compaction tables (schema version < 2)."""
 
 
 @attrs.frozen
@@ -211,8 +211,13 @@ class CompactionWriter:
         stale_after_s: float = DEFAULT_STALE_LOCK_SECONDS,
         heartbeat_s: float = DEFAULT_HEARTBEAT_SECONDS,
         before_commit: Optional[Callable[[Any, int, int], None]] = None,
+        tables: Optional[StateTables] = None,
     ) -> None:
         self.db_url = db_url
+        #: The layout's tables and statements (roomstore's by default).
+        self.tables = tables or RoomstoreTables()
+        self.sql = self.tables.statements
+        self.lock_name = self.tables.lock_name
         self.holder = holder or default_holder()
         self.stale_after_s = stale_after_s
         self.heartbeat_s = heartbeat_s
@@ -225,34 +230,21 @@ class CompactionWriter:
 
     # ------------------------------------------------------------- queries
 
-    def check_schema(self) -> int:
-        """The schema version; raises :class:`SchemaTooOldError` below 2,
-        :class:`SchemaTooNewError` above the version this code knows (a newer
-        schema may keep more about the rows this job rewrites)."""
-        rows = self.db.query(sql.SCHEMA_VERSION)
-        version = rows[0][0] if rows else 0
-        if version < 2:
-            raise SchemaTooOldError(
-                f"database schema is version {version}; state compaction needs version 2. "
-                "Start the homeserver (roomstore >= this version) once to upgrade it."
-            )
-        if version > SCHEMA_VERSION:
-            raise SchemaTooNewError(
-                f"database schema is version {version}, newer than this roomstore's ({SCHEMA_VERSION}); "
-                "install the homeserver's roomstore version for the compaction job."
-            )
-        return version
+    def check_schema(self) -> Any:
+        """Raises with a one-line message if the database cannot be compacted
+        (:meth:`StateTables.check_schema`)."""
+        return self.tables.check_schema(self.db)
 
     def max_state_group(self) -> int:
-        return self.db.query(sql.MAX_STATE_GROUP)[0][0]
+        return self.db.query(self.sql.MAX_STATE_GROUP)[0][0]
 
     def group_bounds(self, snapshot_max: int, where: str = "") -> tuple[Optional[int], Optional[int], int]:
         """MIN, MAX and COUNT of state groups up to ``snapshot_max`` (plus ``where``)."""
-        row = self.db.query(sql.group_bounds(where), (snapshot_max,))[0]
+        row = self.db.query(self.sql.group_bounds(where), (snapshot_max,))[0]
         return row[0], row[1], row[2]
 
     def count_rooms(self, snapshot_max: int, where: str = "") -> int:
-        return self.db.query(sql.count_rooms(where), (snapshot_max,))[0][0]
+        return self.db.query(self.sql.count_rooms(where), (snapshot_max,))[0][0]
 
     def chunk_layout(
         self, snapshot_max: int, chunk_groups: int, where: str = ""
@@ -270,9 +262,9 @@ class CompactionWriter:
             return {}, []
         args = (snapshot_max, int(chunk_groups), snapshot_max)
         starts: dict[int, list[int]] = {}
-        for room, group in self.db.query(sql.chunk_starts(where, chunk_groups), args):
+        for room, group in self.db.query(self.sql.chunk_starts(where, chunk_groups), args):
             starts.setdefault(room, []).append(group)
-        links = [tuple(link) for link in self.db.query(sql.chunk_links(where, chunk_groups), args)]
+        links = [tuple(link) for link in self.db.query(self.sql.chunk_links(where, chunk_groups), args)]
         return starts, sorted(set(links))
 
     def room_nids(self, room_ids: Iterable[str]) -> dict[str, int]:
@@ -281,23 +273,22 @@ class CompactionWriter:
         out: dict[str, int] = {}
         for start in range(0, len(ids), 500):
             part = ids[start : start + 500]
-            for room_id, nid in self.db.query(sql.room_nids(len(part)), part):
+            for room_id, nid in self.db.query(self.sql.room_nids(len(part)), part):
                 out[room_id] = nid
         return out
 
     def room_ids_where(self, snapshot_max: int, where: str = "") -> dict[int, str]:
         """``room_nid -> room_id`` of every room with state groups selected by ``where``."""
-        return dict(self.db.query(sql.room_ids_where(where), (snapshot_max,)))
+        return dict(self.db.query(self.sql.room_ids_where(where), (snapshot_max,)))
 
-    @staticmethod
-    def rooms_not_done_condition(run_id: int) -> str:
+    def rooms_not_done_condition(self, run_id: int) -> str:
         """A condition on ``{col}`` (a room_nid column): the rooms run ``run_id``
         has not finished. The id is inlined: Spark's JDBC reads take no parameters."""
-        return sql.rooms_not_done(run_id)
+        return self.sql.rooms_not_done(run_id)
 
     def largest_rooms(self, count: int, snapshot_max: int) -> list[int]:
         """The ``count`` rooms with the most state groups (up to ``snapshot_max``)."""
-        return [r[0] for r in self.db.query(sql.LARGEST_ROOMS, (snapshot_max, count))]
+        return [r[0] for r in self.db.query(self.sql.LARGEST_ROOMS, (snapshot_max, count))]
 
     # ------------------------------------------------------------- lock
 
@@ -310,11 +301,11 @@ class CompactionWriter:
         """
 
         def txn(cur):
-            cur.execute(self.db.sql(sql.LOCK_SELECT + self.db.engine.for_update), (LOCK_NAME,))
+            cur.execute(self.db.sql(self.sql.LOCK_SELECT + self.db.engine.for_update), (self.lock_name,))
             row = cur.fetchone()
             now = now_ms()
             if row is None:
-                cur.execute(self.db.sql(sql.LOCK_INSERT), (LOCK_NAME, self.holder, now, now))
+                cur.execute(self.db.sql(self.sql.LOCK_INSERT), (self.lock_name, self.holder, now, now))
                 if cur.rowcount != 1:
                     raise RetryTransaction()  # another job inserted it first
                 return None
@@ -329,10 +320,10 @@ class CompactionWriter:
                         f" timeout {self.stale_after_s:.0f}s): taking it over"
                     )
                 else:
-                    raise LockHeldError(holder, age_s)
+                    raise LockHeldError(holder, age_s, self.sql.LOCK_RELEASE_HINT)
             else:
                 note = None
-            cur.execute(self.db.sql(sql.LOCK_TAKE), (self.holder, now, now, LOCK_NAME, holder))
+            cur.execute(self.db.sql(self.sql.LOCK_TAKE), (self.holder, now, now, self.lock_name, holder))
             if cur.rowcount != 1:
                 raise RetryTransaction()  # the lock changed hands meanwhile
             return note
@@ -352,7 +343,7 @@ class CompactionWriter:
         db = db or self.db
 
         def txn(cur):
-            cur.execute(db.sql(sql.LOCK_HEARTBEAT), (now_ms(), LOCK_NAME, self.holder))
+            cur.execute(db.sql(self.sql.LOCK_HEARTBEAT), (now_ms(), self.lock_name, self.holder))
             return cur.rowcount == 1
 
         ok = db.run(txn)
@@ -393,7 +384,7 @@ class CompactionWriter:
             return
 
         def txn(cur):
-            cur.execute(self.db.sql(sql.LOCK_RELEASE), (LOCK_NAME, self.holder))
+            cur.execute(self.db.sql(self.sql.LOCK_RELEASE), (self.lock_name, self.holder))
 
         self.db.run(txn)
         self.has_lock = False
@@ -410,12 +401,12 @@ class CompactionWriter:
         if dry_run:
             return RunState(run_id=None, snapshot_max=self.max_state_group())
         opts = json.dumps(dict(options), sort_keys=True)
-        rows = self.db.query(sql.RUN_UNFINISHED)
+        rows = self.db.query(self.sql.RUN_UNFINISHED)
         if not rows:
             snapshot = self.max_state_group()
 
             def create(cur):
-                cur.execute(self.db.sql(sql.RUN_INSERT), (snapshot, self.holder, opts, now_ms()))
+                cur.execute(self.db.sql(self.sql.RUN_INSERT), (snapshot, self.holder, opts, now_ms()))
                 return cur.fetchone()[0]
 
             return RunState(run_id=self.db.run(create), snapshot_max=snapshot)
@@ -426,16 +417,16 @@ class CompactionWriter:
             state.warnings.append(
                 f"resuming run {run_id} started with options {old_opts}; continuing with {opts}"
             )
-        for nid, status, groups, before, after, rewritten, detail in self.db.query(sql.RUN_ROOMS, (run_id,)):
+        for nid, status, groups, before, after, rewritten, detail in self.db.query(self.sql.RUN_ROOMS, (run_id,)):
             state.done_rooms[nid] = RoomOutcome(nid, status, groups, before, after, rewritten, detail or "")
-        gone_rooms = [r[0] for r in self.db.query(sql.RUN_ROOMS_GONE, (run_id, snapshot))]
+        gone_rooms = [r[0] for r in self.db.query(self.sql.RUN_ROOMS_GONE, (run_id, snapshot))]
         for nid in gone_rooms:
             state.warnings.append(
                 f"progress of run {run_id} lists room {nid} as done, but its state groups no longer exist"
                 " (purged since): skipped"
             )
             state.done_rooms.pop(nid, None)
-        for nid, first, last, before, after, rewritten, first_ok, last_ok in self.db.query(sql.RUN_CHUNKS, (run_id,)):
+        for nid, first, last, before, after, rewritten, first_ok, last_ok in self.db.query(self.sql.RUN_CHUNKS, (run_id,)):
             if nid in state.done_rooms:
                 continue
             if not first_ok or not last_ok:
@@ -447,9 +438,9 @@ class CompactionWriter:
             state.done_chunks[(nid, first)] = (last, before, after, rewritten)
 
         def take_over(cur):
-            cur.execute(self.db.sql(sql.RUN_TAKE_OVER), (self.holder, run_id))
+            cur.execute(self.db.sql(self.sql.RUN_TAKE_OVER), (self.holder, run_id))
             # Staging rows of the interrupted attempt are recomputed.
-            for statement in sql.delete_staging("run_id"):
+            for statement in self.sql.delete_staging("run_id"):
                 cur.execute(self.db.sql(statement), (run_id,))
 
         self.db.run(take_over)
@@ -461,9 +452,9 @@ class CompactionWriter:
             return
 
         def txn(cur):
-            for statement in sql.delete_staging("run_id"):
+            for statement in self.sql.delete_staging("run_id"):
                 cur.execute(self.db.sql(statement), (run.run_id,))
-            cur.execute(self.db.sql(sql.RUN_FINISH), (now_ms(), run.run_id))
+            cur.execute(self.db.sql(self.sql.RUN_FINISH), (now_ms(), run.run_id))
 
         self.db.run(txn)
 
@@ -472,24 +463,16 @@ class CompactionWriter:
     def stage_chunk(self, run: RunState, chunk: StagedChunk) -> None:
         """Copy ``chunk`` into the staging tables (replacing an earlier copy)."""
         key = (run.run_id, chunk.room_nid, chunk.first_group)
-        group_rows = [key + (g[0], 0) + tuple(g[1:]) for g in chunk.groups]
-        group_rows += [key + (ref, 1, None, 0, 0, None, 0, 0) for ref in chunk.refs]
-        delta_rows = [key + tuple(d) for d in chunk.deltas]
 
         def txn(cur):
             self._delete_staged(cur, *key)
-            self._bulk_insert(cur, sql.STAGED_GROUPS, sql.STAGED_GROUP_COLUMNS, group_rows)
-            self._bulk_insert(cur, sql.STAGED_DELTAS, sql.STAGED_DELTA_COLUMNS, delta_rows)
+            self.tables.stage(self.db, cur, key, chunk)
 
         self.db.run(txn)
 
     def _delete_staged(self, cur, run_id: int, room_nid: int, first_group: int) -> None:
-        for statement in sql.delete_staging("run_id", "room_nid", "first_group"):
+        for statement in self.sql.delete_staging("run_id", "room_nid", "first_group"):
             cur.execute(self.db.sql(statement), (run_id, room_nid, first_group))
-
-    def _bulk_insert(self, cur, table: str, columns: str, rows: list) -> None:
-        # Integers all (numpy ones from the job too: int() gives their text).
-        self.db.engine.bulk_insert(cur, table, columns, rows, lambda v: str(int(v)))
 
     # ------------------------------------------------------------- swap
 
@@ -521,43 +504,21 @@ class CompactionWriter:
         def txn(cur):
             # 1. Still ours? The heartbeat update also row-locks the lock row,
             # so a takeover waits for this swap to finish.
-            cur.execute(q(sql.LOCK_HEARTBEAT), (now_ms(), LOCK_NAME, self.holder))
+            cur.execute(q(self.sql.LOCK_HEARTBEAT), (now_ms(), self.lock_name, self.holder))
             if cur.rowcount != 1:
                 raise LockLostError("the compaction lock is no longer held by this job")
-            # 2. Row-lock the chunk's groups and the groups it builds on, so a
-            # concurrent deletion either finishes first (and the re-check below
-            # sees it) or waits for this swap. SQLite: BEGIN IMMEDIATE already
-            # excludes every other writer (no FOR UPDATE there).
-            if for_update:
-                cur.execute(q(sql.SWAP_LOCK_GROUPS + for_update), key)
-                cur.fetchall()
-            # 3. Re-check: every group exists with the representation read;
-            # every referenced group outside the chunk still exists.
-            cur.execute(q(sql.SWAP_RECHECK), key + key)
-            changed = cur.fetchall()
+            # 2.-5. Row-lock, re-check, replace (the layout's part).
+            changed, deleted, inserted = self.tables.swap(cur, q, key, for_update, chain_changed)
             if changed:
                 parts = [
-                    f"state group {g} {'no longer exists' if gone else 'changed since it was read'}"
-                    + (" (a predecessor outside the chunk)" if is_ref else "")
-                    for g, is_ref, gone in changed
+                    f"state group {g} {reason}" + (" (a predecessor outside the chunk)" if is_ref else "")
+                    for g, is_ref, reason in changed
                 ]
                 return SwapResult("changed_underneath", "; ".join(parts))
-            # 4. Replace the rewritten groups' rows.
-            cur.execute(q(sql.SWAP_DELETE_DELTAS), key)
-            deleted = cur.rowcount
-            cur.execute(q(sql.SWAP_INSERT_DELTAS), key)
-            inserted = cur.rowcount
-            cur.execute(q(sql.SWAP_UPDATE_GROUPS), key + key)
-            cur.execute(q(sql.SWAP_UPDATE_CHAIN_LENGTHS), key)
-            # 5. chain_length of descendants outside the chunk follows their
-            # predecessor's new length. chain_length only decides when the
-            # persister stores a snapshot; reads never use it.
-            if chain_changed:
-                cur.execute(q(sql.SWAP_FIX_CHAIN_LENGTHS), key + key)
             # 6. Progress, in the same transaction as the swap it records.
             last, before, after, groups_rewritten = chunk_stats
             now = now_ms()
-            cur.execute(q(sql.CHUNK_UPSERT), key + (last, before, after, groups_rewritten, now))
+            cur.execute(q(self.sql.CHUNK_UPSERT), key + (last, before, after, groups_rewritten, now))
             if room_outcome is not None:
                 self._insert_room(cur, run.run_id, room_outcome, now)
             self._delete_staged(cur, *key)
@@ -574,14 +535,14 @@ class CompactionWriter:
 
         def txn(cur):
             self._insert_room(cur, run.run_id, outcome, now_ms())
-            for statement in sql.delete_staging("run_id", "room_nid"):
+            for statement in self.sql.delete_staging("run_id", "room_nid"):
                 cur.execute(self.db.sql(statement), (run.run_id, outcome.room_nid))
 
         self.db.run(txn)
 
     def _insert_room(self, cur, run_id: int, o: RoomOutcome, now: int) -> None:
         cur.execute(
-            self.db.sql(sql.ROOM_INSERT),
+            self.db.sql(self.sql.ROOM_INSERT),
             (run_id, o.room_nid, o.status, o.state_groups, o.rows_before, o.rows_after, o.groups_rewritten,
              o.detail or None, now),
         )

@@ -307,3 +307,24 @@ class SubmitCommandTests(unittest.TestCase):
                               text=True, env=job_env(), timeout=60)
         self.assertEqual(proc.returncode, 2)
         self.assertIn("levels must be comma-separated integers", proc.stderr)
+
+    def test_synapse_option(self) -> None:
+        from roomstore.compaction.job.submit import build_submit_command
+
+        proc = subprocess.run([WRAPPER, "--help"], capture_output=True, text=True, env=job_env(), timeout=60)
+        self.assertIn("--synapse", proc.stdout)
+        # A SQLite file is not a Synapse database the job compacts: one line, before Spark.
+        with tempfile.NamedTemporaryFile(suffix=".db") as f:
+            proc = subprocess.run([WRAPPER, "--synapse", f"sqlite:///{f.name}"], capture_output=True, text=True,
+                                  env=job_env(), timeout=60)
+        self.assertEqual(proc.returncode, 2)
+        self.assertEqual(proc.stderr.strip().splitlines(), [
+            "roomstore-compact: --synapse takes a PostgreSQL URL (postgresql://user@host:port/synapse)"])
+        # --db and --synapse exclude each other; one of them is required.
+        for args in (["--db", "sqlite:////tmp/x.db", "--synapse", "postgresql://h/s"], ["--dry-run"]):
+            proc = subprocess.run([WRAPPER, *args], capture_output=True, text=True, env=job_env(), timeout=60)
+            self.assertEqual(proc.returncode, 2)
+            self.assertIn("--synapse", proc.stderr)
+        cmd, _ = build_submit_command(["--synapse", "postgresql://u@127.0.0.1:5432/synapse", "--rooms", "!a:b"])
+        self.assertEqual(cmd[-4:], ["--synapse", "postgresql://u@127.0.0.1:5432/synapse", "--rooms", "!a:b"])
+        self.assertTrue(any(c.endswith("postgresql.jar") for c in cmd), cmd)

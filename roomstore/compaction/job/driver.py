@@ -48,13 +48,11 @@ import traceback
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
-import numpy as np
 from pyspark import StorageLevel
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
-from roomstore.compaction import levels_hop_bound, sql
-from roomstore.compaction.job.executor import OUTPUT_SCHEMA, ChunkResult, make_room_function
+from roomstore.compaction import levels_hop_bound
+from roomstore.compaction.job.executor import OUTPUT_SCHEMA
 from roomstore.compaction.job.options import APP_NAME, EXIT_LOCKED, EXIT_ROOMS_FAILED, job_parser, unreachable_master
 from roomstore.compaction.job.reading import JdbcSource
 from roomstore.compaction.job.report import (
@@ -68,9 +66,12 @@ from roomstore.compaction.job.report import (
     write_atomic,
     write_metrics,
 )
+from roomstore.compaction.roomstore_tables import RoomstoreTables, SchemaTooOldError
+from roomstore.compaction.synapse_tables import NotSynapseError, SynapseTables
+from roomstore.storage.schema import SchemaTooNewError
+from roomstore.compaction.tables import StateTables
 from roomstore.compaction.writer import CompactionWriter, LockHeldError
 from roomstore.progress import progress_bar
-from roomstore.state.groups import full_state_sql
 from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError, StorageFullError
 
 log = logging.getLogger("roomstore.compaction")
@@ -79,8 +80,14 @@ log = logging.getLogger("roomstore.compaction")
 class Driver:
     """Runs one compaction (driver side): see the module docstring."""
 
-    def __init__(self, args: argparse.Namespace, out=None) -> None:
+    def __init__(self, args: argparse.Namespace, out=None, tables: Optional[StateTables] = None) -> None:
         self.args = args
+        if tables is None:
+            tables = SynapseTables() if getattr(args, "synapse", None) else RoomstoreTables()
+        if getattr(args, "synapse", None):
+            args.db = args.synapse  # the database the writer and Spark's reads open
+        self.tables = tables
+        self.skipped: Dict[str, int] = {}
         self.out = out or sys.stdout
         self.levels = tuple(args.levels)
         self.max_hops = args.max_hops if args.max_hops is not None else levels_hop_bound(self.levels)
@@ -123,11 +130,14 @@ class Driver:
             raise SystemExit(f"--max-hops {self.max_hops} is below the levels' own bound {levels_hop_bound(self.levels)}")
         started = time.time()
         t0 = time.monotonic()
-        self.writer = writer = CompactionWriter(a.db, stale_after_s=a.lock_timeout, heartbeat_s=a.heartbeat)
+        self.writer = writer = CompactionWriter(
+            a.db, stale_after_s=a.lock_timeout, heartbeat_s=a.heartbeat, tables=self.tables
+        )
         spark = None
         status = 0
         try:
             writer.check_schema()
+            self.tables.prepare(writer.db, a.dry_run)
             if not a.dry_run:
                 try:
                     writer.acquire_lock()
@@ -139,7 +149,7 @@ class Driver:
                 self.warn(note)
             mode = "dry run" if a.dry_run else (f"resuming run {run.run_id}" if run.resumed else f"run {run.run_id}")
             self.say(
-                f"state compaction ({mode}) on {writer.db.engine.describe()}: snapshot_max={run.snapshot_max},"
+                f"state compaction ({mode}) on {self.tables.layout} {writer.db.engine.describe()}: snapshot_max={run.snapshot_max},"
                 f" levels={','.join(map(str, self.levels))}, max_hops={self.max_hops}, chunk_groups={a.chunk_groups}"
             )
             for nid, outcome in run.done_rooms.items():
@@ -153,6 +163,11 @@ class Driver:
             if run.done_rooms:
                 self.say(f"  {len(run.done_rooms)} room(s) already finished by the interrupted attempt: skipped")
             where = self.room_filter()
+            if where is not None:
+                cond = where.format(col="room_nid") if where else ""
+                self.skipped = self.tables.skipped_at_start(writer.db, run.snapshot_max, cond)
+                if any(self.skipped.values()):
+                    self.say("  left alone for this run: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in self.skipped.items()))
             if where is None:
                 self.say("  no rooms selected")
             else:
@@ -162,6 +177,9 @@ class Driver:
                 else:
                     spark = self.start_spark()
                     self.compute_and_write(spark, lo, hi, count, where)
+            if where is not None:
+                cond = where.format(col="room_nid") if where else ""
+                self.skipped.update(self.tables.skipped_at_end(writer.db, run.snapshot_max, cond))
             if not a.dry_run:
                 writer.finish_run(run)
         finally:
@@ -204,6 +222,9 @@ class Driver:
             clauses.append("{col} IN (" + ", ".join(str(int(n)) for n in nids) + ")")
         if run.run_id is not None and run.resumed:
             clauses.append(self.writer.rooms_not_done_condition(run.run_id))
+        incremental = self.tables.incremental_condition(self.writer.db)
+        if incremental:
+            clauses.append(incremental)
         return " AND ".join(clauses)
 
     def start_spark(self) -> Any:
@@ -239,42 +260,14 @@ class Driver:
         boundary_ids = sorted({prev for _, _, prev in links})
         self.timings["boundary_groups"] = len(boundary_ids)
 
-        groups = source.read(
-            spark,
-            sql.jdbc_groups(snap, where),
-            "state_group LONG, room_nid LONG, prev_state_group LONG, chain_length LONG",
-            (lo, hi, read_parts),
-        )
-        deltas = source.read(
-            spark, sql.jdbc_deltas(snap, where), "state_group LONG, type_key_nid LONG, event_nid LONG", (lo, hi, read_parts)
-        )
-        cols = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "chain_length", "type_key_nid", "event_nid"]
-        rows = groups.join(deltas, "state_group", "left").select(
-            "room_nid", F.col("state_group").alias("sort_id"), F.lit(1).cast("long").alias("kind"), "state_group",
-            "prev_state_group", "chain_length", "type_key_nid", "event_nid",
-        )
-        if boundary_ids:
-            # (room, sort_id, boundary group): sort_id is the first group of the
-            # chunk that needs the state (0 for a room's first chunk).
-            placed = [
-                (room, 0 if chunk == 0 else starts[room][chunk - 1], prev) for room, chunk, prev in links
-            ]
-            needs = spark.createDataFrame(placed, "room_nid long, sort_id long, boundary_group long")
-            schema = "boundary_group LONG, type_key_nid LONG, event_nid LONG"
-            states = None
-            for start in range(0, len(boundary_ids), 2000):
-                part = source.read(spark, f"({full_state_sql(boundary_ids[start:start + 2000])}) AS boundary", schema)
-                states = part if states is None else states.unionByName(part)
-            boundary_rows = needs.join(states, "boundary_group").select(
-                "room_nid", "sort_id", F.lit(0).cast("long").alias("kind"), F.col("boundary_group").alias("state_group"),
-                F.lit(None).cast("long").alias("prev_state_group"), F.lit(None).cast("long").alias("chain_length"),
-                "type_key_nid", "event_nid",
-            )
-            rows = rows.select(*cols).unionByName(boundary_rows.select(*cols))
+        # (room, sort_id, boundary group): sort_id is the first group of the
+        # chunk that needs the state (0 for a room's first chunk).
+        needs = [(room, 0 if chunk == 0 else starts[room][chunk - 1], prev) for room, chunk, prev in links]
+        rows = self.tables.input_rows(spark, source, snap, where, (lo, hi, read_parts), needs, boundary_ids)
         fault_room = None
         if a.inject_fault_room:
             fault_room = self.writer.room_nids([a.inject_fault_room]).get(a.inject_fault_room)
-        fn = make_room_function(
+        fn = self.tables.room_function(
             {
                 "strategy": a.strategy, "levels": self.levels, "max_hops": self.max_hops, "window": a.window,
                 "emit": not a.dry_run, "fault_room": fault_room, "starts": starts,
@@ -285,7 +278,7 @@ class Driver:
         # room over in batches, so a worker never holds more than a chunk.
         return (
             rows.repartition(shuffle_parts, "room_nid")
-            .sortWithinPartitions("room_nid", "sort_id", "kind", "state_group", "type_key_nid")
+            .sortWithinPartitions(*self.tables.sort_columns())
             .groupBy("room_nid")
             .applyInArrow(fn, OUTPUT_SCHEMA)
         )
@@ -346,15 +339,7 @@ class Driver:
                 ChunkRecord(first, last, before, after, rewritten, row["chain_updates"], has_changes, already)
             )
             if has_changes and not already and not self.args.dry_run and not room.mismatched:
-                chunk = ChunkResult(
-                    first_group=first, last_group=last, state_groups=row["state_groups"], rows_before=before,
-                    rows_after=after, rewritten=rewritten, chain_updates=row["chain_updates"],
-                    max_depth=row["max_depth"], boundary=row["boundary"], missing={}, mismatched=[],
-                    groups=np.frombuffer(row["groups_blob"], dtype="<i8").reshape(-1, 7),
-                    refs=np.frombuffer(row["refs_blob"], dtype="<i8"),
-                    deltas=np.frombuffer(row["deltas_blob"], dtype="<i8").reshape(-1, 3),
-                )
-                self.writer.stage_chunk(self.run, chunk.to_staged(nid))
+                self.writer.stage_chunk(self.run, self.tables.staged_chunk(row, nid))
         if row["is_last"]:
             self.finish_room(room)
 
@@ -432,12 +417,16 @@ class Driver:
         totals = run_totals(rooms)
         for line in report_lines(rooms, totals, a.dry_run, self.timings.get("total", 0), len(self.warnings)):
             self.say(line)
+        if any(self.skipped.values()):
+            self.say("groups left alone: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in self.skipped.items()))
         summary = {
             "run_id": self.run.run_id if self.run else None,
             "resumed": bool(self.run and self.run.resumed),
             "dry_run": a.dry_run,
             "snapshot_max": self.run.snapshot_max if self.run else None,
             "database": self.writer.db.engine.describe() if self.writer else None,
+            "layout": self.tables.layout,
+            "skipped_groups": self.skipped,
             "options": self.options(),
             "started_at": started,
             "duration_s": round(self.timings.get("total", 0.0), 3),
@@ -480,6 +469,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise
     except (DatabaseConfigError, DatabaseUnavailableError) as exc:  # what the operator fixes: one line
         sys.stderr.write(f"roomstore-compact: {exc}\n")
+        return 1
+    except (NotSynapseError, SchemaTooOldError, SchemaTooNewError) as exc:
+        # The database is not one the job can compact: one line says what to do.
+        log.error("%s", exc)
         return 1
     except StorageFullError as exc:
         # Staging (or a swap) ran out of space: that transaction rolled back

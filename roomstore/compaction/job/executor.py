@@ -176,6 +176,7 @@ class RoomCompactor:
         window: int = DEFAULT_WINDOW,
         emit: bool = True,
         fault: bool = False,
+        allow_removals: bool = True,
     ) -> None:
         self.room_nid = room_nid
         self.emit = emit
@@ -185,7 +186,8 @@ class RoomCompactor:
         self._depth: Dict[int, int] = {}  # new chain length of carried groups
         self._last_group = -1
         self.compactor = StreamingCompactor(
-            strategy, levels=levels, max_hops=max_hops, window=window, resolve_state=self._resolve
+            strategy, levels=levels, max_hops=max_hops, window=window, resolve_state=self._resolve,
+            allow_removals=allow_removals,
         )
 
     def _resolve(self, group_id: int) -> Optional[Mapping[int, int]]:

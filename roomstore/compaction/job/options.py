@@ -34,7 +34,12 @@ def parse_levels(text: str) -> Tuple[int, ...]:
 
 def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job = parser.add_argument_group("job options")
-    job.add_argument("--db", required=True, help="database URL: postgresql://user@host:port/db or sqlite:///path")
+    target = job.add_mutually_exclusive_group(required=True)
+    target.add_argument("--db", help="roomstore database URL: postgresql://user@host:port/db or sqlite:///path")
+    target.add_argument(
+        "--synapse", metavar="URL",
+        help="instead of --db: a Synapse PostgreSQL database (postgresql://user@host:port/synapse), compacted in place",
+    )
     job.add_argument(
         "--rooms",
         help="comma-separated room IDs, or largest:N for the N rooms with the most state groups (default: all)",

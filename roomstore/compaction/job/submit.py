@@ -98,7 +98,7 @@ def build_submit_command(argv: Sequence[str]) -> Tuple[List[str], Dict[str, str]
     log4j = cache / "log4j2.properties"
     if not log4j.exists() or log4j.read_text() != _LOG4J2:
         log4j.write_text(_LOG4J2)
-    engine = engine_from_url(opts.db, create=False)
+    engine = engine_from_url(opts.db or opts.synapse, create=False)
     jars = list(opts.jdbc_jar) or [os.environ.get(engine.jdbc_jar_env, engine.jdbc_jar_default)]
     for jar in jars:
         if not os.path.exists(jar):
@@ -199,7 +199,10 @@ def submit_main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         # A mistyped SQLite path is not a new database; an unreachable server
         # or a file that is not a database stop here too, before Spark starts.
-        engine_from_url(opts.db, create=False).check_usable()
+        engine = engine_from_url(opts.db or opts.synapse, create=False)
+        if opts.synapse and engine.name != "postgres":
+            raise DatabaseConfigError("--synapse takes a PostgreSQL URL (postgresql://user@host:port/synapse)")
+        engine.check_usable()
     except (DatabaseConfigError, DatabaseUnavailableError) as exc:
         sys.stderr.write(f"roomstore-compact: {exc}\n")
         return 2

@@ -1,0 +1,328 @@
+"""Every statement the compaction job runs on a Synapse database (PostgreSQL), in one place.
+
+Synapse's layout: ``state_groups(id, room_id, event_id)``,
+``state_group_edges(state_group, prev_state_group)`` (no edge: the group's
+rows are a full snapshot; an edge: they are a delta on the predecessor's full
+state, with no way to remove a key) and ``state_groups_state(state_group,
+room_id, type, state_key, event_id)``; ``state_groups_pending_deletion`` and
+``state_groups_persisting`` (Synapse's deletion machinery,
+``synapse/storage/databases/state/deletion.py``) are read, never written.
+The job's own tables are ``roomstore_compressor_*``; nothing of Synapse's
+schema is changed.
+
+The same names as :mod:`roomstore.compaction.sql` (the writer and driver run
+them by name, see :mod:`roomstore.compaction.tables`). Rooms are numbered by
+:data:`ROOM_NID`, 60 bits of the MD5 of the room ID, computed in SQL: no
+mapping table, the same number in every run. Statements use ``?``
+placeholders; the ``where`` arguments are conditions on ``{col}`` =
+``room_nid`` built from integers (Spark's JDBC reads take no parameters).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+#: A bound above every state group id.
+ANY_GROUP = 2**63 - 1
+PREFIX = "roomstore_compressor_"
+
+
+def room_nid(column: str) -> str:
+    """The room number of a ``room_id`` column (60 bits of its MD5)."""
+    return f"('x' || substr(md5({column}), 1, 15))::bit(60)::bigint"
+
+
+#: SQL of a row's checksum over ``state_groups_state AS d``; the Python form is
+#: :func:`roomstore.compaction.job.synapse_rows.text_row_checksum`.
+CHECKSUM_SQL = "('x' || substr(md5(d.type || chr(1) || d.state_key || chr(1) || d.event_id), 1, 7))::bit(28)::bigint"
+
+#: Synapse's tables the job needs (a database without them is not Synapse's, or too old).
+REQUIRED_TABLES = (
+    "state_groups", "state_group_edges", "state_groups_state", "state_groups_pending_deletion",
+    "state_groups_persisting",
+)
+TABLES_PRESENT = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename IN ({})"
+
+
+def _and(where: str) -> str:
+    return f" AND {where}" if where else ""
+
+
+#: Groups the job may rewrite: neither pending deletion nor being persisted
+#: (those are left alone for the run), with their room number.
+_GROUPS = (
+    "(SELECT sg.id AS state_group, " + room_nid("sg.room_id") + " AS room_nid, sg.room_id FROM state_groups sg"
+    " WHERE NOT EXISTS (SELECT 1 FROM state_groups_pending_deletion p WHERE p.state_group = sg.id)"
+    " AND NOT EXISTS (SELECT 1 FROM state_groups_persisting p WHERE p.state_group = sg.id))"
+)
+#: The same with each group's predecessor (NULL: a snapshot).
+_GROUPS_EDGES = (
+    "(SELECT g.state_group, g.room_nid, g.room_id, e.prev_state_group FROM " + _GROUPS + " g"
+    " LEFT JOIN state_group_edges e ON e.state_group = g.state_group)"
+)
+
+# ---------------------------------------------------------------------------
+# planning reads
+
+MAX_STATE_GROUP = "SELECT COALESCE(MAX(id), 0) FROM state_groups"
+
+
+def group_bounds(where: str = "") -> str:
+    return f"SELECT MIN(state_group), MAX(state_group), COUNT(*) FROM {_GROUPS} g WHERE state_group <= ?{_and(where)}"
+
+
+def count_rooms(where: str = "") -> str:
+    return f"SELECT COUNT(DISTINCT room_nid) FROM {_GROUPS} g WHERE state_group <= ?{_and(where)}"
+
+
+def _numbered(where: str) -> str:
+    extra = _and(where)
+    return (
+        f"WITH big AS (SELECT room_nid FROM {_GROUPS} g WHERE state_group <= ?{extra}"
+        " GROUP BY room_nid HAVING COUNT(*) > ?),"
+        " numbered AS (SELECT state_group, room_nid, prev_state_group,"
+        "  (ROW_NUMBER() OVER (PARTITION BY room_nid ORDER BY state_group) - 1) AS pos"
+        f"  FROM {_GROUPS_EDGES} g WHERE state_group <= ?{extra} AND room_nid IN (SELECT room_nid FROM big))"
+    )
+
+
+def chunk_starts(where: str, chunk_groups: int) -> str:
+    n = int(chunk_groups)
+    return (
+        _numbered(where) + f" SELECT room_nid, state_group FROM numbered WHERE pos > 0 AND pos % {n} = 0"
+        " ORDER BY room_nid, state_group"
+    )
+
+
+def chunk_links(where: str, chunk_groups: int) -> str:
+    n = int(chunk_groups)
+    return (
+        _numbered(where) + f" SELECT g.room_nid, g.pos / {n}, g.prev_state_group FROM numbered g"
+        " JOIN numbered p ON p.state_group = g.prev_state_group AND p.room_nid = g.room_nid"
+        f" WHERE g.pos / {n} <> p.pos / {n}"
+    )
+
+
+def room_nids(count: int) -> str:
+    """``(room_id, room_nid)`` of ``count`` room IDs given as parameters (rooms with state groups)."""
+    marks = ", ".join("?" for _ in range(count))
+    return f"SELECT DISTINCT room_id, {room_nid('room_id')} FROM state_groups WHERE room_id IN ({marks})"
+
+
+def room_ids_where(where: str = "") -> str:
+    return f"SELECT DISTINCT room_nid, room_id FROM {_GROUPS} g WHERE state_group <= ?{_and(where)}"
+
+
+LARGEST_ROOMS = (
+    f"SELECT room_nid, COUNT(*) AS n FROM {_GROUPS} g WHERE state_group <= ?"
+    " GROUP BY room_nid ORDER BY n DESC, room_nid LIMIT ?"
+)
+#: Distinct room IDs and distinct room numbers (a collision of the 60-bit hash would make them differ).
+ROOM_NID_COLLISIONS = f"SELECT COUNT(DISTINCT room_id), COUNT(DISTINCT {room_nid('room_id')}) FROM state_groups"
+
+
+#: A condition on ``{col}``: rooms that no finished run compacted (written,
+#: unchanged or below the minimum saving) or that have groups above the
+#: snapshot_max of the last finished run that did. Reruns skip the others.
+ROOMS_CHANGED_SINCE_DONE = (
+    "{col} NOT IN (SELECT d.room_nid FROM (SELECT r.room_nid, MAX(u.snapshot_max) AS snap FROM "
+    + PREFIX + "rooms r JOIN " + PREFIX + "runs u ON u.run_id = r.run_id WHERE u.finished_ts IS NOT NULL"
+    " AND r.status IN ('written', 'unchanged', 'below_min_saving') GROUP BY r.room_nid) d"
+    " WHERE NOT EXISTS (SELECT 1 FROM state_groups sg WHERE sg.id > d.snap AND "
+    + room_nid("sg.room_id") + " = d.room_nid))"
+)
+
+
+def rooms_not_done(run_id: int) -> str:
+    return "{col} NOT IN (SELECT room_nid FROM " + PREFIX + "rooms WHERE run_id = " + str(int(run_id)) + ")"
+
+
+def jdbc_groups(snapshot_max: int, where: str = "") -> str:
+    """The groups Spark reads: ``state_group, room_nid, prev_state_group``."""
+    return (
+        f"(SELECT state_group, room_nid, prev_state_group FROM {_GROUPS_EDGES} g"
+        f" WHERE state_group <= {int(snapshot_max)}{_and(where.format(col='room_nid'))}) AS sg"
+    )
+
+
+def jdbc_rows(snapshot_max: int, where: str = "") -> str:
+    """The state rows Spark reads: ``state_group, type, state_key, event_id``."""
+    sel = (
+        f" AND s.state_group IN (SELECT state_group FROM {_GROUPS} g WHERE {where.format(col='room_nid')})"
+        if where else ""
+    )
+    return (
+        "(SELECT s.state_group, s.type, s.state_key, s.event_id FROM state_groups_state s"
+        f" WHERE s.state_group <= {int(snapshot_max)}{sel}) AS sgs"
+    )
+
+
+def full_states(groups: Sequence[int]) -> str:
+    """``boundary_group, type, state_key, event_id``: the full state of each
+    group (nearest row per key up its edges), plus one row of NULLs per group
+    marking its state complete (an empty state is a state)."""
+    ids = ", ".join(str(int(g)) for g in groups)
+    return (
+        "WITH RECURSIVE chain(start_group, state_group, hop) AS ("
+        f" SELECT id, id, 0 FROM state_groups WHERE id IN ({ids})"
+        " UNION ALL SELECT c.start_group, e.prev_state_group, c.hop + 1 FROM chain c"
+        " JOIN state_group_edges e ON e.state_group = c.state_group)"
+        " SELECT start_group AS boundary_group, type, state_key, event_id FROM ("
+        " SELECT DISTINCT ON (c.start_group, s.type, s.state_key) c.start_group, s.type, s.state_key, s.event_id"
+        " FROM chain c JOIN state_groups_state s ON s.state_group = c.state_group"
+        " ORDER BY c.start_group, s.type, s.state_key, c.hop) AS x"
+        f" UNION ALL SELECT id, NULL, NULL, NULL FROM state_groups WHERE id IN ({ids})"
+    )
+
+
+#: Groups left alone from the start (counted for the summary), and created after it.
+PENDING_DELETION = (
+    f"SELECT COUNT(*) FROM (SELECT sg.id, {room_nid('sg.room_id')} AS room_nid FROM state_groups sg"
+    " WHERE sg.id <= ? AND EXISTS (SELECT 1 FROM state_groups_pending_deletion p WHERE p.state_group = sg.id)) g"
+)
+PERSISTING = (
+    f"SELECT COUNT(*) FROM (SELECT sg.id, {room_nid('sg.room_id')} AS room_nid FROM state_groups sg"
+    " WHERE sg.id <= ? AND EXISTS (SELECT 1 FROM state_groups_persisting p WHERE p.state_group = sg.id)) g"
+)
+CREATED_AFTER = f"SELECT COUNT(*) FROM (SELECT sg.id, {room_nid('sg.room_id')} AS room_nid FROM state_groups sg WHERE sg.id > ?) g"
+
+# ---------------------------------------------------------------------------
+# the job's own tables (created on the first run that writes)
+
+CREATE_TABLES = (
+    f"CREATE TABLE IF NOT EXISTS {PREFIX}lock (lock_name TEXT PRIMARY KEY, holder TEXT NOT NULL,"
+    " acquired_ts BIGINT NOT NULL, heartbeat_ts BIGINT)",
+    f"CREATE TABLE IF NOT EXISTS {PREFIX}runs (run_id BIGSERIAL PRIMARY KEY, snapshot_max BIGINT NOT NULL,"
+    " holder TEXT NOT NULL, options TEXT NOT NULL, started_ts BIGINT NOT NULL, finished_ts BIGINT)",
+    f"CREATE TABLE IF NOT EXISTS {PREFIX}rooms (run_id BIGINT NOT NULL, room_nid BIGINT NOT NULL,"
+    " status TEXT NOT NULL, state_groups BIGINT NOT NULL, rows_before BIGINT NOT NULL, rows_after BIGINT NOT NULL,"
+    " groups_rewritten BIGINT NOT NULL, detail TEXT, updated_ts BIGINT NOT NULL, PRIMARY KEY (run_id, room_nid))",
+    f"CREATE TABLE IF NOT EXISTS {PREFIX}chunks (run_id BIGINT NOT NULL, room_nid BIGINT NOT NULL,"
+    " first_group BIGINT NOT NULL, last_group BIGINT NOT NULL, rows_before BIGINT NOT NULL,"
+    " rows_after BIGINT NOT NULL, groups_rewritten BIGINT NOT NULL, updated_ts BIGINT NOT NULL,"
+    " PRIMARY KEY (run_id, room_nid, first_group))",
+    f"CREATE UNLOGGED TABLE IF NOT EXISTS {PREFIX}staged_groups (run_id BIGINT NOT NULL, room_nid BIGINT NOT NULL,"
+    " first_group BIGINT NOT NULL, state_group BIGINT NOT NULL, is_ref SMALLINT NOT NULL, old_prev BIGINT,"
+    " old_rows BIGINT NOT NULL, old_checksum BIGINT NOT NULL, new_prev BIGINT, rewrite SMALLINT NOT NULL)",
+    f"CREATE INDEX IF NOT EXISTS {PREFIX}staged_groups_key ON {PREFIX}staged_groups (run_id, room_nid, first_group)",
+    f"CREATE UNLOGGED TABLE IF NOT EXISTS {PREFIX}staged_deltas (run_id BIGINT NOT NULL, room_nid BIGINT NOT NULL,"
+    " first_group BIGINT NOT NULL, state_group BIGINT NOT NULL, type TEXT NOT NULL, state_key TEXT NOT NULL,"
+    " event_id TEXT NOT NULL)",
+    f"CREATE INDEX IF NOT EXISTS {PREFIX}staged_deltas_key ON {PREFIX}staged_deltas (run_id, room_nid, first_group)",
+)
+OWN_TABLES = "SELECT COUNT(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename = '" + PREFIX + "runs'"
+
+# ---------------------------------------------------------------------------
+# the lock row
+
+LOCK_SELECT = f"SELECT holder, acquired_ts, heartbeat_ts FROM {PREFIX}lock WHERE lock_name = ?"
+LOCK_INSERT = (
+    f"INSERT INTO {PREFIX}lock (lock_name, holder, acquired_ts, heartbeat_ts) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+LOCK_TAKE = f"UPDATE {PREFIX}lock SET holder = ?, acquired_ts = ?, heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"
+LOCK_HEARTBEAT = f"UPDATE {PREFIX}lock SET heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"
+LOCK_RELEASE = f"DELETE FROM {PREFIX}lock WHERE lock_name = ? AND holder = ?"
+LOCK_RELEASE_HINT = f"DELETE FROM {PREFIX}lock WHERE lock_name = 'state_compaction'"
+
+# ---------------------------------------------------------------------------
+# the run's bookkeeping
+
+RUN_UNFINISHED = (
+    f"SELECT run_id, snapshot_max, options FROM {PREFIX}runs WHERE finished_ts IS NULL ORDER BY run_id DESC LIMIT 1"
+)
+RUN_INSERT = f"INSERT INTO {PREFIX}runs (snapshot_max, holder, options, started_ts) VALUES (?, ?, ?, ?) RETURNING run_id"
+RUN_TAKE_OVER = f"UPDATE {PREFIX}runs SET holder = ? WHERE run_id = ?"
+RUN_FINISH = f"UPDATE {PREFIX}runs SET finished_ts = ? WHERE run_id = ?"
+RUN_ROOMS = (
+    "SELECT room_nid, status, state_groups, rows_before, rows_after, groups_rewritten, detail"
+    f" FROM {PREFIX}rooms WHERE run_id = ?"
+)
+RUN_ROOMS_GONE = (
+    f"SELECT r.room_nid FROM {PREFIX}rooms r WHERE r.run_id = ? AND r.room_nid NOT IN"
+    f" (SELECT {room_nid('room_id')} FROM state_groups WHERE id <= ?)"
+)
+RUN_CHUNKS = (
+    "SELECT c.room_nid, c.first_group, c.last_group, c.rows_before, c.rows_after, c.groups_rewritten,"
+    f" (SELECT COUNT(*) FROM state_groups g WHERE g.id = c.first_group AND {room_nid('g.room_id')} = c.room_nid),"
+    f" (SELECT COUNT(*) FROM state_groups g WHERE g.id = c.last_group AND {room_nid('g.room_id')} = c.room_nid)"
+    f" FROM {PREFIX}chunks c WHERE c.run_id = ?"
+)
+ROOM_INSERT = (
+    f"INSERT INTO {PREFIX}rooms (run_id, room_nid, status, state_groups, rows_before, rows_after,"
+    " groups_rewritten, detail, updated_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, room_nid) DO NOTHING"
+)
+CHUNK_UPSERT = (
+    f"INSERT INTO {PREFIX}chunks (run_id, room_nid, first_group, last_group, rows_before,"
+    " rows_after, groups_rewritten, updated_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (run_id, room_nid, first_group) DO UPDATE SET last_group = excluded.last_group,"
+    " rows_before = excluded.rows_before, rows_after = excluded.rows_after,"
+    " groups_rewritten = excluded.groups_rewritten, updated_ts = excluded.updated_ts"
+)
+
+STAGED_GROUPS = PREFIX + "staged_groups"
+STAGED_DELTAS = PREFIX + "staged_deltas"
+STAGED_GROUP_COLUMNS = (
+    "run_id", "room_nid", "first_group", "state_group", "is_ref", "old_prev", "old_rows", "old_checksum",
+    "new_prev", "rewrite",
+)
+STAGED_DELTA_COLUMNS = ("run_id", "room_nid", "first_group", "state_group", "type", "state_key", "event_id")
+
+
+def delete_staging(*columns: str) -> tuple[str, ...]:
+    cond = " AND ".join(f"{column} = ?" for column in columns)
+    return tuple(f"DELETE FROM {table} WHERE {cond}" for table in (STAGED_GROUPS, STAGED_DELTAS))
+
+
+# ---------------------------------------------------------------------------
+# the swap: one staged chunk, one transaction (see SynapseTables.swap).
+# Parameters: the chunk's key (run_id, room_nid, first_group) per occurrence.
+
+_KEY = "run_id = ? AND room_nid = ? AND first_group = ?"
+_STAGED = f"SELECT state_group FROM {STAGED_GROUPS} WHERE {_KEY}"
+_REWRITTEN = f"SELECT state_group FROM {STAGED_GROUPS} WHERE {_KEY} AND rewrite = 1 AND is_ref = 0"
+
+#: Row-locks (FOR NO KEY UPDATE, in id order) the chunk's groups and the groups
+#: outside it that it builds on: Synapse's deletion locks the groups it deletes
+#: FOR UPDATE first, so one waits for the other (key).
+SWAP_LOCK_GROUPS = f"SELECT id FROM state_groups WHERE id IN ({_STAGED}) ORDER BY id FOR NO KEY UPDATE"
+#: A new row version of every group that becomes a new predecessor: a deletion
+#: transaction of Synapse's (REPEATABLE READ) that waited for this swap then
+#: fails to lock it and is retried with a snapshot that sees the new edges,
+#: instead of computing the groups to de-delta from the old ones (key).
+SWAP_TOUCH_BASES = (
+    "UPDATE state_groups SET event_id = event_id WHERE id IN"
+    f" (SELECT new_prev FROM {STAGED_GROUPS} WHERE {_KEY} AND rewrite = 1 AND is_ref = 0 AND new_prev IS NOT NULL)"
+)
+#: Groups gone, pending deletion, being persisted (the chunk's own), or changed
+#: since the read: ``(group, is_ref, reason)`` (key x4).
+SWAP_RECHECK = (
+    "SELECT s.state_group, s.is_ref, CASE WHEN g.id IS NULL THEN 'no longer exists'"
+    " WHEN pd.state_group IS NOT NULL THEN 'is pending deletion'"
+    " WHEN ps.state_group IS NOT NULL THEN 'is being persisted' ELSE 'changed since it was read' END"
+    f" FROM {STAGED_GROUPS} s LEFT JOIN state_groups g ON g.id = s.state_group"
+    f" LEFT JOIN (SELECT DISTINCT state_group FROM state_groups_pending_deletion WHERE state_group IN ({_STAGED})) pd"
+    "   ON pd.state_group = s.state_group"
+    f" LEFT JOIN (SELECT DISTINCT state_group FROM state_groups_persisting WHERE state_group IN ({_STAGED})) ps"
+    "   ON ps.state_group = s.state_group AND s.is_ref = 0"
+    " LEFT JOIN state_group_edges e ON e.state_group = s.state_group"
+    f" LEFT JOIN (SELECT d.state_group, COUNT(*) AS n, SUM({CHECKSUM_SQL}) AS h"
+    f"   FROM state_groups_state d WHERE d.state_group IN ({_STAGED}) GROUP BY d.state_group) a"
+    "   ON a.state_group = s.state_group"
+    f" WHERE s.{_KEY.replace(' AND ', ' AND s.')} AND (g.id IS NULL OR pd.state_group IS NOT NULL"
+    "   OR ps.state_group IS NOT NULL OR (s.is_ref = 0 AND ("
+    "     COALESCE(e.prev_state_group, -1) <> COALESCE(s.old_prev, -1)"
+    "     OR COALESCE(a.n, 0) <> s.old_rows OR COALESCE(a.h, 0) <> s.old_checksum)))"
+    " ORDER BY s.state_group LIMIT 5"
+)
+SWAP_DELETE_ROWS = f"DELETE FROM state_groups_state WHERE state_group IN ({_REWRITTEN})"
+SWAP_DELETE_EDGES = f"DELETE FROM state_group_edges WHERE state_group IN ({_REWRITTEN})"
+SWAP_INSERT_EDGES = (
+    "INSERT INTO state_group_edges (state_group, prev_state_group)"
+    f" SELECT state_group, new_prev FROM {STAGED_GROUPS} WHERE {_KEY} AND rewrite = 1 AND is_ref = 0"
+    " AND new_prev IS NOT NULL"
+)
+SWAP_INSERT_ROWS = (
+    "INSERT INTO state_groups_state (state_group, room_id, type, state_key, event_id)"
+    f" SELECT d.state_group, g.room_id, d.type, d.state_key, d.event_id FROM {STAGED_DELTAS} d"
+    f" JOIN state_groups g ON g.id = d.state_group WHERE d.{_KEY.replace(' AND ', ' AND d.')}"
+)

@@ -1,0 +1,170 @@
+"""A Synapse database's state tables behind :class:`~roomstore.compaction.tables.StateTables`.
+
+PostgreSQL only (Synapse's production database). Statements in
+:mod:`roomstore.compaction.synapse_sql`; the executors' side in
+:mod:`roomstore.compaction.job.synapse_rows`. What the swap locks and why a
+reader of Synapse's never sees a mix: :meth:`SynapseTables.swap` and
+docs/compaction.md ("Compacting a Synapse database").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Sequence, Tuple
+
+from roomstore.compaction import synapse_sql as sql
+from roomstore.compaction.chunks import StagedChunk
+from roomstore.compaction.tables import ChunkKey, Convert, StateTables
+
+LOCK_NAME = "state_compaction"
+_COLUMNS = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id"]
+
+
+class NotSynapseError(RuntimeError):
+    """The database lacks Synapse's state tables."""
+
+
+class SynapseTables(StateTables):
+    layout = "synapse"
+    statements = sql
+    lock_name = LOCK_NAME
+
+    def check_schema(self, db: Any) -> None:
+        if db.engine.name != "postgres":
+            raise NotSynapseError("--synapse takes a PostgreSQL URL (postgresql://user@host:port/synapse)")
+        tables = sql.REQUIRED_TABLES
+        present = {r[0] for r in db.query(sql.TABLES_PRESENT.format(", ".join("?" for _ in tables)), tables)}
+        missing = [t for t in tables if t not in present]
+        if missing:
+            raise NotSynapseError(
+                f"{db.engine.describe()} has no {', '.join(missing)}: not a Synapse database, or one older than"
+                " Synapse 1.126 (start a current Synapse on it once)"
+            )
+        rooms, numbers = db.query(sql.ROOM_NID_COLLISIONS)[0]
+        if rooms != numbers:
+            raise NotSynapseError("two room IDs share a 60-bit room number; compact with --rooms, one room at a time")
+
+    def prepare(self, db: Any, dry_run: bool) -> None:
+        if dry_run:
+            return
+        if db.query(sql.OWN_TABLES)[0][0]:
+            return
+
+        def txn(cur):
+            for statement in sql.CREATE_TABLES:
+                cur.execute(statement)
+
+        db.run(txn)
+
+    def incremental_condition(self, db: Any) -> str:
+        if not db.query(sql.OWN_TABLES)[0][0]:
+            return ""
+        return sql.ROOMS_CHANGED_SINCE_DONE
+
+    def skipped_at_start(self, db: Any, snapshot_max: int, where: str) -> Dict[str, int]:
+        extra = f" WHERE {where}" if where else ""
+        return {
+            "pending_deletion": db.query(sql.PENDING_DELETION + extra, (snapshot_max,))[0][0],
+            "being_persisted": db.query(sql.PERSISTING + extra, (snapshot_max,))[0][0],
+        }
+
+    def skipped_at_end(self, db: Any, snapshot_max: int, where: str) -> Dict[str, int]:
+        extra = f" WHERE {where}" if where else ""
+        return {"created_after_start": db.query(sql.CREATED_AFTER + extra, (snapshot_max,))[0][0]}
+
+    # -- Spark ---------------------------------------------------------------
+
+    def input_rows(self, spark, source, snapshot_max, where, partition, needs, boundary_ids):
+        from pyspark.sql import functions as F
+
+        groups = source.read(
+            spark, sql.jdbc_groups(snapshot_max, where), "state_group LONG, room_nid LONG, prev_state_group LONG",
+            partition,
+        )
+        rows = source.read(
+            spark, sql.jdbc_rows(snapshot_max, where), "state_group LONG, type STRING, state_key STRING, event_id STRING",
+            partition,
+        )
+        out = groups.join(rows, "state_group", "left").select(
+            "room_nid", F.col("state_group").alias("sort_id"), F.lit(1).cast("long").alias("kind"), "state_group",
+            "prev_state_group", "type", "state_key", "event_id",
+        )
+        if boundary_ids:
+            placed = spark.createDataFrame(list(needs), "room_nid long, sort_id long, boundary_group long")
+            schema = "boundary_group LONG, type STRING, state_key STRING, event_id STRING"
+            states = None
+            for start in range(0, len(boundary_ids), 2000):
+                part = source.read(spark, f"({sql.full_states(boundary_ids[start:start + 2000])}) AS boundary", schema)
+                states = part if states is None else states.unionByName(part)
+            boundary_rows = placed.join(states, "boundary_group").select(
+                "room_nid", "sort_id", F.lit(0).cast("long").alias("kind"), F.col("boundary_group").alias("state_group"),
+                F.lit(None).cast("long").alias("prev_state_group"), "type", "state_key", "event_id",
+            )
+            out = out.select(*_COLUMNS).unionByName(boundary_rows.select(*_COLUMNS))
+        return out
+
+    def sort_columns(self) -> Sequence[str]:
+        return ("room_nid", "sort_id", "kind", "state_group", "type", "state_key")
+
+    def room_function(self, config: Mapping[str, Any]):
+        from roomstore.compaction.job.synapse_rows import make_synapse_room_function
+
+        return make_synapse_room_function(config)
+
+    # -- staging and the swap ------------------------------------------------
+
+    def staged_chunk(self, row: Any, room_nid: int) -> StagedChunk:
+        import numpy as np
+
+        from roomstore.compaction.job.synapse_rows import decode_deltas
+
+        groups = np.frombuffer(row["groups_blob"], dtype="<i8").reshape(-1, 7).tolist()
+        return StagedChunk(
+            room_nid=room_nid, first_group=row["first_group"], last_group=row["last_group"],
+            groups=[(g, None if op < 0 else op, rows, ck, None if np_ < 0 else np_, chain, rw)
+                    for g, op, rows, ck, np_, chain, rw in groups],
+            refs=np.frombuffer(row["refs_blob"], dtype="<i8").tolist(),
+            deltas=decode_deltas(row["deltas_blob"]),
+            rows_before=row["rows_before"], rows_after=row["rows_after"], groups_rewritten=row["rewritten"],
+        )
+
+    def stage(self, db: Any, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
+        key = tuple(int(k) for k in key)
+        group_rows = [key + (int(g), 0, op, int(rows), int(ck), np_, int(rw)) for g, op, rows, ck, np_, _chain, rw in chunk.groups]
+        group_rows += [key + (int(ref), 1, None, 0, 0, None, 0) for ref in chunk.refs]
+        delta_rows = [key + (int(g), t, k, e) for g, t, k, e in chunk.deltas]
+        for table, columns, rows in (
+            (sql.STAGED_GROUPS, sql.STAGED_GROUP_COLUMNS, group_rows),
+            (sql.STAGED_DELTAS, sql.STAGED_DELTA_COLUMNS, delta_rows),
+        ):
+            if rows:
+                db.engine.insert_rows(cur, table, columns, rows, "", "")
+
+    def swap(self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool) -> Tuple[Any, int, int]:
+        """Inside the writer's transaction (after its lock-row check):
+
+        1. ``SELECT ... FOR NO KEY UPDATE`` the chunk's groups and the groups
+           outside it that it builds on (``state_groups`` rows, id order):
+           Synapse's deletion takes ``FOR UPDATE`` on the groups it deletes
+           first, so a concurrent deletion either commits before (the
+           re-check sees it) or waits for this swap;
+        2. re-check: every group exists, none is pending deletion, none of
+           the chunk's is being persisted, each has the edge, row count and
+           checksum the job read; otherwise nothing is written;
+        3. ``UPDATE state_groups SET event_id = event_id`` on the new
+           predecessors (see :data:`synapse_sql.SWAP_TOUCH_BASES`);
+        4. replace the rewritten groups' edges and rows.
+        """
+        cur.execute(q(sql.SWAP_LOCK_GROUPS), key)
+        cur.fetchall()
+        cur.execute(q(sql.SWAP_RECHECK), key * 4)
+        changed = cur.fetchall()
+        if changed:
+            return [(g, is_ref, reason) for g, is_ref, reason in changed], 0, 0
+        cur.execute(q(sql.SWAP_TOUCH_BASES), key)
+        cur.execute(q(sql.SWAP_DELETE_ROWS), key)
+        deleted = cur.rowcount
+        cur.execute(q(sql.SWAP_DELETE_EDGES), key)
+        cur.execute(q(sql.SWAP_INSERT_EDGES), key)
+        cur.execute(q(sql.SWAP_INSERT_ROWS), key)
+        inserted = cur.rowcount
+        return None, deleted, inserted
