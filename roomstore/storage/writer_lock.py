@@ -96,6 +96,9 @@ class WriterLock:
         self.retaken = 0
         self._watcher: Any = None
         self._checking = False
+        #: The check running now, if any: ``release`` waits for it, as the two
+        #: would use the lock's session connection from two threads at once.
+        self._in_flight: Any = None
 
     def watch(self, clock: Any, interval_s: float = CHECK_INTERVAL_S) -> None:
         """Check the lock's session every ``interval_s`` and after each
@@ -121,8 +124,10 @@ class WriterLock:
 
         def done(result: Any) -> Any:
             self._checking = False
+            self._in_flight = None
             return result
 
+        self._in_flight = d
         return d.addBoth(done)
 
     async def _check(self) -> None:
@@ -175,12 +180,18 @@ class WriterLock:
         return cls(db, instance_name, handle, _sqlite_release)
 
     async def release(self) -> None:
-        """Let the lock go (idempotent)."""
+        """Let the lock go (idempotent), once a check in progress has ended."""
+        from twisted.internet import defer
+
         if self._watcher is not None and self._watcher.running:
             self._watcher.stop()
         outages = getattr(self.db, "outages", None)
         if outages is not None and self.check in outages.on_end:
             outages.on_end.remove(self.check)
+        if self._in_flight is not None:
+            ended: Any = defer.Deferred()
+            self._in_flight.addBoth(lambda result: (ended.callback(None), result)[1])
+            await ended
         resource, self._resource = self._resource, None
         if resource is not None and self._release_fn is not None:
             await self.db.run_blocking(self._release_fn, resource)

@@ -298,3 +298,19 @@ class WriterLockReconnectTest(DatabaseTestMixin, unittest.TestCase):
         self.assertIn("pid 4242 on otherhost", str(error))
         self.assertEqual(len(str(error).splitlines()), 1)
         self.assertEqual(logged.levels(), ["error"])
+
+    async def test_release_waits_for_a_check_in_progress(self):
+        """A store closing while a periodic check runs (seen in a full run:
+        the check and the release used the lock's session from two threads,
+        the check "took it again" and then met a closed pool): the release
+        waits for the check, then lets go; nothing is retaken or logged."""
+        logged = _Logged(self, "roomstore.storage.writer_lock")
+        db, lock, clock = await self._locked()
+        for _ in range(20):
+            clock.advance(1.0)  # a check starts, on a pool thread
+            await lock.release()  # at once, as RoomStore.close does
+            self.assertEqual((lock.retaken, self._lock_pid(db)), (0, []))
+            lock = await WriterLock.acquire(db, "w9")
+            self.addCleanup(lock.release)
+            lock.watch(clock, interval_s=1.0)
+        self.assertEqual(logged.levels(), [])
