@@ -309,6 +309,16 @@ class SynapseUser:
             query = {"dir": "b", "limit": page, "from": result["end"]}
 
 
+def exclusive(server: "SynapseServer"):
+    """A lock file held while a test writes to this Synapse or needs nobody
+    else to (the compaction tests compare its whole state tables before and
+    after): tests in other trial workers that take it wait. Returns the open
+    file; closing it lets go."""
+    handle = open(os.path.join(server.folder, "exclusive.lock"), "w")
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
 class SharedHistory:
     """A history built once per Synapse and shared by every test process
     (the client API is the slow part): the first caller builds it under a
@@ -325,7 +335,8 @@ class SharedHistory:
             if os.path.exists(self.path):
                 with open(self.path) as f:
                     return json.load(f)
-            made = build(self.server)
+            with exclusive(self.server):
+                made = build(self.server)
             tmp = self.path + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(made, f)

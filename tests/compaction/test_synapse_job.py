@@ -38,6 +38,12 @@ def synapse_server():
     return SynapseServer.from_env("ROOMSTORE_TEST_SYNAPSE_PG")
 
 
+def exclusive(server):
+    from tests.synapse_server import exclusive as lock
+
+    return lock(server)
+
+
 def connect(dsn: str):
     import psycopg2
 
@@ -236,6 +242,7 @@ class SynapseCompactionTests(unittest.TestCase):
 
     def setUp(self) -> None:
         self.server = synapse_server()
+        self.addCleanup(exclusive(self.server).close)  # nobody else writes to Synapse meanwhile
         self.dsn = self.server.database
         self.oracle = SynapseOracle()
         tag = os.urandom(3).hex()
@@ -382,7 +389,9 @@ class SynapseSwapTests(unittest.TestCase):
         from roomstore.compaction.synapse_tables import SynapseTables
         from roomstore.compaction.writer import CompactionWriter
 
-        self.dsn = synapse_server().database
+        server = synapse_server()
+        self.addCleanup(exclusive(server).close)  # nobody else writes to Synapse meanwhile
+        self.dsn = server.database
         self.oracle = SynapseOracle()
         self.room = f"!swap{os.urandom(3).hex()}:synapse.test"
         self.ids = insert_chain_room(self.dsn, self.room, 6, seed=7)
@@ -472,6 +481,7 @@ class SynapseLiveTests(unittest.TestCase):
         import threading
 
         server = synapse_server()
+        self.addCleanup(exclusive(server).close)  # nobody else writes to Synapse meanwhile
         dsn = server.database
         oracle = SynapseOracle()
         tag = os.urandom(3).hex()

@@ -23,7 +23,7 @@ from roomstore.store import RoomStore
 from roomstore.synapse_db import SynapseReader, import_synapse, verify_synapse
 from tests.db import on_both_engines
 from tests.synapse_db.history import build, users_of
-from tests.synapse_server import SharedHistory, SynapseError, SynapseServer
+from tests.synapse_server import SharedHistory, SynapseError, SynapseServer, exclusive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -175,6 +175,8 @@ class SynapseImportMixin:
         from twisted.internet import reactor
         from twisted.internet.task import deferLater
 
+        writing = exclusive(self.synapse)  # no compaction test beside these writes
+        self.addCleanup(writing.close)
         alice = users_of(self.synapse, self.history)["alice"]
         live = alice.create_room(name="live")
         sender = threading.Thread(target=lambda: [alice.send(live, f"live {i}") for i in range(150)])
