@@ -92,7 +92,7 @@ async def cmd_import(reactor, args) -> int:
         raise CliError(f"{args.file} is a directory: give a JSON-lines file")
     verify_keys = None
     if args.keys:
-        from roomstore.events.signatures import KeysFileError, load_verify_keys
+        from roomstore.pdu.signatures import KeysFileError, load_verify_keys
 
         try:
             verify_keys = load_verify_keys(args.keys)

@@ -28,9 +28,9 @@ from roomstore.events.persist import BatchOutcome, EventPersister
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader, room_versions_txn
-from roomstore.events.signatures import VerifyKeys
+from roomstore.pdu.signatures import VerifyKeys
 from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
-from roomstore.events.validation import InvalidEventError
+from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state.groups import (
     COMPACTION_LOCK_NAME,
     COMPACTION_LOCK_TIMEOUT_S,
@@ -230,7 +230,7 @@ class RoomStore:
         form, its result's ``content_hash_mismatch`` set (also when it was
         stored before: the flag tells of the copy given); with
         ``refuse_hash_mismatch`` the batch is refused (``ContentHashMismatch``).
-        With ``verify_keys`` (``roomstore.events.signatures``) signatures are
+        With ``verify_keys`` (``roomstore.pdu.signatures``) signatures are
         checked where the keys allow: a bad one refuses the batch
         (``InvalidSignature``); ``signatures_checked`` says whether an
         event's every needed signature was verified.

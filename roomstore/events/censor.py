@@ -37,9 +37,9 @@ from canonicaljson import encode_canonical_json
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from roomstore.events.redaction import prune_event_dict
+from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.events.redactions import due_for_censoring_txn, mark_censored_txn
-from roomstore.events.room_versions import get_room_version
+from roomstore.pdu.room_versions import get_room_version
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners
 

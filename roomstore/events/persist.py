@@ -33,7 +33,7 @@ from roomstore.events.caches import batch_invalidations, write_cache_invalidatio
 from roomstore.events.current_state import update_current_state, update_extremities
 from roomstore.events.reads import room_versions_txn
 from roomstore.events.redactions import insert_redactions, unflagged_targets_txn
-from roomstore.events.validation import InvalidEventError
+from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state.deltas import state_diff
 from roomstore.state.groups import StateGroupStore, StateGroupWrites, group_facts_txn
 from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_states
@@ -444,7 +444,7 @@ class _BatchWriter:
             event_rows,
             queue=True,
         )
-        # censored: the bytes are the redacted form (a content hash mismatch, events/content_hash.py)
+        # censored: the bytes are the redacted form (a content hash mismatch, pdu/content_hash.py)
         txn.insert_many("event_json", ("event_nid", "room_version", "json", "censored"), json_rows, queue=True)
         txn.insert_many("event_edges", ("event_nid", "prev_event_nid"), edge_rows, queue=True)
         txn.insert_many("event_auth_edges", ("event_nid", "auth_event_nid"), auth_rows, queue=True)

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 from roomstore.events.batch import PersistedEvent, PreparedEvent, StateDelta, StateKey, order_batch
 from roomstore.events.persist import EventPersister
-from roomstore.events.validation import InvalidEventError, create_event_id_of
+from roomstore.pdu.parsing import InvalidEventError, create_event_id_of
 from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners, chunks

@@ -16,10 +16,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 
-from roomstore.events.hashing import add_derived_ids
-from roomstore.events.redaction import redacted_copy
+from roomstore.pdu.hashing import add_derived_ids
+from roomstore.pdu.redaction_algorithm import redacted_copy
 from roomstore.events.redactions import redactions_of_txn
-from roomstore.events.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
 from roomstore.events.tokens import StreamToken
 from roomstore.state.groups import StateGroupNotFound, StateGroupStore
 from roomstore.storage.database import Database, Transaction

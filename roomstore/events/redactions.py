@@ -6,7 +6,7 @@ has dealt with it. A redaction only counts when its target is stored in the
 *same room*: ``same_room_redactions`` is that join, written once, and every
 reader of redactions goes through it (the persister flagging targets, the
 event reader and the timeline pruning what they serve, the censor job). The
-redaction algorithm itself (what pruning keeps) is ``roomstore.events.redaction``.
+redaction algorithm itself (what pruning keeps) is ``roomstore.pdu.redaction_algorithm``.
 """
 
 from __future__ import annotations

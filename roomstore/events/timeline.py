@@ -42,12 +42,12 @@ from typing import Mapping, Sequence
 
 import attrs
 
-from roomstore.events.hashing import add_derived_ids
+from roomstore.pdu.hashing import add_derived_ids
 from roomstore.events.read_positions import ReadPositions
 from roomstore.events.reads import EventReader
-from roomstore.events.redaction import redacted_copy
+from roomstore.pdu.redaction_algorithm import redacted_copy
 from roomstore.events.redactions import first_redaction_sql
-from roomstore.events.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
 from roomstore.events.tokens import InvalidToken
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners

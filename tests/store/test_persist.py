@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from roomstore.events.persist import EventToPersist, MissingStateError, StateDelta
-from roomstore.events.validation import InvalidEventError
+from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state import ConflictedStateError
 from roomstore.store import RoomStore
 from tests.db import on_both_engines

@@ -60,9 +60,9 @@ from typing import Any, Mapping
 import attrs
 from canonicaljson import encode_canonical_json
 
-from roomstore.events.hashing import compute_event_id
-from roomstore.events.redaction import redacts_of
-from roomstore.events.room_versions import EventIdFormat, RoomVersion
+from roomstore.pdu.hashing import compute_event_id
+from roomstore.pdu.redaction_algorithm import redacts_of
+from roomstore.pdu.room_versions import EventIdFormat, RoomVersion
 
 __all__ = [
     "CANONICALJSON_MAX_INT",
