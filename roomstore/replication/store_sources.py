@@ -45,7 +45,7 @@ from roomstore.events.caches import invalidation_rows_txn
 from roomstore.events.stream_rows import event_fields_txn, event_rows_page_txn, state_rows_txn
 from roomstore.replication.client import ReplicationClientHandler
 from roomstore.replication.follower import StreamPositions
-from roomstore.replication.streams import Stream, StreamRegistry, StreamUpdates
+from roomstore.replication.stream_sources import Stream, StreamRegistry, StreamUpdates
 from roomstore.storage.database import Transaction
 from roomstore.store import RoomStore
 
