@@ -1,6 +1,6 @@
 """The rows the events and backfill streams carry, read from the event tables.
 
-Replication (``roomstore.replication.store_streams``) pages through them; the
+Replication (``roomstore.replication.store_sources``) pages through them; the
 SQL over ``events``, ``event_ids``, ``redactions``, ``room_memberships`` and
 ``current_state_deltas`` for it lives here, beside the other event-table SQL.
 Rows are raw until ``event_fields_txn`` names their rooms, state keys and

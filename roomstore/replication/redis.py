@@ -61,7 +61,8 @@ from roomstore.replication.commands import (
 )
 from roomstore.replication.follower import StreamFollower, StreamPositions
 from roomstore.replication.protocol import CloseConnection
-from roomstore.replication.store_streams import STORE_STREAMS, StoreReplicationHandler, wire_server
+from roomstore.replication.store_handler import StoreReplicationHandler
+from roomstore.replication.store_sources import STORE_STREAMS, wire_server
 from roomstore.replication.tls import ClientTLS
 
 __all__ = ["RedisAddress", "RedisRefused", "RedisReplication", "parse_redis_url", "shown_url"]

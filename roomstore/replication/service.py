@@ -40,13 +40,9 @@ from roomstore.replication.client import ReplicationClientFactory
 from roomstore.replication.follower import StreamPositions
 from roomstore.replication.protocol import ReplicationConfig
 from roomstore.replication.server import ReplicationServerFactory
+from roomstore.replication.store_handler import StoreReplicationHandler
+from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry, wire_server
 from roomstore.replication.tls import ClientTLS, TLSConfigError, check_bind_protected, server_tls
-from roomstore.replication.store_streams import (
-    STORE_STREAMS,
-    StoreReplicationHandler,
-    store_stream_registry,
-    wire_server,
-)
 from roomstore.store import RoomStore, StoreConfig
 
 __all__ = [
