@@ -8,7 +8,7 @@ the full state of a group is the state owner's statement
 Who runs them: :mod:`roomstore.compaction.writer` (the lock, the run's
 bookkeeping, staging and the swap), :mod:`roomstore.compaction.job.reading`
 and the driver (the reads, some over Spark's JDBC), and
-:mod:`roomstore.compaction.dataset` (reading a room back).
+``bench/dataset.py`` (reading a room back).
 
 ``where`` arguments are conditions on the ``state_groups`` row (a room
 selection built by the driver from integers; Spark's JDBC reads take no bound

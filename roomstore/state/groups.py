@@ -375,15 +375,47 @@ class StateGroupWrites:
         self.deltas: list[tuple] = []
 
     def flush(self, txn: Transaction) -> None:
-        txn.insert_many(
-            "state_groups",
-            ("state_group", "room_nid", "event_nid", "prev_state_group", "chain_length", "visibility_snapshot",
-             "sole_type_key_nid", "sole_event_nid"),
-            self.groups,
-            queue=True,
-        )
-        txn.insert_many("state_group_deltas", ("state_group", "type_key_nid", "event_nid"), self.deltas, queue=True)
+        txn.insert_many("state_groups", GROUP_COLUMNS, self.groups, queue=True)
+        txn.insert_many("state_group_deltas", DELTA_COLUMNS, self.deltas, queue=True)
         self.groups, self.deltas = [], []
+
+
+#: The columns of a ``state_groups`` row and of a ``state_group_deltas`` row,
+#: in the order of :func:`group_rows`' tuples.
+GROUP_COLUMNS = ("state_group", "room_nid", "event_nid", "prev_state_group", "chain_length", "visibility_snapshot",
+                 "sole_type_key_nid", "sole_event_nid")
+DELTA_COLUMNS = ("state_group", "type_key_nid", "event_nid")
+
+
+def group_rows(
+    state_group: int, room_nid: int, event_nid: int | None, prev_state_group: int | None, chain_length: int,
+    delta: Mapping[int, int | None], visibility_snapshot: int | None = None,
+) -> tuple[tuple, list[tuple]]:
+    """The ``state_groups`` row (with its copy of a one-row delta) and the
+    ``state_group_deltas`` rows of one group, in :data:`GROUP_COLUMNS` and
+    :data:`DELTA_COLUMNS` order: for a writer that loads groups in bulk
+    (:func:`bulk_insert_groups`)."""
+    row = (state_group, room_nid, event_nid, prev_state_group, chain_length, visibility_snapshot, *sole_delta(delta))
+    return row, [(state_group, key, event) for key, event in delta.items()]
+
+
+def bulk_insert_groups(
+    engine: Engine, cursor, groups: Sequence[tuple], deltas: Sequence[tuple], text: Callable[[object], str] = str
+) -> None:
+    """Load :func:`group_rows`' rows on a cursor outside the store (the
+    engine's bulk insert: COPY on PostgreSQL), groups first."""
+    engine.bulk_insert(cursor, "state_groups", ", ".join(GROUP_COLUMNS), groups, text)
+    engine.bulk_insert(cursor, "state_group_deltas", ", ".join(DELTA_COLUMNS), deltas, text)
+
+
+def move_group_ids_past(engine: Engine, cursor) -> None:
+    """After :func:`bulk_insert_groups`: ids the database generates continue
+    after the highest group loaded."""
+    engine.move_sequence_past(cursor, "state_groups", "state_group")
+
+
+#: The highest state group id stored (0 when none).
+MAX_STATE_GROUP = "SELECT COALESCE(MAX(state_group), 0) FROM state_groups"
 
 
 # ---------------------------------------------------------------------- writers' SQL
