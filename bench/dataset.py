@@ -32,9 +32,16 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
-from roomstore.compaction import sql
+from roomstore.compaction.sql import ANY_GROUP
 from roomstore.compaction.model import StateGroupEntry
-from roomstore.state.groups import MAX_STATE_GROUP, bulk_insert_groups, group_rows, move_group_ids_past
+from roomstore.state.group_tables import (
+    MAX_STATE_GROUP,
+    ROOM_DELTAS,
+    ROOM_GROUPS,
+    bulk_insert_groups,
+    group_rows,
+    move_group_ids_past,
+)
 from roomstore.storage.database import Transaction
 from roomstore.storage.engines import Engine, engine_from_url
 from roomstore.storage.schema import prepare_database
@@ -524,9 +531,9 @@ def read_roomstore_room(url: str, room_nid: int) -> List[StateGroupEntry]:
     try:
         cur = conn.cursor()
         q = engine.convert_sql
-        cur.execute(q(sql.ROOM_GROUPS), (room_nid, sql.ANY_GROUP))
+        cur.execute(q(ROOM_GROUPS), (room_nid, ANY_GROUP))
         prevs = {g: p for g, p, _ in cur.fetchall()}
-        cur.execute(q(sql.ROOM_DELTAS), (room_nid, sql.ANY_GROUP))
+        cur.execute(q(ROOM_DELTAS), (room_nid, ANY_GROUP))
         deltas: Dict[int, Dict[int, Optional[int]]] = {g: {} for g in prevs}
         for g, k, e in cur.fetchall():
             deltas[g][k] = e

@@ -36,7 +36,8 @@ from roomstore.compaction.writer import (
     LockLostError,
     RoomOutcome,
 )
-from roomstore.state.groups import FULL_STATE_SQL, fold_packed_state, fold_state, full_state_sql, packed_full_state_sql
+from roomstore.state.group_tables import FULL_STATE_SQL, full_state_sql, packed_full_state_sql
+from roomstore.state.groups import fold_packed_state, fold_state
 from roomstore.storage.database import RetryTransaction
 from roomstore.storage.engines import engine_from_url
 from roomstore.store import RoomStore, StoreConfig
