@@ -1,6 +1,6 @@
 """Benchmark: the state compaction Spark job against synapse_auto_compressor.
 
-Generates a realistic dataset (roomstore.compaction.dataset: many small rooms,
+Generates a realistic dataset (bench/dataset.py: many small rooms,
 a few large ones with heavy membership churn and forks; ``--size small`` by
 default, ``--size large`` has over five million state rows), loads the same
 logical data into roomstore's tables and into Synapse-shaped tables in a
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._common import print_table  # noqa: E402
 from roomstore.compaction import chain_depths, levels_hop_bound, verify  # noqa: E402
-from roomstore.compaction.dataset import (  # noqa: E402
+from bench.dataset import (  # noqa: E402
     load_dataset,
     prepare_roomstore_schema,
     prepare_synapse_schema,

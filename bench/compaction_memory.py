@@ -1,6 +1,6 @@
 """Benchmark: one room larger than memory, compacted with 1 GiB JVMs.
 
-Generates ONE room with heavy membership churn (``roomstore.compaction.dataset``:
+Generates ONE room with heavy membership churn (``bench/dataset.py``:
 6,000 users, 150 of them hot, forks, persist-time snapshots every 100 hops) at
 several sizes (default about 1M, 2.5M and 5.2M state rows), and for each size
 
@@ -43,7 +43,7 @@ from bench.compaction import (  # noqa: E402
     ensure_compressor,
     table_figures,
 )
-from roomstore.compaction.dataset import (  # noqa: E402
+from bench.dataset import (  # noqa: E402
     RoomShape,
     load_dataset,
     prepare_roomstore_schema,

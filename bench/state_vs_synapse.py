@@ -48,7 +48,7 @@ from twisted.internet import defer, task  # noqa: E402
 
 from bench._common import bench_databases, print_table  # noqa: E402
 from bench.event_store import build_long_chain  # noqa: E402
-from roomstore.compaction.dataset import load_dataset  # noqa: E402
+from bench.dataset import load_dataset  # noqa: E402
 
 SYNAPSE_VERSION = "1.163.2"
 

@@ -3,8 +3,9 @@
 ``state_groups`` (``room_nid``, ``prev_state_group``, ``chain_length``,
 ``sole_*``) and ``state_group_deltas`` (interned ``type_key_nid``,
 ``event_nid``, NULL event: a removal). Statements in
-:mod:`roomstore.compaction.sql`; the full state of a group is the state
-owner's :func:`roomstore.state.groups.full_state_sql`.
+:mod:`roomstore.compaction.sql`, composed from the state tables' owner
+:mod:`roomstore.state.group_tables` (whose :func:`full_state_sql` gives the
+full state of a group).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import numpy as np
 from roomstore.compaction import sql
 from roomstore.compaction.chunks import StagedChunk
 from roomstore.compaction.tables import ChunkKey, Convert, StateTables
-from roomstore.state.groups import full_state_sql
+from roomstore.state.group_tables import full_state_sql
+from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME
 from roomstore.storage.schema import SCHEMA_VERSION, SchemaTooNewError
 
-#: The ``maintenance_locks`` row of the compaction job. RoomStore honours it
-#: (``RoomStore.COMPACTION_LOCK_NAME``; the store may not import this package).
-LOCK_NAME = "state_compaction"
+#: The ``maintenance_locks`` row of the compaction job; RoomStore honours it
+#: (both take the name from the table's owner, roomstore.storage.maintenance_locks).
+LOCK_NAME = COMPACTION_LOCK_NAME
 
 #: The columns of the rows fed to the executors, in order.
 _COLUMNS = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "chain_length", "type_key_nid", "event_nid"]

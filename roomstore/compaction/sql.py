@@ -1,14 +1,18 @@
-"""Every statement the compaction job runs, in one place.
+"""The statements the compaction job runs on roomstore's tables, by name.
 
-What SQL touches the compaction's tables, or reads the state tables for it?
-This module. Statements use ``?`` placeholders (the engine converts them);
-the full state of a group is the state owner's statement
-(:func:`roomstore.state.groups.full_state_sql`), not repeated here.
+The job's own tables (``state_compaction_runs``, ``_rooms``, ``_chunks`` and
+the two staging tables) are written here; the state tables' statements are
+composed from their owner, :mod:`roomstore.state.group_tables` (this module
+hands it the staging tables as SQL text), the lock's from
+:mod:`roomstore.storage.maintenance_locks` and the rooms' from
+:mod:`roomstore.storage.interning`; the full state of a group is the state
+owner's :func:`~roomstore.state.group_tables.full_state_sql`. Statements use
+``?`` placeholders (the engine converts them).
 
 Who runs them: :mod:`roomstore.compaction.writer` (the lock, the run's
 bookkeeping, staging and the swap), :mod:`roomstore.compaction.job.reading`
-and the driver (the reads, some over Spark's JDBC), and
-:mod:`roomstore.compaction.dataset` (reading a room back).
+and the driver (the reads, some over Spark's JDBC), by the names the
+Synapse layout's :mod:`roomstore.compaction.synapse_sql` shares.
 
 ``where`` arguments are conditions on the ``state_groups`` row (a room
 selection built by the driver from integers; Spark's JDBC reads take no bound
@@ -18,10 +22,22 @@ parameters, so those statements inline integers too).
 from __future__ import annotations
 
 from roomstore.compaction.chunks import CHECKSUM_SQL
-from roomstore.state.groups import sole_deltas_sql
+from roomstore.state import group_tables as groups
+from roomstore.state.group_tables import MAX_STATE_GROUP, ROOM_DELTAS, ROOM_GROUPS, jdbc_deltas, jdbc_groups  # noqa: F401
+from roomstore.storage.interning import room_ids_of_sql, room_nids_sql
+from roomstore.storage.maintenance_locks import (  # noqa: F401 (run by name: see compaction/tables.py)
+    LOCK_HEARTBEAT,
+    LOCK_INSERT,
+    LOCK_RELEASE,
+    LOCK_RELEASE_HINT,
+    LOCK_SELECT,
+    LOCK_TAKE,
+)
 
 #: A bound above every state group id (a room's groups, whatever was written).
 ANY_GROUP = 2**63 - 1
+#: The groups' relation (the state owner's).
+_GROUPS = groups.PLANNING_GROUPS
 
 
 def _and(where: str) -> str:
@@ -32,16 +48,15 @@ def _and(where: str) -> str:
 # reading the state tables to plan a run
 
 SCHEMA_VERSION = "SELECT version FROM schema_version"
-MAX_STATE_GROUP = "SELECT COALESCE(MAX(state_group), 0) FROM state_groups"
 
 
 def group_bounds(where: str = "") -> str:
     """MIN, MAX, COUNT of the groups up to ``?`` (the run's snapshot_max)."""
-    return f"SELECT MIN(state_group), MAX(state_group), COUNT(*) FROM state_groups WHERE state_group <= ?{_and(where)}"
+    return f"SELECT MIN(state_group), MAX(state_group), COUNT(*) FROM {_GROUPS} WHERE state_group <= ?{_and(where)}"
 
 
 def count_rooms(where: str = "") -> str:
-    return f"SELECT COUNT(DISTINCT room_nid) FROM state_groups WHERE state_group <= ?{_and(where)}"
+    return f"SELECT COUNT(DISTINCT room_nid) FROM {_GROUPS} WHERE state_group <= ?{_and(where)}"
 
 
 def _numbered(where: str) -> str:
@@ -50,11 +65,11 @@ def _numbered(where: str) -> str:
     # Parameters: snapshot_max, chunk size, snapshot_max.
     extra = _and(where)
     return (
-        f"WITH big AS (SELECT room_nid FROM state_groups WHERE state_group <= ?{extra}"
+        f"WITH big AS (SELECT room_nid FROM {_GROUPS} WHERE state_group <= ?{extra}"
         " GROUP BY room_nid HAVING COUNT(*) > ?),"
         " numbered AS (SELECT state_group, room_nid, prev_state_group,"
         "  (ROW_NUMBER() OVER (PARTITION BY room_nid ORDER BY state_group) - 1) AS pos"
-        f"  FROM state_groups WHERE state_group <= ?{extra} AND room_nid IN (SELECT room_nid FROM big))"
+        f"  FROM {_GROUPS} WHERE state_group <= ?{extra} AND room_nid IN (SELECT room_nid FROM big))"
     )
 
 
@@ -80,18 +95,15 @@ def chunk_links(where: str, chunk_groups: int) -> str:
 
 def room_nids(count: int) -> str:
     """``(room_id, room_nid)`` of ``count`` room ids given as parameters."""
-    return f"SELECT room_id, room_nid FROM rooms WHERE room_id IN ({', '.join('?' for _ in range(count))})"
+    return room_nids_sql(count)
 
 
 def room_ids_where(where: str = "") -> str:
-    return (
-        "SELECT r.room_nid, r.room_id FROM rooms r WHERE r.room_nid IN"
-        f" (SELECT DISTINCT room_nid FROM state_groups WHERE state_group <= ?{_and(where)})"
-    )
+    return room_ids_of_sql(groups.rooms_with_groups_sql(where))
 
 
 LARGEST_ROOMS = (
-    "SELECT room_nid, COUNT(*) AS n FROM state_groups WHERE state_group <= ?"
+    f"SELECT room_nid, COUNT(*) AS n FROM {_GROUPS} WHERE state_group <= ?"
     " GROUP BY room_nid ORDER BY n DESC, room_nid LIMIT ?"
 )
 
@@ -99,58 +111,6 @@ LARGEST_ROOMS = (
 def rooms_not_done(run_id: int) -> str:
     """A condition on ``{col}`` (a room_nid column): the rooms run ``run_id`` has not finished."""
     return "{col} NOT IN (SELECT room_nid FROM state_compaction_rooms WHERE run_id = " + str(int(run_id)) + ")"
-
-
-#: One room's groups, then its delta rows, up to a bound (room_nid, bound).
-ROOM_GROUPS = (
-    "SELECT state_group, prev_state_group, chain_length FROM state_groups"
-    " WHERE room_nid = ? AND state_group <= ? ORDER BY state_group"
-)
-ROOM_DELTAS = (
-    "SELECT d.state_group, d.type_key_nid, d.event_nid FROM state_group_deltas d"
-    " JOIN state_groups g ON g.state_group = d.state_group"
-    " WHERE g.room_nid = ? AND d.state_group <= ? ORDER BY d.state_group, d.type_key_nid"
-)
-
-
-def jdbc_groups(snapshot_max: int, where: str = "") -> str:
-    """The groups Spark reads (a JDBC ``dbtable``), partitioned on state_group."""
-    return (
-        "(SELECT state_group, room_nid, prev_state_group, chain_length FROM state_groups"
-        f" WHERE state_group <= {int(snapshot_max)}{_and(where.format(col='room_nid'))}) AS sg"
-    )
-
-
-def jdbc_deltas(snapshot_max: int, where: str = "") -> str:
-    """The delta rows Spark reads (a JDBC ``dbtable``), partitioned on state_group."""
-    if where:
-        return (
-            "(SELECT d.state_group, d.type_key_nid, d.event_nid FROM state_group_deltas d"
-            " JOIN state_groups g ON g.state_group = d.state_group"
-            f" WHERE d.state_group <= {int(snapshot_max)} AND {where.format(col='g.room_nid')}) AS sgd"
-        )
-    return (
-        "(SELECT state_group, type_key_nid, event_nid FROM state_group_deltas"
-        f" WHERE state_group <= {int(snapshot_max)}) AS sgd"
-    )
-
-
-# ---------------------------------------------------------------------------
-# the lock row (maintenance_locks; RoomStore.delete_state_groups honours it)
-
-#: Followed by the engine's ``for_update``.
-LOCK_SELECT = "SELECT holder, acquired_ts, heartbeat_ts FROM maintenance_locks WHERE lock_name = ?"
-LOCK_INSERT = (
-    "INSERT INTO maintenance_locks (lock_name, holder, acquired_ts, heartbeat_ts)"
-    " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
-LOCK_TAKE = (
-    "UPDATE maintenance_locks SET holder = ?, acquired_ts = ?, heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"
-)
-LOCK_HEARTBEAT = "UPDATE maintenance_locks SET heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"
-LOCK_RELEASE = "DELETE FROM maintenance_locks WHERE lock_name = ? AND holder = ?"
-#: What an operator runs to drop a dead job's lock (printed, never executed).
-LOCK_RELEASE_HINT = "DELETE FROM maintenance_locks WHERE lock_name = 'state_compaction'"
 
 
 # ---------------------------------------------------------------------------
@@ -172,14 +132,14 @@ RUN_ROOMS = (
 )
 #: Rooms recorded as done whose groups up to snapshot_max are gone (run_id, snapshot_max).
 RUN_ROOMS_GONE = (
-    "SELECT r.room_nid FROM state_compaction_rooms r WHERE r.run_id = ? AND NOT EXISTS"
-    " (SELECT 1 FROM state_groups g WHERE g.room_nid = r.room_nid AND g.state_group <= ?)"
+    "SELECT r.room_nid FROM state_compaction_rooms r WHERE r.run_id = ? AND NOT "
+    + groups.room_has_groups_sql("r.room_nid")
 )
 #: Swapped chunks, with whether their first and last groups still exist.
 RUN_CHUNKS = (
     "SELECT c.room_nid, c.first_group, c.last_group, c.rows_before, c.rows_after, c.groups_rewritten,"
-    " (SELECT COUNT(*) FROM state_groups g WHERE g.state_group = c.first_group AND g.room_nid = c.room_nid),"
-    " (SELECT COUNT(*) FROM state_groups g WHERE g.state_group = c.last_group AND g.room_nid = c.room_nid)"
+    f" {groups.group_in_room_sql('c.first_group', 'c.room_nid')},"
+    f" {groups.group_in_room_sql('c.last_group', 'c.room_nid')}"
     " FROM state_compaction_chunks c WHERE c.run_id = ?"
 )
 ROOM_INSERT = (
@@ -218,66 +178,25 @@ def delete_staging(*columns: str) -> tuple[str, ...]:
 # occurrence of _STAGED and once more where the statement says so.
 
 _STAGED = f"SELECT state_group FROM {STAGED_GROUPS} WHERE run_id = ? AND room_nid = ? AND first_group = ?"
-
-#: Row-locks the chunk's groups; followed by the engine's ``for_update``.
-SWAP_LOCK_GROUPS = f"SELECT state_group FROM state_groups WHERE state_group IN ({_STAGED}) ORDER BY state_group"
-#: Groups that no longer exist or changed since the job read them (key, key).
-SWAP_RECHECK = (
-    f"SELECT s.state_group, s.is_ref, g.state_group IS NULL FROM {STAGED_GROUPS} s"
-    " LEFT JOIN state_groups g ON g.state_group = s.state_group"
-    f" LEFT JOIN (SELECT d.state_group, COUNT(*) AS n, SUM({CHECKSUM_SQL}) AS h"
-    f"   FROM state_group_deltas d WHERE d.state_group IN ({_STAGED}) GROUP BY d.state_group) a"
-    "   ON a.state_group = s.state_group"
-    " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND ("
-    "   g.state_group IS NULL OR g.room_nid <> s.room_nid OR (s.is_ref = 0 AND ("
-    "     COALESCE(g.prev_state_group, -1) <> COALESCE(s.old_prev, -1)"
-    "     OR COALESCE(a.n, 0) <> s.old_rows OR COALESCE(a.h, 0) <> s.old_checksum)))"
-    " ORDER BY s.state_group LIMIT 5"
-)
-SWAP_DELETE_DELTAS = f"DELETE FROM state_group_deltas WHERE state_group IN ({_STAGED} AND rewrite = 1 AND is_ref = 0)"
-SWAP_INSERT_DELTAS = (
-    "INSERT INTO state_group_deltas (state_group, type_key_nid, event_nid)"
-    f" SELECT state_group, type_key_nid, event_nid FROM {STAGED_DELTAS}"
+#: The staged groups (alias ``s``), the chunk's key on them, and its new delta rows (key).
+_STAGED_AS = f"{STAGED_GROUPS} AS s"
+_STAGED_KEY = "s.run_id = ? AND s.room_nid = ? AND s.first_group = ?"
+_NEW_ROWS = (
+    f"SELECT state_group, type_key_nid, event_nid FROM {STAGED_DELTAS}"
     " WHERE run_id = ? AND room_nid = ? AND first_group = ?"
 )
+
+#: Row-locks the chunk's groups; followed by the engine's ``for_update``.
+SWAP_LOCK_GROUPS = groups.swap_lock_groups(_STAGED)
+#: Groups that no longer exist or changed since the job read them (key, key).
+SWAP_RECHECK = groups.swap_recheck(f"{STAGED_GROUPS} s", _STAGED, _STAGED_KEY, CHECKSUM_SQL)
+SWAP_DELETE_DELTAS = groups.delete_deltas_of(f"{_STAGED} AND rewrite = 1 AND is_ref = 0")
+SWAP_INSERT_DELTAS = groups.insert_deltas_from(_NEW_ROWS)
 #: The rewritten groups: new predecessor and chain length, and their copy of a
-#: one-row delta (``state_groups.sole_*``, which the store's full-state read
-#: trusts) from the chunk's staged rows, which are exactly their new rows: one
-#: aggregate over the chunk, one UPDATE, one new row version each (key, key).
-SWAP_UPDATE_GROUPS = (
-    "UPDATE state_groups SET prev_state_group = s.new_prev, chain_length = s.new_chain_length,"
-    " sole_type_key_nid = a.sole_type_key_nid, sole_event_nid = a.sole_event_nid"
-    f" FROM {STAGED_GROUPS} AS s LEFT JOIN ("
-    + sole_deltas_sql(
-        f"SELECT state_group, type_key_nid, event_nid FROM {STAGED_DELTAS}"
-        " WHERE run_id = ? AND room_nid = ? AND first_group = ?"
-    )
-    + ") AS a ON a.state_group = s.state_group"
-    " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND s.is_ref = 0 AND s.rewrite = 1"
-    " AND s.state_group = state_groups.state_group"
-)
+#: one-row delta from the chunk's staged rows (key, key).
+SWAP_UPDATE_GROUPS = groups.rewrite_groups_from(_STAGED_AS, _NEW_ROWS, _STAGED_KEY + " AND s.is_ref = 0 AND s.rewrite = 1")
 #: The chunk's groups kept as they were whose chain length changed (key).
-SWAP_UPDATE_CHAIN_LENGTHS = (
-    "UPDATE state_groups SET chain_length = s.new_chain_length"
-    f" FROM {STAGED_GROUPS} AS s"
-    " WHERE s.run_id = ? AND s.room_nid = ? AND s.first_group = ? AND s.is_ref = 0 AND s.rewrite = 0"
-    " AND s.state_group = state_groups.state_group AND state_groups.chain_length <> s.new_chain_length"
-)
+SWAP_UPDATE_CHAIN_LENGTHS = groups.set_chain_lengths_from(_STAGED_AS, _STAGED_KEY + " AND s.is_ref = 0 AND s.rewrite = 0")
 #: chain_length of descendants outside the chunk (later chunks, groups
-#: persisted after snapshot_max) follows their predecessor's new length; only
-#: where it differs, so the walk stops early (key, key).
-SWAP_FIX_CHAIN_LENGTHS = (
-    "WITH RECURSIVE fix(state_group, len) AS ("
-    "  SELECT c.state_group, p.chain_length + 1"
-    "  FROM state_groups p JOIN state_groups c ON c.prev_state_group = p.state_group"
-    f"  WHERE p.state_group IN ({_STAGED} AND is_ref = 0)"
-    f"  AND c.state_group NOT IN ({_STAGED})"
-    "  AND c.chain_length <> p.chain_length + 1"
-    "  UNION ALL"
-    "  SELECT c.state_group, fix.len + 1 FROM fix"
-    "  JOIN state_groups c ON c.prev_state_group = fix.state_group"
-    "  WHERE c.chain_length <> fix.len + 1 AND fix.len < 1000000"
-    ")"
-    " UPDATE state_groups SET chain_length = fix.len FROM fix"
-    " WHERE fix.state_group = state_groups.state_group"
-)
+#: persisted after snapshot_max) follows their predecessor's new length (key, key).
+SWAP_FIX_CHAIN_LENGTHS = groups.fix_chain_lengths(f"{_STAGED} AND is_ref = 0", _STAGED)

@@ -150,7 +150,7 @@ class SynapseTables(StateTables):
         2. re-check: every group exists, none is pending deletion, none of
            the chunk's is being persisted, each has the edge, row count and
            checksum the job read; otherwise nothing is written;
-        3. ``UPDATE state_groups SET event_id = event_id`` on the new
+        3. a no-op update of the new
            predecessors (see :data:`synapse_sql.SWAP_TOUCH_BASES`);
         4. replace the rewritten groups' edges and rows.
         """

@@ -40,7 +40,7 @@ from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_st
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners, LruCache, chunks
 from roomstore.visibility.rules import NO_MEMBERSHIP_CODE, membership_code, visibility_code
-from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, VisibilityWrites
+from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, VisibilityWrites, snapshot_facts_sql
 
 __all__ = [
     "BatchOutcome",
@@ -52,6 +52,8 @@ __all__ = [
 ]
 
 HISTORY_VISIBILITY = ("m.room.history_visibility", "")
+#: A stored group's snapshot facts, joined into the state owner's read of the group.
+_SNAPSHOT_FACTS = snapshot_facts_sql("g.visibility_snapshot")
 MEMBER = "m.room.member"
 
 
@@ -166,7 +168,7 @@ class _BatchWriter:
         facts = self.stored_groups.get(group)
         if facts is None:
             # With its snapshot's facts, which the next snapshot derives from.
-            row = group_facts_txn(self.txn, group)
+            row = group_facts_txn(self.txn, group, _SNAPSHOT_FACTS)
             if row is None:
                 raise MissingStateError(f"state group {group} does not exist")
             facts = self.stored_groups[group] = (row[0], row[1])

@@ -157,6 +157,16 @@ def chunks(values: Sequence, size: int = CHUNK) -> Iterable[Sequence]:
         yield values[start : start + size]
 
 
+def room_nids_sql(count: int) -> str:
+    """``(room_id, room_nid)`` of ``count`` room ids given as parameters."""
+    return f"SELECT room_id, room_nid FROM rooms WHERE room_id IN ({', '.join('?' for _ in range(count))})"
+
+
+def room_ids_of_sql(nids_sql: str) -> str:
+    """``(room_nid, room_id)`` of the rooms whose nids ``nids_sql`` (a subquery) lists."""
+    return f"SELECT r.room_nid, r.room_id FROM rooms r WHERE r.room_nid IN ({nids_sql})"
+
+
 class Interner:
     """Interns one kind of string id (or tuple of strings) into a table.
 

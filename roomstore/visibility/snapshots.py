@@ -36,6 +36,18 @@ INVITED = VISIBILITY_CODES["invited"]
 DEFAULT_VISIBILITY = SHARED
 
 
+def snapshot_facts_sql(snapshot_column: str) -> tuple[str, str]:
+    """``(columns, joins)``: the facts of the snapshot ``snapshot_column``
+    names (its branch, seq, history visibility, and its branch's tip seq; NULL
+    when the column is) for a read of another owner's table to select and
+    join (the state owner's ``group_facts_txn``)."""
+    return (
+        "s.branch_nid, s.seq, s.history_visibility, b.tip_seq",
+        f" LEFT JOIN visibility_snapshots AS s ON s.snapshot_nid = {snapshot_column}"
+        " LEFT JOIN visibility_branches AS b ON b.branch_nid = s.branch_nid",
+    )
+
+
 def membership_sql(snapshot_expr: str, user_param: str = "?") -> str:
     """SQL for the viewer's membership code in a snapshot (0: none).
 

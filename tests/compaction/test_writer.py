@@ -4,7 +4,7 @@ deletion that honours the lock, on both engines, without Spark.
 The rooms are real: persisted through ``RoomStore.persist_events`` (the
 package's sample history, a small ``max_state_chain_length`` so there are
 many snapshots) plus generated rooms written straight into the tables
-(``roomstore.compaction.dataset``). Plans come from the same per-room code the
+(``bench.dataset``). Plans come from the same per-room code the
 Spark executors run (:class:`RoomCompactor`) over the same chunk layout
 (:func:`read_room_chunks`), so these tests exercise everything but Spark.
 
@@ -25,7 +25,7 @@ from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from roomstore.compaction import chain_depths, verify
-from roomstore.compaction.dataset import load_dataset, read_roomstore_room
+from bench.dataset import load_dataset, read_roomstore_room
 from roomstore.compaction.job.executor import RoomCompactor
 from roomstore.compaction.job.reading import read_room_chunks
 from roomstore.compaction.chunks import CHECKSUM_SQL, row_checksum
@@ -36,7 +36,8 @@ from roomstore.compaction.writer import (
     LockLostError,
     RoomOutcome,
 )
-from roomstore.state.groups import FULL_STATE_SQL, fold_packed_state, fold_state, full_state_sql, packed_full_state_sql
+from roomstore.state.group_tables import FULL_STATE_SQL, full_state_sql, packed_full_state_sql
+from roomstore.state.groups import fold_packed_state, fold_state
 from roomstore.storage.database import RetryTransaction
 from roomstore.storage.engines import engine_from_url
 from roomstore.store import RoomStore, StoreConfig
@@ -668,7 +669,7 @@ class RoomCompactorTests(TestCase):
     def test_a_corrupted_plan_fails_verification(self) -> None:
         directory = tempfile.mkdtemp(prefix="roomstore-compactor-")
         url = f"sqlite:///{directory}/t.db"
-        from roomstore.compaction.dataset import prepare_roomstore_schema
+        from bench.dataset import prepare_roomstore_schema
 
         prepare_roomstore_schema(url)
         load_dataset("tiny", roomstore_url=url, max_chain_length=8)

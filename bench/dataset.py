@@ -32,9 +32,16 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
-from roomstore.compaction import sql
+from roomstore.compaction.sql import ANY_GROUP
 from roomstore.compaction.model import StateGroupEntry
-from roomstore.state.groups import sole_delta
+from roomstore.state.group_tables import (
+    MAX_STATE_GROUP,
+    ROOM_DELTAS,
+    ROOM_GROUPS,
+    bulk_insert_groups,
+    group_rows,
+    move_group_ids_past,
+)
 from roomstore.storage.database import Transaction
 from roomstore.storage.engines import Engine, engine_from_url
 from roomstore.storage.schema import prepare_database
@@ -340,18 +347,30 @@ def prepare_synapse_schema(url: str) -> None:
 
 
 class _Sink:
-    """Buffered bulk writes into one database (the engine's bulk insert)."""
+    """Buffered bulk writes into one database (the engine's bulk insert);
+    state groups through their owner (:func:`roomstore.state.groups.bulk_insert_groups`)."""
 
     def __init__(self, engine: Engine, flush_rows: int = 200_000) -> None:
         self.engine = engine
         self.conn = engine.connect()
         self.flush_rows = flush_rows
         self.buffers: Dict[Tuple[str, str], List[tuple]] = {}
+        self.groups: List[tuple] = []
+        self.deltas: List[tuple] = []
         self.pending = 0
 
     def add(self, table: str, columns: str, row: tuple) -> None:
         self.buffers.setdefault((table, columns), []).append(row)
-        self.pending += 1
+        self._added(1)
+
+    def add_group(self, row: tuple, deltas: List[tuple]) -> None:
+        """One roomstore state group: :func:`roomstore.state.groups.group_rows`' rows."""
+        self.groups.append(row)
+        self.deltas.extend(deltas)
+        self._added(1 + len(deltas))
+
+    def _added(self, rows: int) -> None:
+        self.pending += rows
         if self.pending >= self.flush_rows:
             self.flush()
 
@@ -360,9 +379,12 @@ class _Sink:
         self.engine.begin(cur)
         for (table, columns), rows in self.buffers.items():
             self.engine.bulk_insert(cur, table, columns, rows, _copy_text)
+        if self.groups:
+            bulk_insert_groups(self.engine, cur, self.groups, self.deltas, _copy_text)
         self.conn.commit()
         cur.close()
         self.buffers = {}
+        self.groups, self.deltas = [], []
         self.pending = 0
 
 
@@ -388,6 +410,75 @@ class DatasetInfo:
         return [r for r, _ in self.rooms].index(room_id)
 
 
+#: The interned tables the loader continues (table, id column); state groups through their owner.
+_INTERNED = (("event_ids", "event_nid"), ("state_keys", "type_key_nid"), ("rooms", "room_nid"))
+
+
+@attrs.define
+class _Next:
+    """The next free ids of a roomstore database, and its interned keys."""
+
+    group: int = 1
+    event: int = 1
+    key: int = 1
+    room: int = 1
+    key_ids: Dict[Key, int] = attrs.Factory(dict)
+
+
+def _next_ids(ours: _Sink) -> _Next:
+    """What the roomstore database holds already: new ids continue after it."""
+    cur = ours.conn.cursor()
+    q = ours.engine.convert_sql
+    cur.execute(q(MAX_STATE_GROUP))
+    tops = [cur.fetchone()[0]]
+    for table, column in _INTERNED:
+        cur.execute(q(f"SELECT COALESCE(MAX({column}), 0) FROM {table}"))
+        tops.append(cur.fetchone()[0])
+    cur.execute("SELECT type, state_key, type_key_nid FROM state_keys")
+    key_ids = {(t, s): n for t, s, n in cur.fetchall()}
+    ours.conn.commit()
+    return _Next(*(top + 1 for top in tops), key_ids=key_ids)
+
+
+def _add_roomstore_group(ours: _Sink, ids: _Next, g: GeneratedGroup, room_nid: int) -> None:
+    """One generated group into roomstore's tables: its new keys, its event
+    ids, and the group through the state tables' owner."""
+    key_ids = ids.key_ids
+    for key in g.delta:
+        if key not in key_ids:
+            key_ids[key] = ids.key
+            ours.add("state_keys", "type_key_nid, type, state_key", (ids.key, key[0], key[1]))
+            ids.key += 1
+    for ev in range(g.event_nid, g.event_nid + g.events_used):
+        ours.add("event_ids", "event_nid, event_id", (ev, event_id_for(ev)))
+    ours.add_group(*group_rows(
+        g.state_group, room_nid, g.event_nid, g.prev_group, g.chain_length,
+        {key_ids[key]: ev for key, ev in g.delta.items()},
+    ))
+
+
+def _add_synapse_group(theirs: _Sink, g: GeneratedGroup, room_id: str) -> None:
+    """One generated group into Synapse-shaped tables."""
+    theirs.add("state_groups", "id, room_id, event_id", (g.state_group, room_id, event_id_for(g.event_nid)))
+    if g.prev_group is not None:
+        theirs.add("state_group_edges", "state_group, prev_state_group", (g.state_group, g.prev_group))
+    for (etype, skey), ev in g.delta.items():
+        theirs.add(
+            "state_groups_state", "state_group, room_id, type, state_key, event_id",
+            (g.state_group, room_id, etype, skey, event_id_for(ev)),
+        )
+
+
+def _close_roomstore(ours: _Sink) -> None:
+    """After the last flush: the database's generated ids continue after the loaded ones."""
+    cur = ours.conn.cursor()
+    move_group_ids_past(ours.engine, cur)
+    for table, column in _INTERNED:
+        ours.engine.move_sequence_past(cur, table, column)
+    ours.conn.commit()
+    ours.conn.close()
+
+
 def load_dataset(
     size: str = "small",
     *,
@@ -404,36 +495,13 @@ def load_dataset(
     after the current maxima, and PostgreSQL sequences are moved past them.
     With both URLs the two databases hold the same groups under the same ids.
     """
-    ours = None
-    first_group = first_event = 1
-    key_ids: Dict[Key, int] = {}
-    next_key = next_room = 1
-    if roomstore_url is not None:
-        ours = _Sink(engine_from_url(roomstore_url))
-        cur = ours.conn.cursor()
-        q = ours.engine.convert_sql
-        for table, column in (("state_groups", "state_group"), ("event_ids", "event_nid"),
-                              ("state_keys", "type_key_nid"), ("rooms", "room_nid")):
-            cur.execute(q(f"SELECT COALESCE(MAX({column}), 0) FROM {table}"))
-            top = cur.fetchone()[0]
-            if table == "state_groups":
-                first_group = top + 1
-            elif table == "event_ids":
-                first_event = top + 1
-            elif table == "state_keys":
-                next_key = top + 1
-            else:
-                next_room = top + 1
-        cur.execute("SELECT type, state_key, type_key_nid FROM state_keys")
-        key_ids = {(t, s): n for t, s, n in cur.fetchall()}
-        ours.conn.commit()
-    spec = make_spec(size, seed, max_chain_length=max_chain_length, first_group=first_group,
-                     first_event=first_event, shapes=shapes)
-    rooms = [(room_id_for(shape, i), next_room + n) for n, (shape, i) in enumerate(spec.rooms())]
-    info = DatasetInfo(spec, rooms, key_ids, first_group=first_group)
-    theirs = None
-    if synapse_url is not None:
-        theirs = _Sink(engine_from_url(synapse_url))
+    ours = _Sink(engine_from_url(roomstore_url)) if roomstore_url is not None else None
+    ids = _next_ids(ours) if ours is not None else _Next()
+    spec = make_spec(size, seed, max_chain_length=max_chain_length, first_group=ids.group,
+                     first_event=ids.event, shapes=shapes)
+    rooms = [(room_id_for(shape, i), ids.room + n) for n, (shape, i) in enumerate(spec.rooms())]
+    info = DatasetInfo(spec, rooms, ids.key_ids, first_group=ids.group)
+    theirs = _Sink(engine_from_url(synapse_url)) if synapse_url is not None else None
     if ours is not None:
         for room_id, nid in rooms:
             ours.add("rooms", "room_nid, room_id, room_version", (nid, room_id, "10"))
@@ -443,45 +511,16 @@ def load_dataset(
         info.rows += len(g.delta)
         info.last_group = g.state_group
         if ours is not None:
-            for key in g.delta:
-                if key not in key_ids:
-                    key_ids[key] = next_key
-                    ours.add("state_keys", "type_key_nid, type, state_key", (next_key, key[0], key[1]))
-                    next_key += 1
-            for ev in range(g.event_nid, g.event_nid + g.events_used):
-                ours.add("event_ids", "event_nid, event_id", (ev, event_id_for(ev)))
-            # A one-row delta is also kept in the group's row (schema version 6).
-            sole_key, sole_event = sole_delta(g.delta)
-            ours.add(
-                "state_groups",
-                "state_group, room_nid, event_nid, prev_state_group, chain_length, sole_type_key_nid, sole_event_nid",
-                (g.state_group, room_nid, g.event_nid, g.prev_group, g.chain_length,
-                 None if sole_key is None else key_ids[sole_key], sole_event),
-            )
-            for key, ev in g.delta.items():
-                ours.add("state_group_deltas", "state_group, type_key_nid, event_nid", (g.state_group, key_ids[key], ev))
+            _add_roomstore_group(ours, ids, g, room_nid)
         if theirs is not None:
-            theirs.add("state_groups", "id, room_id, event_id", (g.state_group, room_id, event_id_for(g.event_nid)))
-            if g.prev_group is not None:
-                theirs.add("state_group_edges", "state_group, prev_state_group", (g.state_group, g.prev_group))
-            for (etype, skey), ev in g.delta.items():
-                theirs.add(
-                    "state_groups_state", "state_group, room_id, type, state_key, event_id",
-                    (g.state_group, room_id, etype, skey, event_id_for(ev)),
-                )
+            _add_synapse_group(theirs, g, room_id)
     for sink in (ours, theirs):
         if sink is not None:
             sink.flush()
     if ours is not None:
-        cur = ours.conn.cursor()
-        for table, column in (("state_groups", "state_group"), ("event_ids", "event_nid"),
-                              ("state_keys", "type_key_nid"), ("rooms", "room_nid")):
-            ours.engine.move_sequence_past(cur, table, column)
-        ours.conn.commit()
-        ours.conn.close()
+        _close_roomstore(ours)
     if theirs is not None:
         theirs.conn.close()
-    info.key_ids = key_ids
     return info
 
 
@@ -492,9 +531,9 @@ def read_roomstore_room(url: str, room_nid: int) -> List[StateGroupEntry]:
     try:
         cur = conn.cursor()
         q = engine.convert_sql
-        cur.execute(q(sql.ROOM_GROUPS), (room_nid, sql.ANY_GROUP))
+        cur.execute(q(ROOM_GROUPS), (room_nid, ANY_GROUP))
         prevs = {g: p for g, p, _ in cur.fetchall()}
-        cur.execute(q(sql.ROOM_DELTAS), (room_nid, sql.ANY_GROUP))
+        cur.execute(q(ROOM_DELTAS), (room_nid, ANY_GROUP))
         deltas: Dict[int, Dict[int, Optional[int]]] = {g: {} for g in prevs}
         for g, k, e in cur.fetchall():
             deltas[g][k] = e
