@@ -42,7 +42,7 @@ from bench._common import print_table  # noqa: E402
 from bench.compaction import COMPRESSOR_VERSION, LEVELS, check_all, ensure_compressor, table_figures  # noqa: E402
 from bench.compaction_memory import PeakSampler, drop, huge_room, load_average, run_theirs  # noqa: E402
 from bench.import_synapse import synapse_schema_database  # noqa: E402
-from roomstore.compaction.dataset import RoomShape, load_dataset, read_synapse_room  # noqa: E402
+from bench.dataset import RoomShape, load_dataset, read_synapse_room  # noqa: E402
 from tests.compaction.spark_cluster import SparkCluster  # noqa: E402
 
 MIB = 1024 * 1024
