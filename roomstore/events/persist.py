@@ -38,7 +38,7 @@ from roomstore.events.tables.events import (
     insert_events,
     insert_redactions,
     queue_flag_redacted,
-    stored_rows_txn,
+    stored_events_txn,
     unflagged_targets_txn,
 )
 from roomstore.pdu.parsing import InvalidEventError
@@ -477,12 +477,8 @@ class _BatchWriter:
         """Facts of the events stored before this batch, by nid (others left out)."""
         wanted = set(event_nids)
         unknown = [n for n in wanted if n not in self.stored_cache and n not in self.fresh_nids]
-        for part in chunks(unknown):
-            for row in stored_rows_txn(self.txn, part):
-                self.stored_cache[row[0]] = {
-                    "stream_ordering": row[1], "topological_ordering": row[2],
-                    "state_group_before": row[3], "state_group": row[4], "outlier": bool(row[5]),
-                }
+        for nid, row in stored_events_txn(self.txn, unknown).items():
+            self.stored_cache[nid] = row._asdict()
         found = {}
         for n in wanted - self.fresh_nids:
             facts = self.stored_cache.setdefault(n, None)  # None: known not to be stored

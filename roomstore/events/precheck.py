@@ -16,7 +16,7 @@ from roomstore.events.persist import EventPersister
 from roomstore.pdu.parsing import InvalidEventError, create_event_id_of
 from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.storage.database import Transaction
-from roomstore.events.tables.events import graph_state_groups_txn, position_rows_txn, rooms_and_types_txn
+from roomstore.events.tables.events import graph_state_groups_txn, rooms_and_types_txn, stored_events_txn
 from roomstore.events.tables.room_state import forward_groups_txn
 from roomstore.storage.interning import Interners, chunks, rooms_and_versions_txn
 
@@ -28,10 +28,12 @@ def stored_results_txn(txn: Transaction, interners: Interners, events: Sequence[
     by_nid = {nid: event_id for event_id, nid in nids.items()}
     rooms = {ev.event_id: ev.pdu.room_id for ev in events}
     found: dict[str, PersistedEvent] = {}
-    for part in chunks(sorted(by_nid)):
-        for nid, stream, topo, before, after in position_rows_txn(txn, part):
-            event_id = by_nid[nid]
-            found[event_id] = PersistedEvent(event_id, rooms[event_id], stream, topo, before, after, already_persisted=True)
+    for nid, row in stored_events_txn(txn, by_nid).items():
+        event_id = by_nid[nid]
+        found[event_id] = PersistedEvent(
+            event_id, rooms[event_id], row.stream_ordering, row.topological_ordering, row.state_group_before,
+            row.state_group, already_persisted=True,
+        )
     return found
 
 

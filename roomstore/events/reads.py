@@ -19,7 +19,13 @@ import attrs
 from roomstore.pdu.hashing import add_derived_ids
 from roomstore.pdu.redaction_algorithm import redacted_copy
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
-from roomstore.events.tables.events import flag_rows_txn, json_txn, redactions_of_txn, served_rows_txn, state_groups_row_txn
+from roomstore.events.tables.events import (
+    json_txn,
+    redactions_of_txn,
+    served_rows_txn,
+    state_groups_row_txn,
+    stored_events_txn,
+)
 from roomstore.events.tables.room_state import (
     EXTREMITY_TABLES,
     current_state_txn as current_state_rows_txn,
@@ -161,11 +167,10 @@ class EventReader:
         """The stored flags of those of ``event_ids`` that are stored (no JSON read)."""
         nids = self.interners.events.lookup(txn, event_ids)
         by_nid = {n: e for e, n in nids.items()}
-        flags: dict[str, EventFlags] = {}
-        for part in chunks(sorted(by_nid)):
-            for nid, outlier, rejected, redacted, stream in flag_rows_txn(txn, part):
-                flags[by_nid[nid]] = EventFlags(bool(outlier), rejected, bool(redacted), stream)
-        return flags
+        return {
+            by_nid[nid]: EventFlags(row.outlier, row.rejected_reason, row.redacted, row.stream_ordering)
+            for nid, row in stored_events_txn(txn, by_nid).items()
+        }
 
     def _apply_redactions(self, txn, result, by_nid, redacted: Mapping[int, str]) -> None:
         done = set()

@@ -15,7 +15,7 @@ keeps) is ``roomstore.pdu.redaction_algorithm``.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import chunks, event_id_sql, event_nid_sql, join_event_ids, join_rooms
@@ -152,34 +152,32 @@ def served_rows_txn(txn: Transaction, nids: Sequence[int]) -> list[tuple]:
     ).fetchall()
 
 
-def flag_rows_txn(txn: Transaction, nids: Sequence[int]) -> list[tuple]:
-    """``(nid, outlier, rejected_reason, redacted, stream_ordering)`` (one chunk)."""
-    marks = ", ".join("?" for _ in nids)
-    return txn.execute(
-        "SELECT event_nid, outlier, rejected_reason, redacted, stream_ordering"
-        f" FROM events WHERE event_nid IN ({marks})",
-        list(nids),
-    ).fetchall()
+class StoredEvent(NamedTuple):
+    """What ``events`` holds of a stored event beside its JSON."""
+
+    stream_ordering: int
+    topological_ordering: int
+    state_group_before: int | None
+    state_group: int | None
+    outlier: bool
+    rejected_reason: str | None
+    redacted: bool
 
 
-def position_rows_txn(txn: Transaction, nids: Sequence[int]) -> list[tuple]:
-    """``(nid, stream, topo, state_group_before, state_group)`` (one chunk)."""
-    marks = ", ".join("?" for _ in nids)
-    return txn.execute(
-        "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group"
-        f" FROM events WHERE event_nid IN ({marks})",
-        list(nids),
-    ).fetchall()
-
-
-def stored_rows_txn(txn: Transaction, nids: Sequence[int]) -> list[tuple]:
-    """``(nid, stream, topo, state_group_before, state_group, outlier)`` (one chunk)."""
-    marks = ", ".join("?" for _ in nids)
-    return txn.execute(
-        "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group, outlier"
-        f" FROM events WHERE event_nid IN ({marks})",
-        list(nids),
-    ).fetchall()
+def stored_events_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, StoredEvent]:
+    """nid -> ``StoredEvent`` of the stored events among ``nids``, read in
+    chunks by primary key: what the event reader's flags, precheck's
+    already-persisted results and the persister's prev-event facts need."""
+    found: dict[int, StoredEvent] = {}
+    for part in chunks(sorted(nids)):
+        marks = ", ".join("?" for _ in part)
+        for nid, stream, topo, before, after, outlier, rejected, redacted in txn.execute(
+            "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group, outlier,"
+            f" rejected_reason, redacted FROM events WHERE event_nid IN ({marks})",
+            list(part),
+        ).fetchall():
+            found[nid] = StoredEvent(stream, topo, before, after, bool(outlier), rejected, bool(redacted))
+    return found
 
 
 def json_txn(txn: Transaction, nid: int):
