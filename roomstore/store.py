@@ -27,7 +27,7 @@ from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
-from roomstore.events.reads import EventFlags, EventReader, room_versions_txn
+from roomstore.events.reads import EventFlags, EventReader
 from roomstore.pdu.signatures import VerifyKeys
 from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
 from roomstore.pdu.parsing import InvalidEventError
@@ -39,7 +39,7 @@ from roomstore.state.groups import (
     delete_state_groups_txn,
 )
 from roomstore.storage.database import Database
-from roomstore.storage.interning import Interners
+from roomstore.storage.interning import Interners, room_versions_txn
 from roomstore.storage.writer_lock import WriterLock
 from roomstore.streams.builtin import BUILTIN_STREAMS, open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache

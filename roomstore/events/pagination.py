@@ -28,6 +28,7 @@ from roomstore.events.timeline import (
     event_from_row,
     Viewer,
 )
+from roomstore.events.tables.events import events_as, join_events
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
 from roomstore.visibility.snapshots import snapshot_upto_sql, visible_sql
@@ -131,7 +132,7 @@ class Paginator:
             # before the stream position.
             at_sql, at_params = stream_bound_sql("e", "<=", stream_start[0], stream_start[1])
             row = txn.execute(
-                "SELECT e.topological_ordering, e.stream_ordering FROM events AS e"
+                f"SELECT e.topological_ordering, e.stream_ordering FROM {events_as('e')}"
                 f" WHERE e.room_nid = ? AND e.outlier = ? AND {at_sql}"
                 " ORDER BY e.topological_ordering DESC, e.stream_ordering DESC LIMIT 1",
                 [room_nid, False, *at_params],
@@ -195,7 +196,7 @@ class Paginator:
         def per_snapshot(column: str, extra: str) -> str:
             """The first ``limit`` visible events beyond the edge ``g``
             whose ``column`` is the seen snapshot ``s``."""
-            search = f"""FROM events AS e
+            search = f"""FROM {events_as("e")}
                 WHERE e.{column} = s.snapshot_nid {extra}
                   AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
                   AND (e.topological_ordering, e.stream_ordering) {beyond} (g.topo, g.stream)
@@ -212,7 +213,7 @@ class Paginator:
             # per seen snapshot.
             return (
                 "SELECT y.event_nid AS event_nid, y.topological_ordering AS topo, y.stream_ordering AS stream"
-                f" FROM seen AS s CROSS JOIN edge AS g CROSS JOIN events AS y"
+                f" FROM seen AS s CROSS JOIN edge AS g CROSS JOIN {events_as('y')}"
                 f" WHERE y.event_nid IN (SELECT e.event_nid {search})"
             )
 
@@ -229,13 +230,13 @@ class Paginator:
         sql = f"""
             WITH edge AS (
                 SELECT e.topological_ordering AS topo, e.stream_ordering AS stream
-                FROM events AS e
+                FROM {events_as("e")}
                 WHERE e.room_nid = ? AND {bound_sql}
                 ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
                 LIMIT 1 OFFSET ?
             ), hit AS (
                 SELECT e.event_nid AS event_nid, e.topological_ordering AS topo, e.stream_ordering AS stream
-                FROM events AS e
+                FROM {events_as("e")}
                 WHERE e.room_nid = ? AND e.outlier = ? AND e.rejected_reason IS NULL
                   AND {high_sql} AND {bound_sql}
                   AND (e.topological_ordering, e.stream_ordering) {within} {edge_sql}
@@ -257,7 +258,7 @@ class Paginator:
                     LIMIT ?) AS m
             )
             SELECT {EVENT_COLUMNS}
-            FROM page AS p JOIN events AS e ON e.event_nid = p.event_nid {EVENT_JOINS}
+            FROM page AS p {join_events("e", "e.event_nid = p.event_nid")} {EVENT_JOINS}
             ORDER BY +p.topo {order}, +p.stream {order}
             LIMIT ?"""
         user_nid = viewer.user_nid if viewer.user_nid is not None else -1

@@ -31,15 +31,31 @@ from roomstore.events.batch import (
 )
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import update_current_state, update_extremities
-from roomstore.events.reads import room_versions_txn
-from roomstore.events.redactions import insert_redactions, unflagged_targets_txn
+from roomstore.events.tables.events import (
+    history_visibility_json_txn,
+    insert_edges,
+    insert_event_json,
+    insert_events,
+    insert_redactions,
+    queue_flag_redacted,
+    stored_events_txn,
+    unflagged_targets_txn,
+)
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state.deltas import state_diff
 from roomstore.state.groups import StateGroupStore, StateGroupWrites, group_facts_txn
 from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_states
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import Interners, LruCache, chunks
+from roomstore.storage.interning import (
+    Interners,
+    LruCache,
+    chunks,
+    queue_activity,
+    queue_room_version,
+    room_versions_txn,
+)
 from roomstore.visibility.rules import NO_MEMBERSHIP_CODE, membership_code, visibility_code
+from roomstore.visibility.memberships import insert_memberships, membership_codes_txn
 from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, VisibilityWrites, snapshot_facts_sql
 
 __all__ = [
@@ -214,16 +230,9 @@ class _BatchWriter:
         if not missing:
             return
         for part in chunks(missing):
-            marks = ", ".join("?" for _ in part)
-            for nid, code in self.txn.execute(
-                f"SELECT event_nid, membership FROM room_memberships WHERE event_nid IN ({marks})", list(part)
-            ).fetchall():
+            for nid, code in membership_codes_txn(self.txn, part):
                 self.membership_of_event[nid] = code
-            for nid, raw in self.txn.execute(
-                f"SELECT e.event_nid, j.json FROM events AS e JOIN event_json AS j ON j.event_nid = e.event_nid"
-                f" WHERE e.event_nid IN ({marks}) AND e.type = 'm.room.history_visibility'",
-                list(part),
-            ).fetchall():
+            for nid, raw in history_visibility_json_txn(self.txn, part):
                 content = json.loads(bytes(raw).decode("utf-8")).get("content")
                 value = content.get("history_visibility") if isinstance(content, dict) else None
                 self.visibility_of_event[nid] = visibility_code(value)
@@ -438,24 +447,10 @@ class _BatchWriter:
                 ev.event_id, pdu.room_id, stream, pdu.depth, group_before, group_after
             )
 
-        txn.insert_many(
-            "events",
-            ("event_nid", "room_nid", "type", "type_key_nid", "sender_nid", "depth", "topological_ordering",
-             "stream_ordering", "instance_name", "origin_server_ts", "received_ts", "outlier", "rejected_reason",
-             "backfilled", "redacted", "state_group_before", "state_group", "visibility_before", "visibility_after"),
-            event_rows,
-            queue=True,
-        )
-        # censored: the bytes are the redacted form (a content hash mismatch, pdu/content_hash.py)
-        txn.insert_many("event_json", ("event_nid", "room_version", "json", "censored"), json_rows, queue=True)
-        txn.insert_many("event_edges", ("event_nid", "prev_event_nid"), edge_rows, queue=True)
-        txn.insert_many("event_auth_edges", ("event_nid", "auth_event_nid"), auth_rows, queue=True)
-        txn.insert_many(
-            "room_memberships",
-            ("event_nid", "room_nid", "user_nid", "sender_nid", "membership", "stream_ordering"),
-            membership_rows,
-            queue=True,
-        )
+        insert_events(txn, event_rows)
+        insert_event_json(txn, json_rows)
+        insert_edges(txn, edge_rows, auth_rows)
+        insert_memberships(txn, membership_rows)
         insert_redactions(txn, redaction_rows)
         redacted_targets = self.flag_redactions([nid[ev.event_id] for ev in new_events], [r[0] for r in redaction_rows])
 
@@ -484,17 +479,8 @@ class _BatchWriter:
         """Facts of the events stored before this batch, by nid (others left out)."""
         wanted = set(event_nids)
         unknown = [n for n in wanted if n not in self.stored_cache and n not in self.fresh_nids]
-        for part in chunks(unknown):
-            marks = ", ".join("?" for _ in part)
-            for row in self.txn.execute(
-                "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group, outlier"
-                f" FROM events WHERE event_nid IN ({marks})",
-                list(part),
-            ).fetchall():
-                self.stored_cache[row[0]] = {
-                    "stream_ordering": row[1], "topological_ordering": row[2],
-                    "state_group_before": row[3], "state_group": row[4], "outlier": bool(row[5]),
-                }
+        for nid, row in stored_events_txn(self.txn, unknown).items():
+            self.stored_cache[nid] = row._asdict()
         found = {}
         for n in wanted - self.fresh_nids:
             facts = self.stored_cache.setdefault(n, None)  # None: known not to be stored
@@ -515,7 +501,7 @@ class _BatchWriter:
             known = versions.get(room_id)
             if known is None:
                 if ev.pdu.type == "m.room.create" and ev.pdu.state_key == "":
-                    self.txn.queue("UPDATE rooms SET room_version = ? WHERE room_nid = ?", (given, room_nids[room_id]))
+                    queue_room_version(self.txn, room_nids[room_id], given)
                     versions[room_id] = given
                     self.txn.call_after(cache.set, room_id, given)
             elif known != given:
@@ -576,9 +562,7 @@ class _BatchWriter:
         targets = unflagged_targets_txn(
             txn, "redacts_event_nid", [n for n in new_event_nids if n not in self.fresh_nids]
         ) | unflagged_targets_txn(txn, "redaction_event_nid", new_redaction_nids)
-        for part in chunks(sorted(targets)):
-            marks = ", ".join("?" for _ in part)
-            txn.queue(f"UPDATE events SET redacted = ? WHERE event_nid IN ({marks})", (True, *part))
+        queue_flag_redacted(txn, targets)
         return targets
 
     def note_activity(
@@ -597,7 +581,4 @@ class _BatchWriter:
             if newest.get(room_nid, stream) <= stream:
                 newest[room_nid] = stream
         for room_nid, stream in newest.items():
-            self.txn.queue(
-                "UPDATE rooms SET activity = ? WHERE room_nid = ? AND (activity IS NULL OR activity < ?)",
-                (stream, room_nid, stream),
-            )
+            queue_activity(self.txn, room_nid, stream)

@@ -16,7 +16,9 @@ from roomstore.events.persist import EventPersister
 from roomstore.pdu.parsing import InvalidEventError, create_event_id_of
 from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import Interners, chunks
+from roomstore.events.tables.events import graph_state_groups_txn, rooms_and_types_txn, stored_events_txn
+from roomstore.events.tables.room_state import forward_groups_txn
+from roomstore.storage.interning import Interners, chunks, rooms_and_versions_txn
 
 
 def stored_results_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> dict[str, PersistedEvent]:
@@ -26,15 +28,12 @@ def stored_results_txn(txn: Transaction, interners: Interners, events: Sequence[
     by_nid = {nid: event_id for event_id, nid in nids.items()}
     rooms = {ev.event_id: ev.pdu.room_id for ev in events}
     found: dict[str, PersistedEvent] = {}
-    for part in chunks(sorted(by_nid)):
-        marks = ", ".join("?" for _ in part)
-        for nid, stream, topo, before, after in txn.execute(
-            "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group"
-            f" FROM events WHERE event_nid IN ({marks})",
-            list(part),
-        ).fetchall():
-            event_id = by_nid[nid]
-            found[event_id] = PersistedEvent(event_id, rooms[event_id], stream, topo, before, after, already_persisted=True)
+    for nid, row in stored_events_txn(txn, by_nid).items():
+        event_id = by_nid[nid]
+        found[event_id] = PersistedEvent(
+            event_id, rooms[event_id], row.stream_ordering, row.topological_ordering, row.state_group_before,
+            row.state_group, already_persisted=True,
+        )
     return found
 
 
@@ -99,20 +98,11 @@ def may_fail_txn(
         return True
     group_of: dict[int, int | None] = {}  # stored graph prev event nid -> its state group
     for part in chunks(sorted(prev_nids.values())):
-        marks = ", ".join("?" for _ in part)
-        group_of.update(txn.execute(
-            f"SELECT event_nid, state_group FROM events WHERE event_nid IN ({marks}) AND outlier = ?", (*part, False)
-        ).fetchall())
+        group_of.update(graph_state_groups_txn(txn, part))
     if len(group_of) < len(prev_nids):
         return True
     # Room versions, and each live room's forward extremities after the batch.
-    rooms: dict[str, tuple[int, str | None]] = {}
-    for part in chunks(sorted({ev.pdu.room_id for ev in new})):
-        marks = ", ".join("?" for _ in part)
-        for room_id, room_nid, version in txn.execute(
-            f"SELECT room_id, room_nid, room_version FROM rooms WHERE room_id IN ({marks})", list(part)
-        ).fetchall():
-            rooms[room_id] = (room_nid, version)
+    rooms = rooms_and_versions_txn(txn, {ev.pdu.room_id for ev in new})
     if any(rooms.get(ev.pdu.room_id, (None, None))[1] not in (None, ev.pdu.room_version.identifier) for ev in new):
         return True
     live = [ev for ev in graph if not ev.backfilled]
@@ -122,11 +112,9 @@ def may_fail_txn(
     for room_id in {ev.pdu.room_id for ev in live}:
         stored = []
         if room_id in rooms:
-            stored = [group for nid, group in txn.execute(
-                "SELECT f.event_nid, e.state_group FROM forward_extremities AS f"
-                " JOIN events AS e ON e.event_nid = f.event_nid WHERE f.room_nid = ?",
-                (rooms[room_id][0],),
-            ).fetchall() if nid not in live_prevs]
+            stored = [
+                group for nid, group in forward_groups_txn(txn, rooms[room_id][0]) if nid not in live_prevs
+            ]
         news = [ev.event_id for ev in live if ev.pdu.room_id == room_id and ev.event_id not in pointed_at]
         if len(stored) + len(news) > 1 and room_id not in (resolved_current_state or {}):
             ends[room_id] = (stored, news)
@@ -181,12 +169,7 @@ def check_create_events_txn(txn: Transaction, interners: Interners, events: Sequ
     nids = interners.events.lookup(txn, wanted)
     creates: dict[int, tuple[str, str]] = {}
     for part in chunks(sorted(nids.values())):
-        marks = ", ".join("?" for _ in part)
-        for nid, room_id, event_type in txn.execute(
-            "SELECT e.event_nid, r.room_id, e.type FROM events AS e JOIN rooms AS r ON r.room_nid = e.room_nid"
-            f" WHERE e.event_nid IN ({marks})",
-            list(part),
-        ).fetchall():
+        for nid, room_id, event_type in rooms_and_types_txn(txn, part):
             creates[nid] = (room_id, event_type)
     for create_id, ev in wanted.items():
         stored = creates.get(nids.get(create_id, -1))

@@ -46,13 +46,24 @@ from roomstore.pdu.hashing import add_derived_ids
 from roomstore.events.read_positions import ReadPositions
 from roomstore.events.reads import EventReader
 from roomstore.pdu.redaction_algorithm import redacted_copy
-from roomstore.events.redactions import first_redaction_sql
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
+from roomstore.events.tables.events import (
+    SERVED_COLUMN_COUNT,
+    SERVED_COLUMNS,
+    events_as,
+    first_redaction_sql,
+    join_event_json,
+    join_events,
+    served_joins,
+    visible_flag_txn,
+)
+from roomstore.events.tables.room_state import current_memberships_as, joined_room_nids_sql
 from roomstore.events.tokens import InvalidToken
 from roomstore.storage.database import Database, Transaction
-from roomstore.storage.interning import Interners
+from roomstore.storage.interning import Interners, event_id_sql, join_rooms, room_nids_sql
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.visibility.rules import MEMBERSHIP_CODES
+from roomstore.visibility.memberships import left_rooms_sql, left_upto_sql, own_membership_events_sql
 from roomstore.visibility.snapshots import visible_params, visible_sql
 
 __all__ = ["InvalidToken", "RecentResult", "SyncResult", "TimelineReader"]
@@ -137,15 +148,11 @@ class RecentResult:
 # ---------------------------------------------------------------------- SQL pieces
 
 
-#: The columns ``event_from_row`` takes, over ``e`` joined by ``EVENT_JOINS``.
-EVENT_COLUMNS = f"""e.event_nid AS event_nid, i.event_id AS event_id, r.room_id AS room_id,
-    e.topological_ordering AS topo, e.stream_ordering AS stream, j.room_version AS room_version,
-    j.json AS json, e.redacted AS redacted,
-    {first_redaction_sql("rj.json")} AS redaction_json, {first_redaction_sql("ri.event_id")} AS redaction_id"""
-EVENT_COLUMN_COUNT = 10
-EVENT_JOINS = """JOIN event_json AS j ON j.event_nid = e.event_nid
-    JOIN event_ids AS i ON i.event_nid = e.event_nid
-    JOIN rooms AS r ON r.room_nid = e.room_nid"""
+#: The columns ``event_from_row`` takes, over ``e`` joined by ``EVENT_JOINS``
+#: (their owner's fragments: ``roomstore.events.tables.events``).
+EVENT_COLUMNS = SERVED_COLUMNS
+EVENT_COLUMN_COUNT = SERVED_COLUMN_COUNT
+EVENT_JOINS = served_joins()
 
 
 def _parse(raw) -> dict:
@@ -335,20 +342,16 @@ class TimelineReader:
         candidates: list[str] = []
         params: list = []
         if rooms is None:
-            room_sql = (
-                "e.room_nid IN (SELECT cm.room_nid FROM current_memberships AS cm"
-                " WHERE cm.user_nid = ? AND cm.membership = ?)"
-            )
+            room_sql = f"e.room_nid IN ({joined_room_nids_sql('cm')})"
             room_params: list = [user_nid, JOIN]
         elif rooms:
-            marks = ", ".join("?" for _ in rooms)
-            room_sql = f"e.room_nid IN (SELECT rr.room_nid FROM rooms AS rr WHERE rr.room_id IN ({marks}))"
+            room_sql = f"e.room_nid IN ({room_nids_sql('rr', len(rooms))})"
             room_params = list(rooms)
         else:
             room_sql, room_params = "", []
         if room_sql:
             candidates.append(
-                "SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM events AS e"
+                f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events_as('e')}"
                 f" WHERE {room_sql} AND {low_sql} AND {high_sql}"
             )
             params += room_params + low_params + high_params
@@ -357,22 +360,15 @@ class TimelineReader:
             # window: their timeline up to that event, like Synapse's "leave"
             # section; the visibility filter does the rest.
             candidates.append(
-                "SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM events AS e"
-                " WHERE e.room_nid IN (SELECT lm.room_nid FROM room_memberships AS lm"
-                "   WHERE lm.user_nid = ? AND lm.membership IN (?, ?)"
-                "   AND lm.stream_ordering > ? AND lm.stream_ordering <= ?)"
-                " AND e.stream_ordering <= (SELECT MAX(lm2.stream_ordering) FROM room_memberships AS lm2"
-                "   WHERE lm2.room_nid = e.room_nid AND lm2.user_nid = ? AND lm2.membership IN (?, ?)"
-                "   AND lm2.stream_ordering > ? AND lm2.stream_ordering <= ?)"
+                f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events_as('e')}"
+                f" WHERE {left_rooms_sql('e')}"
+                f" AND {left_upto_sql('e')}"
                 f" AND {low_sql} AND {high_sql}"
             )
             params += [user_nid, LEAVE, BAN, low_any, high_any, user_nid, LEAVE, BAN, low_any, high_any]
             params += low_params + high_params
             # The user's own membership events anywhere, always delivered.
-            candidates.append(
-                "SELECT om.event_nid AS event_nid, 0 AS tl, 1 AS own FROM room_memberships AS om"
-                " WHERE om.user_nid = ? AND om.stream_ordering > ? AND om.stream_ordering <= ?"
-            )
+            candidates.append(own_membership_events_sql())
             params += [user_nid, low_any, high_any]
         if not candidates:
             return []
@@ -387,7 +383,7 @@ class TimelineReader:
                     FROM ({" UNION ALL ".join(candidates)}) AS u
                     GROUP BY u.event_nid
                 ) AS f
-                JOIN events AS e ON e.event_nid = f.event_nid
+                {join_events("e", "e.event_nid = f.event_nid")}
                 {EVENT_JOINS}
                 WHERE e.rejected_reason IS NULL AND {low_sql} AND {high_sql}
             ) AS x
@@ -497,11 +493,11 @@ class TimelineReader:
                     -- the token); only rooms active since then walk the
                     -- (room, stream) index back to the first event under the token.
                     SELECT cm.room_nid AS room_nid, ro.room_id AS room_id, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
-                        SELECT e.stream_ordering FROM events AS e
+                        SELECT e.stream_ordering FROM {events_as("e")}
                         WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
                         ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
-                    FROM current_memberships AS cm
-                    JOIN rooms AS ro ON ro.room_nid = cm.room_nid
+                    FROM {current_memberships_as("cm")}
+                    {join_rooms("ro", "cm.room_nid")}
                     WHERE cm.user_nid = ? AND cm.membership = ?
                 ) AS a
                 WHERE a.activity IS NOT NULL AND {cursor_sql}
@@ -514,9 +510,9 @@ class TimelineReader:
                 -- whole room) when the room has fewer; rooms holding fewer
                 -- events than that skip the walk (an index-only count).
                 SELECT pg.room_nid AS room_nid, CASE WHEN (
-                    SELECT c.stream_ordering FROM events AS c WHERE c.room_nid = pg.room_nid
+                    SELECT c.stream_ordering FROM {events_as("c")} WHERE c.room_nid = pg.room_nid
                     ORDER BY c.stream_ordering DESC LIMIT 1 OFFSET ?) IS NULL THEN NULL ELSE (
-                    SELECT e.stream_ordering FROM events AS e
+                    SELECT e.stream_ordering FROM {events_as("e")}
                     WHERE e.room_nid = pg.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL
                       AND {high_sql} AND {vis}
                     ORDER BY e.stream_ordering DESC LIMIT 1 OFFSET ?) END AS floor
@@ -529,13 +525,13 @@ class TimelineReader:
                 -- (both engines know the word): computed once, not once per
                 -- page room where PostgreSQL expects a single page room.
                 SELECT e.room_nid AS room_nid, e.stream_ordering AS stream_ordering,
-                       (SELECT i.event_id FROM event_ids AS i WHERE i.event_nid = e.event_nid) AS event_id,
+                       {event_id_sql("e.event_nid", "i")} AS event_id,
                        j.room_version AS room_version, j.json AS json, e.redacted AS redacted,
                        {first_redaction_sql("rj.json")} AS redaction_json,
                        {first_redaction_sql("ri.event_id")} AS redaction_id
                 FROM bounds AS b
-                JOIN events AS e ON e.room_nid = b.room_nid AND e.stream_ordering >= COALESCE(b.floor, ?)
-                JOIN event_json AS j ON j.event_nid = e.event_nid
+                {join_events("e", "e.room_nid = b.room_nid AND e.stream_ordering >= COALESCE(b.floor, ?)")}
+                {join_event_json("j", "e.event_nid")}
                 WHERE e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql} AND {vis}
             )
             SELECT p.room_nid, p.activity, p.room_id,
@@ -564,10 +560,5 @@ class TimelineReader:
     def _is_visible_txn(self, txn: Transaction, viewer: Viewer, event_id: str) -> bool:
         viewer = self.viewer_txn(txn, viewer)
         vis, _ = visible_sql("e")
-        row = txn.execute(
-            f"SELECT CASE WHEN {vis} THEN 1 ELSE 0 END FROM events AS e"
-            " WHERE e.event_nid = (SELECT ei.event_nid FROM event_ids AS ei WHERE ei.event_id = ?)"
-            " AND e.outlier = ? AND e.rejected_reason IS NULL",
-            [*viewer.params(), event_id, False],
-        ).fetchone()
+        row = visible_flag_txn(txn, vis, [*viewer.params(), event_id, False])
         return bool(row and row[0])
