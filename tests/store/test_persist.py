@@ -52,7 +52,7 @@ class PersistTests:
     async def test_room_ids_in_the_order_first_seen(self):
         store = await self.open_store()
         self.assertEqual(await store.get_room_ids(), [])
-        first, second = RoomBuilder(), RoomBuilder()
+        first, second = RoomBuilder("!first:example.org"), RoomBuilder("!second:example.org")
         await store.persist_events([second.to_persist(second.create())])
         await store.persist_events([first.to_persist(first.create())])
         self.assertEqual(await store.get_room_ids(), [second.room_id, first.room_id])
