@@ -39,7 +39,7 @@ from roomstore.state.groups import (
     delete_state_groups_txn,
 )
 from roomstore.storage.database import Database
-from roomstore.storage.interning import Interners, room_versions_txn
+from roomstore.storage.interning import Interners, room_ids_txn, room_versions_txn
 from roomstore.storage.writer_lock import WriterLock
 from roomstore.streams.builtin import BUILTIN_STREAMS, open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
@@ -416,6 +416,10 @@ class RoomStore:
     async def get_room_version(self, room_id: str) -> str | None:
         """The room's version, None for a room whose create event is not stored."""
         return (await self._room_versions([room_id])).get(room_id)
+
+    async def get_room_ids(self) -> list[str]:
+        """Every room the store has seen an event of, in the order first seen."""
+        return await self.db.run_interaction("get_room_ids", room_ids_txn)
 
     # --- redaction censoring (roomstore.events.censor)
 

@@ -71,32 +71,7 @@ def update_current_state(w: Any, room_nid: int, room_id: str, position: int) -> 
     if not groups:
         return False
     old_group = rows[0][0]
-    if len(groups) == 1:
-        new_group = groups[0]
-        new_state = w.full_state(new_group)
-    else:
-        states = [w.full_state(g) for g in groups]
-        conflicts = find_conflicts(states)
-        if conflicts and room_id in w.resolved:
-            resolved = w.resolved[room_id]
-            w.intern_keys(resolved)
-            ids = w.p.interners.events.intern(txn, resolved.values())
-            new_state = {w.key_nids[k]: ids[e] for k, e in resolved.items()}
-            base = groups[-1]
-            base_state = w.full_state(base)
-            delta = state_diff(new_state, base_state)
-            new_group = w.new_group(room_nid, None, base, delta) if delta else base
-        elif conflicts:
-            raise w.conflict_error(
-                room_id, conflicts,
-                what=f"the current state of {room_id}: its forward extremities' states",
-                advice="pass a resolved current state for the room (resolved_current_state)",
-            )
-        else:
-            index, new_state = merge_states(states)
-            base = groups[index]
-            delta = state_diff(new_state, states[index])
-            new_group = w.new_group(room_nid, None, base, delta) if delta else base
+    new_group, new_state = _current_group(w, room_nid, room_id, groups)
     if new_group == old_group:
         return False
     old_state = w.full_state(old_group)
@@ -109,17 +84,51 @@ def update_current_state(w: Any, room_nid: int, room_id: str, position: int) -> 
     upserts = sorted((room_nid, k, new_state[k]) for k in changed if k in new_state)
     deltas = [(position, w.p.instance_name, room_nid, k, new_state.get(k), old_state.get(k)) for k in sorted(changed)]
     queue_current_state_changes(txn, removed, upserts, deltas)
-    # Current memberships follow the member keys of current state.
-    member_changes = [k for k in changed if w.key_names[k][0] == MEMBER]
-    if member_changes:
-        w.intern_users(w.key_names[k][1] for k in member_changes)
-        w.load_event_facts([new_state[k] for k in member_changes if k in new_state])
-        gone = [(room_nid, w.user_nids[w.key_names[k][1]]) for k in member_changes if k not in new_state]
-        rows = []
-        for k in member_changes:
-            if k in new_state:
-                event = new_state[k]
-                rows.append((room_nid, w.user_nids[w.key_names[k][1]],
-                             w.membership_of_event.get(event, NO_MEMBERSHIP_CODE), event, position))
-        queue_membership_changes(txn, gone, sorted(rows))
+    _update_current_memberships(w, room_nid, changed, new_state, position)
     return True
+
+
+def _current_group(w: Any, room_nid: int, room_id: str, groups: list[int]) -> tuple[int, dict[int, int]]:
+    """(group, state) of the room's current state from its extremities'
+    ``groups``: the one group, their merge, or the caller's resolved state
+    where they conflict (refused without one)."""
+    if len(groups) == 1:
+        return groups[0], w.full_state(groups[0])
+    states = [w.full_state(g) for g in groups]
+    conflicts = find_conflicts(states)
+    if conflicts and room_id in w.resolved:
+        resolved = w.resolved[room_id]
+        w.intern_keys(resolved)
+        ids = w.p.interners.events.intern(w.txn, resolved.values())
+        new_state = {w.key_nids[k]: ids[e] for k, e in resolved.items()}
+        base = groups[-1]
+        base_state = w.full_state(base)
+    elif conflicts:
+        raise w.conflict_error(
+            room_id, conflicts,
+            what=f"the current state of {room_id}: its forward extremities' states",
+            advice="pass a resolved current state for the room (resolved_current_state)",
+        )
+    else:
+        index, new_state = merge_states(states)
+        base = groups[index]
+        base_state = states[index]
+    delta = state_diff(new_state, base_state)
+    return (w.new_group(room_nid, None, base, delta) if delta else base), new_state
+
+
+def _update_current_memberships(w: Any, room_nid: int, changed: set[int], new_state: dict, position: int) -> None:
+    """Current memberships follow the member keys of current state."""
+    member_changes = [k for k in changed if w.key_names[k][0] == MEMBER]
+    if not member_changes:
+        return
+    w.intern_users(w.key_names[k][1] for k in member_changes)
+    w.load_event_facts([new_state[k] for k in member_changes if k in new_state])
+    gone = [(room_nid, w.user_nids[w.key_names[k][1]]) for k in member_changes if k not in new_state]
+    rows = []
+    for k in member_changes:
+        if k in new_state:
+            event = new_state[k]
+            rows.append((room_nid, w.user_nids[w.key_names[k][1]],
+                         w.membership_of_event.get(event, NO_MEMBERSHIP_CODE), event, position))
+    queue_membership_changes(w.txn, gone, sorted(rows))

@@ -223,6 +223,124 @@ class Viewer:
         )
 
 
+def _sync_candidates(
+    user_nid: int,
+    rooms: list[str] | None,
+    memberships: bool,
+    lower: tuple[int, dict[str, int]],
+    upper: tuple[int, dict[str, int]],
+    window: tuple[str, list],
+) -> tuple[list[str], list]:
+    """Sync's candidate rows ``(event_nid, tl, own)`` as SELECTs to UNION,
+    and their parameters: new events of the rooms (``rooms``, or the joined
+    rooms in SQL when None), and with ``memberships`` the rooms left in the
+    window and the user's own membership events. ``window``: the per-writer
+    stream window on ``e`` (SQL, parameters)."""
+    window_sql, window_params = window
+    # The membership tables carry no instance name: bound them by the
+    # widest window; the exact per-writer window applies to `e`.
+    low_any = min([lower[0], *lower[1].values()])
+    high_any = max([upper[0], *upper[1].values()])
+    candidates: list[str] = []
+    params: list = []
+    if rooms is None:
+        room_sql = f"e.room_nid IN ({joined_room_nids_sql('cm')})"
+        room_params: list = [user_nid, JOIN]
+    elif rooms:
+        room_sql = f"e.room_nid IN ({room_nids_sql('rr', len(rooms))})"
+        room_params = list(rooms)
+    else:
+        room_sql, room_params = "", []
+    if room_sql:
+        candidates.append(
+            f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events_as('e')}"
+            f" WHERE {room_sql} AND {window_sql}"
+        )
+        params += room_params + window_params
+    if memberships:
+        # Rooms the user left (or was kicked or banned from) in the
+        # window: their timeline up to that event, like Synapse's "leave"
+        # section; the visibility filter does the rest.
+        candidates.append(
+            f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events_as('e')}"
+            f" WHERE {left_rooms_sql('e')}"
+            f" AND {left_upto_sql('e')}"
+            f" AND {window_sql}"
+        )
+        params += [user_nid, LEAVE, BAN, low_any, high_any, user_nid, LEAVE, BAN, low_any, high_any]
+        params += window_params
+        # The user's own membership events anywhere, always delivered.
+        candidates.append(own_membership_events_sql())
+        params += [user_nid, low_any, high_any]
+    return candidates, params
+
+
+def _recent_sql(high_sql: str, cursor_sql: str) -> str:
+    """Recent's statement (see ``_recent_txn`` for its rows and parameters)."""
+    vis, _ = visible_sql("e")
+    # What grows with the user's joined rooms is one index entry and one
+    # rooms row a room, sorted once (no materialized list of them, no
+    # second pass to count them); what grows with the page is bounded by
+    # ``events`` a room, not by the rooms' length: each room's newest
+    # events are tested only until enough are visible (``bounds``), then
+    # read from there up (``newest``, which carries what the output needs
+    # of each ``events`` row).
+    return f"""
+        WITH page AS (
+            SELECT a.room_nid AS room_nid, a.activity AS activity, a.room_id AS room_id FROM (
+                -- Newest event of each joined room. rooms.activity is exact
+                -- when every writer has passed it (<= the minimum position of
+                -- the token); only rooms active since then walk the
+                -- (room, stream) index back to the first event under the token.
+                SELECT cm.room_nid AS room_nid, ro.room_id AS room_id, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
+                    SELECT e.stream_ordering FROM {events_as("e")}
+                    WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
+                    ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
+                FROM {current_memberships_as("cm")}
+                {join_rooms("ro", "cm.room_nid")}
+                WHERE cm.user_nid = ? AND cm.membership = ?
+            ) AS a
+            WHERE a.activity IS NOT NULL AND {cursor_sql}
+            ORDER BY a.activity DESC, a.room_nid DESC
+            LIMIT ?
+        ), bounds AS (
+            -- Per page room, the stream ordering of its events-th newest
+            -- visible event: the newest events walked (index order) and
+            -- tested only until that many are visible. NULL (take the
+            -- whole room) when the room has fewer; rooms holding fewer
+            -- events than that skip the walk (an index-only count).
+            SELECT pg.room_nid AS room_nid, CASE WHEN (
+                SELECT c.stream_ordering FROM {events_as("c")} WHERE c.room_nid = pg.room_nid
+                ORDER BY c.stream_ordering DESC LIMIT 1 OFFSET ?) IS NULL THEN NULL ELSE (
+                SELECT e.stream_ordering FROM {events_as("e")}
+                WHERE e.room_nid = pg.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL
+                  AND {high_sql} AND {vis}
+                ORDER BY e.stream_ordering DESC LIMIT 1 OFFSET ?) END AS floor
+            FROM page AS pg
+            ORDER BY pg.activity DESC, pg.room_nid DESC
+            LIMIT ?
+        ), newest AS MATERIALIZED (
+            -- At most ``events`` visible events a room: those from its
+            -- floor up, with what the output needs of each. Materialized
+            -- (both engines know the word): computed once, not once per
+            -- page room where PostgreSQL expects a single page room.
+            SELECT e.room_nid AS room_nid, e.stream_ordering AS stream_ordering,
+                   {event_id_sql("e.event_nid", "i")} AS event_id,
+                   j.room_version AS room_version, j.json AS json, e.redacted AS redacted,
+                   {first_redaction_sql("rj.json")} AS redaction_json,
+                   {first_redaction_sql("ri.event_id")} AS redaction_id
+            FROM bounds AS b
+            {join_events("e", "e.room_nid = b.room_nid AND e.stream_ordering >= COALESCE(b.floor, ?)")}
+            {join_event_json("j", "e.event_nid")}
+            WHERE e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql} AND {vis}
+        )
+        SELECT p.room_nid, p.activity, p.room_id,
+               k.event_id, k.room_version, k.json, k.redacted, k.redaction_json, k.redaction_id
+        FROM page AS p
+        LEFT JOIN newest AS k ON k.room_nid = p.room_nid
+        ORDER BY p.activity DESC, p.room_nid DESC, k.stream_ordering ASC"""
+
+
 # ---------------------------------------------------------------------- the reader
 
 
@@ -328,48 +446,15 @@ class TimelineReader:
         lower: tuple[int, dict[str, int]],
         upper: tuple[int, dict[str, int]],
     ) -> list[tuple]:
+        """Sync's one statement: the candidate events (``_sync_candidates``),
+        then their served columns, visibility and own-membership flags."""
         viewer = self.viewer_txn(txn, viewer)
         if viewer.user_nid is None:
             return []  # never a member of anything, never sent anything
-        user_nid = viewer.user_nid
         low_sql, low_params = stream_bound_sql("e", ">", lower[0], lower[1])
         high_sql, high_params = stream_bound_sql("e", "<=", upper[0], upper[1])
-        # The membership tables carry no instance name: bound them by the
-        # widest window; the exact per-writer window applies to `e` below.
-        low_any = min([lower[0], *lower[1].values()])
-        high_any = max([upper[0], *upper[1].values()])
-
-        candidates: list[str] = []
-        params: list = []
-        if rooms is None:
-            room_sql = f"e.room_nid IN ({joined_room_nids_sql('cm')})"
-            room_params: list = [user_nid, JOIN]
-        elif rooms:
-            room_sql = f"e.room_nid IN ({room_nids_sql('rr', len(rooms))})"
-            room_params = list(rooms)
-        else:
-            room_sql, room_params = "", []
-        if room_sql:
-            candidates.append(
-                f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events_as('e')}"
-                f" WHERE {room_sql} AND {low_sql} AND {high_sql}"
-            )
-            params += room_params + low_params + high_params
-        if memberships:
-            # Rooms the user left (or was kicked or banned from) in the
-            # window: their timeline up to that event, like Synapse's "leave"
-            # section; the visibility filter does the rest.
-            candidates.append(
-                f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events_as('e')}"
-                f" WHERE {left_rooms_sql('e')}"
-                f" AND {left_upto_sql('e')}"
-                f" AND {low_sql} AND {high_sql}"
-            )
-            params += [user_nid, LEAVE, BAN, low_any, high_any, user_nid, LEAVE, BAN, low_any, high_any]
-            params += low_params + high_params
-            # The user's own membership events anywhere, always delivered.
-            candidates.append(own_membership_events_sql())
-            params += [user_nid, low_any, high_any]
+        window = f"{low_sql} AND {high_sql}", low_params + high_params
+        candidates, params = _sync_candidates(viewer.user_nid, rooms, memberships, lower, upper, window)
         if not candidates:
             return []
         vis, _ = visible_sql("e")
@@ -477,68 +562,7 @@ class TimelineReader:
             # Keyset over (activity, room_nid), both descending.
             cursor_sql = "(a.activity < ? OR (a.activity = ? AND a.room_nid < ?))"
             cursor_params = [after[0], after[0], after[1]]
-        vis, _ = visible_sql("e")
-        # What grows with the user's joined rooms is one index entry and one
-        # rooms row a room, sorted once (no materialized list of them, no
-        # second pass to count them); what grows with the page is bounded by
-        # ``events`` a room, not by the rooms' length: each room's newest
-        # events are tested only until enough are visible (``bounds``), then
-        # read from there up (``newest``, which carries what the output needs
-        # of each ``events`` row).
-        sql = f"""
-            WITH page AS (
-                SELECT a.room_nid AS room_nid, a.activity AS activity, a.room_id AS room_id FROM (
-                    -- Newest event of each joined room. rooms.activity is exact
-                    -- when every writer has passed it (<= the minimum position of
-                    -- the token); only rooms active since then walk the
-                    -- (room, stream) index back to the first event under the token.
-                    SELECT cm.room_nid AS room_nid, ro.room_id AS room_id, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
-                        SELECT e.stream_ordering FROM {events_as("e")}
-                        WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
-                        ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
-                    FROM {current_memberships_as("cm")}
-                    {join_rooms("ro", "cm.room_nid")}
-                    WHERE cm.user_nid = ? AND cm.membership = ?
-                ) AS a
-                WHERE a.activity IS NOT NULL AND {cursor_sql}
-                ORDER BY a.activity DESC, a.room_nid DESC
-                LIMIT ?
-            ), bounds AS (
-                -- Per page room, the stream ordering of its events-th newest
-                -- visible event: the newest events walked (index order) and
-                -- tested only until that many are visible. NULL (take the
-                -- whole room) when the room has fewer; rooms holding fewer
-                -- events than that skip the walk (an index-only count).
-                SELECT pg.room_nid AS room_nid, CASE WHEN (
-                    SELECT c.stream_ordering FROM {events_as("c")} WHERE c.room_nid = pg.room_nid
-                    ORDER BY c.stream_ordering DESC LIMIT 1 OFFSET ?) IS NULL THEN NULL ELSE (
-                    SELECT e.stream_ordering FROM {events_as("e")}
-                    WHERE e.room_nid = pg.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL
-                      AND {high_sql} AND {vis}
-                    ORDER BY e.stream_ordering DESC LIMIT 1 OFFSET ?) END AS floor
-                FROM page AS pg
-                ORDER BY pg.activity DESC, pg.room_nid DESC
-                LIMIT ?
-            ), newest AS MATERIALIZED (
-                -- At most ``events`` visible events a room: those from its
-                -- floor up, with what the output needs of each. Materialized
-                -- (both engines know the word): computed once, not once per
-                -- page room where PostgreSQL expects a single page room.
-                SELECT e.room_nid AS room_nid, e.stream_ordering AS stream_ordering,
-                       {event_id_sql("e.event_nid", "i")} AS event_id,
-                       j.room_version AS room_version, j.json AS json, e.redacted AS redacted,
-                       {first_redaction_sql("rj.json")} AS redaction_json,
-                       {first_redaction_sql("ri.event_id")} AS redaction_id
-                FROM bounds AS b
-                {join_events("e", "e.room_nid = b.room_nid AND e.stream_ordering >= COALESCE(b.floor, ?)")}
-                {join_event_json("j", "e.event_nid")}
-                WHERE e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql} AND {vis}
-            )
-            SELECT p.room_nid, p.activity, p.room_id,
-                   k.event_id, k.room_version, k.json, k.redacted, k.redaction_json, k.redaction_id
-            FROM page AS p
-            LEFT JOIN newest AS k ON k.room_nid = p.room_nid
-            ORDER BY p.activity DESC, p.room_nid DESC, k.stream_ordering ASC"""
+        sql = _recent_sql(high_sql, cursor_sql)
         offset = max(events - 1, 0)
         params = [
             min([upper[0], *upper[1].values()]), False, *high_params, viewer.user_nid, JOIN,

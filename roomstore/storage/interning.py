@@ -381,6 +381,11 @@ def key_nids_of_types_txn(txn: Transaction, types: Sequence[str]) -> list[int]:
     return nids
 
 
+def room_ids_txn(txn: Transaction) -> list[str]:
+    """Every interned room ID, in the order the rooms were first seen."""
+    return [r[0] for r in txn.execute("SELECT room_id FROM rooms ORDER BY room_nid").fetchall()]
+
+
 def room_versions_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, str]:
     """room_id -> version of the rooms among ``room_ids`` with a stored create event."""
     result = {}
