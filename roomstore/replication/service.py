@@ -303,7 +303,7 @@ class ReplicationServerService(_AsyncService):
         self.store = await RoomStore.open(self.database, self.store_config, reactor=self.reactor)
         self.factory = ReplicationServerFactory(
             self.server_name, store_stream_registry(self.store), self.reactor,
-            fit_read_ahead(self.config, self.store.db.engine.max_connections), secret=self.secret,
+            fit_read_ahead(self.config, self.store.max_connections), secret=self.secret,
         )
         self._unwire = wire_server(self.store, self.factory.notify_new_rows)
         if self.redis_url is not None:
@@ -477,7 +477,7 @@ class FollowerService(_AsyncService):
             name=self.instance_name,
             source=source,
             positions=" ".join(f"{s}/{i}={t}" for (s, i), t in sorted(positions.items())),
-            store_positions=json.dumps(self.store.events_stream.get_positions(), sort_keys=True),
+            store_positions=json.dumps(self.store.stream("events").get_positions(), sort_keys=True),
         )
         return positions
 
@@ -501,7 +501,7 @@ class FollowerService(_AsyncService):
             instance=instance,
             token=token,
             count=len(rows),
-            linear=self.store.generators[stream].get_current_token(),
+            linear=self.store.stream(stream).get_current_token(),
         )
         if self.on_applied is not None:
             self.on_applied(stream, instance, token, rows)
@@ -511,7 +511,7 @@ class FollowerService(_AsyncService):
         if self._positions.get((stream, instance)) == token:
             return
         log.info("position {stream} {instance} {token} linear={linear}", stream=stream, instance=instance,
-                 token=token, linear=self.store.generators[stream].get_current_token())
+                 token=token, linear=self.store.stream(stream).get_current_token())
         self._positions[(stream, instance)] = token
         if self.positions_file:
             save_positions(self.positions_file, self._positions)

@@ -305,3 +305,8 @@ class Interners:
         self.events = Interner("event_ids", "event_nid", ["event_id"], cache_size)
         self.users = Interner("users", "user_nid", ["user_id"], cache_size)
         self.state_keys = Interner("state_keys", "type_key_nid", ["type", "state_key"], cache_size)
+
+
+def room_ids_txn(txn: Transaction) -> list[str]:
+    """Every stored room's ID, in the order the rooms were first stored."""
+    return [row[0] for row in txn.execute("SELECT room_id FROM rooms ORDER BY room_nid").fetchall()]
