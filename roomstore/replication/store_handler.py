@@ -54,7 +54,7 @@ class StoreReplicationHandler(ReplicationClientHandler):
         them needs applying."""
         positions = StreamPositions()
         for name in STORE_STREAMS:
-            for writer, token in self.store.generators[name].get_positions().items():
+            for writer, token in self.store.stream(name).get_positions().items():
                 positions.set(name, writer, token)
         return positions
 
@@ -62,7 +62,8 @@ class StoreReplicationHandler(ReplicationClientHandler):
         if stream_name == "events":
             self._apply_events(token, rows)
         elif stream_name == "backfill":
-            self._apply_backfill(rows)
+            for row in rows:
+                self.store.replicated_backfill(row[4])
         elif stream_name == "caches":
             for row in rows:
                 self._apply_invalidation(row[0], row[1])
@@ -78,37 +79,20 @@ class StoreReplicationHandler(ReplicationClientHandler):
             self._advance(stream_name, instance_name, new_token)
 
     def _advance(self, stream_name: str, instance_name: str, token: int) -> None:
-        self.store.generators[stream_name].advance(instance_name, token)
+        self.store.stream(stream_name).advance(instance_name, token)
 
     def _apply_events(self, token: int, rows: list) -> None:
-        caches = self.store.caches
+        store = self.store
         for kind, data in rows:
             if kind == "ev":
-                room_id, event_type, state_key, redacts = data[1], data[2], data[3], data[4]
-                caches.room_changed(room_id, token)
-                if event_type == "m.room.member" and state_key is not None:
-                    caches.membership_changed(state_key, token)
-                if redacts:
-                    caches.event_changed(redacts)
+                store.replicated_event(token, data[1], data[2], data[3], data[4])
             elif kind == "state":
-                if data[1] == "m.room.member":
-                    # Current membership moved (also by state resolution, with
-                    # no member event of this user in the batch).
-                    caches.membership_changed(data[2], token)
+                store.replicated_state(token, data[1], data[2])
             elif kind == "state-all":
-                # Synapse's "too many state changes in this room": anyone's
-                # membership there may have moved.
-                caches.room_changed(data[0], token)
-                caches.all_memberships_changed()
-
-    def _apply_backfill(self, rows: list) -> None:
-        # Backfill never moves current state or positions of the events
-        # stream, but an old redaction can redact an event a worker cached.
-        for row in rows:
-            if row[4]:
-                self.store.caches.event_changed(row[4])
+                # Synapse's "too many state changes in this room".
+                store.replicated_state_reset(token, data[0])
 
     def _apply_invalidation(self, cache_name: str, keys: list | None) -> None:
-        self.store.caches.apply_invalidation(cache_name, keys)
+        self.store.replicated_invalidation(cache_name, keys)
         for handler in self._cache_handlers.get(cache_name, ()):
             handler(keys)

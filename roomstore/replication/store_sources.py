@@ -2,8 +2,9 @@
 
 Server side: ``EventsStream``, ``BackfillStream`` and ``CachesStream``
 implement the protocol's ``Stream`` over a ``RoomStore``: tokens and writers
-come from the store's ID generators, rows from its tables (``get_updates``
-reads the rows between two tokens, in bounded pages, never splitting a token).
+come from the store's streams (``RoomStore.stream``), rows from its stream
+reads (``RoomStore.read_events_stream`` and the like: ``get_updates`` reads the
+rows between two tokens, in bounded pages, never splitting a token).
 ``store_stream_registry(store)`` registers all three; ``wire_server`` tells a
 server factory whenever one of them advances.
 
@@ -32,16 +33,12 @@ Rows are Synapse's (matrix-synapse 1.163, ``synapse.replication.tcp.streams``;
 from __future__ import annotations
 
 import bisect
-import json
 import operator
 from typing import Any, Callable, Sequence
 
 from twisted.logger import Logger
 
-from roomstore.events.caches import invalidation_rows_txn
-from roomstore.events.stream_rows import event_fields_txn, event_rows_page_txn, state_rows_txn
 from roomstore.replication.stream_sources import Stream, StreamRegistry, StreamUpdates
-from roomstore.storage.database import Transaction
 from roomstore.store import RoomStore
 
 __all__ = [
@@ -111,7 +108,7 @@ def _whole_token_page(
 
 
 class _GeneratorStream(Stream):
-    """A stream whose writers and tokens are one of the store's ID generators.
+    """A stream whose writers and tokens are one of the store's streams.
 
     ``get_updates`` reads one consistent snapshot (one transaction) and honours
     the whole contract of ``Stream.get_updates``: token order, at most
@@ -119,27 +116,25 @@ class _GeneratorStream(Stream):
     in the range were left out.
     """
 
-    def __init__(self, store: RoomStore, name: str, generator_name: str):
+    def __init__(self, store: RoomStore, name: str):
         self.store = store
         self.name = name
-        self._generator = store.generators[generator_name]
+        self._positions = store.stream(name)
 
     def writers(self) -> Sequence[str]:
-        return list(self._generator.writers)
+        return list(self._positions.writers)
 
     def current_token(self, instance_name: str) -> int:
-        return self._generator.get_current_token_for_writer(instance_name)
+        return self._positions.get_current_token_for_writer(instance_name)
 
     async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> StreamUpdates:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if from_token >= upto_token:
             return StreamUpdates([], upto_token, False)
-        return await self.store.db.run_interaction(
-            f"replication_{self.name}", self._updates_txn, instance_name, from_token, upto_token, limit
-        )
+        return await self._page(instance_name, from_token, upto_token, limit)
 
-    def _updates_txn(self, txn: Transaction, instance: str, from_token: int, upto: int, limit: int) -> StreamUpdates:
+    async def _page(self, instance: str, from_token: int, upto: int, limit: int) -> StreamUpdates:
         raise NotImplementedError
 
 
@@ -147,21 +142,15 @@ class EventsStream(_GeneratorStream):
     """Events in arrival order, with the current-state changes they made."""
 
     def __init__(self, store: RoomStore):
-        super().__init__(store, "events", "events")
+        super().__init__(store, "events")
 
-    def _updates_txn(self, txn, instance, from_token, upto, limit):
-        # One event per stream ordering: `limit + 1` events tell whether the
-        # range holds more than a page.
-        rows = event_rows_page_txn(txn, live=True, instance=instance, from_token=from_token, upto=upto, limit=limit)
-        more = len(rows) > limit
-        rows = rows[:limit]
-        bound = rows[-1][0] if more else upto
+    async def _page(self, instance, from_token, upto, limit):
+        events, state_rows, more = await self.store.read_events_stream(instance, from_token, upto, limit)
+        bound = events[-1][0] if more else upto
         updates = [
             (token, ("ev", (event_id, room_id, typ, key, redacts, None, membership, rejected, outlier)))
-            for token, event_id, room_id, typ, key, redacts, membership, rejected, outlier
-            in event_fields_txn(txn, self.store.interners, rows)
+            for token, event_id, room_id, typ, key, redacts, membership, rejected, outlier in events
         ]
-        state_rows = state_rows_txn(txn, instance, from_token, bound)
         updates = _merge_by_token(updates, [
             (token, ("state", (room, typ, key, event))) for token, room, typ, key, event in state_rows
         ])
@@ -173,39 +162,27 @@ class BackfillStream(_GeneratorStream):
     """Backfilled events; stored with negative stream orderings, sent positive."""
 
     def __init__(self, store: RoomStore):
-        super().__init__(store, "backfill", "backfill")
+        super().__init__(store, "backfill")
 
-    def _updates_txn(self, txn, instance, from_token, upto, limit):
-        rows = event_rows_page_txn(txn, live=False, instance=instance, from_token=from_token, upto=upto, limit=limit)
-        more = len(rows) > limit
-        rows = rows[:limit]
+    async def _page(self, instance, from_token, upto, limit):
+        events, more = await self.store.read_backfill_stream(instance, from_token, upto, limit)
         # Synapse's backfill rows: the first six fields of an ev row, untagged.
         updates = [
             (token, (event_id, room_id, typ, key, redacts, None))
-            for token, event_id, room_id, typ, key, redacts, *_ in event_fields_txn(txn, self.store.interners, rows)
+            for token, event_id, room_id, typ, key, redacts, *_ in events
         ]
-        return _whole_token_page(updates, limit, upto, rows[-1][0] if more else upto, more)
+        return _whole_token_page(updates, limit, upto, events[-1][0] if more else upto, more)
 
 
 class CachesStream(_GeneratorStream):
     """Cache invalidations; several rows may share one stream ID."""
 
     def __init__(self, store: RoomStore):
-        super().__init__(store, "caches", "caches")
+        super().__init__(store, "caches")
 
-    def _updates_txn(self, txn, instance, from_token, upto, limit):
-        rows = invalidation_rows_txn(txn, instance, from_token, upto, limit + 1)
-        more = len(rows) > limit
-        if more:
-            # The row after the page names the first token that may be cut;
-            # every row of the tokens before it was fetched.
-            first_cut = rows[limit][0]
-            rows = [r for r in rows if r[0] < first_cut]
-            if not rows:
-                # The first token alone holds more than `limit` rows: all of it.
-                rows = invalidation_rows_txn(txn, instance, from_token, first_cut)
-                more = bool(invalidation_rows_txn(txn, instance, first_cut, upto, 1))
-        updates = [(sid, (name, None if keys is None else json.loads(keys), ts)) for sid, name, keys, ts in rows]
+    async def _page(self, instance, from_token, upto, limit):
+        rows, more = await self.store.read_caches_stream(instance, from_token, upto, limit)
+        updates = [(sid, (name, keys, ts)) for sid, name, keys, ts in rows]
         if more:
             return StreamUpdates(updates, updates[-1][0], True)
         return StreamUpdates(updates, upto, False)
@@ -265,7 +242,7 @@ def wire_server(store: RoomStore, notify: Callable[[str], None]) -> Callable[[],
     """
     watching = [True]
 
-    def watch(name: str, generator: Any, writer: str) -> None:
+    def watch(name: str, positions: Any, writer: str) -> None:
         def moved(position: int) -> None:
             if not watching[0]:
                 return
@@ -276,14 +253,14 @@ def wire_server(store: RoomStore, notify: Callable[[str], None]) -> Callable[[],
             arm(position)
 
         def arm(position: int) -> None:
-            generator.wait_for_position(position + 1, writer).addCallback(moved)
+            positions.wait_for_position(position + 1, writer).addCallback(moved)
 
-        arm(generator.get_current_token_for_writer(writer))
+        arm(positions.get_current_token_for_writer(writer))
 
     for name in STORE_STREAMS:
-        generator = store.generators[name]
-        for writer in generator.writers:
-            watch(name, generator, writer)
+        positions = store.stream(name)
+        for writer in positions.writers:
+            watch(name, positions, writer)
 
     def stop() -> None:
         watching[0] = False
