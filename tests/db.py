@@ -36,12 +36,34 @@ def postgres_available() -> bool:
     return bool(POSTGRES_ADMIN_URL)
 
 
-def _admin_connect():
+def pg_connect(url: str, **kwargs):
+    """A psycopg2 connection to ``url`` in autocommit (keyword arguments to
+    ``psycopg2.connect``, e.g. ``application_name``)."""
     import psycopg2
 
-    conn = psycopg2.connect(POSTGRES_ADMIN_URL)
+    conn = psycopg2.connect(url, **kwargs)
     conn.autocommit = True
     return conn
+
+
+def pg_query(url: str, sql: str, args: tuple = ()) -> list:
+    """One statement on its own autocommit connection to ``url``: its rows ([] when it returns none)."""
+    conn = pg_connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, args)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()
+
+
+def pg_admin(sql: str, args: tuple = ()) -> list:
+    """:func:`pg_query` as the test server's administrator (``ROOMSTORE_TEST_POSTGRES``)."""
+    return pg_query(POSTGRES_ADMIN_URL, sql, args)
+
+
+def _admin_connect():
+    return pg_connect(POSTGRES_ADMIN_URL)
 
 
 def create_postgres_database(template: str = "template0") -> str:

@@ -31,6 +31,7 @@ import urllib.parse
 from twisted.trial import unittest
 
 from roomstore.replication.store_sources import STORE_STREAMS
+from tests.db import pg_query
 from tests.replication.redis_utils import RedisServer
 from tests.replication.store_utils import reap
 from tests.replication.test_redis_processes import write_chunks
@@ -79,27 +80,10 @@ class OwnPostgres:
         return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "/" + name, "", ""))
 
     def admin(self, sql: str, args: tuple = ()) -> list:
-        import psycopg2
-
-        conn = psycopg2.connect(self.admin_url)
-        conn.autocommit = True
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql, args)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
+        return pg_query(self.admin_url, sql, args)
 
     def query(self, url: str, sql: str) -> list:
-        import psycopg2
-
-        conn = psycopg2.connect(url)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql)
-                return cur.fetchall()
-        finally:
-            conn.close()
+        return pg_query(url, sql)
 
     def restart(self) -> None:
         """``pg_ctl restart -m immediate``: every process of the server killed, crash recovery at start."""

@@ -21,6 +21,7 @@ parameters, so those statements inline integers too).
 
 from __future__ import annotations
 
+from roomstore.compaction import plan_sql
 from roomstore.compaction.chunks import CHECKSUM_SQL
 from roomstore.state import group_tables as groups
 from roomstore.state.group_tables import MAX_STATE_GROUP, ROOM_DELTAS, ROOM_GROUPS, jdbc_deltas, jdbc_groups  # noqa: F401
@@ -45,52 +46,25 @@ def _and(where: str) -> str:
 
 
 # ---------------------------------------------------------------------------
-# reading the state tables to plan a run
+# reading the state tables to plan a run (the statements: plan_sql's)
 
 SCHEMA_VERSION = "SELECT version FROM schema_version"
 
 
 def group_bounds(where: str = "") -> str:
-    """MIN, MAX, COUNT of the groups up to ``?`` (the run's snapshot_max)."""
-    return f"SELECT MIN(state_group), MAX(state_group), COUNT(*) FROM {_GROUPS} WHERE state_group <= ?{_and(where)}"
+    return plan_sql.group_bounds(_GROUPS, where)
 
 
 def count_rooms(where: str = "") -> str:
-    return f"SELECT COUNT(DISTINCT room_nid) FROM {_GROUPS} WHERE state_group <= ?{_and(where)}"
-
-
-def _numbered(where: str) -> str:
-    # Rooms with more than ? groups up to ? (snapshot_max), their groups
-    # numbered in id order (a window over the (room_nid, state_group) index).
-    # Parameters: snapshot_max, chunk size, snapshot_max.
-    extra = _and(where)
-    return (
-        f"WITH big AS (SELECT room_nid FROM {_GROUPS} WHERE state_group <= ?{extra}"
-        " GROUP BY room_nid HAVING COUNT(*) > ?),"
-        " numbered AS (SELECT state_group, room_nid, prev_state_group,"
-        "  (ROW_NUMBER() OVER (PARTITION BY room_nid ORDER BY state_group) - 1) AS pos"
-        f"  FROM {_GROUPS} WHERE state_group <= ?{extra} AND room_nid IN (SELECT room_nid FROM big))"
-    )
+    return plan_sql.count_rooms(_GROUPS, where)
 
 
 def chunk_starts(where: str, chunk_groups: int) -> str:
-    """``(room_nid, state_group)``: the first group of each chunk after a room's first."""
-    n = int(chunk_groups)
-    return (
-        _numbered(where) + f" SELECT room_nid, state_group FROM numbered WHERE pos > 0 AND pos % {n} = 0"
-        " ORDER BY room_nid, state_group"
-    )
+    return plan_sql.chunk_starts(_GROUPS, _GROUPS, where, chunk_groups)
 
 
 def chunk_links(where: str, chunk_groups: int) -> str:
-    """``(room_nid, chunk, prev_state_group)`` of every predecessor link that
-    crosses from a chunk into an earlier one."""
-    n = int(chunk_groups)
-    return (
-        _numbered(where) + f" SELECT g.room_nid, g.pos / {n}, g.prev_state_group FROM numbered g"
-        " JOIN numbered p ON p.state_group = g.prev_state_group AND p.room_nid = g.room_nid"
-        f" WHERE g.pos / {n} <> p.pos / {n}"
-    )
+    return plan_sql.chunk_links(_GROUPS, _GROUPS, where, chunk_groups)
 
 
 def room_nids(count: int) -> str:
@@ -102,10 +76,7 @@ def room_ids_where(where: str = "") -> str:
     return room_ids_of_sql(groups.rooms_with_groups_sql(where))
 
 
-LARGEST_ROOMS = (
-    f"SELECT room_nid, COUNT(*) AS n FROM {_GROUPS} WHERE state_group <= ?"
-    " GROUP BY room_nid ORDER BY n DESC, room_nid LIMIT ?"
-)
+LARGEST_ROOMS = plan_sql.largest_rooms(_GROUPS)
 
 
 def rooms_not_done(run_id: int) -> str:

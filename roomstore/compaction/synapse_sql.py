@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from roomstore.compaction import plan_sql
+
 #: A bound above every state group id.
 ANY_GROUP = 2**63 - 1
 PREFIX = "roomstore_compressor_"
@@ -68,39 +70,19 @@ MAX_STATE_GROUP = "SELECT COALESCE(MAX(id), 0) FROM state_groups"
 
 
 def group_bounds(where: str = "") -> str:
-    return f"SELECT MIN(state_group), MAX(state_group), COUNT(*) FROM {_GROUPS} g WHERE state_group <= ?{_and(where)}"
+    return plan_sql.group_bounds(f"{_GROUPS} g", where)
 
 
 def count_rooms(where: str = "") -> str:
-    return f"SELECT COUNT(DISTINCT room_nid) FROM {_GROUPS} g WHERE state_group <= ?{_and(where)}"
-
-
-def _numbered(where: str) -> str:
-    extra = _and(where)
-    return (
-        f"WITH big AS (SELECT room_nid FROM {_GROUPS} g WHERE state_group <= ?{extra}"
-        " GROUP BY room_nid HAVING COUNT(*) > ?),"
-        " numbered AS (SELECT state_group, room_nid, prev_state_group,"
-        "  (ROW_NUMBER() OVER (PARTITION BY room_nid ORDER BY state_group) - 1) AS pos"
-        f"  FROM {_GROUPS_EDGES} g WHERE state_group <= ?{extra} AND room_nid IN (SELECT room_nid FROM big))"
-    )
+    return plan_sql.count_rooms(f"{_GROUPS} g", where)
 
 
 def chunk_starts(where: str, chunk_groups: int) -> str:
-    n = int(chunk_groups)
-    return (
-        _numbered(where) + f" SELECT room_nid, state_group FROM numbered WHERE pos > 0 AND pos % {n} = 0"
-        " ORDER BY room_nid, state_group"
-    )
+    return plan_sql.chunk_starts(f"{_GROUPS} g", f"{_GROUPS_EDGES} g", where, chunk_groups)
 
 
 def chunk_links(where: str, chunk_groups: int) -> str:
-    n = int(chunk_groups)
-    return (
-        _numbered(where) + f" SELECT g.room_nid, g.pos / {n}, g.prev_state_group FROM numbered g"
-        " JOIN numbered p ON p.state_group = g.prev_state_group AND p.room_nid = g.room_nid"
-        f" WHERE g.pos / {n} <> p.pos / {n}"
-    )
+    return plan_sql.chunk_links(f"{_GROUPS} g", f"{_GROUPS_EDGES} g", where, chunk_groups)
 
 
 def room_nids(count: int) -> str:
@@ -113,10 +95,7 @@ def room_ids_where(where: str = "") -> str:
     return f"SELECT DISTINCT room_nid, room_id FROM {_GROUPS} g WHERE state_group <= ?{_and(where)}"
 
 
-LARGEST_ROOMS = (
-    f"SELECT room_nid, COUNT(*) AS n FROM {_GROUPS} g WHERE state_group <= ?"
-    " GROUP BY room_nid ORDER BY n DESC, room_nid LIMIT ?"
-)
+LARGEST_ROOMS = plan_sql.largest_rooms(f"{_GROUPS} g")
 #: Distinct room IDs and distinct room numbers (a collision of the 60-bit hash would make them differ).
 ROOM_NID_COLLISIONS = f"SELECT COUNT(DISTINCT room_id), COUNT(DISTINCT {room_nid('room_id')}) FROM state_groups"
 

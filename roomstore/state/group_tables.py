@@ -134,7 +134,7 @@ FULL_STATE_SQL = full_state_sql()
 
 #: The walk of one group that also yields each group's sole delta row
 #: (schema version 6: ``state_groups.sole_*``, NULL unless the group's delta
-#: is exactly one row), where ``engine.walk_reads_sole_deltas``. A join, not
+#: is exactly one row), on the engines of :data:`_WALKS_SOLE_DELTAS`. A join, not
 #: a scalar subquery: a step reads three columns. It ends at a snapshot, or
 #: at a group that does not exist.
 _SOLE_CHAIN = """chain(state_group, prev_state_group, hops, sole_key, sole_event) AS (
@@ -145,7 +145,16 @@ _SOLE_CHAIN = """chain(state_group, prev_state_group, hops, sole_key, sole_event
     FROM chain JOIN state_groups AS g ON g.state_group = chain.prev_state_group
 )"""
 
-_PACKED_SQL: dict[type, str] = {}
+#: Engines (by name) whose full-state walk joins ``state_groups`` and takes
+#: each one-row group's delta from the group's own row (``sole_*``;
+#: PostgreSQL: from the primary key's index alone, see
+#: ``02_state_group_walk.postgres.sql``). SQLite walks with a scalar subquery
+#: instead (a join there is planned with a Bloom filter over the whole table)
+#: and reads every group's rows. A choice of this one statement, so it is made
+#: here rather than as a flag on the engine.
+_WALKS_SOLE_DELTAS = frozenset({"postgres"})
+
+_PACKED_SQL: dict[str, str] = {}
 
 
 def packed_full_state_sql(engine: Any) -> str:
@@ -155,7 +164,7 @@ def packed_full_state_sql(engine: Any) -> str:
 
     ``packed`` holds a group's delta rows as ``engine.packed_ints_sql`` packs
     them (the keys, the events), or is NULL when the row's own key and event
-    are the group's only delta row. Where ``engine.walk_reads_sole_deltas``
+    are the group's only delta row. On the engines of :data:`_WALKS_SOLE_DELTAS`
     (PostgreSQL) the walk takes one-row deltas from the group's row, and only
     the other groups (snapshots, larger deltas) probe ``state_group_deltas``;
     elsewhere (SQLite) every group's rows are packed.
@@ -169,10 +178,10 @@ def packed_full_state_sql(engine: Any) -> str:
     PostgreSQL without the sole rows, packing every group made random groups
     slower (0.68-0.72 against 0.58 ms): an aggregate per hop.
     """
-    sql = _PACKED_SQL.get(type(engine))
+    sql = _PACKED_SQL.get(engine.name)
     if sql is None:
         packed = engine.packed_ints_sql(["d.type_key_nid", "d.event_nid"])
-        if engine.walk_reads_sole_deltas:
+        if engine.name in _WALKS_SOLE_DELTAS:
             sql = f"""
 WITH RECURSIVE {_SOLE_CHAIN}
 SELECT chain.hops, chain.sole_key, chain.sole_event, NULL FROM chain WHERE chain.sole_key IS NOT NULL
@@ -186,7 +195,7 @@ WITH RECURSIVE {_ONE_GROUP_CHAIN}
 SELECT chain.hops, NULL, NULL, (SELECT {packed} FROM state_group_deltas AS d WHERE d.state_group = chain.state_group)
 FROM chain WHERE chain.state_group IS NOT NULL
 """
-        _PACKED_SQL[type(engine)] = sql
+        _PACKED_SQL[engine.name] = sql
     return sql
 
 

@@ -194,22 +194,12 @@ class Engine:
     def describe(self) -> str:
         raise NotImplementedError
 
-    # --- offline jobs (state compaction): row locks, bulk loads, Spark's JDBC reads
+    # --- offline jobs (state compaction): row locks, bulk loads (Spark's JDBC
+    # settings are the job's: roomstore.compaction.job.jdbc)
 
     #: SQL suffix that row-locks what a SELECT returns until commit; "" where a
     #: write transaction already excludes every other writer.
     for_update: str = ""
-    #: Spark reads through JDBC: the driver class, the environment variable
-    #: naming its jar, the jar's default path, and the Debian package with it.
-    jdbc_driver: str = ""
-    jdbc_jar_env: str = ""
-    jdbc_jar_default: str = ""
-    jdbc_jar_package: str = ""
-
-    def jdbc_url(self) -> tuple[str, dict[str, str]]:
-        """The JDBC URL of this database and its connection properties."""
-        raise NotImplementedError
-
     def bulk_insert(
         self, cursor: Any, table: str, columns: str, rows: Sequence[tuple], text: Callable[[Any], str] = str
     ) -> None:
@@ -230,13 +220,6 @@ class Engine:
     #: (``CROSS JOIN LATERAL``, PostgreSQL); elsewhere a per-row search is
     #: written as a correlated ``IN`` (SQLite runs it once per outer row).
     lateral_joins: bool = False
-
-    #: True where the full-state walk joins ``state_groups`` and takes each
-    #: one-row group's delta from the group's own row (``sole_*`` columns,
-    #: schema version 6; PostgreSQL: from the primary key's index alone).
-    #: SQLite walks with a scalar subquery instead (a join there is planned
-    #: with a Bloom filter over the whole table) and reads every group's rows.
-    walk_reads_sole_deltas: bool = False
 
     def packed_ints_sql(self, columns: Sequence[str]) -> str:
         """An aggregate that packs the integer ``columns`` of the rows it sees
@@ -358,14 +341,6 @@ class SqliteEngine(Engine):
     def describe(self) -> str:
         return f"sqlite:///{self.path}"
 
-    # --- offline jobs (see Engine)
-    jdbc_driver = "org.sqlite.JDBC"
-    jdbc_jar_env = "ROOMSTORE_SQLITE_JDBC_JAR"
-    jdbc_jar_default = "/usr/share/java/sqlite-jdbc.jar"
-    jdbc_jar_package = "libxerial-sqlite-jdbc-java"
-
-    def jdbc_url(self) -> tuple[str, dict[str, str]]:
-        return f"jdbc:sqlite:{os.path.abspath(self.path)}", {}
 
 
 @attrs.define
@@ -581,23 +556,6 @@ class PostgresEngine(Engine):
 
     # --- offline jobs (see Engine)
     for_update = " FOR UPDATE"
-    jdbc_driver = "org.postgresql.Driver"
-    jdbc_jar_env = "ROOMSTORE_POSTGRES_JDBC_JAR"
-    jdbc_jar_default = "/usr/share/java/postgresql.jar"
-    jdbc_jar_package = "libpostgresql-jdbc-java"
-
-    def jdbc_url(self) -> tuple[str, dict[str, str]]:
-        parsed = urllib.parse.urlsplit(self.dsn)
-        props: dict[str, str] = {}
-        if parsed.username:
-            props["user"] = urllib.parse.unquote(parsed.username)
-        if parsed.password:
-            props["password"] = urllib.parse.unquote(parsed.password)
-        props.update(urllib.parse.parse_qsl(parsed.query))
-        host = parsed.hostname or "localhost"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"jdbc:postgresql://{host}:{parsed.port or 5432}{parsed.path}", props
 
     def bulk_insert(
         self, cursor: Any, table: str, columns: str, rows: Sequence[tuple], text: Callable[[Any], str] = str
@@ -621,7 +579,6 @@ class PostgresEngine(Engine):
 
     # --- Reading (see Engine) -----------------------------------------------
     lateral_joins = True
-    walk_reads_sole_deltas = True
 
     def packed_ints_sql(self, columns: Sequence[str]) -> str:
         # A two-dimensional BIGINT array, one row per column; psycopg2 parses

@@ -8,7 +8,11 @@ classes with what ``PostgresEngine`` keeps on them.
   round trip instead of psycopg2's two; ``commit()`` and ``rollback()`` send
   ``COMMIT``/``ROLLBACK`` only when a ``BEGIN`` went out.
 
-Imported by ``engines.py`` only; psycopg2 is imported when first needed.
+* Advisory locks (the writer lock, ``writer_lock.py``): taking, checking,
+  naming the holder of, and releasing one, on a session connection.
+
+Imported by ``engines.py`` and ``writer_lock.py``; psycopg2 is imported when
+first needed.
 """
 
 from __future__ import annotations
@@ -118,6 +122,47 @@ def preparing_connection() -> type:
 #: statement (the isolation level psycopg2 would have asked for).
 _BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ; "
 _BEGIN_BYTES = _BEGIN.encode()
+
+
+# ---------------------------------------------------------------- advisory locks
+# ``key``: the two-int form, (classid, objid); pg_locks shows each half as an
+# oid (its low 32 bits) with objsubid 2.
+
+
+def try_advisory_lock(cursor: Any, key: tuple[int, int]) -> bool:
+    """Take the session-level advisory lock ``key`` if free."""
+    cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
+    return bool(cursor.fetchone()[0])
+
+
+def holds_advisory_lock(cursor: Any, key: tuple[int, int]) -> bool:
+    """True while this session holds the advisory lock ``key``."""
+    classid, objid = key
+    cursor.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()"
+        " AND classid = %s::oid AND objid = %s::oid AND objsubid = 2",
+        (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF),
+    )
+    return bool(cursor.fetchone()[0])
+
+
+def advisory_lock_holder(cursor: Any, key: tuple[int, int]) -> tuple | None:
+    """(application_name, client address, backend start) of the session holding the advisory lock ``key``."""
+    classid, objid = key
+    cursor.execute(
+        "SELECT a.application_name, a.client_addr, a.backend_start FROM pg_locks AS l"
+        " JOIN pg_stat_activity AS a ON a.pid = l.pid"
+        " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
+        " AND l.objsubid = 2"
+        # Advisory locks are per database: the same key elsewhere is someone else's.
+        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF),
+    )
+    return cursor.fetchone()
+
+
+def advisory_unlock(cursor: Any, key: tuple[int, int]) -> None:
+    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
 
 
 #: COPY's text format: backslash escapes for the characters that delimit it.

@@ -91,6 +91,18 @@ def _delta_files(base: Path, version: int, engine_name: str) -> list[Path]:
     return _files_for(directory, lambda name: True, engine_name)
 
 
+def _stored_version(txn: Transaction, target: int, remedy: str) -> int:
+    """The version in ``schema_version``; raises ``SchemaError`` when the
+    table is empty and ``SchemaTooNewError`` (ending with ``remedy``) when
+    the version is newer than ``target``."""
+    current = txn.select_one_value("SELECT version FROM schema_version")
+    if current is None:
+        raise SchemaError("schema_version table is empty: the database is damaged")
+    if current > target:
+        raise SchemaTooNewError(f"database schema is version {current}, newer than this code's {target}: {remedy}")
+    return current
+
+
 def prepare_database(txn: Transaction, override_dir: str | None = None, target: int | None = None) -> int:
     """Create or upgrade the schema to ``target`` (default ``SCHEMA_VERSION``).
 
@@ -103,15 +115,7 @@ def prepare_database(txn: Transaction, override_dir: str | None = None, target: 
     engine.lock_schema(txn._cursor)
 
     if engine.table_exists(txn._cursor, "schema_version"):
-        current = txn.select_one_value("SELECT version FROM schema_version")
-        if current is None:
-            raise SchemaError("schema_version table is empty: the database is damaged")
-        if current > target:
-            raise SchemaTooNewError(
-                f"database schema is version {current}, newer than this code's {target}: "
-                "upgrade roomstore, or restore a backup taken before the upgrade"
-            )
-        start = current
+        start = _stored_version(txn, target, "upgrade roomstore, or restore a backup taken before the upgrade")
     else:
         fulls = [v for v in _full_versions(base) if v <= target]
         if not fulls:
@@ -152,13 +156,7 @@ def check_schema_txn(txn: Transaction, target: int | None = None) -> int:
     if not engine.table_exists(txn._cursor, "schema_version"):
         raise SchemaError(f"{where} has no roomstore schema: create it with `roomstore init --db {where}`"
                           " (read commands write nothing)")
-    current = txn.select_one_value("SELECT version FROM schema_version")
-    if current is None:
-        raise SchemaError("schema_version table is empty: the database is damaged")
-    if current > target:
-        raise SchemaTooNewError(
-            f"database schema is version {current}, newer than this code's {target}: upgrade roomstore"
-        )
+    current = _stored_version(txn, target, "upgrade roomstore")
     if current < target:
         raise SchemaError(f"database schema is version {current}, older than this roomstore's {target}: upgrade it"
                           f" with `roomstore init --db {where}` (read commands write nothing)")

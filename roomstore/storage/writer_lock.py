@@ -39,6 +39,7 @@ from typing import Any
 from twisted.logger import Logger
 
 from roomstore.storage.engines import DatabaseConfigError
+from roomstore.storage.pg_connection import advisory_lock_holder, advisory_unlock, holds_advisory_lock, try_advisory_lock
 
 __all__ = ["WriterLock", "WriterLockHeld", "WriterLockLost", "writer_lock_key"]
 
@@ -213,10 +214,9 @@ def _pg_acquire(engine: Any, instance_name: str) -> Any:
     try:
         with conn.cursor() as cur:
             while True:
-                cur.execute("SELECT pg_try_advisory_lock(%s, %s)", writer_lock_key(instance_name))
-                if cur.fetchone()[0]:
+                if try_advisory_lock(cur, writer_lock_key(instance_name)):
                     return conn
-                row = _pg_holder(cur, instance_name)
+                row = advisory_lock_holder(cur, writer_lock_key(instance_name))
                 # A writer restarted right after being killed can find its
                 # predecessor's session not yet ended by the server: wait for
                 # it, but only when the holder is provably dead (its pid on
@@ -247,13 +247,7 @@ def _pg_recheck(engine: Any, held: tuple) -> tuple[str, Any]:
     conn, instance_name = held[0], held[1]
     try:
         with conn.cursor() as cur:
-            classid, objid = writer_lock_key(instance_name)
-            cur.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()"
-                " AND classid = %s::oid AND objid = %s::oid AND objsubid = 2",
-                (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF),
-            )
-            if cur.fetchone()[0]:
+            if holds_advisory_lock(cur, writer_lock_key(instance_name)):
                 return "held", None
             # The session lives but the lock is gone (unlocked by hand): take it again below.
     except Exception:
@@ -269,10 +263,9 @@ def _pg_recheck(engine: Any, held: tuple) -> tuple[str, Any]:
         return "down", None
     try:
         with new.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", writer_lock_key(instance_name))
-            if cur.fetchone()[0]:
+            if try_advisory_lock(cur, writer_lock_key(instance_name)):
                 return "retaken", new
-            row = _pg_holder(cur, instance_name)
+            row = advisory_lock_holder(cur, writer_lock_key(instance_name))
     except Exception:
         new.close()
         return "down", None
@@ -282,21 +275,6 @@ def _pg_recheck(engine: Any, held: tuple) -> tuple[str, Any]:
     named = _holder_of(row[0])
     pid, host = named if named is not None else ((row[0] or "?"), "")
     return "taken", f"pid {pid} on {host or row[1] or '?'}"
-
-
-def _pg_holder(cur: Any, instance_name: str) -> tuple | None:
-    """(application_name, client address, backend start) of the session holding the lock."""
-    classid, objid = writer_lock_key(instance_name)
-    cur.execute(
-        "SELECT a.application_name, a.client_addr, a.backend_start FROM pg_locks AS l"
-        " JOIN pg_stat_activity AS a ON a.pid = l.pid"
-        " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
-        " AND l.objsubid = 2"
-        # Advisory locks are per database: the same key elsewhere is someone else's.
-        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF),
-    )
-    return cur.fetchone()
 
 
 def _holder_of(application_name: str | None) -> tuple[str, str] | None:
@@ -329,7 +307,7 @@ def _pg_release(held: tuple[Any, str]) -> None:
         # Unlocked before closing: the server ends a closed session a moment
         # later, and a successor starting at once must find the lock free.
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_unlock(%s, %s)", writer_lock_key(instance_name))
+            advisory_unlock(cur, writer_lock_key(instance_name))
     except Exception:
         pass
     finally:

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 from twisted.trial import unittest
 
 from tests.compaction.test_spark_job import FAST_START, WRAPPER, job_env
+from tests.db import pg_connect, pg_query
 from tests.synapse_oracle import prepare_synapse
 
 PREFIX = "roomstore_compressor_"
@@ -42,24 +43,6 @@ def exclusive(server):
     from tests.synapse_server import exclusive as lock
 
     return lock(server)
-
-
-def connect(dsn: str):
-    import psycopg2
-
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    return conn
-
-
-def query(dsn: str, sql: str, args: tuple = ()) -> list:
-    conn = connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql, args)
-            return cur.fetchall() if cur.description else []
-    finally:
-        conn.close()
 
 
 class SynapseOracle:
@@ -90,7 +73,7 @@ class SynapseOracle:
         self.function = StateGroupBackgroundUpdateStore._get_state_groups_from_groups_txn
 
     def states(self, dsn: str, groups: List[int]) -> Dict[int, dict]:
-        conn = connect(dsn)
+        conn = pg_connect(dsn)
         try:
             out: Dict[int, dict] = {}
             with conn.cursor() as cur:
@@ -105,14 +88,14 @@ class SynapseOracle:
 
 
 def all_groups(dsn: str) -> List[int]:
-    return [r[0] for r in query(dsn, "SELECT id FROM state_groups ORDER BY id")]
+    return [r[0] for r in pg_query(dsn, "SELECT id FROM state_groups ORDER BY id")]
 
 
 def representation(dsn: str, groups: Optional[List[int]] = None) -> list:
     """Every group's edge and rows, as stored."""
     cond = "" if groups is None else " WHERE g.id = ANY(%s)"
     args = () if groups is None else (list(groups),)
-    return query(
+    return pg_query(
         dsn,
         "SELECT g.id, e.prev_state_group, (SELECT array_agg(s.type || '|' || s.state_key || '|' || s.event_id"
         " ORDER BY s.type, s.state_key) FROM state_groups_state s WHERE s.state_group = g.id)"
@@ -123,15 +106,15 @@ def representation(dsn: str, groups: Optional[List[int]] = None) -> list:
 
 def schema_of_synapse_tables(dsn: str) -> list:
     """Columns, indexes and constraints of Synapse's state tables."""
-    columns = query(
+    columns = pg_query(
         dsn,
         "SELECT table_name, column_name, data_type, is_nullable, column_default FROM information_schema.columns"
         " WHERE table_name = ANY(%s) ORDER BY table_name, ordinal_position",
         (list(SYNAPSE_TABLES),),
     )
-    indexes = query(dsn, "SELECT tablename, indexdef FROM pg_indexes WHERE tablename = ANY(%s) ORDER BY 1, 2",
+    indexes = pg_query(dsn, "SELECT tablename, indexdef FROM pg_indexes WHERE tablename = ANY(%s) ORDER BY 1, 2",
                     (list(SYNAPSE_TABLES),))
-    constraints = query(
+    constraints = pg_query(
         dsn,
         "SELECT conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint"
         " WHERE conrelid::regclass::text = ANY(%s) ORDER BY 1, 2",
@@ -147,7 +130,7 @@ def insert_chain_room(dsn: str, room_id: str, groups: int, seed: int) -> List[in
     group the state group of one (made-up) event in ``event_to_state_groups``."""
     rng = random.Random(seed)
     tag = room_id[1:].split(":")[0]
-    conn = connect(dsn)
+    conn = pg_connect(dsn)
     ids: List[int] = []
     states: Dict[int, Dict[Tuple[str, str], str]] = {}
     hops: Dict[int, int] = {}
@@ -232,7 +215,7 @@ def run_job(dsn: str, *args: str, timeout: float = 900) -> Tuple[int, str, dict]
 
 
 def own_tables(dsn: str) -> List[str]:
-    return [r[0] for r in query(dsn, "SELECT tablename FROM pg_tables WHERE tablename LIKE %s ORDER BY 1", (PREFIX + "%",))]
+    return [r[0] for r in pg_query(dsn, "SELECT tablename FROM pg_tables WHERE tablename LIKE %s ORDER BY 1", (PREFIX + "%",))]
 
 
 class SynapseCompactionTests(unittest.TestCase):
@@ -257,11 +240,11 @@ class SynapseCompactionTests(unittest.TestCase):
         self.rooms_spec = ",".join([self.api_room] + self.chain_rooms)
 
     def mark_pending_deletion(self, group: int) -> None:
-        query(self.dsn, "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, %s)",
+        pg_query(self.dsn, "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, %s)",
               (group, int(time.time() * 1000)))
 
     def rows_of_rooms(self) -> int:
-        return query(self.dsn, "SELECT COUNT(*) FROM state_groups_state WHERE room_id = ANY(%s)",
+        return pg_query(self.dsn, "SELECT COUNT(*) FROM state_groups_state WHERE room_id = ANY(%s)",
                      ([self.api_room] + self.chain_rooms,))[0][0]
 
     def test_dry_run_run_rerun(self) -> None:
@@ -295,7 +278,7 @@ class SynapseCompactionTests(unittest.TestCase):
         def add_groups_once_started() -> None:
             deadline = time.time() + 300
             while time.time() < deadline:
-                if PREFIX + "runs" in own_tables(dsn) and query(
+                if PREFIX + "runs" in own_tables(dsn) and pg_query(
                         dsn, f"SELECT 1 FROM {PREFIX}runs WHERE finished_ts IS NULL"):
                     break
                 time.sleep(0.2)
@@ -303,7 +286,7 @@ class SynapseCompactionTests(unittest.TestCase):
             served = self.alice._call("GET", self.alice._room(self.api_room) + "/state")
             self.api_state = sorted((e["type"], e["state_key"], e["event_id"]) for e in served)
             last = self.chains[extra_room][-1]
-            conn = connect(dsn)
+            conn = pg_connect(dsn)
             with conn.cursor() as cur:
                 cur.execute("SELECT nextval('state_group_id_seq')")
                 gid = cur.fetchone()[0]
@@ -346,7 +329,7 @@ class SynapseCompactionTests(unittest.TestCase):
         self.assertEqual(late_state[("m.room.topic", "")], "$late-topic")
         # Synapse's table definitions as they were; chains within the hop bound.
         self.assertEqual(schema_of_synapse_tables(dsn), schema_before)
-        deepest = query(
+        deepest = pg_query(
             dsn,
             "WITH RECURSIVE walk(g, n) AS (SELECT id, 0 FROM state_groups WHERE room_id = ANY(%s)"
             " UNION ALL SELECT e.prev_state_group, w.n + 1 FROM walk w JOIN state_group_edges e ON e.state_group = w.g)"
@@ -395,7 +378,7 @@ class SynapseSwapTests(unittest.TestCase):
         self.oracle = SynapseOracle()
         self.room = f"!swap{os.urandom(3).hex()}:synapse.test"
         self.ids = insert_chain_room(self.dsn, self.room, 6, seed=7)
-        self.nid = query(self.dsn, f"SELECT {synapse_sql.room_nid('%s')}", (self.room,))[0][0]
+        self.nid = pg_query(self.dsn, f"SELECT {synapse_sql.room_nid('%s')}", (self.room,))[0][0]
         self.writer = CompactionWriter(self.dsn, tables=SynapseTables(), heartbeat_s=0)
         self.addCleanup(self.writer.close)
         self.writer.check_schema()
@@ -413,8 +396,8 @@ class SynapseSwapTests(unittest.TestCase):
         states = self.oracle.states(self.dsn, ids[:4])
         groups = []
         for g in ids[1:4]:
-            rows = query(self.dsn, "SELECT type, state_key, event_id FROM state_groups_state WHERE state_group = %s", (g,))
-            prev = query(self.dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (g,))[0][0]
+            rows = pg_query(self.dsn, "SELECT type, state_key, event_id FROM state_groups_state WHERE state_group = %s", (g,))
+            prev = pg_query(self.dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (g,))[0][0]
             checksum = sum(text_row_checksum(*r) for r in rows)
             rewrite = g == ids[3]
             groups.append((g, prev, len(rows), checksum, ids[0] if rewrite else prev, 0, 1 if rewrite else 0))
@@ -449,23 +432,23 @@ class SynapseSwapTests(unittest.TestCase):
         for reason, group, make, undo in cases:
             chunk = self.chunk()
             self.writer.stage_chunk(self.run, chunk)
-            query(dsn, make, (group,))
+            pg_query(dsn, make, (group,))
             try:
                 result = self.writer.swap_chunk(self.run, self.nid, chunk.first_group, (chunk.last_group, 0, 0, 1))
             finally:
-                query(dsn, undo, (group,))
+                pg_query(dsn, undo, (group,))
             self.assertEqual(result.status, "changed_underneath", reason)
             self.assertIn(f"state group {group} {reason}", result.detail)
             self.assertEqual(representation(dsn, ids), stored, reason)
         result = self.swap()
         self.assertEqual(result.status, "swapped")
         self.assertGreater(result.rows_deleted, 0)
-        self.assertEqual(query(dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (ids[3],)),
+        self.assertEqual(pg_query(dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (ids[3],)),
                          [(ids[0],)])
         self.assertEqual(self.oracle.states(dsn, ids), before)
-        self.assertEqual(query(dsn, f"SELECT first_group, last_group FROM {PREFIX}chunks WHERE run_id = %s",
+        self.assertEqual(pg_query(dsn, f"SELECT first_group, last_group FROM {PREFIX}chunks WHERE run_id = %s",
                                (self.run.run_id,)), [(ids[1], ids[3])])
-        self.assertEqual(query(dsn, f"SELECT COUNT(*) FROM {PREFIX}staged_deltas WHERE run_id = %s",
+        self.assertEqual(pg_query(dsn, f"SELECT COUNT(*) FROM {PREFIX}staged_deltas WHERE run_id = %s",
                                (self.run.run_id,)), [(0,)])
 
 
@@ -527,7 +510,7 @@ class SynapseLiveTests(unittest.TestCase):
                 try:
                     deadline = time.monotonic() + 600
                     while True:
-                        if PREFIX + "rooms" in own_tables(dsn) and query(
+                        if PREFIX + "rooms" in own_tables(dsn) and pg_query(
                                 dsn, f"SELECT COUNT(*) FROM {PREFIX}rooms o JOIN {PREFIX}runs r USING (run_id)"
                                      " WHERE r.finished_ts IS NULL")[0][0] >= 1:
                             break
@@ -538,9 +521,9 @@ class SynapseLiveTests(unittest.TestCase):
                 finally:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
-            unfinished = query(dsn, f"SELECT run_id FROM {PREFIX}runs WHERE finished_ts IS NULL")
+            unfinished = pg_query(dsn, f"SELECT run_id FROM {PREFIX}runs WHERE finished_ts IS NULL")
             self.assertEqual(len(unfinished), 1)
-            self.assertEqual(query(dsn, f"SELECT COUNT(*) FROM {PREFIX}lock")[0][0], 1)
+            self.assertEqual(pg_query(dsn, f"SELECT COUNT(*) FROM {PREFIX}lock")[0][0], 1)
             present = set(all_groups(dsn))
             mid = oracle.states(dsn, [g for g in groups if g in present])
             self.assertEqual(mid, {g: before[g] for g in groups if g in present})
@@ -563,8 +546,8 @@ class SynapseLiveTests(unittest.TestCase):
         self.assertEqual(oracle.states(dsn, kept), {g: before[g] for g in kept})
         written = [r for r in summary["rooms"] if r["status"] == "written"]
         self.assertTrue(written or summary["resumed"], output)
-        self.assertEqual(query(dsn, f"SELECT COUNT(*) FROM {PREFIX}runs WHERE finished_ts IS NULL")[0][0], 0)
-        self.assertEqual(query(dsn, f"SELECT COUNT(*) FROM {PREFIX}lock")[0][0], 0)
+        self.assertEqual(pg_query(dsn, f"SELECT COUNT(*) FROM {PREFIX}runs WHERE finished_ts IS NULL")[0][0], 0)
+        self.assertEqual(pg_query(dsn, f"SELECT COUNT(*) FROM {PREFIX}lock")[0][0], 0)
         with open(log) as f:
             f.seek(log_offset)
             logged = f.read()

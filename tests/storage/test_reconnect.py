@@ -13,7 +13,7 @@ from twisted.trial import unittest
 from roomstore.storage import Database, DatabaseUnavailableError
 from roomstore.storage.reconnect import Backoff, ConnectionLost, Outages
 from roomstore.storage.writer_lock import WriterLock, WriterLockLost, writer_lock_key
-from tests.db import POSTGRES_ADMIN_URL, DatabaseTestMixin
+from tests.db import DatabaseTestMixin, pg_admin
 
 
 class _Logged:
@@ -88,17 +88,6 @@ class OutagesTest(unittest.TestCase):
         self.assertIn("unreachable for 10 s", str(raised.exception))
 
 
-def _admin(sql: str, args: tuple = ()) -> list:
-    conn = psycopg2.connect(POSTGRES_ADMIN_URL)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql, args)
-            return cur.fetchall() if cur.description else []
-    finally:
-        conn.close()
-
-
 async def _until(predicate, seconds: float = 10.0) -> None:
     from twisted.internet import reactor
 
@@ -127,7 +116,7 @@ class PoolReconnectTest(DatabaseTestMixin, unittest.TestCase):
         db, clock = await self._pool()
         await db.run_interaction("t", lambda txn: txn.execute("CREATE TABLE once (x INT)"))
         pid = await db.run_interaction("pid", lambda txn: txn.execute("SELECT pg_backend_pid()").fetchone()[0])
-        self.assertEqual(_admin("SELECT pg_terminate_backend(%s)", (pid,)), [(True,)])
+        self.assertEqual(pg_admin("SELECT pg_terminate_backend(%s)", (pid,)), [(True,)])
         runs = []
 
         def write(txn):
@@ -159,7 +148,7 @@ class PoolReconnectTest(DatabaseTestMixin, unittest.TestCase):
                 # the server rolled it back, so it runs again.
                 txn.finish()
                 pid = txn.select_one_value("SELECT pg_backend_pid()")
-                _admin("SELECT pg_terminate_backend(%s)", (pid,))
+                pg_admin("SELECT pg_terminate_backend(%s)", (pid,))
             return len(runs)
 
         d = defer.ensureDeferred(db.run_interaction("write", write))
@@ -262,7 +251,7 @@ class WriterLockReconnectTest(DatabaseTestMixin, unittest.TestCase):
 
     def _lock_pid(self, db) -> list:
         classid, objid = writer_lock_key("w9")
-        return [pid for (pid,) in _admin(
+        return [pid for (pid,) in pg_admin(
             "SELECT l.pid FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database"
             " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
             " AND d.datname = %s", (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF, db.engine.dsn.rsplit("/", 1)[1]))]
@@ -271,7 +260,7 @@ class WriterLockReconnectTest(DatabaseTestMixin, unittest.TestCase):
         logged = _Logged(self, "roomstore.storage.writer_lock")
         db, lock, clock = await self._locked()
         (pid,) = self._lock_pid(db)
-        _admin("SELECT pg_terminate_backend(%s)", (pid,))
+        pg_admin("SELECT pg_terminate_backend(%s)", (pid,))
         await _until(lambda: not self._lock_pid(db))
         clock.advance(1.0)  # the periodic check
         await _until(lambda: lock.retaken == 1)
@@ -284,7 +273,7 @@ class WriterLockReconnectTest(DatabaseTestMixin, unittest.TestCase):
         logged = _Logged(self, "roomstore.storage.writer_lock")
         db, lock, clock = await self._locked()
         (pid,) = self._lock_pid(db)
-        _admin("SELECT pg_terminate_backend(%s)", (pid,))
+        pg_admin("SELECT pg_terminate_backend(%s)", (pid,))
         await _until(lambda: not self._lock_pid(db))
         other = psycopg2.connect(db.engine.dsn, application_name="roomstore-writer 4242@otherhost")
         self.addCleanup(other.close)

@@ -14,7 +14,7 @@ arrives in the ``--py-files`` zip).
 from __future__ import annotations
 
 import traceback
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
@@ -153,6 +153,30 @@ def _empty(shape_cols: int) -> np.ndarray:
     return np.zeros((0, shape_cols), dtype=np.int64) if shape_cols else np.zeros(0, dtype=np.int64)
 
 
+@attrs.define
+class _EncodedChunk:
+    """What :meth:`RoomCompactor.process_chunk` builds, group by group."""
+
+    local_depth: Dict[int, int] = attrs.Factory(dict)
+    group_rows: List[Tuple[int, ...]] = attrs.Factory(list)
+    d_sg: List[int] = attrs.Factory(list)
+    d_tk: List[int] = attrs.Factory(list)
+    d_ev: List[int] = attrs.Factory(list)
+    new_entries: List[StateGroupEntry] = attrs.Factory(list)
+    refs: set = attrs.Factory(set)
+    rewritten: int = 0
+    chain_updates: int = 0
+    max_depth: int = 0
+
+    def arrays(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(groups, refs, deltas)`` as the job stages them."""
+        return (
+            np.array(self.group_rows, dtype=np.int64).reshape(-1, 7),
+            np.array(sorted(self.refs), dtype=np.int64),
+            np.array([self.d_sg, self.d_tk, self.d_ev], dtype=np.int64).T.reshape(-1, 3),
+        )
+
+
 class RoomCompactor:
     """Compacts and verifies one room, fed chunk by chunk (executor side).
 
@@ -251,100 +275,35 @@ class RoomCompactor:
 
     def process_chunk(self, arrays: Mapping[str, np.ndarray]) -> ChunkResult:
         """Plan, check and (unless ``emit`` is off) encode one chunk."""
-        kind = arrays["kind"]
-        bsel = kind == 0
-        self._boundary = self._parse_boundary(
-            arrays["state_group"][bsel], arrays["type_key_nid"][bsel], arrays["event_nid"][bsel]
-        )
-        entries, old_prevs, old_chains, counts, sums = self._parse_groups(arrays, ~bsel)
-        self._last_group = entries[-1].group_id
+        entries, old_prevs, old_chains, counts, sums = self._read_chunk(arrays)
         plan = self.compactor.feed(entries)
         chunk_ids = {e.group_id for e in entries}
-
-        local_depth: Dict[int, int] = {}
-        group_rows: List[Tuple[int, ...]] = []
-        d_sg: List[int] = []
-        d_tk: List[int] = []
-        d_ev: List[int] = []
-        new_entries: List[StateGroupEntry] = []
-        refs = set()
-        rewritten = chain_updates = max_depth = 0
+        out = _EncodedChunk()
         for i, planned in enumerate(plan.entries):
-            gid = planned.group_id
-            original = entries[i]
-            if gid in plan.missing:
-                # Unknown state: the row stays exactly as it is.
-                new_prev = old_prevs[i]
-                new_chain = old_chains[i]
-                rewrite = False
-            else:
-                if planned.prev_group is None:
-                    depth = 0
-                else:
-                    parent = local_depth.get(planned.prev_group)
-                    if parent is None:
-                        parent = self._depth.get(planned.prev_group)
-                    if parent is None:
-                        raise ChunkError(f"state group {gid}: new predecessor {planned.prev_group} is unknown")
-                    depth = parent + 1
-                local_depth[gid] = depth
-                max_depth = max(max_depth, depth)
-                new_prev = -1 if planned.prev_group is None else planned.prev_group
-                new_chain = depth
-                rewrite = planned.changed
+            new_prev, new_chain, rewrite = self._new_position(planned, plan.missing, old_prevs[i], old_chains[i], out)
             if rewrite:
-                rewritten += 1
-                if planned.prev_group is not None and planned.prev_group not in chunk_ids:
-                    refs.add(planned.prev_group)
-                delta = dict(planned.delta)
-                if self.fault:
-                    for key, value in sorted(delta.items()):
-                        if value is not None:
-                            delta[key] = value + _FAULT_OFFSET
-                            self.fault = False
-                            break
-                for key in sorted(delta):
-                    value = delta[key]
-                    d_sg.append(gid)
-                    d_tk.append(key)
-                    d_ev.append(-1 if value is None else value)
-                new_entries.append(StateGroupEntry(gid, planned.prev_group, delta))
+                self._encode_rewrite(planned, chunk_ids, out)
             else:
-                new_entries.append(original)
+                out.new_entries.append(entries[i])
             if new_chain != old_chains[i]:
-                chain_updates += 1
-            group_rows.append(
-                (gid, old_prevs[i], int(counts[i]), int(sums[i]), new_prev, new_chain, 1 if rewrite else 0)
+                out.chain_updates += 1
+            out.group_rows.append(
+                (planned.group_id, old_prevs[i], int(counts[i]), int(sums[i]), new_prev, new_chain, 1 if rewrite else 0)
             )
-
-        # Verify what will be written: the groups outside the chunk that either
-        # side builds on enter as snapshots of their (unchanging) full state.
-        outside = {e.prev_group for e in entries if e.prev_group is not None and e.prev_group not in chunk_ids}
-        outside |= {e.prev_group for e in new_entries if e.prev_group is not None and e.prev_group not in chunk_ids}
-        snapshots = []
-        for gid in sorted(outside):
-            state = self._known_state(gid)
-            if state is not None:
-                snapshots.append(StateGroupEntry(gid, None, state))
-        mismatched = verify(snapshots + entries, snapshots + new_entries)
-
-        self._carry(entries, local_depth)
-
-        if self.emit and (rewritten or chain_updates):
-            groups_arr = np.array(group_rows, dtype=np.int64).reshape(-1, 7)
-            refs_arr = np.array(sorted(refs), dtype=np.int64)
-            deltas_arr = np.array([d_sg, d_tk, d_ev], dtype=np.int64).T.reshape(-1, 3)
-        else:
-            groups_arr, refs_arr, deltas_arr = _empty(7), _empty(0), _empty(3)
+        mismatched = self._verify(entries, out.new_entries, chunk_ids)
+        self._carry(entries, out.local_depth)
+        groups_arr, refs_arr, deltas_arr = out.arrays() if self.emit and (out.rewritten or out.chain_updates) else (
+            _empty(7), _empty(0), _empty(3)
+        )
         return ChunkResult(
             first_group=entries[0].group_id,
             last_group=entries[-1].group_id,
             state_groups=len(entries),
             rows_before=plan.rows_before,
             rows_after=plan.rows_after,
-            rewritten=rewritten,
-            chain_updates=chain_updates,
-            max_depth=max_depth,
+            rewritten=out.rewritten,
+            chain_updates=out.chain_updates,
+            max_depth=out.max_depth,
             boundary=len(self._boundary),
             missing=dict(plan.missing),
             mismatched=list(mismatched),
@@ -352,6 +311,73 @@ class RoomCompactor:
             refs=refs_arr,
             deltas=deltas_arr,
         )
+
+    def _read_chunk(self, arrays: Mapping[str, np.ndarray]) -> tuple:
+        """The chunk's boundary states (kept) and its groups:
+        ``(entries, old prevs, old chain lengths, row counts, checksums)``."""
+        bsel = arrays["kind"] == 0
+        self._boundary = self._parse_boundary(
+            arrays["state_group"][bsel], arrays["type_key_nid"][bsel], arrays["event_nid"][bsel]
+        )
+        parsed = self._parse_groups(arrays, ~bsel)
+        self._last_group = parsed[0][-1].group_id
+        return parsed
+
+    def _new_position(
+        self, planned: StateGroupEntry, missing: Mapping[int, Any], old_prev: int, old_chain: int, out: "_EncodedChunk"
+    ) -> Tuple[int, int, bool]:
+        """``(new prev or -1, new chain length, rewrite?)`` of a planned group;
+        its depth noted in ``out``."""
+        gid = planned.group_id
+        if gid in missing:
+            # Unknown state: the row stays exactly as it is.
+            return old_prev, old_chain, False
+        if planned.prev_group is None:
+            depth = 0
+        else:
+            parent = out.local_depth.get(planned.prev_group)
+            if parent is None:
+                parent = self._depth.get(planned.prev_group)
+            if parent is None:
+                raise ChunkError(f"state group {gid}: new predecessor {planned.prev_group} is unknown")
+            depth = parent + 1
+        out.local_depth[gid] = depth
+        out.max_depth = max(out.max_depth, depth)
+        return (-1 if planned.prev_group is None else planned.prev_group), depth, planned.changed
+
+    def _encode_rewrite(self, planned: StateGroupEntry, chunk_ids: set, out: "_EncodedChunk") -> None:
+        """A rewritten group's new delta rows (and the group outside the chunk it builds on)."""
+        gid = planned.group_id
+        out.rewritten += 1
+        if planned.prev_group is not None and planned.prev_group not in chunk_ids:
+            out.refs.add(planned.prev_group)
+        delta = dict(planned.delta)
+        if self.fault:
+            for key, value in sorted(delta.items()):
+                if value is not None:
+                    delta[key] = value + _FAULT_OFFSET
+                    self.fault = False
+                    break
+        for key in sorted(delta):
+            value = delta[key]
+            out.d_sg.append(gid)
+            out.d_tk.append(key)
+            out.d_ev.append(-1 if value is None else value)
+        out.new_entries.append(StateGroupEntry(gid, planned.prev_group, delta))
+
+    def _verify(
+        self, entries: Sequence[StateGroupEntry], new_entries: Sequence[StateGroupEntry], chunk_ids: set
+    ) -> list:
+        """Verify what will be written: the groups outside the chunk that either
+        side builds on enter as snapshots of their (unchanging) full state."""
+        outside = {e.prev_group for e in entries if e.prev_group is not None and e.prev_group not in chunk_ids}
+        outside |= {e.prev_group for e in new_entries if e.prev_group is not None and e.prev_group not in chunk_ids}
+        snapshots = []
+        for gid in sorted(outside):
+            state = self._known_state(gid)
+            if state is not None:
+                snapshots.append(StateGroupEntry(gid, None, state))
+        return verify(snapshots + list(entries), snapshots + list(new_entries))
 
     def _carry(self, entries: Sequence[StateGroupEntry], local_depth: Mapping[int, int]) -> None:
         """Keep the states and depths of the groups the compactor carries on."""
@@ -479,6 +505,34 @@ def _batch(rows: List[Dict[str, Any]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(rows, schema=_ARROW_OUTPUT)
 
 
+def room_rows(
+    room_nid: int,
+    results: Iterator[ChunkResult],
+    batches: Iterator[pa.RecordBatch],
+    row: Callable[[int, ChunkResult, bool], Dict[str, Any]],
+) -> Iterator[pa.RecordBatch]:
+    """The output of one room, for both layouts: ``row(room_nid, result,
+    is_last)`` of each chunk's result, one held back so that the room's last
+    row says so; when ``results`` raises, the room's input (``batches``) is
+    drained (the worker expects the group consumed) and a final error row
+    ends the room."""
+    held: Optional[ChunkResult] = None
+    try:
+        for result in results:
+            if held is not None:
+                yield _batch([row(room_nid, held, False)])
+            held = result
+    except Exception as exc:
+        for _ in batches:  # drain: the worker expects the group consumed
+            pass
+        detail = f"{type(exc).__name__}: {exc}"
+        tb = traceback.format_exc(limit=3).strip().splitlines()
+        yield _batch([_error_row(room_nid, detail + " | " + " / ".join(tb[-3:]))])
+        return
+    if held is not None:
+        yield _batch([row(room_nid, held, True)])
+
+
 def make_room_function(config: Mapping[str, Any]):
     """The grouped-map function for ``applyInArrow`` (iterator form).
 
@@ -500,22 +554,10 @@ def make_room_function(config: Mapping[str, Any]):
             emit=cfg["emit"],
             fault=cfg.get("fault_room") == room_nid,
         )
-        held: Optional[ChunkResult] = None
-        try:
-            for arrays in iter_chunks(batches, cfg.get("starts", {}).get(room_nid, ())):
-                result = compactor.process_chunk(arrays)
-                if held is not None:
-                    yield _batch([_result_row(room_nid, held, False)])
-                held = result
-        except Exception as exc:
-            for _ in batches:  # drain: the worker expects the group consumed
-                pass
-            detail = f"{type(exc).__name__}: {exc}"
-            tb = traceback.format_exc(limit=3).strip().splitlines()
-            yield _batch([_error_row(room_nid, detail + " | " + " / ".join(tb[-3:]))])
-            return
-        if held is not None:
-            yield _batch([_result_row(room_nid, held, True)])
+        starts = cfg.get("starts", {}).get(room_nid, ())
+        yield from room_rows(
+            room_nid, (compactor.process_chunk(arrays) for arrays in iter_chunks(batches, starts)), batches, _result_row
+        )
 
     return compact_room
 

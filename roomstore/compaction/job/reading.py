@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import attrs
 
+from roomstore.compaction.job.jdbc import jdbc_driver, jdbc_url
 from roomstore.compaction.roomstore_tables import read_room_chunks
 from roomstore.storage.engines import engine_from_url
 
@@ -29,8 +30,8 @@ class JdbcSource:
     @classmethod
     def from_db_url(cls, db_url: str) -> "JdbcSource":
         engine = engine_from_url(db_url)
-        url, properties = engine.jdbc_url()
-        return cls(url, engine.jdbc_driver, properties)
+        url, properties = jdbc_url(engine)
+        return cls(url, jdbc_driver(engine).driver, properties)
 
     def read(self, spark: Any, table_sql: str, schema: str, partition: Optional[Tuple[int, int, int]] = None) -> Any:
         reader = (

@@ -21,6 +21,7 @@ import attr
 import attrs
 import pyspark
 
+from roomstore.compaction.job.jdbc import jdbc_driver
 from roomstore.compaction.job.options import APP_NAME, submit_parser, unreachable_master
 from roomstore.storage.engines import DatabaseConfigError, DatabaseUnavailableError, engine_from_url
 
@@ -99,12 +100,13 @@ def build_submit_command(argv: Sequence[str]) -> Tuple[List[str], Dict[str, str]
     if not log4j.exists() or log4j.read_text() != _LOG4J2:
         log4j.write_text(_LOG4J2)
     engine = engine_from_url(opts.db or opts.synapse, create=False)
-    jars = list(opts.jdbc_jar) or [os.environ.get(engine.jdbc_jar_env, engine.jdbc_jar_default)]
+    driver = jdbc_driver(engine)
+    jars = list(opts.jdbc_jar) or [driver.jar()]
     for jar in jars:
         if not os.path.exists(jar):
             raise SystemExit(
                 f"roomstore-compact: JDBC driver jar {jar} not found (Debian: apt-get install"
-                f" {engine.jdbc_jar_package}; or pass --jdbc-jar)"
+                f" {driver.jar_package}; or pass --jdbc-jar)"
             )
     zip_path = build_py_files_zip(cache)
     spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)

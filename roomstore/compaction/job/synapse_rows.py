@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import traceback
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -29,10 +28,9 @@ from roomstore.compaction.job.executor import (
     ChunkError,
     ChunkResult,
     RoomCompactor,
-    _batch,
-    _error_row,
     _result_row,
     iter_chunks,
+    room_rows,
 )
 
 #: Columns of the rows fed to the Synapse room function (after ``room_nid``).
@@ -158,24 +156,16 @@ def make_synapse_room_function(config: Mapping[str, Any]):
         )
         interner = _Interner()
         checksums: Dict[int, int] = {}
-        held: Optional[ChunkResult] = None
-        try:
-            for arrays in iter_chunks(_int_batches(batches, interner, checksums), cfg.get("starts", {}).get(room_nid, ())):
+        starts = cfg.get("starts", {}).get(room_nid, ())
+
+        def results() -> Iterator[ChunkResult]:
+            for arrays in iter_chunks(_int_batches(batches, interner, checksums), starts):
                 result = _to_synapse(compactor.process_chunk(arrays), interner, checksums)
                 for gid in set(arrays["state_group"].tolist()):
                     checksums.pop(gid, None)
-                if held is not None:
-                    yield _batch([_row(room_nid, held, False)])
-                held = result
-        except Exception as exc:
-            for _ in batches:  # drain: the worker expects the group consumed
-                pass
-            detail = f"{type(exc).__name__}: {exc}"
-            tb = traceback.format_exc(limit=3).strip().splitlines()
-            yield _batch([_error_row(room_nid, detail + " | " + " / ".join(tb[-3:]))])
-            return
-        if held is not None:
-            yield _batch([_row(room_nid, held, True)])
+                yield result
+
+        yield from room_rows(room_nid, results(), batches, _row)
 
     return compact_room
 
