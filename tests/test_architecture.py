@@ -26,6 +26,9 @@ Checked on the real tree:
   ``TRUNCATE``) or hands its name to ``insert_many``/``Interner``; the two
   modules that query a *Synapse* database, whose tables share names with
   ours, are the exception;
+- no module defines the same top-level function or class twice (a merge of
+  two branches that each added a helper of one name silently keeps the
+  second);
 - the pure PDU package (``roomstore.pdu``: parsing, hashing, signatures, the
   redaction algorithm, room versions) imports nothing else of roomstore.
 
@@ -318,6 +321,20 @@ def foreign_table_mentions(
     return wrong
 
 
+def redefinitions(package_dir: Path, package: str) -> list[str]:
+    """"path:line name (first defined at line N)" for each top-level def or class defined again in its module."""
+    found = []
+    for path in sorted(module_files(package_dir, package).values()):
+        seen: dict[str, int] = {}
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if node.name in seen:
+                    found.append(f"{path.relative_to(package_dir.parent)}:{node.lineno} {node.name}"
+                                 f" (first defined at line {seen[node.name]})")
+                seen.setdefault(node.name, node.lineno)
+    return found
+
+
 # ---------------------------------------------------------------- the real tree
 
 
@@ -394,6 +411,11 @@ class RoomstoreShapeTests(unittest.TestCase):
                 f"{len(wrong)} SQL mention(s) of a table outside its owner (call the owner, or embed a fragment it"
                 " builds):\n  " + "\n  ".join(wrong)
             )
+
+    def test_no_module_defines_a_name_twice(self):
+        twice = redefinitions(ROOT / PACKAGE, PACKAGE)
+        if twice:
+            self.fail("top-level names defined twice (the later one silently wins):\n  " + "\n  ".join(twice))
 
     def test_pure_pdu_code_imports_nothing_else_of_roomstore(self):
         self.assertIn("roomstore.pdu", self.graph, "the pure PDU package roomstore.pdu is missing")
@@ -526,3 +548,11 @@ class CheckerTests(unittest.TestCase):
         )
         self.assertEqual(foreign_table_mentions(root.parent, "pkg", {**owners, "one": "pkg/other.py"}, ["pkg/synapse.py"])[:1],
                          ["pkg/other.py:4 names two (owner: pkg/owner.py)"])
+
+    def test_redefinitions(self):
+        root = self.make_package({
+            "a.py": "def f(x):\n    return x\n\nclass C:\n    def m(self): ...\n    def m(self): ...\n\n"
+                    "def f(x, y):\n    return y\n",
+            "b.py": "def g(): ...\n",
+        })
+        self.assertEqual(redefinitions(root, "pkg"), ["pkg/a.py:8 f (first defined at line 1)"])

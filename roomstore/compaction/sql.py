@@ -25,7 +25,7 @@ from roomstore.compaction import plan_sql
 from roomstore.compaction.chunks import CHECKSUM_SQL
 from roomstore.state import group_tables as groups
 from roomstore.state.group_tables import MAX_STATE_GROUP, ROOM_DELTAS, ROOM_GROUPS, jdbc_deltas, jdbc_groups  # noqa: F401
-from roomstore.storage.interning import room_ids_of_sql, room_nids_sql
+from roomstore.storage.interning import room_ids_and_nids_sql, room_ids_of_sql
 from roomstore.storage.maintenance_locks import (  # noqa: F401 (run by name: see compaction/tables.py)
     LOCK_HEARTBEAT,
     LOCK_INSERT,
@@ -69,7 +69,7 @@ def chunk_links(where: str, chunk_groups: int) -> str:
 
 def room_nids(count: int) -> str:
     """``(room_id, room_nid)`` of ``count`` room ids given as parameters."""
-    return room_nids_sql(count)
+    return room_ids_and_nids_sql(count)
 
 
 def room_ids_where(where: str = "") -> str:

@@ -157,7 +157,7 @@ def chunks(values: Sequence, size: int = CHUNK) -> Iterable[Sequence]:
         yield values[start : start + size]
 
 
-def room_nids_sql(count: int) -> str:
+def room_ids_and_nids_sql(count: int) -> str:
     """``(room_id, room_nid)`` of ``count`` room ids given as parameters."""
     return f"SELECT room_id, room_nid FROM rooms WHERE room_id IN ({', '.join('?' for _ in range(count))})"
 
