@@ -133,7 +133,11 @@ def start(pg_url: str | None = None, timeout: float = 90.0) -> str:
     config_path = os.path.join(folder, "homeserver.yaml")
     with open(config_path, "w") as f:
         json.dump(config, f, indent=1)
-    subprocess.run([*_run_command(folder), "--generate-keys"], check=True, capture_output=True, cwd=folder)
+    keys = subprocess.run([*_run_command(folder), "--generate-keys"], capture_output=True, cwd=folder,
+                          env=_synapse_env())
+    if keys.returncode:
+        tail = (keys.stderr or keys.stdout).decode("utf-8", "replace").strip().splitlines()[-3:]
+        raise RuntimeError(f"Synapse --generate-keys failed ({keys.returncode}): {' / '.join(tail)}")
     info = {"base_url": f"http://127.0.0.1:{port}", "server_name": SERVER_NAME,
             "shared_secret": config["registration_shared_secret"], "database": db_url,
             "engine": "postgresql" if pg_url else "sqlite"}
@@ -151,6 +155,13 @@ def restart(folder: str, timeout: float = 90.0) -> None:
     _launch(folder, info, timeout)
 
 
+def _synapse_env() -> dict:
+    """Our environment without PYTHONPATH: Synapse runs from its own
+    virtualenv, and a path into ours (trial's workers inherit one) would show
+    it our txredisapi, which its pin check refuses."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _run_command(folder: str) -> list[str]:
     return [SYNAPSE_PYTHON, "-m", "synapse.app.homeserver", "--config-path", os.path.join(folder, "homeserver.yaml")]
 
@@ -159,7 +170,7 @@ def _launch(folder: str, info: dict, timeout: float) -> None:
     """Run Synapse from ``folder`` until its client API answers; record its pid in server.json."""
     log = open(os.path.join(folder, "stdout.log"), "ab")
     proc = subprocess.Popen(_run_command(folder), stdout=log, stderr=subprocess.STDOUT, cwd=folder,
-                            start_new_session=True)
+                            start_new_session=True, env=_synapse_env())
     base_url = info["base_url"]
     deadline = time.monotonic() + timeout
     while True:
