@@ -444,17 +444,17 @@ def _add_roomstore_group(ours: _Sink, ids: _Next, g: GeneratedGroup, room_nid: i
     """One generated group into roomstore's tables: its new keys, its event
     ids, and the group through the state tables' owner."""
     key_ids = ids.key_ids
-    for key in g.delta:
-        if key not in key_ids:
-            key_ids[key] = ids.key
-            ours.add("state_keys", "type_key_nid, type, state_key", (ids.key, key[0], key[1]))
+    delta = {}
+    for key, ev in g.delta.items():
+        nid = key_ids.get(key)
+        if nid is None:
+            nid = key_ids[key] = ids.key
+            ours.add("state_keys", "type_key_nid, type, state_key", (nid, key[0], key[1]))
             ids.key += 1
+        delta[nid] = ev
     for ev in range(g.event_nid, g.event_nid + g.events_used):
         ours.add("event_ids", "event_nid, event_id", (ev, event_id_for(ev)))
-    ours.add_group(*group_rows(
-        g.state_group, room_nid, g.event_nid, g.prev_group, g.chain_length,
-        {key_ids[key]: ev for key, ev in g.delta.items()},
-    ))
+    ours.add_group(*group_rows(g.state_group, room_nid, g.event_nid, g.prev_group, g.chain_length, delta))
 
 
 def _add_synapse_group(theirs: _Sink, g: GeneratedGroup, room_id: str) -> None:
