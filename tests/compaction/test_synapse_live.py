@@ -252,12 +252,13 @@ class SynapseDeletionMeetsTheSwapTests(unittest.TestCase):
     """Synapse's own deletion of unreferenced state groups (its background
     loop, once a minute) against a swap: it waits on the swap's row locks and,
     retried after the swap commits, de-deltas the groups the swap rebased onto
-    the group it deletes; a group that becomes pending deletion under the job
-    is left alone and counted, never an error."""
+    the group it deletes; a group Synapse deleted under the job, or that
+    became pending deletion under it, is left alone and counted, never an
+    error."""
 
     timeout = 1800
 
-    def test_synapse_deletion_waits_for_the_swap_and_a_pending_group_is_left_alone(self) -> None:
+    def test_synapse_deletion_waits_for_the_swap_and_deleted_or_pending_groups_are_left_alone(self) -> None:
         server = synapse_server()
         self.addCleanup(exclusive(server).close)  # nobody else writes to Synapse meanwhile
         dsn = server.database
@@ -289,17 +290,21 @@ class SynapseDeletionMeetsTheSwapTests(unittest.TestCase):
         )
         self.assertTrue(bases, job.output())
         doomed, rebased = bases[0]
-        now_ms = int(time.time() * 1000)
-        # No event refers to it any more and it has been pending deletion for
-        # longer than Synapse's delay: Synapse's next loop deletes it.
-        pg_query(dsn, "DELETE FROM event_to_state_groups WHERE state_group = %s", (doomed,))
-        pg_query(dsn, "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, %s)",
-                 (doomed, now_ms - 11 * 60 * 1000))
-        # A group of the room's last chunk becomes pending deletion now (too
-        # recent for Synapse to delete during the test): the job must leave it alone.
+        # A group of the room's last chunk (not locked by the held swap), due
+        # for deletion earlier than the doomed one: Synapse deletes it first,
+        # under the job, before the job swaps that chunk.
+        deleted_early = ids[-10]
+        # A group of the last chunk that becomes pending deletion now (too
+        # recent for Synapse to delete during the test).
         pending = ids[-3]
-        pg_query(dsn, "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, %s)",
-                 (pending, now_ms))
+        now_ms = int(time.time() * 1000)
+        # No event refers to them any more and they have been pending deletion
+        # for longer than Synapse's delay (10 minutes): Synapse's next loop
+        # deletes them, oldest first. One statement: the loop sees both or neither.
+        pg_query(dsn, "DELETE FROM event_to_state_groups WHERE state_group IN (%s, %s)", (doomed, deleted_early))
+        pg_query(dsn, "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts)"
+                      " VALUES (%s, %s), (%s, %s), (%s, %s)",
+                 (deleted_early, now_ms - 12 * 60 * 1000, doomed, now_ms - 11 * 60 * 1000, pending, now_ms))
 
         # Synapse's deletion takes the doomed group's row lock (FOR UPDATE) and waits for the open swap.
         deadline = time.monotonic() + 150
@@ -310,6 +315,7 @@ class SynapseDeletionMeetsTheSwapTests(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, "Synapse's deletion never waited on the swap")
             time.sleep(0.2)
         self.assertEqual(pg_query(dsn, "SELECT COUNT(*) FROM state_groups WHERE id = %s", (doomed,)), [(1,)])
+        self.assertEqual(pg_query(dsn, "SELECT COUNT(*) FROM state_groups WHERE id = %s", (deleted_early,)), [(0,)])
         open(release, "w").close()
         self.assertEqual(job.proc.wait(timeout=600), 0, job.output())
         output = job.output()
@@ -321,7 +327,7 @@ class SynapseDeletionMeetsTheSwapTests(unittest.TestCase):
             time.sleep(0.5)
         present = set(all_groups(dsn))
         kept = [g for g in groups if g in present]
-        self.assertEqual(sorted(set(groups) - present), [doomed])
+        self.assertEqual(sorted(set(groups) - present), sorted([doomed, deleted_early]))
         self.assertEqual(oracle.states(dsn, kept), {g: before[g] for g in kept})
         self.assertTrue(set(rebased) <= present)
         import json
@@ -331,6 +337,8 @@ class SynapseDeletionMeetsTheSwapTests(unittest.TestCase):
         self.assertEqual(summary["totals"]["mismatched_groups"], 0, output)
         (outcome,) = summary["rooms"]
         self.assertEqual(outcome["status"], "changed_underneath", output)
+        # The last chunk is refused, nothing of it written: one group gone, one pending deletion.
+        self.assertIn(f"state group {deleted_early} no longer exists", output)
         self.assertIn(f"state group {pending} is pending deletion", output)
         self.assertEqual(pg_query(dsn, "SELECT COUNT(*) FROM state_groups WHERE id = %s", (pending,)), [(1,)])
         self.assertEqual(_log_errors(log, log_offset), [])
