@@ -31,7 +31,6 @@ from tests.compaction.test_synapse_job import (
     all_groups,
     exclusive,
     insert_chain_room,
-    own_tables,
     representation,
     run_job,
     synapse_server,
