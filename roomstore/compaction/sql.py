@@ -41,10 +41,6 @@ ANY_GROUP = 2**63 - 1
 _GROUPS = groups.PLANNING_GROUPS
 
 
-def _and(where: str) -> str:
-    return f" AND {where}" if where else ""
-
-
 # ---------------------------------------------------------------------------
 # reading the state tables to plan a run (the statements: plan_sql's)
 

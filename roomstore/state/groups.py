@@ -24,7 +24,7 @@ groups are committed (groups never change content, only representation).
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping
 
 import attrs
 
