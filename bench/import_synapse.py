@@ -156,8 +156,8 @@ class SynapseLayout:
 
 def generated_rooms(total_events: int):
     """(room version, events, event IDs) per generated room."""
-    from roomstore.events.hashing import compute_event_id
-    from roomstore.events.room_versions import get_room_version
+    from roomstore.pdu.hashing import compute_event_id
+    from roomstore.pdu.room_versions import get_room_version
 
     rooms = max(1, total_events // EVENTS_PER_ROOM)
     current: list = []

@@ -7,7 +7,7 @@ messages) and one where every other message is redacted (a message, its
 redaction, ...). ``paginate(dir=b, limit=100)`` walks each from the end to
 the start; the time per page is the median over the pages of R runs
 (default 5), after one warm-up walk. Each served redacted event carries its
-first same-room redaction (``roomstore.events.redactions.first_redaction_sql``).
+first same-room redaction (``roomstore.events.tables.events.first_redaction_sql``).
 Goal: the redacted room's pages within 5x of the plain room's (a redacted
 event is pruned in Python and its redaction looked up: some cost is
 expected), whatever the room's size. PostgreSQL runs once without and once

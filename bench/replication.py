@@ -174,7 +174,7 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
     from prometheus_client import REGISTRY
 
     from roomstore.replication import ReplicationClientFactory, ReplicationConfig
-    from roomstore.replication.store_streams import StoreReplicationHandler
+    from roomstore.replication.store_handler import StoreReplicationHandler
     from roomstore.store import RoomStore, StoreConfig
 
     store = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}), reactor=reactor)
@@ -384,7 +384,7 @@ def rdata_lines_of(store_rows: list, count: int) -> list[str]:
 
 
 async def parse_rows(reactor, new_url, events: int) -> list:
-    from roomstore.replication.store_streams import EventsStream
+    from roomstore.replication.store_sources import EventsStream
     from roomstore.store import RoomStore
 
     store = await RoomStore.open(new_url(), reactor=reactor)
@@ -508,7 +508,8 @@ async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_
     import gc
 
     from roomstore.replication import ReplicationClientFactory, ReplicationConfig, ReplicationServerFactory
-    from roomstore.replication.store_streams import EventsStream, StoreReplicationHandler, store_stream_registry
+    from roomstore.replication.store_handler import StoreReplicationHandler
+    from roomstore.replication.store_sources import EventsStream, store_stream_registry
     from roomstore.store import RoomStore, StoreConfig
 
     url = new_url()
@@ -618,7 +619,7 @@ async def live_run(reactor, url: str, events: int, page_size: int, burst: bool, 
     connected worker as fast as the live path carries them rather than as fast
     as the writer writes."""
     from roomstore.replication import ReplicationConfig, ReplicationServerFactory
-    from roomstore.replication.store_streams import store_stream_registry, wire_server
+    from roomstore.replication.store_sources import store_stream_registry, wire_server
     from roomstore.store import RoomStore
 
     store = await RoomStore.open(url, reactor=reactor)
@@ -705,7 +706,7 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
 
     from roomstore.replication import ReplicationClientFactory, ReplicationConfig
     from roomstore.replication.follower import StreamPositions
-    from roomstore.replication.store_streams import StoreReplicationHandler
+    from roomstore.replication.store_handler import StoreReplicationHandler
     from roomstore.store import RoomStore, StoreConfig
 
     store = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}), reactor=reactor)
@@ -878,7 +879,7 @@ async def congestion_run(reactor, url: str, events: int, max_pending: int | None
     """One writer run with a healthy worker and (unless ``max_pending`` is
     None, the control) a slow client."""
     from roomstore.replication import ReplicationClientFactory, ReplicationConfig
-    from roomstore.replication.store_streams import StoreReplicationHandler
+    from roomstore.replication.store_handler import StoreReplicationHandler
     from roomstore.store import RoomStore, StoreConfig
 
     config = ReplicationConfig(max_pending_commands=max_pending or 10_000, ping_timeout=600.0)

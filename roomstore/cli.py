@@ -74,12 +74,10 @@ async def cmd_init(reactor, args) -> int:
 
 
 async def report_positions(store) -> None:
-    version = await store.db.run_interaction(
-        "schema_version", lambda t: t.select_one_value("SELECT version FROM schema_version")
-    )
-    emit({"db": store.db.engine.describe(), "schema_version": version})
-    for name, gen in store.generators.items():
-        emit({"stream": name, "positions": gen.get_positions(), "current": gen.get_current_token()})
+    emit({"db": store.describe_database(), "schema_version": store.schema_version})
+    for name in store.stream_names:
+        stream = store.stream(name)
+        emit({"stream": name, "positions": stream.get_positions(), "current": stream.get_current_token()})
 
 
 # ---------------------------------------------------------------------- import
@@ -92,7 +90,7 @@ async def cmd_import(reactor, args) -> int:
         raise CliError(f"{args.file} is a directory: give a JSON-lines file")
     verify_keys = None
     if args.keys:
-        from roomstore.events.signatures import KeysFileError, load_verify_keys
+        from roomstore.pdu.signatures import KeysFileError, load_verify_keys
 
         try:
             verify_keys = load_verify_keys(args.keys)
@@ -243,28 +241,10 @@ async def cmd_recent(reactor, args) -> int:
     return 0
 
 
-STATS_TABLES = [
-    "rooms", "event_ids", "users", "state_keys", "events", "event_json", "event_edges", "event_auth_edges",
-    "forward_extremities", "backward_extremities", "state_groups", "state_group_deltas", "current_state",
-    "current_state_deltas", "room_memberships", "current_memberships", "redactions", "visibility_snapshots",
-    "visibility_branches", "visibility_branch_ancestors", "visibility_memberships", "stream_positions",
-    "cache_invalidations", "instances", "maintenance_locks", "state_compaction_runs", "state_compaction_rooms",
-    "state_compaction_chunks", "state_compaction_staged_groups", "state_compaction_staged_deltas",
-]
-
-
-def stats_txn(txn) -> list[dict]:
-    rows = []
-    for table in STATS_TABLES:
-        count = txn.select_one_value(f"SELECT COUNT(*) FROM {table}")
-        rows.append({"table": table, "rows": count, "bytes": txn.engine.table_bytes(txn, table)})
-    return rows
-
-
 async def cmd_stats(reactor, args) -> int:
     store = await open_store(reactor, args, read_only=True)
     try:
-        for row in await store.db.run_interaction("stats", stats_txn):
+        for row in await store.table_stats():
             emit(row)
     finally:
         await store.close()
@@ -282,18 +262,9 @@ async def cmd_demo(reactor, args) -> int:
         await report_positions(store)
         summary = await import_file(store, args.sample, progress=args.progress)
         emit({"import": args.sample, **summary})
-        rooms = await store.db.run_interaction(
-            "demo_rooms", lambda t: [r[0] for r in t.execute("SELECT room_id FROM rooms ORDER BY room_nid").fetchall()]
-        )
-        room_id = rooms[0]
-        creator = await store.db.run_interaction(
-            "demo_creator",
-            lambda t: t.select_one_value(
-                "SELECT u.user_id FROM events AS e JOIN users AS u ON u.user_nid = e.sender_nid"
-                " JOIN rooms AS r ON r.room_nid = e.room_nid WHERE r.room_id = ? AND e.type = 'm.room.create'",
-                (room_id,),
-            ),
-        )
+        room_id = (await store.get_room_ids())[0]
+        create_id = (await store.get_current_state_ids(room_id, [("m.room.create", "")]))[("m.room.create", "")]
+        creator = (await store.get_event(create_id))["sender"]
         emit({"demo": "current state", "room_id": room_id, "room_version": await store.get_room_version(room_id),
               "state": state_as_json(await store.get_current_state_ids(room_id, [("m.room.topic", ""), ("m.room.history_visibility", "")]))})
         extremities = await store.get_forward_extremities(room_id)
@@ -311,7 +282,7 @@ async def cmd_demo(reactor, args) -> int:
         emit({"demo": "sync since s0", "user": creator,
               "rooms": {r: len(evs) for r, evs in sync.rooms.items()},
               "membership_changes": len(sync.membership_events), "next_token": sync.next_token})
-        for row in await store.db.run_interaction("stats", stats_txn):
+        for row in await store.table_stats():
             if row["table"] in ("events", "state_group_deltas", "visibility_memberships", "redactions"):
                 emit({"demo": "stats", **row})
     finally:
@@ -378,7 +349,7 @@ async def cmd_serve(reactor, args) -> int:
                    "secret": bool(secret), "tls": service.tls is not None}
         if service.metrics_port_listener is not None:
             serving["metrics_port"] = service.metrics_port_listener.getHost().port
-        emit({"serving": serving, "positions": {n: g.get_positions() for n, g in service.store.generators.items()}})
+        emit({"serving": serving, "positions": {n: service.store.stream(n).get_positions() for n in service.store.stream_names}})
 
     from twisted.internet.error import CannotListenError
 

@@ -83,14 +83,14 @@ async def import_file(
 
     An event whose content hash does not match is stored redacted and reported
     (one line, ``"error": "content hash mismatch"``); ``strict`` refuses it
-    instead. ``verify_keys`` (``roomstore.events.signatures``): signatures are
+    instead. ``verify_keys`` (``roomstore.pdu.signatures``): signatures are
     checked where the keys allow, a bad one refuses the event.
     A progress bar on stderr when it is a terminal, or ``progress`` forces it.
     ``summary`` (filled as it goes) keeps the counts when an error stops it:
     ``next_line`` is the first line not imported."""
     from roomstore.events.persist import EventToPersist, MissingStateError
-    from roomstore.events.room_versions import UnknownRoomVersion
-    from roomstore.events.validation import InvalidEventError
+    from roomstore.pdu.room_versions import UnknownRoomVersion
+    from roomstore.pdu.parsing import InvalidEventError
     from roomstore.progress import progress_bar
     from roomstore.state.merge import ConflictedStateError
 

@@ -17,9 +17,9 @@ from typing import Any, Iterator, Sequence
 
 import attrs
 
-from roomstore.events.hashing import compute_content_hash, compute_event_id
-from roomstore.events.power_levels import room_creators
-from roomstore.events.room_versions import get_room_version
+from roomstore.pdu.hashing import compute_content_hash, compute_event_id
+from roomstore.pdu.power_levels import room_creators
+from roomstore.pdu.room_versions import get_room_version
 
 
 @attrs.frozen(eq=False)

@@ -27,10 +27,11 @@ from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
-from roomstore.events.reads import EventFlags, EventReader, room_versions_txn
-from roomstore.events.signatures import VerifyKeys
+from roomstore.events.reads import EventFlags, EventReader
+from roomstore.events.stream_pages import backfill_page_txn, events_page_txn, invalidations_page_txn
+from roomstore.pdu.signatures import VerifyKeys
 from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
-from roomstore.events.validation import InvalidEventError
+from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state.groups import (
     COMPACTION_LOCK_NAME,
     COMPACTION_LOCK_TIMEOUT_S,
@@ -39,11 +40,13 @@ from roomstore.state.groups import (
     delete_state_groups_txn,
 )
 from roomstore.storage.database import Database
-from roomstore.storage.interning import Interners
+from roomstore.storage.interning import Interners, room_ids_txn, room_versions_txn
+from roomstore.storage.stats import table_stats_txn
 from roomstore.storage.writer_lock import WriterLock
 from roomstore.streams.builtin import BUILTIN_STREAMS, open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.id_generators import persist_positions_txn, reserve_together
+from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
 
 log = Logger()
@@ -97,6 +100,9 @@ class RoomStore:
         self.events_stream = self.generators["events"]
         self.backfill_stream = self.generators["backfill"]
         self.caches_stream = self.generators["caches"]
+        #: The built-in streams (``events``, ``backfill``, ``caches``); ``stream(name)`` gives each one's positions.
+        self.stream_names = tuple(self.generators)
+        self._stream_views = {name: GeneratorView(generator) for name, generator in self.generators.items()}
         self.interners = Interners()
         self.state_groups = StateGroupStore(config.max_state_chain_length)
         self.visibility = VisibilityStore()
@@ -126,6 +132,8 @@ class RoomStore:
             db, self.interners, self.caches.event_changed, config.redaction_retention_ms, self.clock
         )
         self._invalidation_hooks: list = []
+        #: The schema version the database is at (set by ``open``).
+        self.schema_version: int | None = None
 
     @classmethod
     async def open(
@@ -161,9 +169,9 @@ class RoomStore:
                 # no other live process is this instance.
                 writer_lock = await WriterLock.acquire(db, config.instance_name)
             if config.read_only:
-                await db.check_schema()
+                version = await db.check_schema()
             else:
-                await db.prepare()
+                version = await db.prepare()
             generators = await open_builtin_generators(
                 db, config.instance_name, config.stream_writers, read_only=config.read_only
             )
@@ -174,6 +182,7 @@ class RoomStore:
                 await db.close()
             raise
         store = cls(db, config, generators, clock)
+        store.schema_version = version
         store._owns_db = owns_db
         store._writer_lock = writer_lock
         if writer_lock is not None:
@@ -230,7 +239,7 @@ class RoomStore:
         form, its result's ``content_hash_mismatch`` set (also when it was
         stored before: the flag tells of the copy given); with
         ``refuse_hash_mismatch`` the batch is refused (``ContentHashMismatch``).
-        With ``verify_keys`` (``roomstore.events.signatures``) signatures are
+        With ``verify_keys`` (``roomstore.pdu.signatures``) signatures are
         checked where the keys allow: a bad one refuses the batch
         (``InvalidSignature``); ``signatures_checked`` says whether an
         event's every needed signature was verified.
@@ -417,6 +426,10 @@ class RoomStore:
         """The room's version, None for a room whose create event is not stored."""
         return (await self._room_versions([room_id])).get(room_id)
 
+    async def get_room_ids(self) -> list[str]:
+        """Every room the store has seen an event of, in the order first seen."""
+        return await self.db.run_interaction("get_room_ids", room_ids_txn)
+
     # --- redaction censoring (roomstore.events.censor)
 
     async def censor_expired_redactions(self, now_ms: int | None = None) -> int:
@@ -518,3 +531,80 @@ class RoomStore:
     ) -> list[dict]:
         """Federation missing events between ``earliest_events`` and ``latest_events``."""
         return await self.federation.get_missing_events(room_id, earliest_events, latest_events, limit)
+
+    # ------------------------------------------------------------------ streams, for replication
+    # The face replication uses instead of the store's parts (docs/api.md).
+
+    def stream(self, name: str) -> GeneratorView:
+        """The writers and positions of the built-in stream ``name`` (``KeyError`` for another name)."""
+        return self._stream_views[name]
+
+    async def read_events_stream(self, instance: str, from_token: int, upto: int, limit: int):
+        """``(events, state, more)``: what ``instance`` wrote to the events
+        stream in ``(from_token, upto]``, a page of at most ``limit`` events
+        and the current-state changes they cover, in one snapshot
+        (``roomstore.events.stream_pages.events_page_txn`` says the fields)."""
+        return await self.db.run_interaction(
+            "replication_events", events_page_txn, self.interners, instance, from_token, upto, limit
+        )
+
+    async def read_backfill_stream(self, instance: str, from_token: int, upto: int, limit: int):
+        """``(events, more)``: a page of the backfill stream, as ``read_events_stream``'s events."""
+        return await self.db.run_interaction(
+            "replication_backfill", backfill_page_txn, self.interners, instance, from_token, upto, limit
+        )
+
+    async def read_caches_stream(self, instance: str, from_token: int, upto: int, limit: int):
+        """``(rows, more)``: a page of the caches stream, ``(stream_id,
+        cache_name, keys or None, invalidation_ts)``, no stream ID split."""
+        return await self.db.run_interaction(
+            "replication_caches", invalidations_page_txn, instance, from_token, upto, limit
+        )
+
+    def replicated_event(self, token: int, room_id: str, event_type: str, state_key: str | None,
+                         redacts: str | None) -> None:
+        """Another process stored a live event at ``token`` of the events
+        stream: drop what it changes from this process's caches."""
+        self.caches.room_changed(room_id, token)
+        if event_type == "m.room.member" and state_key is not None:
+            self.caches.membership_changed(state_key, token)
+        if redacts:
+            self.caches.event_changed(redacts)
+
+    def replicated_state(self, token: int, event_type: str, state_key: str) -> None:
+        """A current-state change at ``token`` (also one by state resolution,
+        with no member event of the user): a member's membership moved."""
+        if event_type == "m.room.member":
+            self.caches.membership_changed(state_key, token)
+
+    def replicated_state_reset(self, token: int, room_id: str) -> None:
+        """Any current state of ``room_id`` may have changed at ``token``
+        (Synapse's ``state-all``): anyone's membership there may have moved."""
+        self.caches.room_changed(room_id, token)
+        self.caches.all_memberships_changed()
+
+    def replicated_backfill(self, redacts: str | None) -> None:
+        """A backfilled event: it moves no current state, but an old
+        redaction may redact an event this process cached."""
+        if redacts:
+            self.caches.event_changed(redacts)
+
+    def replicated_invalidation(self, cache_name: str, keys: list | None) -> None:
+        """Drop ``keys`` (None: everything) of a cache, as another process asked."""
+        self.caches.apply_invalidation(cache_name, keys)
+
+    # ------------------------------------------------------------------ the database, for the command line
+
+    def describe_database(self) -> str:
+        """The database in a few words (engine and where), no password."""
+        return self.db.engine.describe()
+
+    @property
+    def max_connections(self) -> int:
+        """How many connections the database pool opens at most."""
+        return self.db.engine.max_connections
+
+    async def table_stats(self) -> list[dict]:
+        """``{"table", "rows", "bytes"}`` of every table of the schema."""
+        return await self.db.run_interaction("stats", table_stats_txn)
+

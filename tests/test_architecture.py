@@ -20,7 +20,14 @@ Checked on the real tree:
   and ``visibility`` import only ``storage``;
 - no module over 700 lines;
 - every table the schema creates (full schema and deltas) has its owner in
-  the table of ``docs/architecture.md``.
+  the table of ``docs/architecture.md``;
+- each table's SQL is in its owner only: no other module names the table in
+  a SQL string (after ``FROM``, ``JOIN``, ``INTO``, ``UPDATE``, ``TABLE`` or
+  ``TRUNCATE``) or hands its name to ``insert_many``/``Interner``; the two
+  modules that query a *Synapse* database, whose tables share names with
+  ours, are the exception;
+- the pure PDU package (``roomstore.pdu``: parsing, hashing, signatures, the
+  redaction algorithm, room versions) imports nothing else of roomstore.
 
 The checker itself is tested on small packages written to a temp directory.
 """
@@ -43,6 +50,10 @@ STORE = ("roomstore.events", "roomstore.state", "roomstore.visibility", "roomsto
          "roomstore.streams", "roomstore.store")
 #: What sits above the store.
 ABOVE_STORE = ("roomstore.replication", "roomstore.compaction", "roomstore.synapse_db")
+#: Modules whose SQL runs against a Synapse database: its tables (events, state_groups, ...) are not ours.
+SYNAPSE_SQL = ("roomstore/synapse_db/source.py", "roomstore/compaction/synapse_sql.py")
+#: Calls whose first string argument is a table name.
+TABLE_CALLS = ("insert_many", "Interner")
 
 
 # ---------------------------------------------------------------- the checker
@@ -251,6 +262,62 @@ def documented_owners(doc: str) -> dict[str, str]:
     return owners
 
 
+# ---------------------------------------------------------------- who names which table in SQL
+
+#: SQL keywords after which a table's name stands. Upper case only: the code writes SQL in upper case, and prose
+#: ("read from rooms") must not count.
+_TABLE_AFTER = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE|TRUNCATE)\s+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _call_name(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def table_mentions(path: Path, tables: set[str]) -> list[tuple[str, int]]:
+    """(table, line) for each schema table that the module at ``path`` names in SQL: in a string (the constant
+    parts of f-strings included; docstrings not) after a SQL keyword, or as the first string argument of a call
+    in ``TABLE_CALLS``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            found += [(name.lower(), node.lineno) for name in _TABLE_AFTER.findall(node.value)
+                      if name.lower() in tables]
+        elif isinstance(node, ast.Call) and _call_name(node) in TABLE_CALLS:
+            first = next((a for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)), None)
+            if first is not None and first.value in tables:
+                found.append((first.value, node.lineno))
+    return sorted(found, key=lambda item: (item[1], item[0]))
+
+
+def foreign_table_mentions(
+    root: Path, package: str, owners: dict[str, str], exempt: Iterable[str] = ()
+) -> list[str]:
+    """"path:line names table (owner: module)" for every mention of a table in SQL outside its owner."""
+    tables = set(owners)
+    wrong = []
+    for path in sorted(module_files(root / package, package).values()):
+        relative = str(path.relative_to(root))
+        if relative in exempt:
+            continue
+        for table, line in table_mentions(path, tables):
+            if owners[table] != relative:
+                wrong.append(f"{relative}:{line} names {table} (owner: {owners[table]})")
+    return wrong
+
+
 # ---------------------------------------------------------------- the real tree
 
 
@@ -315,6 +382,25 @@ class RoomstoreShapeTests(unittest.TestCase):
         for table, owner in sorted(owners.items()):
             path = ROOT / owner
             self.assertTrue(path.exists(), f"{table}: owner {owner} does not exist")
+
+    def test_each_tables_sql_is_in_its_owner_only(self):
+        owners = documented_owners((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+        for table in ("events", "state_groups", "room_memberships"):
+            # A guard against a scan that silently finds nothing: each owner names its table.
+            self.assertIn(table, {t for t, _ in table_mentions(ROOT / owners[table], set(owners))})
+        wrong = foreign_table_mentions(ROOT, PACKAGE, owners, SYNAPSE_SQL)
+        if wrong:
+            self.fail(
+                f"{len(wrong)} SQL mention(s) of a table outside its owner (call the owner, or embed a fragment it"
+                " builds):\n  " + "\n  ".join(wrong)
+            )
+
+    def test_pure_pdu_code_imports_nothing_else_of_roomstore(self):
+        self.assertIn("roomstore.pdu", self.graph, "the pure PDU package roomstore.pdu is missing")
+        others = sorted({m for m in self.graph if m != PACKAGE and not (m == "roomstore.pdu" or m.startswith("roomstore.pdu."))})
+        wrong = forbidden_imports(self.graph, ["roomstore.pdu"], others)
+        if wrong:
+            self.fail("the pure PDU package imports the rest of roomstore:\n  " + "\n  ".join(wrong))
 
 
 # ---------------------------------------------------------------- the checker, on made-up packages
@@ -414,3 +500,29 @@ class CheckerTests(unittest.TestCase):
         )
         self.assertEqual(documented_owners(doc), {"one": "pkg/a.py", "two": "pkg/b.py"})
 
+    def test_table_mentions_outside_their_owner(self):
+        root = self.make_package({
+            "owner.py": 'READ = "SELECT a FROM one JOIN two USING (a)"\n',
+            "other.py": (
+                '"""Reads FROM one, in a docstring: not SQL."""\n'
+                'def f(txn, t):\n'
+                '    """INSERT INTO one: a docstring."""\n'
+                '    txn.execute(f"UPDATE two SET a = {t} WHERE a IN (SELECT a FROM one)")\n'
+                '    txn.insert_many("one", ("a",), [])\n'
+                '    log("read from one")  # prose in lower case\n'
+                '    return Interner("three", "nid", ["x"], 1)\n'
+            ),
+            "synapse.py": 'Q = "SELECT * FROM one"\n',
+        })
+        owners = {"one": "pkg/owner.py", "two": "pkg/owner.py", "three": "pkg/owner.py"}
+        self.assertEqual(
+            foreign_table_mentions(root.parent, "pkg", owners, ["pkg/synapse.py"]),
+            [
+                "pkg/other.py:4 names one (owner: pkg/owner.py)",
+                "pkg/other.py:4 names two (owner: pkg/owner.py)",
+                "pkg/other.py:5 names one (owner: pkg/owner.py)",
+                "pkg/other.py:7 names three (owner: pkg/owner.py)",
+            ],
+        )
+        self.assertEqual(foreign_table_mentions(root.parent, "pkg", {**owners, "one": "pkg/other.py"}, ["pkg/synapse.py"])[:1],
+                         ["pkg/other.py:4 names two (owner: pkg/owner.py)"])

@@ -82,8 +82,8 @@ class CliTests:
         await self.cli("import", sample, "--db", url)
         lines = [json.loads(l) for l in open(sample).read().splitlines()]
         events = [l.get("event", l) for l in lines]
-        from roomstore.events.hashing import compute_event_id
-        from roomstore.events.room_versions import get_room_version
+        from roomstore.pdu.hashing import compute_event_id
+        from roomstore.pdu.room_versions import get_room_version
 
         version = get_room_version(events[0]["content"]["room_version"])
         join_id = compute_event_id(version, events[1])

@@ -12,8 +12,8 @@ from twisted.internet import threads
 from twisted.trial import unittest
 
 from roomstore.cli import SAMPLE_PATH
-from roomstore.events.redaction import prune_event_dict
-from roomstore.events.room_versions import get_room_version
+from roomstore.pdu.redaction_algorithm import prune_event_dict
+from roomstore.pdu.room_versions import get_room_version
 from roomstore.sample import write_sample
 from tests.db import on_both_engines
 from tests.test_cli import run_cli

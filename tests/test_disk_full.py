@@ -21,8 +21,8 @@ from twisted.internet import threads
 from twisted.trial import unittest
 
 from roomstore.cli_import import read_import_lines
-from roomstore.events.room_versions import get_room_version
-from roomstore.events.validation import parse_pdu
+from roomstore.pdu.room_versions import get_room_version
+from roomstore.pdu.parsing import parse_pdu
 from roomstore.store import RoomStore, StoreConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

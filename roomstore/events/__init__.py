@@ -1,10 +1,10 @@
-from roomstore.events.hashing import (
+from roomstore.pdu.hashing import (
     compute_content_hash,
     compute_event_id,
     compute_reference_hash,
 )
-from roomstore.events.redaction import prune_event_dict, redacted_copy, redacts_of
-from roomstore.events.room_versions import (
+from roomstore.pdu.redaction_algorithm import prune_event_dict, redacted_copy, redacts_of
+from roomstore.pdu.room_versions import (
     KNOWN_ROOM_VERSIONS,
     EventIdFormat,
     RoomVersion,
@@ -18,7 +18,7 @@ from roomstore.events.tokens import (
     TopologicalToken,
     parse_token,
 )
-from roomstore.events.validation import (
+from roomstore.pdu.parsing import (
     MAX_PDU_SIZE,
     InvalidEventError,
     ParsedPdu,

@@ -14,10 +14,10 @@ from typing import Mapping, Sequence
 
 import attrs
 
-from roomstore.events.content_hash import checked_pdu
-from roomstore.events.room_versions import get_room_version
-from roomstore.events.signatures import VerifyKeys, signatures_checked
-from roomstore.events.validation import InvalidEventError, ParsedPdu, parse_pdu
+from roomstore.pdu.content_hash import checked_pdu
+from roomstore.pdu.room_versions import get_room_version
+from roomstore.pdu.signatures import VerifyKeys, signatures_checked
+from roomstore.pdu.parsing import InvalidEventError, ParsedPdu, parse_pdu
 
 StateKey = tuple[str, str]
 
@@ -61,7 +61,7 @@ class PersistedEvent:
     state_group: int | None
     already_persisted: bool = False
     #: The event's content hash did not match: it is stored in its redacted
-    #: form (``events/content_hash.py``).
+    #: form (``pdu/content_hash.py``).
     content_hash_mismatch: bool = False
     #: Every signature the event needs was verified against the keys given
     #: (``persist_events(verify_keys=...)``); False when none were given.
@@ -85,9 +85,9 @@ class PreparedEvent:
     rejected_reason: str | None
     backfilled: bool
     state_before: Mapping[StateKey, str] | StateDelta | None
-    #: Its content hash failed: ``pdu`` is its redacted form (events/content_hash.py).
+    #: Its content hash failed: ``pdu`` is its redacted form (pdu/content_hash.py).
     content_hash_mismatch: bool = False
-    #: Every signature it needs was verified (``events/signatures.py``).
+    #: Every signature it needs was verified (``pdu/signatures.py``).
     signatures_checked: bool = False
     event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
 

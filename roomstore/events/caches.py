@@ -12,7 +12,7 @@ One place answers "which cache entries does this change drop?":
   (which rooms and users changed since a position). The writer applies a
   batch with ``batch_committed`` (the same rows the others get, plus its
   change-cache positions); a worker applies what replication brings with the
-  same methods (``roomstore.replication.store_streams``; the store never
+  same methods (``roomstore.replication.store_handler``; the store never
   imports replication).
 
 Cache names are Synapse's, as they cross the wire in the caches stream.

@@ -37,9 +37,9 @@ from canonicaljson import encode_canonical_json
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from roomstore.events.redaction import prune_event_dict
-from roomstore.events.redactions import due_for_censoring_txn, mark_censored_txn
-from roomstore.events.room_versions import get_room_version
+from roomstore.pdu.redaction_algorithm import prune_event_dict
+from roomstore.events.tables.events import due_for_censoring_txn, mark_censored_txn, replace_json_txn
+from roomstore.pdu.room_versions import get_room_version
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners
 
@@ -74,10 +74,7 @@ def censor_batch_txn(
     rewritten: dict[int, None] = {}
     for redaction_nid, target_nid, room_version, raw, censored in rows:
         if not censored and target_nid not in rewritten:
-            txn.execute(
-                "UPDATE event_json SET json = ?, censored = ? WHERE event_nid = ?",
-                (pruned_json_bytes(room_version, raw), True, target_nid),
-            )
+            replace_json_txn(txn, target_nid, pruned_json_bytes(room_version, raw), True)
             rewritten[target_nid] = None
         mark_censored_txn(txn, redaction_nid)
     if rewritten:

@@ -1,7 +1,7 @@
 """A room's ends after a batch: its extremities and the current state that
-follows them (the SQL of ``forward_extremities``, ``backward_extremities``,
-``current_state``, ``current_state_deltas`` and ``current_memberships``
-writes).
+follows them (the rows of ``forward_extremities``, ``backward_extremities``,
+``current_state``, ``current_state_deltas`` and ``current_memberships``,
+written through their owner ``roomstore.events.tables.room_state``).
 
 Both functions run inside the batch's transaction and take ``w``, the
 persister's batch writer (``roomstore.events.persist._BatchWriter``), for its
@@ -15,24 +15,17 @@ from typing import Any, Sequence
 from roomstore.events.batch import PreparedEvent
 from roomstore.state.deltas import state_diff
 from roomstore.state.merge import find_conflicts, merge_states
-from roomstore.storage.database import Transaction
-from roomstore.storage.interning import chunks
+from roomstore.events.tables.events import pointed_at_txn
+from roomstore.events.tables.room_state import (
+    current_and_forward_groups_txn,
+    queue_current_state_changes,
+    queue_extremity_changes,
+    queue_membership_changes,
+)
+from roomstore.storage.interning import queue_current_state_group
 from roomstore.visibility.rules import NO_MEMBERSHIP_CODE
 
 MEMBER = "m.room.member"
-
-
-def delete_pairs(txn: Transaction, table: str, columns: tuple[str, str], pairs, queue: bool = False) -> None:
-    """DELETE rows matching any of ``pairs`` in one statement per chunk
-    (row-value IN lists work on PostgreSQL and SQLite 3.15+); ``queue``: see
-    ``Transaction.queue``."""
-    pairs = sorted(set(pairs))
-    for part in chunks(pairs):
-        values = ", ".join("(?, ?)" for _ in part)
-        (txn.queue if queue else txn.execute)(
-            f"DELETE FROM {table} WHERE ({columns[0]}, {columns[1]}) IN (VALUES {values})",
-            [v for pair in part for v in pair],
-        )
 
 
 def update_extremities(w: Any, new_events: Sequence[PreparedEvent], rooms: set[int]) -> None:
@@ -55,121 +48,87 @@ def update_extremities(w: Any, new_events: Sequence[PreparedEvent], rooms: set[i
         (room_of[nid[ev.event_id]], nid[p]) for ev in graph_events if not ev.backfilled for p in ev.pdu.prev_event_ids
     }
     # (A fresh nid was never stored, so never an extremity.)
-    delete_pairs(
-        txn, "forward_extremities", ("room_nid", "event_nid"),
-        [pair for pair in live_referenced if pair[1] not in w.fresh_nids],
-        queue=True,
-    )
+    forward_gone = [pair for pair in live_referenced if pair[1] not in w.fresh_nids]
     # Fresh nids: only this batch's events can point at them.
     pointed_at = {nid[p] for ev in graph_events for p in ev.pdu.prev_event_ids}
-    for part in chunks(sorted(new_nids - w.fresh_nids)):
-        marks = ", ".join("?" for _ in part)
-        pointed_at.update(r[0] for r in txn.execute(
-            f"SELECT DISTINCT prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
-            f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ?",
-            (*part, False),
-        ).fetchall())
-    txn.insert_many(
-        "forward_extremities", ("room_nid", "event_nid"),
-        sorted({(room_of[n], n) for n in new_nids - backfilled if n not in pointed_at}),
-        queue=True,
-    )
+    pointed_at |= pointed_at_txn(txn, new_nids - w.fresh_nids)
+    forward_new = sorted({(room_of[n], n) for n in new_nids - backfilled if n not in pointed_at})
     # Backward: prev events we do not have as graph events; a new event
     # fills the gap it was.
     prev_nids = {p for _, p in referenced}
     have = {n for n, r in w.stored_events(prev_nids).items() if not r["outlier"]} | new_nids
     missing = sorted({(room, p) for room, p in referenced if p not in have})
-    txn.insert_many(
-        "backward_extremities", ("room_nid", "event_nid"), missing, on_conflict="ON CONFLICT DO NOTHING",
-        queue=True,
-    )
-    delete_pairs(
-        txn, "backward_extremities", ("room_nid", "event_nid"),
-        [(room_of[n], n) for n in new_nids if n not in w.fresh_nids],
-        queue=True,
-    )
+    backward_gone = [(room_of[n], n) for n in new_nids if n not in w.fresh_nids]
+    queue_extremity_changes(txn, forward_gone, forward_new, missing, backward_gone)
+
 
 def update_current_state(w: Any, room_nid: int, room_id: str, position: int) -> bool:
     """Recompute current state from the forward extremities; True if it changed."""
     txn = w.txn
     # The room's current group and its extremities' groups, in one go.
-    rows = txn.execute(
-        "SELECT r.current_state_group, e.state_group FROM rooms AS r"
-        " LEFT JOIN forward_extremities AS f ON f.room_nid = r.room_nid"
-        " LEFT JOIN events AS e ON e.event_nid = f.event_nid"
-        " WHERE r.room_nid = ?",
-        (room_nid,),
-    ).fetchall()
+    rows = current_and_forward_groups_txn(txn, room_nid)
     groups = sorted({r[1] for r in rows if r[1] is not None})
     if not groups:
         return False
     old_group = rows[0][0]
-    if len(groups) == 1:
-        new_group = groups[0]
-        new_state = w.full_state(new_group)
-    else:
-        states = [w.full_state(g) for g in groups]
-        conflicts = find_conflicts(states)
-        if conflicts and room_id in w.resolved:
-            resolved = w.resolved[room_id]
-            w.intern_keys(resolved)
-            ids = w.p.interners.events.intern(txn, resolved.values())
-            new_state = {w.key_nids[k]: ids[e] for k, e in resolved.items()}
-            base = groups[-1]
-            base_state = w.full_state(base)
-            delta = state_diff(new_state, base_state)
-            new_group = w.new_group(room_nid, None, base, delta) if delta else base
-        elif conflicts:
-            raise w.conflict_error(
-                room_id, conflicts,
-                what=f"the current state of {room_id}: its forward extremities' states",
-                advice="pass a resolved current state for the room (resolved_current_state)",
-            )
-        else:
-            index, new_state = merge_states(states)
-            base = groups[index]
-            delta = state_diff(new_state, states[index])
-            new_group = w.new_group(room_nid, None, base, delta) if delta else base
+    new_group, new_state = _current_group(w, room_nid, room_id, groups)
     if new_group == old_group:
         return False
     old_state = w.full_state(old_group)
     changed = {k for k in set(old_state) | set(new_state) if old_state.get(k) != new_state.get(k)}
-    txn.queue("UPDATE rooms SET current_state_group = ? WHERE room_nid = ?", (new_group, room_nid))
+    queue_current_state_group(txn, room_nid, new_group)
     if not changed:
         return False
     w.names_of_keys(changed)
     removed = [(room_nid, k) for k in changed if k not in new_state]
-    delete_pairs(txn, "current_state", ("room_nid", "type_key_nid"), removed, queue=True)
     upserts = sorted((room_nid, k, new_state[k]) for k in changed if k in new_state)
-    txn.insert_many(
-        "current_state", ("room_nid", "type_key_nid", "event_nid"), upserts,
-        on_conflict="ON CONFLICT (room_nid, type_key_nid) DO UPDATE SET event_nid = excluded.event_nid",
-        queue=True,
-    )
-    txn.insert_many(
-        "current_state_deltas",
-        ("stream_ordering", "instance_name", "room_nid", "type_key_nid", "event_nid", "prev_event_nid"),
-        [(position, w.p.instance_name, room_nid, k, new_state.get(k), old_state.get(k)) for k in sorted(changed)],
-        queue=True,
-    )
-    # Current memberships follow the member keys of current state.
-    member_changes = [k for k in changed if w.key_names[k][0] == MEMBER]
-    if member_changes:
-        w.intern_users(w.key_names[k][1] for k in member_changes)
-        w.load_event_facts([new_state[k] for k in member_changes if k in new_state])
-        gone = [(room_nid, w.user_nids[w.key_names[k][1]]) for k in member_changes if k not in new_state]
-        delete_pairs(txn, "current_memberships", ("room_nid", "user_nid"), gone, queue=True)
-        rows = []
-        for k in member_changes:
-            if k in new_state:
-                event = new_state[k]
-                rows.append((room_nid, w.user_nids[w.key_names[k][1]],
-                             w.membership_of_event.get(event, NO_MEMBERSHIP_CODE), event, position))
-        txn.insert_many(
-            "current_memberships", ("room_nid", "user_nid", "membership", "event_nid", "stream_ordering"),
-            sorted(rows),
-            on_conflict="ON CONFLICT (room_nid, user_nid) DO UPDATE SET membership = excluded.membership,"
-            " event_nid = excluded.event_nid, stream_ordering = excluded.stream_ordering",
-            queue=True,
-        )
+    deltas = [(position, w.p.instance_name, room_nid, k, new_state.get(k), old_state.get(k)) for k in sorted(changed)]
+    queue_current_state_changes(txn, removed, upserts, deltas)
+    _update_current_memberships(w, room_nid, changed, new_state, position)
     return True
+
+
+def _current_group(w: Any, room_nid: int, room_id: str, groups: list[int]) -> tuple[int, dict[int, int]]:
+    """(group, state) of the room's current state from its extremities'
+    ``groups``: the one group, their merge, or the caller's resolved state
+    where they conflict (refused without one)."""
+    if len(groups) == 1:
+        return groups[0], w.full_state(groups[0])
+    states = [w.full_state(g) for g in groups]
+    conflicts = find_conflicts(states)
+    if conflicts and room_id in w.resolved:
+        resolved = w.resolved[room_id]
+        w.intern_keys(resolved)
+        ids = w.p.interners.events.intern(w.txn, resolved.values())
+        new_state = {w.key_nids[k]: ids[e] for k, e in resolved.items()}
+        base = groups[-1]
+        base_state = w.full_state(base)
+    elif conflicts:
+        raise w.conflict_error(
+            room_id, conflicts,
+            what=f"the current state of {room_id}: its forward extremities' states",
+            advice="pass a resolved current state for the room (resolved_current_state)",
+        )
+    else:
+        index, new_state = merge_states(states)
+        base = groups[index]
+        base_state = states[index]
+    delta = state_diff(new_state, base_state)
+    return (w.new_group(room_nid, None, base, delta) if delta else base), new_state
+
+
+def _update_current_memberships(w: Any, room_nid: int, changed: set[int], new_state: dict, position: int) -> None:
+    """Current memberships follow the member keys of current state."""
+    member_changes = [k for k in changed if w.key_names[k][0] == MEMBER]
+    if not member_changes:
+        return
+    w.intern_users(w.key_names[k][1] for k in member_changes)
+    w.load_event_facts([new_state[k] for k in member_changes if k in new_state])
+    gone = [(room_nid, w.user_nids[w.key_names[k][1]]) for k in member_changes if k not in new_state]
+    rows = []
+    for k in member_changes:
+        if k in new_state:
+            event = new_state[k]
+            rows.append((room_nid, w.user_nids[w.key_names[k][1]],
+                         w.membership_of_event.get(event, NO_MEMBERSHIP_CODE), event, position))
+    queue_membership_changes(w.txn, gone, sorted(rows))

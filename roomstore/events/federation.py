@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 import attrs
 
 from roomstore.events.reads import EventReader
+from roomstore.events.tables.events import graph_facts_txn, prev_facts_txn
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners, chunks
 
@@ -164,12 +165,7 @@ class _GraphWalk:
         """Facts of those ``nids`` that are stored non-outlier events of the room."""
         found: dict[int, _Facts] = {}
         for part in chunks(sorted(set(nids))):
-            marks = ", ".join("?" for _ in part)
-            for nid, topo, stream, rejected in self.txn.execute(
-                "SELECT e.event_nid, e.topological_ordering, e.stream_ordering, e.rejected_reason"
-                f" FROM events AS e WHERE e.event_nid IN ({marks}) AND e.room_nid = ? AND e.outlier = ?",
-                [*part, self.room_nid, False],
-            ).fetchall():
+            for nid, topo, stream, rejected in graph_facts_txn(self.txn, part, self.room_nid):
                 found[nid] = _Facts(topo, stream, rejected is not None)
         self.facts.update(found)
         return found
@@ -196,13 +192,6 @@ class _GraphWalk:
     def _load_prevs(self, nids: list[int]) -> None:
         for nid in nids:
             self._prevs[nid] = []
-        marks = ", ".join("?" for _ in nids)
-        for child, prev, topo, stream, rejected in self.txn.execute(
-            "SELECT ed.event_nid, p.event_nid, p.topological_ordering, p.stream_ordering, p.rejected_reason"
-            " FROM event_edges AS ed JOIN events AS p ON p.event_nid = ed.prev_event_nid"
-            f" WHERE ed.event_nid IN ({marks}) AND p.room_nid = ? AND p.outlier = ?"
-            " ORDER BY ed.event_nid, p.event_nid",
-            [*nids, self.room_nid, False],
-        ).fetchall():
+        for child, prev, topo, stream, rejected in prev_facts_txn(self.txn, nids, self.room_nid):
             self._prevs[child].append(prev)
             self.facts.setdefault(prev, _Facts(topo, stream, rejected is not None))

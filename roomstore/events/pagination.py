@@ -28,6 +28,7 @@ from roomstore.events.timeline import (
     event_from_row,
     Viewer,
 )
+from roomstore.events.tables.events import events_as, join_events
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
 from roomstore.visibility.snapshots import snapshot_upto_sql, visible_sql
@@ -120,25 +121,55 @@ class Paginator:
         limit: int,
         upper: tuple[int, dict[str, int]],
     ) -> list[tuple]:
+        """The page's rows (``EVENT_COLUMNS``): the room and the viewer's
+        nids, the key to start from, then one statement (``page_sql``)."""
         room_nid = self.timeline.interners.rooms.lookup(txn, [room_id]).get(room_id)
         if room_nid is None:
             return []
         viewer = self.timeline.viewer_txn(txn, viewer)
+        key = self._start_key(txn, room_nid, start, stream_start, direction)
+        if key is None:
+            return []
         high_sql, high_params = stream_bound_sql("e", "<=", upper[0], upper[1])
+        sql = page_sql(direction, high_sql, txn.engine.lateral_joins)
+        window = limit + self.pagination_slack
+        user_nid = viewer.user_nid if viewer.user_nid is not None else -1
+        own_key = viewer.member_key_nid if viewer.member_key_nid is not None else -1
+        search_params = [False, *high_params, limit]
+        params = [
+            room_nid, *key, window - 1,  # edge
+            room_nid, False, *high_params, *key, *viewer.params(), limit,  # hit
+            room_nid, user_nid, user_nid, room_nid, limit,  # seen
+            *search_params,  # more, by visibility_before
+            own_key, *search_params,  # more, by visibility_after
+            limit,  # page: more
+            limit,
+        ]
+        return txn.execute(sql, params, prepare=True).fetchall()
+
+    def _start_key(
+        self,
+        txn: Transaction,
+        room_nid: int,
+        start: TopologicalToken | None,
+        stream_start: tuple[int, dict[str, int]] | None,
+        direction: str,
+    ) -> tuple[int, int] | None:
+        """The event key the page starts from; None: the page is empty."""
         key: tuple[int, int] | None = None if start is None else start.as_tuple()
         if stream_start is not None:
             # The newest key, in topological order, of the events at or
             # before the stream position.
             at_sql, at_params = stream_bound_sql("e", "<=", stream_start[0], stream_start[1])
             row = txn.execute(
-                "SELECT e.topological_ordering, e.stream_ordering FROM events AS e"
+                f"SELECT e.topological_ordering, e.stream_ordering FROM {events_as('e')}"
                 f" WHERE e.room_nid = ? AND e.outlier = ? AND {at_sql}"
                 " ORDER BY e.topological_ordering DESC, e.stream_ordering DESC LIMIT 1",
                 [room_nid, False, *at_params],
             ).fetchone()
             if row is None:
                 if direction == "b":
-                    return []  # nothing at or before it
+                    return None  # nothing at or before it
                 key = None  # forwards from before the first event
             else:
                 key = (row[0], row[1])
@@ -148,94 +179,74 @@ class Paginator:
             # (room, topological) index in order rather than reading the whole
             # room through the (room, stream) index to sort it.
             key = (2**63 - 1, 2**63 - 1) if direction == "b" else (-(2**63), -(2**63))
-        if direction == "b":
-            # Row values: both engines start the index walk at the key itself
-            # (the equivalent OR of comparisons made SQLite walk from the end
-            # of the room every page).
-            bound_sql = "(e.topological_ordering, e.stream_ordering) <= (?, ?)"
-            bound_params = [key[0], key[1]]
-        else:
-            bound_sql = "(e.topological_ordering, e.stream_ordering) > (?, ?)"
-            bound_params = [key[0], key[1]]
-        order = "DESC" if direction == "b" else "ASC"
-        beyond = "<" if direction == "b" else ">"
-        within = ">=" if direction == "b" else "<="
-        far = -(2**63) if direction == "b" else 2**63 - 1
-        # The stream bound must not pick the (room, stream) index: walking the
-        # (room, topological) index in ORDER BY order stops after the page or
-        # at the window's edge, where the stream index made the database test
-        # the visibility of every event of the room, then sort them
-        # (bench/timeline_reads.py). Unary plus: a numeric no-op on both
-        # engines that no index matches.
-        high_sql = high_sql.replace("e.stream_ordering", "+e.stream_ordering")
-        vis, _ = visible_sql("e")
-        # One statement, two parts.
-        # (1) ``edge``: the key of the ``window``-th event from the key (any
-        # event; the walk reads the (room, topological) index alone), absent
-        # when fewer lie that way. ``hit``: each event from the key tested by
-        # ``visible_sql`` in index order until ``limit`` are found, but not
-        # past the edge. A page of events the viewer may see is this part
-        # alone, at the cost of a plain walk.
-        # (2) Only when that leaves the page short and the edge exists (more
-        # events lie beyond it): ``more``, the visible events beyond the
-        # edge, found through the room's snapshots at which the viewer may
-        # see some event (``seen``, with the stream ordering ``upto`` below
-        # which they may: ``snapshot_upto_sql``), each searched on the
-        # (visibility_before|visibility_after, topological) indexes for its
-        # first ``limit`` events beyond the edge. A long run of events the
-        # viewer may not see then costs nothing per event. Both parts apply
-        # the same rule; the snapshots are searched one by one, not as runs,
-        # so forks that interleave snapshots cannot hide a visible event.
-        window = limit + self.pagination_slack
-        gate = "(SELECT COUNT(*) FROM hit) < ? AND EXISTS (SELECT 1 FROM edge)"
-        edge_sql = f"""(COALESCE((SELECT g.topo FROM edge AS g), {far}),
+        return key
+
+
+def page_sql(direction: str, high_sql: str, lateral_joins: bool) -> str:
+    """The statement of a page (see ``_paginate_txn`` for its parameters).
+
+    One statement, two parts.
+    (1) ``edge``: the key of the ``window``-th event from the key (any
+    event; the walk reads the (room, topological) index alone), absent
+    when fewer lie that way. ``hit``: each event from the key tested by
+    ``visible_sql`` in index order until ``limit`` are found, but not
+    past the edge. A page of events the viewer may see is this part
+    alone, at the cost of a plain walk.
+    (2) Only when that leaves the page short and the edge exists (more
+    events lie beyond it): ``more``, the visible events beyond the
+    edge, found through the room's snapshots at which the viewer may
+    see some event (``seen``, with the stream ordering ``upto`` below
+    which they may: ``snapshot_upto_sql``), each searched on the
+    (visibility_before|visibility_after, topological) indexes for its
+    first ``limit`` events beyond the edge (``_per_snapshot``). A long run
+    of events the viewer may not see then costs nothing per event. Both
+    parts apply the same rule; the snapshots are searched one by one, not
+    as runs, so forks that interleave snapshots cannot hide a visible event.
+    """
+    if direction == "b":
+        # Row values: both engines start the index walk at the key itself
+        # (the equivalent OR of comparisons made SQLite walk from the end
+        # of the room every page).
+        bound_sql = "(e.topological_ordering, e.stream_ordering) <= (?, ?)"
+    else:
+        bound_sql = "(e.topological_ordering, e.stream_ordering) > (?, ?)"
+    order = "DESC" if direction == "b" else "ASC"
+    within = ">=" if direction == "b" else "<="
+    far = -(2**63) if direction == "b" else 2**63 - 1
+    # The stream bound must not pick the (room, stream) index: walking the
+    # (room, topological) index in ORDER BY order stops after the page or
+    # at the window's edge, where the stream index made the database test
+    # the visibility of every event of the room, then sort them
+    # (bench/timeline_reads.py). Unary plus: a numeric no-op on both
+    # engines that no index matches.
+    high_sql = high_sql.replace("e.stream_ordering", "+e.stream_ordering")
+    vis, _ = visible_sql("e")
+    gate = "(SELECT COUNT(*) FROM hit) < ? AND EXISTS (SELECT 1 FROM edge)"
+    edge_sql = f"""(COALESCE((SELECT g.topo FROM edge AS g), {far}),
                         COALESCE((SELECT g.stream FROM edge AS g), {far}))"""
-        own = "(e.type = 'm.room.history_visibility' OR e.type_key_nid = ?)"
-
-        def per_snapshot(column: str, extra: str) -> str:
-            """The first ``limit`` visible events beyond the edge ``g``
-            whose ``column`` is the seen snapshot ``s``."""
-            search = f"""FROM events AS e
-                WHERE e.{column} = s.snapshot_nid {extra}
-                  AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
-                  AND (e.topological_ordering, e.stream_ordering) {beyond} (g.topo, g.stream)
-                  AND e.stream_ordering < s.upto
-                ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
-                LIMIT ?"""
-            if txn.engine.lateral_joins:
-                return (
-                    "SELECT x.event_nid AS event_nid, x.topo AS topo, x.stream AS stream"
-                    " FROM seen AS s CROSS JOIN edge AS g CROSS JOIN LATERAL (SELECT e.event_nid AS event_nid,"
-                    f" e.topological_ordering AS topo, e.stream_ordering AS stream {search}) AS x"
-                )
-            # Without LATERAL: the same search as a correlated IN, run once
-            # per seen snapshot.
-            return (
-                "SELECT y.event_nid AS event_nid, y.topological_ordering AS topo, y.stream_ordering AS stream"
-                f" FROM seen AS s CROSS JOIN edge AS g CROSS JOIN events AS y"
-                f" WHERE y.event_nid IN (SELECT e.event_nid {search})"
-            )
-
-        # An event found by its snapshot before is not searched for again
-        # by its snapshot after (UNION ALL: SQLite's UNION cost 0.3 ms a
-        # page even when both halves are empty).
-        after_only = f"""AND e.visibility_before IS NOT NULL AND {own}
+    own = "(e.type = 'm.room.history_visibility' OR e.type_key_nid = ?)"
+    # An event found by its snapshot before is not searched for again
+    # by its snapshot after (UNION ALL: SQLite's UNION cost 0.3 ms a
+    # page even when both halves are empty).
+    after_only = f"""AND e.visibility_before IS NOT NULL AND {own}
                   AND NOT EXISTS (SELECT 1 FROM seen AS sb WHERE sb.snapshot_nid = e.visibility_before
                       AND e.stream_ordering < sb.upto)"""
-        # ``page``: every event of ``more`` lies beyond every event of
-        # ``hit``. Unary plus in the ORDER BYs over it: SQLite otherwise
-        # pushes the order into the arms of the compound and plans them anew,
-        # which cost 0.35 ms a page even with ``more`` empty.
-        sql = f"""
+    before_search = _per_snapshot("visibility_before", "", direction, high_sql, lateral_joins)
+    after_search = _per_snapshot("visibility_after", after_only, direction, high_sql, lateral_joins)
+    # ``page``: every event of ``more`` lies beyond every event of
+    # ``hit``. Unary plus in the ORDER BYs over it: SQLite otherwise
+    # pushes the order into the arms of the compound and plans them anew,
+    # which cost 0.35 ms a page even with ``more`` empty.
+    return f"""
             WITH edge AS (
                 SELECT e.topological_ordering AS topo, e.stream_ordering AS stream
-                FROM events AS e
+                FROM {events_as("e")}
                 WHERE e.room_nid = ? AND {bound_sql}
                 ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
                 LIMIT 1 OFFSET ?
             ), hit AS (
                 SELECT e.event_nid AS event_nid, e.topological_ordering AS topo, e.stream_ordering AS stream
-                FROM events AS e
+                FROM {events_as("e")}
                 WHERE e.room_nid = ? AND e.outlier = ? AND e.rejected_reason IS NULL
                   AND {high_sql} AND {bound_sql}
                   AND (e.topological_ordering, e.stream_ordering) {within} {edge_sql}
@@ -245,9 +256,9 @@ class Paginator:
             ), seen AS (
                 {snapshot_upto_sql(f"cs.room_nid = ? AND {gate}")}
             ), more AS (
-                {per_snapshot("visibility_before", "")}
+                {before_search}
                 UNION ALL
-                {per_snapshot("visibility_after", after_only)}
+                {after_search}
             ), page AS (
                 SELECT h.event_nid AS event_nid, h.topo AS topo, h.stream AS stream FROM hit AS h
                 UNION ALL
@@ -257,19 +268,33 @@ class Paginator:
                     LIMIT ?) AS m
             )
             SELECT {EVENT_COLUMNS}
-            FROM page AS p JOIN events AS e ON e.event_nid = p.event_nid {EVENT_JOINS}
+            FROM page AS p {join_events("e", "e.event_nid = p.event_nid")} {EVENT_JOINS}
             ORDER BY +p.topo {order}, +p.stream {order}
             LIMIT ?"""
-        user_nid = viewer.user_nid if viewer.user_nid is not None else -1
-        own_key = viewer.member_key_nid if viewer.member_key_nid is not None else -1
-        search_params = [False, *high_params, limit]
-        params = [
-            room_nid, *bound_params, window - 1,  # edge
-            room_nid, False, *high_params, *bound_params, *viewer.params(), limit,  # hit
-            room_nid, user_nid, user_nid, room_nid, limit,  # seen
-            *search_params,  # more, by visibility_before
-            own_key, *search_params,  # more, by visibility_after
-            limit,  # page: more
-            limit,
-        ]
-        return txn.execute(sql, params, prepare=True).fetchall()
+
+
+def _per_snapshot(column: str, extra: str, direction: str, high_sql: str, lateral_joins: bool) -> str:
+    """The first ``limit`` visible events beyond the edge ``g`` whose
+    ``column`` is the seen snapshot ``s``."""
+    order = "DESC" if direction == "b" else "ASC"
+    beyond = "<" if direction == "b" else ">"
+    search = f"""FROM {events_as("e")}
+                WHERE e.{column} = s.snapshot_nid {extra}
+                  AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
+                  AND (e.topological_ordering, e.stream_ordering) {beyond} (g.topo, g.stream)
+                  AND e.stream_ordering < s.upto
+                ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
+                LIMIT ?"""
+    if lateral_joins:
+        return (
+            "SELECT x.event_nid AS event_nid, x.topo AS topo, x.stream AS stream"
+            " FROM seen AS s CROSS JOIN edge AS g CROSS JOIN LATERAL (SELECT e.event_nid AS event_nid,"
+            f" e.topological_ordering AS topo, e.stream_ordering AS stream {search}) AS x"
+        )
+    # Without LATERAL: the same search as a correlated IN, run once
+    # per seen snapshot.
+    return (
+        "SELECT y.event_nid AS event_nid, y.topological_ordering AS topo, y.stream_ordering AS stream"
+        f" FROM seen AS s CROSS JOIN edge AS g CROSS JOIN {events_as('y')}"
+        f" WHERE y.event_nid IN (SELECT e.event_nid {search})"
+    )

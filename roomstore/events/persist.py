@@ -31,15 +31,31 @@ from roomstore.events.batch import (
 )
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import update_current_state, update_extremities
-from roomstore.events.reads import room_versions_txn
-from roomstore.events.redactions import insert_redactions, unflagged_targets_txn
-from roomstore.events.validation import InvalidEventError
+from roomstore.events.tables.events import (
+    history_visibility_json_txn,
+    insert_edges,
+    insert_event_json,
+    insert_events,
+    insert_redactions,
+    queue_flag_redacted,
+    stored_events_txn,
+    unflagged_targets_txn,
+)
+from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state.deltas import state_diff
 from roomstore.state.groups import StateGroupStore, StateGroupWrites, group_facts_txn
 from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_states
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import Interners, LruCache, chunks
+from roomstore.storage.interning import (
+    Interners,
+    LruCache,
+    chunks,
+    queue_activity,
+    queue_room_version,
+    room_versions_txn,
+)
 from roomstore.visibility.rules import NO_MEMBERSHIP_CODE, membership_code, visibility_code
+from roomstore.visibility.memberships import insert_memberships, membership_codes_txn
 from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, VisibilityWrites, snapshot_facts_sql
 
 __all__ = [
@@ -131,6 +147,22 @@ def _remember_all(cache: LruCache, mapping: Mapping) -> None:
         cache.set(key, value)
 
 
+@attrs.define
+class _Rows:
+    """The rows a batch writes, built event by event (``_BatchWriter._event_rows``)."""
+
+    events: list = attrs.Factory(list)
+    json: list = attrs.Factory(list)
+    edges: list = attrs.Factory(list)
+    auth: list = attrs.Factory(list)
+    memberships: list = attrs.Factory(list)
+    redactions: list = attrs.Factory(list)
+    #: room ID -> newest stream ordering of its graph events in the batch.
+    room_positions: dict = attrs.Factory(dict)
+    #: user ID -> newest stream ordering of their membership events in the batch.
+    membership_users: dict = attrs.Factory(dict)
+
+
 class _BatchWriter:
     """One batch inside one transaction. Short-lived; holds the batch's maps."""
 
@@ -214,16 +246,9 @@ class _BatchWriter:
         if not missing:
             return
         for part in chunks(missing):
-            marks = ", ".join("?" for _ in part)
-            for nid, code in self.txn.execute(
-                f"SELECT event_nid, membership FROM room_memberships WHERE event_nid IN ({marks})", list(part)
-            ).fetchall():
+            for nid, code in membership_codes_txn(self.txn, part):
                 self.membership_of_event[nid] = code
-            for nid, raw in self.txn.execute(
-                f"SELECT e.event_nid, j.json FROM events AS e JOIN event_json AS j ON j.event_nid = e.event_nid"
-                f" WHERE e.event_nid IN ({marks}) AND e.type = 'm.room.history_visibility'",
-                list(part),
-            ).fetchall():
+            for nid, raw in history_visibility_json_txn(self.txn, part):
                 content = json.loads(bytes(raw).decode("utf-8")).get("content")
                 value = content.get("history_visibility") if isinstance(content, dict) else None
                 self.visibility_of_event[nid] = visibility_code(value)
@@ -305,8 +330,30 @@ class _BatchWriter:
     # ---------------------------------------------------------------- the batch
 
     def run(self, batch: Sequence[PreparedEvent], stream_ids: Sequence[int], backfill_ids: Sequence[int]) -> BatchOutcome:
+        """The batch in named steps: intern its IDs, report what is stored
+        already, intern the names of the rest, give them stream orderings,
+        build and write their rows, then the rooms' ends and current state."""
         txn = self.txn
         batch = order_batch(batch)
+        self._intern_event_ids(batch)
+        results, new_events = self._already_stored(batch)
+        if not new_events:
+            return BatchOutcome(results, {}, {}, set(), set(), [])
+        room_nids = self._intern_names(new_events)
+        ordering = self._orderings(new_events, stream_ids, backfill_ids)
+        rows = self._event_rows(new_events, room_nids, ordering, results)
+        redacted_targets = self._write_rows(new_events, rows)
+        current_state_rooms = self._update_rooms(new_events, room_nids, ordering)
+        self.group_writes.flush(txn)
+        self.visibility_writes.flush(txn)
+        redacted_ids = set(self.p.interners.events.resolve(txn, redacted_targets).values()) if redacted_targets else set()
+        return BatchOutcome(
+            results, rows.room_positions, rows.membership_users, current_state_rooms, redacted_ids,
+            [ev.event_id for ev in new_events],
+        )
+
+    def _intern_event_ids(self, batch: Sequence[PreparedEvent]) -> None:
+        """Every event ID the batch names, interned; ``fresh_nids``: those new."""
         all_ids = set()
         for ev in batch:
             all_ids.add(ev.event_id)
@@ -321,11 +368,13 @@ class _BatchWriter:
             elif isinstance(ev.state_before, StateDelta):
                 all_ids.update(ev.state_before.changes.values())
         fresh_ids: set = set()
-        self.event_nids = self.p.interners.events.intern(txn, all_ids, created=fresh_ids)
-        nid = self.event_nids
-        self.fresh_nids = {nid[e] for e in fresh_ids}
+        self.event_nids = self.p.interners.events.intern(self.txn, all_ids, created=fresh_ids)
+        self.fresh_nids = {self.event_nids[e] for e in fresh_ids}
 
-        # Events stored before: a no-op that reports their positions.
+    def _already_stored(self, batch: Sequence[PreparedEvent]) -> tuple[dict[str, PersistedEvent], list[PreparedEvent]]:
+        """(results of the events stored before: a no-op that reports their
+        positions, the new events)."""
+        nid = self.event_nids
         results: dict[str, PersistedEvent] = {}
         stored = self.stored_events([nid[ev.event_id] for ev in batch])
         new_events = [ev for ev in batch if nid[ev.event_id] not in stored]
@@ -336,10 +385,14 @@ class _BatchWriter:
                     ev.event_id, ev.pdu.room_id, row["stream_ordering"], row["topological_ordering"],
                     row["state_group_before"], row["state_group"], already_persisted=True,
                 )
-        if not new_events:
-            return BatchOutcome(results, {}, {}, set(), set(), [])
+        return results, new_events
 
-        room_nids = self.p.interners.rooms.intern(txn, {ev.pdu.room_id for ev in new_events})
+    def _intern_names(self, new_events: Sequence[PreparedEvent]) -> dict[str, int]:
+        """Rooms (returned, their versions checked), users and state keys of
+        the new events interned; the batch's own membership and history
+        visibility facts noted; the state group and snapshot IDs sized."""
+        nid = self.event_nids
+        room_nids = self.p.interners.rooms.intern(self.txn, {ev.pdu.room_id for ev in new_events})
         self.check_room_versions(new_events, room_nids)
         self.intern_users(
             {ev.pdu.sender for ev in new_events}
@@ -368,24 +421,37 @@ class _BatchWriter:
             1 for ev in new_events if ev.state_before is not None or (ev.pdu.state_key is not None and not ev.outlier)
         )
         self.group_writes.expected = self.visibility_writes.expected = expected
+        return room_nids
 
-        # Stream orderings: arrival order for live events; backfilled events
-        # count down below zero, the newest (deepest) nearest zero.
+    @staticmethod
+    def _orderings(
+        new_events: Sequence[PreparedEvent], stream_ids: Sequence[int], backfill_ids: Sequence[int]
+    ) -> dict[str, int]:
+        """Stream orderings: arrival order for live events; backfilled events
+        count down below zero, the newest (deepest) nearest zero."""
         live = [ev for ev in new_events if not ev.backfilled]
         backfilled = sorted((ev for ev in new_events if ev.backfilled), key=lambda ev: -ev.pdu.depth)
         if len(stream_ids) < len(live) or len(backfill_ids) < len(backfilled):
             raise ValueError("not enough stream IDs reserved for the batch")
         ordering = {ev.event_id: sid for ev, sid in zip(live, stream_ids)}
         ordering.update({ev.event_id: -bid for ev, bid in zip(backfilled, backfill_ids)})
+        return ordering
 
+    def _event_rows(
+        self,
+        new_events: Sequence[PreparedEvent],
+        room_nids: Mapping[str, int],
+        ordering: Mapping[str, int],
+        results: dict[str, PersistedEvent],
+    ) -> "_Rows":
+        """The rows of the new events (their state groups and snapshots made
+        on the way), each event's result added to ``results``."""
+        nid = self.event_nids
         # What we know of prev events stored before this batch.
         prev_nids = {nid[p] for ev in new_events for p in ev.pdu.prev_event_ids}
         known = self.stored_events(prev_nids)
         groups_after: dict[int, int | None] = {n: r["state_group"] for n, r in known.items() if not r["outlier"]}
-
-        event_rows, json_rows, edge_rows, auth_rows, membership_rows, redaction_rows = [], [], [], [], [], []
-        room_positions: dict[str, int] = {}
-        membership_users: dict[str, int] = {}
+        rows = _Rows()
         for ev in new_events:
             pdu = ev.pdu
             event_nid = nid[ev.event_id]
@@ -394,71 +460,77 @@ class _BatchWriter:
             group_before = group_after = None
             visibility_before = visibility_after = None
             if not ev.outlier:
-                group_before = self.state_before(ev, room_nid, groups_after)
-                if group_before is None:
-                    # The room's first event: state before it is empty.
-                    empty = self.p.visibility.snapshot_for(txn, room_nid, None, {}, None, self.visibility_writes)
-                    visibility_before = empty
-                else:
-                    visibility_before = self.snapshot_of(group_before)
-                group_after = group_before
-                is_state = pdu.state_key is not None and not ev.rejected_reason
-                if is_state:
-                    key = self.key_nids[(pdu.type, pdu.state_key)]
-                    if group_before is None:
-                        group_after = self.new_group(room_nid, event_nid, None, {key: event_nid}, visibility_before)
-                    else:
-                        group_after = self.new_group(room_nid, event_nid, group_before, {key: event_nid})
-                    if pdu.type == MEMBER or (pdu.type, pdu.state_key) == HISTORY_VISIBILITY:
-                        visibility_after = self.snapshot_of(group_after)
+                group_before, group_after, visibility_before, visibility_after = self._groups_of(
+                    ev, event_nid, room_nid, groups_after
+                )
                 groups_after[event_nid] = group_after
 
             type_key = self.key_nids[(pdu.type, pdu.state_key)] if pdu.state_key is not None else None
-            event_rows.append((
+            rows.events.append((
                 event_nid, room_nid, pdu.type, type_key, self.user_nids[pdu.sender], pdu.depth, pdu.depth,
                 stream, self.p.instance_name, pdu.origin_server_ts, self.now_ms, ev.outlier,
                 ev.rejected_reason, ev.backfilled, False, group_before, group_after,
                 visibility_before, visibility_after,
             ))
-            json_rows.append((event_nid, pdu.room_version.identifier, pdu.raw, ev.content_hash_mismatch))
-            edge_rows.extend((event_nid, nid[p]) for p in dict.fromkeys(pdu.prev_event_ids))
+            rows.json.append((event_nid, pdu.room_version.identifier, pdu.raw, ev.content_hash_mismatch))
+            rows.edges.extend((event_nid, nid[p]) for p in dict.fromkeys(pdu.prev_event_ids))
             # With v12's implied create event: the auth chain's edges, as Synapse's event_auth.
-            auth_rows.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
+            rows.auth.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
             if pdu.type == MEMBER and pdu.state_key is not None and not ev.rejected_reason:
-                membership_rows.append((
+                rows.memberships.append((
                     event_nid, room_nid, self.user_nids[pdu.state_key], self.user_nids[pdu.sender],
                     membership_code(pdu.membership), stream,
                 ))
-                membership_users[pdu.state_key] = max(membership_users.get(pdu.state_key, stream), stream)
+                rows.membership_users[pdu.state_key] = max(rows.membership_users.get(pdu.state_key, stream), stream)
             if pdu.type == "m.room.redaction" and pdu.redacts and not ev.rejected_reason:
-                redaction_rows.append((event_nid, nid[pdu.redacts], self.now_ms))
+                rows.redactions.append((event_nid, nid[pdu.redacts], self.now_ms))
             if not ev.outlier:
-                room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)
+                rows.room_positions[pdu.room_id] = max(rows.room_positions.get(pdu.room_id, stream), stream)
             results[ev.event_id] = PersistedEvent(
                 ev.event_id, pdu.room_id, stream, pdu.depth, group_before, group_after
             )
+        return rows
 
-        txn.insert_many(
-            "events",
-            ("event_nid", "room_nid", "type", "type_key_nid", "sender_nid", "depth", "topological_ordering",
-             "stream_ordering", "instance_name", "origin_server_ts", "received_ts", "outlier", "rejected_reason",
-             "backfilled", "redacted", "state_group_before", "state_group", "visibility_before", "visibility_after"),
-            event_rows,
-            queue=True,
-        )
-        # censored: the bytes are the redacted form (a content hash mismatch, events/content_hash.py)
-        txn.insert_many("event_json", ("event_nid", "room_version", "json", "censored"), json_rows, queue=True)
-        txn.insert_many("event_edges", ("event_nid", "prev_event_nid"), edge_rows, queue=True)
-        txn.insert_many("event_auth_edges", ("event_nid", "auth_event_nid"), auth_rows, queue=True)
-        txn.insert_many(
-            "room_memberships",
-            ("event_nid", "room_nid", "user_nid", "sender_nid", "membership", "stream_ordering"),
-            membership_rows,
-            queue=True,
-        )
-        insert_redactions(txn, redaction_rows)
-        redacted_targets = self.flag_redactions([nid[ev.event_id] for ev in new_events], [r[0] for r in redaction_rows])
+    def _groups_of(
+        self, ev: PreparedEvent, event_nid: int, room_nid: int, groups_after: Mapping[int, int | None]
+    ) -> tuple[int | None, int | None, int | None, int | None]:
+        """(state group before, after, visibility snapshot before, after) of a graph event."""
+        pdu = ev.pdu
+        visibility_after = None
+        group_before = self.state_before(ev, room_nid, groups_after)
+        if group_before is None:
+            # The room's first event: state before it is empty.
+            visibility_before = self.p.visibility.snapshot_for(self.txn, room_nid, None, {}, None, self.visibility_writes)
+        else:
+            visibility_before = self.snapshot_of(group_before)
+        group_after = group_before
+        if pdu.state_key is not None and not ev.rejected_reason:
+            key = self.key_nids[(pdu.type, pdu.state_key)]
+            if group_before is None:
+                group_after = self.new_group(room_nid, event_nid, None, {key: event_nid}, visibility_before)
+            else:
+                group_after = self.new_group(room_nid, event_nid, group_before, {key: event_nid})
+            if pdu.type == MEMBER or (pdu.type, pdu.state_key) == HISTORY_VISIBILITY:
+                visibility_after = self.snapshot_of(group_after)
+        return group_before, group_after, visibility_before, visibility_after
 
+    def _write_rows(self, new_events: Sequence[PreparedEvent], rows: "_Rows") -> set[int]:
+        """The rows written through their tables' owners; returns the
+        targets newly flagged redacted."""
+        txn = self.txn
+        insert_events(txn, rows.events)
+        insert_event_json(txn, rows.json)
+        insert_edges(txn, rows.edges, rows.auth)
+        insert_memberships(txn, rows.memberships)
+        insert_redactions(txn, rows.redactions)
+        nid = self.event_nids
+        return self.flag_redactions([nid[ev.event_id] for ev in new_events], [r[0] for r in rows.redactions])
+
+    def _update_rooms(
+        self, new_events: Sequence[PreparedEvent], room_nids: Mapping[str, int], ordering: Mapping[str, int]
+    ) -> set[str]:
+        """Extremities, current state and activity of the rooms the batch
+        touched; returns the rooms whose current state changed."""
         rooms_touched = {room_nids[ev.pdu.room_id] for ev in new_events if not ev.outlier}
         update_extremities(self, new_events, rooms_touched)
         live_rooms = {room_nids[ev.pdu.room_id]: ev.pdu.room_id for ev in new_events if not ev.outlier and not ev.backfilled}
@@ -467,16 +539,8 @@ class _BatchWriter:
             position = max(ordering[ev.event_id] for ev in new_events if ev.pdu.room_id == room_id and not ev.backfilled)
             if update_current_state(self, room_nid, room_id, position):
                 current_state_rooms.add(room_id)
-
         self.note_activity(new_events, room_nids, ordering)
-
-        self.group_writes.flush(txn)
-        self.visibility_writes.flush(txn)
-        redacted_ids = set(self.p.interners.events.resolve(txn, redacted_targets).values()) if redacted_targets else set()
-        return BatchOutcome(
-            results, room_positions, membership_users, current_state_rooms, redacted_ids,
-            [ev.event_id for ev in new_events],
-        )
+        return current_state_rooms
 
     # ---------------------------------------------------------------- pieces
 
@@ -484,17 +548,8 @@ class _BatchWriter:
         """Facts of the events stored before this batch, by nid (others left out)."""
         wanted = set(event_nids)
         unknown = [n for n in wanted if n not in self.stored_cache and n not in self.fresh_nids]
-        for part in chunks(unknown):
-            marks = ", ".join("?" for _ in part)
-            for row in self.txn.execute(
-                "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group, outlier"
-                f" FROM events WHERE event_nid IN ({marks})",
-                list(part),
-            ).fetchall():
-                self.stored_cache[row[0]] = {
-                    "stream_ordering": row[1], "topological_ordering": row[2],
-                    "state_group_before": row[3], "state_group": row[4], "outlier": bool(row[5]),
-                }
+        for nid, row in stored_events_txn(self.txn, unknown).items():
+            self.stored_cache[nid] = row._asdict()
         found = {}
         for n in wanted - self.fresh_nids:
             facts = self.stored_cache.setdefault(n, None)  # None: known not to be stored
@@ -515,7 +570,7 @@ class _BatchWriter:
             known = versions.get(room_id)
             if known is None:
                 if ev.pdu.type == "m.room.create" and ev.pdu.state_key == "":
-                    self.txn.queue("UPDATE rooms SET room_version = ? WHERE room_nid = ?", (given, room_nids[room_id]))
+                    queue_room_version(self.txn, room_nids[room_id], given)
                     versions[room_id] = given
                     self.txn.call_after(cache.set, room_id, given)
             elif known != given:
@@ -576,9 +631,7 @@ class _BatchWriter:
         targets = unflagged_targets_txn(
             txn, "redacts_event_nid", [n for n in new_event_nids if n not in self.fresh_nids]
         ) | unflagged_targets_txn(txn, "redaction_event_nid", new_redaction_nids)
-        for part in chunks(sorted(targets)):
-            marks = ", ".join("?" for _ in part)
-            txn.queue(f"UPDATE events SET redacted = ? WHERE event_nid IN ({marks})", (True, *part))
+        queue_flag_redacted(txn, targets)
         return targets
 
     def note_activity(
@@ -597,7 +650,4 @@ class _BatchWriter:
             if newest.get(room_nid, stream) <= stream:
                 newest[room_nid] = stream
         for room_nid, stream in newest.items():
-            self.txn.queue(
-                "UPDATE rooms SET activity = ? WHERE room_nid = ? AND (activity IS NULL OR activity < ?)",
-                (stream, room_nid, stream),
-            )
+            queue_activity(self.txn, room_nid, stream)

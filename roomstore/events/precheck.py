@@ -13,10 +13,12 @@ from typing import Mapping, Sequence
 
 from roomstore.events.batch import PersistedEvent, PreparedEvent, StateDelta, StateKey, order_batch
 from roomstore.events.persist import EventPersister
-from roomstore.events.validation import InvalidEventError, create_event_id_of
+from roomstore.pdu.parsing import InvalidEventError, create_event_id_of
 from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import Interners, chunks
+from roomstore.events.tables.events import graph_state_groups_txn, rooms_and_types_txn, stored_events_txn
+from roomstore.events.tables.room_state import forward_groups_txn
+from roomstore.storage.interning import Interners, chunks, rooms_and_versions_txn
 
 
 def stored_results_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> dict[str, PersistedEvent]:
@@ -26,15 +28,12 @@ def stored_results_txn(txn: Transaction, interners: Interners, events: Sequence[
     by_nid = {nid: event_id for event_id, nid in nids.items()}
     rooms = {ev.event_id: ev.pdu.room_id for ev in events}
     found: dict[str, PersistedEvent] = {}
-    for part in chunks(sorted(by_nid)):
-        marks = ", ".join("?" for _ in part)
-        for nid, stream, topo, before, after in txn.execute(
-            "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group"
-            f" FROM events WHERE event_nid IN ({marks})",
-            list(part),
-        ).fetchall():
-            event_id = by_nid[nid]
-            found[event_id] = PersistedEvent(event_id, rooms[event_id], stream, topo, before, after, already_persisted=True)
+    for nid, row in stored_events_txn(txn, by_nid).items():
+        event_id = by_nid[nid]
+        found[event_id] = PersistedEvent(
+            event_id, rooms[event_id], row.stream_ordering, row.topological_ordering, row.state_group_before,
+            row.state_group, already_persisted=True,
+        )
     return found
 
 
@@ -93,47 +92,84 @@ def may_fail_txn(
     # state underivable.
     if any(in_batch[p].outlier for ev in graph for p in ev.pdu.prev_event_ids if p in in_batch):
         return True
+    stored_prevs = _stored_prev_groups(txn, interners, graph, in_batch)
+    if stored_prevs is None:
+        return True
+    prev_nids, group_of = stored_prevs
+    # Room versions, and each live room's forward extremities after the batch.
+    rooms = rooms_and_versions_txn(txn, {ev.pdu.room_id for ev in new})
+    if any(rooms.get(ev.pdu.room_id, (None, None))[1] not in (None, ev.pdu.room_version.identifier) for ev in new):
+        return True
+    ends = _room_ends(txn, graph, rooms, prev_nids, resolved_current_state or {})
+    if not ends and all(len(set(ev.pdu.prev_event_ids)) < 2 for ev in graph):
+        return False  # plain chains, one end per room: nothing can conflict
+    after = _states_after(txn, persister, graph, in_batch, group_of, prev_nids)
+    if after is None:
+        return True
+    stored_state = persister.state_groups.get_state
+    for stored, news in ends.values():
+        states = [stored_state(txn, g) for g in set(stored) if g is not None] + [after[e] for e in news]
+        if find_conflicts(states):
+            return True  # the current state is a conflicted merge of the ends
+    return False
+
+
+def _stored_prev_groups(
+    txn: Transaction, interners: Interners, graph: Sequence[PreparedEvent], in_batch: Mapping[str, PreparedEvent]
+) -> tuple[dict[str, int], dict[int, int | None]] | None:
+    """(nid of each prev event outside the batch, state group of each such
+    nid); None when one is not stored as a graph event (the state would be
+    underivable)."""
     outside = {p for ev in graph for p in ev.pdu.prev_event_ids if p not in in_batch}
     prev_nids = interners.events.lookup(txn, outside)
     if len(prev_nids) < len(outside):
-        return True
+        return None
     group_of: dict[int, int | None] = {}  # stored graph prev event nid -> its state group
     for part in chunks(sorted(prev_nids.values())):
-        marks = ", ".join("?" for _ in part)
-        group_of.update(txn.execute(
-            f"SELECT event_nid, state_group FROM events WHERE event_nid IN ({marks}) AND outlier = ?", (*part, False)
-        ).fetchall())
+        group_of.update(graph_state_groups_txn(txn, part))
     if len(group_of) < len(prev_nids):
-        return True
-    # Room versions, and each live room's forward extremities after the batch.
-    rooms: dict[str, tuple[int, str | None]] = {}
-    for part in chunks(sorted({ev.pdu.room_id for ev in new})):
-        marks = ", ".join("?" for _ in part)
-        for room_id, room_nid, version in txn.execute(
-            f"SELECT room_id, room_nid, room_version FROM rooms WHERE room_id IN ({marks})", list(part)
-        ).fetchall():
-            rooms[room_id] = (room_nid, version)
-    if any(rooms.get(ev.pdu.room_id, (None, None))[1] not in (None, ev.pdu.room_version.identifier) for ev in new):
-        return True
+        return None
+    return prev_nids, group_of
+
+
+def _room_ends(
+    txn: Transaction,
+    graph: Sequence[PreparedEvent],
+    rooms: Mapping[str, tuple[int, str | None]],
+    prev_nids: Mapping[str, int],
+    resolved: Mapping[str, object],
+) -> dict[str, tuple[list, list[str]]]:
+    """room -> (stored ends' groups, new ends) of each live room that will
+    have several forward extremities after the batch (and no resolved state)."""
     live = [ev for ev in graph if not ev.backfilled]
     pointed_at = {p for ev in graph for p in ev.pdu.prev_event_ids}
     live_prevs = {prev_nids[p] for ev in live for p in ev.pdu.prev_event_ids if p in prev_nids}
-    ends: dict[str, tuple[list, list[str]]] = {}  # room -> (stored ends' groups, new ends)
+    ends: dict[str, tuple[list, list[str]]] = {}
     for room_id in {ev.pdu.room_id for ev in live}:
         stored = []
         if room_id in rooms:
-            stored = [group for nid, group in txn.execute(
-                "SELECT f.event_nid, e.state_group FROM forward_extremities AS f"
-                " JOIN events AS e ON e.event_nid = f.event_nid WHERE f.room_nid = ?",
-                (rooms[room_id][0],),
-            ).fetchall() if nid not in live_prevs]
+            stored = [
+                group for nid, group in forward_groups_txn(txn, rooms[room_id][0]) if nid not in live_prevs
+            ]
         news = [ev.event_id for ev in live if ev.pdu.room_id == room_id and ev.event_id not in pointed_at]
-        if len(stored) + len(news) > 1 and room_id not in (resolved_current_state or {}):
+        if len(stored) + len(news) > 1 and room_id not in resolved:
             ends[room_id] = (stored, news)
-    if not ends and all(len(set(ev.pdu.prev_event_ids)) < 2 for ev in graph):
-        return False  # plain chains, one end per room: nothing can conflict
-    # Derive the states as the write would, keys and events as nids where
-    # interned (a new key or event is its own name: it equals no nid).
+    return ends
+
+
+def _states_after(
+    txn: Transaction,
+    persister: EventPersister,
+    graph: Sequence[PreparedEvent],
+    in_batch: Mapping[str, PreparedEvent],
+    group_of: Mapping[int, int | None],
+    prev_nids: Mapping[str, int],
+) -> dict[str, dict] | None:
+    """The state after each graph event of the batch, derived as the write
+    would; None where prev events' states conflict."""
+    interners = persister.interners
+    # Keys and events as nids where interned (a new key or event is its own
+    # name: it equals no nid).
     given = [ev.state_before for ev in graph if ev.state_before is not None]
     key_nids = interners.state_keys.lookup(
         txn, {(ev.pdu.type, ev.pdu.state_key) for ev in graph if ev.pdu.state_key is not None}
@@ -148,16 +184,12 @@ def may_fail_txn(
         else:
             state = _derived_state(txn, ev, after, stored_state, group_of, prev_nids)
             if state is None:
-                return True
+                return None
         if ev.pdu.state_key is not None and not ev.rejected_reason:
             key = (ev.pdu.type, ev.pdu.state_key)
             state = {**state, key_nids.get(key, key): event_nids.get(ev.event_id, ev.event_id)}
         after[ev.event_id] = state
-    for stored, news in ends.values():
-        states = [stored_state(txn, g) for g in set(stored) if g is not None] + [after[e] for e in news]
-        if find_conflicts(states):
-            return True  # the current state is a conflicted merge of the ends
-    return False
+    return after
 
 
 def check_create_events_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> None:
@@ -181,12 +213,7 @@ def check_create_events_txn(txn: Transaction, interners: Interners, events: Sequ
     nids = interners.events.lookup(txn, wanted)
     creates: dict[int, tuple[str, str]] = {}
     for part in chunks(sorted(nids.values())):
-        marks = ", ".join("?" for _ in part)
-        for nid, room_id, event_type in txn.execute(
-            "SELECT e.event_nid, r.room_id, e.type FROM events AS e JOIN rooms AS r ON r.room_nid = e.room_nid"
-            f" WHERE e.event_nid IN ({marks})",
-            list(part),
-        ).fetchall():
+        for nid, room_id, event_type in rooms_and_types_txn(txn, part):
             creates[nid] = (room_id, event_type)
     for create_id, ev in wanted.items():
         stored = creates.get(nids.get(create_id, -1))

@@ -16,14 +16,27 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 
-from roomstore.events.hashing import add_derived_ids
-from roomstore.events.redaction import redacted_copy
-from roomstore.events.redactions import redactions_of_txn
-from roomstore.events.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
+from roomstore.pdu.hashing import add_derived_ids
+from roomstore.pdu.redaction_algorithm import redacted_copy
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
+from roomstore.events.tables.events import (
+    json_txn,
+    redactions_of_txn,
+    served_rows_txn,
+    state_groups_row_txn,
+    stored_events_txn,
+)
+from roomstore.events.tables.room_state import (
+    EXTREMITY_TABLES,
+    current_state_txn as current_state_rows_txn,
+    extremity_nids_txn,
+    member_nids_txn,
+    rooms_of_user_txn,
+)
 from roomstore.events.tokens import StreamToken
 from roomstore.state.groups import StateGroupNotFound, StateGroupStore
 from roomstore.storage.database import Database, Transaction
-from roomstore.storage.interning import Interners, LruCache, chunks
+from roomstore.storage.interning import Interners, LruCache, chunks, key_nids_of_types_txn
 from roomstore.visibility.rules import MEMBERSHIP_CODES
 
 JOIN = MEMBERSHIP_CODES["join"]
@@ -31,19 +44,6 @@ JOIN = MEMBERSHIP_CODES["join"]
 
 def _parse(raw) -> dict:
     return json.loads(bytes(raw).decode("utf-8"))
-
-
-def room_versions_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, str]:
-    """room_id -> version of the rooms among ``room_ids`` with a stored create event."""
-    result = {}
-    for part in chunks(list(room_ids)):
-        marks = ", ".join("?" for _ in part)
-        for room_id, version in txn.execute(
-            f"SELECT room_id, room_version FROM rooms WHERE room_id IN ({marks}) AND room_version IS NOT NULL",
-            list(part),
-        ).fetchall():
-            result[room_id] = version
-    return result
 
 
 @attrs.frozen
@@ -153,13 +153,7 @@ class EventReader:
         result: dict[str, dict] = {}
         redacted: dict[int, int] = {}
         for part in chunks(sorted(by_nid)):
-            marks = ", ".join("?" for _ in part)
-            rows = txn.execute(
-                "SELECT e.event_nid, j.room_version, j.json, e.redacted, e.outlier, e.rejected_reason,"
-                " e.stream_ordering FROM events AS e JOIN event_json AS j ON j.event_nid = e.event_nid"
-                f" WHERE e.event_nid IN ({marks})",
-                list(part),
-            ).fetchall()
+            rows = served_rows_txn(txn, part)
             for nid, version, raw, is_redacted, outlier, rejected, stream in rows:
                 event = add_derived_ids(_parse(raw), by_nid[nid], KNOWN_ROOM_VERSIONS.get(version))
                 result[by_nid[nid]] = event
@@ -173,16 +167,10 @@ class EventReader:
         """The stored flags of those of ``event_ids`` that are stored (no JSON read)."""
         nids = self.interners.events.lookup(txn, event_ids)
         by_nid = {n: e for e, n in nids.items()}
-        flags: dict[str, EventFlags] = {}
-        for part in chunks(sorted(by_nid)):
-            marks = ", ".join("?" for _ in part)
-            for nid, outlier, rejected, redacted, stream in txn.execute(
-                "SELECT event_nid, outlier, rejected_reason, redacted, stream_ordering"
-                f" FROM events WHERE event_nid IN ({marks})",
-                list(part),
-            ).fetchall():
-                flags[by_nid[nid]] = EventFlags(bool(outlier), rejected, bool(redacted), stream)
-        return flags
+        return {
+            by_nid[nid]: EventFlags(row.outlier, row.rejected_reason, row.redacted, row.stream_ordering)
+            for nid, row in stored_events_txn(txn, by_nid).items()
+        }
 
     def _apply_redactions(self, txn, result, by_nid, redacted: Mapping[int, str]) -> None:
         done = set()
@@ -201,7 +189,7 @@ class EventReader:
         nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
         if nid is None:
             return None
-        raw = txn.select_one_value("SELECT json FROM event_json WHERE event_nid = ?", (nid,))
+        raw = json_txn(txn, nid)
         return None if raw is None else bytes(raw)
 
     # ------------------------------------------------------------------ state
@@ -213,11 +201,7 @@ class EventReader:
         exact = [t for t in types if t[1] is not None]
         wildcard = sorted({t[0] for t in types if t[1] is None})
         keys = set(self.interners.state_keys.lookup(txn, exact).values())
-        for part in chunks(wildcard):
-            marks = ", ".join("?" for _ in part)
-            keys.update(r[0] for r in txn.execute(
-                f"SELECT type_key_nid FROM state_keys WHERE type IN ({marks})", list(part)
-            ).fetchall())
+        keys.update(key_nids_of_types_txn(txn, wildcard))
         return sorted(keys)
 
     def _named_state(self, txn: Transaction, state: Mapping[int, int]) -> dict[tuple[str, str], str]:
@@ -229,9 +213,7 @@ class EventReader:
 
     def state_ids_txn(self, txn: Transaction, event_id: str, before: bool, types) -> dict[tuple[str, str], str]:
         nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
-        row = None if nid is None else txn.execute(
-            "SELECT state_group_before, state_group, outlier, room_nid FROM events WHERE event_nid = ?", (nid,)
-        ).fetchone()
+        row = None if nid is None else state_groups_row_txn(txn, nid)
         if row is None:
             raise KeyError(f"unknown event {event_id}")
         group_before, group_after, outlier, room_nid = row
@@ -250,22 +232,14 @@ class EventReader:
         if room_nid is None:
             return {}
         keys = self._key_filter(txn, room_nid, types)
-        sql = "SELECT type_key_nid, event_nid FROM current_state WHERE room_nid = ?"
-        if keys is None:
-            state = dict(txn.execute(sql, (room_nid,)).fetchall())
-        else:
-            state = {}
-            for part in chunks(keys):
-                marks = ", ".join("?" for _ in part)
-                state.update(txn.execute(f"{sql} AND type_key_nid IN ({marks})", (room_nid, *part)).fetchall())
-        return self._named_state(txn, state)
+        return self._named_state(txn, current_state_rows_txn(txn, room_nid, keys))
 
     def extremities_txn(self, txn: Transaction, room_id: str, which: str) -> list[str]:
-        table = {"forward": "forward_extremities", "backward": "backward_extremities"}[which]
+        EXTREMITY_TABLES[which]  # KeyError for anything but "forward" or "backward"
         room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)
         if room_nid is None:
             return []
-        nids = [r[0] for r in txn.execute(f"SELECT event_nid FROM {table} WHERE room_nid = ?", (room_nid,)).fetchall()]
+        nids = extremity_nids_txn(txn, room_nid, which)
         return sorted(self.interners.events.resolve(txn, nids).values())
 
     # ------------------------------------------------------------------ membership
@@ -274,9 +248,7 @@ class EventReader:
         room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)
         if room_nid is None:
             return []
-        nids = [r[0] for r in txn.execute(
-            "SELECT user_nid FROM current_memberships WHERE room_nid = ? AND membership = ?", (room_nid, JOIN)
-        ).fetchall()]
+        nids = member_nids_txn(txn, room_nid, JOIN)
         return sorted(self.interners.users.resolve(txn, nids).values())
 
     async def get_rooms_for_user(self, user_id: str) -> frozenset[str]:
@@ -290,11 +262,7 @@ class EventReader:
         return rooms
 
     def rooms_for_user_txn(self, txn: Transaction, user_id: str) -> list[str]:
-        return [r[0] for r in txn.execute(
-            "SELECT r.room_id FROM current_memberships AS m JOIN users AS u ON u.user_nid = m.user_nid"
-            " JOIN rooms AS r ON r.room_nid = m.room_nid WHERE u.user_id = ? AND m.membership = ?",
-            (user_id, JOIN),
-        ).fetchall()]
+        return rooms_of_user_txn(txn, user_id, JOIN)
 
     # ------------------------------------------------------------------ tokens
 

@@ -1,76 +1,26 @@
 """The rows the events and backfill streams carry, read from the event tables.
 
-Replication (``roomstore.replication.store_streams``) pages through them; the
-SQL over ``events``, ``event_ids``, ``redactions``, ``room_memberships`` and
-``current_state_deltas`` for it lives here, beside the other event-table SQL.
+Replication (``roomstore.replication.store_sources``) pages through them; the
+statements are their tables' owners' (``roomstore.events.tables.events``'s
+``LIVE_EVENT_ROWS`` / ``BACKFILL_EVENT_ROWS``, ``roomstore.events.tables.room_state``'s
+``state_rows_txn``); this module pages and names the rows.
 Rows are raw until ``event_fields_txn`` names their rooms, state keys and
 memberships. ``redacts`` is what a redaction event says it redacts (as
 Synapse's rows carry it), not the same-room rule the readers apply
-(``roomstore.events.redactions``).
+(``roomstore.events.tables.events``).
 """
 
 from __future__ import annotations
 
+from roomstore.events.tables.events import BACKFILL_EVENT_ROWS, LIVE_EVENT_ROWS
+from roomstore.events.tables.room_state import state_rows_txn
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
 from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
 
 __all__ = ["event_fields_txn", "event_rows_page_txn", "state_rows_txn"]
 
-# The page of events is an index range scan on events alone that stops
-# after LIMIT rows. The event ID is a correlated scalar subquery, which both
-# engines run per row as a primary-key lookup; membership and redaction
-# lookups run only for member and redaction events (CASE); room IDs and
-# state keys come from the store's interners (small tables, cached). With
-# joins instead, PostgreSQL may hash-join a whole table (a sequential scan
-# of event_ids) into every page, so each page costs as much as the whole
-# history and a catch-up is quadratic. The range is a window of stream
-# orderings a few pages wide, widened while the page is short (_event_page):
-# PostgreSQL without fresh statistics estimates a handful of rows for any
-# range and reads and sorts all of it, so an open range would cost the whole
-# rest of the stream for every page.
-EVENT_ROW_SQL = """
-SELECT {token},
-    (SELECT event_id FROM event_ids WHERE event_nid = e.event_nid),
-    e.room_nid,
-    e.type,
-    e.type_key_nid,
-    CASE WHEN e.type = ? THEN
-        (SELECT i.event_id FROM redactions AS red JOIN event_ids AS i ON i.event_nid = red.redacts_event_nid
-         WHERE red.redaction_event_nid = e.event_nid)
-    END,
-    CASE WHEN e.type = ? THEN (SELECT membership FROM room_memberships WHERE event_nid = e.event_nid) END,
-    e.rejected_reason IS NOT NULL,
-    e.outlier
-FROM events AS e
-WHERE e.instance_name = ? AND {range}
-ORDER BY {order}
-LIMIT ?
-"""
 _CASE_TYPES = ("m.room.redaction", "m.room.member")
-
-# Live events: tokens are stream orderings.
-LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(
-    token="e.stream_ordering", order="e.stream_ordering", range="e.stream_ordering > ? AND e.stream_ordering <= ?"
-)
-# Backfilled events: tokens are minus their (negative) stream orderings;
-# the range is written on the column itself so the index serves it.
-BACKFILL_EVENT_ROWS = EVENT_ROW_SQL.format(
-    token="-e.stream_ordering",
-    order="e.stream_ordering DESC",
-    range="e.stream_ordering < 0 - ? AND e.stream_ordering >= 0 - ?",
-)
-
-STATE_ROW_SQL = (
-    "SELECT d.stream_ordering, r.room_id, k.type, k.state_key,"
-    " (SELECT event_id FROM event_ids WHERE event_nid = d.event_nid)"
-    " FROM current_state_deltas AS d JOIN rooms AS r ON r.room_nid = d.room_nid"
-    " JOIN state_keys AS k ON k.type_key_nid = d.type_key_nid"
-    " WHERE d.instance_name = ? AND d.stream_ordering > ? AND d.stream_ordering <= ?"
-    " ORDER BY d.stream_ordering, k.type, k.state_key"
-)
-
-
 
 #: First window of a page, in rows per requested row; doubled while short.
 _WINDOW = 2
@@ -95,7 +45,7 @@ def event_rows_page_txn(
 
 def event_fields_txn(txn: Transaction, interners: Interners, rows: list[tuple]) -> list[tuple]:
     """``(token, event_id, room_id, type, state_key, redacts, membership
-    name, rejected, outlier)`` for rows of ``EVENT_ROW_SQL`` (SQLite gives
+    name, rejected, outlier)`` for rows of ``EVENT_ROW_SQL`` (``roomstore.events.tables.events``) (SQLite gives
     booleans as 0/1)."""
     if not rows:
         return []
@@ -107,9 +57,3 @@ def event_fields_txn(txn: Transaction, interners: Interners, rows: list[tuple]) 
          None if membership is None else membership_name(membership), bool(rejected), bool(outlier))
         for token, event_id, room_nid, event_type, key_nid, redacts, membership, rejected, outlier in rows
     ]
-
-
-def state_rows_txn(txn: Transaction, instance: str, from_token: int, upto: int) -> list[tuple]:
-    """``(token, room_id, type, state_key, event_id or None)`` of ``instance``'s
-    current-state changes with ``from_token < token <= upto``, in token order."""
-    return txn.execute(STATE_ROW_SQL, (instance, from_token, upto)).fetchall()

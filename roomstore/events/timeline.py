@@ -42,17 +42,28 @@ from typing import Mapping, Sequence
 
 import attrs
 
-from roomstore.events.hashing import add_derived_ids
+from roomstore.pdu.hashing import add_derived_ids
 from roomstore.events.read_positions import ReadPositions
 from roomstore.events.reads import EventReader
-from roomstore.events.redaction import redacted_copy
-from roomstore.events.redactions import first_redaction_sql
-from roomstore.events.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
+from roomstore.pdu.redaction_algorithm import redacted_copy
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
+from roomstore.events.tables.events import (
+    SERVED_COLUMN_COUNT,
+    SERVED_COLUMNS,
+    events_as,
+    first_redaction_sql,
+    join_event_json,
+    join_events,
+    served_joins,
+    visible_flag_txn,
+)
+from roomstore.events.tables.room_state import current_memberships_as, joined_room_nids_sql
 from roomstore.events.tokens import InvalidToken
 from roomstore.storage.database import Database, Transaction
-from roomstore.storage.interning import Interners
+from roomstore.storage.interning import Interners, event_id_sql, join_rooms, room_nids_sql
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.visibility.rules import MEMBERSHIP_CODES
+from roomstore.visibility.memberships import left_rooms_sql, left_upto_sql, own_membership_events_sql
 from roomstore.visibility.snapshots import visible_params, visible_sql
 
 __all__ = ["InvalidToken", "RecentResult", "SyncResult", "TimelineReader"]
@@ -137,15 +148,11 @@ class RecentResult:
 # ---------------------------------------------------------------------- SQL pieces
 
 
-#: The columns ``event_from_row`` takes, over ``e`` joined by ``EVENT_JOINS``.
-EVENT_COLUMNS = f"""e.event_nid AS event_nid, i.event_id AS event_id, r.room_id AS room_id,
-    e.topological_ordering AS topo, e.stream_ordering AS stream, j.room_version AS room_version,
-    j.json AS json, e.redacted AS redacted,
-    {first_redaction_sql("rj.json")} AS redaction_json, {first_redaction_sql("ri.event_id")} AS redaction_id"""
-EVENT_COLUMN_COUNT = 10
-EVENT_JOINS = """JOIN event_json AS j ON j.event_nid = e.event_nid
-    JOIN event_ids AS i ON i.event_nid = e.event_nid
-    JOIN rooms AS r ON r.room_nid = e.room_nid"""
+#: The columns ``event_from_row`` takes, over ``e`` joined by ``EVENT_JOINS``
+#: (their owner's fragments: ``roomstore.events.tables.events``).
+EVENT_COLUMNS = SERVED_COLUMNS
+EVENT_COLUMN_COUNT = SERVED_COLUMN_COUNT
+EVENT_JOINS = served_joins()
 
 
 def _parse(raw) -> dict:
@@ -214,6 +221,124 @@ class Viewer:
             self.user_nid if self.user_nid is not None else -1,
             self.member_key_nid if self.member_key_nid is not None else -1,
         )
+
+
+def _sync_candidates(
+    user_nid: int,
+    rooms: list[str] | None,
+    memberships: bool,
+    lower: tuple[int, dict[str, int]],
+    upper: tuple[int, dict[str, int]],
+    window: tuple[str, list],
+) -> tuple[list[str], list]:
+    """Sync's candidate rows ``(event_nid, tl, own)`` as SELECTs to UNION,
+    and their parameters: new events of the rooms (``rooms``, or the joined
+    rooms in SQL when None), and with ``memberships`` the rooms left in the
+    window and the user's own membership events. ``window``: the per-writer
+    stream window on ``e`` (SQL, parameters)."""
+    window_sql, window_params = window
+    # The membership tables carry no instance name: bound them by the
+    # widest window; the exact per-writer window applies to `e`.
+    low_any = min([lower[0], *lower[1].values()])
+    high_any = max([upper[0], *upper[1].values()])
+    candidates: list[str] = []
+    params: list = []
+    if rooms is None:
+        room_sql = f"e.room_nid IN ({joined_room_nids_sql('cm')})"
+        room_params: list = [user_nid, JOIN]
+    elif rooms:
+        room_sql = f"e.room_nid IN ({room_nids_sql('rr', len(rooms))})"
+        room_params = list(rooms)
+    else:
+        room_sql, room_params = "", []
+    if room_sql:
+        candidates.append(
+            f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events_as('e')}"
+            f" WHERE {room_sql} AND {window_sql}"
+        )
+        params += room_params + window_params
+    if memberships:
+        # Rooms the user left (or was kicked or banned from) in the
+        # window: their timeline up to that event, like Synapse's "leave"
+        # section; the visibility filter does the rest.
+        candidates.append(
+            f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events_as('e')}"
+            f" WHERE {left_rooms_sql('e')}"
+            f" AND {left_upto_sql('e')}"
+            f" AND {window_sql}"
+        )
+        params += [user_nid, LEAVE, BAN, low_any, high_any, user_nid, LEAVE, BAN, low_any, high_any]
+        params += window_params
+        # The user's own membership events anywhere, always delivered.
+        candidates.append(own_membership_events_sql())
+        params += [user_nid, low_any, high_any]
+    return candidates, params
+
+
+def _recent_sql(high_sql: str, cursor_sql: str) -> str:
+    """Recent's statement (see ``_recent_txn`` for its rows and parameters)."""
+    vis, _ = visible_sql("e")
+    # What grows with the user's joined rooms is one index entry and one
+    # rooms row a room, sorted once (no materialized list of them, no
+    # second pass to count them); what grows with the page is bounded by
+    # ``events`` a room, not by the rooms' length: each room's newest
+    # events are tested only until enough are visible (``bounds``), then
+    # read from there up (``newest``, which carries what the output needs
+    # of each ``events`` row).
+    return f"""
+        WITH page AS (
+            SELECT a.room_nid AS room_nid, a.activity AS activity, a.room_id AS room_id FROM (
+                -- Newest event of each joined room. rooms.activity is exact
+                -- when every writer has passed it (<= the minimum position of
+                -- the token); only rooms active since then walk the
+                -- (room, stream) index back to the first event under the token.
+                SELECT cm.room_nid AS room_nid, ro.room_id AS room_id, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
+                    SELECT e.stream_ordering FROM {events_as("e")}
+                    WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
+                    ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
+                FROM {current_memberships_as("cm")}
+                {join_rooms("ro", "cm.room_nid")}
+                WHERE cm.user_nid = ? AND cm.membership = ?
+            ) AS a
+            WHERE a.activity IS NOT NULL AND {cursor_sql}
+            ORDER BY a.activity DESC, a.room_nid DESC
+            LIMIT ?
+        ), bounds AS (
+            -- Per page room, the stream ordering of its events-th newest
+            -- visible event: the newest events walked (index order) and
+            -- tested only until that many are visible. NULL (take the
+            -- whole room) when the room has fewer; rooms holding fewer
+            -- events than that skip the walk (an index-only count).
+            SELECT pg.room_nid AS room_nid, CASE WHEN (
+                SELECT c.stream_ordering FROM {events_as("c")} WHERE c.room_nid = pg.room_nid
+                ORDER BY c.stream_ordering DESC LIMIT 1 OFFSET ?) IS NULL THEN NULL ELSE (
+                SELECT e.stream_ordering FROM {events_as("e")}
+                WHERE e.room_nid = pg.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL
+                  AND {high_sql} AND {vis}
+                ORDER BY e.stream_ordering DESC LIMIT 1 OFFSET ?) END AS floor
+            FROM page AS pg
+            ORDER BY pg.activity DESC, pg.room_nid DESC
+            LIMIT ?
+        ), newest AS MATERIALIZED (
+            -- At most ``events`` visible events a room: those from its
+            -- floor up, with what the output needs of each. Materialized
+            -- (both engines know the word): computed once, not once per
+            -- page room where PostgreSQL expects a single page room.
+            SELECT e.room_nid AS room_nid, e.stream_ordering AS stream_ordering,
+                   {event_id_sql("e.event_nid", "i")} AS event_id,
+                   j.room_version AS room_version, j.json AS json, e.redacted AS redacted,
+                   {first_redaction_sql("rj.json")} AS redaction_json,
+                   {first_redaction_sql("ri.event_id")} AS redaction_id
+            FROM bounds AS b
+            {join_events("e", "e.room_nid = b.room_nid AND e.stream_ordering >= COALESCE(b.floor, ?)")}
+            {join_event_json("j", "e.event_nid")}
+            WHERE e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql} AND {vis}
+        )
+        SELECT p.room_nid, p.activity, p.room_id,
+               k.event_id, k.room_version, k.json, k.redacted, k.redaction_json, k.redaction_id
+        FROM page AS p
+        LEFT JOIN newest AS k ON k.room_nid = p.room_nid
+        ORDER BY p.activity DESC, p.room_nid DESC, k.stream_ordering ASC"""
 
 
 # ---------------------------------------------------------------------- the reader
@@ -321,59 +446,15 @@ class TimelineReader:
         lower: tuple[int, dict[str, int]],
         upper: tuple[int, dict[str, int]],
     ) -> list[tuple]:
+        """Sync's one statement: the candidate events (``_sync_candidates``),
+        then their served columns, visibility and own-membership flags."""
         viewer = self.viewer_txn(txn, viewer)
         if viewer.user_nid is None:
             return []  # never a member of anything, never sent anything
-        user_nid = viewer.user_nid
         low_sql, low_params = stream_bound_sql("e", ">", lower[0], lower[1])
         high_sql, high_params = stream_bound_sql("e", "<=", upper[0], upper[1])
-        # The membership tables carry no instance name: bound them by the
-        # widest window; the exact per-writer window applies to `e` below.
-        low_any = min([lower[0], *lower[1].values()])
-        high_any = max([upper[0], *upper[1].values()])
-
-        candidates: list[str] = []
-        params: list = []
-        if rooms is None:
-            room_sql = (
-                "e.room_nid IN (SELECT cm.room_nid FROM current_memberships AS cm"
-                " WHERE cm.user_nid = ? AND cm.membership = ?)"
-            )
-            room_params: list = [user_nid, JOIN]
-        elif rooms:
-            marks = ", ".join("?" for _ in rooms)
-            room_sql = f"e.room_nid IN (SELECT rr.room_nid FROM rooms AS rr WHERE rr.room_id IN ({marks}))"
-            room_params = list(rooms)
-        else:
-            room_sql, room_params = "", []
-        if room_sql:
-            candidates.append(
-                "SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM events AS e"
-                f" WHERE {room_sql} AND {low_sql} AND {high_sql}"
-            )
-            params += room_params + low_params + high_params
-        if memberships:
-            # Rooms the user left (or was kicked or banned from) in the
-            # window: their timeline up to that event, like Synapse's "leave"
-            # section; the visibility filter does the rest.
-            candidates.append(
-                "SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM events AS e"
-                " WHERE e.room_nid IN (SELECT lm.room_nid FROM room_memberships AS lm"
-                "   WHERE lm.user_nid = ? AND lm.membership IN (?, ?)"
-                "   AND lm.stream_ordering > ? AND lm.stream_ordering <= ?)"
-                " AND e.stream_ordering <= (SELECT MAX(lm2.stream_ordering) FROM room_memberships AS lm2"
-                "   WHERE lm2.room_nid = e.room_nid AND lm2.user_nid = ? AND lm2.membership IN (?, ?)"
-                "   AND lm2.stream_ordering > ? AND lm2.stream_ordering <= ?)"
-                f" AND {low_sql} AND {high_sql}"
-            )
-            params += [user_nid, LEAVE, BAN, low_any, high_any, user_nid, LEAVE, BAN, low_any, high_any]
-            params += low_params + high_params
-            # The user's own membership events anywhere, always delivered.
-            candidates.append(
-                "SELECT om.event_nid AS event_nid, 0 AS tl, 1 AS own FROM room_memberships AS om"
-                " WHERE om.user_nid = ? AND om.stream_ordering > ? AND om.stream_ordering <= ?"
-            )
-            params += [user_nid, low_any, high_any]
+        window = f"{low_sql} AND {high_sql}", low_params + high_params
+        candidates, params = _sync_candidates(viewer.user_nid, rooms, memberships, lower, upper, window)
         if not candidates:
             return []
         vis, _ = visible_sql("e")
@@ -387,7 +468,7 @@ class TimelineReader:
                     FROM ({" UNION ALL ".join(candidates)}) AS u
                     GROUP BY u.event_nid
                 ) AS f
-                JOIN events AS e ON e.event_nid = f.event_nid
+                {join_events("e", "e.event_nid = f.event_nid")}
                 {EVENT_JOINS}
                 WHERE e.rejected_reason IS NULL AND {low_sql} AND {high_sql}
             ) AS x
@@ -481,68 +562,7 @@ class TimelineReader:
             # Keyset over (activity, room_nid), both descending.
             cursor_sql = "(a.activity < ? OR (a.activity = ? AND a.room_nid < ?))"
             cursor_params = [after[0], after[0], after[1]]
-        vis, _ = visible_sql("e")
-        # What grows with the user's joined rooms is one index entry and one
-        # rooms row a room, sorted once (no materialized list of them, no
-        # second pass to count them); what grows with the page is bounded by
-        # ``events`` a room, not by the rooms' length: each room's newest
-        # events are tested only until enough are visible (``bounds``), then
-        # read from there up (``newest``, which carries what the output needs
-        # of each ``events`` row).
-        sql = f"""
-            WITH page AS (
-                SELECT a.room_nid AS room_nid, a.activity AS activity, a.room_id AS room_id FROM (
-                    -- Newest event of each joined room. rooms.activity is exact
-                    -- when every writer has passed it (<= the minimum position of
-                    -- the token); only rooms active since then walk the
-                    -- (room, stream) index back to the first event under the token.
-                    SELECT cm.room_nid AS room_nid, ro.room_id AS room_id, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
-                        SELECT e.stream_ordering FROM events AS e
-                        WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
-                        ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
-                    FROM current_memberships AS cm
-                    JOIN rooms AS ro ON ro.room_nid = cm.room_nid
-                    WHERE cm.user_nid = ? AND cm.membership = ?
-                ) AS a
-                WHERE a.activity IS NOT NULL AND {cursor_sql}
-                ORDER BY a.activity DESC, a.room_nid DESC
-                LIMIT ?
-            ), bounds AS (
-                -- Per page room, the stream ordering of its events-th newest
-                -- visible event: the newest events walked (index order) and
-                -- tested only until that many are visible. NULL (take the
-                -- whole room) when the room has fewer; rooms holding fewer
-                -- events than that skip the walk (an index-only count).
-                SELECT pg.room_nid AS room_nid, CASE WHEN (
-                    SELECT c.stream_ordering FROM events AS c WHERE c.room_nid = pg.room_nid
-                    ORDER BY c.stream_ordering DESC LIMIT 1 OFFSET ?) IS NULL THEN NULL ELSE (
-                    SELECT e.stream_ordering FROM events AS e
-                    WHERE e.room_nid = pg.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL
-                      AND {high_sql} AND {vis}
-                    ORDER BY e.stream_ordering DESC LIMIT 1 OFFSET ?) END AS floor
-                FROM page AS pg
-                ORDER BY pg.activity DESC, pg.room_nid DESC
-                LIMIT ?
-            ), newest AS MATERIALIZED (
-                -- At most ``events`` visible events a room: those from its
-                -- floor up, with what the output needs of each. Materialized
-                -- (both engines know the word): computed once, not once per
-                -- page room where PostgreSQL expects a single page room.
-                SELECT e.room_nid AS room_nid, e.stream_ordering AS stream_ordering,
-                       (SELECT i.event_id FROM event_ids AS i WHERE i.event_nid = e.event_nid) AS event_id,
-                       j.room_version AS room_version, j.json AS json, e.redacted AS redacted,
-                       {first_redaction_sql("rj.json")} AS redaction_json,
-                       {first_redaction_sql("ri.event_id")} AS redaction_id
-                FROM bounds AS b
-                JOIN events AS e ON e.room_nid = b.room_nid AND e.stream_ordering >= COALESCE(b.floor, ?)
-                JOIN event_json AS j ON j.event_nid = e.event_nid
-                WHERE e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql} AND {vis}
-            )
-            SELECT p.room_nid, p.activity, p.room_id,
-                   k.event_id, k.room_version, k.json, k.redacted, k.redaction_json, k.redaction_id
-            FROM page AS p
-            LEFT JOIN newest AS k ON k.room_nid = p.room_nid
-            ORDER BY p.activity DESC, p.room_nid DESC, k.stream_ordering ASC"""
+        sql = _recent_sql(high_sql, cursor_sql)
         offset = max(events - 1, 0)
         params = [
             min([upper[0], *upper[1].values()]), False, *high_params, viewer.user_nid, JOIN,
@@ -564,10 +584,5 @@ class TimelineReader:
     def _is_visible_txn(self, txn: Transaction, viewer: Viewer, event_id: str) -> bool:
         viewer = self.viewer_txn(txn, viewer)
         vis, _ = visible_sql("e")
-        row = txn.execute(
-            f"SELECT CASE WHEN {vis} THEN 1 ELSE 0 END FROM events AS e"
-            " WHERE e.event_nid = (SELECT ei.event_nid FROM event_ids AS ei WHERE ei.event_id = ?)"
-            " AND e.outlier = ? AND e.rejected_reason IS NULL",
-            [*viewer.params(), event_id, False],
-        ).fetchone()
+        row = visible_flag_txn(txn, vis, [*viewer.params(), event_id, False])
         return bool(row and row[0])

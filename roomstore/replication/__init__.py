@@ -32,7 +32,7 @@ from roomstore.replication.protocol import (
     ServerReplicationProtocol,
 )
 from roomstore.replication.server import ReplicationServerFactory
-from roomstore.replication.streams import (
+from roomstore.replication.stream_sources import (
     InMemoryStream,
     Stream,
     StreamRegistry,

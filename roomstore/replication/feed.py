@@ -59,7 +59,7 @@ from roomstore.replication.commands import (
     describe,
     encode_row,
 )
-from roomstore.replication.streams import Stream, StreamRegistry
+from roomstore.replication.stream_sources import Stream, StreamRegistry
 from roomstore.replication.wire import encode_fast
 
 __all__ = ["ConnectionFeed", "FeedConnection", "StreamContractError"]
@@ -91,7 +91,7 @@ class FeedConnection(Protocol):
 
 class StreamContractError(Exception):
     """A stream's ``get_updates`` broke the contract documented on
-    :class:`~roomstore.replication.streams.Stream`."""
+    :class:`~roomstore.replication.stream_sources.Stream`."""
 
 
 RETRY_FIRST_DELAY = 1.0

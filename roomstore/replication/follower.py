@@ -37,7 +37,7 @@ from roomstore.replication.commands import PositionCommand, RdataCommand, descri
 from roomstore.replication.handler import ReplicationClientHandler
 from roomstore.replication.metrics import APPLIED_POSITION, child
 from roomstore.replication.protocol import CloseConnection
-from roomstore.replication.streams import Stream, StreamRow, UnknownStreamError
+from roomstore.replication.stream_sources import Stream, StreamRow, UnknownStreamError
 
 
 __all__ = ["StreamFollower", "StreamPositions"]

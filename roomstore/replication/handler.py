@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable
 
-from roomstore.replication.streams import StreamRegistry
+from roomstore.replication.stream_sources import StreamRegistry
 
 __all__ = ["ReplicationClientHandler"]
 

@@ -72,6 +72,12 @@ from typing import Callable, Protocol, Sequence
 from twisted.internet.interfaces import IReactorTime
 
 from roomstore.replication import metrics
+from roomstore.replication.base_protocol import (
+    BaseReplicationProtocol,
+    CloseConnection,
+    ReplicationConfig,
+    _State,
+)
 from roomstore.replication.commands import (
     CLIENT_SENT_COMMANDS,
     SERVER_SENT_COMMANDS,
@@ -86,13 +92,7 @@ from roomstore.replication.commands import (
     ServerCommand,
     describe,
 )
-from roomstore.replication.connection import (
-    BaseReplicationProtocol,
-    CloseConnection,
-    ReplicationConfig,
-    _State,
-)
-from roomstore.replication.streams import UnknownStreamError
+from roomstore.replication.stream_sources import UnknownStreamError
 
 __all__ = [
     "BaseReplicationProtocol",

@@ -61,7 +61,8 @@ from roomstore.replication.commands import (
 )
 from roomstore.replication.follower import StreamFollower, StreamPositions
 from roomstore.replication.protocol import CloseConnection
-from roomstore.replication.store_streams import STORE_STREAMS, StoreReplicationHandler, wire_server
+from roomstore.replication.store_handler import StoreReplicationHandler
+from roomstore.replication.store_sources import STORE_STREAMS, wire_server
 from roomstore.replication.tls import ClientTLS
 
 __all__ = ["RedisAddress", "RedisRefused", "RedisReplication", "parse_redis_url", "shown_url"]
@@ -231,8 +232,8 @@ class RedisReplication:
         self.positions = positions
         self.follower = StreamFollower(self.handler, positions, page_size=page_size, follow_moves_back=False)
         #: Streams this process writes, and the last token announced in each.
-        self.own_streams = [n for n in STORE_STREAMS if store.generators[n].is_writer]
-        self._announced = {n: store.generators[n].get_current_token_for_writer(self.instance_name)
+        self.own_streams = [n for n in STORE_STREAMS if store.stream(n).is_writer]
+        self._announced = {n: store.stream(n).get_current_token_for_writer(self.instance_name)
                            for n in self.own_streams}
         self._replay = dict(replay_from or {})
         self._announcing: set[str] = set()
@@ -286,7 +287,7 @@ class RedisReplication:
                 await self.when_ready()
                 continue
             pending = [n for n in self.own_streams
-                       if self._announced[n] < self.store.generators[n].get_current_token_for_writer(self.instance_name)
+                       if self._announced[n] < self.store.stream(n).get_current_token_for_writer(self.instance_name)
                        or n in self._announcing]
             if not pending:
                 return
@@ -418,7 +419,7 @@ class RedisReplication:
         announcement are then not sent as RDATA: a reader behind this position
         fills the gap from the database, and ``_announce``, finding
         ``_announced`` moved, stops."""
-        position = self.store.generators[name].get_current_token_for_writer(self.instance_name)
+        position = self.store.stream(name).get_current_token_for_writer(self.instance_name)
         self._announced[name] = max(self._announced[name], position)
         self._publish_position(name)
 
@@ -439,12 +440,12 @@ class RedisReplication:
     async def _announce(self, name: str) -> None:
         """Publish our rows of ``name`` from the last announced token to our position."""
         stream = self.streams.get(name)
-        generator = self.store.generators[name]
+        stream_positions = self.store.stream(name)
         in_flight: list[defer.Deferred] = []
         try:
             while True:
                 self._announce_again.discard(name)
-                target = generator.get_current_token_for_writer(self.instance_name)
+                target = stream_positions.get_current_token_for_writer(self.instance_name)
                 while self.ready and self._announced[name] < target:
                     start = self._announced[name]
                     updates, upto, limited = await stream.get_updates(self.instance_name, start, target,
@@ -530,9 +531,9 @@ class RedisReplication:
         for name in STORE_STREAMS:
             if self._stopped:
                 return
-            generator = self.store.generators[name]
+            stream_positions = self.store.stream(name)
             try:
-                persisted = await generator.read_persisted_positions()
+                persisted = await stream_positions.read_persisted_positions()
             except Exception:
                 if self._stopped:
                     return  # stopped meanwhile: the store may already be closed
@@ -544,9 +545,9 @@ class RedisReplication:
                     self.follower.catch_up(name, writer, token)
 
     def _is_other_writer(self, stream_name: str, instance_name: str) -> bool:
-        if instance_name == self.instance_name or stream_name not in self.store.generators:
+        if instance_name == self.instance_name or stream_name not in self.store.stream_names:
             return False
-        return instance_name in self.store.generators[stream_name].writers
+        return instance_name in self.store.stream(stream_name).writers
 
     def _ask_position(self, instance_name: str) -> None:
         """RDATA from a writer we have no POSITION of (its answer to our

@@ -38,15 +38,17 @@ from twisted.python.failure import Failure
 
 from roomstore.replication.client import ReplicationClientFactory
 from roomstore.replication.follower import StreamPositions
+from roomstore.replication.positions_file import (
+    PositionsFileWriter,
+    load_positions,
+    reactor_threads,
+    save_positions,
+)
 from roomstore.replication.protocol import ReplicationConfig
 from roomstore.replication.server import ReplicationServerFactory
+from roomstore.replication.store_handler import StoreReplicationHandler
+from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry, wire_server
 from roomstore.replication.tls import ClientTLS, TLSConfigError, check_bind_protected, server_tls
-from roomstore.replication.store_streams import (
-    STORE_STREAMS,
-    StoreReplicationHandler,
-    store_stream_registry,
-    wire_server,
-)
 from roomstore.store import RoomStore, StoreConfig
 
 __all__ = [
@@ -99,35 +101,6 @@ def parse_host_port(value: str, default_port: int = DEFAULT_REPLICATION_PORT) ->
         return host, int(port) if port else default_port
     except ValueError:
         raise ValueError(f"bad port in {value!r}") from None
-
-
-def load_positions(path: str) -> dict[tuple[str, str], int] | None:
-    """Positions saved by :func:`save_positions`, or None if there is no
-    usable file (missing, or unreadable after e.g. a power cut)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-        return {(stream, instance): int(token) for stream, tokens in data.items() for instance, token in tokens.items()}
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, AttributeError, TypeError) as exc:
-        log.warn("ignoring unreadable positions file {path}: {exc}", path=path, exc=exc)
-        return None
-
-
-def save_positions(path: str, positions: Mapping[tuple[str, str], int]) -> None:
-    """Write ``positions`` to ``path`` atomically (a reader sees the old or the
-    new file, never half of one). Not fsynced: it survives the process being
-    killed, which is what it is for; after a power cut it may be old (rows
-    are replayed) or unreadable (the worker starts from its store's
-    positions, as a fresh worker does)."""
-    data: dict[str, dict[str, int]] = {}
-    for (stream, instance), token in sorted(positions.items()):
-        data.setdefault(stream, {})[instance] = token
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, sort_keys=True)
-    os.replace(tmp, path)
 
 
 async def run_service(reactor: Any, service: "_AsyncService", started: Callable[[], None] | None = None) -> None:
@@ -307,7 +280,7 @@ class ReplicationServerService(_AsyncService):
         self.store = await RoomStore.open(self.database, self.store_config, reactor=self.reactor)
         self.factory = ReplicationServerFactory(
             self.server_name, store_stream_registry(self.store), self.reactor,
-            fit_read_ahead(self.config, self.store.db.engine.max_connections), secret=self.secret,
+            fit_read_ahead(self.config, self.store.max_connections), secret=self.secret,
         )
         self._unwire = wire_server(self.store, self.factory.notify_new_rows)
         if self.redis_url is not None:
@@ -383,12 +356,17 @@ class FollowerService(_AsyncService):
     name must be ``host``), to the server or, with ``redis_url``, to Redis.
 
     Resuming: with ``positions_file``, the position of every (stream, writer)
-    is saved there after each applied token or position move, and read back
-    at start, so a worker killed at any moment asks the server to replay
-    from its last saved token: a token may be applied again (the one being
-    applied when it died), none is skipped. Without the file (or on first
+    is saved there after each applied token or position move (on a thread,
+    at most one write at a time, the newest positions next: a burst of tokens
+    costs two writes; ``positions_file.PositionsFileWriter``) and on stop,
+    and read back at start, so a worker killed at any moment asks the server
+    to replay from its last saved token: tokens may be applied again (those
+    applied since the last write finished), none is skipped. Without the file (or on first
     start) the worker starts from its store's positions: a fresh process has
     no cached state older than them.
+
+    ``run_in_thread(f, *args)`` runs those writes (default: the reactor's
+    thread pool; a test passes one it drives).
 
     ``on_applied(stream, instance, token, rows)`` is called after each applied
     token, before its position is saved. After start: :attr:`store`,
@@ -415,9 +393,11 @@ class FollowerService(_AsyncService):
         metrics_port: int | None = None,
         tls: ClientTLS | None = None,
         reactor: Any = None,
+        run_in_thread: Callable[..., defer.Deferred] | None = None,
     ) -> None:
         super().__init__(reactor)
         self.tls = tls
+        self.run_in_thread = run_in_thread
         self.metrics_listen_port = metrics_port
         self.metrics_port_listener: IListeningPort | None = None
         if (host is None) == (redis_url is None):
@@ -441,12 +421,16 @@ class FollowerService(_AsyncService):
         self.factory: ReplicationClientFactory | None = None
         self.resumed_from: dict[tuple[str, str], int] = {}
         self._positions: dict[tuple[str, str], int] = {}
+        self._positions_writer: PositionsFileWriter | None = None
         self._connector: Any = None
 
     async def _start(self) -> None:
         store_config = StoreConfig(instance_name=self.instance_name, stream_writers=self.stream_writers)
         self.store = await RoomStore.open(self.database, store_config, reactor=self.reactor)
         self.handler = _FollowerHandler(self.store, self._applied, self._moved)
+        if self.positions_file:
+            self._positions_writer = PositionsFileWriter(
+                self.positions_file, self.run_in_thread or reactor_threads(self.reactor))
         if self.metrics_listen_port is not None:
             self.metrics_port_listener = _listen_metrics(self.reactor, self.metrics_listen_port, DEFAULT_BIND)
         if self.redis_url is not None:
@@ -481,7 +465,7 @@ class FollowerService(_AsyncService):
             name=self.instance_name,
             source=source,
             positions=" ".join(f"{s}/{i}={t}" for (s, i), t in sorted(positions.items())),
-            store_positions=json.dumps(self.store.events_stream.get_positions(), sort_keys=True),
+            store_positions=json.dumps(self.store.stream("events").get_positions(), sort_keys=True),
         )
         return positions
 
@@ -505,7 +489,7 @@ class FollowerService(_AsyncService):
             instance=instance,
             token=token,
             count=len(rows),
-            linear=self.store.generators[stream].get_current_token(),
+            linear=self.store.stream(stream).get_current_token(),
         )
         if self.on_applied is not None:
             self.on_applied(stream, instance, token, rows)
@@ -515,10 +499,10 @@ class FollowerService(_AsyncService):
         if self._positions.get((stream, instance)) == token:
             return
         log.info("position {stream} {instance} {token} linear={linear}", stream=stream, instance=instance,
-                 token=token, linear=self.store.generators[stream].get_current_token())
+                 token=token, linear=self.store.stream(stream).get_current_token())
         self._positions[(stream, instance)] = token
-        if self.positions_file:
-            save_positions(self.positions_file, self._positions)
+        if self._positions_writer is not None:
+            self._positions_writer.update(self._positions)
 
     @property
     def positions(self) -> StreamPositions:
@@ -539,6 +523,9 @@ class FollowerService(_AsyncService):
             connector = self._connector
             connector.disconnect()
             await self._wait(lambda: connector.state == "disconnected", self.config.close_timeout + 1)
+        if self._positions_writer is not None:
+            # Nothing applies any more: the last positions go to the file.
+            await self._positions_writer.flush()
         if self.store is not None:
             await self.store.close()
             self.store = None

@@ -315,3 +315,115 @@ class Interners:
         self.events = Interner("event_ids", "event_nid", ["event_id"], cache_size)
         self.users = Interner("users", "user_nid", ["user_id"], cache_size)
         self.state_keys = Interner("state_keys", "type_key_nid", ["type", "state_key"], cache_size)
+
+
+# ---------------------------------------------------------------------- the interning tables in others' SQL
+#
+# This module owns ``rooms``, ``event_ids``, ``users`` and ``state_keys``:
+# every statement naming them is here. A statement of another owner that
+# joins one of them embeds the fragment below (aliases are the caller's).
+# ``rooms`` also carries three columns the event store keeps (the room
+# version, the newest timeline position ``activity``, the current state
+# group): read and written only through the functions below.
+
+
+def join_event_ids(alias: str, nid_expr: str, kind: str = "JOIN") -> str:
+    """``JOIN event_ids AS alias`` on the event nid ``nid_expr``."""
+    return f"{kind} event_ids AS {alias} ON {alias}.event_nid = {nid_expr}"
+
+
+def join_rooms(alias: str, nid_expr: str, kind: str = "JOIN") -> str:
+    """``JOIN rooms AS alias`` on the room nid ``nid_expr``."""
+    return f"{kind} rooms AS {alias} ON {alias}.room_nid = {nid_expr}"
+
+
+def join_users(alias: str, nid_expr: str) -> str:
+    """``JOIN users AS alias`` on the user nid ``nid_expr``."""
+    return f"JOIN users AS {alias} ON {alias}.user_nid = {nid_expr}"
+
+
+def join_state_keys(alias: str, nid_expr: str) -> str:
+    """``JOIN state_keys AS alias`` on the key nid ``nid_expr``."""
+    return f"JOIN state_keys AS {alias} ON {alias}.type_key_nid = {nid_expr}"
+
+
+def rooms_as(alias: str) -> str:
+    """``rooms AS alias``: the FROM item of a statement about rooms rows."""
+    return f"rooms AS {alias}"
+
+
+def event_id_sql(nid_expr: str, alias: str = "") -> str:
+    """A scalar subquery: the event ID of the event nid ``nid_expr``."""
+    if not alias:
+        return f"(SELECT event_id FROM event_ids WHERE event_nid = {nid_expr})"
+    return f"(SELECT {alias}.event_id FROM event_ids AS {alias} WHERE {alias}.event_nid = {nid_expr})"
+
+
+def event_nid_sql(alias: str) -> str:
+    """A scalar subquery: the nid of the event ID bound to its ``?``."""
+    return f"(SELECT {alias}.event_nid FROM event_ids AS {alias} WHERE {alias}.event_id = ?)"
+
+
+def room_nids_sql(alias: str, count: int) -> str:
+    """A subquery: the nids of ``count`` room IDs bound to its ``?``s."""
+    marks = ", ".join("?" for _ in range(count))
+    return f"SELECT {alias}.room_nid FROM rooms AS {alias} WHERE {alias}.room_id IN ({marks})"
+
+
+def key_nids_of_types_txn(txn: Transaction, types: Sequence[str]) -> list[int]:
+    """The interned key nids of every state key of ``types``."""
+    nids: list[int] = []
+    for part in chunks(list(types)):
+        marks = ", ".join("?" for _ in part)
+        nids += [r[0] for r in txn.execute(
+            f"SELECT type_key_nid FROM state_keys WHERE type IN ({marks})", list(part)
+        ).fetchall()]
+    return nids
+
+
+def room_ids_txn(txn: Transaction) -> list[str]:
+    """Every interned room ID, in the order the rooms were first seen."""
+    return [r[0] for r in txn.execute("SELECT room_id FROM rooms ORDER BY room_nid").fetchall()]
+
+
+def room_versions_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, str]:
+    """room_id -> version of the rooms among ``room_ids`` with a stored create event."""
+    result = {}
+    for part in chunks(list(room_ids)):
+        marks = ", ".join("?" for _ in part)
+        for room_id, version in txn.execute(
+            f"SELECT room_id, room_version FROM rooms WHERE room_id IN ({marks}) AND room_version IS NOT NULL",
+            list(part),
+        ).fetchall():
+            result[room_id] = version
+    return result
+
+
+def rooms_and_versions_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, tuple[int, str | None]]:
+    """room_id -> (room_nid, room version or None) of the interned ``room_ids``."""
+    rooms: dict[str, tuple[int, str | None]] = {}
+    for part in chunks(sorted(room_ids)):
+        marks = ", ".join("?" for _ in part)
+        for room_id, room_nid, version in txn.execute(
+            f"SELECT room_id, room_nid, room_version FROM rooms WHERE room_id IN ({marks})", list(part)
+        ).fetchall():
+            rooms[room_id] = (room_nid, version)
+    return rooms
+
+
+def queue_room_version(txn: Transaction, room_nid: int, version: str) -> None:
+    """Queue: the room's version, learned from its create event."""
+    txn.queue("UPDATE rooms SET room_version = ? WHERE room_nid = ?", (version, room_nid))
+
+
+def queue_current_state_group(txn: Transaction, room_nid: int, group: int) -> None:
+    """Queue: the state group of the room's current state."""
+    txn.queue("UPDATE rooms SET current_state_group = ? WHERE room_nid = ?", (group, room_nid))
+
+
+def queue_activity(txn: Transaction, room_nid: int, stream: int) -> None:
+    """Queue: ``rooms.activity`` up to ``stream`` (it only grows)."""
+    txn.queue(
+        "UPDATE rooms SET activity = ? WHERE room_nid = ? AND (activity IS NULL OR activity < ?)",
+        (stream, room_nid, stream),
+    )

@@ -163,3 +163,26 @@ def advisory_lock_holder(cursor: Any, key: tuple[int, int]) -> tuple | None:
 
 def advisory_unlock(cursor: Any, key: tuple[int, int]) -> None:
     cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+
+
+#: COPY's text format: backslash escapes for the characters that delimit it.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_value(value: Any) -> str:
+    if value is None:
+        return "\\N"
+    if value is True or value is False:
+        return "t" if value else "f"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "\\\\x" + bytes(value).hex()  # bytea's hex input, its backslash escaped for COPY
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ValueError("COPY cannot carry a NUL character in text")
+        return value.translate(_COPY_ESCAPES)
+    return str(value)
+
+
+def copy_text(rows: Any) -> str:
+    """``rows`` as the body of ``COPY ... FROM STDIN`` in text format."""
+    return "".join("\t".join(map(_copy_value, row)) + "\n" for row in rows)

@@ -27,8 +27,8 @@ import attrs
 
 from roomstore.events.batch import EventToPersist
 from roomstore.events.persist import MissingStateError
-from roomstore.events.room_versions import UnknownRoomVersion
-from roomstore.events.validation import InvalidEventError
+from roomstore.pdu.room_versions import UnknownRoomVersion
+from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state.merge import ConflictedStateError
 from roomstore.synapse_db.reader import SynapseReader
 from roomstore.synapse_db.source import StateMap, SynapseEvent, SynapseSource

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from roomstore.storage.database import Transaction
+from roomstore.visibility.memberships import joined_after_sql, last_join_sql
 from roomstore.visibility.rules import MEMBERSHIP_CODES, NO_MEMBERSHIP_CODE, VISIBILITY_CODES
 
 JOIN = MEMBERSHIP_CODES["join"]
@@ -74,10 +75,7 @@ def allowed_sql(snapshot_expr: str, event_alias: str) -> str:
     """
     hv = f"(SELECT history_visibility FROM visibility_snapshots WHERE snapshot_nid = {snapshot_expr})"
     member = membership_sql(snapshot_expr)
-    joined_after = f"""EXISTS (
-        SELECT 1 FROM room_memberships AS later
-        WHERE later.room_nid = {event_alias}.room_nid AND later.user_nid = ?
-          AND later.membership = {JOIN} AND later.stream_ordering > {event_alias}.stream_ordering)"""
+    joined_after = joined_after_sql(event_alias)
     return f"""(CASE
         WHEN {hv} = {WORLD_READABLE} THEN 1
         ELSE (SELECT CASE
@@ -126,8 +124,7 @@ def snapshot_upto_sql(scope: str, alias: str = "cs") -> str:
     many times.)
     """
     member = membership_sql(f"{alias}.snapshot_nid")
-    last_join = f"""(SELECT MAX(lj.stream_ordering) FROM room_memberships AS lj
-        WHERE lj.room_nid = ? AND lj.user_nid = ? AND lj.membership = {JOIN})"""
+    last_join = last_join_sql()
     return f"""SELECT f.snapshot_nid AS snapshot_nid, CASE
             WHEN f.v = {WORLD_READABLE} OR f.m = {JOIN} OR (f.v = {INVITED} AND f.m = {INVITE})
                 THEN 9223372036854775807

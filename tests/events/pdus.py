@@ -7,8 +7,8 @@ from typing import Any
 
 from canonicaljson import encode_canonical_json
 
-from roomstore.events.hashing import compute_content_hash
-from roomstore.events.room_versions import EventIdFormat, RoomVersion
+from roomstore.pdu.hashing import compute_content_hash
+from roomstore.pdu.room_versions import EventIdFormat, RoomVersion
 
 # 43 characters of base64 in each alphabet, for well-formed references.
 V3_REF = "$" + "A+/" + "b" * 40

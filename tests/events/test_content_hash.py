@@ -12,17 +12,17 @@ from signedjson.sign import sign_json
 from twisted.trial import unittest
 
 from roomstore.events.batch import EventToPersist, prepare_events
-from roomstore.events.content_hash import ContentHashMismatch, checked_pdu, content_hash_matches
-from roomstore.events.hashing import compute_content_hash, compute_event_id
-from roomstore.events.redaction import prune_event_dict
-from roomstore.events.room_versions import get_room_version
-from roomstore.events.signatures import (
+from roomstore.pdu.content_hash import ContentHashMismatch, checked_pdu, content_hash_matches
+from roomstore.pdu.hashing import compute_content_hash, compute_event_id
+from roomstore.pdu.redaction_algorithm import prune_event_dict
+from roomstore.pdu.room_versions import get_room_version
+from roomstore.pdu.signatures import (
     InvalidSignature,
     KeysFileError,
     VerifyKeys,
     signatures_checked,
 )
-from roomstore.events.validation import InvalidEventError, parse_pdu
+from roomstore.pdu.parsing import InvalidEventError, parse_pdu
 from tests.events.pdus import make_pdu
 
 V10 = get_room_version("10")

@@ -28,15 +28,15 @@ from signedjson.key import (
 from signedjson.sign import SignatureVerifyException, sign_json, verify_signed_json
 from twisted.trial import unittest
 
-from roomstore.events.hashing import (
+from roomstore.pdu.hashing import (
     compute_content_hash,
     compute_event_id,
     compute_reference_hash,
     unpadded_base64,
 )
-from roomstore.events.redaction import prune_event_dict
-from roomstore.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersions
-from roomstore.events.validation import parse_pdu
+from roomstore.pdu.redaction_algorithm import prune_event_dict
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, RoomVersions
+from roomstore.pdu.parsing import parse_pdu
 from tests.events.pdus import encode, make_pdu
 
 SPEC_SEED = "YJDBA9Xnr2sVqXD9Vj7XVUnmFZcZrlw8Md7kMW+3XA1"

@@ -2,7 +2,7 @@
 
 The expected tables below are transcribed from the spec pages (/rooms/v1,
 v6, v8, v9, v11; /rooms/v12 lists its redactions "unchanged from v11")
-independently of roomstore.events.room_versions.
+independently of roomstore.pdu.room_versions.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings, strategies as st
 from twisted.trial import unittest
 
-from roomstore.events.redaction import (
+from roomstore.pdu.redaction_algorithm import (
     KEPT_UNSIGNED_KEYS,
     copy_json,
     prune_event_dict,
     redacted_copy,
     redacts_of,
 )
-from roomstore.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersions
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, RoomVersions
 
 TOP_V1 = {
     "event_id", "type", "room_id", "sender", "state_key", "content", "hashes",

@@ -1,6 +1,6 @@
 from twisted.trial import unittest
 
-from roomstore.events.room_versions import (
+from roomstore.pdu.room_versions import (
     KNOWN_ROOM_VERSIONS,
     EventIdFormat,
     RoomVersions,

@@ -5,9 +5,9 @@ from typing import Any
 
 from twisted.trial import unittest
 
-from roomstore.events.hashing import compute_event_id
-from roomstore.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion, RoomVersions
-from roomstore.events.validation import (
+from roomstore.pdu.hashing import compute_event_id
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion, RoomVersions
+from roomstore.pdu.parsing import (
     MAX_PDU_SIZE,
     InvalidEventError,
     ParsedPdu,

@@ -30,12 +30,12 @@ from twisted.trial import unittest
 from roomstore.replication import ReplicationClientHandler, ReplicationConfig, ReplicationServerFactory
 from roomstore.replication import commands as ours
 from roomstore.replication.client import ReplicationClientFactory
-from roomstore.replication.store_streams import store_stream_registry, wire_server
+from roomstore.replication.store_sources import store_stream_registry, wire_server
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
 
 from .store_utils import ALICE, open_pair, wait_until
-from .test_store_streams import populate
+from .test_store_sources import populate
 from .utils import connect, feed, make_server, seed_registry, take
 
 from tests.synapse_oracle import prepare_synapse

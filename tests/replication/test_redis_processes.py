@@ -36,7 +36,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.trial import unittest
 
-from roomstore.replication.store_streams import STORE_STREAMS, store_stream_registry
+from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import DatabaseTestMixin
 from tests.store.builder import RoomBuilder

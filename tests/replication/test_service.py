@@ -148,6 +148,38 @@ class ServiceTests(ServiceTestMixin):
         with self.assertRaises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
+    async def test_follower_saves_positions_off_the_reactor_coalesced_and_flushes_on_stop(self):
+        from .test_positions_file import HeldThreads
+
+        url = self.new_database_url()
+        positions_file = os.path.join(tempfile.mkdtemp(), "positions.json")
+        threads = HeldThreads()  # no write finishes until the test says so
+        server = await self.start_server(url)
+        follower = await self.start_follower(url, server, positions_file=positions_file, run_in_thread=threads)
+        await wait_until(lambda: follower.factory.connection is not None, what="follower connected")
+        room = RoomBuilder()
+        await self.persist(server.store, room, room.create(), room.join(ALICE))
+        for i in range(5):
+            await self.persist(server.store, room, room.message(ALICE, f"m{i}"))
+        target = await self.persist(server.store, room, room.join(BOB))
+        caches = server.store.caches_stream.get_current_token()
+        await wait_until(lambda: ("events", "master", target) in [a[:3] for a in follower.applied]
+                         and ("caches", "master", caches) in [a[:3] for a in follower.applied], what="applied")
+        # Nine tokens applied, positions moved each time: one write started
+        # (held), the rest waits as the newest positions, nothing on the reactor.
+        self.assertGreaterEqual(len(follower.applied), 8)
+        self.assertEqual((threads.calls, threads.most_in_flight), (1, 1))
+        self.assertIsNone(load_positions(positions_file))
+
+        stopped = follower.stopService()
+        while not stopped.called:
+            if threads.held:
+                threads.finish()
+            await sleep(0.01)
+        self.assertEqual(threads.calls, 2, "the held write, then one of the newest positions")
+        self.assertEqual(load_positions(positions_file),
+                         {("events", "master"): target, ("backfill", "master"): 0, ("caches", "master"): caches})
+
     async def test_server_reads_ahead_no_more_than_its_pool_allows(self):
         """Pages read ahead at once fit the database pool with a connection
         to spare for the writer: one on SQLite (one connection), the

@@ -23,7 +23,7 @@ from twisted.trial import unittest
 from roomstore.replication import ReplicationClientFactory
 from roomstore.replication.redis import RedisRefused, parse_redis_url
 from roomstore.replication.service import ReplicationServerService, save_positions
-from roomstore.replication.store_streams import STORE_STREAMS
+from roomstore.replication.store_sources import STORE_STREAMS
 from roomstore.replication.tls import ClientTLS, TLSConfigError, check_bind_protected, is_loopback
 from roomstore.store import StoreConfig
 from tests.db import on_both_engines

@@ -254,6 +254,46 @@ class TransactionTests:
                 "bad", lambda t: t.insert_many("notes", ("id",), [(9,)], returning="id", queue=True)
             )
 
+    async def test_copy_rows(self):
+        """copy_rows loads awkward values exactly (COPY's delimiters, NULL, binary, booleans, big integers), after
+        the writes queued before it, and a duplicate key rolls the whole transaction back."""
+        db = await self.make_database()
+        blob = "BYTEA" if self.engine_name == "postgres" else "BLOB"
+
+        def create(txn):
+            txn.execute(f"CREATE TABLE loaded (id BIGINT PRIMARY KEY, body TEXT, data {blob}, flag BOOLEAN)")
+
+        await db.run_interaction("create", create)
+        awkward = "tab\there\nnew line\r\\N \\ back\\slash \u00e9\U0001f600 'quote' \\."
+        rows = [
+            (1, awkward, b"\x00\t\n\\\xff", True),
+            (2, None, None, False),
+            (2**62, "", b"", None),
+            (4, "\\N", b"\\N", True),
+        ]
+
+        def load(txn):
+            txn.queue("INSERT INTO loaded (id, body) VALUES (?, ?)", (0, "queued first"))
+            self.assertEqual(txn.copy_rows("loaded", ("id", "body", "data", "flag"), rows), 4)
+            return txn.execute("SELECT id, body, data, flag FROM loaded ORDER BY id").fetchall()
+
+        got = await db.run_interaction("load", load)
+        self.assertEqual(
+            [(r[0], r[1], None if r[2] is None else bytes(r[2]), None if r[3] is None else bool(r[3])) for r in got],
+            [(0, "queued first", None, None), *rows[:2], rows[3], (2**62, "", b"", None)],
+        )
+
+        def duplicate(txn):
+            txn.copy_rows("loaded", ("id", "body"), [(10, "new"), (1, "again")])
+
+        with self.assertRaises(Exception):
+            await db.run_interaction("duplicate", duplicate)
+        self.assertEqual(await db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM loaded")), 5)
+        self.assertEqual(await db.run_interaction("empty", lambda t: t.copy_rows("loaded", ("id",), [])), 0)
+        if self.engine_name == "postgres":
+            with self.assertRaises(ValueError):
+                await db.run_interaction("nul", lambda t: t.copy_rows("loaded", ("id", "body"), [(20, "a\0b")]))
+
     async def test_close_waits_for_running_interactions(self):
         """close() during a transaction lets it commit, then refuses new ones
         (it used to close the connection under the running transaction)."""

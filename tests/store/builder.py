@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from roomstore.events.hashing import unpadded_base64
+from roomstore.pdu.hashing import unpadded_base64
 from roomstore.events.persist import EventToPersist
 from roomstore.sample import BuiltEvent, RoomGraphBuilder
 

@@ -91,8 +91,8 @@ class ApiDocTests:
         event = json.loads(proc.stdout)
         with open(os.path.join(root, "docs", "create-event.json"), "rb") as handle:
             created = json.loads(handle.read())
-        from roomstore.events.hashing import compute_content_hash, compute_event_id
-        from roomstore.events.room_versions import get_room_version
+        from roomstore.pdu.hashing import compute_content_hash, compute_event_id
+        from roomstore.pdu.room_versions import get_room_version
 
         self.assertEqual(event["type"], "m.room.create")
         self.assertEqual(event["content"], created["content"])

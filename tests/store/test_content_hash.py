@@ -7,9 +7,9 @@ import json
 
 from canonicaljson import encode_canonical_json
 
-from roomstore.events.content_hash import ContentHashMismatch
+from roomstore.pdu.content_hash import ContentHashMismatch
 from roomstore.events.persist import EventToPersist
-from roomstore.events.redaction import prune_event_dict
+from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.store import RoomStore
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder

@@ -36,8 +36,8 @@ import time
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.events.room_versions import get_room_version
-from roomstore.events.validation import parse_pdu
+from roomstore.pdu.room_versions import get_room_version
+from roomstore.pdu.parsing import parse_pdu
 from roomstore.state.groups import StateGroupStore
 from roomstore.store import RoomStore
 from tests.db import DatabaseTestMixin

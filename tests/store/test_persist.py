@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from roomstore.events.persist import EventToPersist, MissingStateError, StateDelta
-from roomstore.events.validation import InvalidEventError
+from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state import ConflictedStateError
 from roomstore.store import RoomStore
 from tests.db import on_both_engines
@@ -48,6 +48,14 @@ class PersistTests:
         event = await store.get_event(create.event_id)
         self.assertEqual(event["event_id"], create.event_id)
         self.assertEqual(event["content"]["creator"], ALICE)
+
+    async def test_room_ids_in_the_order_first_seen(self):
+        store = await self.open_store()
+        self.assertEqual(await store.get_room_ids(), [])
+        first, second = RoomBuilder("!first:example.org"), RoomBuilder("!second:example.org")
+        await store.persist_events([second.to_persist(second.create())])
+        await store.persist_events([first.to_persist(first.create())])
+        self.assertEqual(await store.get_room_ids(), [second.room_id, first.room_id])
 
     async def test_repersist_is_a_no_op(self):
         store = await self.open_store()

@@ -9,7 +9,7 @@ import tempfile
 
 from roomstore.cli import import_file
 from roomstore.events.persist import MissingStateError
-from roomstore.events.validation import InvalidEventError
+from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state import ConflictedStateError
 from roomstore.store import RoomStore
 from tests.db import on_both_engines

@@ -16,9 +16,9 @@ from signedjson.key import generate_signing_key, get_verify_key
 from signedjson.sign import SignatureVerifyException, sign_json, verify_signed_json
 from twisted.internet.task import Clock
 
-from roomstore.events.hashing import compute_content_hash, compute_event_id
-from roomstore.events.redaction import prune_event_dict
-from roomstore.events.room_versions import get_room_version
+from roomstore.pdu.hashing import compute_content_hash, compute_event_id
+from roomstore.pdu.redaction_algorithm import prune_event_dict
+from roomstore.pdu.room_versions import get_room_version
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
 from tests.store.builder import BuiltEvent, RoomBuilder

@@ -14,8 +14,8 @@ import tempfile
 from twisted.internet import threads
 
 from roomstore.events.batch import EventToPersist
-from roomstore.events.hashing import compute_content_hash
-from roomstore.events.validation import InvalidEventError
+from roomstore.pdu.hashing import compute_content_hash
+from roomstore.pdu.parsing import InvalidEventError
 from roomstore.store import RoomStore
 from tests.db import on_both_engines
 from tests.events.test_room_version_12 import synapse

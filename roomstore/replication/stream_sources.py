@@ -1,4 +1,4 @@
-"""Streams as the replication protocol sees them.
+"""Stream sources: what a stream is to the replication protocol.
 
 A *stream* is an append-only log of rows, written by one or more *writer*
 instances. Each row has an integer token; tokens of one writer never go down,

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from canonicaljson import encode_canonical_json
 
-from roomstore.events.hashing import compute_content_hash
-from roomstore.events.redaction import prune_event_dict
-from roomstore.events.validation import InvalidEventError, ParsedPdu, parse_pdu
+from roomstore.pdu.hashing import compute_content_hash
+from roomstore.pdu.redaction_algorithm import prune_event_dict
+from roomstore.pdu.parsing import InvalidEventError, ParsedPdu, parse_pdu
 
 __all__ = ["ContentHashMismatch", "checked_pdu", "content_hash_matches"]
 

@@ -22,8 +22,8 @@ from typing import Any, Mapping
 
 from canonicaljson import encode_canonical_json
 
-from roomstore.events.redaction import prune_event_dict
-from roomstore.events.room_versions import EventIdFormat, RoomVersion
+from roomstore.pdu.redaction_algorithm import prune_event_dict
+from roomstore.pdu.room_versions import EventIdFormat, RoomVersion
 
 __all__ = [
     "add_derived_ids",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from roomstore.events.room_versions import RoomVersion
+from roomstore.pdu.room_versions import RoomVersion
 
 __all__ = ["CREATOR_POWER_LEVEL", "creators_listed", "room_creators", "user_power_level"]
 

@@ -32,8 +32,8 @@ import attrs
 from signedjson.key import decode_verify_key_bytes
 from signedjson.sign import SignatureVerifyException, verify_signed_json
 
-from roomstore.events.redaction import prune_event_dict
-from roomstore.events.validation import InvalidEventError, ParsedPdu
+from roomstore.pdu.redaction_algorithm import prune_event_dict
+from roomstore.pdu.parsing import InvalidEventError, ParsedPdu
 
 __all__ = ["InvalidSignature", "KeysFileError", "VerifyKeys", "load_verify_keys", "signatures_checked"]
 

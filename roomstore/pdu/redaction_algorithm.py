@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from roomstore.events.room_versions import RoomVersion
+from roomstore.pdu.room_versions import RoomVersion
 
 __all__ = [
     "KEPT_UNSIGNED_KEYS",

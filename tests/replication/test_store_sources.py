@@ -16,11 +16,11 @@ from twisted.trial import unittest
 
 from roomstore.events.caches import CURRENT_STATE_CACHE, EVENT_CACHE, ROOMS_FOR_USER_CACHE
 from roomstore.replication import ReplicationClientFactory, ReplicationConfig, ReplicationServerFactory
-from roomstore.replication.store_streams import (
+from roomstore.replication.store_handler import StoreReplicationHandler
+from roomstore.replication.store_sources import (
     BackfillStream,
     CachesStream,
     EventsStream,
-    StoreReplicationHandler,
     store_stream_registry,
     wire_server,
 )
@@ -507,7 +507,7 @@ class MergeByTokenTests(unittest.TestCase):
         at a shared token, each list's own order kept."""
         import random
 
-        from roomstore.replication.store_streams import _merge_by_token
+        from roomstore.replication.store_sources import _merge_by_token
 
         rng = random.Random(7)
         for _ in range(500):

@@ -60,9 +60,9 @@ from typing import Any, Mapping
 import attrs
 from canonicaljson import encode_canonical_json
 
-from roomstore.events.hashing import compute_event_id
-from roomstore.events.redaction import redacts_of
-from roomstore.events.room_versions import EventIdFormat, RoomVersion
+from roomstore.pdu.hashing import compute_event_id
+from roomstore.pdu.redaction_algorithm import redacts_of
+from roomstore.pdu.room_versions import EventIdFormat, RoomVersion
 
 __all__ = [
     "CANONICALJSON_MAX_INT",
@@ -208,55 +208,11 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
         TypeError: ``raw`` is not ``bytes``.
         InvalidEventError: for any problem with the PDU; the message says which.
     """
-    if not isinstance(raw, bytes):
-        raise TypeError(f"raw must be bytes, not {type(raw).__name__}")
-    if len(raw) > MAX_PDU_SIZE:
-        raise InvalidEventError(
-            f"PDU is {len(raw)} bytes; the limit is {MAX_PDU_SIZE} bytes"
-        )
-    try:
-        text = raw.decode("utf-8", errors="strict")
-    except UnicodeDecodeError as e:
-        raise InvalidEventError(
-            f"PDU is not valid UTF-8: invalid byte(s) at offset {e.start}"
-        ) from None
-
-    event, suspects = _load_json(text, room_version.strict_canonicaljson)
-    if suspects or ("\\u" in text and _SURROGATE_ESCAPE.search(text)):
-        # Something the parser saw may be invalid: walk every value for the
-        # exact error. Otherwise no value can be (see _load_json).
-        _check_json_values(event, room_version)
-
-    if suspects & _FLOAT_SEEN:
-        # Only a float can make the canonical form longer than the bytes
-        # received (1e300 has 300 digits); without one it is never longer.
-        try:
-            canonical_size = len(encode_canonical_json(event))
-        except RecursionError:
-            raise InvalidEventError("PDU JSON is nested too deeply") from None
-        if canonical_size > MAX_PDU_SIZE:
-            raise InvalidEventError(
-                f"PDU is {canonical_size} bytes as canonical JSON; "
-                f"the limit is {MAX_PDU_SIZE} bytes"
-            )
+    event = _decoded_event(raw, room_version)
 
     hashed_room_id = room_version.room_id_is_create_hash
     is_create = event.get("type") == "m.room.create" and event.get("state_key") == ""
-    if hashed_room_id and is_create and "room_id" in event:
-        raise InvalidEventError(
-            f"the m.room.create event of a room version {room_version.identifier} room must not "
-            "carry 'room_id': the room ID is '!' + the create event's reference hash",
-            "room_id",
-        )
-    for key in _REQUIRED_KEYS:
-        if key not in event and not (key == "room_id" and hashed_room_id and is_create):
-            raise InvalidEventError(f"PDU is missing required key {key!r}", key)
-    if room_version.event_id_in_pdu and "event_id" not in event:
-        raise InvalidEventError(
-            f"PDU is missing required key 'event_id' "
-            f"(room version {room_version.identifier} carries event IDs in the PDU)",
-            "event_id",
-        )
+    _check_required_keys(event, room_version, is_create)
 
     room_id = None
     if not (hashed_room_id and is_create):
@@ -297,6 +253,91 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
     if "origin" in event and not isinstance(event["origin"], str):
         raise _wrong_type("origin", "a string", event["origin"])
 
+    event_id = _event_id_of(event, room_version)
+    if room_id is None:
+        room_id = room_id_of_create(event_id)
+
+    membership, redacts = _membership_and_redacts(event, room_version)
+
+    return ParsedPdu(
+        event_id=event_id,
+        room_id=room_id,
+        sender=sender,
+        type=event_type,
+        state_key=state_key,
+        depth=depth,
+        origin_server_ts=origin_server_ts,
+        prev_event_ids=prev_event_ids,
+        auth_event_ids=auth_event_ids,
+        redacts=redacts,
+        membership=membership,
+        room_version=room_version,
+        raw=raw,
+        content=content,
+        event_dict=event,
+    )
+
+
+def _decoded_event(raw: bytes, room_version: RoomVersion) -> dict:
+    """``raw`` decoded as the JSON object of a PDU: its type, size, UTF-8,
+    JSON values and canonical size checked."""
+    if not isinstance(raw, bytes):
+        raise TypeError(f"raw must be bytes, not {type(raw).__name__}")
+    if len(raw) > MAX_PDU_SIZE:
+        raise InvalidEventError(
+            f"PDU is {len(raw)} bytes; the limit is {MAX_PDU_SIZE} bytes"
+        )
+    try:
+        text = raw.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        raise InvalidEventError(
+            f"PDU is not valid UTF-8: invalid byte(s) at offset {e.start}"
+        ) from None
+
+    event, suspects = _load_json(text, room_version.strict_canonicaljson)
+    if suspects or ("\\u" in text and _SURROGATE_ESCAPE.search(text)):
+        # Something the parser saw may be invalid: walk every value for the
+        # exact error. Otherwise no value can be (see _load_json).
+        _check_json_values(event, room_version)
+
+    if suspects & _FLOAT_SEEN:
+        # Only a float can make the canonical form longer than the bytes
+        # received (1e300 has 300 digits); without one it is never longer.
+        try:
+            canonical_size = len(encode_canonical_json(event))
+        except RecursionError:
+            raise InvalidEventError("PDU JSON is nested too deeply") from None
+        if canonical_size > MAX_PDU_SIZE:
+            raise InvalidEventError(
+                f"PDU is {canonical_size} bytes as canonical JSON; "
+                f"the limit is {MAX_PDU_SIZE} bytes"
+            )
+    return event
+
+
+def _check_required_keys(event: dict, room_version: RoomVersion, is_create: bool) -> None:
+    """The keys every PDU of ``room_version`` must (or, for a room version
+    12 create event, must not) carry."""
+    hashed_room_id = room_version.room_id_is_create_hash
+    if hashed_room_id and is_create and "room_id" in event:
+        raise InvalidEventError(
+            f"the m.room.create event of a room version {room_version.identifier} room must not "
+            "carry 'room_id': the room ID is '!' + the create event's reference hash",
+            "room_id",
+        )
+    for key in _REQUIRED_KEYS:
+        if key not in event and not (key == "room_id" and hashed_room_id and is_create):
+            raise InvalidEventError(f"PDU is missing required key {key!r}", key)
+    if room_version.event_id_in_pdu and "event_id" not in event:
+        raise InvalidEventError(
+            f"PDU is missing required key 'event_id' "
+            f"(room version {room_version.identifier} carries event IDs in the PDU)",
+            "event_id",
+        )
+
+
+def _event_id_of(event: dict, room_version: RoomVersion) -> str:
+    """The PDU's ``event_id`` (v1/v2), checked, or its reference hash (v3+)."""
     if room_version.event_id_in_pdu:
         event_id = event["event_id"]
         if not is_valid_event_id(room_version, event_id):
@@ -316,12 +357,16 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
             event_id = compute_event_id(room_version, event)
         except RecursionError:
             raise InvalidEventError("PDU JSON is nested too deeply") from None
-    if room_id is None:
-        room_id = room_id_of_create(event_id)
+    return event_id
 
+
+def _membership_and_redacts(event: dict, room_version: RoomVersion) -> tuple[str | None, str | None]:
+    """(``content.membership`` of a member event, what a redaction redacts), checked."""
+    content = event["content"]
+    event_type = event["type"]
     membership = None
     if event_type == "m.room.member":
-        if state_key is None:
+        if "state_key" not in event:
             raise InvalidEventError(
                 "m.room.member events must have a 'state_key'", "state_key"
             )
@@ -337,24 +382,7 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
             redacts = redacts_of(room_version, event)
             if redacts is None:
                 raise _wrong_type(field, "a string", holder["redacts"])
-
-    return ParsedPdu(
-        event_id=event_id,
-        room_id=room_id,
-        sender=sender,
-        type=event_type,
-        state_key=state_key,
-        depth=depth,
-        origin_server_ts=origin_server_ts,
-        prev_event_ids=prev_event_ids,
-        auth_event_ids=auth_event_ids,
-        redacts=redacts,
-        membership=membership,
-        room_version=room_version,
-        raw=raw,
-        content=content,
-        event_dict=event,
-    )
+    return membership, redacts
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

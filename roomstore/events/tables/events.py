@@ -1,0 +1,370 @@
+"""The tables of the events themselves: ``events`` (one row per event: room,
+type, orderings, flags, state groups, visibility snapshots), ``event_json``
+(the exact bytes), ``event_edges`` and ``event_auth_edges`` (prev and auth
+events) and ``redactions``; every statement that names them.
+
+Reads composed elsewhere (the timeline, pagination) embed the fragments
+``events_as``, ``join_events``, ``SERVED_COLUMNS`` / ``served_joins`` and
+``first_redaction_sql``; the aliases are the caller's.
+
+A redaction only counts when its target is stored in the *same room*:
+``same_room_redactions`` is that join, written once, and every reader of
+redactions goes through it. The redaction algorithm itself (what pruning
+keeps) is ``roomstore.pdu.redaction_algorithm``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple, Sequence
+
+from roomstore.storage.database import Transaction
+from roomstore.storage.interning import chunks, event_id_sql, event_nid_sql, join_event_ids, join_rooms
+from roomstore.visibility.memberships import membership_of_sql
+
+EVENT_COLUMNS = (
+    "event_nid", "room_nid", "type", "type_key_nid", "sender_nid", "depth", "topological_ordering",
+    "stream_ordering", "instance_name", "origin_server_ts", "received_ts", "outlier", "rejected_reason",
+    "backfilled", "redacted", "state_group_before", "state_group", "visibility_before", "visibility_after",
+)
+
+
+# ---------------------------------------------------------------------- fragments
+
+
+def events_as(alias: str) -> str:
+    """``events AS alias``: the FROM item of a composed read of events."""
+    return f"events AS {alias}"
+
+
+def join_events(alias: str, on: str, kind: str = "JOIN") -> str:
+    """``JOIN events AS alias ON <on>`` (``on`` names ``alias``)."""
+    return f"{kind} events AS {alias} ON {on}"
+
+
+def same_room_redactions(r: str = "r", red: str = "red", target: str = "target", outer_target: bool = False) -> str:
+    """FROM-clause text: the rows ``r`` of ``redactions`` joined to their
+    redaction event ``red`` and their target ``target`` (both ``events``),
+    where the two are in the same room. The aliases are the caller's.
+
+    ``outer_target``: ``target`` is already in scope (the row of an outer
+    query a correlated subquery is about), so it is not joined again.
+
+    The room test is written ``+red.room_nid`` (a numeric no-op on both
+    engines) so that no index on ``events.room_nid`` serves it: a redaction
+    is found from its target (``redactions_redacts``), then checked to be in
+    the room. Given the room as a constant (a correlated subquery), both
+    engines otherwise walked the room's events in stream order looking for
+    the first redaction of the target: a walk of the room per redacted event
+    served (bench/redacted_reads.py)."""
+    join = f"redactions AS {r} JOIN events AS {red} ON {red}.event_nid = {r}.redaction_event_nid"
+    same_room = f"{target}.event_nid = {r}.redacts_event_nid AND {target}.room_nid = +{red}.room_nid"
+    if outer_target:
+        return f"{join} AND {same_room}"
+    return f"{join} JOIN events AS {target} ON {same_room}"
+
+
+def first_redaction_sql(column: str, of: str = "e") -> str:
+    """A scalar SQL expression: ``column`` (of ``rj``, the redaction's
+    ``event_json``, or ``ri``, its ``event_ids``) of the first stored
+    redaction of the redacted event ``of`` in its room, by stream order (the
+    one ``EventReader`` reports); NULL unless ``of.redacted``."""
+    return f"""CASE WHEN {of}.redacted THEN (
+        SELECT {column} FROM {same_room_redactions("rd", "red", of, outer_target=True)}
+        JOIN event_json AS rj ON rj.event_nid = rd.redaction_event_nid
+        {join_event_ids("ri", "rd.redaction_event_nid")}
+        ORDER BY red.stream_ordering LIMIT 1) END"""
+
+
+#: The columns ``timeline.event_from_row`` takes, over ``e`` joined by ``served_joins()``.
+SERVED_COLUMNS = f"""e.event_nid AS event_nid, i.event_id AS event_id, r.room_id AS room_id,
+    e.topological_ordering AS topo, e.stream_ordering AS stream, j.room_version AS room_version,
+    j.json AS json, e.redacted AS redacted,
+    {first_redaction_sql("rj.json")} AS redaction_json, {first_redaction_sql("ri.event_id")} AS redaction_id"""
+SERVED_COLUMN_COUNT = 10
+
+
+def served_joins() -> str:
+    """The joins ``SERVED_COLUMNS`` needs beside ``e``: its bytes, ID and room ID."""
+    return f"""JOIN event_json AS j ON j.event_nid = e.event_nid
+    {join_event_ids("i", "e.event_nid")}
+    {join_rooms("r", "e.room_nid")}"""
+
+
+def join_event_json(alias: str, nid_expr: str) -> str:
+    """``JOIN event_json AS alias`` on the event nid ``nid_expr``."""
+    return f"JOIN event_json AS {alias} ON {alias}.event_nid = {nid_expr}"
+
+
+# ---------------------------------------------------------------------- writes
+
+
+def insert_events(txn: Transaction, rows: Sequence[tuple]) -> None:
+    """Queue ``events`` rows of ``EVENT_COLUMNS``."""
+    txn.insert_many("events", EVENT_COLUMNS, rows, queue=True)
+
+
+def insert_event_json(txn: Transaction, rows: Sequence[tuple]) -> None:
+    """Queue ``(event_nid, room_version, json, censored)`` rows; censored: the
+    bytes are the redacted form (a content hash mismatch, pdu/content_hash.py)."""
+    txn.insert_many("event_json", ("event_nid", "room_version", "json", "censored"), rows, queue=True)
+
+
+def insert_edges(txn: Transaction, prev_rows: Sequence[tuple], auth_rows: Sequence[tuple]) -> None:
+    """Queue ``(event_nid, prev_event_nid)`` and ``(event_nid, auth_event_nid)`` rows."""
+    txn.insert_many("event_edges", ("event_nid", "prev_event_nid"), prev_rows, queue=True)
+    txn.insert_many("event_auth_edges", ("event_nid", "auth_event_nid"), auth_rows, queue=True)
+
+
+def insert_redactions(txn: Transaction, rows: Sequence[tuple[int, int, int]]) -> None:
+    """Queue ``(redaction_event_nid, redacts_event_nid, received_ts)`` rows."""
+    txn.insert_many("redactions", ("redaction_event_nid", "redacts_event_nid", "received_ts"), rows, queue=True)
+
+
+def queue_flag_redacted(txn: Transaction, nids: Sequence[int]) -> None:
+    """Queue: ``events.redacted`` set on ``nids``."""
+    for part in chunks(sorted(nids)):
+        marks = ", ".join("?" for _ in part)
+        txn.queue(f"UPDATE events SET redacted = ? WHERE event_nid IN ({marks})", (True, *part))
+
+
+def replace_json_txn(txn: Transaction, nid: int, raw: bytes, censored: bool) -> None:
+    """The stored bytes of an event replaced (censoring)."""
+    txn.execute("UPDATE event_json SET json = ?, censored = ? WHERE event_nid = ?", (raw, censored, nid))
+
+
+def mark_censored_txn(txn: Transaction, redaction_nid: int) -> None:
+    """Record that censoring has dealt with a redaction."""
+    txn.execute("UPDATE redactions SET have_censored = ? WHERE redaction_event_nid = ?", (True, redaction_nid))
+
+
+# ---------------------------------------------------------------------- reads by nid
+
+
+def served_rows_txn(txn: Transaction, nids: Sequence[int]) -> list[tuple]:
+    """``(nid, room_version, json, redacted, outlier, rejected_reason,
+    stream_ordering)`` of the stored events among ``nids`` (one chunk)."""
+    marks = ", ".join("?" for _ in nids)
+    return txn.execute(
+        "SELECT e.event_nid, j.room_version, j.json, e.redacted, e.outlier, e.rejected_reason,"
+        " e.stream_ordering FROM events AS e JOIN event_json AS j ON j.event_nid = e.event_nid"
+        f" WHERE e.event_nid IN ({marks})",
+        list(nids),
+    ).fetchall()
+
+
+class StoredEvent(NamedTuple):
+    """What ``events`` holds of a stored event beside its JSON."""
+
+    stream_ordering: int
+    topological_ordering: int
+    state_group_before: int | None
+    state_group: int | None
+    outlier: bool
+    rejected_reason: str | None
+    redacted: bool
+
+
+def stored_events_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, StoredEvent]:
+    """nid -> ``StoredEvent`` of the stored events among ``nids``, read in
+    chunks by primary key: what the event reader's flags, precheck's
+    already-persisted results and the persister's prev-event facts need."""
+    found: dict[int, StoredEvent] = {}
+    for part in chunks(sorted(nids)):
+        marks = ", ".join("?" for _ in part)
+        for nid, stream, topo, before, after, outlier, rejected, redacted in txn.execute(
+            "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group, outlier,"
+            f" rejected_reason, redacted FROM events WHERE event_nid IN ({marks})",
+            list(part),
+        ).fetchall():
+            found[nid] = StoredEvent(stream, topo, before, after, bool(outlier), rejected, bool(redacted))
+    return found
+
+
+def json_txn(txn: Transaction, nid: int):
+    """The stored bytes of one event (None when absent)."""
+    return txn.select_one_value("SELECT json FROM event_json WHERE event_nid = ?", (nid,))
+
+
+def state_groups_row_txn(txn: Transaction, nid: int) -> tuple | None:
+    """``(state_group_before, state_group, outlier, room_nid)`` of one event."""
+    return txn.execute(
+        "SELECT state_group_before, state_group, outlier, room_nid FROM events WHERE event_nid = ?", (nid,)
+    ).fetchone()
+
+
+def history_visibility_json_txn(txn: Transaction, nids: Sequence[int]) -> list[tuple]:
+    """``(nid, json)`` of the history visibility events among ``nids`` (one chunk)."""
+    marks = ", ".join("?" for _ in nids)
+    return txn.execute(
+        f"SELECT e.event_nid, j.json FROM events AS e JOIN event_json AS j ON j.event_nid = e.event_nid"
+        f" WHERE e.event_nid IN ({marks}) AND e.type = 'm.room.history_visibility'",
+        list(nids),
+    ).fetchall()
+
+
+def graph_state_groups_txn(txn: Transaction, nids: Sequence[int]) -> list[tuple]:
+    """``(nid, state_group)`` of the non-outliers among ``nids`` (one chunk)."""
+    marks = ", ".join("?" for _ in nids)
+    return txn.execute(
+        f"SELECT event_nid, state_group FROM events WHERE event_nid IN ({marks}) AND outlier = ?", (*nids, False)
+    ).fetchall()
+
+
+def rooms_and_types_txn(txn: Transaction, nids: Sequence[int]) -> list[tuple]:
+    """``(nid, room_id, type)`` of the stored events among ``nids`` (one chunk)."""
+    marks = ", ".join("?" for _ in nids)
+    return txn.execute(
+        f"SELECT e.event_nid, r.room_id, e.type FROM events AS e {join_rooms('r', 'e.room_nid')}"
+        f" WHERE e.event_nid IN ({marks})",
+        list(nids),
+    ).fetchall()
+
+
+def visible_flag_txn(txn: Transaction, vis: str, params: Sequence) -> tuple | None:
+    """``(1 or 0,)`` whether the graph event whose ID is bound after
+    ``params`` passes ``vis`` (None when no such event)."""
+    return txn.execute(
+        f"SELECT CASE WHEN {vis} THEN 1 ELSE 0 END FROM events AS e"
+        f" WHERE e.event_nid = {event_nid_sql('ei')}"
+        " AND e.outlier = ? AND e.rejected_reason IS NULL",
+        list(params),
+    ).fetchone()
+
+
+# ---------------------------------------------------------------------- the graph
+
+
+def graph_facts_txn(txn: Transaction, nids: Sequence[int], room_nid: int) -> list[tuple]:
+    """``(nid, topo, stream, rejected_reason)`` of the non-outliers of the
+    room among ``nids`` (one chunk)."""
+    marks = ", ".join("?" for _ in nids)
+    return txn.execute(
+        "SELECT e.event_nid, e.topological_ordering, e.stream_ordering, e.rejected_reason"
+        f" FROM events AS e WHERE e.event_nid IN ({marks}) AND e.room_nid = ? AND e.outlier = ?",
+        [*nids, room_nid, False],
+    ).fetchall()
+
+
+def prev_facts_txn(txn: Transaction, nids: Sequence[int], room_nid: int) -> list[tuple]:
+    """``(child, prev, topo, stream, rejected_reason)`` of the prev events of
+    ``nids`` that are non-outliers of the room, by child then prev."""
+    marks = ", ".join("?" for _ in nids)
+    return txn.execute(
+        "SELECT ed.event_nid, p.event_nid, p.topological_ordering, p.stream_ordering, p.rejected_reason"
+        " FROM event_edges AS ed JOIN events AS p ON p.event_nid = ed.prev_event_nid"
+        f" WHERE ed.event_nid IN ({marks}) AND p.room_nid = ? AND p.outlier = ?"
+        " ORDER BY ed.event_nid, p.event_nid",
+        [*nids, room_nid, False],
+    ).fetchall()
+
+
+def pointed_at_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
+    """Those of ``nids`` that some stored non-outlier names as a prev event."""
+    found: set[int] = set()
+    for part in chunks(sorted(nids)):
+        marks = ", ".join("?" for _ in part)
+        found.update(r[0] for r in txn.execute(
+            f"SELECT DISTINCT prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
+            f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ?",
+            (*part, False),
+        ).fetchall())
+    return found
+
+
+# ---------------------------------------------------------------------- redactions
+
+
+def unflagged_targets_txn(txn: Transaction, column: str, nids: Sequence[int]) -> set[int]:
+    """Targets not yet flagged ``events.redacted`` of same-room redactions
+    whose ``column`` (``"redacts_event_nid"`` or ``"redaction_event_nid"``)
+    is one of ``nids``."""
+    if column not in ("redacts_event_nid", "redaction_event_nid"):
+        raise ValueError(f"not a redactions column: {column!r}")
+    targets: set[int] = set()
+    for part in chunks(list(nids)):
+        marks = ", ".join("?" for _ in part)
+        rows = txn.execute(
+            f"SELECT r.redacts_event_nid FROM {same_room_redactions()}"
+            f" WHERE r.{column} IN ({marks}) AND target.redacted = ?",
+            (*part, False),
+        ).fetchall()
+        targets.update(row[0] for row in rows)
+    return targets
+
+
+def redactions_of_txn(txn: Transaction, target_nids: Sequence[int]) -> list[tuple[int, bytes, str]]:
+    """``(target nid, redaction json, redaction event_id)`` of every
+    same-room redaction of the targets, in stream order of the redactions."""
+    result: list[tuple[int, bytes, str]] = []
+    for part in chunks(sorted(target_nids)):
+        marks = ", ".join("?" for _ in part)
+        result += txn.execute(
+            f"SELECT r.redacts_event_nid, j.json, i.event_id FROM {same_room_redactions()}"
+            " JOIN event_json AS j ON j.event_nid = r.redaction_event_nid"
+            f" {join_event_ids('i', 'r.redaction_event_nid')}"
+            f" WHERE r.redacts_event_nid IN ({marks}) ORDER BY red.stream_ordering",
+            list(part),
+        ).fetchall()
+    return result
+
+
+def due_for_censoring_txn(txn: Transaction, cutoff_ts: int, limit: int) -> list[tuple]:
+    """Up to ``limit`` uncensored same-room redactions received before
+    ``cutoff_ts`` whose target is flagged redacted, oldest first:
+    ``(redaction nid, target nid, target room version, target json, target censored)``.
+    Redactions whose target is missing or elsewhere are never selected, so
+    they never hold back due rows behind them."""
+    return txn.execute(
+        "SELECT r.redaction_event_nid, r.redacts_event_nid, j.room_version, j.json, j.censored"
+        f" FROM {same_room_redactions()}"
+        " JOIN event_json AS j ON j.event_nid = r.redacts_event_nid"
+        " WHERE r.have_censored = ? AND r.received_ts < ? AND target.redacted = ?"
+        " ORDER BY r.received_ts, r.redaction_event_nid LIMIT ?",
+        (False, cutoff_ts, True, limit),
+    ).fetchall()
+
+
+# ---------------------------------------------------------------------- the events and backfill streams
+
+# The page of events is an index range scan on events alone that stops
+# after LIMIT rows. The event ID is a correlated scalar subquery, which both
+# engines run per row as a primary-key lookup; membership and redaction
+# lookups run only for member and redaction events (CASE); room IDs and
+# state keys come from the store's interners (small tables, cached). With
+# joins instead, PostgreSQL may hash-join a whole table (a sequential scan
+# of event_ids) into every page, so each page costs as much as the whole
+# history and a catch-up is quadratic. The range is a window of stream
+# orderings a few pages wide, widened while the page is short
+# (``stream_rows.event_rows_page_txn``): PostgreSQL without fresh statistics
+# estimates a handful of rows for any range and reads and sorts all of it, so
+# an open range would cost the whole rest of the stream for every page.
+EVENT_ROW_SQL = f"""
+SELECT {{token}},
+    {event_id_sql("e.event_nid")},
+    e.room_nid,
+    e.type,
+    e.type_key_nid,
+    CASE WHEN e.type = ? THEN
+        (SELECT i.event_id FROM redactions AS red {join_event_ids("i", "red.redacts_event_nid")}
+         WHERE red.redaction_event_nid = e.event_nid)
+    END,
+    CASE WHEN e.type = ? THEN {membership_of_sql("e.event_nid")} END,
+    e.rejected_reason IS NOT NULL,
+    e.outlier
+FROM events AS e
+WHERE e.instance_name = ? AND {{range}}
+ORDER BY {{order}}
+LIMIT ?
+"""
+
+# Live events: tokens are stream orderings.
+LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(
+    token="e.stream_ordering", order="e.stream_ordering", range="e.stream_ordering > ? AND e.stream_ordering <= ?"
+)
+# Backfilled events: tokens are minus their (negative) stream orderings;
+# the range is written on the column itself so the index serves it.
+BACKFILL_EVENT_ROWS = EVENT_ROW_SQL.format(
+    token="-e.stream_ordering",
+    order="e.stream_ordering DESC",
+    range="e.stream_ordering < 0 - ? AND e.stream_ordering >= 0 - ?",
+)

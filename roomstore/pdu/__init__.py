@@ -1,0 +1,7 @@
+"""Pure PDU code: room versions, parsing and validation, hashes, signatures,
+content hashes, the redaction algorithm and power levels.
+
+Nothing here touches a database, a stream or the store: each module imports
+only the standard library, its third-party helpers and other modules of this
+package.  ``roomstore.events`` re-exports the names embedders use.
+"""

@@ -1,0 +1,98 @@
+"""A worker that applies the store's streams to its own ``RoomStore``.
+
+``StoreReplicationHandler`` feeds what arrives into the worker's store: it
+drops the cache entries named by the rows, updates the change caches and then
+advances the ID generators (``advance``), in that order, so a reader that
+waited for a position (``wait_for_position``) never reads a cache entry older
+than it. The rows are those :mod:`.store_sources` serves (its docstring says
+what each stream's rows hold).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from roomstore.replication.client import ReplicationClientHandler
+from roomstore.replication.follower import StreamPositions
+from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
+from roomstore.store import RoomStore
+
+__all__ = ["StoreReplicationHandler"]
+
+
+class StoreReplicationHandler(ReplicationClientHandler):
+    """Applies replicated rows to a worker's ``RoomStore``.
+
+    For every token, in order: drop the cache entries the rows name, record
+    the changes in the change caches, run the handlers registered with
+    ``add_cache_handler`` (caches stream), advance the stream's ID generator
+    to the token, then call ``on_applied(stream, instance, token, rows)`` if
+    given (the ``follow`` command logs it; tests count rows). Applying a token
+    twice (a replay after a reconnect) is harmless: every step is idempotent.
+
+    The worker store must be opened as a reader of the writer's streams
+    (``StoreConfig(stream_writers={"events": ["master"], ...})``); the rows
+    themselves are read by the store from the shared database, so nothing
+    here writes to it.
+    """
+
+    def __init__(self, store: RoomStore, on_applied: Callable[[str, str, int, list], Any] | None = None):
+        super().__init__(store_stream_registry(store))
+        self.store = store
+        self.on_applied = on_applied
+        self._cache_handlers: dict[str, list[Callable[[list | None], None]]] = {}
+
+    def add_cache_handler(self, cache_name: str, handler: Callable[[list | None], None]) -> None:
+        """Call ``handler(keys)`` for every invalidation of ``cache_name``
+        (``keys`` None: the whole cache)."""
+        self._cache_handlers.setdefault(cache_name, []).append(handler)
+
+    def initial_positions(self) -> StreamPositions:
+        """Where the worker's store stands now, per stream and writer: where
+        a worker with no saved positions resumes from. The store has no
+        cache entries older than these (it just opened), so nothing before
+        them needs applying."""
+        positions = StreamPositions()
+        for name in STORE_STREAMS:
+            for writer, token in self.store.stream(name).get_positions().items():
+                positions.set(name, writer, token)
+        return positions
+
+    def on_rdata(self, stream_name: str, instance_name: str, token: int, rows: list[Any]) -> None:
+        if stream_name == "events":
+            self._apply_events(token, rows)
+        elif stream_name == "backfill":
+            for row in rows:
+                self.store.replicated_backfill(row[4])
+        elif stream_name == "caches":
+            for row in rows:
+                self._apply_invalidation(row[0], row[1])
+        else:
+            return
+        # Last: a reader waiting for this position must find the caches clean.
+        self._advance(stream_name, instance_name, token)
+        if self.on_applied is not None:
+            self.on_applied(stream_name, instance_name, token, rows)
+
+    def on_position(self, stream_name: str, instance_name: str, prev_token: int, new_token: int) -> None:
+        if stream_name in STORE_STREAMS:
+            self._advance(stream_name, instance_name, new_token)
+
+    def _advance(self, stream_name: str, instance_name: str, token: int) -> None:
+        self.store.stream(stream_name).advance(instance_name, token)
+
+    def _apply_events(self, token: int, rows: list) -> None:
+        store = self.store
+        for kind, data in rows:
+            if kind == "ev":
+                store.replicated_event(token, data[1], data[2], data[3], data[4])
+            elif kind == "state":
+                store.replicated_state(token, data[1], data[2])
+            elif kind == "state-all":
+                # Synapse's "too many state changes in this room".
+                store.replicated_state_reset(token, data[0])
+
+    def _apply_invalidation(self, cache_name: str, keys: list | None) -> None:
+        self.store.replicated_invalidation(cache_name, keys)
+        for handler in self._cache_handlers.get(cache_name, ()):
+            handler(keys)
