@@ -133,14 +133,45 @@ def start(pg_url: str | None = None, timeout: float = 90.0) -> str:
     config_path = os.path.join(folder, "homeserver.yaml")
     with open(config_path, "w") as f:
         json.dump(config, f, indent=1)
-    run = [SYNAPSE_PYTHON, "-m", "synapse.app.homeserver", "--config-path", config_path]
-    subprocess.run([*run, "--generate-keys"], check=True, capture_output=True, cwd=folder)
-    log = open(os.path.join(folder, "stdout.log"), "wb")
-    proc = subprocess.Popen(run, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
-    base_url = f"http://127.0.0.1:{port}"
-    info = {"base_url": base_url, "server_name": SERVER_NAME, "pid": proc.pid,
+    keys = subprocess.run([*_run_command(folder), "--generate-keys"], capture_output=True, cwd=folder,
+                          env=_synapse_env())
+    if keys.returncode:
+        tail = (keys.stderr or keys.stdout).decode("utf-8", "replace").strip().splitlines()[-3:]
+        raise RuntimeError(f"Synapse --generate-keys failed ({keys.returncode}): {' / '.join(tail)}")
+    info = {"base_url": f"http://127.0.0.1:{port}", "server_name": SERVER_NAME,
             "shared_secret": config["registration_shared_secret"], "database": db_url,
             "engine": "postgresql" if pg_url else "sqlite"}
+    _launch(folder, info, timeout)
+    return folder
+
+
+def restart(folder: str, timeout: float = 90.0) -> None:
+    """Stop the Synapse of ``folder`` and start it again on the same
+    configuration and database (its caches gone: what it serves next it
+    reads from the database)."""
+    with open(os.path.join(folder, "server.json")) as f:
+        info = json.load(f)
+    _end(info["pid"])
+    _launch(folder, info, timeout)
+
+
+def _synapse_env() -> dict:
+    """Our environment without PYTHONPATH: Synapse runs from its own
+    virtualenv, and a path into ours (trial's workers inherit one) would show
+    it our txredisapi, which its pin check refuses."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def _run_command(folder: str) -> list[str]:
+    return [SYNAPSE_PYTHON, "-m", "synapse.app.homeserver", "--config-path", os.path.join(folder, "homeserver.yaml")]
+
+
+def _launch(folder: str, info: dict, timeout: float) -> None:
+    """Run Synapse from ``folder`` until its client API answers; record its pid in server.json."""
+    log = open(os.path.join(folder, "stdout.log"), "ab")
+    proc = subprocess.Popen(_run_command(folder), stdout=log, stderr=subprocess.STDOUT, cwd=folder,
+                            start_new_session=True, env=_synapse_env())
+    base_url = info["base_url"]
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
@@ -156,8 +187,40 @@ def start(pg_url: str | None = None, timeout: float = 90.0) -> str:
             raise RuntimeError(f"Synapse did not answer within {timeout:.0f} s; see {folder}/stdout.log")
         time.sleep(0.2)
     with open(os.path.join(folder, "server.json"), "w") as f:
-        json.dump(info, f)
-    return folder
+        json.dump({**info, "pid": proc.pid}, f)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our child (restarted here): reap it
+            return True
+    except ChildProcessError:
+        pass  # started by another process
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return True
+    return False
+
+
+def _end(pid: int) -> None:
+    """SIGTERM, then SIGKILL after 10 s; returns once the process is gone."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        return
+    for _ in range(100):
+        if _gone(pid):
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return
+    for _ in range(50):
+        if _gone(pid):
+            return
+        time.sleep(0.1)
 
 
 def stop(folder: str) -> None:
@@ -166,11 +229,7 @@ def stop(folder: str) -> None:
     try:
         with open(os.path.join(folder, "server.json")) as f:
             pid = json.load(f)["pid"]
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            os.kill(pid, 0)
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
+        _end(pid)
     except (OSError, ValueError, KeyError):
         pass
     shutil.rmtree(folder, ignore_errors=True)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import traceback
@@ -133,6 +134,8 @@ class Driver:
         self.writer = writer = CompactionWriter(
             a.db, stale_after_s=a.lock_timeout, heartbeat_s=a.heartbeat, tables=self.tables
         )
+        if a.swap_hold:
+            writer.before_commit = self._hold_swap
         spark = None
         status = 0
         try:
@@ -408,6 +411,16 @@ class Driver:
                 break
         if self.args.swap_delay:
             time.sleep(self.args.swap_delay)
+
+    def _hold_swap(self, cur, room_nid: int, first_group: int) -> None:
+        """Test hook (``--swap-hold``): inside a swap's transaction, every
+        statement run, before COMMIT: say so, then wait ``--swap-hold``
+        seconds or until the file ``--swap-hold-release`` exists."""
+        a = self.args
+        self.say(f"swap transaction open: room_nid {room_nid} chunk {first_group}")
+        deadline = time.monotonic() + a.swap_hold
+        while time.monotonic() < deadline and not (a.swap_hold_release and os.path.exists(a.swap_hold_release)):
+            time.sleep(0.05)
 
     # -- reporting ------------------------------------------------------------
 

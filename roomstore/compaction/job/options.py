@@ -74,6 +74,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     # Test-only knobs, deliberately undocumented in --help.
     job.add_argument("--inject-fault-room", help=argparse.SUPPRESS)
     job.add_argument("--swap-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    job.add_argument("--swap-hold", type=float, default=0.0, help=argparse.SUPPRESS)
+    job.add_argument("--swap-hold-release", help=argparse.SUPPRESS)
 
 
 def _add_submit_options(parser: argparse.ArgumentParser) -> None:
