@@ -806,6 +806,47 @@ async def transports(reactor, new_url, events: int, runs: int) -> list[list]:
     return rows
 
 
+async def redis_publish(reactor, new_url, events: int, runs: int) -> list[list]:
+    """A writer's ``RedisReplication`` publishing its events stream from token
+    0 (the announcer a live writer runs, all of it at once), until Redis has
+    acknowledged every line: RDATA lines/s, median of ``runs``."""
+    from roomstore.replication import metrics
+    from roomstore.replication.redis import RedisReplication, parse_redis_url
+    from roomstore.store import RoomStore, StoreConfig
+
+    out = subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "start"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    redis_url, redis_dir = out[0], out[1]
+    try:
+        store = await RoomStore.open(new_url(), StoreConfig("master"), reactor=reactor)
+        try:
+            for batch in history(20, events):
+                await store.persist_events(batch)
+            publisher = RedisReplication(store, parse_redis_url(redis_url), "benchpub", reactor=reactor,
+                                         page_size=500)
+            publisher.start()
+            await publisher.when_ready()
+            await publisher.flush()
+            await sleep(reactor, 0.5)  # its own REPLICATE heard back and answered
+            published = metrics.REDIS_PUBLISHED.labels("RDATA")
+            seconds, lines = [], []
+            for _ in range(runs):
+                before = published._value.get()
+                publisher._announced["events"] = 0
+                started = time.perf_counter()
+                publisher._schedule_announce("events")
+                await publisher.flush()
+                seconds.append(time.perf_counter() - started)
+                lines.append(published._value.get() - before)
+            await publisher.stop()
+        finally:
+            await store.close()
+    finally:
+        subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "stop", redis_dir], check=False)
+    rates = sorted(n / s for n, s in zip(lines, seconds))
+    return [[int(lines[0]), statistics.median(seconds), statistics.median(rates), rates[0], rates[-1]]]
+
+
 # ---------------------------------------------------------------- 2. congestion
 
 
@@ -1060,6 +1101,12 @@ async def main(reactor, args) -> None:
         print("  (rows applied: by the worker, from RDATA lines or read from the database; a Redis worker fills what "
               "it missed from the shared database itself, as it does for the rows a writer persisted before it "
               "connected: RDATA lines count only the rows that came over Redis)")
+        print(f"\n4b. Publishing on Redis: a writer's announcer sends its {args.events} events' rows from token 0 "
+              f"(pages of 500) until Redis acknowledged every line; median of {args.runs} runs\n")
+        rows = []
+        for engine, new_url in databases:
+            rows += [[engine, *row] for row in await redis_publish(reactor, new_url, args.events, args.runs)]
+        print_table(["engine", "RDATA lines", "median s", "median lines/s", "min lines/s", "max lines/s"], rows)
     if "congestion" not in args.sections:
         return
 
