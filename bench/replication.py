@@ -37,9 +37,12 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    and ``StoreReplicationHandler``) once by the TCP server replaying from
    token 0 and once by the writer's ``RedisReplication`` publishing them on
    Redis from token 0 (``replay_from``), runs alternating. Reported per
-   transport: RDATA lines the worker received and lines/s from its first
-   applied token to its events and caches positions reaching the writer's
-   (the same clock for both), median of R runs.
+   transport: RDATA lines the worker received, rows it applied (a Redis
+   worker reads what it did not hear from the shared database: up to the
+   writer's persisted positions when it connects, and any gap a POSITION
+   shows), the wall time from its first applied token to its events and
+   caches positions reaching the writer's (the same clock for both) and its
+   ratio to TCP's, rows/s; median of R runs.
 
 2. Congestion: while the writer persists N events, a client that never reads
    its socket (small receive buffer; it keeps sending PINGs so only the
@@ -712,10 +715,12 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
     store = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}), reactor=reactor)
     try:
         first: list[float] = []
+        counted = [0]
 
         def applied(stream, instance, token, rows):
             if not first:
                 first.append(time.perf_counter())
+            counted[0] += len(rows)
 
         handler = StoreReplicationHandler(store, on_applied=applied)
         positions = StreamPositions()
@@ -744,7 +749,7 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
         result = stop()
         if isinstance(result, defer.Deferred) or hasattr(result, "__await__"):
             await result
-        print(json.dumps({"seconds": done - first[0], "rdata": rdata}), flush=True)
+        print(json.dumps({"seconds": done - first[0], "rdata": rdata, "rows": counted[0]}), flush=True)
     finally:
         await store.close()
 
@@ -793,11 +798,53 @@ async def transports(reactor, new_url, events: int, runs: int) -> list[list]:
         if redis_dir:
             subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "stop", redis_dir], check=False)
     rows = []
+    medians = {t: statistics.median(s["seconds"] for s in got) for t, got in samples.items()}
     for transport, got in samples.items():
-        rates = sorted(s["rdata"] / s["seconds"] for s in got)
-        rows.append([transport, targets["events"], int(got[0]["rdata"]), statistics.median(s["seconds"] for s in got),
-                     statistics.median(rates), rates[0], rates[-1]])
+        rates = sorted(s["rows"] / s["seconds"] for s in got)
+        rows.append([transport, targets["events"], int(got[0]["rdata"]), int(got[0]["rows"]), medians[transport],
+                     f"{medians[transport] / medians['tcp']:.2f}x", statistics.median(rates), rates[0], rates[-1]])
     return rows
+
+
+async def redis_publish(reactor, new_url, events: int, runs: int) -> list[list]:
+    """A writer's ``RedisReplication`` publishing its events stream from token
+    0 (the announcer a live writer runs, all of it at once), until Redis has
+    acknowledged every line: RDATA lines/s, median of ``runs``."""
+    from roomstore.replication import metrics
+    from roomstore.replication.redis import RedisReplication, parse_redis_url
+    from roomstore.store import RoomStore, StoreConfig
+
+    out = subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "start"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    redis_url, redis_dir = out[0], out[1]
+    try:
+        store = await RoomStore.open(new_url(), StoreConfig("master"), reactor=reactor)
+        try:
+            for batch in history(20, events):
+                await store.persist_events(batch)
+            publisher = RedisReplication(store, parse_redis_url(redis_url), "benchpub", reactor=reactor,
+                                         page_size=500)
+            publisher.start()
+            await publisher.when_ready()
+            await publisher.flush()
+            await sleep(reactor, 0.5)  # its own REPLICATE heard back and answered
+            published = metrics.REDIS_PUBLISHED.labels("RDATA")
+            seconds, lines = [], []
+            for _ in range(runs):
+                before = published._value.get()
+                publisher._announced["events"] = 0
+                started = time.perf_counter()
+                publisher._schedule_announce("events")
+                await publisher.flush()
+                seconds.append(time.perf_counter() - started)
+                lines.append(published._value.get() - before)
+            await publisher.stop()
+        finally:
+            await store.close()
+    finally:
+        subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "stop", redis_dir], check=False)
+    rates = sorted(n / s for n, s in zip(lines, seconds))
+    return [[int(lines[0]), statistics.median(seconds), statistics.median(rates), rates[0], rates[-1]]]
 
 
 # ---------------------------------------------------------------- 2. congestion
@@ -1049,8 +1096,17 @@ async def main(reactor, args) -> None:
         rows = []
         for engine, new_url in databases:
             rows += [[engine, *row] for row in await transports(reactor, new_url, args.events, args.runs)]
-        print_table(["engine", "transport", "events", "RDATA lines", "median s", "median lines/s", "min lines/s",
-                     "max lines/s"], rows)
+        print_table(["engine", "transport", "events", "RDATA lines", "rows applied", "median s", "s / TCP's",
+                     "median rows/s", "min rows/s", "max rows/s"], rows)
+        print("  (rows applied: by the worker, from RDATA lines or read from the database; a Redis worker fills what "
+              "it missed from the shared database itself, as it does for the rows a writer persisted before it "
+              "connected: RDATA lines count only the rows that came over Redis)")
+        print(f"\n4b. Publishing on Redis: a writer's announcer sends its {args.events} events' rows from token 0 "
+              f"(pages of 500) until Redis acknowledged every line; median of {args.runs} runs\n")
+        rows = []
+        for engine, new_url in databases:
+            rows += [[engine, *row] for row in await redis_publish(reactor, new_url, args.events, args.runs)]
+        print_table(["engine", "RDATA lines", "median s", "median lines/s", "min lines/s", "max lines/s"], rows)
     if "congestion" not in args.sections:
         return
 

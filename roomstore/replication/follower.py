@@ -301,26 +301,40 @@ class StreamFollower:
         await _maybe_await(self._handler.on_position(name, writer, cmd.prev_token, cmd.new_token))
 
     async def _fetch_missing(self, stream: Stream, writer: str, from_token: int, to_token: int) -> None:
-        """Fetch and apply rows in ``(from_token, to_token]`` page by page."""
-        while from_token < to_token:
-            updates, upto, limited = await stream.get_updates(writer, from_token, to_token, self._page_size)
-            index = 0
-            while index < len(updates):
-                token = updates[index][0]
-                rows = []
-                while index < len(updates) and updates[index][0] == token:
-                    rows.append(updates[index][1])
-                    index += 1
-                await _maybe_await(self._handler.on_rdata(stream.name, writer, token, rows))
-                self._positions.set(stream.name, writer, token)
-            if upto <= from_token:
-                self.log.error(
-                    "{stream}/{writer}: get_updates from {start} made no progress",
-                    stream=stream.name,
-                    writer=writer,
-                    start=from_token,
-                )
-                return
-            from_token = upto
-            if not limited:
-                return
+        """Fetch and apply rows in ``(from_token, to_token]`` page by page,
+        the next page read while one is applied (as the TCP server's feed
+        reads ahead): a catch-up from the database over Redis, or a gap a
+        POSITION showed."""
+        if from_token >= to_token:
+            return
+        read: defer.Deferred | None = defer.ensureDeferred(
+            stream.get_updates(writer, from_token, to_token, self._page_size))
+        try:
+            while True:
+                updates, upto, limited = await read
+                read = None
+                if limited and from_token < upto < to_token:
+                    read = defer.ensureDeferred(stream.get_updates(writer, upto, to_token, self._page_size))
+                index = 0
+                while index < len(updates):
+                    token = updates[index][0]
+                    rows = []
+                    while index < len(updates) and updates[index][0] == token:
+                        rows.append(updates[index][1])
+                        index += 1
+                    await _maybe_await(self._handler.on_rdata(stream.name, writer, token, rows))
+                    self._positions.set(stream.name, writer, token)
+                if upto <= from_token:
+                    self.log.error(
+                        "{stream}/{writer}: get_updates from {start} made no progress",
+                        stream=stream.name,
+                        writer=writer,
+                        start=from_token,
+                    )
+                    return
+                from_token = upto
+                if not limited or from_token >= to_token:
+                    return
+        finally:
+            if read is not None:
+                read.addErrback(lambda f: None)  # not used: its failure is nobody's

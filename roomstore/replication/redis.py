@@ -18,14 +18,15 @@ reader alike):
   generator's, which may be past the rows it has published); it answers
   every ``REPLICATE`` the same way;
 - as its own position in a stream moves, it reads the new rows from the
-  database (the stream's ``get_updates``, in pages) and publishes them as
-  ``RDATA`` (all but the last row of a token with ``batch``), then
-  ``POSITION`` if the position went past the last row;
+  database (the stream's ``get_updates``, in pages, the next page read while
+  one is published) and publishes them as ``RDATA`` (all but the last row of
+  a token with ``batch``), then ``POSITION`` if the position went past the
+  last row: a page's lines pipelined, in one write and one round trip;
 - it ignores lines about itself, and applies the other writers' lines through
   a :class:`~roomstore.replication.follower.StreamFollower`: a ``POSITION``
   whose ``prev_token`` is ahead of what it applied makes it fill the gap from
-  the shared database through the stream's ``get_updates`` in bounded pages
-  (there is no HTTP side channel); ``RDATA`` of a writer is only applied once
+  the shared database through the stream's ``get_updates`` in bounded pages,
+  reading the next page while it applies one (there is no HTTP side channel); ``RDATA`` of a writer is only applied once
   a ``POSITION`` of that writer arrived on the current connection, so rows
   published while it was away are never skipped over.
 
@@ -57,6 +58,7 @@ from roomstore.replication.commands import (
     RdataCommand,
     ReplicateCommand,
     parse_command_from_line,
+    parse_rdata_fields,
     serialize_command,
 )
 from roomstore.replication.follower import StreamFollower, StreamPositions
@@ -64,6 +66,7 @@ from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.store_handler import StoreReplicationHandler
 from roomstore.replication.store_sources import STORE_STREAMS, wire_server
 from roomstore.replication.tls import ClientTLS
+from roomstore.replication.wire import encode_fast
 
 __all__ = ["RedisAddress", "RedisRefused", "RedisReplication", "parse_redis_url", "shown_url"]
 
@@ -151,9 +154,34 @@ class _TLSEndpoint:
         return d.addCallback(lambda protocol: protocol.wrappedProtocol)
 
 
+class _PublisherProtocol(txredisapi.RedisProtocol):
+    def publish_many(self, channel: str, messages: list[str]) -> defer.Deferred | None:
+        """``PUBLISH channel message`` for each of ``messages``, pipelined:
+        every command in one transport write, one round trip for all.
+        Fires with the last reply (Redis answers in order, so every one has
+        then arrived); None if the connection is gone."""
+        if not self.connected or not messages:
+            return None
+        name = channel.encode("utf-8")
+        head = b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(name), name)
+        parts = []
+        for message in messages:
+            data = message.encode("utf-8")
+            parts += (head, b"$%d\r\n" % len(data), data, b"\r\n")
+        self.transport.write(b"".join(parts))
+        # One reply per command, consumed in order as txredisapi's own
+        # commands consume theirs (an error reply is a value here, not a failure).
+        get = self.replyQueue.get
+        last = None
+        for _ in messages:
+            last = get()
+        return last
+
+
 class _Publisher(_Reporting, txredisapi.RedisFactory):
     """One connection for PUBLISH."""
 
+    protocol = _PublisherProtocol
     role = "publish"
 
     def __init__(self, owner: "RedisReplication", address: RedisAddress):
@@ -179,6 +207,29 @@ class _Subscriber(_Reporting, txredisapi.SubscriberFactory):
                                          password=address.password, convertNumbers=False)
         self.owner = owner
         self.deferred.addErrback(lambda f: None)  # a refusal is reported through the owner
+
+
+def _rdata_lines(stream_name: str, instance_name: str, updates: list[tuple[int, Any]]) -> list[str]:
+    """The RDATA lines of a page of ``(token, row)`` (``serialize_command``'s
+    lines, built without a command object per row): all but the last row of
+    a token carry ``batch``."""
+    prefix = f"RDATA {stream_name} {instance_name} "
+    try:
+        encoded = [encode_fast(row) for _, row in updates]
+    except (TypeError, ValueError, RecursionError):
+        # The command reports what is wrong with the row.
+        encoded = [RdataCommand(stream_name, instance_name, 0, row).row_json for _, row in updates]
+    tokens = [token for token, _ in updates]
+    following = tokens[1:]
+    following.append(None)
+    return [f"{prefix}{'batch' if token == after else token} {row_json}"
+            for token, after, row_json in zip(tokens, following, encoded)]
+
+
+def _drop_read(ahead: tuple[int, defer.Deferred] | None) -> None:
+    """A page read ahead that will not be used: its failure is nobody's."""
+    if ahead is not None:
+        ahead[1].addErrback(lambda f: None)
 
 
 class RedisReplication:
@@ -251,6 +302,7 @@ class RedisReplication:
         self._subscriber: _Subscriber | None = None
         self._unwire: Callable[[], None] | None = None
         self._stopped = False
+        self._received_rdata = metrics.REDIS_RECEIVED.labels("RDATA")
 
     # ------------------------------------------------------------------ life
 
@@ -438,48 +490,77 @@ class RedisReplication:
             lambda f: log.failure("redis replication: announcing {stream} failed", f, stream=name))
 
     async def _announce(self, name: str) -> None:
-        """Publish our rows of ``name`` from the last announced token to our position."""
+        """Publish our rows of ``name`` from the last announced token to our position.
+
+        A page goes out pipelined (``_publish_page``: one write, one round
+        trip), and the next page is read while it goes, as the TCP server's
+        feed reads ahead; at most two pages are unacknowledged."""
         stream = self.streams.get(name)
-        stream_positions = self.store.stream(name)
-        in_flight: list[defer.Deferred] = []
+        positions = self.store.stream(name)
+        in_flight: defer.Deferred | None = None
+        ahead: tuple[int, defer.Deferred] | None = None
         try:
             while True:
                 self._announce_again.discard(name)
-                target = stream_positions.get_current_token_for_writer(self.instance_name)
+                target = positions.get_current_token_for_writer(self.instance_name)
                 while self.ready and self._announced[name] < target:
                     start = self._announced[name]
-                    updates, upto, limited = await stream.get_updates(self.instance_name, start, target,
-                                                                      self.page_size)
+                    if ahead is not None and ahead[0] == start:
+                        read = ahead[1]
+                    else:
+                        _drop_read(ahead)
+                        read = defer.ensureDeferred(stream.get_updates(self.instance_name, start, target,
+                                                                       self.page_size))
+                    ahead = None
+                    updates, upto, limited = await read
                     if not self.ready or self._announced[name] != start:
                         break  # a POSITION at our position went out meanwhile (connect, REPLICATE): it covers these
-                    sent = []
-                    for index, (token, row) in enumerate(updates):
-                        last_of_token = index + 1 == len(updates) or updates[index + 1][0] != token
-                        sent.append(self._publish(RdataCommand(name, self.instance_name,
-                                                               token if last_of_token else None, row)))
-                    last_row = updates[-1][0] if updates else start
-                    if upto > last_row:
-                        self._publish(PositionCommand(name, self.instance_name, last_row, upto))
+                    if limited and upto < target:
+                        # The next page is read while this one goes out.
+                        ahead = (upto, defer.ensureDeferred(stream.get_updates(self.instance_name, upto, target,
+                                                                               self.page_size)))
+                    sent = self._publish_page(name, updates, start, upto)
                     self._announced[name] = upto
-                    # Back-pressure: at most two pages unacknowledged, so the
-                    # next page is read while Redis takes this one.
-                    previous, in_flight = in_flight, [d for d in sent if d is not None]
-                    if previous:
-                        await defer.DeferredList(previous)
+                    # Back-pressure: at most two pages unacknowledged.
+                    previous, in_flight = in_flight, sent
+                    if previous is not None:
+                        await previous
                 if name in self._announce_again:
                     continue
-                if in_flight:
+                if in_flight is not None:
                     # The stream may move while we wait: look again after.
-                    await defer.DeferredList(in_flight)
-                    in_flight = []
+                    await in_flight
+                    in_flight = None
                     continue
                 return
         finally:
+            _drop_read(ahead)
             self._announcing.discard(name)
             if not self._announcing:
                 waiters, self._idle_waiters = self._idle_waiters, []
                 for d in waiters:
                     d.callback(None)
+
+    def _publish_page(self, name: str, updates: list, start: int, upto: int) -> defer.Deferred | None:
+        """A page of our rows of ``name`` read from ``(start, upto]``: its
+        RDATA lines (all but a token's last row with ``batch``), then
+        ``POSITION`` if ``upto`` is past the last row, pipelined. Returns a
+        Deferred firing once Redis acknowledged all of them (None if the
+        connection is gone)."""
+        conn = self._pub_conn
+        if conn is None or not self.ready:
+            return None
+        lines = _rdata_lines(name, self.instance_name, updates)
+        last_row = updates[-1][0] if updates else start
+        if upto > last_row:
+            lines.append(serialize_command(PositionCommand(name, self.instance_name, last_row, upto)))
+            metrics.REDIS_PUBLISHED.labels("POSITION").inc()
+        if updates:
+            metrics.REDIS_PUBLISHED.labels("RDATA").inc(len(updates))
+        d = conn.publish_many(self.channel, lines)
+        if d is not None:
+            d.addErrback(lambda f: None)  # the connection went; reconnecting re-announces
+        return d
 
     # ------------------------------------------------------------------ receiving
 
@@ -493,6 +574,14 @@ class RedisReplication:
         if len(words) > 2 and words[2] == self.instance_name and words[0] in ("RDATA", "POSITION"):
             metrics.REDIS_RECEIVED.labels(words[0]).inc()
             return  # our own line: not even parsed
+        if words[0] == "RDATA":
+            # The worker's usual line: its fields without a command object
+            # (as the TCP client parses it); a bad line takes the full parser.
+            fields = parse_rdata_fields(message)
+            if fields is not None:
+                self._received_rdata.inc()
+                self._on_rdata_fields(fields)
+                return
         try:
             cmd = parse_command_from_line(message)
         except CommandParseError as exc:
@@ -509,20 +598,31 @@ class RedisReplication:
                     self._synced.add((cmd.stream_name, cmd.instance_name))
                     self.follower.on_position(cmd)
             elif isinstance(cmd, RdataCommand):
-                if self._is_other_writer(cmd.stream_name, cmd.instance_name):
-                    if (cmd.stream_name, cmd.instance_name) in self._synced:
-                        self.follower.on_rdata(cmd)
-                    else:
-                        metrics.REDIS_RDATA_BEFORE_POSITION.inc()
-                        self._ask_position(cmd.instance_name)
+                self._on_rdata_fields((cmd.stream_name, cmd.instance_name, cmd.token, cmd.row))
         except CloseConnection as exc:
-            # Too far behind to queue more: start over from POSITIONs, which
-            # fill what was dropped from the database.
-            log.warn("redis replication: {reason}; resynchronising", reason=str(exc))
-            self._synced.clear()
-            self._asked.clear()
-            self.follower.drop_partial_batches()
-            self._publish(ReplicateCommand())
+            self._resynchronise(exc)
+
+    def _on_rdata_fields(self, fields: tuple) -> None:
+        stream_name, instance_name = fields[0], fields[1]
+        if not self._is_other_writer(stream_name, instance_name):
+            return
+        if (stream_name, instance_name) not in self._synced:
+            metrics.REDIS_RDATA_BEFORE_POSITION.inc()
+            self._ask_position(instance_name)
+            return
+        try:
+            self.follower.on_rdata_fields(fields)
+        except CloseConnection as exc:
+            self._resynchronise(exc)
+
+    def _resynchronise(self, exc: CloseConnection) -> None:
+        """Too far behind to queue more: start over from POSITIONs, which
+        fill what was dropped from the database."""
+        log.warn("redis replication: {reason}; resynchronising", reason=str(exc))
+        self._synced.clear()
+        self._asked.clear()
+        self.follower.drop_partial_batches()
+        self._publish(ReplicateCommand())
 
     async def _catch_up_from_database(self) -> None:
         """Fill what other writers persisted while we were away up to their
