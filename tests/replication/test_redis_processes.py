@@ -11,8 +11,10 @@ Checked, per follower, from what its runs printed (stdout) and logged
 (stderr, ``-v``):
 
 - every row of every writer, per writer in token order, with no gap, each
-  token applied once (a restart may apply again the one token whose position
-  was being saved when the kill came: at most one per stream and writer);
+  token applied once (a restart may apply again the tokens applied after the
+  positions file's last finished write: it is saved off the reactor, one
+  write at a time, so the tokens of the write in flight when the kill came;
+  how many is counted and printed, never a skip);
 - as it runs: every ``linear=L`` the follower logged after applying a token
   or moving a position is such that every event row at or below ``L`` (in
   the database at the end) had been applied by this follower before that
@@ -303,7 +305,7 @@ def parse_run(path: str) -> dict:
 def check_follower(test: unittest.TestCase, name: str, paths: list[str], expected: dict, all_events: list[int]) -> dict:
     runs = [parse_run(p) for p in paths]
     first = next(r for r in runs if r["resume"] is not None)
-    reapplied = cut = 0
+    reapplied = cut = most_again = 0
     last_applied = dict(first["resume"])
     union: dict[tuple[str, str], list[int]] = {key: [] for key in expected}
     applied_events: set[int] = set()
@@ -318,8 +320,8 @@ def check_follower(test: unittest.TestCase, name: str, paths: list[str], expecte
             resume = run["resume"].get(key, 0)
             before = last_applied.get(key, 0)
             test.assertEqual([t for t in order if before < t <= resume], [], f"{context} {key}: skips rows")
-            again = [t for t in order if resume < t <= before]
-            test.assertLessEqual(len(again), 1, f"{context} {key}: re-applies {again}")
+            # Applied again: what came after the positions file's last finished write (none skipped, above).
+            most_again = max(most_again, len([t for t in order if resume < t <= before]))
             seq = run["groups"].get(key, [])
             if seq and seq[-1][1] != rows.get(seq[-1][0]):
                 token, got = seq.pop()  # cut by the kill while printing
@@ -355,4 +357,4 @@ def check_follower(test: unittest.TestCase, name: str, paths: list[str], expecte
     for key, rows in expected.items():
         test.assertEqual(union[key], sorted(t for t in rows if t > first["resume"].get(key, 0)), f"{name} {key}")
     return {"runs": len(runs), "tokens": sum(len(v) for v in union.values()), "reapplied": reapplied,
-            "cut": cut, "linear_checks": linear_checks}
+            "most_again": most_again, "cut": cut, "linear_checks": linear_checks}
