@@ -164,10 +164,11 @@ class PeakSampler:
 # the two tools
 
 
-def run_ours(url: str, cluster: SparkCluster, memory: str, chunk_groups: int, work: str):
+def run_ours(url: str, cluster: SparkCluster, memory: str, chunk_groups: int, work: str, target: str = "--db"):
+    """(wall seconds, role -> (processes, peak bytes)) of the job on the cluster; ``target``: ``--db`` or ``--synapse``."""
     log_path = os.path.join(work, "job.log")
     cmd = [str(ROOT / "bin" / "roomstore-compact"), "--master", cluster.url, *cluster.submit_options(memory),
-           "--driver-memory", memory, "--db", url, "--levels", LEVELS, "--chunk-groups", str(chunk_groups)]
+           "--driver-memory", memory, target, url, "--levels", LEVELS, "--chunk-groups", str(chunk_groups)]
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     with open(log_path, "w") as log:
         start = time.perf_counter()

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._common import print_table  # noqa: E402
 from bench.compaction import COMPRESSOR_VERSION, LEVELS, check_all, ensure_compressor, table_figures  # noqa: E402
-from bench.compaction_memory import PeakSampler, drop, huge_room, load_average, run_theirs  # noqa: E402
+from bench.compaction_memory import drop, huge_room, load_average, run_ours, run_theirs  # noqa: E402
 from bench.import_synapse import synapse_schema_database  # noqa: E402
 from bench.dataset import RoomShape, load_dataset, read_synapse_room  # noqa: E402
 from tests.compaction.spark_cluster import SparkCluster  # noqa: E402
@@ -86,26 +86,6 @@ def edge_count(url: str) -> int:
         return cur.fetchone()[0]
 
 
-def run_ours(url: str, cluster: SparkCluster, memory: str, chunk_groups: int, work: str):
-    """(wall seconds, role -> (processes, peak bytes)) of the job on the cluster, with --synapse."""
-    import subprocess
-
-    log_path = os.path.join(work, "job.log")
-    cmd = [str(ROOT / "bin" / "roomstore-compact"), "--master", cluster.url, *cluster.submit_options(memory),
-           "--driver-memory", memory, "--synapse", url, "--levels", LEVELS, "--chunk-groups", str(chunk_groups)]
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    with open(log_path, "w") as log:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        with PeakSampler(lambda: [proc.pid, *cluster.daemon_pids()]) as sampler:
-            status = proc.wait()
-        seconds = time.perf_counter() - start
-    if status != 0:
-        print(Path(log_path).read_text()[-4000:])
-        raise SystemExit(f"the compaction job failed (exit {status}); log above")
-    return seconds, sampler.by_role()
-
-
 def compare(admin: str, label: str, shapes, seed: int, cluster: SparkCluster, memory: str, chunk_groups: int) -> list:
     """Fill a Synapse-made database with ``shapes``, run both tools on copies; one table row of figures."""
     tag = f"{os.getpid()}_{label.replace(' ', '_').replace(',', '')}"
@@ -122,7 +102,7 @@ def compare(admin: str, label: str, shapes, seed: int, cluster: SparkCluster, me
         rows_before = table_figures(template, "state_groups_state", SYNAPSE_TABLES, full=True)
         edges_before = edge_count(template)
         load_ours = load_average()
-        ours_s, roles = run_ours(ours, cluster, memory, chunk_groups, work)
+        ours_s, roles = run_ours(ours, cluster, memory, chunk_groups, work, target="--synapse")
         ours_peak = max(peak for _, peak in roles.values())
         print(f"  roomstore-compact --synapse: {ours_s:.0f}s, largest process {ours_peak / MIB:.0f} MiB"
               f" (load before {load_ours})", flush=True)
