@@ -66,7 +66,8 @@ def ensure_compressor():
         return importlib.import_module("synapse_auto_compressor")
 
 
-def create_database(admin: str, name: str) -> str:
+def create_database(admin: str, name: str, template: str = "template0") -> str:
+    """A new database ``name`` (dropped first if there), a copy of ``template``; its URL."""
     import psycopg2
 
     conn = psycopg2.connect(admin)
@@ -77,7 +78,7 @@ def create_database(admin: str, name: str) -> str:
             (name,),
         )
         cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        cur.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     conn.close()
     parsed = urllib.parse.urlsplit(admin)
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "/" + name, "", ""))

@@ -39,7 +39,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._common import print_table  # noqa: E402
-from bench.compaction import COMPRESSOR_VERSION, LEVELS, check_all, ensure_compressor, table_figures  # noqa: E402
+from bench.compaction import (  # noqa: E402
+    COMPRESSOR_VERSION,
+    LEVELS,
+    check_all,
+    create_database,
+    ensure_compressor,
+    table_figures,
+)
 from bench.compaction_memory import drop, huge_room, load_average, run_ours, run_theirs  # noqa: E402
 from bench.import_synapse import synapse_schema_database  # noqa: E402
 from bench.dataset import RoomShape, load_dataset, read_synapse_room  # noqa: E402
@@ -63,21 +70,6 @@ class KeyIds(dict):
         return value
 
 
-def copy_database(admin: str, template_url: str, name: str) -> str:
-    import psycopg2
-
-    template = urllib.parse.urlsplit(template_url).path.lstrip("/")
-    conn = psycopg2.connect(admin)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    finally:
-        conn.close()
-    parsed = urllib.parse.urlsplit(admin)
-    return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "/" + name, parsed.query, ""))
-
-
 def edge_count(url: str) -> int:
     import psycopg2
 
@@ -96,8 +88,9 @@ def compare(admin: str, label: str, shapes, seed: int, cluster: SparkCluster, me
     info.key_ids = KeyIds()  # only Synapse's tables were written: no interned ids to reuse
     print(f"{label}: {len(info.rooms):,} room(s), {info.state_groups:,} groups, {info.rows:,} state rows, loaded into a"
           f" Synapse-made database in {time.perf_counter() - started:.0f}s", flush=True)
-    ours = copy_database(admin, template, f"rs_bench_syn_ours_{tag}")
-    theirs = copy_database(admin, template, f"rs_bench_syn_theirs_{tag}")
+    template_name = urllib.parse.urlsplit(template).path.lstrip("/")
+    ours = create_database(admin, f"rs_bench_syn_ours_{tag}", template_name)
+    theirs = create_database(admin, f"rs_bench_syn_theirs_{tag}", template_name)
     try:
         rows_before = table_figures(template, "state_groups_state", SYNAPSE_TABLES, full=True)
         edges_before = edge_count(template)
