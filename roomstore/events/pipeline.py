@@ -156,10 +156,13 @@ class BatchValidator:
         self._closed = True
         if self._shutdown_trigger is not None:
             self._reactor.removeSystemEventTrigger(self._shutdown_trigger)
-        if self._started:
-            await threads.deferToThread(self._pool.stop)
-        if self._workers:
-            await threads.deferToThread(lambda: [w.stop() for w in self._workers])
+        if not self._started:
+            return
+        # On the validator's own thread (never the reactor's pool, which an
+        # embedding that does not run the reactor, as under asyncio, never starts).
+        workers = self._workers
+        await threads.deferToThreadPool(self._reactor, self._pool, lambda: [w.stop() for w in workers])
+        self._pool.stop()
 
 
 class _Worker:

@@ -112,6 +112,9 @@ class ValidatorTests(unittest.TestCase):
         original = dying.send
 
         def send_then_die(request):
+            # Stopped first, so it cannot answer before it dies, however the
+            # machine schedules the two processes.
+            os.kill(dying.process.pid, signal.SIGSTOP)
             sent = original(request)
             os.kill(dying.process.pid, signal.SIGKILL)
             return sent
