@@ -25,7 +25,7 @@ from roomstore.events.censor import RedactionCensor
 from roomstore.events.federation import FederationReader
 from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
-from roomstore.events.pipeline import BatchValidator, WriteTurns, default_validation_processes
+from roomstore.events.pipeline import BatchValidator, WriteTurns
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader
@@ -85,9 +85,9 @@ class StoreConfig:
     #: Worker processes that validate ``persist_events``' batches of 25
     #: events or more, on other cores (``events/pipeline.py``); 0: the
     #: validator's one thread validates every batch (no child processes).
-    #: None: two where the machine has four cores or more, else none (on
-    #: fewer, the workers would take the cores the reactor and database need).
-    validation_processes: int | None = None
+    #: Opt-in: on this project's 2-core machines they cost more than they
+    #: saved (``bench/event_store.py --validation-processes``; CHANGES.md).
+    validation_processes: int = 0
 
     def writes_anything(self) -> bool:
         """Whether this process is a writer of any built-in stream."""
@@ -120,7 +120,7 @@ class RoomStore:
             self.interners, self.state_groups, self.visibility, config.instance_name, self.clock
         )
         # Batches validated off the reactor, written in call order (events/pipeline.py).
-        self.validator = BatchValidator(db.reactor, default_validation_processes(config.validation_processes))
+        self.validator = BatchValidator(db.reactor, config.validation_processes)
         self._write_turns = WriteTurns()
         position = self.events_stream.get_current_token()
         # Which rooms had new events, whose membership changed, since a position.

@@ -22,7 +22,6 @@ lower the switch interval.
 
 from __future__ import annotations
 
-import os
 import pickle
 import subprocess
 import sys
@@ -35,23 +34,13 @@ from roomstore.events.batch import EventToPersist, PreparedEvent, prepare_events
 from roomstore.events.validation_worker import HEADER, frame, rebuilt_error
 from roomstore.pdu.signatures import VerifyKeys
 
-__all__ = ["BatchValidator", "MIN_CHUNK", "WriteTurns", "default_validation_processes"]
+__all__ = ["BatchValidator", "MIN_CHUNK", "WriteTurns"]
 
 
 #: A batch is split among the worker processes in chunks of at least this
 #: many events; a smaller batch is validated on the thread (a process's round
 #: trip is not worth it).
 MIN_CHUNK = 25
-
-
-def default_validation_processes(configured: int | None) -> int:
-    """``StoreConfig.validation_processes``, None resolved: two worker
-    processes on a machine of four cores or more, none on fewer."""
-    if configured is not None:
-        if configured < 0:
-            raise ValueError(f"validation_processes must be 0 or more, not {configured}")
-        return configured
-    return 2 if (os.cpu_count() or 1) >= 4 else 0
 
 
 class BatchValidator:
@@ -75,6 +64,8 @@ class BatchValidator:
     """
 
     def __init__(self, reactor: Any, processes: int = 0):
+        if processes < 0:
+            raise ValueError(f"validation_processes must be 0 or more, not {processes}")
         self._reactor = reactor
         self._processes = processes
         self._pool = ThreadPool(minthreads=0, maxthreads=1, name="roomstore-validation")

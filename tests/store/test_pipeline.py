@@ -202,13 +202,9 @@ class PipelineTests:
         await deferLater(reactor, 0, lambda: None)
 
 
-class DefaultProcessesTests(unittest.TestCase):
-    def test_given_counts_are_kept_and_negative_refused(self):
-        from roomstore.events.pipeline import default_validation_processes
-
-        self.assertEqual(default_validation_processes(0), 0)
-        self.assertEqual(default_validation_processes(3), 3)
-        self.assertIn(default_validation_processes(None), (0, 2))
-        self.assertEqual(default_validation_processes(None), 2 if (os.cpu_count() or 1) >= 4 else 0)
-        with self.assertRaises(ValueError):
-            default_validation_processes(-1)
+class ProcessCountTests(unittest.TestCase):
+    def test_none_by_default_and_negative_refused(self):
+        self.assertEqual(StoreConfig().validation_processes, 0)
+        with self.assertRaises(ValueError) as caught:
+            BatchValidator(reactor, processes=-1)
+        self.assertIn("0 or more", str(caught.exception))
