@@ -499,19 +499,3 @@ class StoreLoopbackTests:
                            "caches on the worker")
         self.assertEqual(await worker.get_rooms_for_user(ALICE), frozenset([room.room_id]))
         self.assertEqual((await worker.get_event(events[-1].event_id))["content"]["body"], "m9")
-
-
-class MergeByTokenTests(unittest.TestCase):
-    def test_same_as_a_stable_sort(self) -> None:
-        """A page's events and state rows merge in token order, events first
-        at a shared token, each list's own order kept."""
-        import random
-
-        from roomstore.replication.store_sources import _merge_by_token
-
-        rng = random.Random(7)
-        for _ in range(500):
-            first = sorted((rng.randrange(20), ("ev", i)) for i in range(rng.randrange(30)))
-            second = sorted((rng.randrange(22), ("state", i)) for i in range(rng.randrange(6)))
-            expected = sorted(first + second, key=lambda item: item[0])
-            self.assertEqual(_merge_by_token(first, second), expected, (first, second))

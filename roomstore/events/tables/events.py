@@ -335,20 +335,25 @@ def due_for_censoring_txn(txn: Transaction, cutoff_ts: int, limit: int) -> list[
 # of event_ids) into every page, so each page costs as much as the whole
 # history and a catch-up is quadratic. The range is a window of stream
 # orderings a few pages wide, widened while the page is short
-# (``stream_rows.event_rows_page_txn``): PostgreSQL without fresh statistics
+# (``stream_rows.stream_page_txn``): PostgreSQL without fresh statistics
 # estimates a handful of rows for any range and reads and sorts all of it, so
 # an open range would cost the whole rest of the stream for every page.
-EVENT_ROW_SQL = f"""
-SELECT {{token}},
+#
+# Columns: ``(token, kind, state type, state key, event_id, room_nid, type,
+# type_key_nid, redacts, membership code, rejected, outlier)``, kind 0 for
+# an event (state type and key NULL: sorting needs them for state rows
+# only), so that ``room_state.STATE_STREAM_ROWS`` can be its UNION partner.
+_EVENT_STREAM_ROWS = f"""
+SELECT {{token}}, 0, NULL, NULL,
     {event_id_sql("e.event_nid")},
     e.room_nid,
     e.type,
     e.type_key_nid,
-    CASE WHEN e.type = ? THEN
+    CASE WHEN e.type = 'm.room.redaction' THEN
         (SELECT i.event_id FROM redactions AS red {join_event_ids("i", "red.redacts_event_nid")}
          WHERE red.redaction_event_nid = e.event_nid)
     END,
-    CASE WHEN e.type = ? THEN {membership_of_sql("e.event_nid")} END,
+    CASE WHEN e.type = 'm.room.member' THEN {membership_of_sql("e.event_nid")} END,
     e.rejected_reason IS NOT NULL,
     e.outlier
 FROM events AS e
@@ -357,14 +362,15 @@ ORDER BY {{order}}
 LIMIT ?
 """
 
-# Live events: tokens are stream orderings.
-LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(
+#: Live events (binds the instance, the range's two ends and the LIMIT):
+#: tokens are stream orderings.
+LIVE_EVENT_STREAM_ROWS = _EVENT_STREAM_ROWS.format(
     token="e.stream_ordering", order="e.stream_ordering", range="e.stream_ordering > ? AND e.stream_ordering <= ?"
 )
-# Backfilled events: tokens are minus their (negative) stream orderings;
-# the range is written on the column itself so the index serves it.
-BACKFILL_EVENT_ROWS = EVENT_ROW_SQL.format(
+#: Backfilled events: tokens are minus their (negative) stream orderings;
+#: the range is written on the column itself so the index serves it.
+BACKFILL_EVENT_STREAM_ROWS = _EVENT_STREAM_ROWS.format(
     token="-e.stream_ordering",
     order="e.stream_ordering DESC",
-    range="e.stream_ordering < 0 - ? AND e.stream_ordering >= 0 - ?",
+    range="e.stream_ordering < 0 - CAST(? AS BIGINT) AND e.stream_ordering >= 0 - CAST(? AS BIGINT)",
 )
