@@ -11,10 +11,16 @@ None, membership, rejected, outlier))`` per event and ``("state", (room_id,
 type, state_key, event_id or None))`` per current-state change, the
 backfill stream's ``(event_id, room_id, type, state_key, redacts, None)``.
 ``encoded=True`` gives each row as its JSON text instead, written as
-replication's ``encode_row`` writes it (compact, ASCII escapes), straight
-from the fields (no Python object per row but the text): what a server sends
-a page as. Room IDs and state keys come from the interners (small tables,
-cached). ``redacts`` is what a redaction event says it redacts (as Synapse's
+replication's ``encode_row`` writes it (compact, ASCII escapes): what a
+server sends a page as. Where the database writes JSON for less than Python
+(``Engine.json_in_sql``: SQLite, in-process and off the GIL) the statement
+writes each row's text (``event_json_stream_rows_sql``,
+``state_json_stream_rows_sql``) and the few rows holding characters it
+leaves as they are (non-ASCII, DEL) are written again here; elsewhere
+(PostgreSQL, whose server would spend twice what Python does) the text is
+put together here from the fields, with no Python object per row but the
+text. Room IDs and state keys come from the interners (small tables,
+cached), or, in the database's JSON, from the statement. ``redacts`` is what a redaction event says it redacts (as Synapse's
 rows carry it), not the same-room rule the readers apply
 (``roomstore.events.tables.events``).
 """
@@ -22,11 +28,16 @@ rows carry it), not the same-room rule the readers apply
 from __future__ import annotations
 
 import bisect
+import json
 import json.encoder
 import operator
 
-from roomstore.events.tables.events import BACKFILL_EVENT_STREAM_ROWS, LIVE_EVENT_STREAM_ROWS
-from roomstore.events.tables.room_state import STATE_STREAM_ROWS
+from roomstore.events.tables.events import (
+    BACKFILL_EVENT_STREAM_ROWS,
+    LIVE_EVENT_STREAM_ROWS,
+    event_json_stream_rows_sql,
+)
+from roomstore.events.tables.room_state import STATE_STREAM_ROWS, state_json_stream_rows_sql
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
 from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
@@ -48,11 +59,32 @@ _quote = json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basest
 _MEMBERSHIP_JSON = {code: _quote(name) for code, name in MEMBERSHIP_BY_CODE.items()}
 
 
+def _json_page_sql(engine, live: bool) -> str:
+    """The page statement writing each row's JSON text (``json_in_sql``)."""
+    key = (engine.name, live)
+    sql = _JSON_PAGES.get(key)
+    if sql is None:
+        sql = event_json_stream_rows_sql(engine, live)
+        if live:
+            sql = f"SELECT * FROM ({sql}) AS page_events UNION ALL {state_json_stream_rows_sql(engine)}"
+        _JSON_PAGES[key] = sql
+    return sql
+
+
+_JSON_PAGES: dict[tuple[str, bool], str] = {}
+
+#: Rows with other characters than these the database writes as they are
+#: (non-ASCII, DEL): written again, as Python's ``json`` writes them.
+_ascii_json = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
+
+
 def _page_rows_txn(txn: Transaction, live: bool, instance: str, from_token: int, upto: int,
-                   limit: int) -> tuple[list[tuple], bool]:
-    """The page's raw rows (the statements' columns), sorted and cut, and
+                   limit: int, sql: str | None = None) -> tuple[list[tuple], bool]:
+    """The page's raw rows (the statement's columns), sorted and cut, and
     ``more``; read window by window until ``limit + 1`` events are seen."""
-    sql, state_args = (_LIVE_PAGE, True) if live else (BACKFILL_EVENT_STREAM_ROWS, False)
+    state_args = live
+    if sql is None:
+        sql = _LIVE_PAGE if live else BACKFILL_EVENT_STREAM_ROWS
     rows: list[tuple] = []
     events = 0
     lo = from_token
@@ -86,6 +118,14 @@ def stream_page_txn(
     most ``limit`` events; ``more``: events after them were left out, and
     then the state changes stop at the last event's token. Rows are in the
     layout the module docstring gives, as JSON text with ``encoded``."""
+    if encoded and txn.engine.json_in_sql:
+        rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, _json_page_sql(txn.engine, live))
+        page = [(row[0], row[4]) for row in rows]
+        text = "".join([row for _, row in page])
+        if not text.isascii() or "\x7f" in text:
+            page = [(token, row if row.isascii() and "\x7f" not in row else _ascii_json(json.loads(row)))
+                    for token, row in page]
+        return page, more
     rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit)
     if not rows:
         return [], more

@@ -146,6 +146,12 @@ def _cancel_retry(cursor: _Cursor) -> None:
     cursor.retry_call = None
 
 
+#: The most of page_size a range guessed from the page before aims at once
+#: a page came back short (rows per token vary in that stream): a little
+#: under it, as a short page (cut at page_size before the end of its range)
+#: costs one more read, on the way of the pages read after it.
+_FILL_MOST = 0.9375
+
 #: Characters of the longest token (a bigint).
 _MAX_TOKEN_DIGITS = 20
 
@@ -347,6 +353,7 @@ class ConnectionFeed:
         reads: deque[_Read] = deque()
         span: int | None = None  # the width of the next ranges, once known
         fill = 1.0  # the share of page_size the next ranges aim at
+        most = 1.0  # ... at most: _FILL_MOST once a page came back short
         try:
             while self._conn.is_open:
                 generation = cursor.generation
@@ -381,8 +388,9 @@ class ConnectionFeed:
                 if read.guessed:
                     if upto < read.end:
                         fill *= 0.75  # short: aim lower (a short page costs one more read)
+                        most = _FILL_MOST
                     else:
-                        fill = min(1.0, fill + 0.0625)
+                        fill = min(most, fill + 0.0625)
                 if updates:
                     span = max(1, int((upto - start) * self._page_size * fill / len(updates)))
                 elif not limited:

@@ -420,6 +420,31 @@ class FarBehindTests(unittest.TestCase):
         self.assertEqual(lines[-1], "POSITION events master 300 300")
         self.assertTrue(protocol.session.feed.is_idle())
 
+    def test_the_next_page_is_asked_for_before_one_is_written(self) -> None:
+        """With one read at a time (``read_ahead=1``, as on SQLite), the
+        next page is read while a page is encoded and written, not after."""
+        events = InMemoryStream("events")
+        _fill(events, range(1, 31))
+        gated = GatedStream(events)
+        factory = make_server(StreamRegistry([gated]), page_size=10, read_ahead=1)
+        protocol, transport = connect(factory)
+        reads_at_write: list[int] = []
+        original_write = transport.write
+
+        def write(data: bytes) -> None:
+            if b"RDATA" in data:
+                reads_at_write.append(len(gated.calls))
+            original_write(data)
+
+        transport.write = write
+        feed(protocol, "REPLICATE events 0")
+        while gated.waiting:
+            self.assertEqual(len(gated.waiting), 1)  # never more than read_ahead in flight
+            gated.release()
+        self.assertEqual(rdata_tokens(written(transport)), [str(t) for t in range(1, 31)])
+        # Page 1 went out with page 2's read asked for, page 2 with page 3's.
+        self.assertEqual(reads_at_write[:2], [2, 3])
+
     def test_far_behind_client_caught_up_in_bounded_pages(self) -> None:
         events = InMemoryStream("events")
         _fill(events, range(1, 1001))

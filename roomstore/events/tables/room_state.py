@@ -142,6 +142,22 @@ STATE_STREAM_ROWS = (
 )
 
 
+def state_json_stream_rows_sql(engine) -> str:
+    """``STATE_STREAM_ROWS`` with each row written as its JSON text by the
+    database (where ``engine.json_in_sql``), ``["state", [room_id, type,
+    state_key, event_id or null]]``: columns ``(token, 1, type, state_key,
+    row JSON)``, the UNION partner of ``events.event_json_stream_rows_sql``.
+    The same bindings."""
+    row = engine.json_array_sql([("text", "'state'"), ("array", engine.json_array_sql([
+        ("text", "r.room_id"), ("text", "k.type"), ("text", "k.state_key"), ("text", event_id_sql("d.event_nid")),
+    ]))])
+    return (
+        f"SELECT d.stream_ordering, 1, k.type, k.state_key, {row}"
+        f" FROM current_state_deltas AS d {join_rooms('r', 'd.room_nid')} {join_state_keys('k', 'd.type_key_nid')}"
+        " WHERE d.instance_name = ? AND d.stream_ordering > ? AND d.stream_ordering <= ?"
+    )
+
+
 # ---------------------------------------------------------------------- current memberships
 
 
