@@ -410,6 +410,15 @@ class ConnectionFeed:
                         reads.append(self._read(stream, writer, end, target, generation, span))
                         end = reads[-1].end
                 items = self._page_commands(stream, writer, start, updates, upto, limited)
+                if self._conn.paused:
+                    # Paused while the page was read (another stream's page
+                    # filled the transport): it waits here, whole, rather
+                    # than line by line in the connection's pending queue.
+                    await self._conn.when_writable()
+                    if not self._conn.is_open:
+                        return
+                    if generation != cursor.generation:
+                        continue  # a legacy REPLICATE moved the cursor meanwhile
                 self._conn.send_rows(stream.name, writer, items)
                 if items:
                     # The page ends with its last token's numeric RDATA or POSITION.

@@ -226,22 +226,26 @@ class StreamFollower:
         if held is None and None not in tokens:
             updates = [(token, [row]) for token, row in zip(tokens, rows)]
         else:
-            # Rows of a token before its line: gathered until it comes (the
-            # first ones may have come in an earlier read).
-            updates = []
-            batch = held or []
-            for token, row in zip(tokens, rows):
-                if token is None:
-                    if len(batch) >= self._max_batch_rows:
-                        self._deliver(stream_name, instance_name, updates)
-                        raise CloseConnection(f"batch for {stream_name} longer than {self._max_batch_rows} rows")
-                    batch.append(row)
-                else:
-                    batch.append(row)
-                    updates.append((token, batch))
-                    batch = []
-            if batch:
-                self._batches[key] = batch
+            # Rows of a token before its line (``batch``): a token's rows are
+            # those since the line of the token before (the first ones may
+            # have come in an earlier read); rows after the last token's
+            # line wait for theirs.
+            ends = [index for index, token in enumerate(tokens) if token is not None]
+            updates = [(tokens[end], rows[start + 1:end + 1]) for start, end in zip([-1, *ends], ends)]
+            if ends:
+                if held:
+                    updates[0] = (updates[0][0], held + updates[0][1])
+                waiting = rows[ends[-1] + 1:]
+            else:
+                waiting = held + rows if held else rows
+            most = self._max_batch_rows
+            too_long = [index for index, (_, batch) in enumerate(updates) if len(batch) > most + 1]
+            if too_long or len(waiting) > most:
+                # As line by line: what came before the row too many is applied.
+                self._deliver(stream_name, instance_name, updates[:too_long[0]] if too_long else updates)
+                raise CloseConnection(f"batch for {stream_name} longer than {most} rows")
+            if waiting:
+                self._batches[key] = waiting
         self._deliver(stream_name, instance_name, updates)
 
     def _deliver(self, stream_name: str, instance_name: str, updates: list[tuple[int, list]]) -> None:
