@@ -27,10 +27,12 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    and commit).
 
 5. Breakdown (printed after 3): each stage of a catch-up alone, in one
-   process, on the same persisted events: the database pages
-   (``get_updates``), encoding and writing them (into a transport that
-   keeps nothing), the server's whole catch-up loop, and the worker reading,
-   parsing and applying the lines; lines per wall and per CPU second.
+   process, on the same persisted events: the database pages as the server
+   reads them (``get_encoded_updates``: the rows' JSON text) and as a
+   worker reads them (``get_updates``: rows, over Redis or for a gap),
+   encoding and writing them (into a transport that keeps nothing), the
+   server's whole catch-up loop, and the worker reading, parsing and
+   applying the lines; lines per wall and per CPU second.
 
 4. Redis vs direct TCP (needs redis-server; a private one is started): the
    same N persisted events, sent to a worker process (the same worker store
@@ -59,6 +61,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import operator
 import os
 import socket
 import statistics
@@ -74,6 +77,7 @@ from twisted.internet.task import deferLater
 from bench._common import bench_databases, print_table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_second = operator.itemgetter(1)
 STREAMS = ("events", "backfill", "caches")
 
 
@@ -203,21 +207,31 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
                 if token >= goal.get(stream, token + 1):
                     check()
 
-        def applied(stream, instance, token, rows):
+        def applied(stream: str, tokens: int, rows: int, last: int) -> None:
             if not first_row:
                 first_row.append(time.perf_counter())
                 first_cpu.append(time.process_time())
                 wakeups_at_start.append((wakeups[0], reads[0]))
-            counts["tokens"] += 1
-            counts["rows"] += len(rows)
-            note(stream, token)
+            counts["tokens"] += tokens
+            counts["rows"] += rows
+            note(stream, last)
 
         class Handler(StoreReplicationHandler):
+            # Counted per call the worker makes (a token, or a read's tokens
+            # at once), not per token: the count is the bench's own work.
+            def on_rdata(self, stream_name, instance_name, token, rows):
+                super().on_rdata(stream_name, instance_name, token, rows)
+                applied(stream_name, 1, len(rows), token)
+
+            def on_rdata_batch(self, stream_name, instance_name, updates):
+                super().on_rdata_batch(stream_name, instance_name, updates)
+                applied(stream_name, len(updates), sum(map(len, map(_second, updates))), updates[-1][0])
+
             def on_position(self, stream_name, instance_name, prev_token, new_token):
                 super().on_position(stream_name, instance_name, prev_token, new_token)
                 note(stream_name, new_token)
 
-        handler = Handler(store, on_applied=applied)
+        handler = Handler(store)
         connected = []
         connected_cpu = []
         handler.on_connected = lambda: (connected.append(time.perf_counter()), connected_cpu.append(time.process_time()))
@@ -248,7 +262,7 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
         if profile_path:
             import cProfile
 
-            profiler = cProfile.Profile()
+            profiler = cProfile.Profile(time.process_time)
             profiler.enable()
         if targets is not None:
             goal.update(targets)
@@ -328,7 +342,7 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
 
                     worker_stats = tempfile.mktemp(prefix="bench-worker-", suffix=".prof")
                     env["BENCH_PROFILE"] = worker_stats
-                    server_profiler = cProfile.Profile()
+                    server_profiler = cProfile.Profile(time.process_time)
                     server_profiler.enable()
                 argv = [sys.executable, os.path.abspath(__file__), "--worker", url,
                         str(server.port.getHost().port), json.dumps(targets), str(page_size)]
@@ -539,15 +553,25 @@ async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_
             return time.perf_counter(), time.process_time()
 
         for _ in range(runs):
-            # 1. The database pages, as the feed asks for them (one at a time).
+            # 1. The database pages, as the feed asks for them (one at a time):
+            # the rows' JSON text, what the server sends.
             started = now()
             pages, start = [], 0
             while start < current:
-                updates, upto, limited = await stream.get_updates("master", start, current, page_size)
+                updates, upto, limited = await stream.get_encoded_updates("master", start, current, page_size)
                 pages.append((start, updates, upto, limited))
                 start = upto
             rows = sum(len(page[1]) for page in pages)
-            timed(f"server: database pages of {page_size} (get_updates)", rows, started)
+            timed(f"server: database pages of {page_size} (get_encoded_updates)", rows, started)
+            # 1b. The same pages as rows (what a worker reads from the
+            # database: over Redis, or filling a gap).
+            started = now()
+            row_pages, start = [], 0
+            while start < current:
+                updates, upto, limited = await stream.get_updates("master", start, current, page_size)
+                row_pages.append(updates)
+                start = upto
+            timed(f"worker: database pages of {page_size} as rows (get_updates)", rows, started)
             # 2. Encoding and writing those pages (the feed's loop body).
             protocol = server.buildProtocol(None)
             sink = _DiscardingTransport()
@@ -571,8 +595,7 @@ async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_
             protocol.connectionLost(None)
             # 4. The worker: bytes in, parsed and applied to a worker store.
             data = b"".join(
-                (line + "\n").encode() for line in rdata_lines_of([(t, r) for _, u, _, _ in pages for t, r in u],
-                                                                  rows))
+                (line + "\n").encode() for line in rdata_lines_of([(t, r) for u in row_pages for t, r in u], rows))
             handler = StoreReplicationHandler(worker)
             client = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor, config=config)
             client.positions.set("events", "master", 0)
@@ -1139,7 +1162,9 @@ if __name__ == "__main__":
     parser.add_argument("--read-ahead", type=int, nargs="+", default=[2],
                         help="the server's read_ahead settings for catch-up, taking turns run by run (e.g. 1 2 4)")
     parser.add_argument("--profile", action="store_true",
-                        help="one more run per setting, profiled on both sides (not counted in the figures)")
+                        help="one more run per setting, profiled on both sides (not counted in the figures); "
+                             "catch-up profiles count CPU time (a loaded machine does not inflate them; the "
+                             "server's database thread falls in its reactor's poll)")
     parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "breakdown", "transports",
                                                           "congestion"],
                         choices=["parse", "catchup", "live", "breakdown", "transports", "congestion"])

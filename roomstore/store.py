@@ -29,7 +29,7 @@ from roomstore.events.pipeline import BatchValidator, WriteTurns
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader
-from roomstore.events.stream_pages import backfill_page_txn, events_page_txn, invalidations_page_txn
+from roomstore.events.stream_pages import backfill_page_txn, events_page_txn, invalidations_page_txn, stream_page_txn
 from roomstore.pdu.signatures import VerifyKeys
 from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
 from roomstore.pdu.parsing import InvalidEventError
@@ -579,10 +579,31 @@ class RoomStore:
             "replication_events", events_page_txn, self.interners, instance, from_token, upto, limit
         )
 
+    async def read_events_stream_rows(self, instance: str, from_token: int, upto: int, limit: int,
+                                      encoded: bool = False):
+        """``(rows, more)``: ``read_events_stream``'s page as the rows
+        replication sends, ``(token, row)`` in token order, events and state
+        changes together, each row as its JSON text with ``encoded``
+        (``roomstore.events.stream_rows`` says how)."""
+        return await self.db.run_interaction(
+            "replication_events", stream_page_txn, self.interners, live=True, instance=instance,
+            from_token=from_token, upto=upto, limit=limit, encoded=encoded,
+        )
+
     async def read_backfill_stream(self, instance: str, from_token: int, upto: int, limit: int):
-        """``(events, more)``: a page of the backfill stream, as ``read_events_stream``'s events."""
+        """``(events, more)``: a page of the backfill stream, ``(token,
+        event_id, room_id, type, state_key, redacts)`` (positive tokens)."""
         return await self.db.run_interaction(
             "replication_backfill", backfill_page_txn, self.interners, instance, from_token, upto, limit
+        )
+
+    async def read_backfill_stream_rows(self, instance: str, from_token: int, upto: int, limit: int,
+                                        encoded: bool = False):
+        """``(rows, more)``: ``read_backfill_stream``'s page as the rows
+        replication sends, ``(token, row)``, as JSON text with ``encoded``."""
+        return await self.db.run_interaction(
+            "replication_backfill", stream_page_txn, self.interners, live=False, instance=instance,
+            from_token=from_token, upto=upto, limit=limit, encoded=encoded,
         )
 
     async def read_caches_stream(self, instance: str, from_token: int, upto: int, limit: int):
@@ -601,6 +622,20 @@ class RoomStore:
             self.caches.membership_changed(state_key, token)
         if redacts:
             self.caches.event_changed(redacts)
+
+    def replicated_events(self, events: Sequence[tuple], state: Sequence[tuple] = ()) -> None:
+        """``replicated_event`` for each of ``events`` (``(token, room_id,
+        type, state_key, redacts)``) and ``replicated_state`` for each of
+        ``state`` (``(token, type, state_key)``), both in token order, at
+        once: the same caches dropped, each room's and member's change
+        recorded once, at its newest token."""
+        rooms = {room_id: token for token, room_id, _, _, _ in events}
+        members = {key: token for token, _, event_type, key, _ in events
+                   if event_type == "m.room.member" and key is not None}
+        for token, event_type, key in state:
+            if event_type == "m.room.member" and members.get(key, -1) < token:
+                members[key] = token
+        self.caches.changes_replicated(rooms, members, [event[4] for event in events if event[4]])
 
     def replicated_state(self, token: int, event_type: str, state_key: str) -> None:
         """A current-state change at ``token`` (also one by state resolution,

@@ -115,6 +115,18 @@ class StoreCaches:
         self.membership_changes.entity_has_changed(user_id, position)
         self.reader.invalidate_rooms_for_users([user_id])
 
+    def changes_replicated(self, rooms: dict[str, int], members: dict[str, int], redacted: Sequence[str]) -> None:
+        """``room_changed`` for each room at its position, ``membership_changed``
+        for each user, ``event_changed`` for each event: a worker's page of rows."""
+        for room_id, position in rooms.items():
+            self.room_changes.entity_has_changed(room_id, position)
+        if members:
+            for user_id, position in members.items():
+                self.membership_changes.entity_has_changed(user_id, position)
+            self.reader.invalidate_rooms_for_users(members)
+        for event_id in redacted:
+            self.event_changed(event_id)
+
     def event_changed(self, event_id: str) -> None:
         """The event's served form changed (redacted, censored)."""
         self.reader.invalidate_event(event_id)

@@ -4,8 +4,9 @@ Each function runs in one transaction (one snapshot) the reads of
 ``stream_rows.py`` (events, backfill) or ``caches.py`` (cache
 invalidations) for the rows one writer wrote between two positions, at most
 about ``limit`` of them; ``more`` says whether rows in the range were left
-out. The shape of the rows on the wire is replication's
-(``roomstore.replication.store_sources``); nothing here holds SQL.
+out. ``stream_rows.stream_page_txn`` gives the events and backfill streams'
+pages as replication sends them (``RoomStore.read_events_stream_rows``);
+the functions here give the same pages as fields. Nothing here holds SQL.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from __future__ import annotations
 import json
 
 from roomstore.events.caches import invalidation_rows_txn
-from roomstore.events.stream_rows import event_fields_txn, event_rows_page_txn, state_rows_txn
+from roomstore.events.stream_rows import stream_page_txn
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
 
-__all__ = ["backfill_page_txn", "events_page_txn", "invalidations_page_txn"]
+__all__ = ["backfill_page_txn", "events_page_txn", "invalidations_page_txn", "stream_page_txn"]
 
 
 def events_page_txn(
@@ -30,23 +31,22 @@ def events_page_txn(
     ``state``: the current-state changes ``(token, room_id, type, state_key,
     event_id or None)`` up to the last event's token if ``more``, else up to
     ``upto``."""
-    # One event per stream ordering: `limit + 1` events tell whether the
-    # range holds more than a page.
-    rows = event_rows_page_txn(txn, live=True, instance=instance, from_token=from_token, upto=upto, limit=limit)
-    more = len(rows) > limit
-    rows = rows[:limit]
-    bound = rows[-1][0] if more else upto
-    return event_fields_txn(txn, interners, rows), state_rows_txn(txn, instance, from_token, bound), more
+    page, more = stream_page_txn(txn, interners, live=True, instance=instance, from_token=from_token, upto=upto,
+                                 limit=limit)
+    events = [(token, *fields[:5], *fields[6:]) for token, (kind, fields) in page if kind == "ev"]
+    state = [(token, *fields) for token, (kind, fields) in page if kind == "state"]
+    return events, state, more
 
 
 def backfill_page_txn(
     txn: Transaction, interners: Interners, instance: str, from_token: int, upto: int, limit: int
 ) -> tuple[list[tuple], bool]:
-    """``(events, more)``: as ``events_page_txn``'s events, for backfilled
-    events (tokens are the positive form of their stream orderings)."""
-    rows = event_rows_page_txn(txn, live=False, instance=instance, from_token=from_token, upto=upto, limit=limit)
-    more = len(rows) > limit
-    return event_fields_txn(txn, interners, rows[:limit]), more
+    """``(events, more)``: ``(token, event_id, room_id, type, state_key,
+    redacts)`` of backfilled events (tokens are the positive form of their
+    stream orderings), in token order, at most ``limit``."""
+    page, more = stream_page_txn(txn, interners, live=False, instance=instance, from_token=from_token, upto=upto,
+                                 limit=limit)
+    return [(token, *fields[:5]) for token, fields in page], more
 
 
 def invalidations_page_txn(

@@ -2,58 +2,170 @@
 
 Replication (``roomstore.replication.store_sources``) pages through them; the
 statements are their tables' owners' (``roomstore.events.tables.events``'s
-``LIVE_EVENT_ROWS`` / ``BACKFILL_EVENT_ROWS``, ``roomstore.events.tables.room_state``'s
-``state_rows_txn``); this module pages and names the rows.
-Rows are raw until ``event_fields_txn`` names their rooms, state keys and
-memberships. ``redacts`` is what a redaction event says it redacts (as
-Synapse's rows carry it), not the same-room rule the readers apply
+``LIVE_EVENT_STREAM_ROWS`` / ``BACKFILL_EVENT_STREAM_ROWS``, with
+``roomstore.events.tables.room_state``'s ``STATE_STREAM_ROWS`` in the same
+statement: one statement a page); this module pages and names the rows, in
+the layout replication sends (Synapse's, ``store_sources`` describes it):
+the events stream's ``("ev", (event_id, room_id, type, state_key, redacts,
+None, membership, rejected, outlier))`` per event and ``("state", (room_id,
+type, state_key, event_id or None))`` per current-state change, the
+backfill stream's ``(event_id, room_id, type, state_key, redacts, None)``.
+``encoded=True`` gives each row as its JSON text instead, written as
+replication's ``encode_row`` writes it (compact, ASCII escapes): what a
+server sends a page as. Where the database writes JSON for less than Python
+(``Engine.json_in_sql``: SQLite, in-process and off the GIL) the statement
+writes each row's text (``event_json_stream_rows_sql``,
+``state_json_stream_rows_sql``) and the few rows holding characters it
+leaves as they are (non-ASCII, DEL) are written again here; elsewhere
+(PostgreSQL, whose server would spend twice what Python does) the text is
+put together here from the fields, with no Python object per row but the
+text. Room IDs and state keys come from the interners (small tables,
+cached), or, in the database's JSON, from the statement. ``redacts`` is what a redaction event says it redacts (as Synapse's
+rows carry it), not the same-room rule the readers apply
 (``roomstore.events.tables.events``).
 """
 
 from __future__ import annotations
 
-from roomstore.events.tables.events import BACKFILL_EVENT_ROWS, LIVE_EVENT_ROWS
-from roomstore.events.tables.room_state import state_rows_txn
+import bisect
+import json
+import json.encoder
+import operator
+
+from roomstore.events.tables.events import (
+    BACKFILL_EVENT_STREAM_ROWS,
+    LIVE_EVENT_STREAM_ROWS,
+    event_json_stream_rows_sql,
+)
+from roomstore.events.tables.room_state import STATE_STREAM_ROWS, state_json_stream_rows_sql
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
 from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
 
-__all__ = ["event_fields_txn", "event_rows_page_txn", "state_rows_txn"]
-
-_CASE_TYPES = ("m.room.redaction", "m.room.member")
+__all__ = ["stream_page_txn"]
 
 #: First window of a page, in rows per requested row; doubled while short.
 _WINDOW = 2
 
+#: The events stream's page: its events, then the state changes they made.
+_LIVE_PAGE = f"SELECT * FROM ({LIVE_EVENT_STREAM_ROWS}) AS page_events UNION ALL {STATE_STREAM_ROWS}"
 
-def event_rows_page_txn(
-    txn: Transaction, *, live: bool, instance: str, from_token: int, upto: int, limit: int
-) -> list[tuple]:
-    """Up to ``limit + 1`` raw rows of ``instance``'s live (or, with
-    ``live=False``, backfilled) events with ``from_token < token <= upto``,
-    in token order, read window by window; ``event_fields_txn`` names them."""
-    sql = LIVE_EVENT_ROWS if live else BACKFILL_EVENT_ROWS
+_token = operator.itemgetter(0)
+
+#: A JSON string as ``json.dumps(ensure_ascii=True)`` writes it (C).
+_quote = json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basestring_ascii
+
+#: A membership code's JSON (an unknown code: null).
+_MEMBERSHIP_JSON = {code: _quote(name) for code, name in MEMBERSHIP_BY_CODE.items()}
+
+
+def _json_page_sql(engine, live: bool) -> str:
+    """The page statement writing each row's JSON text (``json_in_sql``)."""
+    key = (engine.name, live)
+    sql = _JSON_PAGES.get(key)
+    if sql is None:
+        sql = event_json_stream_rows_sql(engine, live)
+        if live:
+            sql = f"SELECT * FROM ({sql}) AS page_events UNION ALL {state_json_stream_rows_sql(engine)}"
+        _JSON_PAGES[key] = sql
+    return sql
+
+
+_JSON_PAGES: dict[tuple[str, bool], str] = {}
+
+#: Rows with other characters than these the database writes as they are
+#: (non-ASCII, DEL): written again, as Python's ``json`` writes them.
+_ascii_json = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
+
+
+def _page_rows_txn(txn: Transaction, live: bool, instance: str, from_token: int, upto: int,
+                   limit: int, sql: str | None = None) -> tuple[list[tuple], bool]:
+    """The page's raw rows (the statement's columns), sorted and cut, and
+    ``more``; read window by window until ``limit + 1`` events are seen."""
+    state_args = live
+    if sql is None:
+        sql = _LIVE_PAGE if live else BACKFILL_EVENT_STREAM_ROWS
     rows: list[tuple] = []
+    events = 0
     lo = from_token
     span = max(limit * _WINDOW, 64)
-    while len(rows) <= limit and lo < upto:
+    while events <= limit and lo < upto:
         hi = min(upto, lo + span)
-        rows.extend(txn.execute(sql, (*_CASE_TYPES, instance, lo, hi, limit + 1 - len(rows))).fetchall())
+        args = (instance, lo, hi, limit + 1 - events, *((instance, lo, hi) if state_args else ()))
+        got = txn.execute(sql, args, prepare=True).fetchall()
+        events += [row[1] for row in got].count(0)
+        rows += got
         lo, span = hi, span * 2
-    return rows
+    # Token, then an event before its state changes, those by type and
+    # state key: only state rows share a token and a kind.
+    rows.sort()
+    more = events > limit
+    if more:
+        # One event per token: the page ends with the `limit`th event's token.
+        bound = [row[0] for row in rows if row[1] == 0][limit - 1]
+        del rows[bisect.bisect_right(rows, bound, key=_token):]
+    return rows, more
 
 
-def event_fields_txn(txn: Transaction, interners: Interners, rows: list[tuple]) -> list[tuple]:
-    """``(token, event_id, room_id, type, state_key, redacts, membership
-    name, rejected, outlier)`` for rows of ``EVENT_ROW_SQL`` (``roomstore.events.tables.events``) (SQLite gives
-    booleans as 0/1)."""
+def stream_page_txn(
+    txn: Transaction, interners: Interners, *, live: bool, instance: str, from_token: int, upto: int, limit: int,
+    encoded: bool = False,
+) -> tuple[list[tuple], bool]:
+    """``(rows, more)``: ``(token, row)`` of ``instance``'s live events and
+    the current-state changes they made (or, with ``live=False``, its
+    backfilled events) with ``from_token < token <= upto``, in token order (a
+    token's event first, then its state changes by type and state key): at
+    most ``limit`` events; ``more``: events after them were left out, and
+    then the state changes stop at the last event's token. Rows are in the
+    layout the module docstring gives, as JSON text with ``encoded``."""
+    if encoded and txn.engine.json_in_sql:
+        rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, _json_page_sql(txn.engine, live))
+        page = [(row[0], row[4]) for row in rows]
+        text = "".join([row for _, row in page])
+        if not text.isascii() or "\x7f" in text:
+            page = [(token, row if row.isascii() and "\x7f" not in row else _ascii_json(json.loads(row)))
+                    for token, row in page]
+        return page, more
+    rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit)
     if not rows:
-        return []
-    rooms = interners.rooms.resolve(txn, [r[2] for r in rows])
-    keys = interners.state_keys.resolve(txn, [r[4] for r in rows if r[4] is not None])
-    membership_name = MEMBERSHIP_BY_CODE.get
+        return [], more
+    rooms = interners.rooms.resolve(txn, {row[5] for row in rows})
+    keys = interners.state_keys.resolve(txn, {row[7] for row in rows if row[7] is not None})
+    if not encoded:
+        if not live:
+            return [
+                (token, (event_id, rooms[room], event_type, None if key is None else keys[key][1], redacts, None))
+                for token, _, _, _, event_id, room, event_type, key, redacts, *_ in rows
+            ], more
+        membership = MEMBERSHIP_BY_CODE.get
+        return [
+            (token, ("ev", (event_id, rooms[room], event_type, None if key is None else keys[key][1], redacts, None,
+                            membership(code), bool(rejected), bool(outlier))))
+            if kind == 0 else
+            (token, ("state", (rooms[room], state_type, state_key, event_id)))
+            for token, kind, state_type, state_key, event_id, room, event_type, key, redacts, code, rejected, outlier
+            in rows
+        ], more
+    # The JSON text of each row, from its fields: a room's, a state key's
+    # and a membership's text once a page.
+    quote = _quote
+    room_json = {nid: quote(room_id) for nid, room_id in rooms.items()}
+    key_json = {nid: quote(key[1]) for nid, key in keys.items()}
+    if not live:
+        return [
+            (token, f'[{quote(event_id)},{room_json[room]},{quote(event_type)},'
+                    f'{"null" if key is None else key_json[key]},{"null" if redacts is None else quote(redacts)},null]')
+            for token, _, _, _, event_id, room, event_type, key, redacts, *_ in rows
+        ], more
+    membership_json = _MEMBERSHIP_JSON.get
     return [
-        (token, event_id, rooms[room_nid], event_type, None if key_nid is None else keys[key_nid][1], redacts,
-         None if membership is None else membership_name(membership), bool(rejected), bool(outlier))
-        for token, event_id, room_nid, event_type, key_nid, redacts, membership, rejected, outlier in rows
-    ]
+        (token, f'["ev",[{quote(event_id)},{room_json[room]},{quote(event_type)},'
+                f'{"null" if key is None else key_json[key]},{"null" if redacts is None else quote(redacts)},null,'
+                f'{membership_json(code, "null")},{"true" if rejected else "false"},'
+                f'{"true" if outlier else "false"}]]')
+        if kind == 0 else
+        (token, f'["state",[{room_json[room]},{quote(state_type)},{quote(state_key)},'
+                f'{"null" if event_id is None else quote(event_id)}]]')
+        for token, kind, state_type, state_key, event_id, room, event_type, key, redacts, code, rejected, outlier
+        in rows
+    ], more

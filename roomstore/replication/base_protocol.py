@@ -31,6 +31,7 @@ from roomstore.replication.commands import (
     PingCommand,
     RdataCommand,
     UnknownCommandError,
+    decode_row,
     describe,
     parse_command_from_line,
     parse_rdata_fields,
@@ -312,7 +313,8 @@ class BaseReplicationProtocol(LineOnlyReceiver):
     def send_rows(self, stream_name: str, instance_name: str, items: Sequence[Any]) -> None:
         """Send a page of a stream: RDATA lines for ``(token or None, row,
         row_json)`` items (``row_json`` being ``encode_row(row)``, ``None``
-        for ``batch``) and any commands among them, in order.
+        for ``batch``; ``row`` may be None, decoded from ``row_json`` where
+        a command object needs it) and any commands among them, in order.
 
         While the connection is writable the page goes out in one transport
         write, built as lines without a command object per row; while it is
@@ -324,7 +326,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         if self._paused:
             for item in items:
                 if type(item) is tuple:
-                    item = RdataCommand.from_encoded(stream_name, instance_name, *item)
+                    item = _rdata_command(stream_name, instance_name, item)
                 self.send_command(item)
             return
         limit = self.config.max_line_length
@@ -346,8 +348,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             length = len(line) if line.isascii() else len(line.encode("utf-8"))
             if length > limit:
                 self._refuse_long_line(
-                    RdataCommand.from_encoded(stream_name, instance_name, *item) if type(item) is tuple else item,
-                    length,
+                    _rdata_command(stream_name, instance_name, item) if type(item) is tuple else item, length,
                 )
                 continue
             lines.append(line)
@@ -626,6 +627,13 @@ class BaseReplicationProtocol(LineOnlyReceiver):
 
     def _ping_now(self) -> PingCommand:
         return PingCommand(str(int(self.clock.seconds() * 1000)))
+
+
+def _rdata_command(stream_name: str, instance_name: str, item: tuple) -> RdataCommand:
+    """The RDATA command of a ``send_rows`` item."""
+    token, row, row_json = item
+    return RdataCommand.from_encoded(stream_name, instance_name, token,
+                                     decode_row(row_json) if row is None else row, row_json)
 
 
 def _one_line(message: str) -> str:

@@ -56,11 +56,11 @@ from roomstore.replication.commands import (
     Command,
     PositionCommand,
     ReplicateCommand,
+    decode_row,
     describe,
     encode_row,
 )
 from roomstore.replication.stream_sources import Stream, StreamRegistry
-from roomstore.replication.wire import encode_fast
 
 __all__ = ["ConnectionFeed", "FeedConnection", "StreamContractError"]
 
@@ -146,34 +146,38 @@ def _cancel_retry(cursor: _Cursor) -> None:
     cursor.retry_call = None
 
 
+#: The most of page_size a range guessed from the page before aims at once
+#: a page came back short (rows per token vary in that stream): a little
+#: under it, as a short page (cut at page_size before the end of its range)
+#: costs one more read, on the way of the pages read after it.
+_FILL_MOST = 0.9375
+
 #: Characters of the longest token (a bigint).
 _MAX_TOKEN_DIGITS = 20
 
 
-def _plain_page(updates: list[tuple[int, tuple]], start: int, upto: int, room: int) -> list | None:
-    """The items of a page whose rows all encode in ``room`` characters and
-    whose tokens are in order within ``(start, upto]`` (every page, as a
-    rule), built without a step per row in Python beyond list
-    comprehensions; None for any other page, which the full loop of
-    ``_page_commands`` handles (and reports)."""
+def _plain_page(updates: list[tuple[int, str]], start: int, upto: int, room: int) -> list | None:
+    """The items of a page of ``(token, row_json)`` whose rows all fit in
+    ``room`` characters and whose tokens are in order within ``(start,
+    upto]`` (every page, as a rule), built without a step per row in Python
+    beyond list comprehensions; None for any other page, which the full loop
+    of ``_page_commands`` handles (and reports)."""
     if not updates:
         return []
-    try:
-        encoded = [encode_fast(row) for _, row in updates]
-    except (TypeError, ValueError, RecursionError):
-        return None
+    encoded = [row_json for _, row_json in updates]
     if max(map(len, encoded)) > room:
         return None
     tokens = [token for token, _ in updates]
     if tokens[0] <= start or tokens[-1] > upto or tokens != sorted(tokens):
         return None
     # A row's token goes on its line only if the next row has another
-    # token: the rows before carry "batch".
+    # token: the rows before carry "batch". The row itself is not needed to
+    # write the line (None: decoded only where it is, see send_rows).
     following = tokens[1:]
     following.append(None)
     return [
-        (None if token == after else token, update[1], row_json)
-        for token, after, update, row_json in zip(tokens, following, updates, encoded)
+        (None if token == after else token, None, row_json)
+        for token, after, row_json in zip(tokens, following, encoded)
     ]
 
 
@@ -335,7 +339,8 @@ class ConnectionFeed:
 
     async def _catch_up(self, stream: Stream, writer: str, cursor: _Cursor) -> None:
         # Pages are read ahead while earlier ones are encoded and written:
-        # up to `read_ahead` reads in flight (the database works in its own
+        # up to `read_ahead` reads in flight, the next ones asked for as soon
+        # as a page arrives, before it is encoded (the database works in its own
         # threads or processes meanwhile, PostgreSQL's on several
         # connections at once), paused or not. `reads` covers one contiguous
         # token range from the cursor on. The first read asks for everything
@@ -348,6 +353,7 @@ class ConnectionFeed:
         reads: deque[_Read] = deque()
         span: int | None = None  # the width of the next ranges, once known
         fill = 1.0  # the share of page_size the next ranges aim at
+        most = 1.0  # ... at most: _FILL_MOST once a page came back short
         try:
             while self._conn.is_open:
                 generation = cursor.generation
@@ -379,12 +385,12 @@ class ConnectionFeed:
                     raise StreamContractError(
                         f"{stream.name}/{writer}: get_updates up to {read.end} returned rows up to {upto}"
                     )
-                items = self._page_commands(stream, writer, start, updates, upto, limited)
                 if read.guessed:
                     if upto < read.end:
                         fill *= 0.75  # short: aim lower (a short page costs one more read)
+                        most = _FILL_MOST
                     else:
-                        fill = min(1.0, fill + 0.0625)
+                        fill = min(most, fill + 0.0625)
                 if updates:
                     span = max(1, int((upto - start) * self._page_size * fill / len(updates)))
                 elif not limited:
@@ -394,7 +400,25 @@ class ConnectionFeed:
                     # reads of `span` when nothing was read after it).
                     end = read.end if reads else min(read.end, upto + (span or read.end))
                     reads.appendleft(_Read(upto, end, generation, False, defer.ensureDeferred(
-                        stream.get_updates(writer, upto, end, self._page_size))))
+                        stream.get_encoded_updates(writer, upto, end, self._page_size))))
+                if span is not None:
+                    # The next pages are read while this one is encoded and
+                    # written (with one connection, as SQLite's, too).
+                    target = stream.current_token(writer)
+                    end = reads[-1].end if reads else upto
+                    while len(reads) < self._read_ahead and end < target:
+                        reads.append(self._read(stream, writer, end, target, generation, span))
+                        end = reads[-1].end
+                items = self._page_commands(stream, writer, start, updates, upto, limited)
+                if self._conn.paused:
+                    # Paused while the page was read (another stream's page
+                    # filled the transport): it waits here, whole, rather
+                    # than line by line in the connection's pending queue.
+                    await self._conn.when_writable()
+                    if not self._conn.is_open:
+                        return
+                    if generation != cursor.generation:
+                        continue  # a legacy REPLICATE moved the cursor meanwhile
                 self._conn.send_rows(stream.name, writer, items)
                 if items:
                     # The page ends with its last token's numeric RDATA or POSITION.
@@ -418,21 +442,22 @@ class ConnectionFeed:
         a ``span`` is known, the next ``span`` tokens."""
         end = target if span is None else min(target, start + span)
         return _Read(start, end, generation, span is not None, defer.ensureDeferred(
-            stream.get_updates(writer, start, end, self._page_size)))
+            stream.get_encoded_updates(writer, start, end, self._page_size)))
 
     def _page_commands(
         self,
         stream: Stream,
         writer: str,
         start: int,
-        updates: list[tuple[int, tuple]],
+        updates: list[tuple[int, str]],
         upto: int,
         limited: bool,
     ) -> list:
-        """Turn a page into what ``send_rows`` writes: ``(token or None,
-        row, row_json)`` per RDATA line (``None``: ``batch``), and a POSITION
-        for a token that cannot be sent as lines. The stream's contract is
-        checked first so a bad page sends nothing (never half a batch)."""
+        """Turn a page of ``(token, row_json)`` (``get_encoded_updates``)
+        into what ``send_rows`` writes: ``(token or None, row or None,
+        row_json)`` per RDATA line (``None``: ``batch``), and a POSITION for a
+        token that cannot be sent as lines. The stream's contract is checked
+        first so a bad page sends nothing (never half a batch)."""
         stream_name = stream.name
         if upto <= start or (limited and not updates):
             raise StreamContractError(
@@ -460,16 +485,17 @@ class ConnectionFeed:
                 end += 1
             row_room = room - max(len(str(token)), 5)  # 5: len("batch")
             rows: list | None = []
-            for _, row in updates[index:end]:
-                try:
-                    row_json = encode_row(row)
-                except ValueError as e:
+            for _, row_json in updates[index:end]:
+                if type(row_json) is not str or not row_json.isascii():
                     raise StreamContractError(
-                        f"{stream_name}/{writer}: row at {token} cannot be sent: {describe(str(e))}"
-                    ) from None
+                        f"{stream_name}/{writer}: row at {token} is not encoded: {describe(repr(row_json))}"
+                    )
                 if len(row_json) <= row_room:
-                    rows.append((None, row, row_json))
+                    rows.append((None, None, row_json))
                     continue
+                row = decode_row(row_json)
+                if type(row) is list:
+                    row = tuple(row)  # as get_updates gives it
                 parts = stream.split_row(row, lambda part: len(encode_row(part)) <= row_room)
                 if parts is None:
                     self.log.error(

@@ -198,6 +198,90 @@ class StreamFollower:
         else:
             self._apply_rows_now(stream_name, instance_name, token, rows)
 
+    def on_rdata_run(self, run: tuple) -> None:
+        """``on_rdata_fields`` for a run of RDATA lines at once, given as
+        ``parse_rdata_lines`` gives them (stream names, instance names,
+        tokens, rows): the same rows applied in the same order, each token's
+        whole, but a handler with ``on_rdata_batch`` is handed every token of
+        the run in one call and the position moves once."""
+        streams, instances, tokens, rows = run
+        if self._stopped:
+            return
+        if streams.count(streams[0]) != len(streams) or instances.count(instances[0]) != len(instances):
+            # Several streams or writers in one read: each part alone, in order.
+            start = 0
+            for end in range(1, len(streams) + 1):
+                if end == len(streams) or (streams[end], instances[end]) != (streams[start], instances[start]):
+                    self._rdata_part(streams[start], instances[start], tokens[start:end], rows[start:end])
+                    start = end
+            return
+        self._rdata_part(streams[0], instances[0], tokens, rows)
+
+    def _rdata_part(self, stream_name: str, instance_name: str, tokens: list, rows: list) -> None:
+        if self._stopped or (stream_name not in self._handler.streams and self._stream(stream_name) is None):
+            return
+        rows = [tuple(row) if type(row) is list else row for row in rows]
+        key = (stream_name, instance_name)
+        held = self._batches.pop(key, None) if self._batches else None
+        if held is None and None not in tokens:
+            updates = [(token, [row]) for token, row in zip(tokens, rows)]
+        else:
+            # Rows of a token before its line (``batch``): a token's rows are
+            # those since the line of the token before (the first ones may
+            # have come in an earlier read); rows after the last token's
+            # line wait for theirs.
+            ends = [index for index, token in enumerate(tokens) if token is not None]
+            updates = [(tokens[end], rows[start + 1:end + 1]) for start, end in zip([-1, *ends], ends)]
+            if ends:
+                if held:
+                    updates[0] = (updates[0][0], held + updates[0][1])
+                waiting = rows[ends[-1] + 1:]
+            else:
+                waiting = held + rows if held else rows
+            most = self._max_batch_rows
+            too_long = [index for index, (_, batch) in enumerate(updates) if len(batch) > most + 1]
+            if too_long or len(waiting) > most:
+                # As line by line: what came before the row too many is applied.
+                self._deliver(stream_name, instance_name, updates[:too_long[0]] if too_long else updates)
+                raise CloseConnection(f"batch for {stream_name} longer than {most} rows")
+            if waiting:
+                self._batches[key] = waiting
+        self._deliver(stream_name, instance_name, updates)
+
+    def _deliver(self, stream_name: str, instance_name: str, updates: list[tuple[int, list]]) -> None:
+        """Apply ``updates`` (``(token, rows)``) now, in one call where the
+        handler takes batches, or queue them behind the stream's work."""
+        if not updates:
+            return
+        if stream_name in self._draining:
+            for token, rows in updates:
+                self._enqueue(stream_name, partial(self._apply_rows, stream_name, instance_name, token, rows))
+            return
+        apply_batch = getattr(self._handler, "on_rdata_batch", None)
+        tokens = [token for token, _ in updates]
+        if apply_batch is None or (len(tokens) > 1 and sorted(set(tokens)) != tokens):
+            for token, rows in updates:
+                if stream_name in self._draining:
+                    # A handler's awaitable made the stream's work wait.
+                    self._enqueue(stream_name, partial(self._apply_rows, stream_name, instance_name, token, rows))
+                else:
+                    self._apply_rows_now(stream_name, instance_name, token, rows)
+            return
+        position = self._positions.get(stream_name, instance_name)
+        if position is not None and tokens[0] <= position:
+            updates = [update for update in updates if update[0] > position]  # replayed after a reconnect
+            if not updates:
+                return
+        try:
+            apply_batch(stream_name, instance_name, updates)
+        except Exception:
+            # Token by token instead (applying is idempotent), so that one
+            # bad row costs only its token, as it would have alone.
+            for token, rows in updates:
+                self._apply_rows_now(stream_name, instance_name, token, rows)
+            return
+        self._positions.set(stream_name, instance_name, updates[-1][0])
+
     def on_position(self, cmd: PositionCommand) -> None:
         if self._stopped:
             return
@@ -315,13 +399,19 @@ class StreamFollower:
                 read = None
                 if limited and from_token < upto < to_token:
                     read = defer.ensureDeferred(stream.get_updates(writer, upto, to_token, self._page_size))
-                index = 0
-                while index < len(updates):
-                    token = updates[index][0]
-                    rows = []
-                    while index < len(updates) and updates[index][0] == token:
-                        rows.append(updates[index][1])
-                        index += 1
+                grouped: list[tuple[int, list]] = []
+                for token, row in updates:
+                    if grouped and grouped[-1][0] == token:
+                        grouped[-1][1].append(row)
+                    else:
+                        grouped.append((token, [row]))
+                apply_batch = getattr(self._handler, "on_rdata_batch", None)
+                if apply_batch is not None and grouped:
+                    # A page's tokens in one call (in order: get_updates' contract).
+                    apply_batch(stream.name, writer, grouped)
+                    self._positions.set(stream.name, writer, grouped[-1][0])
+                    grouped = []
+                for token, rows in grouped:
                     await _maybe_await(self._handler.on_rdata(stream.name, writer, token, rows))
                     self._positions.set(stream.name, writer, token)
                 if upto <= from_token:

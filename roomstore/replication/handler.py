@@ -32,6 +32,14 @@ class ReplicationClientHandler:
         (one call per token, never part of a batch)."""
         return None
 
+    # Optional: ``on_rdata_batch(stream_name, instance_name, updates)``, with
+    # ``updates`` a list of ``(token, rows)`` in increasing token order: what
+    # ``on_rdata`` would be called with for each, in one call, for the tokens
+    # that arrive together (a read of many RDATA lines). It applies them all
+    # synchronously; if it raises, each token is applied again through
+    # ``on_rdata`` (so applying must be idempotent). Defined by
+    # ``StoreReplicationHandler``.
+
     def on_position(
         self, stream_name: str, instance_name: str, prev_token: int, new_token: int
     ) -> Awaitable[None] | None:

@@ -93,6 +93,7 @@ from roomstore.replication.commands import (
     describe,
 )
 from roomstore.replication.stream_sources import UnknownStreamError
+from roomstore.replication.wire import parse_rdata_lines
 
 __all__ = [
     "BaseReplicationProtocol",
@@ -300,6 +301,72 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
         self._secret = secret
         self.session = session_factory(self)
         self._on_rdata_fields = getattr(self.session, "on_rdata_fields", None)
+        self._on_rdata_run = getattr(self.session, "on_rdata_run", None)
+
+    def dataReceived(self, data: bytes) -> None:
+        """``LineOnlyReceiver``'s loop, but a run of RDATA lines (what a
+        worker mostly reads: a server writes a page per write) goes to the
+        session's ``on_rdata_run`` at once, parsed by ``parse_rdata_lines``;
+        any other line, and every line of a run that is not plain, goes
+        through ``lineReceived`` as before."""
+        on_run = self._on_rdata_run
+        if on_run is None or self._state is not _State.OPEN:
+            super().dataReceived(data)
+            return
+        self._last_received = self.clock.seconds()
+        metrics.child(metrics.BYTES_RECEIVED, self.SIDE).inc(len(data))
+        try:
+            lines = (self._buffer + data).split(self.delimiter)
+            self._buffer = lines.pop()
+            if lines and max(map(len, lines)) <= self.MAX_LENGTH:
+                starts = [line[:6] == b"RDATA " for line in lines]
+                if all(starts):
+                    self._rdata_run(lines, on_run)
+                else:
+                    self._mixed_lines(lines, starts, on_run)
+            else:
+                for line in lines:
+                    if self.transport.disconnecting:
+                        return
+                    if len(line) > self.MAX_LENGTH:
+                        self.lineLengthExceeded(line)
+                        return
+                    self.lineReceived(line)
+            if len(self._buffer) > self.MAX_LENGTH:
+                self.lineLengthExceeded(self._buffer)
+        finally:
+            self._count_received()
+
+    def _mixed_lines(self, lines: list[bytes], starts: list[bool], on_run: Callable) -> None:
+        """Runs of RDATA lines to ``_rdata_run``, other lines one by one."""
+        index = 0
+        while index < len(lines):
+            if self.transport.disconnecting or self._state is not _State.OPEN:
+                return
+            if not starts[index]:
+                self.lineReceived(lines[index])
+                index += 1
+                continue
+            end = index + 1
+            while end < len(lines) and starts[end]:
+                end += 1
+            self._rdata_run(lines[index:end], on_run)
+            index = end
+
+    def _rdata_run(self, run: list[bytes], on_run: Callable) -> None:
+        try:
+            fields = parse_rdata_lines(b"\n".join(run).decode("utf-8").split("\n"))
+        except UnicodeDecodeError:
+            fields = None
+        if fields is None:
+            for line in run:
+                if self.transport.disconnecting:
+                    return
+                self.lineReceived(line)
+            return
+        counts = self._received_counts
+        counts["RDATA"] = counts.get("RDATA", 0) + len(run)
+        self._dispatch("RDATA", fields, on_run)
 
     def on_connected(self) -> None:
         if self._secret is not None:

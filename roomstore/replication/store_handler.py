@@ -74,6 +74,37 @@ class StoreReplicationHandler(ReplicationClientHandler):
         if self.on_applied is not None:
             self.on_applied(stream_name, instance_name, token, rows)
 
+    def on_rdata_batch(self, stream_name: str, instance_name: str, updates: list[tuple[int, list]]) -> None:
+        """``on_rdata`` for many tokens at once (``updates``: ``(token,
+        rows)``, in token order): every row's caches dropped, then the
+        stream's generator advanced once, to the last token, then
+        ``on_applied`` for each token."""
+        if stream_name == "events":
+            events = [(token, data[1], data[2], data[3], data[4])
+                      for token, rows in updates for kind, data in rows if kind == "ev"]
+            others = [(token, kind, data) for token, rows in updates for kind, data in rows if kind != "ev"]
+            self.store.replicated_events(events, [
+                (token, data[1], data[2]) for token, kind, data in others if kind == "state"
+            ])
+            for token, kind, data in others:
+                if kind == "state-all":
+                    self.store.replicated_state_reset(token, data[0])
+        elif stream_name == "backfill":
+            backfill = self.store.replicated_backfill
+            for _, rows in updates:
+                for row in rows:
+                    backfill(row[4])
+        elif stream_name == "caches":
+            for _, rows in updates:
+                for row in rows:
+                    self._apply_invalidation(row[0], row[1])
+        else:
+            return
+        self._advance(stream_name, instance_name, updates[-1][0])
+        if self.on_applied is not None:
+            for token, rows in updates:
+                self.on_applied(stream_name, instance_name, token, rows)
+
     def on_position(self, stream_name: str, instance_name: str, prev_token: int, new_token: int) -> None:
         if stream_name in STORE_STREAMS:
             self._advance(stream_name, instance_name, new_token)

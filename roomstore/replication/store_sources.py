@@ -3,8 +3,13 @@
 Server side: ``EventsStream``, ``BackfillStream`` and ``CachesStream``
 implement the protocol's ``Stream`` over a ``RoomStore``: tokens and writers
 come from the store's streams (``RoomStore.stream``), rows from its stream
-reads (``RoomStore.read_events_stream`` and the like: ``get_updates`` reads the
-rows between two tokens, in bounded pages, never splitting a token).
+reads (``get_updates`` reads the rows between two tokens, in bounded pages,
+never splitting a token). The events and backfill streams read their pages
+in the rows' layout (``RoomStore.read_events_stream_rows`` and
+``read_backfill_stream_rows``, one statement a page), and the server's pages
+as the rows' JSON text, written from the fields with no Python object per
+row but the text (``get_encoded_updates``); the caches stream reads fields
+(``read_caches_stream``) and is encoded by ``Stream``'s default.
 ``store_stream_registry(store)`` registers all three; ``wire_server`` tells a
 server factory whenever one of them advances.
 
@@ -32,8 +37,6 @@ Rows are Synapse's (matrix-synapse 1.163, ``synapse.replication.tcp.streams``;
 
 from __future__ import annotations
 
-import bisect
-import operator
 from typing import Any, Callable, Sequence
 
 from twisted.logger import Logger
@@ -55,31 +58,9 @@ log = Logger()
 #: The streams a store writes, in the order a server answers REPLICATE.
 STORE_STREAMS = ("events", "backfill", "caches")
 
-def _merge_by_token(first: list[tuple], second: list[tuple]) -> list[tuple]:
-    """Two token-ordered lists of ``(token, row)`` merged in token order,
-    ``first``'s rows before ``second``'s at the same token.
-
-    ``second`` is short (a page's state rows beside its events): each of its
-    items is placed by bisection and ``first`` is copied in slices, with no
-    step per row of ``first`` in Python."""
-    if not second:
-        return first
-    merged: list[tuple] = []
-    start = 0
-    for item in second:
-        end = bisect.bisect_right(first, item[0], start, key=_token)
-        merged += first[start:end]
-        merged.append(item)
-        start = end
-    merged += first[start:]
-    return merged
-
-
-_token = operator.itemgetter(0)
-
 
 def _whole_token_page(
-    updates: list[tuple[int, tuple]], limit: int, upto: int, bound: int, more: bool
+    updates: list[tuple], limit: int, upto: int, bound: int, more: bool
 ) -> StreamUpdates:
     """Cut ``updates`` (every row with a token in ``(from, bound]``, sorted) to
     at most ``limit`` rows without splitting a token, per the ``Stream`` contract.
@@ -138,40 +119,43 @@ class _GeneratorStream(Stream):
         raise NotImplementedError
 
 
-class EventsStream(_GeneratorStream):
+class _EventRowsStream(_GeneratorStream):
+    """A stream whose pages the store reads in Synapse's layout, as rows or
+    as their JSON text (``read_rows``: the store's
+    ``read_*_stream_rows``): the server sends a page's text as it came."""
+
+    async def read_rows(self, instance: str, from_token: int, upto: int, limit: int, encoded: bool):
+        raise NotImplementedError
+
+    async def get_encoded_updates(self, instance_name: str, from_token: int, upto_token: int,
+                                  limit: int) -> StreamUpdates:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        if from_token >= upto_token:
+            return StreamUpdates([], upto_token, False)
+        return await self._page(instance_name, from_token, upto_token, limit, True)
+
+    async def _page(self, instance, from_token, upto, limit, encoded=False):
+        rows, more = await self.read_rows(instance, from_token, upto, limit, encoded)
+        # State rows can push a page of events over `limit`: cut it on a
+        # token boundary (a page that is `more` ends with its last event's token).
+        return _whole_token_page(rows, limit, upto, rows[-1][0] if more else upto, more)
+
+
+class EventsStream(_EventRowsStream):
     """Events in arrival order, with the current-state changes they made."""
 
     def __init__(self, store: RoomStore):
         super().__init__(store, "events")
-
-    async def _page(self, instance, from_token, upto, limit):
-        events, state_rows, more = await self.store.read_events_stream(instance, from_token, upto, limit)
-        bound = events[-1][0] if more else upto
-        updates = [
-            (token, ("ev", (event_id, room_id, typ, key, redacts, None, membership, rejected, outlier)))
-            for token, event_id, room_id, typ, key, redacts, membership, rejected, outlier in events
-        ]
-        updates = _merge_by_token(updates, [
-            (token, ("state", (room, typ, key, event))) for token, room, typ, key, event in state_rows
-        ])
-        # State rows can push a page over `limit`: cut it on a token boundary.
-        return _whole_token_page(updates, limit, upto, bound, more)
+        self.read_rows = store.read_events_stream_rows
 
 
-class BackfillStream(_GeneratorStream):
+class BackfillStream(_EventRowsStream):
     """Backfilled events; stored with negative stream orderings, sent positive."""
 
     def __init__(self, store: RoomStore):
         super().__init__(store, "backfill")
-
-    async def _page(self, instance, from_token, upto, limit):
-        events, more = await self.store.read_backfill_stream(instance, from_token, upto, limit)
-        # Synapse's backfill rows: the first six fields of an ev row, untagged.
-        updates = [
-            (token, (event_id, room_id, typ, key, redacts, None))
-            for token, event_id, room_id, typ, key, redacts, *_ in events
-        ]
-        return _whole_token_page(updates, limit, upto, events[-1][0] if more else upto, more)
+        self.read_rows = store.read_backfill_stream_rows
 
 
 class CachesStream(_GeneratorStream):

@@ -26,6 +26,8 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import attrs
 
+from roomstore.replication.wire import encode_fast, encode_row
+
 __all__ = [
     "InMemoryStream",
     "Stream",
@@ -103,6 +105,30 @@ class Stream(abc.ABC):
         - ``limit`` is at least 1; if ``from_token >= upto_token`` the answer
           is ``([], upto_token, False)``.
         """
+
+    async def get_encoded_updates(
+        self, instance_name: str, from_token: int, upto_token: int, limit: int
+    ) -> StreamUpdates:
+        """``get_updates`` with every row as its line's JSON text: updates
+        are ``(token, row_json)``, ``row_json`` being ``encode_row(row)``
+        (compact, sorted keys, ASCII escapes); the same contract otherwise.
+
+        What the server sends pages from. This default encodes the rows of
+        ``get_updates`` (``ValueError`` for a row that cannot be encoded); a
+        stream that can read its rows already encoded (the store's events
+        and backfill, whose database writes the JSON) overrides it.
+        """
+        updates, upto, limited = await self.get_updates(instance_name, from_token, upto_token, limit)
+        try:
+            encoded = [(token, encode_fast(row)) for token, row in updates]
+        except (TypeError, ValueError, RecursionError):
+            for token, row in updates:
+                try:
+                    encode_row(row)
+                except ValueError as e:
+                    raise ValueError(f"{self.name}/{instance_name}: row at {token} cannot be sent: {e}") from None
+            raise
+        return StreamUpdates(encoded, upto, limited)
 
     def split_row(self, row: StreamRow, fits: Callable[[StreamRow], bool]) -> list[StreamRow] | None:
         """Rows that together mean what ``row`` means, each accepted by

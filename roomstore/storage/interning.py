@@ -359,6 +359,11 @@ def event_id_sql(nid_expr: str, alias: str = "") -> str:
     return f"(SELECT {alias}.event_id FROM event_ids AS {alias} WHERE {alias}.event_nid = {nid_expr})"
 
 
+def state_key_sql(nid_expr: str) -> str:
+    """A scalar subquery: the state key of the (type, state key) nid ``nid_expr``."""
+    return f"(SELECT state_key FROM state_keys WHERE type_key_nid = {nid_expr})"
+
+
 def event_nid_sql(alias: str) -> str:
     """A scalar subquery: the nid of the event ID bound to its ``?``."""
     return f"(SELECT {alias}.event_nid FROM event_ids AS {alias} WHERE {alias}.event_id = ?)"

@@ -169,6 +169,15 @@ class CatchUpReadsAheadTests(RedisMixin):
             return real_on_rdata(stream_name, instance, token, rows)
 
         on_worker.handler.on_rdata = on_rdata
+        real_on_rdata_batch = on_worker.handler.on_rdata_batch
+
+        def on_rdata_batch(stream_name, instance, updates):
+            # A page applied in one call: each of its tokens.
+            if stream_name == "events":
+                steps.extend(("apply", token) for token, _ in updates)
+            return real_on_rdata_batch(stream_name, instance, updates)
+
+        on_worker.handler.on_rdata_batch = on_rdata_batch
         await on_worker.when_ready()
         await wait_until(lambda: all(on_worker.positions.get(n, "master") >= targets[n] for n in STORE_STREAMS),
                          20, "the worker to catch up from the database")

@@ -420,6 +420,65 @@ class FarBehindTests(unittest.TestCase):
         self.assertEqual(lines[-1], "POSITION events master 300 300")
         self.assertTrue(protocol.session.feed.is_idle())
 
+    def test_the_next_page_is_asked_for_before_one_is_written(self) -> None:
+        """With one read at a time (``read_ahead=1``, as on SQLite), the
+        next page is read while a page is encoded and written, not after."""
+        events = InMemoryStream("events")
+        _fill(events, range(1, 31))
+        gated = GatedStream(events)
+        factory = make_server(StreamRegistry([gated]), page_size=10, read_ahead=1)
+        protocol, transport = connect(factory)
+        reads_at_write: list[int] = []
+        original_write = transport.write
+
+        def write(data: bytes) -> None:
+            if b"RDATA" in data:
+                reads_at_write.append(len(gated.calls))
+            original_write(data)
+
+        transport.write = write
+        feed(protocol, "REPLICATE events 0")
+        while gated.waiting:
+            self.assertEqual(len(gated.waiting), 1)  # never more than read_ahead in flight
+            gated.release()
+        self.assertEqual(rdata_tokens(written(transport)), [str(t) for t in range(1, 31)])
+        # Page 1 went out with page 2's read asked for, page 2 with page 3's.
+        self.assertEqual(reads_at_write[:2], [2, 3])
+
+    def test_a_page_read_while_paused_waits_whole(self) -> None:
+        """A page that arrives once another stream's page has filled the
+        transport is written when it drains, in one write: it never goes
+        line by line into the connection's pending queue (whose limit drops
+        a client)."""
+        events, caches = InMemoryStream("events"), InMemoryStream("caches")
+        _fill(events, range(1, 31))
+        _fill(caches, range(1, 11), rows_per_token=2)
+        gated = GatedStream(caches)
+        factory = make_server(StreamRegistry([events, gated]), page_size=100, max_pending_commands=5)
+        protocol, transport = connect(factory)
+        original_write = transport.write
+        writes: list[bytes] = []
+
+        def write(data: bytes) -> None:
+            original_write(data)
+            writes.append(data)
+            if b"RDATA events" in data:
+                protocol.pauseProducing()
+
+        transport.write = write
+        feed(protocol, "REPLICATE caches 0", "REPLICATE events 0")  # caches' read waits; events' page pauses
+        self.assertTrue(protocol.paused)
+        gated.release()  # the caches page arrives while paused
+        self.assertEqual([cmd.NAME for cmd in protocol._pending], ["POSITION"])  # the events loop's last word
+        self.assertFalse(any(b"RDATA caches" in data for data in writes))
+        protocol.resumeProducing()
+        self.assertTrue(protocol.is_open)
+        caches_writes = [data for data in writes if b"RDATA caches" in data]
+        self.assertEqual(len(caches_writes), 1)
+        self.assertEqual(caches_writes[0].count(b"\n"), 20)
+        self.assertEqual(rdata_tokens([line for line in written(transport) if line.startswith("RDATA caches")]),
+                         [t for token in range(1, 11) for t in ("batch", str(token))])
+
     def test_far_behind_client_caught_up_in_bounded_pages(self) -> None:
         events = InMemoryStream("events")
         _fill(events, range(1, 1001))

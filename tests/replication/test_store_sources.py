@@ -18,6 +18,7 @@ from roomstore.events.caches import CURRENT_STATE_CACHE, EVENT_CACHE, ROOMS_FOR_
 from roomstore.replication import ReplicationClientFactory, ReplicationConfig, ReplicationServerFactory
 from roomstore.replication.store_handler import StoreReplicationHandler
 from roomstore.replication.store_sources import (
+    STORE_STREAMS,
     BackfillStream,
     CachesStream,
     EventsStream,
@@ -503,17 +504,177 @@ class StoreLoopbackTests:
         self.assertEqual((await worker.get_event(events[-1].event_id))["content"]["body"], "m9")
 
 
-class MergeByTokenTests(unittest.TestCase):
-    def test_same_as_a_stable_sort(self) -> None:
-        """A page's events and state rows merge in token order, events first
-        at a shared token, each list's own order kept."""
+#: State keys and types a database's JSON must write as Python's json does:
+#: quotes, backslashes, control characters, DEL, non-ASCII (BMP and astral).
+AWKWARD = ['quote " back \\ slash', "tab\tnew\nline\x01\x1f", "del\x7f", "caf\u00e9 \u2028", "smile \U0001f600", ""]
+
+
+async def populate_awkward(store) -> RoomBuilder:
+    """A room whose state events carry ``AWKWARD`` types and state keys,
+    and a member whose user ID is one of them."""
+    room = RoomBuilder("!awk\u00e9:example.org")
+    events = [room.create(), room.join(ALICE)]
+    for index, text in enumerate(AWKWARD):
+        events.append(room.state(f"org.example.{text}", text, {"i": index}, sender=ALICE))
+    events.append(room.message(ALICE, "after"))
+    for start in range(0, len(events), 3):
+        await store.persist_events([room.to_persist(e) for e in events[start:start + 3]])
+    old = RoomBuilder("!old\u00e9:example.org", creator=CAROL)
+    await store.persist_events([old.to_persist(e, backfilled=True) for e in (
+        old.create(), old.join(CAROL), old.state("org.example.\x7f", "\U0001f600", {}, sender=CAROL))])
+    return room
+
+
+@on_both_engines
+class EncodedPagesTests(ContractMixin):
+    """``get_encoded_updates``: the server's pages, each row's JSON text as
+    ``encode_row`` writes it (written by SQLite itself, by Python from the
+    fields on PostgreSQL), in the same pages as ``get_updates``."""
+
+    async def assert_encoded_like_rows(self, stream, limits) -> None:
+        from roomstore.replication.commands import encode_row
+
+        current = stream.current_token("master")
+        for limit in limits:
+            cursor = 0
+            while True:
+                rows = await stream.get_updates("master", cursor, current, limit)
+                encoded = await stream.get_encoded_updates("master", cursor, current, limit)
+                context = f"{stream.name} from {cursor} limit {limit}"
+                self.assertEqual((encoded.upto_token, encoded.limited), (rows.upto_token, rows.limited), context)
+                self.assertEqual([t for t, _ in encoded.updates], [t for t, _ in rows.updates], context)
+                for (_, row), (_, text) in zip(rows.updates, encoded.updates):
+                    self.assertIsInstance(text, str)
+                    self.assertEqual(text, encode_row(row), context)
+                if not rows.limited:
+                    break
+                cursor = rows.upto_token
+
+    async def test_every_row_encoded_as_encode_row_writes_it(self):
+        writer, _ = await open_pair(self, workers=())
+        await populate(writer)
+        await populate_awkward(writer)
+        for stream in (EventsStream(writer), BackfillStream(writer)):
+            await self.assert_encoded_like_rows(stream, (1, 2, 3, 7, BIG))
+
+    async def test_awkward_strings_survive_the_round_trip(self):
+        """The rows' values are the stored strings (checked on the decoded
+        JSON text, not only against the rows path)."""
+        import json
+
+        writer, _ = await open_pair(self, workers=())
+        room = await populate_awkward(writer)
+        stream = EventsStream(writer)
+        encoded = (await stream.get_encoded_updates("master", 0, stream.current_token("master"), BIG)).updates
+        self.assertTrue(all(text.isascii() and "\x7f" not in text for _, text in encoded))
+        rows = [json.loads(text) for _, text in encoded]
+        keys = {row[1][3] for row in rows if row[0] == "ev"} | {row[1][2] for row in rows if row[0] == "state"}
+        self.assertLessEqual(set(AWKWARD), keys)
+        self.assertIn(f"org.example.{AWKWARD[1]}", {row[1][2] for row in rows if row[0] == "ev"})
+        self.assertEqual({row[1][1] for row in rows if row[0] == "ev"}, {room.room_id})
+        backfill = BackfillStream(writer)
+        old = (await backfill.get_encoded_updates("master", 0, backfill.current_token("master"), BIG)).updates
+        self.assertEqual([json.loads(text)[2:4] for _, text in old][0], ["org.example.\x7f", "\U0001f600"])
+
+    async def test_encoded_pages_keep_the_contract(self):
+        """Every limit: the pages of ``get_encoded_updates`` joined are the
+        whole range, each at most ``limit`` rows unless one token holds more."""
+        writer, _ = await open_pair(self, workers=())
+        await populate(writer)
+
+        class Encoded:
+            def __init__(self, stream):
+                self.name, self.stream = stream.name, stream
+
+            async def get_updates(self, *args):
+                return await self.stream.get_encoded_updates(*args)
+
+        for stream in (EventsStream(writer), BackfillStream(writer)):
+            current = stream.current_token("master")
+            everything = (await stream.get_updates("master", 0, current, BIG)).updates
+            for limit in range(1, len(everything) + 2):
+                await self.assert_contract(Encoded(stream), 0, current, limit)
+
+    async def test_field_pages_of_the_store(self):
+        """``read_events_stream`` and ``read_backfill_stream``: fields, from
+        the same page as the rows."""
+        writer, _ = await open_pair(self, workers=())
+        history = await populate(writer)
+        current = writer.stream("events").get_current_token()
+        events, state, more = await writer.read_events_stream("master", 0, current, BIG)
+        rows, _ = await writer.read_events_stream_rows("master", 0, current, BIG)
+        self.assertFalse(more)
+        self.assertEqual(events, [(t, *r[1][:5], *r[1][6:]) for t, r in rows if r[0] == "ev"])
+        self.assertEqual(state, [(t, *r[1]) for t, r in rows if r[0] == "state"])
+        backfill, more = await writer.read_backfill_stream("master", 0, 4, BIG)
+        self.assertEqual([e[1] for e in backfill], [e.event_id for e in reversed(history["old_events"])])
+        self.assertTrue(all(len(e) == 6 for e in backfill))
+
+
+@on_both_engines
+class BatchApplyTests:
+    """``StoreReplicationHandler.on_rdata_batch``: a worker store fed a
+    read's tokens at once ends as one fed token by token."""
+
+    async def test_batches_leave_the_worker_as_tokens_do(self):
         import random
 
-        from roomstore.replication.store_sources import _merge_by_token
+        writer, (by_token, by_batch) = await open_pair(self, workers=("worker1", "worker2"))
+        history = await populate(writer)
+        await populate_awkward(writer)
+        pages = {}
+        for stream in store_stream_registry(writer):
+            pages[stream.name] = (await stream.get_updates("master", 0, stream.current_token("master"), BIG)).updates
+        applied = {"token": [], "batch": []}
+        one = StoreReplicationHandler(by_token, on_applied=lambda *a: applied["token"].append(a))
+        many = StoreReplicationHandler(by_batch, on_applied=lambda *a: applied["batch"].append(a))
+        rng = random.Random(5)
+        for name, updates in pages.items():
+            grouped: list[tuple[int, list]] = []
+            for token, row in updates:
+                if grouped and grouped[-1][0] == token:
+                    grouped[-1][1].append(row)
+                else:
+                    grouped.append((token, [row]))
+            for token, rows in grouped:
+                one.on_rdata(name, "master", token, rows)
+            start = 0
+            while start < len(grouped):
+                end = start + rng.choice([1, 2, 5, 50])
+                many.on_rdata_batch(name, "master", grouped[start:end])
+                start = end
+        self.assertEqual(applied["batch"], applied["token"])
+        for name in STORE_STREAMS:
+            self.assertEqual(by_batch.stream(name).get_current_token(), by_token.stream(name).get_current_token())
+            self.assertEqual(by_batch.stream(name).get_current_token(), writer.stream(name).get_current_token())
+        rooms = {r[1][1] for _, r in pages["events"] if r[0] == "ev"}
+        users = {r[1][3] for _, r in pages["events"] if r[0] == "ev" and r[1][2] == "m.room.member"}
+        for since in range(0, writer.stream("events").get_current_token() + 1):
+            self.assertEqual(by_batch.room_changes.get_entities_changed(rooms, since),
+                             by_token.room_changes.get_entities_changed(rooms, since), since)
+            self.assertEqual(by_batch.membership_changes.get_entities_changed(users, since),
+                             by_token.membership_changes.get_entities_changed(users, since), since)
+        for worker in (by_token, by_batch):
+            self.assertEqual(await worker.get_rooms_for_user(BOB), frozenset([history["other"].room_id]))
+            self.assertEqual(await worker.get_rooms_for_user(ALICE), frozenset([history["room"].room_id,
+                                                                                "!awk\u00e9:example.org"]))
 
-        rng = random.Random(7)
-        for _ in range(500):
-            first = sorted((rng.randrange(20), ("ev", i)) for i in range(rng.randrange(30)))
-            second = sorted((rng.randrange(22), ("state", i)) for i in range(rng.randrange(6)))
-            expected = sorted(first + second, key=lambda item: item[0])
-            self.assertEqual(_merge_by_token(first, second), expected, (first, second))
+
+    async def test_a_batch_drops_what_its_rows_change(self):
+        writer, (worker,) = await open_pair(self)
+        room = RoomBuilder("!batch:example.org")
+        await writer.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE))])
+        self.assertEqual(await worker.get_rooms_for_user(BOB), frozenset())  # cached
+        before = writer.stream("events").get_current_token()
+        await writer.persist_events([room.to_persist(room.join(BOB))])
+        await writer.persist_events([room.to_persist(room.message(BOB, "hi"))])
+        stream = EventsStream(writer)
+        updates = (await stream.get_updates("master", before, stream.current_token("master"), BIG)).updates
+        grouped: dict[int, list] = {}
+        for token, row in updates:
+            grouped.setdefault(token, []).append(row)
+        self.assertEqual(await worker.get_rooms_for_user(BOB), frozenset())  # still the cached answer
+        StoreReplicationHandler(worker).on_rdata_batch("events", "master", sorted(grouped.items()))
+        self.assertEqual(await worker.get_rooms_for_user(BOB), frozenset([room.room_id]))
+        self.assertEqual(worker.stream("events").get_current_token(), stream.current_token("master"))
+        self.assertTrue(worker.room_changes.has_entity_changed(room.room_id, before))

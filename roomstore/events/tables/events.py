@@ -18,8 +18,16 @@ from __future__ import annotations
 from typing import Iterable, NamedTuple, Sequence
 
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import chunks, event_id_sql, event_nid_sql, join_event_ids, join_rooms
+from roomstore.storage.interning import (
+    chunks,
+    event_id_sql,
+    event_nid_sql,
+    join_event_ids,
+    join_rooms,
+    state_key_sql,
+)
 from roomstore.visibility.memberships import membership_of_sql
+from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
 
 EVENT_COLUMNS = (
     "event_nid", "room_nid", "type", "type_key_nid", "sender_nid", "depth", "topological_ordering",
@@ -335,36 +343,85 @@ def due_for_censoring_txn(txn: Transaction, cutoff_ts: int, limit: int) -> list[
 # of event_ids) into every page, so each page costs as much as the whole
 # history and a catch-up is quadratic. The range is a window of stream
 # orderings a few pages wide, widened while the page is short
-# (``stream_rows.event_rows_page_txn``): PostgreSQL without fresh statistics
+# (``stream_rows.stream_page_txn``): PostgreSQL without fresh statistics
 # estimates a handful of rows for any range and reads and sorts all of it, so
 # an open range would cost the whole rest of the stream for every page.
-EVENT_ROW_SQL = f"""
-SELECT {{token}},
+#
+# Columns: ``(token, kind, state type, state key, event_id, room_nid, type,
+# type_key_nid, redacts, membership code, rejected, outlier)``, kind 0 for
+# an event (state type and key NULL: sorting needs them for state rows
+# only), so that ``room_state.STATE_STREAM_ROWS`` can be its UNION partner.
+_REDACTS = (f"(SELECT ri.event_id FROM redactions AS red {join_event_ids('ri', 'red.redacts_event_nid')}"
+            " WHERE red.redaction_event_nid = e.event_nid)")
+
+#: (token, ORDER BY, range) of live events, whose tokens are stream
+#: orderings, and of backfilled events, whose tokens are minus their
+#: (negative) stream orderings; the range is written on the column itself so
+#: the index serves it.
+_PAGE_RANGES = {
+    True: ("e.stream_ordering", "e.stream_ordering", "e.stream_ordering > ? AND e.stream_ordering <= ?"),
+    False: ("-e.stream_ordering", "e.stream_ordering DESC",
+            "e.stream_ordering < 0 - CAST(? AS BIGINT) AND e.stream_ordering >= 0 - CAST(? AS BIGINT)"),
+}
+
+
+def _event_stream_rows(live: bool) -> str:
+    token, order, where = _PAGE_RANGES[live]
+    return f"""
+SELECT {token}, 0, NULL, NULL,
     {event_id_sql("e.event_nid")},
     e.room_nid,
     e.type,
     e.type_key_nid,
-    CASE WHEN e.type = ? THEN
-        (SELECT i.event_id FROM redactions AS red {join_event_ids("i", "red.redacts_event_nid")}
-         WHERE red.redaction_event_nid = e.event_nid)
-    END,
-    CASE WHEN e.type = ? THEN {membership_of_sql("e.event_nid")} END,
+    CASE WHEN e.type = 'm.room.redaction' THEN {_REDACTS} END,
+    CASE WHEN e.type = 'm.room.member' THEN {membership_of_sql("e.event_nid")} END,
     e.rejected_reason IS NOT NULL,
     e.outlier
 FROM events AS e
-WHERE e.instance_name = ? AND {{range}}
-ORDER BY {{order}}
+WHERE e.instance_name = ? AND {where}
+ORDER BY {order}
 LIMIT ?
 """
 
-# Live events: tokens are stream orderings.
-LIVE_EVENT_ROWS = EVENT_ROW_SQL.format(
-    token="e.stream_ordering", order="e.stream_ordering", range="e.stream_ordering > ? AND e.stream_ordering <= ?"
-)
-# Backfilled events: tokens are minus their (negative) stream orderings;
-# the range is written on the column itself so the index serves it.
-BACKFILL_EVENT_ROWS = EVENT_ROW_SQL.format(
-    token="-e.stream_ordering",
-    order="e.stream_ordering DESC",
-    range="e.stream_ordering < 0 - ? AND e.stream_ordering >= 0 - ?",
-)
+
+#: Live events (binds the instance, the range's two ends and the LIMIT).
+LIVE_EVENT_STREAM_ROWS = _event_stream_rows(True)
+#: Backfilled events (the same bindings).
+BACKFILL_EVENT_STREAM_ROWS = _event_stream_rows(False)
+
+
+def event_json_stream_rows_sql(engine, live: bool) -> str:
+    """``LIVE_EVENT_STREAM_ROWS`` (``live``) or ``BACKFILL_EVENT_STREAM_ROWS``
+    with each row written as its JSON text by the database (where
+    ``engine.json_in_sql``): columns ``(token, 0, NULL, NULL, row JSON)``,
+    the row in replication's layout (``roomstore.events.stream_rows``), so
+    that ``room_state.state_json_stream_rows_sql`` can be its UNION partner.
+    The same bindings. Room IDs and state keys are looked up here, per row
+    (an in-process lookup by key costs next to nothing)."""
+    token, order, where = _PAGE_RANGES[live]
+    membership = " ".join(f"WHEN {int(code)} THEN '{name}'" for code, name in sorted(MEMBERSHIP_BY_CODE.items()))
+    fields = [
+        ("text", "i.event_id"),
+        ("text", "r.room_id"),
+        ("text", "e.type"),
+        ("text", f"CASE WHEN e.type_key_nid IS NOT NULL THEN {state_key_sql('e.type_key_nid')} END"),
+        ("text", f"CASE WHEN e.type = 'm.room.redaction' THEN {_REDACTS} END"),
+        ("text", "NULL"),
+    ]
+    if live:
+        fields += [
+            ("text", f"CASE WHEN e.type = 'm.room.member' THEN CASE {membership_of_sql('e.event_nid')}"
+                     f" {membership} END END"),
+            ("bool", "e.rejected_reason IS NOT NULL"),
+            ("bool", "e.outlier"),
+        ]
+        row = engine.json_array_sql([("text", "'ev'"), ("array", engine.json_array_sql(fields))])
+    else:
+        row = engine.json_array_sql(fields)
+    return f"""
+SELECT {token}, 0, NULL, NULL, {row}
+FROM events AS e {join_event_ids("i", "e.event_nid")} {join_rooms("r", "e.room_nid")}
+WHERE e.instance_name = ? AND {where}
+ORDER BY {order}
+LIMIT ?
+"""

@@ -130,20 +130,32 @@ def current_state_txn(txn: Transaction, room_nid: int, keys: Sequence[int] | Non
     return state
 
 
-STATE_ROW_SQL = (
-    "SELECT d.stream_ordering, r.room_id, k.type, k.state_key,"
-    f" {event_id_sql('d.event_nid')}"
-    f" FROM current_state_deltas AS d {join_rooms('r', 'd.room_nid')}"
-    f" {join_state_keys('k', 'd.type_key_nid')}"
+#: An instance's current-state changes in a range of tokens (binds the
+#: instance and the range's two ends), as ``(token, 1, type, state_key,
+#: event_id or None, room_nid)`` and NULLs: the UNION partner of
+#: ``events.LIVE_EVENT_STREAM_ROWS`` (same columns).
+STATE_STREAM_ROWS = (
+    f"SELECT d.stream_ordering, 1, k.type, k.state_key, {event_id_sql('d.event_nid')}, d.room_nid,"
+    " NULL, NULL, NULL, NULL, NULL, NULL"
+    f" FROM current_state_deltas AS d {join_state_keys('k', 'd.type_key_nid')}"
     " WHERE d.instance_name = ? AND d.stream_ordering > ? AND d.stream_ordering <= ?"
-    " ORDER BY d.stream_ordering, k.type, k.state_key"
 )
 
 
-def state_rows_txn(txn: Transaction, instance: str, from_token: int, upto: int) -> list[tuple]:
-    """``(token, room_id, type, state_key, event_id or None)`` of ``instance``'s
-    current-state changes with ``from_token < token <= upto``, in token order."""
-    return txn.execute(STATE_ROW_SQL, (instance, from_token, upto)).fetchall()
+def state_json_stream_rows_sql(engine) -> str:
+    """``STATE_STREAM_ROWS`` with each row written as its JSON text by the
+    database (where ``engine.json_in_sql``), ``["state", [room_id, type,
+    state_key, event_id or null]]``: columns ``(token, 1, type, state_key,
+    row JSON)``, the UNION partner of ``events.event_json_stream_rows_sql``.
+    The same bindings."""
+    row = engine.json_array_sql([("text", "'state'"), ("array", engine.json_array_sql([
+        ("text", "r.room_id"), ("text", "k.type"), ("text", "k.state_key"), ("text", event_id_sql("d.event_nid")),
+    ]))])
+    return (
+        f"SELECT d.stream_ordering, 1, k.type, k.state_key, {row}"
+        f" FROM current_state_deltas AS d {join_rooms('r', 'd.room_nid')} {join_state_keys('k', 'd.type_key_nid')}"
+        " WHERE d.instance_name = ? AND d.stream_ordering > ? AND d.stream_ordering <= ?"
+    )
 
 
 # ---------------------------------------------------------------------- current memberships

@@ -1,0 +1,222 @@
+"""A worker's reads of many RDATA lines at once.
+
+``parse_rdata_lines`` parses a run of lines in one go and the follower applies
+a run's tokens in one call (``on_rdata_batch``); whatever the chunking of the
+bytes, the outcome must be the line-by-line path's: the same rows applied per
+token in the same order, the same positions, the same ERRORs, the same
+closing. Seeded fuzzing compares the two paths on random scripts.
+"""
+
+from __future__ import annotations
+
+import random
+
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.trial import unittest
+
+from roomstore.replication import InMemoryStream, ReplicationClientFactory, ReplicationConfig, StreamRegistry
+from roomstore.replication.commands import RdataCommand, parse_rdata_fields, serialize_command
+from roomstore.replication.wire import parse_rdata_lines
+
+from .test_fuzz import SEED, _mutate
+from .utils import RecordingHandler, written
+
+
+def plain_line(stream: str, writer: str, token: int | None, row) -> str:
+    return serialize_command(RdataCommand(stream, writer, token, row))
+
+
+class ParseRunsTests(unittest.TestCase):
+    def test_plain_lines_give_every_line_fields(self) -> None:
+        lines = [
+            plain_line("events", "master", None, ("ev", ["$a", "!r", "t", None, None, None, None, False, False])),
+            plain_line("events", "master", 7, ("state", ["!r", "t", "k\u00e9 \"\\", None])),
+            plain_line("caches", "w\u00f6rker", 12, ("c", None, 5)),
+            'RDATA events master 0070 [1.5,-2,{"a":[]},"x"]',
+        ]
+        streams, instances, tokens, rows = parse_rdata_lines(lines)
+        self.assertEqual(list(zip(streams, instances, tokens, rows)), [parse_rdata_fields(line) for line in lines])
+        self.assertEqual(tokens, [None, 7, 12, 70])
+        self.assertIs(type(rows[0]), list)
+
+    def test_any_line_not_plain_gives_none(self) -> None:
+        good = 'RDATA events master 1 ["a"]'
+        for bad in (
+            'RDATA events master 1 ["a"] ',  # whitespace after the row (valid, not plain)
+            'RDATA events master 1 ["\u00e9"]',  # a non-ASCII row (valid, not plain)
+            'RDATA events master 1 [NaN]',
+            'RDATA events master 1 [1e999]',
+            'RDATA events master -1 ["a"]',
+            'RDATA events master 1x ["a"]',
+            "RDATA events master 123456789012345678901 [1]",
+            'RDATA events master  ["a"]',
+            'RDATA  master 1 ["a"]',
+            "RDATA ev\x01ents master 1 [1]",
+            'RDATA events master 1 ["a"]\r',
+            'RDATA events master 1 ["a"',
+            'RDATA events master 1 ["a"]]',
+            "RDATA events master 1",
+            "POSITION events master 1 2",
+            "",
+        ):
+            with self.subTest(bad=bad):
+                self.assertIsNone(parse_rdata_lines([good, bad, good]))
+        self.assertIsNone(parse_rdata_lines([]))
+
+    def test_runs_agree_with_the_line_parser(self) -> None:
+        """Random runs of written, mutated and made-up lines: a run that
+        parses gives exactly each line's ``parse_rdata_fields``; a run of
+        lines our encoder writes always parses."""
+        rng = random.Random(SEED + 2)
+        words = ["events", "caches", "backfill", "master", "w1"]
+        parsed = 0
+        for _ in range(3000):
+            lines = []
+            for _ in range(rng.randint(1, 6)):
+                row = [rng.choice(["ev", "x", None, True, 1, -2.5, "\u00e9\"\\\n"]) for _ in range(rng.randint(0, 4))]
+                line = plain_line(rng.choice(words), rng.choice(words), rng.choice([None, rng.randrange(10**6)]), row)
+                if rng.random() < 0.1:
+                    line = _mutate(rng, line.encode()).decode("utf-8", "replace").split("\n")[0]
+                lines.append(line)
+            run = parse_rdata_lines(lines)
+            fields = [parse_rdata_fields(line) for line in lines]
+            if run is None:
+                written_plain = all(f is not None and line == plain_line(*f) for f, line in zip(fields, lines))
+                self.assertFalse(written_plain, lines)
+            else:
+                parsed += 1
+                self.assertEqual(list(zip(*run)), fields, lines)
+        self.assertGreater(parsed, 1000)
+
+
+class BatchRecordingHandler(RecordingHandler):
+    """Records as ``RecordingHandler`` does, taking a read's tokens in one
+    call (``on_rdata_batch``), as the store's handler does."""
+
+    def __init__(self, streams: StreamRegistry) -> None:
+        super().__init__(streams)
+        self.batch_calls = 0
+
+    def on_rdata_batch(self, stream_name, instance_name, updates) -> None:
+        self.batch_calls += 1
+        tokens = [token for token, _ in updates]
+        assert tokens == sorted(set(tokens)), tokens
+        for token, rows in updates:
+            self.on_rdata(stream_name, instance_name, token, rows)
+
+
+def _registry() -> StreamRegistry:
+    """What a POSITION ahead of the worker makes it fetch: some rows in
+    memory per stream and writer (read at once: no Deferred waits)."""
+    streams = []
+    for name in ("events", "caches"):
+        stream = InMemoryStream(name, writers=["master", "w1"])
+        for writer in ("master", "w1"):
+            for token in range(1, 400, 7):
+                stream.append(writer, token, (name, writer, token, "fetched"))
+        streams.append(stream)
+    return StreamRegistry(streams)
+
+
+def _client(handler, batches: bool):
+    factory = ReplicationClientFactory(handler, "worker1", "hs", clock=Clock(),
+                                       config=ReplicationConfig(max_batch_rows=6))
+    for name in ("events", "caches"):
+        for writer in ("master", "w1"):
+            factory.positions.set(name, writer, 0)
+    protocol = factory.buildProtocol(None)
+    if not batches:
+        protocol._on_rdata_run = None  # line by line, as before runs
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    protocol.dataReceived(b"SERVER hs\nPING 0\n")
+    transport.clear()
+    return factory, protocol, transport
+
+
+def _script(rng: random.Random) -> list[bytes]:
+    """Lines a server (or a confused one) might send a worker."""
+    tokens = {(s, w): 0 for s in ("events", "caches", "typing") for w in ("master", "w1")}
+    lines: list[bytes] = []
+    for _ in range(rng.randint(1, 120)):
+        stream, writer = rng.choice(list(tokens))
+        roll = rng.random()
+        if roll < 0.6:
+            step = rng.choice([1, 1, 1, 2, 0, -3])  # mostly forward; replays and repeats too
+            token = max(1, tokens[(stream, writer)] + step)
+            tokens[(stream, writer)] = max(tokens[(stream, writer)], token)
+            for _ in range(rng.choice([0, 0, 0, 1, 2, 7])):  # a batch, sometimes too long
+                lines.append(plain_line(stream, writer, None, [stream, rng.random()]).encode())
+            lines.append(plain_line(stream, writer, token, [stream, token, "\u00e9" * rng.randint(0, 1)]).encode())
+        elif roll < 0.7:
+            lines.append(_mutate(rng, plain_line(stream, writer, 5, ["x"]).encode()).split(b"\n")[0])
+        elif roll < 0.8:
+            position = tokens[(stream, writer)]
+            new = position + rng.choice([0, 3, 10])
+            prev = rng.choice([position, new])
+            tokens[(stream, writer)] = new
+            lines.append(f"POSITION {stream} {writer} {prev} {new}".encode())
+        elif roll < 0.9:
+            lines.append(rng.choice([b"PING 1", b"", b"REMOTE_SERVER_UP hs2", b"NONSENSE", b"\xff\xfe"]))
+        else:
+            lines.append(plain_line(stream, writer, tokens[(stream, writer)], ["again"]).encode() + b"\r")
+    return lines
+
+
+class ChunkingTests(unittest.TestCase):
+    def test_any_chunking_applies_what_line_by_line_applies(self) -> None:
+        rng = random.Random(SEED + 3)
+        batched_calls = 0
+        for case in range(300):
+            lines = _script(rng)
+            data = b"".join(line + b"\n" for line in lines)
+            one, many = BatchRecordingHandler(_registry()), RecordingHandler(_registry())
+            factory_one, protocol_one, transport_one = _client(one, batches=True)
+            factory_many, protocol_many, transport_many = _client(many, batches=False)
+            offset = 0
+            while offset < len(data):
+                size = rng.choice([1, 7, 64, 500, 4096, len(data)])
+                protocol_one.dataReceived(data[offset:offset + size])
+                offset += size
+            for line in lines:
+                protocol_many.dataReceived(line + b"\n")
+            context = f"case {case}: {lines!r}"
+            self.assertEqual(one.rdata, many.rdata, context)
+            self.assertEqual(one.positions, many.positions, context)
+            self.assertEqual(sorted(factory_one.positions.items()), sorted(factory_many.positions.items()), context)
+            self.assertEqual(written(transport_one), written(transport_many), context)
+            self.assertEqual(protocol_one.is_open, protocol_many.is_open, context)
+            batched_calls += one.batch_calls
+        self.assertGreater(batched_calls, 300)
+
+    def test_a_page_is_applied_in_one_call(self) -> None:
+        handler = BatchRecordingHandler(_registry())
+        factory, protocol, _ = _client(handler, batches=True)
+        lines = [plain_line("events", "master", token, ["e", token]) for token in range(1, 501)]
+        lines.insert(100, plain_line("events", "master", None, ["batch row"]))
+        protocol.dataReceived("".join(line + "\n" for line in lines).encode())
+        self.assertEqual(handler.batch_calls, 1)
+        self.assertEqual([token for _, _, token, _ in handler.rdata], list(range(1, 501)))
+        self.assertEqual(handler.rdata[100][3], [("batch row",), ("e", 101)])
+        self.assertEqual(factory.positions.get("events", "master"), 500)
+
+    def test_a_failing_batch_is_applied_token_by_token(self) -> None:
+        """One bad row costs only its token, as line by line (the tokens
+        before it in the failed call are applied again: applying is
+        idempotent)."""
+
+        class Picky(BatchRecordingHandler):
+            def on_rdata(self, stream_name, instance_name, token, rows):
+                if token == 3:
+                    raise ValueError("bad row")
+                super().on_rdata(stream_name, instance_name, token, rows)
+
+        handler = Picky(_registry())
+        factory, protocol, _ = _client(handler, batches=True)
+        protocol.dataReceived("".join(plain_line("events", "master", t, ["e", t]) + "\n" for t in range(1, 6)).encode())
+        self.flushLoggedErrors(ValueError)
+        self.assertEqual([token for _, _, token, _ in handler.rdata], [1, 2, 1, 2, 4, 5])
+        self.assertEqual(factory.positions.get("events", "master"), 5)
+        self.assertTrue(protocol.is_open)
+
