@@ -137,7 +137,8 @@ class SynapseTables(StateTables):
             (sql.STAGED_DELTAS, sql.STAGED_DELTA_COLUMNS, delta_rows),
         ):
             if rows:
-                db.engine.insert_rows(cur, table, columns, rows, "", "")
+                # COPY: the staged rows are new (the chunk's earlier copy was deleted first).
+                db.engine.copy_rows(cur, table, columns, rows)
 
     def swap(self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool) -> Tuple[Any, int, int]:
         """Inside the writer's transaction (after its lock-row check):
