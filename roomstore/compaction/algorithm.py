@@ -179,7 +179,7 @@ class StreamingCompactor:
       processed, the diff against it of at most ``window`` recent groups plus
       the ``len(levels)`` level heads and ``retired * (len(levels) - 1)`` past
       heads, and a few integers per such group.
-      Memory is therefore ``O(chunk + state size + (window + levels) * diff)``,
+      Memory is therefore ``O(chunk + state size + (window + levels * (1 + retired)) * diff)``,
       never proportional to the room.
     * A group's *original* predecessor must be available to compute its full
       state. It is looked up in the carried groups, then in the current chunk,
