@@ -415,7 +415,8 @@ async def parse_rows(reactor, new_url, events: int) -> list:
         await store.close()
 
 
-def parse_section(rows: list, count: int, runs: int) -> None:
+def parse_section(rows: list, count: int, runs: int) -> float | None:
+    """Print section 0; return Synapse's median lines/s (None without Synapse)."""
     import gc
 
     from roomstore.replication.commands import parse_command_from_line as ours
@@ -476,6 +477,7 @@ def parse_section(rows: list, count: int, runs: int) -> None:
         print_profile(f"{name} parse_command_from_line, {len(lines)} lines", profiler, top=8)
     print("  (cProfile does not time the C JSON scanner roomstore calls directly: it is in _rdata's own time; "
           "Synapse's goes through json.decoder's decode/raw_decode)")
+    return statistics.median(rates["synapse 1.163"]) if "synapse 1.163" in rates else None
 
 
 # ---------------------------------------------------------------- 5. breakdown
@@ -1067,11 +1069,13 @@ def print_profile(title: str, stats_source, top: int = 14) -> None:
 async def main(reactor, args) -> None:
     databases = bench_databases()
     profiles: list = []
+    synapse_rate = None
     if "parse" in args.sections:
         print(f"\n0. Parsing: parse_command_from_line on the same {args.parse_lines:,} events RDATA lines (the rows "
               f"EventsStream sends for {args.events:,} persisted events, repeated with later tokens); interleaved "
               f"runs, median of {args.runs}\n")
-        parse_section(await parse_rows(reactor, databases[0][1], args.events), args.parse_lines, max(args.runs, 5))
+        synapse_rate = parse_section(await parse_rows(reactor, databases[0][1], args.events), args.parse_lines,
+                                     max(args.runs, 5))
     if "catchup" in args.sections:
         print(f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
               f"loopback TCP (database pages, RDATA, parse, apply); median of {args.runs} runs\n")
@@ -1079,9 +1083,16 @@ async def main(reactor, args) -> None:
         for engine, new_url in databases:
             rows += await throughput(reactor, engine, new_url, args.events, args.runs, args.page_sizes,
                                      args.profile, profiles, args.read_ahead)
-        print_table(["engine", "page size", "read-ahead", "events", "RDATA lines", "tokens", "median s", "median lines/s",
-                     "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s",
-                      "worker reads", "KiB/read", "worker wake-ups", "server wake-ups"], rows)
+        headers = ["engine", "page size", "read-ahead", "events", "RDATA lines", "tokens", "median s", "median lines/s",
+                   "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s",
+                   "worker reads", "KiB/read", "worker wake-ups", "server wake-ups"]
+        if synapse_rate:
+            # The goal's ratio: catch-up at the worker over Synapse's parser
+            # alone on the same lines (section 0 of this run).
+            headers.insert(8, "/ synapse parse")
+            for row in rows:
+                row.insert(8, f"{row[7] / synapse_rate:.2f}x")
+        print_table(headers, rows)
         print("  (lines/s: wall clock at the worker; lines per CPU second of the worker process and of the "
               "server process (its database threads included; PostgreSQL's own process not), which the load "
               "of other processes on the machine does not inflate; reads: the worker's dataReceived calls; "
