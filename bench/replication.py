@@ -44,7 +44,9 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    writer's persisted positions when it connects, and any gap a POSITION
    shows), the wall time from its first applied token to its events and
    caches positions reaching the writer's (the same clock for both) and its
-   ratio to TCP's, rows/s; median of R runs.
+   ratio to TCP's, rows/s; median of R runs. Both workers read the database
+   in pages of the default size, the TCP server's (500 before issue 27's
+   item 5).
 
 2. Congestion: while the writer persists N events, a client that never reads
    its socket (small receive buffer; it keeps sending PINGs so only the
@@ -740,20 +742,25 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
     store = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}), reactor=reactor)
     try:
         first: list[float] = []
+        first_cpu: list[float] = []
         counted = [0]
 
         def applied(stream, instance, token, rows):
             if not first:
                 first.append(time.perf_counter())
+                first_cpu.append(time.process_time())
             counted[0] += len(rows)
 
         handler = StoreReplicationHandler(store, on_applied=applied)
         positions = StreamPositions()
         for stream in STREAMS:
             positions.set(stream, "master", 0)
+        # Pages of the default size (the TCP server's here), so that each
+        # transport reads the database in pages of the same size.
+        page_size = ReplicationConfig().page_size
         if transport == "tcp":
             factory = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor,
-                                               config=ReplicationConfig(page_size=500))
+                                               config=ReplicationConfig(page_size=page_size))
             factory.positions = positions
             reactor.connectTCP("127.0.0.1", int(address), factory)
             stop = factory.stop
@@ -762,7 +769,7 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
             from roomstore.replication.redis import RedisReplication, parse_redis_url
 
             redis = RedisReplication(store, parse_redis_url(address), "bench", reactor=reactor, handler=handler,
-                                     positions=positions, page_size=500)
+                                     positions=positions, page_size=page_size)
             redis.start()
             await redis.when_ready()
             print("READY", flush=True)
@@ -774,7 +781,8 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
         result = stop()
         if isinstance(result, defer.Deferred) or hasattr(result, "__await__"):
             await result
-        print(json.dumps({"seconds": done - first[0], "rdata": rdata, "rows": counted[0]}), flush=True)
+        cpu = time.process_time() - first_cpu[0]
+        print(json.dumps({"seconds": done - first[0], "cpu": cpu, "rdata": rdata, "rows": counted[0]}), flush=True)
     finally:
         await store.close()
 
@@ -827,7 +835,8 @@ async def transports(reactor, new_url, events: int, runs: int) -> list[list]:
     for transport, got in samples.items():
         rates = sorted(s["rows"] / s["seconds"] for s in got)
         rows.append([transport, targets["events"], int(got[0]["rdata"]), int(got[0]["rows"]), medians[transport],
-                     f"{medians[transport] / medians['tcp']:.2f}x", statistics.median(rates), rates[0], rates[-1]])
+                     f"{medians[transport] / medians['tcp']:.2f}x", statistics.median(rates), rates[0], rates[-1],
+                     statistics.median(s["rows"] / s["cpu"] for s in got)])
     return rows
 
 
@@ -1131,7 +1140,7 @@ async def main(reactor, args) -> None:
         for engine, new_url in databases:
             rows += [[engine, *row] for row in await transports(reactor, new_url, args.events, args.runs)]
         print_table(["engine", "transport", "events", "RDATA lines", "rows applied", "median s", "s / TCP's",
-                     "median rows/s", "min rows/s", "max rows/s"], rows)
+                     "median rows/s", "min rows/s", "max rows/s", "rows/worker CPU s"], rows)
         print("  (rows applied: by the worker, from RDATA lines or read from the database; a Redis worker fills what "
               "it missed from the shared database itself, as it does for the rows a writer persisted before it "
               "connected: RDATA lines count only the rows that came over Redis)")

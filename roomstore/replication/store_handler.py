@@ -77,8 +77,9 @@ class StoreReplicationHandler(ReplicationClientHandler):
     def on_rdata_batch(self, stream_name: str, instance_name: str, updates: list[tuple[int, list]]) -> None:
         """``on_rdata`` for many tokens at once (``updates``: ``(token,
         rows)``, in token order): every row's caches dropped, then the
-        stream's generator advanced once, to the last token, then
-        ``on_applied`` for each token."""
+        stream's generator advanced once, to the last token; with
+        ``on_applied``, advanced to each token in turn and ``on_applied``
+        called after each."""
         if stream_name == "events":
             events = [(token, data[1], data[2], data[3], data[4])
                       for token, rows in updates for kind, data in rows if kind == "ev"]
@@ -100,10 +101,14 @@ class StoreReplicationHandler(ReplicationClientHandler):
                     self._apply_invalidation(row[0], row[1])
         else:
             return
-        self._advance(stream_name, instance_name, updates[-1][0])
-        if self.on_applied is not None:
-            for token, rows in updates:
-                self.on_applied(stream_name, instance_name, token, rows)
+        if self.on_applied is None:
+            self._advance(stream_name, instance_name, updates[-1][0])
+            return
+        # Each token's position, then its on_applied: what on_applied sees
+        # (the position, for one) is as after that token alone.
+        for token, rows in updates:
+            self._advance(stream_name, instance_name, token)
+            self.on_applied(stream_name, instance_name, token, rows)
 
     def on_position(self, stream_name: str, instance_name: str, prev_token: int, new_token: int) -> None:
         if stream_name in STORE_STREAMS:
