@@ -1,6 +1,15 @@
 """Event store figures on SQLite and PostgreSQL, side by side.
 
 usage: bench/with-postgres .venv/bin/python bench/event_store.py [--size small|large] [--runs R] [--sections abcdef]
+       [--in-flight K] [--validation-processes N] [--switch-interval-ms MS]
+
+The writer in (a) and (f) is driven with K ``persist_events`` calls in flight
+(default 1: each awaited before the next; more: a homeserver's writer with
+several batches queued, the next validated while one is written) and the
+store's ``validation_processes`` (default: the store's own default); the
+first line printed says which, with the interpreter's switch interval and
+the load average. With PYTHONPATH set to an older checkout the same file
+measures that code (K = 1 and the defaults only).
 
 (a) Persist throughput: events/s through ``persist_events`` in batches of 100
     (a linear room: 90% messages, 5% topic changes, 5% joins), against a raw
@@ -40,7 +49,10 @@ usage: bench/with-postgres .venv/bin/python bench/event_store.py [--size small|l
     on the same reactor asks to run every millisecond and records how late
     each call fires; p50, p99 and max lateness per engine (median over the
     runs), beside the probe alone on an idle reactor. Work done on the
-    reactor thread (validation, hashing, canonical JSON) shows up here.
+    reactor thread shows up here, and so does Python another thread of the
+    process runs meanwhile (validation, the transaction's own code): the
+    reactor waits for the GIL up to the switch interval each time it needs
+    it back. ``--size large`` imports 50,000 events.
 (e) Sync cost: database statements issued by ``sync`` for a user in 20 rooms
     when nothing changed since the token, and when k of the rooms changed
     (k = 1, 5, 20), counted with ``Database.query_count``, with the time of
@@ -53,6 +65,7 @@ measured once. ``--size small`` keeps the whole run to a few minutes.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import statistics
@@ -79,6 +92,37 @@ SIZES = {
     "large": {"persist_events": 10_000, "runs": 5, "lookup_runs": 9, "members": 10_000, "messages": 10_000,
               "lateness_events": 50_000},
 }
+
+
+#: How the writer is driven in (a) and (f) (``--in-flight``, ``--validation-processes``).
+WRITER = {"in_flight": 1, "validation_processes": None}
+
+
+async def open_writer(url: str) -> RoomStore:
+    """A store for (a) and (f), with ``--validation-processes`` if given (an
+    older checkout, without that setting, takes the default only)."""
+    if WRITER["validation_processes"] is None:
+        return await RoomStore.open(url)
+    return await RoomStore.open(url, StoreConfig(validation_processes=WRITER["validation_processes"]))
+
+
+async def persist_all(store: RoomStore, events) -> None:
+    """``events`` persisted in batches of ``BATCH``, ``--in-flight`` calls at
+    a time (1: each awaited before the next, as any version allows; more:
+    the next batches given while earlier ones are written, which the writer
+    orders as it was called)."""
+    parts = list(chunks(events, BATCH))
+    if WRITER["in_flight"] <= 1:
+        for part in parts:
+            await store.persist_events(part)
+        return
+    pending: list = []
+    for part in parts:
+        pending.append(defer.ensureDeferred(store.persist_events(part)))
+        if len(pending) >= WRITER["in_flight"]:
+            await pending.pop(0)
+    for waiting in pending:
+        await waiting
 
 
 def realistic_room_id(rng: random.Random) -> str:
@@ -235,14 +279,13 @@ async def persist_run(url: str, setup, events) -> tuple[float, float, float, int
     """(persist_events events/s, raw INSERT events/s of events+json+edges, raw
     INSERT events/s of every row written, rows written, the same with each
     batch's INSERTs in one round trip) on a fresh database."""
-    store = await RoomStore.open(url)
+    store = await open_writer(url)
     try:
         await store.persist_events(setup)
         await store.db.run_interaction("snapshot", _snapshot_tables_txn)
         first_stream = store.events_stream.get_current_token() + 1
         start = time.perf_counter()
-        for part in chunks(events, BATCH):
-            await store.persist_events(part)
+        await persist_all(store, events)
         persist_rate = len(events) / (time.perf_counter() - start)
         for gen in store.generators.values():
             await gen.flush()
@@ -570,14 +613,13 @@ class LatenessProbe:
 
 
 async def lateness_run(reactor, url: str, setup, events) -> dict[str, float]:
-    store = await RoomStore.open(url)
+    store = await open_writer(url)
     try:
         await store.persist_events(setup)
         probe = LatenessProbe(reactor)
         probe.start()
         start = time.perf_counter()
-        for part in chunks(events, BATCH):
-            await store.persist_events(part)
+        await persist_all(store, events)
         rate = len(events) / (time.perf_counter() - start)
         figures = probe.stop()
     finally:
@@ -619,7 +661,10 @@ async def main(reactor, args) -> None:
         size["runs"] = size["lookup_runs"] = args.runs
     engines = bench_databases()
     started = time.perf_counter()
-    print(f"bench/event_store.py --size {args.size}: engines {', '.join(e for e, _ in engines)}")
+    print(f"bench/event_store.py --size {args.size}: engines {', '.join(e for e, _ in engines)}; writer: "
+          f"{WRITER['in_flight']} call(s) in flight, validation_processes="
+          f"{'default' if WRITER['validation_processes'] is None else WRITER['validation_processes']}, "
+          f"switch interval {sys.getswitchinterval() * 1000:g} ms; load average {os.getloadavg()[0]:.2f}")
     if "a" in args.sections:
         await section_a(engines, size)
     if "b" in args.sections:
@@ -638,7 +683,18 @@ if __name__ == "__main__":
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--runs", type=int, default=0, help="override the number of timed runs (>= 3)")
     parser.add_argument("--sections", default="abcdef", help="which sections to run, e.g. 'a' (default: all)")
+    parser.add_argument("--in-flight", type=int, default=1,
+                        help="(a), (f): persist_events calls in flight at once (default 1: each awaited)")
+    parser.add_argument("--validation-processes", type=int, default=None,
+                        help="(a), (f): StoreConfig.validation_processes (default: the store's own default)")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="sys.setswitchinterval for the run, in ms (default: the interpreter's, 5 ms)")
     args = parser.parse_args()
+    if args.in_flight < 1:
+        parser.error("--in-flight must be at least 1")
+    WRITER.update(in_flight=args.in_flight, validation_processes=args.validation_processes)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     if not set(args.sections) <= set("abcdef"):
         parser.error("--sections takes letters among a, b, c, d, e, f")
     if args.runs and args.runs < 3:

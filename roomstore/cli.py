@@ -557,6 +557,11 @@ def main(argv: list[str] | None = None) -> None:
         except CliError as exc:
             sys.stderr.write(f"roomstore {args.command}: {exc}\n")
             code = 2
+        except BrokenPipeError:
+            # The reader left (``roomstore stats | head``): leave quietly, as
+            # Unix tools do (128 + SIGPIPE), with nothing left to flush at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            code = 141
         except Exception as exc:
             # Errors the store raises for bad input carry a clear message.
             from roomstore.events.tokens import InvalidToken

@@ -19,12 +19,13 @@ from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from roomstore.events.batch import EventToPersist, PersistedEvent, is_orphan, peek_room_version, prepare_events
+from roomstore.events.batch import EventToPersist, PersistedEvent, is_orphan, peek_room_version
 from roomstore.events.caches import StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
 from roomstore.events.federation import FederationReader
 from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
+from roomstore.events.pipeline import BatchValidator, WriteTurns
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader
@@ -81,6 +82,12 @@ class StoreConfig:
     #: a live writer (the read commands). Otherwise a process writing a
     #: stream holds its instance's writer lock (``storage.writer_lock``).
     read_only: bool = False
+    #: Worker processes that validate ``persist_events``' batches of 25
+    #: events or more, on other cores (``events/pipeline.py``); 0: the
+    #: validator's one thread validates every batch (no child processes).
+    #: Opt-in: on this project's 2-core machines they cost more than they
+    #: saved (``bench/event_store.py --validation-processes``; CHANGES.md).
+    validation_processes: int = 0
 
     def writes_anything(self) -> bool:
         """Whether this process is a writer of any built-in stream."""
@@ -112,6 +119,9 @@ class RoomStore:
         self.persister = EventPersister(
             self.interners, self.state_groups, self.visibility, config.instance_name, self.clock
         )
+        # Batches validated off the reactor, written in call order (events/pipeline.py).
+        self.validator = BatchValidator(db.reactor, config.validation_processes)
+        self._write_turns = WriteTurns()
         position = self.events_stream.get_current_token()
         # Which rooms had new events, whose membership changed, since a position.
         self.room_changes = StreamChangeCache("room_events", position, config.change_cache_size)
@@ -219,6 +229,7 @@ class RoomStore:
         writer_lock, self._writer_lock = getattr(self, "_writer_lock", None), None
         if writer_lock is not None:
             await writer_lock.release()
+        await self.validator.close()
         if getattr(self, "_owns_db", False):
             await self.db.close()
 
@@ -250,8 +261,26 @@ class RoomStore:
         if not events:
             return []
         self.check_writer_lock()
-        known_versions = await self._known_room_versions(events)
-        prepared = prepare_events(events, known_versions, refuse_hash_mismatch, verify_keys)
+        turn = self._write_turns.take()
+        try:
+            return await self._persist_in_turn(turn, events, resolved_current_state, refuse_hash_mismatch, verify_keys)
+        finally:
+            turn.done()
+
+    async def _persist_in_turn(self, turn, events, resolved_current_state, refuse_hash_mismatch, verify_keys):
+        """``persist_events``: validated while earlier calls write, written in its turn."""
+        known_versions, unknown = await self._known_room_versions(events)
+        if unknown and turn.earlier_in_flight():
+            # An earlier call may be storing the room's create event.
+            await turn.ready()
+            known_versions, unknown = await self._known_room_versions(events)
+        prepared = await self.validator.prepare(
+            events, known_versions, refuse_hash_mismatch, verify_keys, self_contained=not unknown
+        )
+        # Every earlier call's writes are done from here on: this batch's
+        # prev events among them are stored, as if the calls had waited.
+        await turn.ready()
+        self.check_writer_lock()
         await self._refuse_orphans(prepared, known_versions)
         # An event given twice is stored once: the later copies report it as
         # already persisted, and only the first gets a stream ID.
@@ -332,14 +361,16 @@ class RoomStore:
         """The store clock's now, in milliseconds (the timestamps it writes)."""
         return int(self.clock.seconds() * 1000)
 
-    async def _known_room_versions(self, events: Sequence[EventToPersist]) -> dict[str, str]:
+    async def _known_room_versions(self, events: Sequence[EventToPersist]) -> tuple[dict[str, str], bool]:
+        """(room_id -> stored version of the rooms the events need, whether any is unknown)."""
         rooms = set()
         for ev in events:
             if isinstance(ev, EventToPersist) and ev.room_version is None:
                 room_id, event_type, _ = peek_room_version(ev.raw)
                 if room_id and event_type != "m.room.create":
                     rooms.add(room_id)
-        return await self._room_versions(sorted(rooms))
+        known = await self._room_versions(sorted(rooms))
+        return known, len(known) < len(rooms)
 
     async def _room_versions(self, room_ids: Sequence[str]) -> dict[str, str]:
         """room_id -> version of the rooms among ``room_ids`` with a stored create event."""

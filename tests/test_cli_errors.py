@@ -98,3 +98,24 @@ class OneLineErrorTests(unittest.TestCase):
         ):
             proc = await threads.deferToThread(run, [COMPACT, "--db", url])
             self.assert_one_line(proc, "roomstore-compact:", wanted)
+
+
+class ClosedPipeTests(unittest.TestCase):
+    async def test_a_reader_that_leaves_early_ends_the_command_quietly(self):
+        """``roomstore stats | head -1``: no BrokenPipeError line, the exit code of a tool killed by SIGPIPE."""
+        directory = tempfile.mkdtemp(prefix="roomstore-pipe-")
+        url = f"sqlite:///{os.path.join(directory, 'store.db')}"
+        self.assertEqual((await threads.deferToThread(roomstore, "import", SAMPLE_PATH, "--db", url)).returncode, 0)
+
+        def stats_into_a_closed_pipe() -> tuple[int, str]:
+            read_end, write_end = os.pipe()
+            os.close(read_end)  # the reader is gone before anything is written
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+            proc = subprocess.run([sys.executable, "-m", "roomstore.cli", "stats", "--db", url], stdout=write_end,
+                                  stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+            os.close(write_end)
+            return proc.returncode, proc.stderr
+
+        code, err = await threads.deferToThread(stats_into_a_closed_pipe)
+        self.assertEqual(err, "")
+        self.assertEqual(code, 141)

@@ -16,6 +16,7 @@ Typical use::
 
 from roomstore.compaction.algorithm import (
     DEFAULT_LEVELS,
+    DEFAULT_RETIRED,
     DEFAULT_WINDOW,
     RoomCompaction,
     StreamingCompactor,
@@ -45,6 +46,7 @@ from roomstore.compaction.states import (
 
 __all__ = [
     "DEFAULT_LEVELS",
+    "DEFAULT_RETIRED",
     "DEFAULT_WINDOW",
     "CompactionPlan",
     "MissingPredecessorError",

@@ -17,8 +17,9 @@ Two strategies, both walking a room's groups in ascending id order:
 
 ``smart``
     Runs the same levels bookkeeping as a skeleton, then, for each group,
-    picks among a window of recent groups, the level heads and "no
-    predecessor" the base giving the smallest delta, within a depth budget:
+    picks among a window of recent groups, the level heads, the last few past
+    heads of the upper levels (``retired``) and "no predecessor" the base
+    giving the smallest delta, within a depth budget:
     the group's chain plus everything the skeleton may still hang below it
     (its *reach*) must fit in ``max_hops``. A skeleton parent's reach exceeds
     its child's, so ``depth + reach <= max_hops`` holds for every group by
@@ -82,6 +83,7 @@ from roomstore.compaction.states import (
 
 __all__ = [
     "DEFAULT_LEVELS",
+    "DEFAULT_RETIRED",
     "DEFAULT_WINDOW",
     "STRATEGIES",
     "CompactionPlan",
@@ -109,6 +111,9 @@ DEFAULT_LEVELS: Tuple[int, ...] = (100, 50, 25)
 #: How many recent groups smart considers as bases (the pool also always holds
 #: the level heads). Per-group cost is linear in it.
 DEFAULT_WINDOW = 32
+#: How many past heads of each level above the first the compactor keeps as
+#: extra bases (see ``retired`` of :class:`StreamingCompactor`).
+DEFAULT_RETIRED = 2
 #: Strategies a :class:`StreamingCompactor` runs; ``compress_room`` adds "auto".
 STRATEGIES = ("levels", "smart")
 
@@ -172,8 +177,9 @@ class StreamingCompactor:
       compacted must be fed exactly once; one compactor per room.
     * Between chunks the compactor keeps: the full state of the last group
       processed, the diff against it of at most ``window`` recent groups plus
-      the ``len(levels)`` level heads, and a few integers per such group.
-      Memory is therefore ``O(chunk + state size + (window + levels) * diff)``,
+      the ``len(levels)`` level heads and ``retired * (len(levels) - 1)`` past
+      heads, and a few integers per such group.
+      Memory is therefore ``O(chunk + state size + (window + levels * (1 + retired)) * diff)``,
       never proportional to the room.
     * A group's *original* predecessor must be available to compute its full
       state. It is looked up in the carried groups, then in the current chunk,
@@ -203,6 +209,15 @@ class StreamingCompactor:
             (Synapse's): a group is never hung off a base holding a key the
             group lacks (it becomes a snapshot rather), so no delta of the
             plan holds a ``None``.
+        retired: past heads kept per level above the first (0: none). Where
+            the levels base holds a key the group lacks and removals are not
+            allowed, the scheme's own fallback is the base's predecessor, then
+            its predecessor, ...: older heads of the upper levels. Keeping the
+            last few in the pool lets such a group hang off one of them (a
+            delta of about a level's worth of changes) instead of becoming a
+            snapshot (the whole state). On Synapse-shaped federated rooms
+            (forks every ~20 groups) this took the rows after from 1.14x to
+            0.87x of synapse_auto_compressor's; 1 and 4 gave the same rows as 2.
     """
 
     def __init__(
@@ -214,6 +229,7 @@ class StreamingCompactor:
         window: int = DEFAULT_WINDOW,
         resolve_state: Optional[StateResolver] = None,
         allow_removals: bool = True,
+        retired: int = DEFAULT_RETIRED,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
@@ -242,7 +258,16 @@ class StreamingCompactor:
         # exactly the keys where it differs from the anchor.
         self._diffs: Dict[int, Dict[int, Optional[int]]] = {}
         self._depth: Dict[int, int] = {}  # chain length under the new plan
+        # Per pool member: how many keys it holds that the anchor lacks (a
+        # delta against it would have to remove them), kept up to date by
+        # _advance_anchor so the check costs nothing per candidate.
+        self._absent: Dict[int, int] = {}
         self._recent: Deque[int] = deque()
+        # Past heads of the upper levels (1..): the bases the levels chain
+        # walks back through; kept so a group whose levels base needs a
+        # removal can fall back to one of them rather than a snapshot.
+        self._retired: List[Deque[int]] = [deque() for _ in self._levels.sizes[1:]]
+        self._retire = retired
         self._last_id: Optional[int] = None
 
         # Per-chunk lookups, dropped at the end of each feed().
@@ -334,7 +359,7 @@ class StreamingCompactor:
 
         if self.strategy == "levels":
             new_prev = levels_prev
-            if new_prev is not None and not self._allow_removals and self._needs_removal(self._diffs[new_prev]):
+            if new_prev is not None and not self._allow_removals and self._absent[new_prev]:
                 # The levels base would need a removal: the best base that
                 # needs none, within the same depth budget as smart's.
                 new_prev = self._best_base(group_id, entry.prev_group, self.max_hops - reach)
@@ -379,6 +404,7 @@ class StreamingCompactor:
         best: Optional[int] = None
         best_key = (len(self._anchor), orig_prev is not None, -1, 0)
         depth = self._depth
+        absent = None if self._allow_removals else self._absent
         for cand, diff in self._diffs.items():
             if cand == group_id:
                 continue
@@ -386,48 +412,68 @@ class StreamingCompactor:
             if cand_depth >= budget:
                 continue
             key = (len(diff), cand != orig_prev, cand_depth, -cand)
-            if key < best_key and (self._allow_removals or not self._needs_removal(diff)):
+            # A base holding a key the group lacks would need a removal.
+            if key < best_key and (absent is None or not absent[cand]):
                 best, best_key = cand, key
         return best
-
-    def _needs_removal(self, diff: Mapping[int, Optional[int]]) -> bool:
-        """Whether a delta against the base with this diff would remove a key
-        (the base holds a key the anchor, the group being planned, lacks)."""
-        anchor = self._anchor
-        return any(key not in anchor for key in diff)
 
     def _advance_anchor(self, group_id: int, changes: Dict[int, Optional[int]]) -> None:
         """Make ``group_id`` (= anchor + ``changes``) the new anchor."""
         anchor = self._anchor
         if changes:
-            old = {key: anchor.get(key) for key in changes}
-            for diff in self._diffs.values():
-                for key, new in changes.items():
+            # (key, new value, old value, the anchor lacked the key, now lacks it)
+            steps = [(key, new, anchor.get(key), key not in anchor, new is None) for key, new in changes.items()]
+            absent = self._absent
+            for cand, diff in self._diffs.items():
+                count = absent[cand]
+                for key, new, old, was_absent, now_absent in steps:
                     if key in diff:
                         # The member already differed here; it may now agree.
                         if diff[key] == new:
                             del diff[key]
+                            count -= was_absent
+                        else:
+                            count += now_absent - was_absent
                     else:
                         # It agreed with the old anchor, so now it differs.
-                        diff[key] = old[key]
+                        diff[key] = old
+                        count += now_absent and not was_absent
+                absent[cand] = count
             apply_delta(anchor, changes)
         self._diffs[group_id] = {}
+        self._absent[group_id] = 0
 
-    def _evict(self, replaced: Iterable[int]) -> None:
-        """Drop groups that are neither recent nor a level head any more."""
+    def _evict(self, replaced: Sequence[int]) -> None:
+        """Drop groups that are neither recent, a level head nor a kept past head."""
         heads = self._levels.heads
+        dropped: List[int] = []
+        if self._retire:
+            for level, old in enumerate(replaced[1:]):
+                kept = self._retired[level]
+                if not kept or kept[-1] != old:
+                    kept.append(old)
+                    if len(kept) > self._retire:
+                        dropped.append(kept.popleft())
+        else:
+            dropped.extend(replaced)
         while len(self._recent) > self._window:
-            old = self._recent.popleft()
-            if old not in heads:
-                self._forget(old)
-        recent = set(self._recent) if replaced else ()
-        for old in replaced:
-            if old not in heads and old not in recent:
+            dropped.append(self._recent.popleft())
+        if replaced and self._retire:
+            dropped.append(replaced[0])
+        if not dropped:
+            return
+        keep = set(heads)
+        keep.update(self._recent)
+        for kept in self._retired:
+            keep.update(kept)
+        for old in dropped:
+            if old not in keep:
                 self._forget(old)
 
     def _forget(self, group_id: int) -> None:
         if self._diffs.pop(group_id, None) is not None:
             del self._depth[group_id]
+            del self._absent[group_id]
 
     def _changes_from_anchor(
         self, entry: StateGroupEntry, missing: Dict[int, int]

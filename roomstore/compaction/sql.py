@@ -126,6 +126,8 @@ CHUNK_UPSERT = (
 
 STAGED_GROUPS = "state_compaction_staged_groups"
 STAGED_DELTAS = "state_compaction_staged_deltas"
+#: Fresh planner statistics for the staging tables (PostgreSQL; before a large chunk's swap).
+ANALYZE_STAGING = tuple(f"ANALYZE {table}" for table in (STAGED_GROUPS, STAGED_DELTAS))
 STAGED_GROUP_COLUMNS = (
     "run_id, room_nid, first_group, state_group, is_ref, old_prev, old_rows, old_checksum,"
     " new_prev, new_chain_length, rewrite"

@@ -116,23 +116,16 @@ def rooms_not_done(run_id: int) -> str:
     return "{col} NOT IN (SELECT room_nid FROM " + PREFIX + "rooms WHERE run_id = " + str(int(run_id)) + ")"
 
 
-def jdbc_groups(snapshot_max: int, where: str = "") -> str:
-    """The groups Spark reads: ``state_group, room_nid, prev_state_group``."""
+def jdbc_group_rows(snapshot_max: int, where: str = "") -> str:
+    """The groups Spark reads joined with their state rows (one row of NULLs
+    for a group without rows): ``state_group, room_nid, prev_state_group,
+    type, state_key, event_id, row_checksum`` (:data:`CHECKSUM_SQL` of the row,
+    what the swap's re-check sums per group). PostgreSQL joins them, so Spark
+    shuffles the rows once (by room) instead of once more for a join of its own."""
     return (
-        f"(SELECT state_group, room_nid, prev_state_group FROM {_GROUPS_EDGES} g"
-        f" WHERE state_group <= {int(snapshot_max)}{_and(where.format(col='room_nid'))}) AS sg"
-    )
-
-
-def jdbc_rows(snapshot_max: int, where: str = "") -> str:
-    """The state rows Spark reads: ``state_group, type, state_key, event_id``."""
-    sel = (
-        f" AND s.state_group IN (SELECT state_group FROM {_GROUPS} g WHERE {where.format(col='room_nid')})"
-        if where else ""
-    )
-    return (
-        "(SELECT s.state_group, s.type, s.state_key, s.event_id FROM state_groups_state s"
-        f" WHERE s.state_group <= {int(snapshot_max)}{sel}) AS sgs"
+        f"(SELECT g.state_group, g.room_nid, g.prev_state_group, d.type, d.state_key, d.event_id, {CHECKSUM_SQL}"
+        f" AS row_checksum FROM {_GROUPS_EDGES} g LEFT JOIN state_groups_state d ON d.state_group = g.state_group"
+        f" WHERE g.state_group <= {int(snapshot_max)}{_and(where.format(col='g.room_nid'))}) AS sgr"
     )
 
 
@@ -240,6 +233,8 @@ CHUNK_UPSERT = (
 
 STAGED_GROUPS = PREFIX + "staged_groups"
 STAGED_DELTAS = PREFIX + "staged_deltas"
+#: Fresh planner statistics for the staging tables (PostgreSQL; before a large chunk's swap).
+ANALYZE_STAGING = tuple(f"ANALYZE {table}" for table in (STAGED_GROUPS, STAGED_DELTAS))
 STAGED_GROUP_COLUMNS = (
     "run_id", "room_nid", "first_group", "state_group", "is_ref", "old_prev", "old_rows", "old_checksum",
     "new_prev", "rewrite",

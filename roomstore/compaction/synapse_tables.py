@@ -16,7 +16,7 @@ from roomstore.compaction.chunks import StagedChunk
 from roomstore.compaction.tables import ChunkKey, Convert, StateTables
 
 LOCK_NAME = "state_compaction"
-_COLUMNS = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id"]
+_COLUMNS = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id", "row_checksum"]
 
 
 class NotSynapseError(RuntimeError):
@@ -76,17 +76,15 @@ class SynapseTables(StateTables):
     def input_rows(self, spark, source, snapshot_max, where, partition, needs, boundary_ids):
         from pyspark.sql import functions as F
 
-        groups = source.read(
-            spark, sql.jdbc_groups(snapshot_max, where), "state_group LONG, room_nid LONG, prev_state_group LONG",
-            partition,
-        )
         rows = source.read(
-            spark, sql.jdbc_rows(snapshot_max, where), "state_group LONG, type STRING, state_key STRING, event_id STRING",
+            spark, sql.jdbc_group_rows(snapshot_max, where),
+            "state_group LONG, room_nid LONG, prev_state_group LONG, type STRING, state_key STRING, event_id STRING,"
+            " row_checksum LONG",
             partition,
         )
-        out = groups.join(rows, "state_group", "left").select(
+        out = rows.select(
             "room_nid", F.col("state_group").alias("sort_id"), F.lit(1).cast("long").alias("kind"), "state_group",
-            "prev_state_group", "type", "state_key", "event_id",
+            "prev_state_group", "type", "state_key", "event_id", "row_checksum",
         )
         if boundary_ids:
             placed = spark.createDataFrame(list(needs), "room_nid long, sort_id long, boundary_group long")
@@ -98,6 +96,7 @@ class SynapseTables(StateTables):
             boundary_rows = placed.join(states, "boundary_group").select(
                 "room_nid", "sort_id", F.lit(0).cast("long").alias("kind"), F.col("boundary_group").alias("state_group"),
                 F.lit(None).cast("long").alias("prev_state_group"), "type", "state_key", "event_id",
+                F.lit(None).cast("long").alias("row_checksum"),
             )
             out = out.select(*_COLUMNS).unionByName(boundary_rows.select(*_COLUMNS))
         return out
@@ -137,7 +136,8 @@ class SynapseTables(StateTables):
             (sql.STAGED_DELTAS, sql.STAGED_DELTA_COLUMNS, delta_rows),
         ):
             if rows:
-                db.engine.insert_rows(cur, table, columns, rows, "", "")
+                # COPY: the staged rows are new (the chunk's earlier copy was deleted first).
+                db.engine.copy_rows(cur, table, columns, rows)
 
     def swap(self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool) -> Tuple[Any, int, int]:
         """Inside the writer's transaction (after its lock-row check):

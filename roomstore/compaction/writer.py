@@ -68,6 +68,9 @@ DEFAULT_STALE_LOCK_SECONDS = 600.0
 DEFAULT_HEARTBEAT_SECONDS = 30.0
 #: Swap transactions retried after serialisation failures / deadlocks.
 SWAP_ATTEMPTS = 6
+#: A staged chunk of at least this many rows (groups, references and delta
+#: rows) has the staging tables analysed before its swap (PostgreSQL).
+ANALYZE_STAGED_ROWS = 1000
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -464,9 +467,19 @@ class CompactionWriter:
         """Copy ``chunk`` into the staging tables (replacing an earlier copy)."""
         key = (run.run_id, chunk.room_nid, chunk.first_group)
 
+        analyze = self.db.engine.name == "postgres" and (
+            len(chunk.groups) + len(chunk.refs) + len(chunk.deltas) >= ANALYZE_STAGED_ROWS
+        )
+
         def txn(cur):
             self._delete_staged(cur, *key)
             self.tables.stage(self.db, cur, key, chunk)
+            if analyze:
+                # Fresh statistics for the swap's plans: with the ones of a
+                # small chunk staged before, PostgreSQL joins a large chunk's
+                # re-check in a nested loop (seconds instead of milliseconds).
+                for statement in self.sql.ANALYZE_STAGING:
+                    cur.execute(statement)
 
         self.db.run(txn)
 

@@ -7,6 +7,7 @@ from twisted.trial.unittest import TestCase
 
 from roomstore.compaction import (
     DEFAULT_LEVELS,
+    DEFAULT_RETIRED,
     StateGroupEntry,
     StreamingCompactor,
     chain_depths,
@@ -185,7 +186,9 @@ class ChunkTests(TestCase):
                 entries = []
                 for chunk in chunked(groups, size):
                     entries.extend(compactor.feed(chunk).entries)
-                    self.assertLessEqual(len(compactor.carried_groups), 8 + len(DEFAULT_LEVELS))
+                    self.assertLessEqual(
+                        len(compactor.carried_groups), 8 + len(DEFAULT_LEVELS) + DEFAULT_RETIRED * (len(DEFAULT_LEVELS) - 1)
+                    )
                 self.assertEqual(tuple(entries), whole.entries, (strategy, size))
                 self.assertEqual(compactor.rows_after, whole.rows_after)
                 self.assertEqual(compactor.max_depth, whole.max_depth)
@@ -297,3 +300,42 @@ class NoRemovalsTests(TestCase):
                     self.assertLess(plan.rows_after, count_rows(groups), seed)
                     # The constraint costs few rows (greedy choices may even gain some).
                     self.assertLessEqual(plan.rows_after, with_removals.rows_after * 1.1, seed)
+
+    def test_past_heads_spare_snapshots_in_rooms_that_keep_gaining_keys(self) -> None:
+        # New keys keep arriving (new members), so a fork's other branch holds
+        # a key this group lacks: when that branch's group is the level head,
+        # the levels base needs a removal. Kept past heads of the upper levels
+        # (an older, smaller state) give a delta where none used to mean a
+        # snapshot of the whole state.
+        for seed, fork_rate in ((1, 0.05), (2, 0.1), (3, 0.2)):
+            groups = persisted_room(4000, seed=seed, keys=5000, fork_rate=fork_rate, removal_rate=0.0)
+            without = StreamingCompactor("smart", allow_removals=False, retired=0).feed(groups)
+            plan = StreamingCompactor("smart", allow_removals=False).feed(groups)
+            self.assertLess(plan.rows_after, without.rows_after * 0.8, seed)
+            self.assertFalse([e.group_id for e in plan.entries for v in e.delta.values() if v is None], seed)
+            after = apply_plan(groups, [e for e in plan.entries if e.changed])
+            self.assertEqual(verify(groups, after), [], seed)
+            self.assertLessEqual(max_hops(after), levels_hop_bound(DEFAULT_LEVELS), seed)
+
+    def test_removal_counts_follow_the_anchor(self) -> None:
+        # The compactor's per-candidate count of keys the anchor lacks (what
+        # makes a base need a removal) equals a recount from the diffs at every
+        # step, with removals and forks in the history.
+        checked = []
+
+        class Recounting(StreamingCompactor):
+            def _best_base(self, group_id, orig_prev, budget):
+                for cand, diff in self._diffs.items():
+                    self.assertEqual(sum(1 for k in diff if k not in self._anchor), self._absent[cand])
+                checked.append(group_id)
+                return super()._best_base(group_id, orig_prev, budget)
+
+        for seed in range(3):
+            groups = persisted_room(600, seed=seed, keys=40, fork_rate=0.2, removal_rate=0.2)
+            for strategy in ("levels", "smart"):
+                compactor = Recounting(strategy, levels=(5, 3, 2), window=4, allow_removals=False)
+                compactor.assertEqual = self.assertEqual
+                plan = compactor.feed(groups)
+                after = apply_plan(groups, [e for e in plan.entries if e.changed])
+                self.assertEqual(verify(groups, after), [], (seed, strategy))
+        self.assertGreater(len(checked), 1000)

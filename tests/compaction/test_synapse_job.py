@@ -451,6 +451,39 @@ class SynapseSwapTests(unittest.TestCase):
         self.assertEqual(pg_query(dsn, f"SELECT COUNT(*) FROM {PREFIX}staged_deltas WHERE run_id = %s",
                                (self.run.run_id,)), [(0,)])
 
+    def test_a_large_staged_chunk_gets_fresh_statistics(self) -> None:
+        # With the statistics of a small chunk staged before, PostgreSQL plans
+        # a large chunk's re-check as a nested loop over the aggregated rows
+        # (seconds per 10,000 groups); staging a large chunk analyses the
+        # staging tables so the swap's plans see its size.
+        from roomstore.compaction import synapse_sql
+        from roomstore.compaction.chunks import StagedChunk
+        from roomstore.compaction.writer import ANALYZE_STAGED_ROWS
+
+        def reltuples(table):
+            return pg_query(self.dsn, "SELECT reltuples FROM pg_class WHERE relname = %s", (table,))[0][0]
+
+        def staged(first, n):
+            groups = [(first + i, None, 1, 0, None, 0, 0) for i in range(n)]
+            deltas = [(first + i, "m.room.member", f"@u{i}:t", f"$e{i}") for i in range(n)]
+            return StagedChunk(self.nid, first, first + n - 1, groups, [], deltas, 0, 0, 0)
+
+        self.writer.stage_chunk(self.run, staged(10**12, 3))
+        pg_query(self.dsn, f"ANALYZE {synapse_sql.STAGED_GROUPS}")
+        pg_query(self.dsn, f"ANALYZE {synapse_sql.STAGED_DELTAS}")
+        self.assertLess(reltuples(synapse_sql.STAGED_GROUPS), 10)
+        # Below the threshold: no ANALYZE of its own (the statistics stay).
+        self.writer.stage_chunk(self.run, staged(2 * 10**12, 50))
+        self.assertLess(reltuples(synapse_sql.STAGED_GROUPS), 10)
+        big = ANALYZE_STAGED_ROWS
+        self.writer.stage_chunk(self.run, staged(3 * 10**12, big))
+        self.assertGreaterEqual(reltuples(synapse_sql.STAGED_GROUPS), big)
+        self.assertGreaterEqual(reltuples(synapse_sql.STAGED_DELTAS), big)
+        # The real chunk still swaps, verified, after them.
+        before = self.oracle.states(self.dsn, self.ids)
+        self.assertEqual(self.swap().status, "swapped")
+        self.assertEqual(self.oracle.states(self.dsn, self.ids), before)
+
 
 class SynapseLiveTests(unittest.TestCase):
     """A run killed with SIGKILL mid-write while Synapse keeps sending events

@@ -393,6 +393,34 @@ class WriterTests:
             writer.db.run(failing)
         self.assertEqual(len(query(self.url, "SELECT 1 FROM maintenance_locks WHERE lock_name = 'retry_test'")), 1)
 
+    def test_a_large_staged_chunk_gets_fresh_statistics_on_postgres(self) -> None:
+        # Staging a chunk of ANALYZE_STAGED_ROWS rows or more analyses the
+        # staging tables on PostgreSQL (the swap's re-check was a nested loop
+        # with a small chunk's statistics); on SQLite nothing changes. Either
+        # way a real compaction afterwards swaps and verifies.
+        from roomstore.compaction import sql as rs_sql
+        from roomstore.compaction.chunks import StagedChunk
+        from roomstore.compaction.writer import ANALYZE_STAGED_ROWS
+
+        writer = CompactionWriter(self.url, heartbeat_s=0)
+        try:
+            writer.acquire_lock()
+            run = writer.begin_run({"analyze": True})
+            n = ANALYZE_STAGED_ROWS
+            groups = [(10**12 + i, None, 1, 0, None, 0, 0) for i in range(n)]
+            deltas = [(10**12 + i, 1, 1) for i in range(n)]
+            writer.stage_chunk(run, StagedChunk(1, 10**12, 10**12 + n - 1, groups, [], deltas, 0, 0, 0))
+            if self.engine_name == "postgres":
+                for table in (rs_sql.STAGED_GROUPS, rs_sql.STAGED_DELTAS):
+                    reltuples = query(self.url, "SELECT reltuples FROM pg_class WHERE relname = ?", (table,))[0][0]
+                    self.assertGreaterEqual(reltuples, n, table)
+            writer.finish_run(run)
+        finally:
+            writer.close()
+        before = all_states(self.url)
+        self.assertIn("written", reference_compaction(self.url).values())
+        self.assertEqual(all_states(self.url), before)
+
     def test_chunked_plan_equals_whole_room_plan(self) -> None:
         # Boundary states make every predecessor resolvable, so chunking
         # changes memory, not the result.

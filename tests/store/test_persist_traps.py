@@ -11,6 +11,7 @@ from roomstore.cli import import_file
 from roomstore.events.persist import MissingStateError
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state import ConflictedStateError
+from roomstore.events.pipeline import WriteTurns
 from roomstore.store import RoomStore
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
@@ -94,7 +95,12 @@ class PersistTrapTests:
         async def run_interaction(description, fn, *args, **kwargs):
             result = await original(description, fn, *args, **kwargs)
             if description == "persist_events_precheck" and args[1][0].event_id == t2.event_id:
-                await store.persist_events([room.to_persist(t1)])
+                # Another writer's batch: its own pipeline, not behind t2's turn.
+                mine, store._write_turns = store._write_turns, WriteTurns()
+                try:
+                    await store.persist_events([room.to_persist(t1)])
+                finally:
+                    store._write_turns = mine
             return result
 
         store.db.run_interaction = run_interaction

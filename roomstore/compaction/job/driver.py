@@ -342,7 +342,9 @@ class Driver:
                 ChunkRecord(first, last, before, after, rewritten, row["chain_updates"], has_changes, already)
             )
             if has_changes and not already and not self.args.dry_run and not room.mismatched:
+                t = time.monotonic()
                 self.writer.stage_chunk(self.run, self.tables.staged_chunk(row, nid))
+                self._add_time("stage", t)
         if row["is_last"]:
             self.finish_room(room)
 
@@ -370,10 +372,13 @@ class Driver:
                 f" (purged) group were skipped"
             )
         if not a.dry_run:
+            t = time.monotonic()
             if room.status == STATUS_WRITTEN:
                 self.swap_room(room)
+                self._add_time("swap", t)
             else:
                 writer.record_room(run, room.outcome())
+                self._add_time("record", t)
         self.done += 1
         self.rows_so_far[0] += room.rows_before
         self.rows_so_far[1] += room.rows_after
@@ -386,6 +391,10 @@ class Driver:
                 f"{room.rows_after:,} rows ({room.state_groups:,} groups, {room.chunks} chunk(s))"
                 f" | so far {self.rows_so_far[0]:,} -> {self.rows_so_far[1]:,}"
             )
+
+    def _add_time(self, what: str, since: float) -> None:
+        """Account the seconds since ``since`` to ``what`` (the summary's ``timings_s``)."""
+        self.timings[what] = self.timings.get(what, 0.0) + time.monotonic() - since
 
     def swap_room(self, room: RoomReport) -> None:
         writer, run = self.writer, self.run

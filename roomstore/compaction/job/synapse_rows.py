@@ -6,9 +6,10 @@ the integers :class:`~roomstore.compaction.job.executor.RoomCompactor` works
 on, plans and verifies exactly as for roomstore's tables (with
 ``allow_removals=False``: Synapse's deltas cannot remove a key), and turns the
 rows to write back into strings. The per-row checksum the swap re-checks is
-:func:`text_row_checksum` (its SQL form is in
-:mod:`roomstore.compaction.synapse_sql`). Pure Python plus numpy/pyarrow, like
-the roomstore executor.
+:data:`roomstore.compaction.synapse_sql.CHECKSUM_SQL`, computed by PostgreSQL
+in the read itself (``row_checksum``) and summed here per group;
+:func:`text_row_checksum` is the same in Python. Pure Python plus
+numpy/pyarrow, like the roomstore executor.
 
 Memory: besides the chunk, a room's interning tables (one entry per distinct
 ``(type, state_key)`` and per distinct event ID seen in the room).
@@ -22,6 +23,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from roomstore.compaction.job.executor import (
     INPUT_COLUMNS,
@@ -34,7 +36,9 @@ from roomstore.compaction.job.executor import (
 )
 
 #: Columns of the rows fed to the Synapse room function (after ``room_nid``).
-SYNAPSE_COLUMNS = ("sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id")
+SYNAPSE_COLUMNS = (
+    "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id", "row_checksum",
+)
 
 
 def text_row_checksum(event_type: str, state_key: str, event_id: str) -> int:
@@ -71,32 +75,54 @@ class _Interner:
 
 def _int_batches(batches, interner: _Interner, checksums: Dict[int, int]) -> Iterator[pa.RecordBatch]:
     """The room's string batches as integer batches in :data:`INPUT_COLUMNS`
-    (``chain_length`` 0: Synapse keeps none); each group's text checksum is
-    added to ``checksums``."""
+    (``chain_length`` 0: Synapse keeps none); each group's checksum (the sum
+    of its rows' ``row_checksum``, computed by PostgreSQL as it reads them,
+    :data:`~roomstore.compaction.synapse_sql.CHECKSUM_SQL`) is added to
+    ``checksums``. Vectorised: the strings are dictionary-encoded per batch,
+    so Python touches each distinct string of a batch once, not each row."""
     for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        cols = {name: batch.column(name).to_pylist() for name in SYNAPSE_COLUMNS}
         n = batch.num_rows
-        tk = np.empty(n, dtype=np.int64)
-        ev = np.empty(n, dtype=np.int64)
-        for i, (kind, group, t, k, e) in enumerate(
-            zip(cols["kind"], cols["state_group"], cols["type"], cols["state_key"], cols["event_id"])
-        ):
-            if t is None:
-                tk[i] = ev[i] = -1
-                continue
-            tk[i] = interner.key(t, k)
-            ev[i] = interner.event(e)
-            if kind == 1:
-                checksums[group] = checksums.get(group, 0) + text_row_checksum(t, k, e)
-        prev = [-1 if p is None else p for p in cols["prev_state_group"]]
+        if n == 0:
+            continue
+        types = pc.dictionary_encode(batch.column("type"))
+        keys = pc.dictionary_encode(batch.column("state_key"))
+        events = pc.dictionary_encode(batch.column("event_id"))
+        t_idx = pc.fill_null(types.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        has_row = t_idx >= 0
+        k_idx = pc.fill_null(keys.indices, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        e_idx = pc.fill_null(events.indices, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        tk = np.full(n, -1, dtype=np.int64)
+        ev = np.full(n, -1, dtype=np.int64)
+        if has_row.any():
+            # (type, state_key) pairs by their codes in this batch's two dictionaries.
+            pair = t_idx[has_row] * max(1, len(keys.dictionary)) + k_idx[has_row]
+            uniq, inverse = np.unique(pair, return_inverse=True)
+            type_names = types.dictionary.to_pylist()
+            key_names = keys.dictionary.to_pylist()
+            width = max(1, len(key_names))
+            pair_ids = np.array(
+                [interner.key(type_names[int(c) // width], key_names[int(c) % width]) for c in uniq.tolist()],
+                dtype=np.int64,
+            )
+            tk[has_row] = pair_ids[inverse]
+            event_ids = np.array([interner.event(e) for e in events.dictionary.to_pylist()], dtype=np.int64)
+            ev[has_row] = event_ids[e_idx[has_row]]
+        sg = batch.column("state_group").to_numpy(zero_copy_only=False).astype(np.int64)
+        kind = batch.column("kind").to_numpy(zero_copy_only=False).astype(np.int64)
+        counted = has_row & (kind == 1)
+        if counted.any():
+            ck = pc.fill_null(batch.column("row_checksum"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            groups, inverse = np.unique(sg[counted], return_inverse=True)
+            sums = np.zeros(len(groups), dtype=np.int64)
+            np.add.at(sums, inverse, ck[counted])
+            for group, total in zip(groups.tolist(), sums.tolist()):
+                checksums[group] = checksums.get(group, 0) + total
         yield pa.RecordBatch.from_pydict(
             {
-                "sort_id": pa.array(cols["sort_id"], pa.int64()),
-                "kind": pa.array(cols["kind"], pa.int64()),
-                "state_group": pa.array(cols["state_group"], pa.int64()),
-                "prev_state_group": pa.array(prev, pa.int64()),
+                "sort_id": batch.column("sort_id"),
+                "kind": batch.column("kind"),
+                "state_group": batch.column("state_group"),
+                "prev_state_group": pc.fill_null(batch.column("prev_state_group"), -1),
                 "chain_length": pa.array(np.zeros(n, dtype=np.int64)),
                 "type_key_nid": pa.array(tk),
                 "event_nid": pa.array(ev),

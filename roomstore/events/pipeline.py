@@ -1,0 +1,253 @@
+"""The writer's pipeline: validation off the reactor, writes in call order.
+
+``RoomStore.persist_events`` validates a batch (strict JSON parsing, the
+reference hash that is the event ID, the content hash, signatures) with
+``BatchValidator``: in worker processes (``StoreConfig.validation_processes``)
+or on a thread of its own, so the reactor thread only schedules it; and
+writes batches through ``WriteTurns``, one at a time, in the order the calls
+were made. Together they let a writer keep several batches in flight: the
+next batch is validated (on other cores) while the previous one's
+transaction runs, and a batch whose prev events are in an earlier, still
+running call finds them stored when its own turn comes, as if each call had
+waited for the one before.
+
+Validation is pure Python for the most part and holds the GIL: on a thread,
+a reactor waiting for it waits up to ``sys.getswitchinterval()`` each time
+it needs the interpreter back; in worker processes it holds none of the
+homeserver's. What remains in the homeserver's process (the transaction's
+own Python on the database thread) is why ``docs/internals.md`` advises a
+homeserver that wants its reactor's lateness under a few milliseconds to
+lower the switch interval.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from typing import Any, Mapping, Sequence
+
+from twisted.internet import defer, threads
+from twisted.python.threadpool import ThreadPool
+
+from roomstore.events.batch import EventToPersist, PreparedEvent, prepare_events
+from roomstore.events.validation_worker import HEADER, frame, rebuilt_error
+from roomstore.pdu.signatures import VerifyKeys
+
+__all__ = ["BatchValidator", "MIN_CHUNK", "WriteTurns"]
+
+
+#: A batch is split among the worker processes in chunks of at least this
+#: many events; a smaller batch is validated on the thread (a process's round
+#: trip is not worth it).
+MIN_CHUNK = 25
+
+
+class BatchValidator:
+    """``prepare_events`` off the reactor thread.
+
+    Everything runs on one thread of the validator's own (never the
+    database's: an SQLite store has one database thread, which its writes
+    need), so the reactor only hands a batch over and gets the result back.
+    With ``processes`` > 0, that thread splits a batch of at least
+    ``MIN_CHUNK`` events in order-keeping chunks among as many worker
+    processes (``events/validation_worker.py``; started at the first such
+    batch, stopped with the store), which run on other cores and hold none of
+    the homeserver's GIL; the thread only pickles, writes, waits and unpickles.
+    Smaller batches, and all batches with ``processes=0``, are validated on
+    the thread itself. A batch whose events need a create event of the same
+    batch for their room version is validated whole. Either way the result is
+    the batch's events in order, and an invalid batch raises what
+    ``prepare_events`` raises on it: the first invalid event's error, its type
+    and attributes intact. A worker that dies loses nothing: its chunk is
+    validated on the thread and a new worker starts for the next batch.
+    """
+
+    def __init__(self, reactor: Any, processes: int = 0):
+        if processes < 0:
+            raise ValueError(f"validation_processes must be 0 or more, not {processes}")
+        self._reactor = reactor
+        self._processes = processes
+        self._pool = ThreadPool(minthreads=0, maxthreads=1, name="roomstore-validation")
+        self._started = False
+        self._closed = False
+        self._shutdown_trigger = None
+        #: Worker processes; touched by the validator's thread only (and by
+        #: ``close`` once that thread has stopped).
+        self._workers: list[_Worker] = []
+        #: Chunks a dead worker left, validated on the thread instead (tests read it).
+        self.fallbacks = 0
+
+    async def prepare(
+        self,
+        events: Sequence[EventToPersist],
+        known_versions: Mapping[str, str],
+        refuse_hash_mismatch: bool = False,
+        verify_keys: VerifyKeys | None = None,
+        self_contained: bool = True,
+    ) -> list[PreparedEvent]:
+        """The batch validated, in order; raises what ``prepare_events`` raises.
+
+        ``self_contained``: every event's room version is given, known or its
+        own (a create event), so the batch may be split.
+        """
+        if self._closed:
+            raise RuntimeError("the store is closed")
+        args = (known_versions, refuse_hash_mismatch, verify_keys)
+        if self._processes <= 0 or len(events) < MIN_CHUNK or not all(isinstance(e, EventToPersist) for e in events):
+            return await self._on_thread(prepare_events, events, *args)
+        parts = min(self._processes, len(events) // MIN_CHUNK) if self_contained else 1
+        bounds = [len(events) * i // parts for i in range(parts + 1)]
+        chunks = [list(events[bounds[i]:bounds[i + 1]]) for i in range(parts)]
+        return await self._on_thread(self._in_processes, chunks, args)
+
+    async def _on_thread(self, fn, *args):
+        if not self._started:
+            self._pool.start()
+            self._started = True
+            self._shutdown_trigger = self._reactor.addSystemEventTrigger("during", "shutdown", self._stop_now)
+        return await threads.deferToThreadPool(self._reactor, self._pool, fn, *args)
+
+    def _in_processes(self, chunks: list[list], args: tuple) -> list[PreparedEvent]:
+        """(On the validator's thread.) Each chunk to a worker, all at once,
+        then every reply read in order before the first error is raised, so
+        each worker's pipe stays in step."""
+        self._workers = [w for w in self._workers if w.alive()]
+        while len(self._workers) < len(chunks):
+            self._workers.append(_Worker.spawn())
+        sent = [(worker if worker.send((chunk, *args)) else None, chunk) for worker, chunk in zip(self._workers, chunks)]
+        outcomes = []
+        for worker, chunk in sent:
+            reply = worker.receive() if worker is not None else None
+            if reply is None:  # the worker is gone: this thread does its chunk
+                self.fallbacks += 1
+                try:
+                    reply = (True, prepare_events(chunk, *args))
+                except Exception as failed:  # noqa: BLE001 - raised below, in chunk order
+                    reply = (False, failed)
+            outcomes.append(reply)
+        prepared: list[PreparedEvent] = []
+        for ok, result in outcomes:
+            if not ok:
+                raise result if isinstance(result, BaseException) else rebuilt_error(result)
+            prepared.extend(result)
+        return prepared
+
+    def _stop_now(self) -> None:
+        """At reactor shutdown: tell the workers to leave, stop the thread."""
+        for worker in self._workers:
+            worker.close_input()
+        if self._started:
+            self._pool.stop()
+
+    async def close(self) -> None:
+        """Stop the thread (after a validation in progress) and the workers (waits for them to leave)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._shutdown_trigger is not None:
+            self._reactor.removeSystemEventTrigger(self._shutdown_trigger)
+        if not self._started:
+            return
+        # On the validator's own thread (never the reactor's pool, which an
+        # embedding that does not run the reactor, as under asyncio, never starts).
+        workers = self._workers
+        await threads.deferToThreadPool(self._reactor, self._pool, lambda: [w.stop() for w in workers])
+        self._pool.stop()
+
+
+class _Worker:
+    """One worker process and its pipes (blocking; used from one thread)."""
+
+    #: Seconds a stopping worker gets to leave before it is killed.
+    STOP_GRACE_S = 5.0
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+
+    @classmethod
+    def spawn(cls) -> "_Worker":
+        argv = [sys.executable, "-m", "roomstore.events.validation_worker"]
+        return cls(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True))
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def send(self, request: tuple) -> bool:
+        """Write a request; False if the worker is gone."""
+        try:
+            self.process.stdin.write(frame(request))
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+        return True
+
+    def receive(self) -> tuple | None:
+        """The next reply, or None if the worker ended first."""
+        stdout = self.process.stdout
+        header = stdout.read(HEADER.size)
+        if len(header) < HEADER.size:
+            return None
+        body = stdout.read(HEADER.unpack(header)[0])
+        if len(body) < HEADER.unpack(header)[0]:
+            return None
+        return pickle.loads(body)
+
+    def close_input(self) -> None:
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        """Close its input (it leaves at the end), wait, kill if it lingers."""
+        self.close_input()
+        try:
+            self.process.wait(self.STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+
+
+class WriteTurns:
+    """Turns taken in call order: ``take()`` at a call's start, ``await
+    turn.ready()`` before its writes (every earlier turn is done then, however
+    it ended), ``turn.done()`` when they are finished (always: a ``finally``)."""
+
+    def __init__(self) -> None:
+        self._last: defer.Deferred = defer.succeed(None)
+        self.in_flight = 0
+
+    def take(self) -> "_Turn":
+        mine: defer.Deferred = defer.Deferred()
+        turn = _Turn(self, self._last, mine)
+        self._last = mine
+        self.in_flight += 1
+        return turn
+
+
+class _Turn:
+    def __init__(self, turns: WriteTurns, before: defer.Deferred, mine: defer.Deferred):
+        self._turns = turns
+        self._before = before
+        self._mine = mine
+        self._ready = False
+
+    def earlier_in_flight(self) -> bool:
+        """Whether an earlier call's writes may still be to come."""
+        return not self._ready and not self._before.called
+
+    async def ready(self) -> None:
+        if not self._ready:
+            # A fresh Deferred chained on the earlier one: awaiting it does
+            # not take the earlier call's result away from anyone else.
+            waiter: defer.Deferred = defer.Deferred()
+            self._before.addBoth(lambda result: (waiter.callback(None), result)[1])
+            await waiter
+            self._ready = True
+
+    def done(self) -> None:
+        if not self._mine.called:
+            self._turns.in_flight -= 1
+            self._mine.callback(None)

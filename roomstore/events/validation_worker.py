@@ -1,0 +1,94 @@
+"""A validation worker process: ``python -m roomstore.events.validation_worker``.
+
+``events/pipeline.py`` starts these (``reactor.spawnProcess``) and speaks to
+each over its stdin and stdout in frames: an 8-byte big-endian length, then a
+pickle. A request is ``prepare_events``'s arguments; the reply is ``(True,
+prepared events)`` or ``(False, error)``, the error as ``shipped_error``
+makes it (its type, arguments and attributes, whatever its ``__init__``
+takes). Requests are answered one at a time, in order. The worker leaves at
+the end of its stdin, which its parent's exit or death closes.
+
+Only the parent is trusted to write to the pipe: it sends the events it was
+given to persist, which are bytes, never code.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+from typing import Any, BinaryIO
+
+HEADER = struct.Struct("!Q")
+
+
+def frame(obj: Any) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(data)) + data
+
+
+def shipped_error(error: BaseException) -> tuple:
+    """A picklable description of ``error`` (``rebuilt_error`` reverses it)."""
+    state = {k: v for k, v in vars(error).items() if _picklable(v)}
+    if _picklable(error.args) and _picklable(type(error)):
+        return (type(error), error.args, state)
+    return (RuntimeError, (f"{type(error).__name__}: {error}",), {})
+
+
+def rebuilt_error(shipped: tuple) -> BaseException:
+    cls, args, state = shipped
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return False
+    return True
+
+
+def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
+    chunks, left = [], size
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    """Answer requests until ``requests`` ends."""
+    from roomstore.events.batch import prepare_events
+
+    while True:
+        header = _read_exact(requests, HEADER.size)
+        if header is None:
+            return
+        body = _read_exact(requests, HEADER.unpack(header)[0])
+        if body is None:
+            return
+        try:
+            reply = (True, prepare_events(*pickle.loads(body)))
+        except Exception as error:  # noqa: BLE001 - every error goes back to the caller
+            reply = (False, shipped_error(error))
+        replies.write(frame(reply))
+        replies.flush()
+
+
+def main() -> None:
+    # The replies get a descriptor of their own; anything else printing to
+    # stdout (a warning, a library) goes to stderr instead of the frames.
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    serve(sys.stdin.buffer, replies)
+
+
+if __name__ == "__main__":
+    main()

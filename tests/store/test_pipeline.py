@@ -1,0 +1,210 @@
+"""The writer's pipeline (events/pipeline.py): batches validated off the
+reactor (worker processes or a thread), several calls in flight, written in
+call order; errors as a one-call-at-a-time writer gives them."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from twisted.internet import defer, reactor, threads
+from twisted.internet.task import deferLater
+from twisted.trial import unittest
+
+from roomstore.events.batch import EventToPersist, prepare_events
+from roomstore.events.persist import MissingStateError
+from roomstore.events.pipeline import MIN_CHUNK, BatchValidator, WriteTurns
+from roomstore.pdu.content_hash import ContentHashMismatch
+from roomstore.pdu.parsing import InvalidEventError
+from roomstore.store import RoomStore, StoreConfig
+from tests.db import on_both_engines
+from tests.store.builder import RoomBuilder
+
+ALICE = "@alice:example.org"
+BOB = "@bob:example.org"
+
+
+def linear_room(messages: int) -> tuple[RoomBuilder, list]:
+    room = RoomBuilder()
+    built = [room.create(), room.join(ALICE)]
+    for i in range(messages):
+        if i % 10 == 5:
+            built.append(room.state("m.room.topic", "", {"topic": f"topic {i}"}, ALICE))
+        else:
+            built.append(room.message(ALICE, f"message {i}"))
+    return room, built
+
+
+def with_bad_hash(raw: bytes) -> bytes:
+    """The same event with its content changed under its content hash."""
+    changed = raw.replace(b'"msgtype": "m.text"', b'"msgtype": "m.notice"')
+    assert changed != raw
+    return changed
+
+
+class WriteTurnsTests(unittest.TestCase):
+    def test_turns_follow_call_order_however_earlier_ones_end(self):
+        turns = WriteTurns()
+        first, second, third = turns.take(), turns.take(), turns.take()
+        order = []
+        d3 = defer.ensureDeferred(third.ready()).addCallback(lambda _: order.append(3))
+        d2 = defer.ensureDeferred(second.ready()).addCallback(lambda _: order.append(2))
+        self.assertEqual(order, [])
+        self.assertTrue(second.earlier_in_flight())
+        first.done()  # as a call that failed ends its turn in a finally
+        self.assertEqual(order, [2])
+        second.done()
+        self.assertEqual(order, [2, 3])
+        third.done()
+        self.assertEqual(turns.in_flight, 0)
+        self.assertFalse(turns.take().earlier_in_flight())
+        return defer.gatherResults([d2, d3])
+
+
+class ValidatorTests(unittest.TestCase):
+    """Worker processes give exactly what prepare_events gives, errors included."""
+
+    def setUp(self):
+        self.room, built = linear_room(70)
+        self.events = [self.room.to_persist(e) for e in built]
+        self.validator = BatchValidator(reactor, processes=2)
+        self.addCleanup(self.validator.close)
+
+    async def test_processes_give_what_one_thread_gives(self):
+        expected = prepare_events(self.events, {})
+        got = await self.validator.prepare(self.events, {})
+        self.assertEqual([p.event_id for p in got], [p.event_id for p in expected])
+        self.assertEqual(got, expected)
+        self.assertEqual([p.pdu.content for p in got], [p.pdu.content for p in expected])
+        self.assertEqual(len(self.validator._workers), 2)
+        self.assertEqual(self.validator.fallbacks, 0)
+
+    async def test_first_invalid_event_error_intact(self):
+        events = list(self.events)
+        events[40] = EventToPersist(with_bad_hash(events[40].raw), self.room.version)
+        events[60] = EventToPersist(b"{not json", self.room.version)
+        with self.assertRaises(ContentHashMismatch) as expected:
+            prepare_events(events, {}, refuse_hash_mismatch=True)
+        with self.assertRaises(ContentHashMismatch) as got:
+            await self.validator.prepare(events, {}, refuse_hash_mismatch=True)
+        self.assertEqual(str(got.exception), str(expected.exception))
+        self.assertEqual(got.exception.field, expected.exception.field)
+        self.assertEqual(got.exception.event_id, expected.exception.event_id)
+        # Without the flag the mismatch is stored redacted; the bad JSON is the first error.
+        with self.assertRaises(InvalidEventError) as expected:
+            prepare_events(events, {})
+        with self.assertRaises(InvalidEventError) as got:
+            await self.validator.prepare(events, {})
+        self.assertIs(type(got.exception), type(expected.exception))
+        self.assertEqual((str(got.exception), got.exception.field), (str(expected.exception), expected.exception.field))
+
+    async def test_a_killed_worker_loses_nothing(self):
+        await self.validator.prepare(self.events, {})
+        victim = self.validator._workers[0]
+        os.kill(victim.process.pid, signal.SIGKILL)
+        await threads.deferToThread(victim.process.wait)
+        got = await self.validator.prepare(self.events, {})
+        self.assertEqual(got, prepare_events(self.events, {}))
+        self.assertEqual(len([w for w in self.validator._workers if w.alive()]), 2)
+        self.assertNotIn(victim, self.validator._workers)
+        # A worker that dies holding a chunk: the thread validates that chunk.
+        dying = self.validator._workers[1]
+        original = dying.send
+
+        def send_then_die(request):
+            # Stopped first, so it cannot answer before it dies, however the
+            # machine schedules the two processes.
+            os.kill(dying.process.pid, signal.SIGSTOP)
+            sent = original(request)
+            os.kill(dying.process.pid, signal.SIGKILL)
+            return sent
+
+        dying.send = send_then_die
+        self.assertEqual(await self.validator.prepare(self.events, {}), prepare_events(self.events, {}))
+        self.assertEqual(self.validator.fallbacks, 1)
+
+    async def test_small_batches_stay_on_the_thread(self):
+        got = await self.validator.prepare(self.events[:MIN_CHUNK - 1], {})
+        self.assertEqual(len(got), MIN_CHUNK - 1)
+        self.assertEqual(self.validator._workers, [])
+
+    async def test_close_ends_the_workers(self):
+        await self.validator.prepare(self.events, {})
+        workers = list(self.validator._workers)
+        self.assertEqual(len(workers), 2)
+        await self.validator.close()
+        self.assertEqual([w.process.returncode for w in workers], [0, 0])
+        with self.assertRaises(RuntimeError):
+            await self.validator.prepare(self.events, {})
+
+
+@on_both_engines
+class PipelineTests:
+    async def open_store(self, processes: int = 2) -> RoomStore:
+        db = await self.make_database()
+        store = await RoomStore.open(db, StoreConfig(validation_processes=processes))
+        self.addCleanup(store.close)
+        return store
+
+    async def _in_flight(self, store, batches):
+        return await defer.DeferredList(
+            [defer.ensureDeferred(store.persist_events(b)) for b in batches], consumeErrors=True
+        )
+
+    async def test_calls_in_flight_write_in_call_order(self):
+        for processes in (2, 0):
+            store = await self.open_store(processes)
+            room, built = linear_room(200)
+            events = [room.to_persist(e) for e in built]
+            batches = [events[i:i + 30] for i in range(0, len(events), 30)]
+            outcomes = await self._in_flight(store, batches)
+            self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
+            orderings = [r.stream_ordering for _, results in outcomes for r in results]
+            self.assertEqual(orderings, list(range(1, len(events) + 1)))
+            self.assertEqual(await store.get_forward_extremities(room.room_id), [built[-1].event_id])
+            last_topic = next(e.event_id for e in reversed(built) if e.event["type"] == "m.room.topic")
+            self.assertEqual((await store.get_current_state_ids(room.room_id))[("m.room.topic", "")], last_topic)
+
+    async def test_a_failed_call_in_the_middle(self):
+        store = await self.open_store()
+        room, built = linear_room(90)
+        events = [room.to_persist(e) for e in built]
+        stranger = RoomBuilder("!elsewhere:example.org")
+        stranger.create()
+        orphan = stranger.join(BOB)  # its room's create event is never persisted
+        bad = events[40:70] + [stranger.to_persist(orphan)]
+        outcomes = await self._in_flight(store, [events[:40], bad, events[40:]])
+        self.assertTrue(outcomes[0][0])
+        self.assertFalse(outcomes[1][0])
+        outcomes[1][1].trap(MissingStateError, InvalidEventError)
+        self.assertTrue(outcomes[2][0], outcomes[2][1])
+        # Nothing of the failed call stayed; the third call wrote every event after it.
+        self.assertEqual([r.already_persisted for r in outcomes[2][1]], [False] * (len(events) - 40))
+        self.assertEqual(await store.get_forward_extremities(room.room_id), [built[-1].event_id])
+
+    async def test_room_created_by_an_earlier_call_in_flight(self):
+        store = await self.open_store()
+        room, built = linear_room(60)
+        # Without room versions: the second call needs the first's create event stored.
+        bare = [EventToPersist(e.raw) for e in built]
+        outcomes = await self._in_flight(store, [bare[:1], bare[1:]])
+        self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
+        self.assertEqual(outcomes[1][1][-1].stream_ordering, len(built))
+
+    async def test_unknown_room_still_refused(self):
+        store = await self.open_store()
+        room, built = linear_room(30)
+        bare = [EventToPersist(e.raw) for e in built[1:]]
+        with self.assertRaises(InvalidEventError) as caught:
+            await store.persist_events(bare)
+        self.assertIn("is unknown", str(caught.exception))
+        # Waits for nothing when nothing is in flight: no sleep needed to see it refused.
+        await deferLater(reactor, 0, lambda: None)
+
+
+class ProcessCountTests(unittest.TestCase):
+    def test_none_by_default_and_negative_refused(self):
+        self.assertEqual(StoreConfig().validation_processes, 0)
+        with self.assertRaises(ValueError) as caught:
+            BatchValidator(reactor, processes=-1)
+        self.assertIn("0 or more", str(caught.exception))
