@@ -29,6 +29,8 @@ class StoreReplicationHandler(ReplicationClientHandler):
     to the token, then call ``on_applied(stream, instance, token, rows)`` if
     given (the ``follow`` command logs it; tests count rows). Applying a token
     twice (a replay after a reconnect) is harmless: every step is idempotent.
+    The tokens of one read come through ``on_rdata_batch``: all their rows'
+    cache entries first, then the position.
 
     The worker store must be opened as a reader of the writer's streams
     (``StoreConfig(stream_writers={"events": ["master"], ...})``); the rows
