@@ -44,7 +44,9 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    writer's persisted positions when it connects, and any gap a POSITION
    shows), the wall time from its first applied token to its events and
    caches positions reaching the writer's (the same clock for both) and its
-   ratio to TCP's, rows/s; median of R runs.
+   ratio to TCP's, rows/s; median of R runs. Both workers read the database
+   in pages of the default size, the TCP server's (500 before issue 27's
+   item 5).
 
 2. Congestion: while the writer persists N events, a client that never reads
    its socket (small receive buffer; it keeps sending PINGs so only the
@@ -415,7 +417,8 @@ async def parse_rows(reactor, new_url, events: int) -> list:
         await store.close()
 
 
-def parse_section(rows: list, count: int, runs: int) -> None:
+def parse_section(rows: list, count: int, runs: int) -> float | None:
+    """Print section 0; return Synapse's median lines/s (None without Synapse)."""
     import gc
 
     from roomstore.replication.commands import parse_command_from_line as ours
@@ -476,6 +479,7 @@ def parse_section(rows: list, count: int, runs: int) -> None:
         print_profile(f"{name} parse_command_from_line, {len(lines)} lines", profiler, top=8)
     print("  (cProfile does not time the C JSON scanner roomstore calls directly: it is in _rdata's own time; "
           "Synapse's goes through json.decoder's decode/raw_decode)")
+    return statistics.median(rates["synapse 1.163"]) if "synapse 1.163" in rates else None
 
 
 # ---------------------------------------------------------------- 5. breakdown
@@ -738,20 +742,25 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
     store = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}), reactor=reactor)
     try:
         first: list[float] = []
+        first_cpu: list[float] = []
         counted = [0]
 
         def applied(stream, instance, token, rows):
             if not first:
                 first.append(time.perf_counter())
+                first_cpu.append(time.process_time())
             counted[0] += len(rows)
 
         handler = StoreReplicationHandler(store, on_applied=applied)
         positions = StreamPositions()
         for stream in STREAMS:
             positions.set(stream, "master", 0)
+        # Pages of the default size (the TCP server's here), so that each
+        # transport reads the database in pages of the same size.
+        page_size = ReplicationConfig().page_size
         if transport == "tcp":
             factory = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor,
-                                               config=ReplicationConfig(page_size=500))
+                                               config=ReplicationConfig(page_size=page_size))
             factory.positions = positions
             reactor.connectTCP("127.0.0.1", int(address), factory)
             stop = factory.stop
@@ -760,7 +769,7 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
             from roomstore.replication.redis import RedisReplication, parse_redis_url
 
             redis = RedisReplication(store, parse_redis_url(address), "bench", reactor=reactor, handler=handler,
-                                     positions=positions, page_size=500)
+                                     positions=positions, page_size=page_size)
             redis.start()
             await redis.when_ready()
             print("READY", flush=True)
@@ -772,7 +781,8 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
         result = stop()
         if isinstance(result, defer.Deferred) or hasattr(result, "__await__"):
             await result
-        print(json.dumps({"seconds": done - first[0], "rdata": rdata, "rows": counted[0]}), flush=True)
+        cpu = time.process_time() - first_cpu[0]
+        print(json.dumps({"seconds": done - first[0], "cpu": cpu, "rdata": rdata, "rows": counted[0]}), flush=True)
     finally:
         await store.close()
 
@@ -825,7 +835,8 @@ async def transports(reactor, new_url, events: int, runs: int) -> list[list]:
     for transport, got in samples.items():
         rates = sorted(s["rows"] / s["seconds"] for s in got)
         rows.append([transport, targets["events"], int(got[0]["rdata"]), int(got[0]["rows"]), medians[transport],
-                     f"{medians[transport] / medians['tcp']:.2f}x", statistics.median(rates), rates[0], rates[-1]])
+                     f"{medians[transport] / medians['tcp']:.2f}x", statistics.median(rates), rates[0], rates[-1],
+                     statistics.median(s["rows"] / s["cpu"] for s in got)])
     return rows
 
 
@@ -1067,11 +1078,13 @@ def print_profile(title: str, stats_source, top: int = 14) -> None:
 async def main(reactor, args) -> None:
     databases = bench_databases()
     profiles: list = []
+    synapse_rate = None
     if "parse" in args.sections:
         print(f"\n0. Parsing: parse_command_from_line on the same {args.parse_lines:,} events RDATA lines (the rows "
               f"EventsStream sends for {args.events:,} persisted events, repeated with later tokens); interleaved "
               f"runs, median of {args.runs}\n")
-        parse_section(await parse_rows(reactor, databases[0][1], args.events), args.parse_lines, max(args.runs, 5))
+        synapse_rate = parse_section(await parse_rows(reactor, databases[0][1], args.events), args.parse_lines,
+                                     max(args.runs, 5))
     if "catchup" in args.sections:
         print(f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
               f"loopback TCP (database pages, RDATA, parse, apply); median of {args.runs} runs\n")
@@ -1079,9 +1092,16 @@ async def main(reactor, args) -> None:
         for engine, new_url in databases:
             rows += await throughput(reactor, engine, new_url, args.events, args.runs, args.page_sizes,
                                      args.profile, profiles, args.read_ahead)
-        print_table(["engine", "page size", "read-ahead", "events", "RDATA lines", "tokens", "median s", "median lines/s",
-                     "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s",
-                      "worker reads", "KiB/read", "worker wake-ups", "server wake-ups"], rows)
+        headers = ["engine", "page size", "read-ahead", "events", "RDATA lines", "tokens", "median s", "median lines/s",
+                   "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s",
+                   "worker reads", "KiB/read", "worker wake-ups", "server wake-ups"]
+        if synapse_rate:
+            # The goal's ratio: catch-up at the worker over Synapse's parser
+            # alone on the same lines (section 0 of this run).
+            headers.insert(8, "/ synapse parse")
+            for row in rows:
+                row.insert(8, f"{row[7] / synapse_rate:.2f}x")
+        print_table(headers, rows)
         print("  (lines/s: wall clock at the worker; lines per CPU second of the worker process and of the "
               "server process (its database threads included; PostgreSQL's own process not), which the load "
               "of other processes on the machine does not inflate; reads: the worker's dataReceived calls; "
@@ -1120,7 +1140,7 @@ async def main(reactor, args) -> None:
         for engine, new_url in databases:
             rows += [[engine, *row] for row in await transports(reactor, new_url, args.events, args.runs)]
         print_table(["engine", "transport", "events", "RDATA lines", "rows applied", "median s", "s / TCP's",
-                     "median rows/s", "min rows/s", "max rows/s"], rows)
+                     "median rows/s", "min rows/s", "max rows/s", "rows/worker CPU s"], rows)
         print("  (rows applied: by the worker, from RDATA lines or read from the database; a Redis worker fills what "
               "it missed from the shared database itself, as it does for the rows a writer persisted before it "
               "connected: RDATA lines count only the rows that came over Redis)")

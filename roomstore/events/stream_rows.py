@@ -2,27 +2,28 @@
 
 Replication (``roomstore.replication.store_sources``) pages through them; the
 statements are their tables' owners' (``roomstore.events.tables.events``'s
-``LIVE_EVENT_STREAM_ROWS`` / ``BACKFILL_EVENT_STREAM_ROWS``, with
-``roomstore.events.tables.room_state``'s ``STATE_STREAM_ROWS`` in the same
-statement: one statement a page); this module pages and names the rows, in
-the layout replication sends (Synapse's, ``store_sources`` describes it):
-the events stream's ``("ev", (event_id, room_id, type, state_key, redacts,
-None, membership, rejected, outlier))`` per event and ``("state", (room_id,
-type, state_key, event_id or None))`` per current-state change, the
-backfill stream's ``(event_id, room_id, type, state_key, redacts, None)``.
+``event_stream_rows_sql`` and ``event_json_stream_rows_sql``,
+``roomstore.events.tables.room_state``'s ``STATE_STREAM_ROWS`` and
+``state_json_stream_rows_sql``: on PostgreSQL one statement a page, a round
+trip); this module pages and names the rows, in the layout replication
+sends (Synapse's, ``store_sources`` describes it): the events stream's
+``("ev", (event_id, room_id, type, state_key, redacts, None, membership,
+rejected, outlier))`` per event and ``("state", (room_id, type, state_key,
+event_id or None))`` per current-state change, the backfill stream's
+``(event_id, room_id, type, state_key, redacts, None)``.
+
 ``encoded=True`` gives each row as its JSON text instead, written as
 replication's ``encode_row`` writes it (compact, ASCII escapes): what a
-server sends a page as. Where the database writes JSON for less than Python
-(``Engine.json_in_sql``: SQLite, in-process and off the GIL) the statement
-writes each row's text (``event_json_stream_rows_sql``,
-``state_json_stream_rows_sql``) and the few rows holding characters it
-leaves as they are (non-ASCII, DEL) are written again here; elsewhere
-(PostgreSQL, whose server would spend twice what Python does) the text is
-put together here from the fields, with no Python object per row but the
-text. Room IDs and state keys come from the interners (small tables,
-cached), or, in the database's JSON, from the statement. ``redacts`` is what a redaction event says it redacts (as Synapse's
-rows carry it), not the same-room rule the readers apply
-(``roomstore.events.tables.events``).
+server sends a page as. Where the database runs in this process
+(``Engine.in_process``: SQLite, whose work runs without the GIL) it writes
+each row's text, and the few rows holding characters it leaves as they are
+(non-ASCII, DEL) are written again here; elsewhere (PostgreSQL, whose server
+would spend twice what Python does) the text is put together here from the
+fields, with no Python object per row but the text. Room IDs and state
+keys come from the interners (small tables, cached), or, in the database's
+JSON, from the statement. ``redacts`` is what a redaction event says it
+redacts (as Synapse's rows carry it), not the same-room rule the readers
+apply (``roomstore.events.tables.events``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from roomstore.events.tables.events import (
     BACKFILL_EVENT_STREAM_ROWS,
     LIVE_EVENT_STREAM_ROWS,
     event_json_stream_rows_sql,
+    event_stream_rows_sql,
 )
 from roomstore.events.tables.room_state import STATE_STREAM_ROWS, state_json_stream_rows_sql
 from roomstore.storage.database import Transaction
@@ -47,9 +49,6 @@ __all__ = ["stream_page_txn"]
 #: First window of a page, in rows per requested row; doubled while short.
 _WINDOW = 2
 
-#: The events stream's page: its events, then the state changes they made.
-_LIVE_PAGE = f"SELECT * FROM ({LIVE_EVENT_STREAM_ROWS}) AS page_events UNION ALL {STATE_STREAM_ROWS}"
-
 _token = operator.itemgetter(0)
 
 #: A JSON string as ``json.dumps(ensure_ascii=True)`` writes it (C).
@@ -58,42 +57,52 @@ _quote = json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basest
 #: A membership code's JSON (an unknown code: null).
 _MEMBERSHIP_JSON = {code: _quote(name) for code, name in MEMBERSHIP_BY_CODE.items()}
 
-
-def _json_page_sql(engine, live: bool) -> str:
-    """The page statement writing each row's JSON text (``json_in_sql``)."""
-    key = (engine.name, live)
-    sql = _JSON_PAGES.get(key)
-    if sql is None:
-        sql = event_json_stream_rows_sql(engine, live)
-        if live:
-            sql = f"SELECT * FROM ({sql}) AS page_events UNION ALL {state_json_stream_rows_sql(engine)}"
-        _JSON_PAGES[key] = sql
-    return sql
-
-
-_JSON_PAGES: dict[tuple[str, bool], str] = {}
-
 #: Rows with other characters than these the database writes as they are
 #: (non-ASCII, DEL): written again, as Python's ``json`` writes them.
 _ascii_json = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
 
+_STATEMENTS: dict[tuple, tuple[str, ...]] = {}
+
+
+def _statements(engine, live: bool, encoded: bool) -> tuple[str, ...]:
+    """The statements reading a window of a page: the events', then (live)
+    the state changes' with the same range. Where a statement costs a round
+    trip (PostgreSQL) they are one (a UNION ALL); in-process (SQLite) they
+    run apart, and with ``encoded`` the database writes each row's JSON."""
+    key = (engine.name, live, encoded)
+    statements = _STATEMENTS.get(key)
+    if statements is None:
+        if engine.in_process and encoded:
+            statements = (event_json_stream_rows_sql(engine, live), *([state_json_stream_rows_sql(engine)] * live))
+        elif engine.in_process:
+            statements = (event_stream_rows_sql(live, join_ids=True), *([STATE_STREAM_ROWS] * live))
+        elif live:
+            statements = (f"SELECT * FROM ({LIVE_EVENT_STREAM_ROWS}) AS page_events UNION ALL {STATE_STREAM_ROWS}",)
+        else:
+            statements = (BACKFILL_EVENT_STREAM_ROWS,)
+        statements = _STATEMENTS[key] = statements
+    return statements
+
 
 def _page_rows_txn(txn: Transaction, live: bool, instance: str, from_token: int, upto: int,
-                   limit: int, sql: str | None = None) -> tuple[list[tuple], bool]:
-    """The page's raw rows (the statement's columns), sorted and cut, and
+                   limit: int, encoded: bool) -> tuple[list[tuple], bool]:
+    """The page's raw rows (the statements' columns), sorted and cut, and
     ``more``; read window by window until ``limit + 1`` events are seen."""
-    state_args = live
-    if sql is None:
-        sql = _LIVE_PAGE if live else BACKFILL_EVENT_STREAM_ROWS
+    statements = _statements(txn.engine, live, encoded)
     rows: list[tuple] = []
     events = 0
     lo = from_token
     span = max(limit * _WINDOW, 64)
     while events <= limit and lo < upto:
         hi = min(upto, lo + span)
-        args = (instance, lo, hi, limit + 1 - events, *((instance, lo, hi) if state_args else ()))
-        got = txn.execute(sql, args, prepare=True).fetchall()
-        events += [row[1] for row in got].count(0)
+        page_args = (instance, lo, hi, limit + 1 - events)
+        if len(statements) == 1:
+            got = txn.execute(statements[0], page_args + ((instance, lo, hi) if live else ()), prepare=True).fetchall()
+            events += [row[1] for row in got].count(0)
+        else:
+            got = txn.execute(statements[0], page_args, prepare=True).fetchall()
+            events += len(got)
+            got += txn.execute(statements[1], (instance, lo, hi), prepare=True).fetchall()
         rows += got
         lo, span = hi, span * 2
     # Token, then an event before its state changes, those by type and
@@ -118,15 +127,15 @@ def stream_page_txn(
     most ``limit`` events; ``more``: events after them were left out, and
     then the state changes stop at the last event's token. Rows are in the
     layout the module docstring gives, as JSON text with ``encoded``."""
-    if encoded and txn.engine.json_in_sql:
-        rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, _json_page_sql(txn.engine, live))
+    if encoded and txn.engine.in_process:
+        rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, True)
         page = [(row[0], row[4]) for row in rows]
         text = "".join([row for _, row in page])
         if not text.isascii() or "\x7f" in text:
             page = [(token, row if row.isascii() and "\x7f" not in row else _ascii_json(json.loads(row)))
                     for token, row in page]
         return page, more
-    rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit)
+    rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, False)
     if not rows:
         return [], more
     rooms = interners.rooms.resolve(txn, {row[5] for row in rows})

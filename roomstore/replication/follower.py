@@ -94,6 +94,23 @@ def _as_row(value: Any) -> StreamRow:
     return tuple(value) if isinstance(value, list) else value
 
 
+#: The share of page_size the ranges read ahead aim at (rows per token vary).
+_FILL = 0.9
+
+
+def _by_token(updates: list[tuple[int, StreamRow]]) -> list[tuple[int, list[StreamRow]]]:
+    """``(token, rows)`` for each token of ``(token, row)`` pairs in token order."""
+    grouped: list[tuple[int, list[StreamRow]]] = []
+    last = None
+    for token, row in updates:
+        if token == last:
+            grouped[-1][1].append(row)
+        else:
+            grouped.append((token, [row]))
+            last = token
+    return grouped
+
+
 class StreamFollower:
     """Applies one connection's stream commands through the handler.
 
@@ -113,6 +130,7 @@ class StreamFollower:
         max_batch_rows: int = 10_000,
         max_queued: int = 10_000,
         follow_moves_back: bool = True,
+        read_ahead: int = 1,
     ) -> None:
         #: Whether a POSITION below what was applied moves the position back
         #: (one server, the source of truth: TCP) or is a stale announcement
@@ -122,6 +140,8 @@ class StreamFollower:
         self._handler = handler
         self._positions = positions
         self._page_size = page_size
+        #: Pages read while one is applied, filling from the database.
+        self._read_ahead = max(1, read_ahead)
         self._max_batch_rows = max_batch_rows
         self._max_queued = max_queued
         self._batches: dict[tuple[str, str], list[StreamRow]] = {}
@@ -386,25 +406,44 @@ class StreamFollower:
 
     async def _fetch_missing(self, stream: Stream, writer: str, from_token: int, to_token: int) -> None:
         """Fetch and apply rows in ``(from_token, to_token]`` page by page,
-        the next page read while one is applied (as the TCP server's feed
-        reads ahead): a catch-up from the database over Redis, or a gap a
-        POSITION showed."""
+        up to ``read_ahead`` pages read while one is applied (as the TCP
+        server's feed reads ahead): a catch-up from the database over Redis,
+        or a gap a POSITION showed. After the first page, pages are token
+        ranges about a page wide (as dense as the page before); one that
+        comes back cut short is followed by the rest of its range."""
         if from_token >= to_token:
             return
-        read: defer.Deferred | None = defer.ensureDeferred(
-            stream.get_updates(writer, from_token, to_token, self._page_size))
+        page_size = self._page_size
+        reads: deque[tuple[int, int, defer.Deferred]] = deque()
+
+        def read(start: int, end: int) -> tuple[int, int, defer.Deferred]:
+            return start, end, defer.ensureDeferred(stream.get_updates(writer, start, end, page_size))
+
+        reads.append(read(from_token, to_token))
+        span: int | None = None
         try:
-            while True:
-                updates, upto, limited = await read
-                read = None
-                if limited and from_token < upto < to_token:
-                    read = defer.ensureDeferred(stream.get_updates(writer, upto, to_token, self._page_size))
-                grouped: list[tuple[int, list]] = []
-                for token, row in updates:
-                    if grouped and grouped[-1][0] == token:
-                        grouped[-1][1].append(row)
-                    else:
-                        grouped.append((token, [row]))
+            while reads:
+                start, end, result = reads.popleft()
+                updates, upto, limited = await result
+                if upto <= start:
+                    self.log.error(
+                        "{stream}/{writer}: get_updates from {start} made no progress",
+                        stream=stream.name,
+                        writer=writer,
+                        start=start,
+                    )
+                    return
+                if updates:
+                    span = max(1, int((upto - start) * page_size * _FILL / len(updates)))
+                if upto < end:
+                    # Cut short: the rest of its range comes next (a page's
+                    # worth of it when nothing was read after it).
+                    reads.appendleft(read(upto, end if reads or span is None else min(end, upto + span)))
+                last = reads[-1][1] if reads else upto
+                while span is not None and len(reads) < self._read_ahead and last < to_token:
+                    reads.append(read(last, min(to_token, last + span)))
+                    last = reads[-1][1]
+                grouped = _by_token(updates)
                 apply_batch = getattr(self._handler, "on_rdata_batch", None)
                 if apply_batch is not None and grouped:
                     # A page's tokens in one call (in order: get_updates' contract).
@@ -414,17 +453,6 @@ class StreamFollower:
                 for token, rows in grouped:
                     await _maybe_await(self._handler.on_rdata(stream.name, writer, token, rows))
                     self._positions.set(stream.name, writer, token)
-                if upto <= from_token:
-                    self.log.error(
-                        "{stream}/{writer}: get_updates from {start} made no progress",
-                        stream=stream.name,
-                        writer=writer,
-                        start=from_token,
-                    )
-                    return
-                from_token = upto
-                if not limited or from_token >= to_token:
-                    return
         finally:
-            if read is not None:
-                read.addErrback(lambda f: None)  # not used: its failure is nobody's
+            for _, _, result in reads:
+                result.addErrback(lambda f: None)  # not used: its failure is nobody's

@@ -29,6 +29,8 @@ class StoreReplicationHandler(ReplicationClientHandler):
     to the token, then call ``on_applied(stream, instance, token, rows)`` if
     given (the ``follow`` command logs it; tests count rows). Applying a token
     twice (a replay after a reconnect) is harmless: every step is idempotent.
+    The tokens of one read come through ``on_rdata_batch``: all their rows'
+    cache entries first, then the position.
 
     The worker store must be opened as a reader of the writer's streams
     (``StoreConfig(stream_writers={"events": ["master"], ...})``); the rows
@@ -77,8 +79,9 @@ class StoreReplicationHandler(ReplicationClientHandler):
     def on_rdata_batch(self, stream_name: str, instance_name: str, updates: list[tuple[int, list]]) -> None:
         """``on_rdata`` for many tokens at once (``updates``: ``(token,
         rows)``, in token order): every row's caches dropped, then the
-        stream's generator advanced once, to the last token, then
-        ``on_applied`` for each token."""
+        stream's generator advanced once, to the last token; with
+        ``on_applied``, advanced to each token in turn and ``on_applied``
+        called after each."""
         if stream_name == "events":
             events = [(token, data[1], data[2], data[3], data[4])
                       for token, rows in updates for kind, data in rows if kind == "ev"]
@@ -100,10 +103,14 @@ class StoreReplicationHandler(ReplicationClientHandler):
                     self._apply_invalidation(row[0], row[1])
         else:
             return
-        self._advance(stream_name, instance_name, updates[-1][0])
-        if self.on_applied is not None:
-            for token, rows in updates:
-                self.on_applied(stream_name, instance_name, token, rows)
+        if self.on_applied is None:
+            self._advance(stream_name, instance_name, updates[-1][0])
+            return
+        # Each token's position, then its on_applied: what on_applied sees
+        # (the position, for one) is as after that token alone.
+        for token, rows in updates:
+            self._advance(stream_name, instance_name, token)
+            self.on_applied(stream_name, instance_name, token, rows)
 
     def on_position(self, stream_name: str, instance_name: str, prev_token: int, new_token: int) -> None:
         if stream_name in STORE_STREAMS:

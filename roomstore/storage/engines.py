@@ -81,10 +81,11 @@ class Engine:
     supports_sequences: bool = False
     #: How many threads (each with its own connection) the pool may use.
     max_connections: int = 1
-    #: True where the database writes rows as JSON text (``json_array_sql``)
-    #: for less than Python would: SQLite, in-process, does it without the
-    #: GIL; PostgreSQL's server spends twice what Python does.
-    json_in_sql: bool = False
+    #: True where the database runs in this process (SQLite): a statement
+    #: costs no round trip, a lookup by key next to nothing, and its work
+    #: (writing rows as JSON text too: ``json_array_sql``) runs without the
+    #: GIL; a server's (PostgreSQL) spends twice what Python does on JSON.
+    in_process: bool = False
 
     # --- Writing: how statements, new rows and ids reach this database ----
 
@@ -155,7 +156,7 @@ class Engine:
         raise NotImplementedError
 
     def json_array_sql(self, items: Sequence[tuple[str, str]]) -> str:
-        """SQL for the JSON text of an array (where ``json_in_sql``), as
+        """SQL for the JSON text of an array (where ``in_process``), as
         Python's ``json`` writes it (compact; quotes, backslashes and control
         characters escaped as it escapes them) but for non-ASCII characters
         and DEL, left as they are. ``items`` are ``(kind, expression)``:
@@ -267,7 +268,7 @@ class SqliteEngine(Engine):
     read_only: bool = False
 
     name = "sqlite"
-    json_in_sql = True
+    in_process = True
     supports_sequences = False
     max_connections = 1
 

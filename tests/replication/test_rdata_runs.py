@@ -220,3 +220,51 @@ class ChunkingTests(unittest.TestCase):
         self.assertEqual(factory.positions.get("events", "master"), 5)
         self.assertTrue(protocol.is_open)
 
+
+
+class FillReadAheadTests(unittest.TestCase):
+    """Filling from the database (``StreamFollower.catch_up``, a gap, Redis)
+    with pages read ahead: every row once, in order, however the reads
+    finish, never more than ``read_ahead`` reads at once besides the page
+    applied."""
+
+    def _fill(self, read_ahead: int, batches: bool, seed: int) -> None:
+        from roomstore.replication.follower import StreamFollower, StreamPositions
+
+        from .utils import GatedStream
+
+        rng = random.Random(seed)
+        events = InMemoryStream("events")
+        expected = []
+        for token in range(1, 301):
+            rows = [("e", token, i) for i in range(1 + (rng.random() < 0.2) * rng.randint(1, 6))]
+            events.append("master", token, *rows)
+            expected.append((token, rows))
+        gated = GatedStream(events)
+        handler = (BatchRecordingHandler if batches else RecordingHandler)(StreamRegistry([gated]))
+        positions = StreamPositions()
+        positions.set("events", "master", 0)
+        follower = StreamFollower(handler, positions, page_size=10, read_ahead=read_ahead)
+        follower.catch_up("events", "master", 300)
+        most = 0
+        while gated.waiting:
+            most = max(most, len(gated.waiting))
+            if rng.random() < 0.5:
+                gated.release()  # the oldest
+            else:  # the newest first
+                args, gate = gated.waiting.pop()
+                gate.callback(None)
+        self.assertLessEqual(most, read_ahead)
+        self.assertEqual([(token, rows) for _, _, token, rows in handler.rdata], expected)
+        self.assertEqual(positions.get("events", "master"), 300)
+        self.assertTrue(all(limit == 10 for *_, limit in gated.calls))
+        return most
+
+    def test_every_row_once_in_order(self) -> None:
+        most = {}
+        for read_ahead in (1, 2, 3):
+            for batches in (False, True):
+                for seed in range(5):
+                    with self.subTest(read_ahead=read_ahead, batches=batches, seed=seed):
+                        most[read_ahead] = max(most.get(read_ahead, 0), self._fill(read_ahead, batches, seed))
+        self.assertEqual(most, {1: 1, 2: 2, 3: 3})

@@ -626,8 +626,11 @@ class BatchApplyTests:
         for stream in store_stream_registry(writer):
             pages[stream.name] = (await stream.get_updates("master", 0, stream.current_token("master"), BIG)).updates
         applied = {"token": [], "batch": []}
-        one = StoreReplicationHandler(by_token, on_applied=lambda *a: applied["token"].append(a))
-        many = StoreReplicationHandler(by_batch, on_applied=lambda *a: applied["batch"].append(a))
+        # on_applied sees each token's position, as after that token alone.
+        one = StoreReplicationHandler(by_token, on_applied=lambda *a: applied["token"].append(
+            (*a, by_token.stream(a[0]).get_current_token_for_writer("master"))))
+        many = StoreReplicationHandler(by_batch, on_applied=lambda *a: applied["batch"].append(
+            (*a, by_batch.stream(a[0]).get_current_token_for_writer("master"))))
         rng = random.Random(5)
         for name, updates in pages.items():
             grouped: list[tuple[int, list]] = []
@@ -644,6 +647,7 @@ class BatchApplyTests:
                 many.on_rdata_batch(name, "master", grouped[start:end])
                 start = end
         self.assertEqual(applied["batch"], applied["token"])
+        self.assertTrue(all(position == token for _, _, token, _, position in applied["batch"]))
         for name in STORE_STREAMS:
             self.assertEqual(by_batch.stream(name).get_current_token(), by_token.stream(name).get_current_token())
             self.assertEqual(by_batch.stream(name).get_current_token(), writer.stream(name).get_current_token())

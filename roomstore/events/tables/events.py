@@ -365,11 +365,17 @@ _PAGE_RANGES = {
 }
 
 
-def _event_stream_rows(live: bool) -> str:
+def event_stream_rows_sql(live: bool, join_ids: bool = False) -> str:
+    """``LIVE_EVENT_STREAM_ROWS`` (``live``) or ``BACKFILL_EVENT_STREAM_ROWS``;
+    ``join_ids``: the event IDs joined rather than looked up in a scalar
+    subquery (where a lookup by key costs next to nothing and no planner can
+    turn the join into a scan of event_ids: SQLite)."""
     token, order, where = _PAGE_RANGES[live]
+    event_id, joins = ("i.event_id", join_event_ids("i", "e.event_nid")) if join_ids else (
+        event_id_sql("e.event_nid"), "")
     return f"""
 SELECT {token}, 0, NULL, NULL,
-    {event_id_sql("e.event_nid")},
+    {event_id},
     e.room_nid,
     e.type,
     e.type_key_nid,
@@ -377,7 +383,7 @@ SELECT {token}, 0, NULL, NULL,
     CASE WHEN e.type = 'm.room.member' THEN {membership_of_sql("e.event_nid")} END,
     e.rejected_reason IS NOT NULL,
     e.outlier
-FROM events AS e
+FROM events AS e {joins}
 WHERE e.instance_name = ? AND {where}
 ORDER BY {order}
 LIMIT ?
@@ -385,15 +391,15 @@ LIMIT ?
 
 
 #: Live events (binds the instance, the range's two ends and the LIMIT).
-LIVE_EVENT_STREAM_ROWS = _event_stream_rows(True)
+LIVE_EVENT_STREAM_ROWS = event_stream_rows_sql(True)
 #: Backfilled events (the same bindings).
-BACKFILL_EVENT_STREAM_ROWS = _event_stream_rows(False)
+BACKFILL_EVENT_STREAM_ROWS = event_stream_rows_sql(False)
 
 
 def event_json_stream_rows_sql(engine, live: bool) -> str:
     """``LIVE_EVENT_STREAM_ROWS`` (``live``) or ``BACKFILL_EVENT_STREAM_ROWS``
     with each row written as its JSON text by the database (where
-    ``engine.json_in_sql``): columns ``(token, 0, NULL, NULL, row JSON)``,
+    ``engine.in_process``): columns ``(token, 0, NULL, NULL, row JSON)``,
     the row in replication's layout (``roomstore.events.stream_rows``), so
     that ``room_state.state_json_stream_rows_sql`` can be its UNION partner.
     The same bindings. Room IDs and state keys are looked up here, per row

@@ -144,7 +144,7 @@ STATE_STREAM_ROWS = (
 
 def state_json_stream_rows_sql(engine) -> str:
     """``STATE_STREAM_ROWS`` with each row written as its JSON text by the
-    database (where ``engine.json_in_sql``), ``["state", [room_id, type,
+    database (where ``engine.in_process``), ``["state", [room_id, type,
     state_key, event_id or null]]``: columns ``(token, 1, type, state_key,
     row JSON)``, the UNION partner of ``events.event_json_stream_rows_sql``.
     The same bindings."""
