@@ -156,21 +156,25 @@ def is_orphan(ev: PreparedEvent) -> bool:
     )
 
 
+def _in_order(batch: Sequence[PreparedEvent], by_id: Mapping[str, PreparedEvent]) -> bool:
+    """Whether each event of ``batch`` comes after its prev events in it."""
+    seen: set[str] = set()
+    for ev in batch:
+        for prev_id in ev.pdu.prev_event_ids:
+            if prev_id in by_id and prev_id not in seen:
+                return False
+        seen.add(ev.event_id)
+    return True
+
+
 def order_batch(batch: Sequence[PreparedEvent]) -> list[PreparedEvent]:
     """The batch with each event after its prev events that are in the batch
     (stable otherwise); duplicates dropped."""
     by_id: dict[str, PreparedEvent] = {}
     for ev in batch:
         by_id.setdefault(ev.event_id, ev)
-    if len(by_id) == len(batch):
-        # Usually already in order: check that before sorting.
-        seen: set[str] = set()
-        for ev in batch:
-            if any(p in by_id and p not in seen for p in ev.pdu.prev_event_ids):
-                break
-            seen.add(ev.event_id)
-        else:
-            return list(batch)
+    if len(by_id) == len(batch) and _in_order(batch, by_id):
+        return list(batch)  # usually so: checked before sorting
     ordered: list[PreparedEvent] = []
     placed: set[str] = set()
     visiting: set[str] = set()

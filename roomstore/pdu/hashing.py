@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 from typing import Any, Mapping
 
@@ -24,6 +24,8 @@ from typing import Any, Mapping
 from roomstore.pdu.canonical import canonical_json
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.room_versions import EventIdFormat, RoomVersion
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 __all__ = [
     "add_derived_ids",
@@ -36,8 +38,10 @@ __all__ = [
 
 def unpadded_base64(data: bytes, *, urlsafe: bool = False) -> str:
     """Encode ``data`` as the spec's unpadded base64 (optionally URL-safe)."""
-    encoded = base64.urlsafe_b64encode(data) if urlsafe else base64.b64encode(data)
-    return encoded.rstrip(b"=").decode("ascii")
+    encoded = binascii.b2a_base64(data, newline=False).rstrip(b"=")
+    if urlsafe:
+        encoded = encoded.translate(_URLSAFE)
+    return encoded.decode("ascii")
 
 
 def compute_content_hash(event_dict: Mapping[str, Any], *, floats: bool = True) -> str:

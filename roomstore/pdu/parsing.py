@@ -55,6 +55,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from typing import Any, Mapping
 
 import attrs
@@ -109,6 +110,9 @@ _EVENT_ID_PATTERNS = {
     EventIdFormat.V3: re.compile(r"\$[A-Za-z0-9+/]{43}", re.ASCII),
     EventIdFormat.V4_PLUS: re.compile(r"\$[A-Za-z0-9_-]{43}", re.ASCII),
 }
+# Without a dict lookup by enum (an Enum's hash is Python code).
+_V3_EVENT_ID = _EVENT_ID_PATTERNS[EventIdFormat.V3]
+_V4_EVENT_ID = _EVENT_ID_PATTERNS[EventIdFormat.V4_PLUS]
 #: A room version 12 room ID: "!" + the create event's reference hash.
 _HASH_ROOM_ID = re.compile(r"![A-Za-z0-9_-]{43}", re.ASCII)
 
@@ -411,6 +415,37 @@ _FLOAT_SEEN = 1
 _INT_OUT_OF_RANGE = 2
 
 
+class _ParseState(threading.local):
+    """Per thread: the decoders (their hooks are reused, not made per call)
+    and what the hooks saw during the current parse."""
+
+    def __init__(self) -> None:
+        self.suspects = 0
+        self.plain = json.JSONDecoder(
+            object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant, parse_float=_on_float
+        )
+        # Strict room versions: each integer's range looked at.
+        self.checking_ints = json.JSONDecoder(
+            object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant, parse_float=_on_float,
+            parse_int=_on_int,
+        )
+
+
+def _on_float(literal: str) -> float:
+    _state.suspects |= _FLOAT_SEEN
+    return float(literal)
+
+
+def _on_int(literal: str) -> int:
+    value = int(literal)
+    if not CANONICALJSON_MIN_INT <= value <= CANONICALJSON_MAX_INT:
+        _state.suspects |= _INT_OUT_OF_RANGE
+    return value
+
+
+_state = _ParseState()
+
+
 def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
     """Parse a PDU; returns ``(object, suspects)``.
 
@@ -419,28 +454,11 @@ def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
     infinite), an integer outside canonical JSON's range when ``strict_ints``.
     Noting these while parsing spares walking every value of every event.
     """
-    suspects = 0
-
-    def on_float(literal: str) -> float:
-        nonlocal suspects
-        suspects |= _FLOAT_SEEN
-        return float(literal)
-
-    def on_int(literal: str) -> int:
-        nonlocal suspects
-        value = int(literal)
-        if strict_ints and not CANONICALJSON_MIN_INT <= value <= CANONICALJSON_MAX_INT:
-            suspects |= _INT_OUT_OF_RANGE
-        return value
-
+    state = _state
+    state.suspects = 0
+    decoder = state.checking_ints if strict_ints else state.plain
     try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_reject_duplicates,
-            parse_constant=_reject_constant,
-            parse_float=on_float,
-            parse_int=on_int,
-        )
+        value = decoder.decode(text)
     except InvalidEventError:
         raise
     except json.JSONDecodeError as e:
@@ -453,7 +471,7 @@ def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
         raise InvalidEventError(
             f"PDU must be a JSON object, got {_json_type_name(value)}"
         )
-    return value, suspects
+    return value, state.suspects
 
 
 def _check_json_values(event: dict[str, Any], room_version: RoomVersion) -> None:
@@ -534,7 +552,8 @@ def _require_identifier(event: Mapping[str, Any], key: str, sigil: str = "") -> 
     value = event[key]
     if not isinstance(value, str):
         raise _wrong_type(key, "a string", value)
-    if len(value.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+    # A character is at most 4 bytes: only a long string needs encoding.
+    if len(value) * 4 > MAX_IDENTIFIER_BYTES and len(value.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
         raise InvalidEventError(
             f"{key!r} is longer than {MAX_IDENTIFIER_BYTES} bytes", key
         )
@@ -564,7 +583,7 @@ def _event_references(
     if fmt is not EventIdFormat.V1_V2:
         # v3+: every item an ID of exactly 44 ASCII characters, which the
         # pattern alone decides (no length to check); paths only on error.
-        fullmatch = _EVENT_ID_PATTERNS[fmt].fullmatch
+        fullmatch = (_V4_EVENT_ID if fmt is EventIdFormat.V4_PLUS else _V3_EVENT_ID).fullmatch
         for index, item in enumerate(value):
             if type(item) is not str or fullmatch(item) is None:
                 raise _bad_reference(f"{key}[{index}]", item, room_version)

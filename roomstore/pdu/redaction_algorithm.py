@@ -124,7 +124,7 @@ def prune_event_dict(
         pruned = {key: value for key, value in event_dict.items() if key in top_level_keys}
 
     content = event_dict.get("content")
-    if not isinstance(content, Mapping):
+    if type(content) is not dict and not isinstance(content, Mapping):  # typing's isinstance is slow
         content = {}
     event_type = event_dict.get("type")
 
