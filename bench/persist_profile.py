@@ -1,5 +1,6 @@
 """Where ``persist_events`` spends its CPU: cProfile of the reactor thread and,
-apart, of the database threads (every interaction of the timed batches).
+apart, of the validator's thread (``prepare_events``) and of the database
+threads (every interaction of the timed batches).
 
 usage: bench/with-postgres .venv/bin/python bench/persist_profile.py [--events N] [--top K] [--engines sqlite,postgres]
 
@@ -52,6 +53,40 @@ def _profiled_pool(db, profilers: list, lock: threading.Lock) -> None:
     db._run_in_thread = run_in_thread
 
 
+def _profiled_validation(profilers: list, lock: threading.Lock) -> None:
+    """``prepare_events`` on the validator's thread from now on runs under a profiler (absent in old checkouts)."""
+    try:
+        from roomstore.events import pipeline
+    except ImportError:
+        return
+    original = pipeline.prepare_events
+    local = threading.local()
+
+    def prepare_events(*args, **kwargs):
+        profiler = getattr(local, "profiler", None)
+        if profiler is None:
+            profiler = local.profiler = cProfile.Profile()
+            with lock:
+                profilers.append(profiler)
+        profiler.enable()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            profiler.disable()
+
+    pipeline.prepare_events = prepare_events
+
+
+def _merged(profilers: list):
+    stats = None
+    for profiler in profilers:
+        if stats is None:
+            stats = pstats.Stats(profiler, stream=io.StringIO())
+        else:
+            stats.add(profiler)
+    return stats
+
+
 def _top(profiler_or_stats, top: int, sort: str) -> str:
     out = io.StringIO()
     stats = profiler_or_stats if isinstance(profiler_or_stats, pstats.Stats) else pstats.Stats(profiler_or_stats, stream=out)
@@ -68,7 +103,9 @@ async def profile_engine(engine: str, url: str, events, setup, top: int) -> None
     try:
         await store.persist_events(setup)
         profilers: list = []
+        validation_profilers: list = []
         _profiled_pool(store.db, profilers, threading.Lock())
+        _profiled_validation(validation_profilers, threading.Lock())
         reactor_profiler = cProfile.Profile()
         cpu0, start = time.process_time(), time.perf_counter()
         reactor_profiler.enable()
@@ -85,12 +122,11 @@ async def profile_engine(engine: str, url: str, events, setup, top: int) -> None
     print(_top(reactor_profiler, top, "tottime"))
     print(f"--- reactor thread, by cumulative time (top {top})")
     print(_top(reactor_profiler, top, "cumulative"))
-    stats = None
-    for profiler in profilers:
-        if stats is None:
-            stats = pstats.Stats(profiler, stream=io.StringIO())
-        else:
-            stats.add(profiler)
+    validation = _merged(validation_profilers)
+    if validation is not None:
+        print(f"--- validator's thread, by own time (top {top})")
+        print(_top(validation, top, "tottime"))
+    stats = _merged(profilers)
     if stats is not None:
         print(f"--- database threads, by own time (top {top})")
         print(_top(stats, top, "tottime"))

@@ -452,11 +452,17 @@ class _BatchWriter:
         known = self.stored_events(prev_nids)
         groups_after: dict[int, int | None] = {n: r["state_group"] for n, r in known.items() if not r["outlier"]}
         rows = _Rows()
+        # Locals: this loop runs once per event of every batch.
+        key_nids, user_nids, now_ms = self.key_nids, self.user_nids, self.now_ms
+        instance_name = self.p.instance_name
+        add_event, add_json, edges, auth = rows.events.append, rows.json.append, rows.edges, rows.auth
+        room_positions = rows.room_positions
         for ev in new_events:
             pdu = ev.pdu
-            event_nid = nid[ev.event_id]
+            event_id = ev.event_id
+            event_nid = nid[event_id]
             room_nid = room_nids[pdu.room_id]
-            stream = ordering[ev.event_id]
+            stream = ordering[event_id]
             group_before = group_after = None
             visibility_before = visibility_after = None
             if not ev.outlier:
@@ -465,29 +471,34 @@ class _BatchWriter:
                 )
                 groups_after[event_nid] = group_after
 
-            type_key = self.key_nids[(pdu.type, pdu.state_key)] if pdu.state_key is not None else None
-            rows.events.append((
-                event_nid, room_nid, pdu.type, type_key, self.user_nids[pdu.sender], pdu.depth, pdu.depth,
-                stream, self.p.instance_name, pdu.origin_server_ts, self.now_ms, ev.outlier,
+            state_key = pdu.state_key
+            type_key = key_nids[(pdu.type, state_key)] if state_key is not None else None
+            add_event((
+                event_nid, room_nid, pdu.type, type_key, user_nids[pdu.sender], pdu.depth, pdu.depth,
+                stream, instance_name, pdu.origin_server_ts, now_ms, ev.outlier,
                 ev.rejected_reason, ev.backfilled, False, group_before, group_after,
                 visibility_before, visibility_after,
             ))
-            rows.json.append((event_nid, pdu.room_version.identifier, pdu.raw, ev.content_hash_mismatch))
-            rows.edges.extend((event_nid, nid[p]) for p in dict.fromkeys(pdu.prev_event_ids))
+            add_json((event_nid, pdu.room_version.identifier, pdu.raw, ev.content_hash_mismatch))
+            prev_ids = pdu.prev_event_ids
+            if len(prev_ids) == 1:
+                edges.append((event_nid, nid[prev_ids[0]]))
+            else:
+                edges.extend((event_nid, nid[p]) for p in dict.fromkeys(prev_ids))
             # With v12's implied create event: the auth chain's edges, as Synapse's event_auth.
-            rows.auth.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
-            if pdu.type == MEMBER and pdu.state_key is not None and not ev.rejected_reason:
+            auth.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
+            if pdu.type == MEMBER and state_key is not None and not ev.rejected_reason:
                 rows.memberships.append((
-                    event_nid, room_nid, self.user_nids[pdu.state_key], self.user_nids[pdu.sender],
+                    event_nid, room_nid, user_nids[state_key], user_nids[pdu.sender],
                     membership_code(pdu.membership), stream,
                 ))
-                rows.membership_users[pdu.state_key] = max(rows.membership_users.get(pdu.state_key, stream), stream)
-            if pdu.type == "m.room.redaction" and pdu.redacts and not ev.rejected_reason:
-                rows.redactions.append((event_nid, nid[pdu.redacts], self.now_ms))
+                rows.membership_users[state_key] = max(rows.membership_users.get(state_key, stream), stream)
+            if pdu.redacts and pdu.type == "m.room.redaction" and not ev.rejected_reason:
+                rows.redactions.append((event_nid, nid[pdu.redacts], now_ms))
             if not ev.outlier:
-                rows.room_positions[pdu.room_id] = max(rows.room_positions.get(pdu.room_id, stream), stream)
-            results[ev.event_id] = PersistedEvent(
-                ev.event_id, pdu.room_id, stream, pdu.depth, group_before, group_after
+                room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)
+            results[event_id] = PersistedEvent(
+                event_id, pdu.room_id, stream, pdu.depth, group_before, group_after
             )
         return rows
 
@@ -582,8 +593,13 @@ class _BatchWriter:
         """The state group before ``ev``: given by the caller, or derived."""
         nid = self.event_nids
         given = ev.state_before
-        prev_groups = [groups_after.get(nid[p], "missing") for p in ev.pdu.prev_event_ids]
-        base = next((g for g in prev_groups if isinstance(g, int)), None)
+        prev_event_ids = ev.pdu.prev_event_ids
+        if given is None and len(prev_event_ids) == 1:
+            # The common case: one prev event, stored as a graph event.
+            group = groups_after.get(nid[prev_event_ids[0]], "missing")
+            if group != "missing":
+                return group
+        prev_groups = [groups_after.get(nid[p], "missing") for p in prev_event_ids]
         if isinstance(given, StateDelta):
             if given.base_state_group not in self.pending and not self.p.state_groups.group_exists(self.txn, given.base_state_group):
                 raise MissingStateError(f"state_before of {ev.event_id}: unknown state group {given.base_state_group}")
@@ -593,6 +609,7 @@ class _BatchWriter:
             return self.new_group(room_nid, None, given.base_state_group, delta)
         if isinstance(given, abc.Mapping):
             wanted = {self.key_nids[k]: nid[e] for k, e in given.items()}
+            base = next((g for g in prev_groups if isinstance(g, int)), None)
             if base is None:
                 return self.new_group(room_nid, None, None, wanted)
             base_state = self.full_state(base)

@@ -16,14 +16,16 @@
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 from typing import Any, Mapping
 
-from canonicaljson import encode_canonical_json
 
+from roomstore.pdu.canonical import canonical_json
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.room_versions import EventIdFormat, RoomVersion
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 __all__ = [
     "add_derived_ids",
@@ -36,26 +38,29 @@ __all__ = [
 
 def unpadded_base64(data: bytes, *, urlsafe: bool = False) -> str:
     """Encode ``data`` as the spec's unpadded base64 (optionally URL-safe)."""
-    encoded = base64.urlsafe_b64encode(data) if urlsafe else base64.b64encode(data)
-    return encoded.rstrip(b"=").decode("ascii")
+    encoded = binascii.b2a_base64(data, newline=False).rstrip(b"=")
+    if urlsafe:
+        encoded = encoded.translate(_URLSAFE)
+    return encoded.decode("ascii")
 
 
-def compute_content_hash(event_dict: Mapping[str, Any]) -> str:
+def compute_content_hash(event_dict: Mapping[str, Any], *, floats: bool = True) -> str:
     """Return the content hash of ``event_dict`` as unpadded standard base64.
 
     This is the value a sender puts in ``hashes.sha256``.  The input is not
-    modified.
+    modified. ``floats=False``: ``event_dict`` holds no float (see
+    ``canonical_json``).
     """
     stripped = {
         k: v
         for k, v in event_dict.items()
         if k not in ("unsigned", "signatures", "hashes")
     }
-    return unpadded_base64(hashlib.sha256(encode_canonical_json(stripped)).digest())
+    return unpadded_base64(hashlib.sha256(canonical_json(stripped, floats=floats)).digest())
 
 
 def compute_reference_hash(
-    room_version: RoomVersion, event_dict: Mapping[str, Any]
+    room_version: RoomVersion, event_dict: Mapping[str, Any], *, floats: bool = True
 ) -> bytes:
     """Return the 32-byte sha256 reference hash of ``event_dict``."""
     # Only serialised, never kept: no need to deep-copy what survives.
@@ -64,10 +69,10 @@ def compute_reference_hash(
     # spec lists the step explicitly, so we do it too rather than rely on that.
     for key in ("signatures", "unsigned", "age_ts"):
         redacted.pop(key, None)
-    return hashlib.sha256(encode_canonical_json(redacted)).digest()
+    return hashlib.sha256(canonical_json(redacted, floats=floats)).digest()
 
 
-def compute_event_id(room_version: RoomVersion, event_dict: Mapping[str, Any]) -> str:
+def compute_event_id(room_version: RoomVersion, event_dict: Mapping[str, Any], *, floats: bool = True) -> str:
     """Return the event ID of a v3+ event, computed from its reference hash.
 
     Raises:
@@ -80,7 +85,7 @@ def compute_event_id(room_version: RoomVersion, event_dict: Mapping[str, Any]) -
             f"room version {room_version.identifier} carries event IDs in the PDU; "
             "they cannot be computed"
         )
-    digest = compute_reference_hash(room_version, event_dict)
+    digest = compute_reference_hash(room_version, event_dict, floats=floats)
     return "$" + unpadded_base64(digest, urlsafe=fmt is EventIdFormat.V4_PLUS)
 
 

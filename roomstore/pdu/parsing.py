@@ -55,6 +55,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from typing import Any, Mapping
 
 import attrs
@@ -109,6 +110,9 @@ _EVENT_ID_PATTERNS = {
     EventIdFormat.V3: re.compile(r"\$[A-Za-z0-9+/]{43}", re.ASCII),
     EventIdFormat.V4_PLUS: re.compile(r"\$[A-Za-z0-9_-]{43}", re.ASCII),
 }
+# Without a dict lookup by enum (an Enum's hash is Python code).
+_V3_EVENT_ID = _EVENT_ID_PATTERNS[EventIdFormat.V3]
+_V4_EVENT_ID = _EVENT_ID_PATTERNS[EventIdFormat.V4_PLUS]
 #: A room version 12 room ID: "!" + the create event's reference hash.
 _HASH_ROOM_ID = re.compile(r"![A-Za-z0-9_-]{43}", re.ASCII)
 
@@ -157,6 +161,9 @@ class ParsedPdu:
     content: Mapping[str, Any] = attrs.field(eq=False, repr=False)
     #: The whole parsed JSON object.
     event_dict: Mapping[str, Any] = attrs.field(eq=False, repr=False)
+    #: Whether the JSON may hold a float (the parser saw one): canonical JSON
+    #: of it then takes canonicaljson's path (``roomstore.pdu.canonical``).
+    has_floats: bool = attrs.field(default=True, eq=False, repr=False)
 
     @property
     def is_state(self) -> bool:
@@ -208,7 +215,7 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
         TypeError: ``raw`` is not ``bytes``.
         InvalidEventError: for any problem with the PDU; the message says which.
     """
-    event = _decoded_event(raw, room_version)
+    event, has_floats = _decoded_event(raw, room_version)
 
     hashed_room_id = room_version.room_id_is_create_hash
     is_create = event.get("type") == "m.room.create" and event.get("state_key") == ""
@@ -253,7 +260,7 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
     if "origin" in event and not isinstance(event["origin"], str):
         raise _wrong_type("origin", "a string", event["origin"])
 
-    event_id = _event_id_of(event, room_version)
+    event_id = _event_id_of(event, room_version, has_floats)
     if room_id is None:
         room_id = room_id_of_create(event_id)
 
@@ -275,12 +282,13 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
         raw=raw,
         content=content,
         event_dict=event,
+        has_floats=has_floats,
     )
 
 
-def _decoded_event(raw: bytes, room_version: RoomVersion) -> dict:
-    """``raw`` decoded as the JSON object of a PDU: its type, size, UTF-8,
-    JSON values and canonical size checked."""
+def _decoded_event(raw: bytes, room_version: RoomVersion) -> tuple[dict, bool]:
+    """(``raw`` decoded as the JSON object of a PDU: its type, size, UTF-8,
+    JSON values and canonical size checked; whether the parser saw a float)."""
     if not isinstance(raw, bytes):
         raise TypeError(f"raw must be bytes, not {type(raw).__name__}")
     if len(raw) > MAX_PDU_SIZE:
@@ -312,7 +320,7 @@ def _decoded_event(raw: bytes, room_version: RoomVersion) -> dict:
                 f"PDU is {canonical_size} bytes as canonical JSON; "
                 f"the limit is {MAX_PDU_SIZE} bytes"
             )
-    return event
+    return event, bool(suspects & _FLOAT_SEEN)
 
 
 def _check_required_keys(event: dict, room_version: RoomVersion, is_create: bool) -> None:
@@ -336,7 +344,7 @@ def _check_required_keys(event: dict, room_version: RoomVersion, is_create: bool
         )
 
 
-def _event_id_of(event: dict, room_version: RoomVersion) -> str:
+def _event_id_of(event: dict, room_version: RoomVersion, has_floats: bool) -> str:
     """The PDU's ``event_id`` (v1/v2), checked, or its reference hash (v3+)."""
     if room_version.event_id_in_pdu:
         event_id = event["event_id"]
@@ -354,7 +362,7 @@ def _event_id_of(event: dict, room_version: RoomVersion) -> str:
                 "event_id",
             )
         try:
-            event_id = compute_event_id(room_version, event)
+            event_id = compute_event_id(room_version, event, floats=has_floats)
         except RecursionError:
             raise InvalidEventError("PDU JSON is nested too deeply") from None
     return event_id
@@ -407,6 +415,37 @@ _FLOAT_SEEN = 1
 _INT_OUT_OF_RANGE = 2
 
 
+class _ParseState(threading.local):
+    """Per thread: the decoders (their hooks are reused, not made per call)
+    and what the hooks saw during the current parse."""
+
+    def __init__(self) -> None:
+        self.suspects = 0
+        self.plain = json.JSONDecoder(
+            object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant, parse_float=_on_float
+        )
+        # Strict room versions: each integer's range looked at.
+        self.checking_ints = json.JSONDecoder(
+            object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant, parse_float=_on_float,
+            parse_int=_on_int,
+        )
+
+
+def _on_float(literal: str) -> float:
+    _state.suspects |= _FLOAT_SEEN
+    return float(literal)
+
+
+def _on_int(literal: str) -> int:
+    value = int(literal)
+    if not CANONICALJSON_MIN_INT <= value <= CANONICALJSON_MAX_INT:
+        _state.suspects |= _INT_OUT_OF_RANGE
+    return value
+
+
+_state = _ParseState()
+
+
 def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
     """Parse a PDU; returns ``(object, suspects)``.
 
@@ -415,28 +454,11 @@ def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
     infinite), an integer outside canonical JSON's range when ``strict_ints``.
     Noting these while parsing spares walking every value of every event.
     """
-    suspects = 0
-
-    def on_float(literal: str) -> float:
-        nonlocal suspects
-        suspects |= _FLOAT_SEEN
-        return float(literal)
-
-    def on_int(literal: str) -> int:
-        nonlocal suspects
-        value = int(literal)
-        if strict_ints and not CANONICALJSON_MIN_INT <= value <= CANONICALJSON_MAX_INT:
-            suspects |= _INT_OUT_OF_RANGE
-        return value
-
+    state = _state
+    state.suspects = 0
+    decoder = state.checking_ints if strict_ints else state.plain
     try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_reject_duplicates,
-            parse_constant=_reject_constant,
-            parse_float=on_float,
-            parse_int=on_int,
-        )
+        value = decoder.decode(text)
     except InvalidEventError:
         raise
     except json.JSONDecodeError as e:
@@ -449,7 +471,7 @@ def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
         raise InvalidEventError(
             f"PDU must be a JSON object, got {_json_type_name(value)}"
         )
-    return value, suspects
+    return value, state.suspects
 
 
 def _check_json_values(event: dict[str, Any], room_version: RoomVersion) -> None:
@@ -530,7 +552,8 @@ def _require_identifier(event: Mapping[str, Any], key: str, sigil: str = "") -> 
     value = event[key]
     if not isinstance(value, str):
         raise _wrong_type(key, "a string", value)
-    if len(value.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+    # A character is at most 4 bytes: only a long string needs encoding.
+    if len(value) * 4 > MAX_IDENTIFIER_BYTES and len(value.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
         raise InvalidEventError(
             f"{key!r} is longer than {MAX_IDENTIFIER_BYTES} bytes", key
         )
@@ -556,31 +579,39 @@ def _event_references(
     value = event[key]
     if not isinstance(value, list):
         raise _wrong_type(key, "an array", value)
+    fmt = room_version.event_id_format
+    if fmt is not EventIdFormat.V1_V2:
+        # v3+: every item an ID of exactly 44 ASCII characters, which the
+        # pattern alone decides (no length to check); paths only on error.
+        fullmatch = (_V4_EVENT_ID if fmt is EventIdFormat.V4_PLUS else _V3_EVENT_ID).fullmatch
+        for index, item in enumerate(value):
+            if type(item) is not str or fullmatch(item) is None:
+                raise _bad_reference(f"{key}[{index}]", item, room_version)
+        return tuple(value)
     ids = []
-    pairs = room_version.event_id_format is EventIdFormat.V1_V2
     for index, item in enumerate(value):
         path = f"{key}[{index}]"
-        if pairs:
-            # v1/v2: [event_id, {"sha256": reference hash}]
-            if not (isinstance(item, list) and len(item) == 2):
-                raise InvalidEventError(
-                    f"{path!r} must be an [event_id, hashes] pair in room version "
-                    f"{room_version.identifier}",
-                    path,
-                )
-            event_id, hashes = item
-            if not isinstance(hashes, dict):
-                raise _wrong_type(f"{path}[1]", "an object of hashes", hashes)
-        else:
-            event_id = item
-        if not is_valid_event_id(room_version, event_id):
+        # v1/v2: [event_id, {"sha256": reference hash}]
+        if not (isinstance(item, list) and len(item) == 2):
             raise InvalidEventError(
-                f"{path!r} is not a room version {room_version.identifier} "
-                f"event ID: {event_id!r}",
+                f"{path!r} must be an [event_id, hashes] pair in room version "
+                f"{room_version.identifier}",
                 path,
             )
+        event_id, hashes = item
+        if not isinstance(hashes, dict):
+            raise _wrong_type(f"{path}[1]", "an object of hashes", hashes)
+        if not is_valid_event_id(room_version, event_id):
+            raise _bad_reference(path, event_id, room_version)
         ids.append(event_id)
     return tuple(ids)
+
+
+def _bad_reference(path: str, event_id: object, room_version: RoomVersion) -> InvalidEventError:
+    return InvalidEventError(
+        f"{path!r} is not a room version {room_version.identifier} event ID: {event_id!r}",
+        path,
+    )
 
 
 def _check_hashes(event: Mapping[str, Any]) -> None:

@@ -115,14 +115,16 @@ def prune_event_dict(
           that only serialise the result, such as the reference hash.
     """
     copy_json = _copy_json if deep_copy else _share
-    pruned: dict[str, Any] = {
-        key: copy_json(value)
-        for key, value in event_dict.items()
-        if key in room_version.redaction_top_level_keys
-    }
+    top_level_keys = room_version.redaction_top_level_keys
+    if deep_copy:
+        pruned: dict[str, Any] = {
+            key: copy_json(value) for key, value in event_dict.items() if key in top_level_keys
+        }
+    else:  # the reference hash of every event stored: no call per key
+        pruned = {key: value for key, value in event_dict.items() if key in top_level_keys}
 
     content = event_dict.get("content")
-    if not isinstance(content, Mapping):
+    if type(content) is not dict and not isinstance(content, Mapping):  # typing's isinstance is slow
         content = {}
     event_type = event_dict.get("type")
 
@@ -135,7 +137,10 @@ def prune_event_dict(
             if isinstance(event_type, str)
             else frozenset()
         )
-        new_content = {k: copy_json(v) for k, v in content.items() if k in kept}
+        if deep_copy:
+            new_content = {k: copy_json(v) for k, v in content.items() if k in kept}
+        else:
+            new_content = {k: v for k, v in content.items() if k in kept}
 
     if (
         event_type == "m.room.member"

@@ -134,12 +134,16 @@ class InternCache:
                 pass
         values = list(map(young.get, keys))
         missing = []
-        get = self.get
+        old_get, add = self._old.get, self._add
         for index, value in enumerate(values):
             if value is None:
-                value = values[index] = get(keys[index])
+                key = keys[index]
+                value = old_get(key)
                 if value is None:
                     missing.append(index)
+                else:  # as get(): a hit in the old generation moves to the young
+                    values[index] = value
+                    add(key, value)
         return values, missing
 
     def split(self, wanted: Iterable) -> tuple[dict, list]:

@@ -170,16 +170,21 @@ _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\
 
 
 def _copy_value(value: Any) -> str:
+    kind = type(value)
+    if kind is int:  # the most common value: ids, orderings, timestamps
+        return str(value)
     if value is None:
         return "\\N"
+    if kind is str:
+        if "\0" in value:
+            raise ValueError("COPY cannot carry a NUL character in text")
+        return value.translate(_COPY_ESCAPES)
     if value is True or value is False:
         return "t" if value else "f"
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "\\\\x" + bytes(value).hex()  # bytea's hex input, its backslash escaped for COPY
     if isinstance(value, str):
-        if "\0" in value:
-            raise ValueError("COPY cannot carry a NUL character in text")
-        return value.translate(_COPY_ESCAPES)
+        return _copy_value(str(value))
     return str(value)
 
 

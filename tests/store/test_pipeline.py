@@ -42,6 +42,39 @@ def with_bad_hash(raw: bytes) -> bytes:
     return changed
 
 
+class PauseTests(unittest.TestCase):
+    """The validator's thread lets the GIL go every few events; the result is the same."""
+
+    def test_pauses_every_n_events_and_gives_the_same_result(self):
+        import roomstore.events.batch as batch_module
+
+        room, built = linear_room(30)
+        events = [room.to_persist(e) for e in built]
+        pauses = []
+        real_sleep = batch_module.time.sleep
+        self.patch(batch_module.time, "sleep", lambda seconds: pauses.append(seconds) or real_sleep(seconds))
+        paused = prepare_events(events, {}, pause_every=8)
+        self.assertEqual(pauses, [0] * (len(events) // 8))
+        pauses.clear()
+        self.assertEqual(prepare_events(events, {}), paused)
+        self.assertEqual(pauses, [])
+
+    async def test_the_validators_thread_pauses(self):
+        import roomstore.events.batch as batch_module
+        from roomstore.events.pipeline import PAUSE_EVERY
+
+        room, built = linear_room(40)
+        events = [room.to_persist(e) for e in built]
+        pauses = []
+        real_sleep = batch_module.time.sleep
+        self.patch(batch_module.time, "sleep", lambda seconds: pauses.append(seconds) or real_sleep(seconds))
+        validator = BatchValidator(reactor)
+        self.addCleanup(validator.close)
+        got = await validator.prepare(events, {})
+        self.assertEqual(got, prepare_events(events, {}))
+        self.assertGreaterEqual(pauses.count(0), len(events) // PAUSE_EVERY)
+
+
 class WriteTurnsTests(unittest.TestCase):
     def test_turns_follow_call_order_however_earlier_ones_end(self):
         turns = WriteTurns()
