@@ -61,6 +61,7 @@ from roomstore.replication.commands import (
     encode_row,
 )
 from roomstore.replication.stream_sources import Stream, StreamRegistry
+from roomstore.storage.collector import collector_paused
 
 __all__ = ["ConnectionFeed", "FeedConnection", "StreamContractError"]
 
@@ -409,8 +410,17 @@ class ConnectionFeed:
                     while len(reads) < self._read_ahead and end < target:
                         reads.append(self._read(stream, writer, end, target, generation, span))
                         end = reads[-1].end
-                items = self._page_commands(stream, writer, start, updates, upto, limited)
-                if self._conn.paused:
+                # The page's items are made, written and freed with the
+                # cyclic collector held off (``storage.collector``).
+                sent = False
+                with collector_paused():
+                    items = self._page_commands(stream, writer, start, updates, upto, limited)
+                    del updates, read  # the page (the read's result holds it too)
+                    if not self._conn.paused:
+                        told = self._send_page(stream, writer, items)
+                        sent = True
+                        del items
+                if not sent:
                     # Paused while the page was read (another stream's page
                     # filled the transport): it waits here, whole, rather
                     # than line by line in the connection's pending queue.
@@ -419,11 +429,9 @@ class ConnectionFeed:
                         return
                     if generation != cursor.generation:
                         continue  # a legacy REPLICATE moved the cursor meanwhile
-                self._conn.send_rows(stream.name, writer, items)
-                if items:
-                    # The page ends with its last token's numeric RDATA or POSITION.
-                    last = items[-1]
-                    cursor.last_told = last[0] if type(last) is tuple else last.new_token
+                    told = self._send_page(stream, writer, items)
+                if told is not None:
+                    cursor.last_told = told
                 cursor.last_sent = upto
 
             if self._conn.is_open and (cursor.want_position or cursor.last_told != cursor.last_sent):
@@ -435,6 +443,15 @@ class ConnectionFeed:
         finally:
             cursor.running = False
             _drop_all(reads)
+
+    def _send_page(self, stream: Stream, writer: str, items: list) -> int | None:
+        """Write a page's items; the token the page ends with (its last
+        token's numeric RDATA or POSITION), None for an empty page."""
+        self._conn.send_rows(stream.name, writer, items)
+        if not items:
+            return None
+        last = items[-1]
+        return last[0] if type(last) is tuple else last.new_token
 
     def _read(self, stream: Stream, writer: str, start: int, target: int, generation: int,
               span: int | None) -> _Read:

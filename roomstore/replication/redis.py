@@ -66,6 +66,7 @@ from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.store_handler import StoreReplicationHandler
 from roomstore.replication.store_sources import STORE_STREAMS, wire_server
 from roomstore.replication.tls import ClientTLS
+from roomstore.storage.collector import collector_paused
 from roomstore.replication.wire import encode_fast
 
 __all__ = ["RedisAddress", "RedisRefused", "RedisReplication", "parse_redis_url", "shown_url"]
@@ -553,7 +554,8 @@ class RedisReplication:
         conn = self._pub_conn
         if conn is None or not self.ready:
             return None
-        lines = _rdata_lines(name, self.instance_name, updates)
+        with collector_paused():  # the page's lines, freed once written
+            lines = _rdata_lines(name, self.instance_name, updates)
         last_row = updates[-1][0] if updates else start
         if upto > last_row:
             lines.append(serialize_command(PositionCommand(name, self.instance_name, last_row, upto)))

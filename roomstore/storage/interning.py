@@ -267,19 +267,35 @@ class Interner:
         txn.call_after(self._remember, found)
         return result
 
-    def _fetch_keys(self, txn: Transaction, nids: Sequence[int]) -> dict[int, object]:
-        """The keys of ``nids`` from the table (learned by the cache after commit)."""
+    def _fetch_keys(self, txn: Transaction, nids: Sequence[int], remember: bool = True) -> dict[int, object]:
+        """The keys of ``nids`` from the table (learned by the cache after
+        commit, with ``remember``). Nids close together (at least half of
+        the range between the least and the greatest, as a page of a stream
+        written in order has them) are read as that range, one index range
+        scan, rather than looked up one by one."""
         cols = ", ".join(self.key_columns)
         fetched = {}
-        for part in chunks(nids):
-            marks = ", ".join("?" for _ in part)
-            rows = txn.execute(
-                f"SELECT {self.nid_column}, {cols} FROM {self.table} WHERE {self.nid_column} IN ({marks})",
-                list(part),
-            ).fetchall()
-            for row in rows:
-                fetched[row[0]] = row[1] if len(self.key_columns) == 1 else tuple(row[1:])
-        txn.call_after(self._remember, {k: n for n, k in fetched.items()})
+        low, high = min(nids), max(nids)
+        if len(nids) > 8 and high - low < 2 * len(nids):
+            wanted = set(nids)
+            for row in txn.execute(
+                f"SELECT {self.nid_column}, {cols} FROM {self.table}"
+                f" WHERE {self.nid_column} >= ? AND {self.nid_column} <= ?",
+                (low, high),
+            ).fetchall():
+                if row[0] in wanted:
+                    fetched[row[0]] = row[1] if len(self.key_columns) == 1 else tuple(row[1:])
+        else:
+            for part in chunks(nids):
+                marks = ", ".join("?" for _ in part)
+                rows = txn.execute(
+                    f"SELECT {self.nid_column}, {cols} FROM {self.table} WHERE {self.nid_column} IN ({marks})",
+                    list(part),
+                ).fetchall()
+                for row in rows:
+                    fetched[row[0]] = row[1] if len(self.key_columns) == 1 else tuple(row[1:])
+        if remember:
+            txn.call_after(self._remember, {k: n for n, k in fetched.items()})
         return fetched
 
     def resolve(self, txn: Transaction, nids: Iterable[int]) -> dict[int, object]:
@@ -289,15 +305,18 @@ class Interner:
             result.update(self._fetch_keys(txn, missing))
         return result
 
-    def resolve_list(self, txn: Transaction, nids: Sequence[int]) -> list:
+    def resolve_list(self, txn: Transaction, nids: Sequence[int], remember: bool = True) -> list:
         """The keys of ``nids``, in the same order (duplicates allowed).
 
         Raises ``KeyError`` for an nid that is not interned. When the cache
         holds them all (as in a running server) this is one bulk lookup.
+        ``remember=False``: keys read from the table are not cached (a
+        replication catch-up through old history would otherwise push out
+        what the writer uses).
         """
         keys, missing = self._to_key.values_of(nids)
         if missing:
-            fetched = self._fetch_keys(txn, sorted({nids[index] for index in missing}))
+            fetched = self._fetch_keys(txn, sorted({nids[index] for index in missing}), remember)
             for index in missing:
                 keys[index] = fetched[nids[index]]
         return keys

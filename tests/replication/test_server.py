@@ -577,6 +577,27 @@ class PageWritingTests(unittest.TestCase):
                 ])
 
 
+    def test_a_page_is_made_and_written_with_the_collector_held_off(self) -> None:
+        """Its lines go out while the cyclic collector is paused
+        (``storage.collector``), which is on again once the page is sent."""
+        import gc
+
+        self.addCleanup(gc.enable if gc.isenabled() else gc.disable)
+        gc.enable()
+        events = InMemoryStream("events")
+        for token in range(1, 301):
+            events.append("master", token, ["$e", token])
+        factory = make_server(StreamRegistry([events]), page_size=100)
+        protocol, transport = connect(factory)
+        paused_at_write = []
+        write = transport.write
+        transport.write = lambda data: (paused_at_write.append(not gc.isenabled()), write(data))
+        feed(protocol, "REPLICATE events 0")
+        self.assertEqual(len([line for line in written(transport) if line.startswith("RDATA")]), 300)
+        self.assertEqual(paused_at_write[:3], [True, True, True])
+        self.assertTrue(gc.isenabled())
+
+
 class LineLimitTests(unittest.TestCase):
     """No line over max_line_length leaves the server, and no row is lost."""
 
