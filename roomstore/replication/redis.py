@@ -282,10 +282,12 @@ class RedisReplication:
         if positions is None:
             positions = self.handler.initial_positions()
         self.positions = positions
-        # Filling from the database, pages are read ahead on the connections
-        # the pool has beside the one applying (a read: at most 2).
+        # Filling from the database, the next page is read while one is
+        # applied: 2 reads in flight (on a one-connection pool, SQLite's, the
+        # second waits for the first and is then read, without the GIL,
+        # while the reactor applies the first).
         self.follower = StreamFollower(self.handler, positions, page_size=page_size, follow_moves_back=False,
-                                       read_ahead=min(2, max(1, store.max_connections - 1)))
+                                       read_ahead=2)
         #: Streams this process writes, and the last token announced in each.
         self.own_streams = [n for n in STORE_STREAMS if store.stream(n).is_writer]
         self._announced = {n: store.stream(n).get_current_token_for_writer(self.instance_name)
