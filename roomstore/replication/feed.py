@@ -182,6 +182,29 @@ def _plain_page(updates: list[tuple[int, str]], start: int, upto: int, room: int
     ]
 
 
+def _page_text(updates: list[tuple[int, str]], start: int, upto: int, prefix: str, limit: int) -> str | None:
+    """A plain page of ``(token, row_json)`` as the text of its RDATA lines
+    (``prefix`` being ``"RDATA <stream> <writer> "``), each ending in a
+    newline: every line ASCII and at most ``limit`` long, the tokens in
+    order within ``(start, upto]``; None for any other page, which goes
+    through ``_page_commands``. Two passes in Python (tokens, lines), the
+    checks in C: what the server's reactor does per line."""
+    tokens = [token for token, _ in updates]
+    if not tokens or tokens[0] <= start or tokens[-1] > upto or tokens != sorted(tokens):
+        return None
+    # A row's token goes on its line only if the next row has another
+    # token: the rows before carry "batch".
+    following = tokens[1:]
+    following.append(None)
+    lines = [f"{prefix}{'batch' if token == after else token} {row_json}"
+             for (token, row_json), after in zip(updates, following)]
+    if max(map(len, lines)) > limit:
+        return None
+    lines.append("")
+    text = "\n".join(lines)
+    return text if text.isascii() else None
+
+
 class ConnectionFeed:
     """Sends stream rows to one connection. See the module docstring.
 
@@ -414,12 +437,23 @@ class ConnectionFeed:
                 # cyclic collector held off (``storage.collector``).
                 sent = False
                 with collector_paused():
-                    items = self._page_commands(stream, writer, start, updates, upto, limited)
-                    del updates, read  # the page (the read's result holds it too)
-                    if not self._conn.paused:
-                        told = self._send_page(stream, writer, items)
+                    send_text = getattr(self._conn, "send_rdata_text", None)
+                    text = None
+                    if send_text is not None and not self._conn.paused and upto > start:
+                        # The usual page: its lines made at once and written.
+                        text = _page_text(updates, start, upto, f"RDATA {stream.name} {writer} ",
+                                          self._max_line_length)
+                    if text is not None and send_text(text, len(updates)):
+                        told = updates[-1][0]
                         sent = True
-                        del items
+                        del text, updates, read  # the page (the read's result holds it too)
+                    else:
+                        items = self._page_commands(stream, writer, start, updates, upto, limited)
+                        del text, updates, read
+                        if not self._conn.paused:
+                            told = self._send_page(stream, writer, items)
+                            sent = True
+                            del items
                 if not sent:
                     # Paused while the page was read (another stream's page
                     # filled the transport): it waits here, whole, rather
