@@ -48,6 +48,11 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    in pages of the default size, the TCP server's (500 before issue 27's
    item 5).
 
+Processes: the worker processes and this one (the server) freeze what
+start-up made (``gc.freeze``) as ``roomstore follow`` and ``serve`` do;
+``BENCH_FREEZE=0`` leaves it (the code before issue 27's second catch-up
+step did not freeze).
+
 2. Congestion: while the writer persists N events, a client that never reads
    its socket (small receive buffer; it keeps sending PINGs so only the
    congestion handling can act) stays connected next to a healthy worker.

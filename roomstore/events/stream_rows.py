@@ -21,7 +21,11 @@ each row's text, and the few rows holding characters it leaves as they are
 would spend twice what Python does) the text is put together here from the
 fields, with no Python object per row but the text. Room IDs and state
 keys come from the interners (small tables, cached), or, in the database's
-JSON, from the statement. ``redacts`` is what a redaction event says it
+JSON, from the statement; on PostgreSQL so do event IDs (the statement
+gives nids: a writer's cache holds its recent events' IDs, the rest are
+read in one statement, a range where the page's nids are dense, and not
+cached), where a lookup a row cost its server more than the rest of the
+page. ``redacts`` is what a redaction event says it
 redacts (as Synapse's rows carry it), not the same-room rule the readers
 apply (``roomstore.events.tables.events``).
 """
