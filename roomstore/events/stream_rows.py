@@ -21,11 +21,11 @@ each row's text, and the few rows holding characters it leaves as they are
 would spend twice what Python does) the text is put together here from the
 fields, with no Python object per row but the text. Room IDs and state
 keys come from the interners (small tables, cached), or, in the database's
-JSON, from the statement; on PostgreSQL so do event IDs (the statement
-gives nids: a writer's cache holds its recent events' IDs, the rest are
-read in one statement, a range where the page's nids are dense, and not
-cached), where a lookup a row cost its server more than the rest of the
-page. ``redacts`` is what a redaction event says it
+JSON, from the statement; on PostgreSQL so do a server's (encoded) pages'
+event IDs (the statement gives nids: a writer's cache holds its recent
+events' IDs, the rest are read in one statement, a range where the page's
+nids are dense, and not cached), where a lookup a row cost its server
+more than the rest of the page. ``redacts`` is what a redaction event says it
 redacts (as Synapse's rows carry it), not the same-room rule the readers
 apply (``roomstore.events.tables.events``).
 """
@@ -39,11 +39,13 @@ import operator
 
 from roomstore.events.tables.events import (
     BACKFILL_EVENT_NID_STREAM_ROWS,
+    BACKFILL_EVENT_STREAM_ROWS,
     LIVE_EVENT_NID_STREAM_ROWS,
+    LIVE_EVENT_STREAM_ROWS,
     event_json_stream_rows_sql,
     event_stream_rows_sql,
 )
-from roomstore.events.tables.room_state import STATE_STREAM_ROWS, STATE_NID_STREAM_ROWS, state_json_stream_rows_sql
+from roomstore.events.tables.room_state import STATE_NID_STREAM_ROWS, STATE_STREAM_ROWS, state_json_stream_rows_sql
 from roomstore.storage.collector import collector_paused
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
@@ -81,11 +83,15 @@ def _statements(engine, live: bool, encoded: bool) -> tuple[str, ...]:
             statements = (event_json_stream_rows_sql(engine, live), *([state_json_stream_rows_sql(engine)] * live))
         elif engine.in_process:
             statements = (event_stream_rows_sql(live, join_ids=True), *([STATE_STREAM_ROWS] * live))
-        elif live:
+        elif live and encoded:
             statements = (
                 f"SELECT * FROM ({LIVE_EVENT_NID_STREAM_ROWS}) AS page_events UNION ALL {STATE_NID_STREAM_ROWS}",)
-        else:
+        elif encoded:
             statements = (BACKFILL_EVENT_NID_STREAM_ROWS,)
+        elif live:
+            statements = (f"SELECT * FROM ({LIVE_EVENT_STREAM_ROWS}) AS page_events UNION ALL {STATE_STREAM_ROWS}",)
+        else:
+            statements = (BACKFILL_EVENT_STREAM_ROWS,)
         statements = _STATEMENTS[key] = statements
     return statements
 
@@ -151,18 +157,20 @@ def _stream_page(txn: Transaction, interners: Interners, live: bool, instance: s
             page = [(token, row if row.isascii() and "\x7f" not in row else _ascii_json(json.loads(row)))
                     for token, row in page]
         return page, more
-    rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, False)
+    rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, encoded)
     if not rows:
         return [], more
     rooms = interners.rooms.resolve(txn, {row[5] for row in rows})
     keys = interners.state_keys.resolve(txn, {row[7] for row in rows if row[7] is not None})
     ids = [row[4] for row in rows]
-    if not txn.engine.in_process:
-        # The statement gave event nids: their IDs from the interner's cache
-        # (a writer holds its recent events'), the rest read in one
-        # statement (a range, where the page's nids are dense), and not
-        # cached (old history read once must not push out what the writer
-        # uses).
+    if encoded:
+        # The server's page (PostgreSQL): the statement gave event nids, their
+        # IDs come from the interner's cache (a writer holds its recent
+        # events'), the rest from one statement (a range, where the page's
+        # nids are dense), not cached (old history read once must not push
+        # out what the writer uses). A worker's rows (not encoded) keep the
+        # lookup in the statement: its cache holds none of them, and its
+        # own process is what a fill waits on.
         if None in ids:  # a state change that removed its key
             present = [nid for nid in ids if nid is not None]
             resolved = iter(interners.events.resolve_list(txn, present, remember=False))
