@@ -133,6 +133,8 @@ class InternCache:
             except KeyError:
                 pass
         values = list(map(young.get, keys))
+        if values.count(None) == len(values) and list(map(self._old.get, keys)).count(None) == len(values):
+            return values, list(range(len(values)))  # none cached (a cold cache): no step per key
         missing = []
         get = self.get
         for index, value in enumerate(values):
@@ -267,24 +269,27 @@ class Interner:
         txn.call_after(self._remember, found)
         return result
 
-    def _fetch_keys(self, txn: Transaction, nids: Sequence[int], remember: bool = True) -> dict[int, object]:
+    def _fetch_keys(self, txn: Transaction, nids: Sequence[int], remember: bool = True,
+                    exact: bool = True) -> dict[int, object]:
         """The keys of ``nids`` from the table (learned by the cache after
         commit, with ``remember``). Nids close together (at least half of
         the range between the least and the greatest, as a page of a stream
         written in order has them) are read as that range, one index range
-        scan, rather than looked up one by one."""
+        scan, rather than looked up one by one; ``exact=False``: the answer
+        may also hold other nids of that range (for a caller that looks up
+        only its own)."""
         cols = ", ".join(self.key_columns)
         fetched = {}
         low, high = min(nids), max(nids)
         if len(nids) > 8 and high - low < 2 * len(nids):
-            wanted = set(nids)
-            for row in txn.execute(
+            rows = txn.execute(
                 f"SELECT {self.nid_column}, {cols} FROM {self.table}"
                 f" WHERE {self.nid_column} >= ? AND {self.nid_column} <= ?",
                 (low, high),
-            ).fetchall():
-                if row[0] in wanted:
-                    fetched[row[0]] = row[1] if len(self.key_columns) == 1 else tuple(row[1:])
+            ).fetchall()
+            fetched = dict(rows) if len(self.key_columns) == 1 else {row[0]: tuple(row[1:]) for row in rows}
+            if exact or remember:
+                fetched = {nid: fetched[nid] for nid in nids if nid in fetched}
         else:
             for part in chunks(nids):
                 marks = ", ".join("?" for _ in part)
@@ -316,7 +321,9 @@ class Interner:
         """
         keys, missing = self._to_key.values_of(nids)
         if missing:
-            fetched = self._fetch_keys(txn, sorted({nids[index] for index in missing}), remember)
+            fetched = self._fetch_keys(txn, sorted({nids[index] for index in missing}), remember, exact=False)
+            if len(missing) == len(nids):  # none cached: in one C call
+                return list(map(fetched.__getitem__, nids))
             for index in missing:
                 keys[index] = fetched[nids[index]]
         return keys
