@@ -48,6 +48,11 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    in pages of the default size, the TCP server's (500 before issue 27's
    item 5).
 
+Processes: the worker processes and this one (the server) freeze what
+start-up made (``gc.freeze``) as ``roomstore follow`` and ``serve`` do;
+``BENCH_FREEZE=0`` leaves it (the code before issue 27's second catch-up
+step did not freeze).
+
 2. Congestion: while the writer persists N events, a client that never reads
    its socket (small receive buffer; it keeps sending PINGs so only the
    congestion handling can act) stays connected next to a healthy worker.
@@ -77,6 +82,7 @@ from twisted.internet import defer, task
 from twisted.internet.task import deferLater
 
 from bench._common import bench_databases, print_table
+from roomstore.storage.collector import freeze_startup_objects
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _second = operator.itemgetter(1)
@@ -168,6 +174,8 @@ async def start_server(reactor, url: str, **kw):
     service = ReplicationServerService(url, port=0, server_name="bench", reactor=reactor, **kw)
     service.startService()
     await service.when_ready()
+    if os.environ.get("BENCH_FREEZE", "1") == "1":
+        freeze_startup_objects()  # as `roomstore serve` does once started
     return service
 
 
@@ -187,6 +195,8 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
     from roomstore.store import RoomStore, StoreConfig
 
     store = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}), reactor=reactor)
+    if os.environ.get("BENCH_FREEZE", "1") == "1":
+        freeze_startup_objects()  # as `roomstore follow` does once started
     try:
         counts = {"tokens": 0, "rows": 0}
 
@@ -740,6 +750,8 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
     from roomstore.store import RoomStore, StoreConfig
 
     store = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}), reactor=reactor)
+    if os.environ.get("BENCH_FREEZE", "1") == "1":
+        freeze_startup_objects()  # as `roomstore follow` does once started
     try:
         first: list[float] = []
         first_cpu: list[float] = []

@@ -21,7 +21,11 @@ each row's text, and the few rows holding characters it leaves as they are
 would spend twice what Python does) the text is put together here from the
 fields, with no Python object per row but the text. Room IDs and state
 keys come from the interners (small tables, cached), or, in the database's
-JSON, from the statement. ``redacts`` is what a redaction event says it
+JSON, from the statement; on PostgreSQL so do a server's (encoded) pages'
+event IDs (the statement gives nids: a writer's cache holds its recent
+events' IDs, the rest are read in one statement, a range where the page's
+nids are dense, and not cached), where a lookup a row cost its server
+more than the rest of the page. ``redacts`` is what a redaction event says it
 redacts (as Synapse's rows carry it), not the same-room rule the readers
 apply (``roomstore.events.tables.events``).
 """
@@ -34,12 +38,15 @@ import json.encoder
 import operator
 
 from roomstore.events.tables.events import (
+    BACKFILL_EVENT_NID_STREAM_ROWS,
     BACKFILL_EVENT_STREAM_ROWS,
+    LIVE_EVENT_NID_STREAM_ROWS,
     LIVE_EVENT_STREAM_ROWS,
     event_json_stream_rows_sql,
     event_stream_rows_sql,
 )
-from roomstore.events.tables.room_state import STATE_STREAM_ROWS, state_json_stream_rows_sql
+from roomstore.events.tables.room_state import STATE_NID_STREAM_ROWS, STATE_STREAM_ROWS, state_json_stream_rows_sql
+from roomstore.storage.collector import collector_paused
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
 from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
@@ -76,6 +83,11 @@ def _statements(engine, live: bool, encoded: bool) -> tuple[str, ...]:
             statements = (event_json_stream_rows_sql(engine, live), *([state_json_stream_rows_sql(engine)] * live))
         elif engine.in_process:
             statements = (event_stream_rows_sql(live, join_ids=True), *([STATE_STREAM_ROWS] * live))
+        elif live and encoded:
+            statements = (
+                f"SELECT * FROM ({LIVE_EVENT_NID_STREAM_ROWS}) AS page_events UNION ALL {STATE_NID_STREAM_ROWS}",)
+        elif encoded:
+            statements = (BACKFILL_EVENT_NID_STREAM_ROWS,)
         elif live:
             statements = (f"SELECT * FROM ({LIVE_EVENT_STREAM_ROWS}) AS page_events UNION ALL {STATE_STREAM_ROWS}",)
         else:
@@ -126,7 +138,17 @@ def stream_page_txn(
     token's event first, then its state changes by type and state key): at
     most ``limit`` events; ``more``: events after them were left out, and
     then the state changes stop at the last event's token. Rows are in the
-    layout the module docstring gives, as JSON text with ``encoded``."""
+    layout the module docstring gives, as JSON text with ``encoded``.
+
+    The page's thousands of short-lived tuples are made with the cyclic
+    garbage collector paused (``storage.collector``): they are freed by
+    reference counting once sent or applied."""
+    with collector_paused():
+        return _stream_page(txn, interners, live, instance, from_token, upto, limit, encoded)
+
+
+def _stream_page(txn: Transaction, interners: Interners, live: bool, instance: str, from_token: int, upto: int,
+                 limit: int, encoded: bool) -> tuple[list[tuple], bool]:
     if encoded and txn.engine.in_process:
         rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, True)
         page = [(row[0], row[4]) for row in rows]
@@ -135,16 +157,31 @@ def stream_page_txn(
             page = [(token, row if row.isascii() and "\x7f" not in row else _ascii_json(json.loads(row)))
                     for token, row in page]
         return page, more
-    rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, False)
+    rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, encoded)
     if not rows:
         return [], more
     rooms = interners.rooms.resolve(txn, {row[5] for row in rows})
     keys = interners.state_keys.resolve(txn, {row[7] for row in rows if row[7] is not None})
+    ids = [row[4] for row in rows]
+    if encoded:
+        # The server's page (PostgreSQL): the statement gave event nids, their
+        # IDs come from the interner's cache (a writer holds its recent
+        # events'), the rest from one statement (a range, where the page's
+        # nids are dense), not cached (old history read once must not push
+        # out what the writer uses). A worker's rows (not encoded) keep the
+        # lookup in the statement: its cache holds none of them, and its
+        # own process is what a fill waits on.
+        if None in ids:  # a state change that removed its key
+            present = [nid for nid in ids if nid is not None]
+            resolved = iter(interners.events.resolve_list(txn, present, remember=False))
+            ids = [None if nid is None else next(resolved) for nid in ids]
+        else:
+            ids = interners.events.resolve_list(txn, ids, remember=False)
     if not encoded:
         if not live:
             return [
                 (token, (event_id, rooms[room], event_type, None if key is None else keys[key][1], redacts, None))
-                for token, _, _, _, event_id, room, event_type, key, redacts, *_ in rows
+                for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids)
             ], more
         membership = MEMBERSHIP_BY_CODE.get
         return [
@@ -152,8 +189,8 @@ def stream_page_txn(
                             membership(code), bool(rejected), bool(outlier))))
             if kind == 0 else
             (token, ("state", (rooms[room], state_type, state_key, event_id)))
-            for token, kind, state_type, state_key, event_id, room, event_type, key, redacts, code, rejected, outlier
-            in rows
+            for (token, kind, state_type, state_key, _, room, event_type, key, redacts, code, rejected, outlier),
+            event_id in zip(rows, ids)
         ], more
     # The JSON text of each row, from its fields: a room's, a state key's
     # and a membership's text once a page.
@@ -164,7 +201,7 @@ def stream_page_txn(
         return [
             (token, f'[{quote(event_id)},{room_json[room]},{quote(event_type)},'
                     f'{"null" if key is None else key_json[key]},{"null" if redacts is None else quote(redacts)},null]')
-            for token, _, _, _, event_id, room, event_type, key, redacts, *_ in rows
+            for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids)
         ], more
     membership_json = _MEMBERSHIP_JSON.get
     return [
@@ -175,6 +212,6 @@ def stream_page_txn(
         if kind == 0 else
         (token, f'["state",[{room_json[room]},{quote(state_type)},{quote(state_key)},'
                 f'{"null" if event_id is None else quote(event_id)}]]')
-        for token, kind, state_type, state_key, event_id, room, event_type, key, redacts, code, rejected, outlier
-        in rows
+        for (token, kind, state_type, state_key, _, room, event_type, key, redacts, code, rejected, outlier),
+        event_id in zip(rows, ids)
     ], more

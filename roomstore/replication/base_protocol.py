@@ -389,6 +389,20 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(text))
         return True
 
+    def send_rdata_text(self, text: str, count: int) -> bool:
+        """Write a page of ``count`` RDATA lines made already (``text``: the
+        lines, each ending in a newline, ASCII, none over the line limit:
+        the caller checked) in one write. False, having written nothing,
+        while the connection is paused or closing: the caller sends the
+        page's items through :meth:`send_rows` instead."""
+        if self._state is not _State.OPEN or self._paused:
+            return False
+        self.transport.write(text.encode("ascii"))
+        self._last_sent = self.clock.seconds()
+        metrics.child(metrics.COMMANDS_SENT, self.SIDE, "RDATA").inc(count)
+        metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(text))
+        return True
+
     def send_error(self, message: str) -> None:
         """Send ``ERROR <message>`` without closing."""
         self.send_command(ErrorCommand(_one_line(message)))

@@ -61,6 +61,7 @@ from roomstore.replication.commands import (
     encode_row,
 )
 from roomstore.replication.stream_sources import Stream, StreamRegistry
+from roomstore.storage.collector import collector_paused
 
 __all__ = ["ConnectionFeed", "FeedConnection", "StreamContractError"]
 
@@ -179,6 +180,29 @@ def _plain_page(updates: list[tuple[int, str]], start: int, upto: int, room: int
         (None if token == after else token, None, row_json)
         for token, after, row_json in zip(tokens, following, encoded)
     ]
+
+
+def _page_text(updates: list[tuple[int, str]], start: int, upto: int, prefix: str, limit: int) -> str | None:
+    """A plain page of ``(token, row_json)`` as the text of its RDATA lines
+    (``prefix`` being ``"RDATA <stream> <writer> "``), each ending in a
+    newline: every line ASCII and at most ``limit`` long, the tokens in
+    order within ``(start, upto]``; None for any other page, which goes
+    through ``_page_commands``. Two passes in Python (tokens, lines), the
+    checks in C: what the server's reactor does per line."""
+    tokens = [token for token, _ in updates]
+    if not tokens or tokens[0] <= start or tokens[-1] > upto or tokens != sorted(tokens):
+        return None
+    # A row's token goes on its line only if the next row has another
+    # token: the rows before carry "batch".
+    following = tokens[1:]
+    following.append(None)
+    lines = [f"{prefix}{'batch' if token == after else token} {row_json}"
+             for (token, row_json), after in zip(updates, following)]
+    if max(map(len, lines)) > limit:
+        return None
+    lines.append("")
+    text = "\n".join(lines)
+    return text if text.isascii() else None
 
 
 class ConnectionFeed:
@@ -409,8 +433,28 @@ class ConnectionFeed:
                     while len(reads) < self._read_ahead and end < target:
                         reads.append(self._read(stream, writer, end, target, generation, span))
                         end = reads[-1].end
-                items = self._page_commands(stream, writer, start, updates, upto, limited)
-                if self._conn.paused:
+                # The page's items are made, written and freed with the
+                # cyclic collector held off (``storage.collector``).
+                sent = False
+                with collector_paused():
+                    send_text = getattr(self._conn, "send_rdata_text", None)
+                    text = None
+                    if send_text is not None and not self._conn.paused and upto > start:
+                        # The usual page: its lines made at once and written.
+                        text = _page_text(updates, start, upto, f"RDATA {stream.name} {writer} ",
+                                          self._max_line_length)
+                    if text is not None and send_text(text, len(updates)):
+                        told = updates[-1][0]
+                        sent = True
+                        del text, updates, read  # the page (the read's result holds it too)
+                    else:
+                        items = self._page_commands(stream, writer, start, updates, upto, limited)
+                        del text, updates, read
+                        if not self._conn.paused:
+                            told = self._send_page(stream, writer, items)
+                            sent = True
+                            del items
+                if not sent:
                     # Paused while the page was read (another stream's page
                     # filled the transport): it waits here, whole, rather
                     # than line by line in the connection's pending queue.
@@ -419,11 +463,9 @@ class ConnectionFeed:
                         return
                     if generation != cursor.generation:
                         continue  # a legacy REPLICATE moved the cursor meanwhile
-                self._conn.send_rows(stream.name, writer, items)
-                if items:
-                    # The page ends with its last token's numeric RDATA or POSITION.
-                    last = items[-1]
-                    cursor.last_told = last[0] if type(last) is tuple else last.new_token
+                    told = self._send_page(stream, writer, items)
+                if told is not None:
+                    cursor.last_told = told
                 cursor.last_sent = upto
 
             if self._conn.is_open and (cursor.want_position or cursor.last_told != cursor.last_sent):
@@ -435,6 +477,15 @@ class ConnectionFeed:
         finally:
             cursor.running = False
             _drop_all(reads)
+
+    def _send_page(self, stream: Stream, writer: str, items: list) -> int | None:
+        """Write a page's items; the token the page ends with (its last
+        token's numeric RDATA or POSITION), None for an empty page."""
+        self._conn.send_rows(stream.name, writer, items)
+        if not items:
+            return None
+        last = items[-1]
+        return last[0] if type(last) is tuple else last.new_token
 
     def _read(self, stream: Stream, writer: str, start: int, target: int, generation: int,
               span: int | None) -> _Read:

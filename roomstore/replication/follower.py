@@ -38,6 +38,7 @@ from roomstore.replication.handler import ReplicationClientHandler
 from roomstore.replication.metrics import APPLIED_POSITION, child
 from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.stream_sources import Stream, StreamRow, UnknownStreamError
+from roomstore.storage.collector import collector_paused
 
 
 __all__ = ["StreamFollower", "StreamPositions"]
@@ -443,13 +444,19 @@ class StreamFollower:
                 while span is not None and len(reads) < self._read_ahead and last < to_token:
                     reads.append(read(last, min(to_token, last + span)))
                     last = reads[-1][1]
-                grouped = _by_token(updates)
                 apply_batch = getattr(self._handler, "on_rdata_batch", None)
-                if apply_batch is not None and grouped:
-                    # A page's tokens in one call (in order: get_updates' contract).
-                    apply_batch(stream.name, writer, grouped)
-                    self._positions.set(stream.name, writer, grouped[-1][0])
-                    grouped = []
+                if apply_batch is not None and updates:
+                    # A page's tokens in one call (in order: get_updates'
+                    # contract), its rows freed once applied (no cyclic
+                    # collection for them: ``storage.collector``).
+                    with collector_paused():
+                        grouped = _by_token(updates)
+                        apply_batch(stream.name, writer, grouped)
+                        last = grouped[-1][0]
+                        del grouped, updates  # freed before the collector is back
+                    self._positions.set(stream.name, writer, last)
+                    continue
+                grouped = _by_token(updates)
                 for token, rows in grouped:
                     await _maybe_await(self._handler.on_rdata(stream.name, writer, token, rows))
                     self._positions.set(stream.name, writer, token)

@@ -94,6 +94,7 @@ from roomstore.replication.commands import (
 )
 from roomstore.replication.stream_sources import UnknownStreamError
 from roomstore.replication.wire import parse_rdata_lines
+from roomstore.storage.collector import collector_paused
 
 __all__ = [
     "BaseReplicationProtocol",
@@ -354,19 +355,23 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
             index = end
 
     def _rdata_run(self, run: list[bytes], on_run: Callable) -> None:
-        try:
-            fields = parse_rdata_lines(b"\n".join(run).decode("utf-8").split("\n"))
-        except UnicodeDecodeError:
-            fields = None
-        if fields is None:
-            for line in run:
-                if self.transport.disconnecting:
-                    return
-                self.lineReceived(line)
-            return
-        counts = self._received_counts
-        counts["RDATA"] = counts.get("RDATA", 0) + len(run)
-        self._dispatch("RDATA", fields, on_run)
+        # The run's rows are freed by reference counting once applied: the
+        # cyclic collector is held off meanwhile (``storage.collector``).
+        with collector_paused():
+            try:
+                fields = parse_rdata_lines(b"\n".join(run).decode("utf-8").split("\n"))
+            except UnicodeDecodeError:
+                fields = None
+            if fields is not None:
+                counts = self._received_counts
+                counts["RDATA"] = counts.get("RDATA", 0) + len(run)
+                self._dispatch("RDATA", fields, on_run)
+                del fields  # freed before the collector is back: nothing left for it to walk
+                return
+        for line in run:
+            if self.transport.disconnecting:
+                return
+            self.lineReceived(line)
 
     def on_connected(self) -> None:
         if self._secret is not None:

@@ -66,6 +66,7 @@ from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.store_handler import StoreReplicationHandler
 from roomstore.replication.store_sources import STORE_STREAMS, wire_server
 from roomstore.replication.tls import ClientTLS
+from roomstore.storage.collector import collector_paused
 from roomstore.replication.wire import encode_fast
 
 __all__ = ["RedisAddress", "RedisRefused", "RedisReplication", "parse_redis_url", "shown_url"]
@@ -281,10 +282,12 @@ class RedisReplication:
         if positions is None:
             positions = self.handler.initial_positions()
         self.positions = positions
-        # Filling from the database, pages are read ahead on the connections
-        # the pool has beside the one applying (a read: at most 2).
+        # Filling from the database, the next page is read while one is
+        # applied: 2 reads in flight (on a one-connection pool, SQLite's, the
+        # second waits for the first and is then read, without the GIL,
+        # while the reactor applies the first).
         self.follower = StreamFollower(self.handler, positions, page_size=page_size, follow_moves_back=False,
-                                       read_ahead=min(2, max(1, store.max_connections - 1)))
+                                       read_ahead=2)
         #: Streams this process writes, and the last token announced in each.
         self.own_streams = [n for n in STORE_STREAMS if store.stream(n).is_writer]
         self._announced = {n: store.stream(n).get_current_token_for_writer(self.instance_name)
@@ -553,7 +556,8 @@ class RedisReplication:
         conn = self._pub_conn
         if conn is None or not self.ready:
             return None
-        lines = _rdata_lines(name, self.instance_name, updates)
+        with collector_paused():  # the page's lines, freed once written
+            lines = _rdata_lines(name, self.instance_name, updates)
         last_row = updates[-1][0] if updates else start
         if upto > last_row:
             lines.append(serialize_command(PositionCommand(name, self.instance_name, last_row, upto)))

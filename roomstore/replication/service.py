@@ -50,6 +50,7 @@ from roomstore.replication.store_handler import StoreReplicationHandler
 from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry, wire_server
 from roomstore.replication.tls import ClientTLS, TLSConfigError, check_bind_protected, server_tls
 from roomstore.store import RoomStore, StoreConfig
+from roomstore.storage.collector import freeze_startup_objects
 
 __all__ = [
     "DEFAULT_BIND",
@@ -115,6 +116,9 @@ async def run_service(reactor: Any, service: "_AsyncService", started: Callable[
         await service.stopService()
         raise
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
+    # What start-up made lives as long as the process: out of the cyclic
+    # collector's walks from now on (``storage.collector``).
+    freeze_startup_objects()
     if started is not None:
         started()
     store = getattr(service, "store", None)

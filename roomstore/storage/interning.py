@@ -133,6 +133,8 @@ class InternCache:
             except KeyError:
                 pass
         values = list(map(young.get, keys))
+        if values.count(None) == len(values) and list(map(self._old.get, keys)).count(None) == len(values):
+            return values, list(range(len(values)))  # none cached (a cold cache): no step per key
         missing = []
         old_get, add = self._old.get, self._add
         for index, value in enumerate(values):
@@ -271,19 +273,38 @@ class Interner:
         txn.call_after(self._remember, found)
         return result
 
-    def _fetch_keys(self, txn: Transaction, nids: Sequence[int]) -> dict[int, object]:
-        """The keys of ``nids`` from the table (learned by the cache after commit)."""
+    def _fetch_keys(self, txn: Transaction, nids: Sequence[int], remember: bool = True,
+                    exact: bool = True) -> dict[int, object]:
+        """The keys of ``nids`` from the table (learned by the cache after
+        commit, with ``remember``). Nids close together (at least half of
+        the range between the least and the greatest, as a page of a stream
+        written in order has them) are read as that range, one index range
+        scan, rather than looked up one by one; ``exact=False``: the answer
+        may also hold other nids of that range (for a caller that looks up
+        only its own)."""
         cols = ", ".join(self.key_columns)
         fetched = {}
-        for part in chunks(nids):
-            marks = ", ".join("?" for _ in part)
+        low, high = min(nids), max(nids)
+        if len(nids) > 8 and high - low < 2 * len(nids):
             rows = txn.execute(
-                f"SELECT {self.nid_column}, {cols} FROM {self.table} WHERE {self.nid_column} IN ({marks})",
-                list(part),
+                f"SELECT {self.nid_column}, {cols} FROM {self.table}"
+                f" WHERE {self.nid_column} >= ? AND {self.nid_column} <= ?",
+                (low, high),
             ).fetchall()
-            for row in rows:
-                fetched[row[0]] = row[1] if len(self.key_columns) == 1 else tuple(row[1:])
-        txn.call_after(self._remember, {k: n for n, k in fetched.items()})
+            fetched = dict(rows) if len(self.key_columns) == 1 else {row[0]: tuple(row[1:]) for row in rows}
+            if exact or remember:
+                fetched = {nid: fetched[nid] for nid in nids if nid in fetched}
+        else:
+            for part in chunks(nids):
+                marks = ", ".join("?" for _ in part)
+                rows = txn.execute(
+                    f"SELECT {self.nid_column}, {cols} FROM {self.table} WHERE {self.nid_column} IN ({marks})",
+                    list(part),
+                ).fetchall()
+                for row in rows:
+                    fetched[row[0]] = row[1] if len(self.key_columns) == 1 else tuple(row[1:])
+        if remember:
+            txn.call_after(self._remember, {k: n for n, k in fetched.items()})
         return fetched
 
     def resolve(self, txn: Transaction, nids: Iterable[int]) -> dict[int, object]:
@@ -293,15 +314,20 @@ class Interner:
             result.update(self._fetch_keys(txn, missing))
         return result
 
-    def resolve_list(self, txn: Transaction, nids: Sequence[int]) -> list:
+    def resolve_list(self, txn: Transaction, nids: Sequence[int], remember: bool = True) -> list:
         """The keys of ``nids``, in the same order (duplicates allowed).
 
         Raises ``KeyError`` for an nid that is not interned. When the cache
         holds them all (as in a running server) this is one bulk lookup.
+        ``remember=False``: keys read from the table are not cached (a
+        replication catch-up through old history would otherwise push out
+        what the writer uses).
         """
         keys, missing = self._to_key.values_of(nids)
         if missing:
-            fetched = self._fetch_keys(txn, sorted({nids[index] for index in missing}))
+            fetched = self._fetch_keys(txn, sorted({nids[index] for index in missing}), remember, exact=False)
+            if len(missing) == len(nids):  # none cached: in one C call
+                return list(map(fetched.__getitem__, nids))
             for index in missing:
                 keys[index] = fetched[nids[index]]
         return keys

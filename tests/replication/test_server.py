@@ -577,6 +577,62 @@ class PageWritingTests(unittest.TestCase):
                 ])
 
 
+    def test_a_page_is_made_and_written_with_the_collector_held_off(self) -> None:
+        """Its lines go out while the cyclic collector is paused
+        (``storage.collector``), which is on again once the page is sent."""
+        import gc
+
+        self.addCleanup(gc.enable if gc.isenabled() else gc.disable)
+        gc.enable()
+        events = InMemoryStream("events")
+        for token in range(1, 301):
+            events.append("master", token, ["$e", token])
+        factory = make_server(StreamRegistry([events]), page_size=100)
+        protocol, transport = connect(factory)
+        paused_at_write = []
+        write = transport.write
+        transport.write = lambda data: (paused_at_write.append(not gc.isenabled()), write(data))
+        feed(protocol, "REPLICATE events 0")
+        self.assertEqual(len([line for line in written(transport) if line.startswith("RDATA")]), 300)
+        self.assertEqual(paused_at_write[:3], [True, True, True])
+        self.assertTrue(gc.isenabled())
+
+
+    def test_a_page_made_at_once_is_the_page_line_by_line(self) -> None:
+        """``_page_text`` (the usual page: its lines made at once) writes
+        exactly what the page's items write through ``send_rows``, and
+        declines (None) every page they would not write as plain lines."""
+        import random
+
+        from roomstore.replication.feed import _page_text
+
+        rng = random.Random(27)
+        for _ in range(400):
+            writer = rng.choice(["master", "w\u00f6rker"])
+            start = rng.randrange(5)
+            tokens = sorted(rng.randrange(start + 1, start + 30) for _ in range(rng.randint(1, 12)))
+            if rng.random() < 0.1:
+                rng.shuffle(tokens)
+            updates = [(token, json.dumps([rng.choice(["a", "\u00e9", "x" * rng.randrange(40)]), token],
+                                          separators=(",", ":"))) for token in tokens]
+            upto = max(tokens) + rng.choice([0, 0, 3, -1])
+            limit = rng.choice([60, 200])
+            factory = make_server(StreamRegistry([InMemoryStream("events")]), max_line_length=limit)
+            protocol, transport = connect(factory)
+            text = _page_text(updates, start, upto, f"RDATA events {writer} ", limit)
+            following = tokens[1:] + [None]
+            shown = ["batch" if t == n else t for t, n in zip(tokens, following)]
+            plain = (tokens == sorted(tokens) and upto >= tokens[-1]
+                     and all(len(f"RDATA events {writer} {t} {j}") <= limit and (writer + j).isascii()
+                             for t, (_, j) in zip(shown, updates)))
+            self.assertEqual(text is not None, plain, (writer, tokens, upto))
+            if text is None:
+                continue
+            protocol.send_rows("events", writer, [(None if t == n else t, None, j)
+                                                   for (t, j), n in zip(updates, following)])
+            self.assertEqual(text.encode(), transport.value())
+
+
 class LineLimitTests(unittest.TestCase):
     """No line over max_line_length leaves the server, and no row is lost."""
 

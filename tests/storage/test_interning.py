@@ -91,3 +91,44 @@ class InternerTests:
             return events.resolve_list(txn, [nids["$b"], nids["$a"]]), events.resolve(txn, [nids["$a"]])
 
         self.assertEqual(await db.run_interaction("cached", no_statements), (["$b", "$a"], {nids["$a"]: "$a"}))
+
+    async def test_dense_nids_are_read_as_a_range_and_sparse_ones_by_key(self):
+        """Nids filling at least half of their range (a stream page's) come
+        from one range read, which answers only the nids asked for; sparse
+        ones from lookups by key; both answer exactly, in order."""
+        db = await self.make_database()
+        ids = [f"$e{i}" for i in range(40)]
+        nids = await db.run_interaction("intern", Interners().events.intern, ids)
+        ordered = sorted(nids.values())
+        by_nid = {nid: key for key, nid in nids.items()}
+        statements: list[str] = []
+
+        def resolve(txn, wanted):
+            execute = txn.execute
+
+            def recording(sql, *args, **kwargs):
+                statements.append(sql)
+                return execute(sql, *args, **kwargs)
+
+            txn.execute = recording
+            return Interners().events.resolve_list(txn, wanted)
+
+        dense = ordered[5:35:2] + [ordered[20]]  # every other nid of a stretch, one twice
+        self.assertEqual(await db.run_interaction("dense", resolve, dense), [by_nid[n] for n in dense])
+        self.assertEqual(len(statements), 1)
+        self.assertIn(">=", statements[0])
+        statements.clear()
+        sparse = ordered[::4]
+        self.assertEqual(await db.run_interaction("sparse", resolve, sparse), [by_nid[n] for n in sparse])
+        self.assertNotIn(">=", statements[0])
+
+    async def test_resolve_list_without_remembering_leaves_the_cache_alone(self):
+        db = await self.make_database()
+        nids = await db.run_interaction("intern", Interners().events.intern, [f"$e{i}" for i in range(20)])
+        events = Interners().events
+        wanted = sorted(nids.values())
+        got = await db.run_interaction("resolve", events.resolve_list, wanted, False)
+        self.assertEqual(got, sorted(nids, key=nids.get))
+        self.assertEqual(len(events._to_key), 0)
+        await db.run_interaction("resolve", events.resolve_list, wanted)
+        self.assertEqual(len(events._to_key), 20)

@@ -140,6 +140,9 @@ STATE_STREAM_ROWS = (
     f" FROM current_state_deltas AS d {join_state_keys('k', 'd.type_key_nid')}"
     " WHERE d.instance_name = ? AND d.stream_ordering > ? AND d.stream_ordering <= ?"
 )
+#: ``STATE_STREAM_ROWS`` with the event nid (or NULL) where the event ID
+#: was: the UNION partner of ``events.LIVE_EVENT_NID_STREAM_ROWS``.
+STATE_NID_STREAM_ROWS = STATE_STREAM_ROWS.replace(event_id_sql("d.event_nid"), "d.event_nid")
 
 
 def state_json_stream_rows_sql(engine) -> str:
