@@ -156,7 +156,7 @@ class SynapseTables(StateTables):
         """
         cur.execute(q(sql.SWAP_LOCK_GROUPS), key)
         cur.fetchall()
-        cur.execute(q(sql.SWAP_RECHECK), key * 4)
+        cur.execute(q(sql.SWAP_RECHECK), key * 3)
         changed = cur.fetchall()
         if changed:
             return [(g, is_ref, reason) for g, is_ref, reason in changed], 0, 0
