@@ -260,6 +260,9 @@ class Driver:
         source = JdbcSource.from_db_url(a.db)
         parallelism = spark.sparkContext.defaultParallelism
         read_parts = a.read_partitions or max(parallelism, min(256, -(-count // 100_000)))
+        if not a.read_partitions:
+            # Whole waves: 3 reads on 2 cores take as long as 4 smaller ones.
+            read_parts = -(-read_parts // parallelism) * parallelism
         read_parts = max(1, min(read_parts, hi - lo + 1))
         # Rooms are spread over several partitions per core: the driver writes
         # one partition's rooms while the next ones are planned (see
@@ -314,7 +317,7 @@ class Driver:
         t = time.monotonic()
         cond = where.format(col="room_nid") if where else ""
         self.room_names = self.writer.room_ids_where(self.run.snapshot_max, cond)
-        self.total_rooms = self.writer.count_rooms(self.run.snapshot_max, cond)
+        self.total_rooms = len(self.room_names)  # the selected rooms with groups: one statement less
         result = self.build_frame(spark, lo, hi, count, where)
         self.say(
             f"  planning and writing {self.total_rooms} room(s), {count:,} state groups in {self.total_chunks} chunk(s)"
@@ -324,6 +327,7 @@ class Driver:
         # (With adaptive execution the call itself runs the reads and the
         # shuffle's map stage: counted as waiting on Spark.)
         w = time.monotonic()
+        self.timings["prepare_frame"] = w - t
         rows = iter(result.toLocalIterator(prefetchPartitions=True))
         waited = time.monotonic() - w
         while True:
@@ -339,7 +343,7 @@ class Driver:
         bar.close()
         self.timings["plan_and_write"] = time.monotonic() - t
         self.timings["read_and_plan"] = waited
-        self.timings["write"] = self.timings["plan_and_write"] - waited
+        self.timings["write"] = self.timings["plan_and_write"] - waited - self.timings["prepare_frame"]
 
     # -- per chunk / per room -------------------------------------------------
 
