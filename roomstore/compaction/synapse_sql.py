@@ -268,7 +268,11 @@ SWAP_TOUCH_BASES = (
     f" (SELECT new_prev FROM {STAGED_GROUPS} WHERE {_KEY} AND rewrite = 1 AND is_ref = 0 AND new_prev IS NOT NULL)"
 )
 #: Groups gone, pending deletion, being persisted (the chunk's own), or changed
-#: since the read: ``(group, is_ref, reason)`` (key x4).
+#: since the read: ``(group, is_ref, reason)`` (key x3). Each rewritten
+#: group's rows are counted and summed by a lookup of its own (LATERAL, the
+#: ``(state_group, ...)`` index): joined as one set, PostgreSQL merged the
+#: chunk's groups against the whole index, 0.5-1.2 s for a chunk of 3,000
+#: groups of a 2.2M-row table, most of the swaps' time.
 SWAP_RECHECK = (
     "SELECT s.state_group, s.is_ref, CASE WHEN g.id IS NULL THEN 'no longer exists'"
     " WHEN pd.state_group IS NOT NULL THEN 'is pending deletion'"
@@ -279,9 +283,8 @@ SWAP_RECHECK = (
     f" LEFT JOIN (SELECT DISTINCT state_group FROM state_groups_persisting WHERE state_group IN ({_STAGED})) ps"
     "   ON ps.state_group = s.state_group AND s.is_ref = 0"
     " LEFT JOIN state_group_edges e ON e.state_group = s.state_group"
-    f" LEFT JOIN (SELECT d.state_group, COUNT(*) AS n, SUM({CHECKSUM_SQL}) AS h"
-    f"   FROM state_groups_state d WHERE d.state_group IN ({_STAGED}) GROUP BY d.state_group) a"
-    "   ON a.state_group = s.state_group"
+    f" LEFT JOIN LATERAL (SELECT COUNT(*) AS n, SUM({CHECKSUM_SQL}) AS h"
+    "   FROM state_groups_state d WHERE d.state_group = s.state_group AND s.is_ref = 0) a ON TRUE"
     f" WHERE s.{_KEY.replace(' AND ', ' AND s.')} AND (g.id IS NULL OR pd.state_group IS NOT NULL"
     "   OR ps.state_group IS NOT NULL OR (s.is_ref = 0 AND ("
     "     COALESCE(e.prev_state_group, -1) <> COALESCE(s.old_prev, -1)"

@@ -154,17 +154,16 @@ class SynapseTables(StateTables):
            predecessors (see :data:`synapse_sql.SWAP_TOUCH_BASES`);
         4. replace the rewritten groups' edges and rows.
         """
-        cur.execute(q(sql.SWAP_LOCK_GROUPS), key)
-        cur.fetchall()
-        cur.execute(q(sql.SWAP_RECHECK), key * 4)
+        # Statements go in three round trips (PostgreSQL runs a multi-statement
+        # execute in order and returns the last one's result): the lock with
+        # the re-check, the touch with the rows' deletion, the edges with the
+        # new rows.
+        cur.execute(q(sql.SWAP_LOCK_GROUPS) + "; " + q(sql.SWAP_RECHECK), key * 4)
         changed = cur.fetchall()
         if changed:
             return [(g, is_ref, reason) for g, is_ref, reason in changed], 0, 0
-        cur.execute(q(sql.SWAP_TOUCH_BASES), key)
-        cur.execute(q(sql.SWAP_DELETE_ROWS), key)
+        cur.execute(q(sql.SWAP_TOUCH_BASES) + "; " + q(sql.SWAP_DELETE_ROWS), key * 2)
         deleted = cur.rowcount
-        cur.execute(q(sql.SWAP_DELETE_EDGES), key)
-        cur.execute(q(sql.SWAP_INSERT_EDGES), key)
-        cur.execute(q(sql.SWAP_INSERT_ROWS), key)
+        cur.execute("; ".join(q(t) for t in (sql.SWAP_DELETE_EDGES, sql.SWAP_INSERT_EDGES, sql.SWAP_INSERT_ROWS)), key * 3)
         inserted = cur.rowcount
         return None, deleted, inserted

@@ -484,8 +484,26 @@ class CompactionWriter:
         self.db.run(txn)
 
     def _delete_staged(self, cur, run_id: int, room_nid: int, first_group: int) -> None:
-        for statement in self.sql.delete_staging("run_id", "room_nid", "first_group"):
-            cur.execute(self.db.sql(statement), (run_id, room_nid, first_group))
+        self._execute_all(cur, self._delete_staged_statements(run_id, room_nid, first_group))
+
+    def _delete_staged_statements(self, run_id: int, room_nid: int, first_group: int) -> list:
+        return [
+            (statement, (run_id, room_nid, first_group))
+            for statement in self.sql.delete_staging("run_id", "room_nid", "first_group")
+        ]
+
+    def _execute_all(self, cur, statements: Sequence[tuple[str, Sequence]]) -> None:
+        """Run ``(sql, args)`` statements whose results are not needed, in
+        order: on PostgreSQL in one round trip (one ``execute`` of them all),
+        elsewhere one by one."""
+        if self.db.engine.name == "postgres" and len(statements) > 1:
+            cur.execute(
+                "; ".join(self.db.sql(text) for text, _ in statements),
+                tuple(arg for _, args in statements for arg in args),
+            )
+            return
+        for text, args in statements:
+            cur.execute(self.db.sql(text), tuple(args))
 
     # ------------------------------------------------------------- swap
 
@@ -531,10 +549,11 @@ class CompactionWriter:
             # 6. Progress, in the same transaction as the swap it records.
             last, before, after, groups_rewritten = chunk_stats
             now = now_ms()
-            cur.execute(q(self.sql.CHUNK_UPSERT), key + (last, before, after, groups_rewritten, now))
+            progress = [(self.sql.CHUNK_UPSERT, key + (last, before, after, groups_rewritten, now))]
             if room_outcome is not None:
-                self._insert_room(cur, run.run_id, room_outcome, now)
-            self._delete_staged(cur, *key)
+                progress.append(self._room_row(run.run_id, room_outcome, now))
+            # The progress rows and the staging rows' removal travel together.
+            self._execute_all(cur, progress + self._delete_staged_statements(*key))
             if self.before_commit is not None:
                 self.before_commit(cur, room_nid, first_group)
             return SwapResult("swapped", "", deleted, inserted)
@@ -547,18 +566,21 @@ class CompactionWriter:
             return
 
         def txn(cur):
-            self._insert_room(cur, run.run_id, outcome, now_ms())
-            for statement in self.sql.delete_staging("run_id", "room_nid"):
-                cur.execute(self.db.sql(statement), (run.run_id, outcome.room_nid))
+            self._execute_all(cur, [self._room_row(run.run_id, outcome, now_ms())] + [
+                (statement, (run.run_id, outcome.room_nid)) for statement in self.sql.delete_staging("run_id", "room_nid")
+            ])
 
         self.db.run(txn)
 
-    def _insert_room(self, cur, run_id: int, o: RoomOutcome, now: int) -> None:
-        cur.execute(
-            self.db.sql(self.sql.ROOM_INSERT),
-            (run_id, o.room_nid, o.status, o.state_groups, o.rows_before, o.rows_after, o.groups_rewritten,
-             o.detail or None, now),
+    def _room_row(self, run_id: int, o: RoomOutcome, now: int) -> tuple:
+        """The statement recording a room's outcome, with its arguments."""
+        return self.sql.ROOM_INSERT, (
+            run_id, o.room_nid, o.status, o.state_groups, o.rows_before, o.rows_after, o.groups_rewritten,
+            o.detail or None, now,
         )
+
+    def _insert_room(self, cur, run_id: int, o: RoomOutcome, now: int) -> None:
+        self._execute_all(cur, [self._room_row(run_id, o, now)])
 
     def close(self) -> None:
         """Release the lock (if held) and close the connection."""

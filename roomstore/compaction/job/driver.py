@@ -44,12 +44,12 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
-from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 
 from roomstore.compaction import levels_hop_bound
@@ -97,6 +97,7 @@ class Driver:
         self.warnings: List[str] = []
         self.timings: Dict[str, float] = {}
         self.total_rooms = 0
+        self.total_chunks = 0
         self.done = 0
         self.writer: Any = None
         self.run: Any = None
@@ -137,6 +138,7 @@ class Driver:
         if a.swap_hold:
             writer.before_commit = self._hold_swap
         spark = None
+        starting: Optional[_SparkStart] = None
         status = 0
         try:
             writer.check_schema()
@@ -147,6 +149,9 @@ class Driver:
                 except LockHeldError as exc:
                     log.error("%s", exc)
                     return EXIT_LOCKED
+            # Spark (the session, then the executors the master launches)
+            # starts while the run's bookkeeping and the planning reads run.
+            starting = self._start_spark_in_background()
             self.run = run = writer.begin_run(self.options(), dry_run=a.dry_run)
             for note in run.warnings:
                 self.warn(note)
@@ -178,7 +183,7 @@ class Driver:
                 if not count:
                     self.say("  nothing to do: no state groups selected")
                 else:
-                    spark = self.start_spark()
+                    spark = starting.session()
                     self.compute_and_write(spark, lo, hi, count, where)
             if where is not None:
                 cond = where.format(col="room_nid") if where else ""
@@ -186,6 +191,8 @@ class Driver:
             if not a.dry_run:
                 writer.finish_run(run)
         finally:
+            if starting is not None:
+                spark = starting.session(raise_error=False)
             if spark is not None:
                 spark.stop()
             writer.close()
@@ -232,13 +239,18 @@ class Driver:
 
     def start_spark(self) -> Any:
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark(\..*)?")
+        t = time.monotonic()
         spark = (
             SparkSession.builder.appName(APP_NAME)
             .config("spark.ui.showConsoleProgress", "false")
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("WARN")
+        self.timings["spark_start"] = time.monotonic() - t
         return spark
+
+    def _start_spark_in_background(self) -> "_SparkStart":
+        return _SparkStart(self.start_spark)
 
     # -- Spark --------------------------------------------------------------
 
@@ -248,11 +260,19 @@ class Driver:
         source = JdbcSource.from_db_url(a.db)
         parallelism = spark.sparkContext.defaultParallelism
         read_parts = a.read_partitions or max(parallelism, min(256, -(-count // 100_000)))
+        if not a.read_partitions:
+            # Whole waves: 3 reads on 2 cores take as long as 4 smaller ones.
+            read_parts = -(-read_parts // parallelism) * parallelism
         read_parts = max(1, min(read_parts, hi - lo + 1))
-        shuffle_parts = a.shuffle_partitions or max(parallelism, min(512, -(-count // 50_000)))
+        # Rooms are spread over several partitions per core: the driver writes
+        # one partition's rooms while the next ones are planned (see
+        # compute_and_write), so the first results should come early.
+        shuffle_parts = a.shuffle_partitions or max(4 * parallelism, min(512, -(-count // 20_000)))
         # Joins and exchanges of this job follow the data's size, not the
-        # 200-partition default (each task costs scheduling time).
+        # 200-partition default (each task costs scheduling time); adaptive
+        # execution must not merge the rooms' partitions back into one or two.
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_parts))
+        spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
         snap = int(run.snapshot_max)
         cond = where.format(col="room_nid") if where else ""
 
@@ -260,6 +280,7 @@ class Driver:
         starts, links = self.writer.chunk_layout(snap, a.chunk_groups, cond)
         self.timings["chunk_layout"] = time.monotonic() - t
         self.chunked_rooms = len(starts)
+        self.total_chunks = self.total_rooms + sum(len(s) for s in starts.values())
         boundary_ids = sorted({prev for _, _, prev in links})
         self.timings["boundary_groups"] = len(boundary_ids)
 
@@ -287,26 +308,42 @@ class Driver:
         )
 
     def compute_and_write(self, spark: Any, lo: int, hi: int, count: int, where: str) -> None:
+        """Plan on the executors and write here, overlapped: the result frame
+        is consumed a partition at a time (``toLocalIterator`` with the next
+        partition computed while this one is handled), so the driver stages
+        and swaps one partition's rooms while Spark plans the next ones.
+        Every chunk is still verified on the executor before the driver sees
+        it, and each swap is its own transaction, as before."""
         t = time.monotonic()
         cond = where.format(col="room_nid") if where else ""
         self.room_names = self.writer.room_ids_where(self.run.snapshot_max, cond)
-        self.total_rooms = self.writer.count_rooms(self.run.snapshot_max, cond)
-        result = self.build_frame(spark, lo, hi, count, where).persist(StorageLevel.MEMORY_AND_DISK)
-        chunks = result.count()
-        self.timings["read_and_plan"] = time.monotonic() - t
+        self.total_rooms = len(self.room_names)  # the selected rooms with groups: one statement less
+        result = self.build_frame(spark, lo, hi, count, where)
         self.say(
-            f"  planned {self.total_rooms} room(s), {count:,} state groups in {chunks} chunk(s)"
-            f" ({self.chunked_rooms} room(s) chunked, {self.timings['boundary_groups']} boundary state(s)),"
-            f" {self.timings['read_and_plan']:.1f}s"
+            f"  planning and writing {self.total_rooms} room(s), {count:,} state groups in {self.total_chunks} chunk(s)"
+            f" ({self.chunked_rooms} room(s) chunked, {self.timings['boundary_groups']} boundary state(s))"
         )
-        t = time.monotonic()
-        bar = progress_bar(chunks, "compaction", "chunk", force=self.args.progress)
-        for row in result.toLocalIterator(prefetchPartitions=True):
+        bar = progress_bar(self.total_chunks, "compaction", "chunk", force=self.args.progress)
+        # (With adaptive execution the call itself runs the reads and the
+        # shuffle's map stage: counted as waiting on Spark.)
+        w = time.monotonic()
+        self.timings["prepare_frame"] = w - t
+        rows = iter(result.toLocalIterator(prefetchPartitions=True))
+        waited = time.monotonic() - w
+        while True:
+            w = time.monotonic()
+            row = next(rows, None)
+            waited += time.monotonic() - w
+            if "first_result" not in self.timings:
+                self.timings["first_result"] = time.monotonic() - t
+            if row is None:
+                break
             self.handle(row)
             bar.update(1)
         bar.close()
-        self.timings["write"] = time.monotonic() - t
-        result.unpersist()
+        self.timings["plan_and_write"] = time.monotonic() - t
+        self.timings["read_and_plan"] = waited
+        self.timings["write"] = self.timings["plan_and_write"] - waited - self.timings["prepare_frame"]
 
     # -- per chunk / per room -------------------------------------------------
 
@@ -509,3 +546,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         traceback.print_exc()
         return 1
 
+
+class _SparkStart:
+    """The Spark session, started in a thread while the driver's first
+    statements run; :meth:`session` waits for it (and raises what starting
+    raised, unless ``raise_error`` is false: then None)."""
+
+    def __init__(self, start: Any) -> None:
+        self._session: Any = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(start,), name="spark-start", daemon=True)
+        self._thread.start()
+
+    def _run(self, start: Any) -> None:
+        try:
+            self._session = start()
+        except BaseException as exc:  # handed to the main thread by session()
+            self._error = exc
+
+    def session(self, raise_error: bool = True) -> Any:
+        self._thread.join()
+        if self._error is not None and raise_error:
+            error, self._error = self._error, None
+            raise error
+        return self._session
