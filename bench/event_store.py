@@ -52,7 +52,11 @@ measures that code (K = 1 and the defaults only).
     reactor thread shows up here, and so does Python another thread of the
     process runs meanwhile (validation, the transaction's own code): the
     reactor waits for the GIL up to the switch interval each time it needs
-    it back. ``--size large`` imports 50,000 events.
+    it back. ``--size large`` imports 50,000 events. What the run made before
+    the import (the store, the workload) is frozen out of the cyclic
+    collector's generations first (``gc.freeze``), as ``roomstore serve``
+    does once started; ``BENCH_FREEZE=0`` leaves it in (then full
+    collections walking it stall the reactor tens of milliseconds).
 (e) Sync cost: database statements issued by ``sync`` for a user in 20 rooms
     when nothing changed since the token, and when k of the rooms changed
     (k = 1, 5, 20), counted with ``Database.query_count``, with the time of
@@ -65,6 +69,7 @@ measured once. ``--size small`` keeps the whole run to a few minutes.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import re
@@ -614,8 +619,14 @@ class LatenessProbe:
 
 async def lateness_run(reactor, url: str, setup, events) -> dict[str, float]:
     store = await open_writer(url)
+    freeze = os.environ.get("BENCH_FREEZE", "1") == "1"
     try:
         await store.persist_events(setup)
+        if freeze:
+            # As `roomstore serve` does once started (and Synapse's processes):
+            # what start-up made leaves the cyclic collector's generations.
+            gc.collect()
+            gc.freeze()
         probe = LatenessProbe(reactor)
         probe.start()
         start = time.perf_counter()
@@ -624,6 +635,8 @@ async def lateness_run(reactor, url: str, setup, events) -> dict[str, float]:
         figures = probe.stop()
     finally:
         await store.close()
+        if freeze:
+            gc.unfreeze()
     return {**figures, "events/s": rate}
 
 
