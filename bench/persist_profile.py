@@ -33,12 +33,11 @@ from roomstore.store import RoomStore
 from roomstore.storage.interning import chunks
 
 
-def _profiled_pool(db, profilers: list, lock: threading.Lock) -> None:
-    """Every interaction of ``db`` from now on runs under a per-thread profiler."""
-    original = db._run_in_thread
+def _per_thread_profiled(fn, profilers: list, lock: threading.Lock):
+    """``fn`` run under a profiler of the calling thread's own (each new one added to ``profilers``)."""
     local = threading.local()
 
-    def run_in_thread(*args, **kwargs):
+    def profiled(*args, **kwargs):
         profiler = getattr(local, "profiler", None)
         if profiler is None:
             profiler = local.profiler = cProfile.Profile()
@@ -46,11 +45,16 @@ def _profiled_pool(db, profilers: list, lock: threading.Lock) -> None:
                 profilers.append(profiler)
         profiler.enable()
         try:
-            return original(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
             profiler.disable()
 
-    db._run_in_thread = run_in_thread
+    return profiled
+
+
+def _profiled_pool(db, profilers: list, lock: threading.Lock) -> None:
+    """Every interaction of ``db`` from now on runs under a per-thread profiler."""
+    db._run_in_thread = _per_thread_profiled(db._run_in_thread, profilers, lock)
 
 
 def _profiled_validation(profilers: list, lock: threading.Lock) -> None:
@@ -59,22 +63,7 @@ def _profiled_validation(profilers: list, lock: threading.Lock) -> None:
         from roomstore.events import pipeline
     except ImportError:
         return
-    original = pipeline.prepare_events
-    local = threading.local()
-
-    def prepare_events(*args, **kwargs):
-        profiler = getattr(local, "profiler", None)
-        if profiler is None:
-            profiler = local.profiler = cProfile.Profile()
-            with lock:
-                profilers.append(profiler)
-        profiler.enable()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            profiler.disable()
-
-    pipeline.prepare_events = prepare_events
+    pipeline.prepare_events = _per_thread_profiled(pipeline.prepare_events, profilers, lock)
 
 
 def _merged(profilers: list):
