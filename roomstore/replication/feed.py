@@ -157,6 +157,18 @@ _FILL_MOST = 0.9375
 _MAX_TOKEN_DIGITS = 20
 
 
+def _line_tokens(updates: list[tuple[int, str]], start: int, upto: int) -> list | None:
+    """The token each row's RDATA line carries, None for "batch" (the next row
+    has the same token: only a token's last row carries it), if the tokens are
+    in order within ``(start, upto]`` (every page, as a rule); else None."""
+    tokens = [token for token, _ in updates]
+    if not tokens or tokens[0] <= start or tokens[-1] > upto or tokens != sorted(tokens):
+        return None
+    following = tokens[1:]
+    following.append(None)
+    return [None if token == after else token for token, after in zip(tokens, following)]
+
+
 def _plain_page(updates: list[tuple[int, str]], start: int, upto: int, room: int) -> list | None:
     """The items of a page of ``(token, row_json)`` whose rows all fit in
     ``room`` characters and whose tokens are in order within ``(start,
@@ -168,18 +180,12 @@ def _plain_page(updates: list[tuple[int, str]], start: int, upto: int, room: int
     encoded = [row_json for _, row_json in updates]
     if max(map(len, encoded)) > room:
         return None
-    tokens = [token for token, _ in updates]
-    if tokens[0] <= start or tokens[-1] > upto or tokens != sorted(tokens):
+    line_tokens = _line_tokens(updates, start, upto)
+    if line_tokens is None:
         return None
-    # A row's token goes on its line only if the next row has another
-    # token: the rows before carry "batch". The row itself is not needed to
-    # write the line (None: decoded only where it is, see send_rows).
-    following = tokens[1:]
-    following.append(None)
-    return [
-        (None if token == after else token, None, row_json)
-        for token, after, row_json in zip(tokens, following, encoded)
-    ]
+    # The row itself is not needed to write the line (None: decoded only
+    # where it is, see send_rows).
+    return [(token, None, row_json) for token, row_json in zip(line_tokens, encoded)]
 
 
 def _page_text(updates: list[tuple[int, str]], start: int, upto: int, prefix: str, limit: int) -> str | None:
@@ -187,17 +193,13 @@ def _page_text(updates: list[tuple[int, str]], start: int, upto: int, prefix: st
     (``prefix`` being ``"RDATA <stream> <writer> "``), each ending in a
     newline: every line ASCII and at most ``limit`` long, the tokens in
     order within ``(start, upto]``; None for any other page, which goes
-    through ``_page_commands``. Two passes in Python (tokens, lines), the
-    checks in C: what the server's reactor does per line."""
-    tokens = [token for token, _ in updates]
-    if not tokens or tokens[0] <= start or tokens[-1] > upto or tokens != sorted(tokens):
+    through ``_page_commands``. List comprehensions in Python, the checks in
+    C: what the server's reactor does per line."""
+    line_tokens = _line_tokens(updates, start, upto)
+    if line_tokens is None:
         return None
-    # A row's token goes on its line only if the next row has another
-    # token: the rows before carry "batch".
-    following = tokens[1:]
-    following.append(None)
-    lines = [f"{prefix}{'batch' if token == after else token} {row_json}"
-             for (token, row_json), after in zip(updates, following)]
+    lines = [f"{prefix}{'batch' if token is None else token} {row_json}"
+             for token, (_, row_json) in zip(line_tokens, updates)]
     if max(map(len, lines)) > limit:
         return None
     lines.append("")
