@@ -133,19 +133,21 @@ class InternCache:
             except KeyError:
                 pass
         values = list(map(young.get, keys))
-        if values.count(None) == len(values) and list(map(self._old.get, keys)).count(None) == len(values):
+        if None not in values:
+            return values, []
+        olds = list(map(self._old.get, keys))
+        if values.count(None) == len(values) and olds.count(None) == len(values):
             return values, list(range(len(values)))  # none cached (a cold cache): no step per key
         missing = []
-        old_get, add = self._old.get, self._add
+        add = self._add
         for index, value in enumerate(values):
             if value is None:
-                key = keys[index]
-                value = old_get(key)
+                value = olds[index]
                 if value is None:
                     missing.append(index)
                 else:  # as get(): a hit in the old generation moves to the young
                     values[index] = value
-                    add(key, value)
+                    add(keys[index], value)
         return values, missing
 
     def split(self, wanted: Iterable) -> tuple[dict, list]:
