@@ -191,8 +191,9 @@ class _Worker:
         header = stdout.read(HEADER.size)
         if len(header) < HEADER.size:
             return None
-        body = stdout.read(HEADER.unpack(header)[0])
-        if len(body) < HEADER.unpack(header)[0]:
+        (length,) = HEADER.unpack(header)
+        body = stdout.read(length)
+        if len(body) < length:
             return None
         return pickle.loads(body)
 

@@ -20,7 +20,6 @@ import binascii
 import hashlib
 from typing import Any, Mapping
 
-
 from roomstore.pdu.canonical import canonical_json
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.room_versions import EventIdFormat, RoomVersion
