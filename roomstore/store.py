@@ -46,7 +46,7 @@ from roomstore.storage.stats import table_stats_txn
 from roomstore.storage.writer_lock import WriterLock
 from roomstore.streams.builtin import BUILTIN_STREAMS, open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
-from roomstore.streams.id_generators import persist_positions_txn, reserve_together
+from roomstore.streams.id_generators import persist_positions_txn, reserve_after
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
 
@@ -292,12 +292,16 @@ class RoomStore:
         # would refuse whatever it is given (conflicted or underivable state):
         # found first, the transaction checks again (for a writer storing them
         # or changing the room meanwhile; that rare race still spends IDs).
-        results = await self.db.run_interaction(
-            "persist_events_precheck", precheck_txn, self.persister, unique, resolved_current_state
-        )
-        new = [ev for ev in unique if ev.event_id not in results]
-        if new:
-            results.update(await self._persist_new(new, resolved_current_state))
+        # On PostgreSQL the look reads the IDs from the sequences at its end:
+        # one round of BEGIN, reads and COMMIT, not two.
+        # One caches-stream ID per batch: the batch's invalidations are one fact.
+        streams = (self.events_stream, self.backfill_stream, self.caches_stream)
+        async with reserve_after(
+            streams, "persist_events_precheck", self._precheck_txn, unique, resolved_current_state
+        ) as (results, reserved):
+            new = [ev for ev in unique if ev.event_id not in results]
+            if new:
+                results.update(await self._persist_new(new, resolved_current_state, streams, reserved))
         out = []
         for index, ev in enumerate(prepared):
             result = results[ev.event_id]
@@ -310,27 +314,34 @@ class RoomStore:
             out.append(result)
         return out
 
-    async def _persist_new(self, prepared, resolved_current_state) -> dict[str, PersistedEvent]:
-        live = sum(1 for ev in prepared if not ev.backfilled)
-        backfilled = len(prepared) - live
-        # One caches-stream ID per batch: the batch's invalidations are one fact.
-        streams = (self.events_stream, self.backfill_stream, self.caches_stream)
-        async with reserve_together(list(zip(streams, (live, backfilled, 1)))) as reserved:
-            stream_ids, backfill_ids, (cache_stream_id,) = reserved
-            # Usually nothing else is in flight: the batch's transaction then
-            # also records the positions its completion reaches.
-            positions = [
-                (generator, position)
-                for generator, ids in zip(streams, reserved)
-                if (position := generator.position_after(ids)) is not None
-            ]
-            outcome: BatchOutcome = await self.db.run_interaction(
-                "persist_events", self._persist_txn, prepared, stream_ids, backfill_ids,
-                resolved_current_state, cache_stream_id, positions, self._now_ms(),
-            )
-            # Caches first, then the IDs complete: a reader woken by the new
-            # position must find the change caches already knowing the batch.
-            self._after_persist(outcome)
+    #: The look before stream IDs (tests and bench/persist_precheck.py put others in its place).
+    _precheck = staticmethod(precheck_txn)
+
+    def _precheck_txn(self, txn, unique, resolved_current_state):
+        """``precheck_txn``, and the stream IDs the batch's new events take
+        (read in this same transaction where they come from sequences)."""
+        found = self._precheck(txn, self.persister, unique, resolved_current_state)
+        new = [ev for ev in unique if ev.event_id not in found]
+        live = sum(1 for ev in new if not ev.backfilled)
+        return found, (live, len(new) - live, 1 if new else 0)
+
+    async def _persist_new(self, prepared, resolved_current_state, streams, reserved) -> dict[str, PersistedEvent]:
+        stream_ids, backfill_ids, (cache_stream_id,) = reserved
+        # Usually nothing else is in flight: the batch's transaction then
+        # also records the positions its completion reaches.
+        positions = [
+            (generator, position)
+            for generator, ids in zip(streams, reserved)
+            if (position := generator.position_after(ids)) is not None
+        ]
+        outcome: BatchOutcome = await self.db.run_interaction(
+            "persist_events", self._persist_txn, prepared, stream_ids, backfill_ids,
+            resolved_current_state, cache_stream_id, positions, self._now_ms(),
+        )
+        # Caches first, then the IDs complete (when ``reserve_after`` ends):
+        # a reader woken by the new position must find the change caches
+        # already knowing the batch.
+        self._after_persist(outcome)
         return outcome.results
 
     async def _refuse_orphans(self, prepared, known_versions: Mapping[str, str]) -> None:

@@ -590,3 +590,60 @@ async def reserve_together(requests: Sequence[tuple[StreamIdGenerator, int]]) ->
         # Completion happens whether the body succeeded or raised.
         for gen, n in wanted:
             gen._complete(results[id(gen)])
+
+
+@contextlib.asynccontextmanager
+async def reserve_after(
+    generators: Sequence[StreamIdGenerator], description: str, counting_txn, *args
+) -> AsyncIterator[tuple[object, list[list[int]]]]:
+    """``async with reserve_after([gen_a, gen_b], desc, f, ...) as (result, (ids_a, ids_b))``.
+
+    Runs ``f(txn, ...)``, which returns ``(result, counts)``, one count (0 or
+    more) per generator, and reserves that many IDs from each. Where every
+    generator's IDs come from PostgreSQL sequences they are read at the end
+    of ``f``'s own transaction: one interaction, where a look that decides
+    how many IDs to take and ``reserve_together`` would be two. Elsewhere the
+    IDs are reserved as ``reserve_together`` does, after it. If ``f`` raises,
+    no ID is taken. Every ID completes on exit, also when the body raises.
+    """
+    gens = list(generators)
+    if len({id(gen) for gen in gens}) != len(gens):
+        raise ValueError("reserve_after: a generator is listed twice")
+    if len({id(gen.db) for gen in gens}) > 1:
+        raise ValueError("reserve_after needs generators of one database")
+    if not gens or not all(gen._use_sequence for gen in gens):
+        result, counts = await gens[0].db.run_interaction(description, counting_txn, *args) if gens else (None, [])
+        _check_counts(gens, counts)
+        async with reserve_together(list(zip(gens, counts))) as reserved:
+            yield result, reserved
+        return
+    # Each position is held from here until the IDs are known, as if the
+    # reservation had begun with the transaction (it has: the IDs come at its end).
+    floors = [(gen, gen._begin_allocation(1)) for gen in gens]
+    try:
+        result, ids = await gens[0].db.run_interaction(description, _counted_allocation_txn, gens, counting_txn, args)
+    except BaseException:
+        for gen, floor in floors:
+            gen._end_allocation(floor, None)
+        raise
+    for (gen, floor), got in zip(floors, ids):
+        gen._end_allocation(floor, got or None)
+    try:
+        yield result, ids
+    finally:
+        for gen, got in zip(gens, ids):
+            if got:
+                gen._complete(got)
+
+
+def _counted_allocation_txn(txn: Transaction, gens, counting_txn, args) -> tuple[object, list[list[int]]]:
+    result, counts = counting_txn(txn, *args)
+    _check_counts(gens, counts)
+    wanted = [(gen, n) for gen, n in zip(gens, counts) if n]
+    got = iter(_allocate_txn(txn, wanted) if wanted else [])
+    return result, [next(got) if n else [] for n in counts]
+
+
+def _check_counts(gens: Sequence[StreamIdGenerator], counts: Sequence[int]) -> None:
+    if len(counts) != len(gens) or any(n < 0 for n in counts):
+        raise ValueError(f"reserve_after: {tuple(counts)!r} is not one count of 0 or more per generator")

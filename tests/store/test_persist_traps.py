@@ -91,10 +91,12 @@ class PersistTrapTests:
         # t2 alone passes the precheck; t1 is written between the precheck
         # and t2's write (another writer's batch), making the room conflict.
         original = store.db.run_interaction
+        fired = []
 
         async def run_interaction(description, fn, *args, **kwargs):
             result = await original(description, fn, *args, **kwargs)
-            if description == "persist_events_precheck" and args[1][0].event_id == t2.event_id:
+            if description == "persist_events_precheck" and not fired:  # t2's, the next persist_events
+                fired.append(True)
                 # Another writer's batch: its own pipeline, not behind t2's turn.
                 mine, store._write_turns = store._write_turns, WriteTurns()
                 try:

@@ -10,7 +10,14 @@ import sys
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.streams import BackingTable, SequenceLagError, StreamConfigError, StreamIdGenerator, reserve_together
+from roomstore.streams import (
+    BackingTable,
+    SequenceLagError,
+    StreamConfigError,
+    StreamIdGenerator,
+    reserve_after,
+    reserve_together,
+)
 from tests.db import DatabaseTestMixin, on_both_engines
 
 FACTS = BackingTable(table="facts", id_column="stream_id", instance_column="instance_name")
@@ -181,6 +188,57 @@ class SingleWriterTests:
             async with reserve_together([(events, 1), (events, 2)]):
                 pass
         self.assertEqual(events.get_unfinished(), [])
+
+    async def test_reserve_after(self):
+        """The counts come from the caller's transaction; on PostgreSQL the
+        IDs are read in it (no interaction of their own), elsewhere after it.
+        A count of 0 takes nothing; a look that raises takes no ID."""
+        db = await self.make_database()
+        events = await StreamIdGenerator.create(db, "events", "master")
+        caches = await StreamIdGenerator.create(db, "caches", "master")
+        transactions = []
+        original = db.run_interaction
+
+        async def counting(description, *args, **kwargs):
+            transactions.append(description)
+            return await original(description, *args, **kwargs)
+
+        self.patch(db, "run_interaction", counting)
+
+        def look(txn, wanted):
+            txn.execute("SELECT 1")
+            return "looked", wanted
+
+        with self.assertRaises(ZeroDivisionError):
+            async with reserve_after([events, caches], "look", look, (3, 0)) as (result, (a, b)):
+                self.assertEqual((result, a, b), ("looked", [1, 2, 3], []))
+                # Held until the body ends: the IDs are reserved, not complete.
+                self.assertEqual(events.get_current_token(), 0)
+                self.assertEqual(events.get_unfinished(), [1, 2, 3])
+                1 / 0
+        self.assertEqual((events.get_current_token(), caches.get_current_token()), (3, 0))
+        self.assertEqual([t for t in transactions if not t.startswith("persist_stream_position")], ["look"])
+        async with reserve_after([events, caches], "look", look, (1, 2)) as (_, (a, b)):
+            self.assertEqual((a, b), ([4], [1, 2]))
+        self.assertEqual((events.get_current_token(), caches.get_current_token()), (4, 2))
+        allocations = [t for t in transactions if t.startswith("allocate_stream_ids")]
+        # SQLite's IDs are counted in the process; PostgreSQL's came with the look.
+        self.assertEqual(allocations, [])
+
+        def refuse(txn):
+            raise ValueError("refused")
+
+        with self.assertRaises(ValueError):
+            async with reserve_after([events, caches], "refuse", refuse):
+                pass
+        self.assertEqual((events.get_unfinished(), caches.get_unfinished()), ([], []))
+        async with events.get_next() as next_id:
+            self.assertEqual(next_id, 5)  # the refused look took none
+        with self.assertRaises(ValueError):
+            async with reserve_after([events, caches], "bad", look, (1,)):
+                pass
+        self.assertEqual((events.get_unfinished(), caches.get_unfinished()), ([], []))
+        self.assertEqual(events.get_current_token(), 5)
 
     async def test_reader_starts_from_persisted_position_not_newest_row(self):
         """A process that only reads the stream, starting while the writer has
