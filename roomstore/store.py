@@ -46,7 +46,7 @@ from roomstore.storage.stats import table_stats_txn
 from roomstore.storage.writer_lock import WriterLock
 from roomstore.streams.builtin import BUILTIN_STREAMS, open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
-from roomstore.streams.id_generators import persist_positions_txn, reserve_after
+from roomstore.streams.id_generators import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
 
@@ -290,18 +290,22 @@ class RoomStore:
         unique = [prepared[index] for index in first_index.values()]
         # Events stored before take no stream IDs, nor do batches the write
         # would refuse whatever it is given (conflicted or underivable state):
-        # found first, the transaction checks again (for a writer storing them
-        # or changing the room meanwhile; that rare race still spends IDs).
-        # On PostgreSQL the look reads the IDs from the sequences at its end:
-        # one round of BEGIN, reads and COMMIT, not two.
+        # found first, in the write's own transaction before it takes the IDs;
+        # the write checks again (for another writer storing them or changing
+        # the room between the two; that rare race still spends IDs). One
+        # transaction for the look, the IDs and the write: on PostgreSQL the
+        # IDs come from the sequences in it, where they had cost two more.
         # One caches-stream ID per batch: the batch's invalidations are one fact.
         streams = (self.events_stream, self.backfill_stream, self.caches_stream)
-        async with reserve_after(
-            streams, "persist_events_precheck", self._precheck_txn, unique, resolved_current_state
-        ) as (results, reserved):
-            new = [ev for ev in unique if ev.event_id not in results]
-            if new:
-                results.update(await self._persist_new(new, resolved_current_state, streams, reserved))
+        async with reserve_in_transaction(
+            streams, "persist_events", self._check_and_write_txn, unique, resolved_current_state, self._now_ms()
+        ) as ((results, outcome), _):
+            if outcome is not None:
+                # Caches first, then the IDs complete (as this block ends): a
+                # reader woken by the new position must find the change caches
+                # already knowing the batch.
+                self._after_persist(outcome)
+                results.update(outcome.results)
         out = []
         for index, ev in enumerate(prepared):
             result = results[ev.event_id]
@@ -317,32 +321,22 @@ class RoomStore:
     #: The look before stream IDs (tests and bench/persist_precheck.py put others in its place).
     _precheck = staticmethod(precheck_txn)
 
-    def _precheck_txn(self, txn, unique, resolved_current_state):
-        """``precheck_txn``, and the stream IDs the batch's new events take
-        (read in this same transaction where they come from sequences)."""
+    def _check_and_write_txn(self, txn, take, unique, resolved_current_state, now_ms):
+        """One transaction: the look (``precheck_txn``: events stored before,
+        a refusal raised before any ID), the stream IDs of the new events
+        (``take``: from the sequences, in this transaction, on PostgreSQL),
+        and their write. Returns (results of the stored ones, the write's
+        outcome or None)."""
         found = self._precheck(txn, self.persister, unique, resolved_current_state)
         new = [ev for ev in unique if ev.event_id not in found]
+        if not new:
+            return found, None
         live = sum(1 for ev in new if not ev.backfilled)
-        return found, (live, len(new) - live, 1 if new else 0)
-
-    async def _persist_new(self, prepared, resolved_current_state, streams, reserved) -> dict[str, PersistedEvent]:
-        stream_ids, backfill_ids, (cache_stream_id,) = reserved
-        # Usually nothing else is in flight: the batch's transaction then
-        # also records the positions its completion reaches.
-        positions = [
-            (generator, position)
-            for generator, ids in zip(streams, reserved)
-            if (position := generator.position_after(ids)) is not None
-        ]
-        outcome: BatchOutcome = await self.db.run_interaction(
-            "persist_events", self._persist_txn, prepared, stream_ids, backfill_ids,
-            resolved_current_state, cache_stream_id, positions, self._now_ms(),
+        stream_ids, backfill_ids, (cache_stream_id,) = take((live, len(new) - live, 1))
+        outcome = self.persister.persist_txn(
+            txn, new, stream_ids, backfill_ids, resolved_current_state, cache_stream_id, now_ms
         )
-        # Caches first, then the IDs complete (when ``reserve_after`` ends):
-        # a reader woken by the new position must find the change caches
-        # already knowing the batch.
-        self._after_persist(outcome)
-        return outcome.results
+        return found, outcome
 
     async def _refuse_orphans(self, prepared, known_versions: Mapping[str, str]) -> None:
         """``InvalidEventError`` for a live non-create event without prev
@@ -360,13 +354,6 @@ class RoomStore:
                     f"event {ev.event_id} has no prev events and room {ev.pdu.room_id} is unknown: "
                     "persist the room's create event first, or flag the event an outlier"
                 )
-
-    def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions, now_ms):
-        outcome = self.persister.persist_txn(
-            txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, now_ms
-        )
-        persist_positions_txn(txn, positions)
-        return outcome
 
     def _now_ms(self) -> int:
         """The store clock's now, in milliseconds (the timestamps it writes)."""

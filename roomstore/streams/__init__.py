@@ -3,8 +3,8 @@
 Public face: ``StreamIdGenerator`` (``create``, ``get_next``, ``get_next_mult``,
 ``get_current_token``, ``get_current_token_for_writer``, ``get_max_token``,
 ``get_positions``, ``advance``, ``wait_for_position``, ``position_after``,
-``persist_position_txn``), ``reserve_together`` (several streams at once), ``reserve_after``
-(IDs counted in a transaction of the caller's, read in it where they come from sequences), ``BackingTable``,
+``persist_position_txn``), ``reserve_together`` (several streams at once), ``reserve_in_transaction``
+(IDs taken inside the caller's transaction, counted there), ``BackingTable``,
 ``StreamChangeCache``, and the errors ``StreamConfigError``, ``SequenceLagError``.
 """
 
@@ -14,7 +14,7 @@ from roomstore.streams.id_generators import (
     SequenceLagError,
     StreamConfigError,
     StreamIdGenerator,
-    reserve_after,
+    reserve_in_transaction,
     reserve_together,
 )
 
@@ -24,6 +24,6 @@ __all__ = [
     "StreamChangeCache",
     "StreamConfigError",
     "StreamIdGenerator",
-    "reserve_after",
+    "reserve_in_transaction",
     "reserve_together",
 ]
