@@ -50,16 +50,10 @@ def room_events(n: int) -> list[EventToPersist]:
 
 
 def use_variant(store: RoomStore, variant: str) -> None:
-    original = store.db.run_interaction
-
-    def run_interaction(description, fn, *args, **kwargs):
-        if description == "persist_events_precheck" and variant == "none":
-            return defer.succeed({})
-        if description == "persist_events_precheck" and variant == "look-up only":
-            return original(description, stored_results_txn, store.interners, args[1])
-        return original(description, fn, *args, **kwargs)
-
-    store.db.run_interaction = run_interaction
+    if variant == "none":
+        store._precheck = lambda txn, persister, events, resolved: {}
+    elif variant == "look-up only":
+        store._precheck = lambda txn, persister, events, resolved: stored_results_txn(txn, persister.interners, events)
 
 
 async def persist_rate(url: str, events: list[EventToPersist], variant: str) -> float:

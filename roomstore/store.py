@@ -46,7 +46,7 @@ from roomstore.storage.stats import table_stats_txn
 from roomstore.storage.writer_lock import WriterLock
 from roomstore.streams.builtin import BUILTIN_STREAMS, open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
-from roomstore.streams.id_generators import persist_positions_txn, reserve_together
+from roomstore.streams.id_generators import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
 
@@ -290,14 +290,22 @@ class RoomStore:
         unique = [prepared[index] for index in first_index.values()]
         # Events stored before take no stream IDs, nor do batches the write
         # would refuse whatever it is given (conflicted or underivable state):
-        # found first, the transaction checks again (for a writer storing them
-        # or changing the room meanwhile; that rare race still spends IDs).
-        results = await self.db.run_interaction(
-            "persist_events_precheck", precheck_txn, self.persister, unique, resolved_current_state
-        )
-        new = [ev for ev in unique if ev.event_id not in results]
-        if new:
-            results.update(await self._persist_new(new, resolved_current_state))
+        # found first, in the write's own transaction before it takes the IDs;
+        # the write checks again (for another writer storing them or changing
+        # the room between the two; that rare race still spends IDs). One
+        # transaction for the look, the IDs and the write: on PostgreSQL the
+        # IDs come from the sequences in it, where they had cost two more.
+        # One caches-stream ID per batch: the batch's invalidations are one fact.
+        streams = (self.events_stream, self.backfill_stream, self.caches_stream)
+        async with reserve_in_transaction(
+            streams, "persist_events", self._check_and_write_txn, unique, resolved_current_state, self._now_ms()
+        ) as ((results, outcome), _):
+            if outcome is not None:
+                # Caches first, then the IDs complete (as this block ends): a
+                # reader woken by the new position must find the change caches
+                # already knowing the batch.
+                self._after_persist(outcome)
+                results.update(outcome.results)
         out = []
         for index, ev in enumerate(prepared):
             result = results[ev.event_id]
@@ -310,28 +318,25 @@ class RoomStore:
             out.append(result)
         return out
 
-    async def _persist_new(self, prepared, resolved_current_state) -> dict[str, PersistedEvent]:
-        live = sum(1 for ev in prepared if not ev.backfilled)
-        backfilled = len(prepared) - live
-        # One caches-stream ID per batch: the batch's invalidations are one fact.
-        streams = (self.events_stream, self.backfill_stream, self.caches_stream)
-        async with reserve_together(list(zip(streams, (live, backfilled, 1)))) as reserved:
-            stream_ids, backfill_ids, (cache_stream_id,) = reserved
-            # Usually nothing else is in flight: the batch's transaction then
-            # also records the positions its completion reaches.
-            positions = [
-                (generator, position)
-                for generator, ids in zip(streams, reserved)
-                if (position := generator.position_after(ids)) is not None
-            ]
-            outcome: BatchOutcome = await self.db.run_interaction(
-                "persist_events", self._persist_txn, prepared, stream_ids, backfill_ids,
-                resolved_current_state, cache_stream_id, positions, self._now_ms(),
-            )
-            # Caches first, then the IDs complete: a reader woken by the new
-            # position must find the change caches already knowing the batch.
-            self._after_persist(outcome)
-        return outcome.results
+    #: The look before stream IDs (tests and bench/persist_precheck.py put others in its place).
+    _precheck = staticmethod(precheck_txn)
+
+    def _check_and_write_txn(self, txn, take, unique, resolved_current_state, now_ms):
+        """One transaction: the look (``precheck_txn``: events stored before,
+        a refusal raised before any ID), the stream IDs of the new events
+        (``take``: from the sequences, in this transaction, on PostgreSQL),
+        and their write. Returns (results of the stored ones, the write's
+        outcome or None)."""
+        found = self._precheck(txn, self.persister, unique, resolved_current_state)
+        new = [ev for ev in unique if ev.event_id not in found]
+        if not new:
+            return found, None
+        live = sum(1 for ev in new if not ev.backfilled)
+        stream_ids, backfill_ids, (cache_stream_id,) = take((live, len(new) - live, 1))
+        outcome = self.persister.persist_txn(
+            txn, new, stream_ids, backfill_ids, resolved_current_state, cache_stream_id, now_ms
+        )
+        return found, outcome
 
     async def _refuse_orphans(self, prepared, known_versions: Mapping[str, str]) -> None:
         """``InvalidEventError`` for a live non-create event without prev
@@ -349,13 +354,6 @@ class RoomStore:
                     f"event {ev.event_id} has no prev events and room {ev.pdu.room_id} is unknown: "
                     "persist the room's create event first, or flag the event an outlier"
                 )
-
-    def _persist_txn(self, txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, positions, now_ms):
-        outcome = self.persister.persist_txn(
-            txn, prepared, stream_ids, backfill_ids, resolved, cache_stream_id, now_ms
-        )
-        persist_positions_txn(txn, positions)
-        return outcome
 
     def _now_ms(self) -> int:
         """The store clock's now, in milliseconds (the timestamps it writes)."""

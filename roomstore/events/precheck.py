@@ -1,10 +1,11 @@
 """Before stream IDs are reserved: which events of a batch are stored
 already, and whether the write would refuse the rest.
 
-Runs in one read-only interaction (``RoomStore.persist_events``): cheap reads
-over cached state groups, then a trial run of the write, undone in a
-savepoint, only for a batch they find a conflict or a gap in. Neither stored
-events nor refused batches take stream IDs.
+Runs first in the write's own transaction (``RoomStore.persist_events``,
+before ``reserve_in_transaction``'s ``take``): cheap reads over cached state
+groups, then a trial run of the write, undone in a savepoint, only for a
+batch they find a conflict or a gap in. Neither stored events nor refused
+batches take stream IDs.
 """
 
 from __future__ import annotations

@@ -457,6 +457,8 @@ def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
     state = _state
     state.suspects = 0
     decoder = state.checking_ints if strict_ints else state.plain
+    if text.startswith("\ufeff"):  # json.loads says so; JSONDecoder.decode would only say "Expecting value"
+        raise InvalidEventError("PDU is not valid JSON: it begins with a byte order mark (U+FEFF); send the JSON without it")
     try:
         value = decoder.decode(text)
     except InvalidEventError:

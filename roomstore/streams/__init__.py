@@ -3,7 +3,8 @@
 Public face: ``StreamIdGenerator`` (``create``, ``get_next``, ``get_next_mult``,
 ``get_current_token``, ``get_current_token_for_writer``, ``get_max_token``,
 ``get_positions``, ``advance``, ``wait_for_position``, ``position_after``,
-``persist_position_txn``), ``reserve_together`` (several streams at once), ``BackingTable``,
+``persist_position_txn``), ``reserve_together`` (several streams at once), ``reserve_in_transaction``
+(IDs taken inside the caller's transaction, counted there), ``BackingTable``,
 ``StreamChangeCache``, and the errors ``StreamConfigError``, ``SequenceLagError``.
 """
 
@@ -13,6 +14,7 @@ from roomstore.streams.id_generators import (
     SequenceLagError,
     StreamConfigError,
     StreamIdGenerator,
+    reserve_in_transaction,
     reserve_together,
 )
 
@@ -22,5 +24,6 @@ __all__ = [
     "StreamChangeCache",
     "StreamConfigError",
     "StreamIdGenerator",
+    "reserve_in_transaction",
     "reserve_together",
 ]

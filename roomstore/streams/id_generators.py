@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
+import threading
 from typing import AsyncIterator, Iterable, Sequence
 
 import attrs
@@ -136,6 +137,7 @@ class StreamIdGenerator:
         self._max_seen = 0
         # In-process counter (SQLite): next ID to hand out is _last_allocated + 1.
         self._last_allocated = 0
+        self._counter_lock = threading.Lock()
         self._waiters: list[tuple[int, str | None, defer.Deferred]] = []
 
         self._persisted: dict[str, int] = {}
@@ -298,18 +300,22 @@ class StreamIdGenerator:
     def _end_allocation(self, floor: int, ids: Sequence[int] | None) -> None:
         """The allocation from ``floor`` returned ``ids`` (None: it failed)."""
         # No await between here and the insort: the IDs become unfinished in
-        # the same step as the allocation stops holding the position back.
-        self._allocating.remove(floor)
+        # the same step as the allocation stops holding the position back
+        # (first unfinished, then out of ``_allocating``: see ``_reached_by``).
         if ids is None:
+            self._allocating.remove(floor)
             self._recompute_own_position()
             return
         for stream_id in ids:
             bisect.insort(self._unfinished, stream_id)
         self._max_seen = max(self._max_seen, ids[-1])
+        self._allocating.remove(floor)
 
     def _allocate_locally(self, n: int) -> list[int]:
-        first = self._last_allocated + 1
-        self._last_allocated += n
+        # Also called on a transaction's thread (reserve_in_transaction).
+        with self._counter_lock:
+            first = self._last_allocated + 1
+            self._last_allocated += n
         return list(range(first, first + n))
 
     def _allocate_txn(self, txn: Transaction, n: int) -> list[int]:
@@ -358,7 +364,8 @@ class StreamIdGenerator:
             return
         self._max_seen = max(self._max_seen, new_id)
         if not self._use_sequence:
-            self._last_allocated = max(self._last_allocated, new_id)
+            with self._counter_lock:
+                self._last_allocated = max(self._last_allocated, new_id)
         changed = False
         if new_id > self._positions[instance_name]:
             self._positions[instance_name] = new_id
@@ -430,6 +437,17 @@ class StreamIdGenerator:
             return None
         ours = set(ids)
         if any(stream_id not in ours for stream_id in self._unfinished):
+            return None
+        return max(ids)
+
+    def _reached_by(self, ids: Sequence[int]) -> int | None:
+        """``position_after(ids)`` asked on ``reserve_in_transaction``'s thread, its
+        allocation (of ``ids``) the only one: an allocation beginning after this
+        read takes higher IDs; one ending during it is in one list or the other
+        (``_end_allocation`` lists its IDs before it leaves ``_allocating``)."""
+        if not self.is_writer or not ids:
+            return None
+        if len(self._allocating) != 1 or self._unfinished:
             return None
         return max(ids)
 
@@ -590,3 +608,93 @@ async def reserve_together(requests: Sequence[tuple[StreamIdGenerator, int]]) ->
         # Completion happens whether the body succeeded or raised.
         for gen, n in wanted:
             gen._complete(results[id(gen)])
+
+
+@contextlib.asynccontextmanager
+async def reserve_in_transaction(
+    generators: Sequence[StreamIdGenerator], description: str, body_txn, *args
+) -> AsyncIterator[tuple[object, list[list[int]]]]:
+    """``async with reserve_in_transaction([gen_a, gen_b], desc, f, ...) as (result, (ids_a, ids_b))``.
+
+    Runs ``f(txn, take, ...)`` in one transaction; ``f`` calls ``take(counts)``
+    (one count, 0 or more, per generator) at most once, when it knows how
+    many IDs it needs, and gets the IDs, read in that same transaction from
+    PostgreSQL's sequences (in the process elsewhere): a look that decides
+    how many IDs to take, the IDs and the write they are for are one
+    interaction, not three. ``take`` also writes, in the transaction, each
+    position that completing the IDs will reach when nothing else of this
+    writer's is in flight (as ``position_after`` tells), so no transaction
+    of its own need follow. A retried attempt is given the IDs the first
+    took. If ``f`` raises, the IDs it took complete unused (a gap); if it
+    never calls ``take``, none is taken. The IDs complete when the block
+    ends, also when it raises.
+    """
+    gens = list(generators)
+    if not gens or len({id(gen) for gen in gens}) != len(gens):
+        raise ValueError("reserve_in_transaction: one or more generators, each once")
+    if len({id(gen.db) for gen in gens}) > 1:
+        raise ValueError("reserve_in_transaction needs generators of one database")
+    taken: list[list[list[int]]] = []  # what ``take`` gave the transaction's last attempt
+    # Every ID taken, by any attempt: a retried transaction (a serialisation
+    # failure, a deadlock) is given the IDs its first attempt took, not a gap.
+    held: list[list[int]] = [[] for _ in gens]
+
+    def attempt(txn: Transaction):
+        taken.clear()
+
+        def take(counts: Sequence[int]) -> list[list[int]]:
+            if taken:
+                raise RuntimeError("reserve_in_transaction: take() called twice")
+            _check_counts(gens, counts)
+            more = [max(0, n - len(ids)) for n, ids in zip(counts, held)]
+            for ids, fresh in zip(held, _take_txn(txn, gens, more)):
+                ids.extend(fresh)  # sequences and counters only grow: still ascending
+            given = [ids[:n] for ids, n in zip(held, counts)]
+            taken.append(given)
+            reached = [(gen, position) for gen, ids in zip(gens, given) if (position := gen._reached_by(ids)) is not None]
+            if reached:
+                persist_positions_txn(txn, reached)
+            return given
+
+        return body_txn(txn, take, *args)
+
+    # Each position is held from here until the IDs are known: the
+    # reservation begins with the transaction that takes them.
+    floors = [(gen, gen._begin_allocation(1)) for gen in gens]
+    try:
+        result = await gens[0].db.run_interaction(description, attempt)
+    except BaseException:
+        # IDs taken by a transaction that failed complete unused (a gap),
+        # as reserved IDs do whatever their write did.
+        for (gen, floor), ids in zip(floors, held):
+            gen._end_allocation(floor, ids or None)
+            if ids:
+                gen._complete(ids)
+        raise
+    for (gen, floor), ids in zip(floors, held):
+        gen._end_allocation(floor, ids or None)
+    try:
+        yield result, (taken[0] if taken else [[] for _ in gens])
+    finally:
+        # With the ones a retry needed fewer of: they complete unused.
+        for gen, ids in zip(gens, held):
+            if ids:
+                gen._complete(ids)
+
+
+def _take_txn(txn: Transaction, gens: Sequence[StreamIdGenerator], counts: Sequence[int]) -> list[list[int]]:
+    """(On the transaction's thread.) ``counts[i]`` IDs of ``gens[i]``: the
+    sequences' in one statement, the in-process counters' under their lock."""
+    if not any(counts):
+        return [[] for _ in gens]
+    sequenced = [(gen, n) for gen, n in zip(gens, counts) if n and gen._use_sequence]
+    from_sequences = iter(_allocate_txn(txn, sequenced) if sequenced else [])
+    return [
+        [] if not n else next(from_sequences) if gen._use_sequence else gen._allocate_locally(n)
+        for gen, n in zip(gens, counts)
+    ]
+
+
+def _check_counts(gens: Sequence[StreamIdGenerator], counts: Sequence[int]) -> None:
+    if len(counts) != len(gens) or any(n < 0 for n in counts):
+        raise ValueError(f"reserve_in_transaction: {tuple(counts)!r} is not one count of 0 or more per generator")

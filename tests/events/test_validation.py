@@ -189,6 +189,10 @@ class InvalidPduTests(unittest.TestCase):
         for bad in (raw[:-1], raw + b"x", b"", b"\xef\xbb\xbf" + raw, b"{'a': 1}"):
             self.assertInvalid(bad, RoomVersions.V10, "not valid JSON")
 
+    def test_byte_order_mark_named(self) -> None:
+        raw = b"\xef\xbb\xbf" + encode(make_pdu(RoomVersions.V10))
+        self.assertInvalid(raw, RoomVersions.V10, "begins with a byte order mark (U+FEFF)")
+
     def test_not_an_object(self) -> None:
         for raw, kind in (
             (b"[]", "an array"),

@@ -9,7 +9,9 @@ protocol sees what the writer persisted (positions, change caches, caches).
 
 from __future__ import annotations
 
-from twisted.internet import defer, reactor
+import threading
+
+from twisted.internet import defer, reactor, threads
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
@@ -232,34 +234,39 @@ class StoreStreamTests(ContractMixin):
         self.assertLessEqual(len(updates), 4)
 
     async def test_position_never_passes_an_id_still_being_allocated(self):
-        # A batch and a cache invalidation at once; the batch's IDs reach the
-        # reactor late (a busy thread pool), after the invalidation has
-        # committed with a higher caches ID. The stream must not claim the
-        # batch's ID complete: a worker would be sent a position past a row it
-        # never gets. (Two batches no longer race so: persist_events writes in
+        # A batch and a cache invalidation at once; the batch's transaction
+        # has taken its IDs and not committed (nor has the reactor learnt
+        # them) when the invalidation commits with a higher caches ID. The
+        # stream must not claim the batch's ID complete: a worker would be
+        # sent a position past a row it never gets. (Two batches no longer race so: persist_events writes in
         # call order, events/pipeline.py.)
         writer, _ = await open_pair(self, workers=())
         from roomstore.streams import id_generators
 
-        original = id_generators._allocate
-        delayed = [True]
+        original = id_generators._take_txn
+        taken, go_on = threading.Event(), threading.Event()
 
-        async def allocate(wanted):
-            ids = await original(wanted)
-            if delayed[0]:
-                delayed[0] = False
-                await sleep(0.3)
+        def take_then_wait(txn, gens, counts):
+            ids = original(txn, gens, counts)
+            if not taken.is_set():  # the batch's: its transaction waits here, IDs in hand
+                taken.set()
+                go_on.wait(10)
             return ids
 
-        self.patch(id_generators, "_allocate", allocate)
+        self.patch(id_generators, "_take_txn", take_then_wait)
         room = RoomBuilder("!first:example.org")
         slow = defer.ensureDeferred(writer.persist_events([room.to_persist(room.create())]))
-        await sleep(0.05)
-        fast = await writer.invalidate_cache("custom_cache", ["x"])
+        self.assertTrue(await threads.deferToThread(taken.wait, 10))
+        fast = defer.ensureDeferred(writer.invalidate_cache("custom_cache", ["x"]))
         stream = CachesStream(writer)
-        self.assertEqual(fast, 2)
+        if self.engine_name == "postgres":
+            # Committed beside the batch's open transaction (SQLite's one
+            # connection waits for the batch instead).
+            await wait_until(lambda: fast.called, what="the invalidation")
         self.assertEqual(stream.current_token("master"), 0)  # 1 is allocated, not written
+        go_on.set()
         self.assertEqual((await slow)[0].stream_ordering, 1)
+        self.assertEqual(await fast, 2)
         self.assertEqual(stream.current_token("master"), 2)
         updates = (await stream.get_updates("master", 0, 2, BIG)).updates
         self.assertEqual(sorted({t for t, _ in updates}), [1, 2])

@@ -10,7 +10,14 @@ import sys
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.streams import BackingTable, SequenceLagError, StreamConfigError, StreamIdGenerator, reserve_together
+from roomstore.streams import (
+    BackingTable,
+    SequenceLagError,
+    StreamConfigError,
+    StreamIdGenerator,
+    reserve_in_transaction,
+    reserve_together,
+)
 from tests.db import DatabaseTestMixin, on_both_engines
 
 FACTS = BackingTable(table="facts", id_column="stream_id", instance_column="instance_name")
@@ -179,6 +186,81 @@ class SingleWriterTests:
         self.assertEqual(allocations, ["allocate_stream_ids:events,caches"] if self.engine_name == "postgres" else [])
         with self.assertRaises(ValueError):
             async with reserve_together([(events, 1), (events, 2)]):
+                pass
+        self.assertEqual(events.get_unfinished(), [])
+
+    async def test_reserve_in_transaction(self):
+        """The IDs are taken inside the caller's transaction, counted there
+        (on PostgreSQL from the sequences: no interaction of their own), with
+        the position they reach written in it; a count of 0 takes nothing; a
+        transaction that raises before taking takes none, one that raises
+        after leaves a gap that does not hold the stream back."""
+        db = await self.make_database()
+        events = await StreamIdGenerator.create(db, "events", "master")
+        caches = await StreamIdGenerator.create(db, "caches", "master")
+        transactions = []
+        original = db.run_interaction
+
+        async def counting(description, *args, **kwargs):
+            transactions.append(description)
+            return await original(description, *args, **kwargs)
+
+        self.patch(db, "run_interaction", counting)
+
+        def write(txn, take, counts, fail_after=False):
+            txn.execute("SELECT 1")
+            ids = take(counts)
+            if fail_after:
+                raise ZeroDivisionError
+            return "written", ids
+
+        with self.assertRaises(KeyError):
+            async with reserve_in_transaction([events, caches], "write", write, (3, 0)) as (result, (a, b)):
+                self.assertEqual((result, a, b), (("written", [[1, 2, 3], []]), [1, 2, 3], []))
+                # Reserved until the block ends, not complete.
+                self.assertEqual(events.get_current_token(), 0)
+                self.assertEqual(events.get_unfinished(), [1, 2, 3])
+                raise KeyError
+        self.assertEqual((events.get_current_token(), caches.get_current_token()), (3, 0))
+        self.assertEqual(transactions, ["write"])
+        # Nothing else was in flight: the transaction wrote the position, and
+        # no position write of its own followed.
+        await events.flush()
+        self.assertEqual(transactions, ["write"])
+        stored = await db.run_interaction(
+            "read", lambda t: t.select_one_value("SELECT stream_id FROM stream_positions WHERE stream_name = 'events'")
+        )
+        self.assertEqual(stored, 3)
+
+        # Another reservation in flight: no position written by the transaction.
+        held = Reservation(events.get_next())
+        self.assertEqual(await held.reserve(), 4)
+        async with reserve_in_transaction([events, caches], "write", write, (1, 2)) as (_, (a, b)):
+            self.assertEqual((a, b), ([5], [1, 2]))
+        self.assertEqual((events.get_current_token(), caches.get_current_token()), (3, 2))
+        await held.complete()
+        self.assertEqual(events.get_current_token(), 5)
+
+        def refuse(txn, take):
+            raise ValueError("refused")
+
+        with self.assertRaises(ValueError):
+            async with reserve_in_transaction([events, caches], "refuse", refuse):
+                pass
+        with self.assertRaises(ZeroDivisionError):
+            async with reserve_in_transaction([events, caches], "fail", write, (2, 0), True):
+                pass
+        self.assertEqual((events.get_unfinished(), caches.get_unfinished()), ([], []))
+        self.assertEqual(events.get_current_token(), 7)  # the gap's IDs completed unused
+        async with events.get_next() as next_id:
+            # The refusal took none; the failure after taking left a gap (6, 7).
+            self.assertEqual(next_id, 8)
+        self.assertEqual(events.get_current_token(), 8)
+        with self.assertRaises(ValueError):
+            async with reserve_in_transaction([events, caches], "bad", write, (1,)):
+                pass
+        with self.assertRaises(ValueError):
+            async with reserve_in_transaction([events, events], "twice", write, (1, 1)):
                 pass
         self.assertEqual(events.get_unfinished(), [])
 
