@@ -617,17 +617,14 @@ async def reserve_in_transaction(
     """``async with reserve_in_transaction([gen_a, gen_b], desc, f, ...) as (result, (ids_a, ids_b))``.
 
     Runs ``f(txn, take, ...)`` in one transaction; ``f`` calls ``take(counts)``
-    (one count, 0 or more, per generator) at most once, when it knows how
-    many IDs it needs, and gets the IDs, read in that same transaction from
-    PostgreSQL's sequences (in the process elsewhere): a look that decides
-    how many IDs to take, the IDs and the write they are for are one
-    interaction, not three. ``take`` also writes, in the transaction, each
-    position that completing the IDs will reach when nothing else of this
-    writer's is in flight (as ``position_after`` tells), so no transaction
-    of its own need follow. A retried attempt is given the IDs the first
-    took. If ``f`` raises, the IDs it took complete unused (a gap); if it
-    never calls ``take``, none is taken. The IDs complete when the block
-    ends, also when it raises.
+    (a count, 0 or more, per generator) at most once, when it knows how many
+    IDs it needs, and gets them, from PostgreSQL's sequences in that same
+    transaction (in the process elsewhere): the look deciding how many, the
+    IDs and their write are one interaction, not three. The positions the
+    IDs reach are written in it too when nothing else of the writer's is in
+    flight (``position_after``). A retried attempt is given the IDs the first
+    took. If ``f`` raises, its IDs complete unused (a gap); without ``take``,
+    none is taken. The IDs complete when the block ends, also if it raises.
     """
     gens = list(generators)
     if not gens or len({id(gen) for gen in gens}) != len(gens):
@@ -651,12 +648,14 @@ async def reserve_in_transaction(
                 ids.extend(fresh)  # sequences and counters only grow: still ascending
             given = [ids[:n] for ids, n in zip(held, counts)]
             taken.append(given)
-            reached = [(gen, position) for gen, ids in zip(gens, given) if (position := gen._reached_by(ids)) is not None]
-            if reached:
-                persist_positions_txn(txn, reached)
             return given
 
-        return body_txn(txn, take, *args)
+        result = body_txn(txn, take, *args)
+        if taken:  # at the end, where the write's queued statements go too (asked later is as safe)
+            reached = [(gen, pos) for gen, ids in zip(gens, taken[0]) if (pos := gen._reached_by(ids)) is not None]
+            if reached:
+                persist_positions_txn(txn, reached)
+        return result
 
     # Each position is held from here until the IDs are known: the
     # reservation begins with the transaction that takes them.
