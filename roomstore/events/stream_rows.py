@@ -33,6 +33,7 @@ apply (``roomstore.events.tables.events``).
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import json.encoder
 import operator
@@ -43,6 +44,7 @@ from roomstore.events.tables.events import (
     LIVE_EVENT_NID_STREAM_ROWS,
     LIVE_EVENT_STREAM_ROWS,
     event_json_stream_rows_sql,
+    event_page_bound_sql,
     event_stream_rows_sql,
 )
 from roomstore.events.tables.room_state import STATE_NID_STREAM_ROWS, STATE_STREAM_ROWS, state_json_stream_rows_sql
@@ -51,7 +53,7 @@ from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
 from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
 
-__all__ = ["stream_page_txn"]
+__all__ = ["stream_page_txn", "stream_text_txn"]
 
 #: First window of a page, in rows per requested row; doubled while short.
 _WINDOW = 2
@@ -215,3 +217,74 @@ def _stream_page(txn: Transaction, interners: Interners, live: bool, instance: s
         for (token, kind, state_type, state_key, _, room, event_type, key, redacts, code, rejected, outlier),
         event_id in zip(rows, ids)
     ], more
+
+
+_TEXT_STATEMENTS: dict[tuple, tuple] = {}
+
+
+def stream_text_txn(
+    txn: Transaction, *, live: bool, instance: str, from_token: int, upto: int, limit: int, prefix: str,
+) -> tuple[tuple, int, bool] | None:
+    """A page of ``instance``'s live events and their current-state changes
+    (or, with ``live=False``, its backfilled events) as the text of the
+    RDATA lines replication sends, written by the database (where
+    ``Engine.in_process``): ``((text, count, first, last, longest), upto,
+    limited)``. The page: the first ``limit`` events after ``from_token``
+    (up to ``upto``) and the state changes at their tokens; ``limited``:
+    events after them were left out, and ``upto`` is then the last event's
+    token. Each line is ``prefix``, the token (``batch`` on every row of a
+    token but its last), a space and the row's JSON text (the rows and their
+    order of ``stream_page_txn(encoded=True)``), and ends in a newline;
+    ``count`` lines, tokens ``first`` to ``last``, the longest ``longest``
+    characters. None where the database wrote characters it leaves as they
+    are (non-ASCII, DEL): the caller reads the page as rows instead.
+
+    The events' lines come as one text (no Python object per row); the few
+    state changes are put in after their events' lines."""
+    engine = txn.engine
+    statements = _TEXT_STATEMENTS.get((engine.name, live))
+    if statements is None:
+        statements = _TEXT_STATEMENTS[(engine.name, live)] = (
+            event_page_bound_sql(live), event_json_stream_rows_sql(engine, live, lines=True),
+            state_json_stream_rows_sql(engine) if live else None)
+    bound_sql, lines_sql, state_sql = statements
+    with collector_paused():
+        bound = txn.execute(bound_sql, (instance, from_token, upto, limit - 1), prepare=True).fetchall()
+        limited = len(bound) == 2
+        end = bound[0][0] if limited else upto
+        text, tokens, longest = txn.execute(lines_sql, (prefix, instance, from_token, end), prepare=True).fetchone()
+        state = txn.execute(state_sql, (instance, from_token, end), prepare=True).fetchall() if live else ()
+        if not state:
+            if text is None:
+                return ("", 0, None, None, 0), end, limited
+            if not text.isascii() or "\x7f" in text:
+                return None
+            tokens = json.loads(tokens)
+            return (text + "\n", len(tokens), tokens[0], tokens[-1], longest), end, limited
+        tokens = json.loads(tokens) if text is not None else []
+        lines = text.split("\n") if text is not None else []
+        # Each token's state rows after its event's line (then "batch"), by
+        # type and state key, as stream_page_txn sorts them.
+        state.sort()
+        out: list[str] = []
+        done = 0
+        for token, rows in itertools.groupby(state, key=_token):
+            json_rows = [row[4] for row in rows]
+            at = bisect.bisect_right(tokens, token)
+            out += lines[done:at]
+            if at > done and tokens[at - 1] == token:
+                out[-1] = f"{prefix}batch{out[-1][len(prefix) + len(str(token)):]}"
+                longest = max(longest, len(out[-1]))
+            state_lines = [f"{prefix}batch {row}" for row in json_rows]
+            state_lines[-1] = f"{prefix}{token} {json_rows[-1]}"
+            longest = max(longest or 0, *map(len, state_lines))
+            out += state_lines
+            done = at
+        out += lines[done:]
+        out.append("")
+        text = "\n".join(out)
+        if not text.isascii() or "\x7f" in text:
+            return None
+        first = min(tokens[0], state[0][0]) if tokens else state[0][0]
+        last = max(tokens[-1], state[-1][0]) if tokens else state[-1][0]
+        return (text, len(out) - 1, first, last, longest), end, limited
