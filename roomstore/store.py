@@ -611,13 +611,10 @@ class RoomStore:
     async def read_stream_lines(self, stream: str, instance: str, from_token: int, upto: int, limit: int,
                                 prefix: str):
         """A page of the events (or ``backfill``) stream as the text of its
-        RDATA lines, written by the database, or None where it is not (not
-        in process; characters it leaves as they are):
-        ``roomstore.events.stream_rows.stream_text_txn`` says what."""
-        if not self.db.engine.in_process:
-            return None
+        RDATA lines, or None where SQLite wrote characters it leaves as they
+        are: ``roomstore.events.stream_rows.stream_text_txn`` says what."""
         return await self.db.run_interaction(
-            "replication_lines", stream_text_txn, live=stream == "events", instance=instance,
+            "replication_lines", stream_text_txn, self.interners, live=stream == "events", instance=instance,
             from_token=from_token, upto=upto, limit=limit, prefix=prefix,
         )
 

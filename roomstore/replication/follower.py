@@ -489,6 +489,17 @@ class StreamFollower:
                 while span is not None and len(reads) < self._read_ahead and last < to_token:
                     reads.append(read(last, min(to_token, last + span)))
                     last = reads[-1][1]
+                apply_rows = getattr(self._handler, "on_rdata_rows", None)
+                if apply_rows is not None and updates:
+                    # A page's rows in one call, each with its token (in
+                    # order: get_updates' contract), freed once applied.
+                    with collector_paused():
+                        last = updates[-1][0]
+                        apply_rows(stream.name, writer, [token for token, _ in updates],
+                                   [row for _, row in updates])
+                        del updates
+                    self._positions.set(stream.name, writer, last)
+                    continue
                 apply_batch = getattr(self._handler, "on_rdata_batch", None)
                 if apply_batch is not None and updates:
                     # A page's tokens in one call (in order: get_updates'

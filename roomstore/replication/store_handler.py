@@ -114,9 +114,9 @@ class StoreReplicationHandler(ReplicationClientHandler):
 
     def on_rdata_rows(self, stream_name: str, instance_name: str, tokens: list, rows: list) -> None:
         """``on_rdata_batch`` for a read's rows as they came: ``rows`` as
-        decoded (arrays as lists), ``tokens[i]`` the token of ``rows[i]``'s
-        line, None for ``batch`` (the row is the next token's), the last one
-        a token, in increasing order. The same caches dropped, then the
+        decoded (arrays as lists) or read (tuples), ``tokens[i]`` the token
+        of ``rows[i]`` (its line's), None for ``batch`` (the row is the next
+        token's), the last one a token, in order. The same caches dropped, then the
         position moved once, to the last token, with no object per token;
         with ``on_applied``, through ``on_rdata_batch``."""
         if self.on_applied is not None or stream_name not in STORE_STREAMS:
@@ -180,12 +180,13 @@ def _filled(tokens: list) -> list:
 
 
 def _by_token(tokens: list, rows: list) -> list[tuple[int, list]]:
-    """``(token, rows)`` per token of ``on_rdata_rows``' arguments, rows as tuples."""
+    """``(token, rows)`` per token of ``on_rdata_rows``' arguments (a
+    token's rows are together), rows as tuples."""
     updates: list[tuple[int, list]] = []
-    held: list = []
-    for token, row in zip(tokens, rows):
-        held.append(tuple(row) if type(row) is list else row)
-        if token is not None:
-            updates.append((token, held))
-            held = []
+    for token, row in zip(_filled(tokens) if None in tokens else tokens, rows):
+        row = tuple(row) if type(row) is list else row
+        if updates and updates[-1][0] == token:
+            updates[-1][1].append(row)
+        else:
+            updates.append((token, [row]))
     return updates

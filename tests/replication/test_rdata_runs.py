@@ -160,13 +160,19 @@ class RowsRecordingHandler(BatchRecordingHandler):
     rows_calls = 0
 
     def on_rdata_rows(self, stream_name, instance_name, tokens, rows) -> None:
+        # A token's rows: those up to its line (None: batch), or given its
+        # token each (a page read from the database).
         self.rows_calls += 1
-        numbers = [token for token in tokens if token is not None]
-        assert numbers == sorted(set(numbers)) and tokens[-1] is not None, tokens
+        assert tokens[-1] is not None, tokens
+        filled = list(tokens)
+        for index in range(len(filled) - 2, -1, -1):
+            if filled[index] is None:
+                filled[index] = filled[index + 1]
+        assert filled == sorted(filled), tokens
         held = []
-        for token, row in zip(tokens, rows):
+        for index, (token, row) in enumerate(zip(filled, rows)):
             held.append(tuple(row) if type(row) is list else row)
-            if token is not None:
+            if index + 1 == len(filled) or filled[index + 1] != token:
                 self.on_rdata(stream_name, instance_name, token, held)
                 held = []
 
@@ -339,7 +345,8 @@ class FillReadAheadTests(unittest.TestCase):
             events.append("master", token, *rows)
             expected.append((token, rows))
         gated = GatedStream(events)
-        handler = (BatchRecordingHandler if batches else RecordingHandler)(StreamRegistry([gated]))
+        handler = {False: RecordingHandler, True: BatchRecordingHandler, "rows": RowsRecordingHandler}[batches](
+            StreamRegistry([gated]))
         positions = StreamPositions()
         positions.set("events", "master", 0)
         follower = StreamFollower(handler, positions, page_size=10, read_ahead=read_ahead)
@@ -361,7 +368,7 @@ class FillReadAheadTests(unittest.TestCase):
     def test_every_row_once_in_order(self) -> None:
         most = {}
         for read_ahead in (1, 2, 3):
-            for batches in (False, True):
+            for batches in (False, True, "rows"):
                 for seed in range(5):
                     with self.subTest(read_ahead=read_ahead, batches=batches, seed=seed):
                         most[read_ahead] = max(most.get(read_ahead, 0), self._fill(read_ahead, batches, seed))

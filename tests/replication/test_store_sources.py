@@ -596,8 +596,8 @@ class EncodedPagesTests(ContractMixin):
                 await self.assert_contract(Encoded(stream), 0, current, limit)
 
     async def test_text_pages_hold_the_lines_of_the_row_pages(self):
-        """``get_rdata_page``: on SQLite the database writes the lines
-        (``RdataText``), on PostgreSQL the pages are rows; every limit,
+        """``get_rdata_page``: the pages' lines (``RdataText``; on SQLite
+        the database writes them, on PostgreSQL Python from the fields); every limit,
         the pages' lines together are the row pages' lines (one page of
         rows, ``feed._page_text``), a text page holds at most ``limit``
         events and the rows at their tokens, says its count, its first and
@@ -637,7 +637,7 @@ class EncodedPagesTests(ContractMixin):
                             self.assertTrue(cursor < page.updates.first <= page.updates.last <= page.upto_token)
                             self.assertLessEqual(sum(line.startswith(f"{prefix}") and '["state"' not in line
                                                      for line in lines), limit, context)
-                            self.assertTrue(text.isascii() and "\x7f" not in text, context)
+                            self.assertTrue(text.isascii(), context)
                         else:
                             text = _page_text(page.updates, cursor, page.upto_token, prefix, BIG) or ""
                         if page.limited:
@@ -648,7 +648,7 @@ class EncodedPagesTests(ContractMixin):
                         got.append(text)
                         cursor = page.upto_token
                     self.assertEqual("".join(got), expected, context)
-        self.assertEqual(texts > 0, self.engine_name == "sqlite")
+        self.assertGreater(texts, 0)
 
     async def test_field_pages_of_the_store(self):
         """``read_events_stream`` and ``read_backfill_stream``: fields, from

@@ -416,10 +416,11 @@ def event_json_stream_rows_sql(engine, live: bool, lines: bool = False) -> str:
     ``engine.in_process``): columns ``(token, 0, NULL, NULL, row JSON)``,
     the row in replication's layout (``roomstore.events.stream_rows``), so
     that ``room_state.state_json_stream_rows_sql`` can be its UNION partner.
-    The same bindings. ``lines``: one row, ``(text, tokens, longest)``, the
-    page's lines (a line prefix bound first, then its token, a space, the
-    row; joined by newlines), its tokens as a JSON array and the longest
-    line's length, every event of the range (no ``LIMIT`` bound). Room IDs and state keys are looked up here, per row
+    The same bindings. ``lines``: one row, ``(text, count, first, last,
+    longest)``, the page's lines (a line prefix bound first, then its token,
+    a space, the row; joined by newlines), how many, the first and last
+    tokens and the longest line's length, every event of the range (no
+    ``LIMIT`` bound). Room IDs and state keys are looked up here, per row
     (an in-process lookup by key costs next to nothing)."""
     token, order, where = _PAGE_RANGES[live]
     membership = " ".join(f"WHEN {int(code)} THEN '{name}'" for code, name in sorted(MEMBERSHIP_BY_CODE.items()))
@@ -443,10 +444,9 @@ def event_json_stream_rows_sql(engine, live: bool, lines: bool = False) -> str:
         row = engine.json_array_sql(fields)
     if lines:
         # One text for the page: each event's line, in token order (a
-        # subquery's ORDER BY is the order an aggregate over it reads), the
-        # tokens as one JSON array, the longest line.
+        # subquery's ORDER BY is the order an aggregate over it reads).
         return f"""
-SELECT group_concat(line, char(10)), json_group_array(token), max(length(line)) FROM (
+SELECT group_concat(line, char(10)), count(*), min(token), max(token), max(length(line)) FROM (
 SELECT {token} AS token, ? || {token} || ' ' || {row} AS line
 FROM events AS e {join_event_ids("i", "e.event_nid")} {join_rooms("r", "e.room_nid")}
 WHERE e.instance_name = ? AND {where}
