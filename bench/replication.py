@@ -239,6 +239,10 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
                 super().on_rdata_batch(stream_name, instance_name, updates)
                 applied(stream_name, len(updates), sum(map(len, map(_second, updates))), updates[-1][0])
 
+            def on_rdata_rows(self, stream_name, instance_name, tokens, rows):
+                super().on_rdata_rows(stream_name, instance_name, tokens, rows)
+                applied(stream_name, len(tokens) - tokens.count(None), len(rows), tokens[-1])
+
             def on_position(self, stream_name, instance_name, prev_token, new_token):
                 super().on_position(stream_name, instance_name, prev_token, new_token)
                 note(stream_name, new_token)

@@ -29,7 +29,9 @@ from roomstore.events.pipeline import BatchValidator, WriteTurns
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader
-from roomstore.events.stream_pages import backfill_page_txn, events_page_txn, invalidations_page_txn, stream_page_txn
+from roomstore.events.stream_pages import (
+    backfill_page_txn, events_page_txn, invalidations_page_txn, stream_page_txn, stream_text_txn,
+)
 from roomstore.pdu.signatures import VerifyKeys
 from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
 from roomstore.pdu.parsing import InvalidEventError
@@ -604,6 +606,16 @@ class RoomStore:
             from_token=from_token, upto=upto, limit=limit, encoded=encoded,
         )
 
+    async def read_stream_lines(self, stream: str, instance: str, from_token: int, upto: int, limit: int,
+                                prefix: str):
+        """A page of the events (or ``backfill``) stream as the text of its
+        RDATA lines, or None where SQLite wrote characters it leaves as they
+        are: ``roomstore.events.stream_rows.stream_text_txn`` says what."""
+        return await self.db.run_interaction(
+            "replication_lines", stream_text_txn, self.interners, live=stream == "events", instance=instance,
+            from_token=from_token, upto=upto, limit=limit, prefix=prefix,
+        )
+
     async def read_caches_stream(self, instance: str, from_token: int, upto: int, limit: int):
         """``(rows, more)``: a page of the caches stream, ``(stream_id,
         cache_name, keys or None, invalidation_ts)``, no stream ID split."""
@@ -634,6 +646,11 @@ class RoomStore:
             if event_type == "m.room.member" and members.get(key, -1) < token:
                 members[key] = token
         self.caches.changes_replicated(rooms, members, [event[4] for event in events if event[4]])
+
+    def replicated_changes(self, rooms: dict[str, int], members: dict[str, int], redacted: Sequence[str]) -> None:
+        """What ``replicated_events`` records, given as each room's and
+        member's newest token and the events redacted."""
+        self.caches.changes_replicated(rooms, members, redacted)
 
     def replicated_state(self, token: int, event_type: str, state_key: str) -> None:
         """A current-state change at ``token`` (also one by state resolution,

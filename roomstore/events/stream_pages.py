@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 
 from roomstore.events.caches import invalidation_rows_txn
-from roomstore.events.stream_rows import stream_page_txn
+from roomstore.events.stream_rows import stream_page_txn, stream_text_txn
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
 
-__all__ = ["backfill_page_txn", "events_page_txn", "invalidations_page_txn", "stream_page_txn"]
+__all__ = ["backfill_page_txn", "events_page_txn", "invalidations_page_txn", "stream_page_txn", "stream_text_txn"]
 
 
 def events_page_txn(

@@ -33,6 +33,7 @@ apply (``roomstore.events.tables.events``).
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import json.encoder
 import operator
@@ -43,6 +44,7 @@ from roomstore.events.tables.events import (
     LIVE_EVENT_NID_STREAM_ROWS,
     LIVE_EVENT_STREAM_ROWS,
     event_json_stream_rows_sql,
+    event_page_bound_sql,
     event_stream_rows_sql,
 )
 from roomstore.events.tables.room_state import STATE_NID_STREAM_ROWS, STATE_STREAM_ROWS, state_json_stream_rows_sql
@@ -51,7 +53,7 @@ from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
 from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
 
-__all__ = ["stream_page_txn"]
+__all__ = ["stream_page_txn", "stream_text_txn"]
 
 #: First window of a page, in rows per requested row; doubled while short.
 _WINDOW = 2
@@ -148,7 +150,10 @@ def stream_page_txn(
 
 
 def _stream_page(txn: Transaction, interners: Interners, live: bool, instance: str, from_token: int, upto: int,
-                 limit: int, encoded: bool) -> tuple[list[tuple], bool]:
+                 limit: int, encoded: bool, prefix: str | None = None) -> tuple[list[tuple] | tuple, bool]:
+    """``stream_page_txn``'s page; with ``prefix`` (not in process), as
+    ``stream_text_txn``'s lines instead of rows (``(text, count, first,
+    last, longest)``; rows with no page: ``[]``)."""
     if encoded and txn.engine.in_process:
         rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, True)
         page = [(row[0], row[4]) for row in rows]
@@ -192,26 +197,121 @@ def _stream_page(txn: Transaction, interners: Interners, live: bool, instance: s
             for (token, kind, state_type, state_key, _, room, event_type, key, redacts, code, rejected, outlier),
             event_id in zip(rows, ids)
         ], more
-    # The JSON text of each row, from its fields: a room's, a state key's
-    # and a membership's text once a page.
+    # The JSON text of each row, from its fields: a room's, a state key's,
+    # an event type's and a membership's text once a page.
     quote = _quote
     room_json = {nid: quote(room_id) for nid, room_id in rooms.items()}
     key_json = {nid: quote(key[1]) for nid, key in keys.items()}
+    type_json = {event_type: quote(event_type) for event_type in {row[6] for row in rows if row[1] == 0}}
     if not live:
-        return [
-            (token, f'[{quote(event_id)},{room_json[room]},{quote(event_type)},'
-                    f'{"null" if key is None else key_json[key]},{"null" if redacts is None else quote(redacts)},null]')
+        texts = [
+            f'[{quote(event_id)},{room_json[room]},{type_json[event_type]},'
+            f'{"null" if key is None else key_json[key]},{"null" if redacts is None else quote(redacts)},null]'
             for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids)
-        ], more
-    membership_json = _MEMBERSHIP_JSON.get
-    return [
-        (token, f'["ev",[{quote(event_id)},{room_json[room]},{quote(event_type)},'
-                f'{"null" if key is None else key_json[key]},{"null" if redacts is None else quote(redacts)},null,'
-                f'{membership_json(code, "null")},{"true" if rejected else "false"},'
-                f'{"true" if outlier else "false"}]]')
-        if kind == 0 else
-        (token, f'["state",[{room_json[room]},{quote(state_type)},{quote(state_key)},'
-                f'{"null" if event_id is None else quote(event_id)}]]')
-        for (token, kind, state_type, state_key, _, room, event_type, key, redacts, code, rejected, outlier),
-        event_id in zip(rows, ids)
-    ], more
+        ]
+    else:
+        membership_json = _MEMBERSHIP_JSON.get
+        texts = [
+            f'["ev",[{quote(event_id)},{room_json[room]},{type_json[event_type]},'
+            f'{"null" if key is None else key_json[key]},{"null" if redacts is None else quote(redacts)},null,'
+            f'{membership_json(code, "null")},{"true" if rejected else "false"},'
+            f'{"true" if outlier else "false"}]]'
+            if kind == 0 else
+            f'["state",[{room_json[room]},{quote(state_type)},{quote(state_key)},'
+            f'{"null" if event_id is None else quote(event_id)}]]'
+            for (token, kind, state_type, state_key, _, room, event_type, key, redacts, code, rejected, outlier),
+            event_id in zip(rows, ids)
+        ]
+    tokens = [row[0] for row in rows]
+    if prefix is None:
+        return list(zip(tokens, texts)), more
+    # The page's lines: a token's last row carries it, the others "batch".
+    following = tokens[1:]
+    following.append(None)
+    heads = [f"{prefix}batch " if token == after else f"{prefix}{token} " for token, after in zip(tokens, following)]
+    lines = list(map(str.__add__, heads, texts))
+    lines.append("")
+    return ("\n".join(lines), len(texts), tokens[0], tokens[-1], max(map(len, lines))), more
+
+
+_TEXT_STATEMENTS: dict[tuple, tuple] = {}
+
+
+def stream_text_txn(
+    txn: Transaction, interners: Interners, *, live: bool, instance: str, from_token: int, upto: int, limit: int,
+    prefix: str,
+) -> tuple[tuple, int, bool] | None:
+    """A page of ``instance``'s live events and their current-state changes
+    (or, with ``live=False``, its backfilled events) as the text of the
+    RDATA lines replication sends: ``((text, count, first, last, longest),
+    upto, limited)``, written by the database where it runs in process
+    (SQLite), else from the fields as ``stream_page_txn`` writes the rows'
+    text (PostgreSQL), in the same pass. The page: the first ``limit`` events after ``from_token``
+    (up to ``upto``) and the state changes at their tokens; ``limited``:
+    events after them were left out, and ``upto`` is then the last event's
+    token. Each line is ``prefix``, the token (``batch`` on every row of a
+    token but its last), a space and the row's JSON text (the rows and their
+    order of ``stream_page_txn(encoded=True)``), and ends in a newline;
+    ``count`` lines, tokens ``first`` to ``last``, the longest ``longest``
+    characters. None where the database wrote characters it leaves as they
+    are (non-ASCII, DEL): the caller reads the page as rows instead.
+
+    The events' lines come as one text (no Python object per row); the few
+    state changes are put in after their events' lines. None too for a
+    state change at a token with no event of the page (the writer never
+    makes one): the rows' path orders any page."""
+    engine = txn.engine
+    if not engine.in_process:
+        with collector_paused():
+            page, more = _stream_page(txn, interners, live, instance, from_token, upto, limit, True, prefix)
+        if not page:
+            return ("", 0, None, None, 0), upto, False
+        return page, page[3] if more else upto, more
+    statements = _TEXT_STATEMENTS.get((engine.name, live))
+    if statements is None:
+        statements = _TEXT_STATEMENTS[(engine.name, live)] = (
+            event_page_bound_sql(live), event_json_stream_rows_sql(engine, live, lines=True),
+            state_json_stream_rows_sql(engine) if live else None)
+    bound_sql, lines_sql, state_sql = statements
+    with collector_paused():
+        bound = txn.execute(bound_sql, (instance, from_token, upto, limit - 1), prepare=True).fetchall()
+        limited = len(bound) == 2
+        end = bound[0][0] if limited else upto
+        text, count, first, last, longest = txn.execute(
+            lines_sql, (prefix, instance, from_token, end), prepare=True).fetchone()
+        state = txn.execute(state_sql, (instance, from_token, end), prepare=True).fetchall() if live else ()
+        if state:
+            if text is None:
+                return None  # state changes with no event: never written so
+            # Each token's state rows after its event's line (then "batch"),
+            # by type and state key, as stream_page_txn sorts them; the
+            # events' lines found in one pass over the text.
+            state.sort()
+            pieces: list[str] = []
+            done = 0
+            for token, rows in itertools.groupby(state, key=_token):
+                json_rows = [row[4] for row in rows]
+                line = f"{prefix}{token} "
+                if done == 0 and text.startswith(line):
+                    at = 0
+                else:
+                    at = text.find("\n" + line, done) + 1
+                    if at == 0:
+                        return None  # a state change at a token with no event: never written so
+                line_end = text.find("\n", at)
+                line_end = len(text) if line_end < 0 else line_end
+                batch_line = f"{prefix}batch{text[at + len(line) - 1:line_end]}"
+                state_lines = [f"{prefix}batch {row}" for row in json_rows]
+                state_lines[-1] = f"{prefix}{token} {json_rows[-1]}"
+                longest = max(longest, len(batch_line), *map(len, state_lines))
+                pieces += (text[done:at], batch_line, "\n", "\n".join(state_lines))
+                done = line_end
+                count += len(json_rows)
+            pieces.append(text[done:])
+            text = "".join(pieces)
+            first, last = min(first, state[0][0]), max(last, state[-1][0])
+        if text is None:
+            return ("", 0, None, None, 0), end, limited
+        if not text.isascii() or "\x7f" in text:
+            return None
+        return (text + "\n", count, first, last, longest), end, limited

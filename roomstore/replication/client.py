@@ -51,10 +51,12 @@ class _ClientSession:
             max_batch_rows=config.max_batch_rows,
             max_queued=config.max_pending_commands,
         )
-        #: The protocol hands well-formed RDATA lines here as fields, and
-        #: runs of plain ones as ``parse_rdata_lines`` gives them.
+        #: The protocol hands well-formed RDATA lines here as fields, runs
+        #: of plain ones as ``parse_rdata_lines`` gives them, and a read's
+        #: plain lines of one stream and writer as ``parse_rdata_run`` does.
         self.on_rdata_fields = self.follower.on_rdata_fields
         self.on_rdata_run = self.follower.on_rdata_run
+        self.on_rdata_rows = self.follower.on_rdata_rows
 
     def replicate_commands(self) -> list[ReplicateCommand]:
         resume = self._factory.positions.resume_tokens()

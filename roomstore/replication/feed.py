@@ -60,7 +60,7 @@ from roomstore.replication.commands import (
     describe,
     encode_row,
 )
-from roomstore.replication.stream_sources import Stream, StreamRegistry
+from roomstore.replication.stream_sources import RdataText, Stream, StreamRegistry
 from roomstore.storage.collector import collector_paused
 
 __all__ = ["ConnectionFeed", "FeedConnection", "StreamContractError"]
@@ -205,6 +205,22 @@ def _page_text(updates: list[tuple[int, str]], start: int, upto: int, prefix: st
     lines.append("")
     text = "\n".join(lines)
     return text if text.isascii() else None
+
+
+def _text_rows(page: RdataText, prefix: str) -> list[tuple[int, str]]:
+    """A page given as its lines (``get_rdata_page``) as ``(token, row_json)``
+    again, for the paths that take a page row by row (a paused connection,
+    a check that failed)."""
+    cut = len(prefix)
+    pairs = [line[cut:].split(" ", 1) for line in page.text.split("\n")[:-1]]
+    rows: list[tuple[int, str]] = []
+    token = page.last
+    for word, row_json in reversed(pairs):
+        if word != "batch":
+            token = int(word)
+        rows.append((token, row_json))
+    rows.reverse()
+    return rows
 
 
 class ConnectionFeed:
@@ -417,16 +433,18 @@ class ConnectionFeed:
                         most = _FILL_MOST
                     else:
                         fill = min(most, fill + 0.0625)
-                if updates:
-                    span = max(1, int((upto - start) * self._page_size * fill / len(updates)))
+                prefix = f"RDATA {stream.name} {writer} "
+                text_page = updates if type(updates) is RdataText else None
+                count = len(updates) if text_page is None else text_page.count
+                if count:
+                    span = max(1, int((upto - start) * self._page_size * fill / count))
                 elif not limited:
                     span = 2 * (span or self._page_size)
                 if upto < read.end:
                     # A short page: the rest of its range comes next (in
                     # reads of `span` when nothing was read after it).
                     end = read.end if reads else min(read.end, upto + (span or read.end))
-                    reads.appendleft(_Read(upto, end, generation, False, defer.ensureDeferred(
-                        stream.get_encoded_updates(writer, upto, end, self._page_size))))
+                    reads.appendleft(_Read(upto, end, generation, False, self._get_page(stream, writer, upto, end)))
                 if span is not None:
                     # The next pages are read while this one is encoded and
                     # written (with one connection, as SQLite's, too).
@@ -441,15 +459,25 @@ class ConnectionFeed:
                 with collector_paused():
                     send_text = getattr(self._conn, "send_rdata_text", None)
                     text = None
-                    if send_text is not None and not self._conn.paused and upto > start:
+                    if text_page is not None:
+                        # Lines the stream made: sent as they are if they
+                        # keep what the loop promises, else row by row.
+                        if (send_text is not None and start < text_page.first and text_page.last <= upto
+                                and text_page.longest <= self._max_line_length and text_page.text.isascii()):
+                            text = text_page.text
+                        else:
+                            updates = _text_rows(text_page, prefix)
+                        del text_page
+                    elif send_text is not None and not self._conn.paused and upto > start:
                         # The usual page: its lines made at once and written.
-                        text = _page_text(updates, start, upto, f"RDATA {stream.name} {writer} ",
-                                          self._max_line_length)
-                    if text is not None and send_text(text, len(updates)):
-                        told = updates[-1][0]
+                        text = _page_text(updates, start, upto, prefix, self._max_line_length)
+                    if text is not None and send_text(text, count):
+                        told = updates.last if type(updates) is RdataText else updates[-1][0]
                         sent = True
                         del text, updates, read  # the page (the read's result holds it too)
                     else:
+                        if type(updates) is RdataText:  # paused: row by row, as any page
+                            updates = _text_rows(updates, prefix)
                         items = self._page_commands(stream, writer, start, updates, upto, limited)
                         del text, updates, read
                         if not self._conn.paused:
@@ -494,8 +522,13 @@ class ConnectionFeed:
         """Start reading the page after ``start``, up to ``target`` or, once
         a ``span`` is known, the next ``span`` tokens."""
         end = target if span is None else min(target, start + span)
-        return _Read(start, end, generation, span is not None, defer.ensureDeferred(
-            stream.get_encoded_updates(writer, start, end, self._page_size)))
+        return _Read(start, end, generation, span is not None, self._get_page(stream, writer, start, end))
+
+    def _get_page(self, stream: Stream, writer: str, start: int, end: int) -> defer.Deferred:
+        """Read the page after ``start``, up to ``end``: ``get_rdata_page``
+        (its lines, where the stream makes them)."""
+        return defer.ensureDeferred(stream.get_rdata_page(
+            writer, start, end, self._page_size, f"RDATA {stream.name} {writer} "))
 
     def _page_commands(
         self,

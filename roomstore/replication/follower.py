@@ -238,6 +238,51 @@ class StreamFollower:
             return
         self._rdata_part(streams[0], instances[0], tokens, rows)
 
+    def on_rdata_rows(self, run: tuple) -> None:
+        """A read's RDATA lines of one stream and writer, ``(stream_name,
+        instance_name, tokens, rows)`` as ``parse_rdata_run`` gives them (a
+        token None for ``batch``; rows as decoded): to a handler with
+        ``on_rdata_rows`` in one call, rows and tokens as they came, when
+        they are the usual page (whole tokens in increasing order after the
+        position, nothing buffered or queued for the stream, no batch longer
+        than allowed); anything else as ``on_rdata_run`` takes it."""
+        stream_name, instance_name, tokens, rows = run
+        if self._stopped:
+            return
+        apply_rows = getattr(self._handler, "on_rdata_rows", None)
+        if apply_rows is None or stream_name in self._draining or tokens[-1] is None or (
+                self._batches and (stream_name, instance_name) in self._batches) or (
+                stream_name not in self._handler.streams):
+            self._rdata_part(stream_name, instance_name, tokens, rows)
+            return
+        numbers = [token for token in tokens if token is not None] if None in tokens else tokens
+        position = self._positions.get(stream_name, instance_name)
+        if (sorted(set(numbers)) != numbers or (position is not None and numbers[0] <= position)
+                or len(tokens) - len(numbers) > self._max_batch_rows):
+            self._rdata_part(stream_name, instance_name, tokens, rows)
+            return
+        try:
+            apply_rows(stream_name, instance_name, tokens, rows)
+        except Exception:
+            # Token by token instead, as a failed on_rdata_batch.
+            self._deliver_tokens(stream_name, instance_name, tokens, rows)
+            return
+        self._positions.set(stream_name, instance_name, numbers[-1])
+
+    def _deliver_tokens(self, stream_name: str, instance_name: str, tokens: list, rows: list) -> None:
+        """Each token's rows (as tuples) through ``on_rdata``, in order (the
+        ones after a handler's awaitable queued behind it)."""
+        held: list = []
+        for token, row in zip(tokens, rows):
+            held.append(tuple(row) if type(row) is list else row)
+            if token is None:
+                continue
+            if stream_name in self._draining:
+                self._enqueue(stream_name, partial(self._apply_rows, stream_name, instance_name, token, held))
+            else:
+                self._apply_rows_now(stream_name, instance_name, token, held)
+            held = []
+
     def _rdata_part(self, stream_name: str, instance_name: str, tokens: list, rows: list) -> None:
         if self._stopped or (stream_name not in self._handler.streams and self._stream(stream_name) is None):
             return
@@ -444,6 +489,17 @@ class StreamFollower:
                 while span is not None and len(reads) < self._read_ahead and last < to_token:
                     reads.append(read(last, min(to_token, last + span)))
                     last = reads[-1][1]
+                apply_rows = getattr(self._handler, "on_rdata_rows", None)
+                if apply_rows is not None and updates:
+                    # A page's rows in one call, each with its token (in
+                    # order: get_updates' contract), freed once applied.
+                    with collector_paused():
+                        last = updates[-1][0]
+                        apply_rows(stream.name, writer, [token for token, _ in updates],
+                                   [row for _, row in updates])
+                        del updates
+                    self._positions.set(stream.name, writer, last)
+                    continue
                 apply_batch = getattr(self._handler, "on_rdata_batch", None)
                 if apply_batch is not None and updates:
                     # A page's tokens in one call (in order: get_updates'

@@ -93,7 +93,7 @@ from roomstore.replication.commands import (
     describe,
 )
 from roomstore.replication.stream_sources import UnknownStreamError
-from roomstore.replication.wire import parse_rdata_lines
+from roomstore.replication.wire import parse_rdata_lines, parse_rdata_run
 from roomstore.storage.collector import collector_paused
 
 __all__ = [
@@ -303,6 +303,7 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
         self.session = session_factory(self)
         self._on_rdata_fields = getattr(self.session, "on_rdata_fields", None)
         self._on_rdata_run = getattr(self.session, "on_rdata_run", None)
+        self._on_rdata_rows = getattr(self.session, "on_rdata_rows", None)
 
     def dataReceived(self, data: bytes) -> None:
         """``LineOnlyReceiver``'s loop, but a run of RDATA lines (what a
@@ -317,13 +318,17 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
         self._last_received = self.clock.seconds()
         metrics.child(metrics.BYTES_RECEIVED, self.SIDE).inc(len(data))
         try:
-            lines = (self._buffer + data).split(self.delimiter)
-            self._buffer = lines.pop()
+            data = self._buffer + data
+            end = data.rfind(self.delimiter)
+            block = data[:end] if end >= 0 else b""
+            lines = block.split(self.delimiter) if end >= 0 else []
+            self._buffer = data[end + 1:]
+            del data
             if lines and max(map(len, lines)) <= self.MAX_LENGTH:
-                starts = [line[:6] == b"RDATA " for line in lines]
-                if all(starts):
-                    self._rdata_run(lines, on_run)
+                if block.startswith(b"RDATA ") and block.count(b"\nRDATA ") == len(lines) - 1:
+                    self._rdata_block(block, lines, on_run)
                 else:
+                    starts = [line[:6] == b"RDATA " for line in lines]
                     self._mixed_lines(lines, starts, on_run)
             else:
                 for line in lines:
@@ -351,8 +356,27 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
             end = index + 1
             while end < len(lines) and starts[end]:
                 end += 1
-            self._rdata_run(lines[index:end], on_run)
+            self._rdata_block(b"\n".join(lines[index:end]), lines[index:end], on_run)
             index = end
+
+    def _rdata_block(self, block: bytes, lines: list[bytes], on_run: Callable) -> None:
+        """A read's whole lines, all RDATA (``block``: them joined): one
+        stream's and writer's plain lines to the session's ``on_rdata_rows``
+        at once (``parse_rdata_run``), any others as a run."""
+        on_rows = self._on_rdata_rows
+        if on_rows is not None:
+            with collector_paused():
+                try:
+                    parsed = parse_rdata_run(block.decode("utf-8"), len(lines))
+                except UnicodeDecodeError:
+                    parsed = None
+                if parsed is not None:
+                    counts = self._received_counts
+                    counts["RDATA"] = counts.get("RDATA", 0) + len(lines)
+                    self._dispatch("RDATA", parsed, on_rows)
+                    del parsed  # freed before the collector is back
+                    return
+        self._rdata_run(lines, on_run)
 
     def _rdata_run(self, run: list[bytes], on_run: Callable) -> None:
         # The run's rows are freed by reference counting once applied: the

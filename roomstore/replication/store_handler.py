@@ -112,6 +112,41 @@ class StoreReplicationHandler(ReplicationClientHandler):
             self._advance(stream_name, instance_name, token)
             self.on_applied(stream_name, instance_name, token, rows)
 
+    def on_rdata_rows(self, stream_name: str, instance_name: str, tokens: list, rows: list) -> None:
+        """``on_rdata_batch`` for a read's rows as they came: ``rows`` as
+        decoded (arrays as lists) or read (tuples), ``tokens[i]`` the token
+        of ``rows[i]`` (its line's), None for ``batch`` (the row is the next
+        token's), the last one a token, in order. The same caches dropped, then the
+        position moved once, to the last token, with no object per token;
+        with ``on_applied``, through ``on_rdata_batch``."""
+        if self.on_applied is not None or stream_name not in STORE_STREAMS:
+            self.on_rdata_batch(stream_name, instance_name, _by_token(tokens, rows))
+            return
+        if stream_name == "events":
+            if None in tokens:
+                tokens = _filled(tokens)
+            store = self.store
+            rooms = {data[1]: token for token, (kind, data) in zip(tokens, rows) if kind == "ev"}
+            members = {data[3]: token for token, (kind, data) in zip(tokens, rows)
+                       if kind == "ev" and data[2] == "m.room.member" and data[3] is not None}
+            redacted = [data[4] for kind, data in rows if kind == "ev" and data[4]]
+            others = [(token, kind, data) for token, (kind, data) in zip(tokens, rows) if kind != "ev"]
+            for token, kind, data in others:
+                if kind == "state" and data[1] == "m.room.member" and members.get(data[2], -1) < token:
+                    members[data[2]] = token
+            store.replicated_changes(rooms, members, redacted)
+            for token, kind, data in others:
+                if kind == "state-all":
+                    store.replicated_state_reset(token, data[0])
+        elif stream_name == "backfill":
+            backfill = self.store.replicated_backfill
+            for row in rows:
+                backfill(row[4])
+        else:
+            for row in rows:
+                self._apply_invalidation(row[0], row[1])
+        self._advance(stream_name, instance_name, tokens[-1])
+
     def on_position(self, stream_name: str, instance_name: str, prev_token: int, new_token: int) -> None:
         if stream_name in STORE_STREAMS:
             self._advance(stream_name, instance_name, new_token)
@@ -134,3 +169,24 @@ class StoreReplicationHandler(ReplicationClientHandler):
         self.store.replicated_invalidation(cache_name, keys)
         for handler in self._cache_handlers.get(cache_name, ()):
             handler(keys)
+
+
+def _filled(tokens: list) -> list:
+    """``tokens`` with each None (``batch``) replaced by the next token."""
+    filled = list(tokens)
+    for index in reversed([index for index, token in enumerate(tokens) if token is None]):
+        filled[index] = filled[index + 1]
+    return filled
+
+
+def _by_token(tokens: list, rows: list) -> list[tuple[int, list]]:
+    """``(token, rows)`` per token of ``on_rdata_rows``' arguments (a
+    token's rows are together), rows as tuples."""
+    updates: list[tuple[int, list]] = []
+    for token, row in zip(_filled(tokens) if None in tokens else tokens, rows):
+        row = tuple(row) if type(row) is list else row
+        if updates and updates[-1][0] == token:
+            updates[-1][1].append(row)
+        else:
+            updates.append((token, [row]))
+    return updates

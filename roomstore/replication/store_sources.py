@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 
 from twisted.logger import Logger
 
-from roomstore.replication.stream_sources import Stream, StreamRegistry, StreamUpdates
+from roomstore.replication.stream_sources import RdataText, Stream, StreamRegistry, StreamUpdates
 from roomstore.store import RoomStore
 
 __all__ = [
@@ -134,6 +134,18 @@ class _EventRowsStream(_GeneratorStream):
         if from_token >= upto_token:
             return StreamUpdates([], upto_token, False)
         return await self._page(instance_name, from_token, upto_token, limit, True)
+
+    async def get_rdata_page(self, instance_name: str, from_token: int, upto_token: int, limit: int,
+                             prefix: str) -> StreamUpdates:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        if from_token >= upto_token:
+            return StreamUpdates([], upto_token, False)
+        page = await self.store.read_stream_lines(self.name, instance_name, from_token, upto_token, limit, prefix)
+        if page is None:  # PostgreSQL, or characters SQLite leaves as they are
+            return await self._page(instance_name, from_token, upto_token, limit, True)
+        lines, upto, limited = page
+        return StreamUpdates(RdataText(*lines) if lines[1] else [], upto, limited)
 
     async def _page(self, instance, from_token, upto, limit, encoded=False):
         rows, more = await self.read_rows(instance, from_token, upto, limit, encoded)

@@ -30,6 +30,7 @@ from roomstore.replication.wire import encode_fast, encode_row
 
 __all__ = [
     "InMemoryStream",
+    "RdataText",
     "Stream",
     "StreamRegistry",
     "StreamRow",
@@ -54,6 +55,21 @@ class StreamUpdates(NamedTuple):
     updates: list[tuple[int, StreamRow]]
     upto_token: int
     limited: bool
+
+
+class RdataText(NamedTuple):
+    """A page as the text of its RDATA lines, made by the stream
+    (:meth:`Stream.get_rdata_page`): ``text`` the lines, each ending in a
+    newline, ``count`` of them; ``first`` and ``last`` the tokens of the
+    first and last row; ``longest`` the longest line's length in
+    characters. The sender checks what it relies on (ASCII, the line limit,
+    the tokens within the range) and reads the page as rows otherwise."""
+
+    text: str
+    count: int
+    first: int
+    last: int
+    longest: int
 
 
 class UnknownStreamError(KeyError):
@@ -129,6 +145,18 @@ class Stream(abc.ABC):
                     raise ValueError(f"{self.name}/{instance_name}: row at {token} cannot be sent: {e}") from None
             raise
         return StreamUpdates(encoded, upto, limited)
+
+    async def get_rdata_page(
+        self, instance_name: str, from_token: int, upto_token: int, limit: int, prefix: str
+    ) -> StreamUpdates:
+        """``get_encoded_updates``, or, from a stream that can make them
+        (the store's events and backfill, on SQLite), the page's RDATA lines
+        as one :class:`RdataText` in place of the updates (``prefix``:
+        ``"RDATA <stream> <writer> "``); such a page holds at most ``limit``
+        of the stream's own rows and the rows that share their tokens (the
+        events stream's state changes). What a server sends pages from;
+        this default reads ``get_encoded_updates``."""
+        return await self.get_encoded_updates(instance_name, from_token, upto_token, limit)
 
     def split_row(self, row: StreamRow, fits: Callable[[StreamRow], bool]) -> list[StreamRow] | None:
         """Rows that together mean what ``row`` means, each accepted by

@@ -317,3 +317,44 @@ def parse_rdata_lines(lines: list[str]) -> tuple[tuple, tuple, list, list] | Non
     if [end for _, end in scanned] != list(map(len, rows_json)):
         return None
     return streams, instances, tokens, [row for row, _ in scanned]
+
+
+def parse_rdata_run(text: str, count: int) -> tuple[str, str, list, tuple] | None:
+    """``parse_rdata_lines`` for ``count`` RDATA lines of one stream and
+    writer given as one text (joined by newlines): ``(stream_name,
+    instance_name, tokens, rows)``, tokens None for ``batch``; None for any
+    other text (lines of several streams or writers, or any line not in the
+    plain form), for the caller to parse line by line. A line's prefix
+    (``RDATA <stream> <writer> ``) is checked and cut off for all of them
+    at once: what a worker catching up reads, parsed with one step per line
+    in Python beside the JSON decoder's."""
+    head_end = text.find(" ", text.find(" ", 6) + 1) + 1
+    head = text[:head_end]
+    separator = "\n" + head
+    if (head_end <= 6 or not text.startswith("RDATA ") or text.count(separator) != count - 1
+            or not text.isascii() or "\r" in text):
+        return None
+    stream_name, _, instance_name = head[6:-1].partition(" ")
+    if not (stream_name in _known_words and instance_name in _known_words):
+        if not (_is_word(stream_name) and _is_word(instance_name)):
+            return None
+        if len(_known_words) + 2 <= _MAX_KNOWN_WORDS:
+            _known_words.update((stream_name, instance_name))
+    pairs = [line.split(" ", 1) for line in text[head_end:].replace(separator, "\n").split("\n")]
+    if min(map(len, pairs)) != 2:
+        return None
+    token_texts, rows_json = zip(*pairs)
+    numbers = set(token_texts)
+    numbers.discard("batch")
+    if numbers and ("" in numbers or not "".join(numbers).isdigit() or max(map(len, numbers)) > _MAX_TOKEN_DIGITS):
+        return None
+    token_of: dict[str, int | None] = dict(zip(numbers, map(int, numbers)))
+    token_of["batch"] = None
+    scan = _scan_once
+    try:
+        rows, ends = zip(*[scan(row_json, 0) for row_json in rows_json])
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    if ends != tuple(map(len, rows_json)):
+        return None
+    return stream_name, instance_name, list(map(token_of.__getitem__, token_texts)), rows

@@ -18,7 +18,7 @@ from twisted.trial import unittest
 
 from roomstore.replication import InMemoryStream, ReplicationClientFactory, ReplicationConfig, StreamRegistry
 from roomstore.replication.commands import RdataCommand, parse_rdata_fields, serialize_command
-from roomstore.replication.wire import parse_rdata_lines
+from roomstore.replication.wire import parse_rdata_lines, parse_rdata_run
 
 from .test_fuzz import SEED, _mutate
 from .utils import RecordingHandler, written
@@ -91,6 +91,51 @@ class ParseRunsTests(unittest.TestCase):
         self.assertGreater(parsed, 1000)
 
 
+class OneStreamRunTests(unittest.TestCase):
+    """``parse_rdata_run``: a read's lines of one stream and writer as one text."""
+
+    def test_agrees_with_the_run_parser(self) -> None:
+        """Random runs of one stream and writer (written, mutated, made up):
+        the text parses exactly when the lines do as a run, to the same
+        fields; lines of several streams or writers never parse."""
+        rng = random.Random(SEED + 4)
+        parsed = 0
+        for _ in range(3000):
+            stream, writer = rng.choice(["events", "caches"]), rng.choice(["master", "w1"])
+            lines = []
+            for _ in range(rng.randint(1, 6)):
+                row = [rng.choice(["ev", "x", None, True, 1, -2.5, "\u00e9\"\\\n"]) for _ in range(rng.randint(0, 4))]
+                line = plain_line(stream, writer, rng.choice([None, rng.randrange(10**6)]), row)
+                if rng.random() < 0.05:
+                    line = plain_line(rng.choice(["events", "typing"]), rng.choice(["master", "w2"]), 1, row)
+                if rng.random() < 0.1:
+                    line = _mutate(rng, line.encode()).decode("utf-8", "replace").split("\n")[0]
+                lines.append(line)
+            run = parse_rdata_lines(lines)
+            got = parse_rdata_run("\n".join(lines), len(lines))
+            if got is None:
+                self.assertTrue(run is None or len(set(zip(run[0], run[1]))) > 1 or not "".join(lines).isascii(),
+                                lines)
+                continue
+            parsed += 1
+            self.assertIsNotNone(run, lines)
+            self.assertEqual(set(run[0]), {got[0]}, lines)
+            self.assertEqual(set(run[1]), {got[1]}, lines)
+            self.assertEqual((list(run[2]), list(run[3])), (list(got[2]), list(got[3])), lines)
+        self.assertGreater(parsed, 1000)
+
+    def test_lines_not_plain_give_none(self) -> None:
+        good = 'RDATA events master 1 ["a"]'
+        for bad in ('RDATA events master 1 ["a"] ', 'RDATA events master 1x ["a"]', 'RDATA events master  ["a"]',
+                    'RDATA events master 1 ["a"]\r', 'RDATA events master 1 ["a"', 'RDATA events master 1',
+                    "RDATA events master 123456789012345678901 [1]", 'RDATA events w1 1 ["a"]',
+                    'RDATA events master 1 [NaN]', 'RDATA events master 1 ["\u00e9"]', "RDATA events"):
+            with self.subTest(bad=bad):
+                self.assertIsNone(parse_rdata_run("\n".join([good, bad, good]), 3))
+        self.assertIsNone(parse_rdata_run("RDATA ev\x01ents master 1 [1]", 1))
+        self.assertEqual(parse_rdata_run(good, 1), ("events", "master", [1], (["a"],)))
+
+
 class BatchRecordingHandler(RecordingHandler):
     """Records as ``RecordingHandler`` does, taking a read's tokens in one
     call (``on_rdata_batch``), as the store's handler does."""
@@ -105,6 +150,31 @@ class BatchRecordingHandler(RecordingHandler):
         assert tokens == sorted(set(tokens)), tokens
         for token, rows in updates:
             self.on_rdata(stream_name, instance_name, token, rows)
+
+
+class RowsRecordingHandler(BatchRecordingHandler):
+    """Records as ``RecordingHandler`` does, taking a read's rows of one
+    stream and writer in one call (``on_rdata_rows``), as the store's
+    handler does."""
+
+    rows_calls = 0
+
+    def on_rdata_rows(self, stream_name, instance_name, tokens, rows) -> None:
+        # A token's rows: those up to its line (None: batch), or given its
+        # token each (a page read from the database).
+        self.rows_calls += 1
+        assert tokens[-1] is not None, tokens
+        filled = list(tokens)
+        for index in range(len(filled) - 2, -1, -1):
+            if filled[index] is None:
+                filled[index] = filled[index + 1]
+        assert filled == sorted(filled), tokens
+        held = []
+        for index, (token, row) in enumerate(zip(filled, rows)):
+            held.append(tuple(row) if type(row) is list else row)
+            if index + 1 == len(filled) or filled[index + 1] != token:
+                self.on_rdata(stream_name, instance_name, token, held)
+                held = []
 
 
 def _registry() -> StreamRegistry:
@@ -136,12 +206,17 @@ def _client(handler, batches: bool):
     return factory, protocol, transport
 
 
-def _script(rng: random.Random) -> list[bytes]:
-    """Lines a server (or a confused one) might send a worker."""
+def _script(rng: random.Random, one_stream: bool = False) -> list[bytes]:
+    """Lines a server (or a confused one) might send a worker (``one_stream``:
+    mostly of events from master)."""
     tokens = {(s, w): 0 for s in ("events", "caches", "typing") for w in ("master", "w1")}
+    choices = list(tokens)
+    if one_stream:
+        tokens = {("events", "master"): 0, ("caches", "w1"): 0}
+        choices = [("events", "master")] * 9 + [("caches", "w1")]
     lines: list[bytes] = []
     for _ in range(rng.randint(1, 120)):
-        stream, writer = rng.choice(list(tokens))
+        stream, writer = rng.choice(choices)
         roll = rng.random()
         if roll < 0.6:
             step = rng.choice([1, 1, 1, 2, 0, -3])  # mostly forward; replays and repeats too
@@ -190,6 +265,34 @@ class ChunkingTests(unittest.TestCase):
             self.assertEqual(protocol_one.is_open, protocol_many.is_open, context)
             batched_calls += one.batch_calls
         self.assertGreater(batched_calls, 300)
+
+    def test_reads_of_one_stream_apply_what_line_by_line_applies(self) -> None:
+        """A handler taking a read's rows at once (``on_rdata_rows``) ends as
+        line by line does, whatever the chunking, on scripts mostly of one
+        stream and writer (with their batches, replays, bad lines)."""
+        rng = random.Random(SEED + 5)
+        rows_calls = 0
+        for case in range(300):
+            lines = _script(rng, one_stream=True)
+            data = b"".join(line + b"\n" for line in lines)
+            one, many = RowsRecordingHandler(_registry()), RecordingHandler(_registry())
+            factory_one, protocol_one, transport_one = _client(one, batches=True)
+            factory_many, protocol_many, transport_many = _client(many, batches=False)
+            offset = 0
+            while offset < len(data):
+                size = rng.choice([7, 64, 500, 4096, len(data)])
+                protocol_one.dataReceived(data[offset:offset + size])
+                offset += size
+            for line in lines:
+                protocol_many.dataReceived(line + b"\n")
+            context = f"case {case}: {lines!r}"
+            self.assertEqual(one.rdata, many.rdata, context)
+            self.assertEqual(one.positions, many.positions, context)
+            self.assertEqual(sorted(factory_one.positions.items()), sorted(factory_many.positions.items()), context)
+            self.assertEqual(written(transport_one), written(transport_many), context)
+            self.assertEqual(protocol_one.is_open, protocol_many.is_open, context)
+            rows_calls += one.rows_calls
+        self.assertGreater(rows_calls, 100)
 
     def test_a_page_is_applied_in_one_call(self) -> None:
         handler = BatchRecordingHandler(_registry())
@@ -242,7 +345,8 @@ class FillReadAheadTests(unittest.TestCase):
             events.append("master", token, *rows)
             expected.append((token, rows))
         gated = GatedStream(events)
-        handler = (BatchRecordingHandler if batches else RecordingHandler)(StreamRegistry([gated]))
+        handler = {False: RecordingHandler, True: BatchRecordingHandler, "rows": RowsRecordingHandler}[batches](
+            StreamRegistry([gated]))
         positions = StreamPositions()
         positions.set("events", "master", 0)
         follower = StreamFollower(handler, positions, page_size=10, read_ahead=read_ahead)
@@ -264,7 +368,7 @@ class FillReadAheadTests(unittest.TestCase):
     def test_every_row_once_in_order(self) -> None:
         most = {}
         for read_ahead in (1, 2, 3):
-            for batches in (False, True):
+            for batches in (False, True, "rows"):
                 for seed in range(5):
                     with self.subTest(read_ahead=read_ahead, batches=batches, seed=seed):
                         most[read_ahead] = max(most.get(read_ahead, 0), self._fill(read_ahead, batches, seed))

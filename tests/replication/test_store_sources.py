@@ -602,6 +602,61 @@ class EncodedPagesTests(ContractMixin):
             for limit in range(1, len(everything) + 2):
                 await self.assert_contract(Encoded(stream), 0, current, limit)
 
+    async def test_text_pages_hold_the_lines_of_the_row_pages(self):
+        """``get_rdata_page``: the pages' lines (``RdataText``; on SQLite
+        the database writes them, on PostgreSQL Python from the fields); every limit,
+        the pages' lines together are the row pages' lines (one page of
+        rows, ``feed._page_text``), a text page holds at most ``limit``
+        events and the rows at their tokens, says its count, its first and
+        last tokens (within its range) and its longest line, and a page with
+        characters SQLite leaves as they are comes as rows."""
+        from roomstore.replication.feed import _page_text
+        from roomstore.replication.stream_sources import RdataText
+
+        writer, _ = await open_pair(self, workers=())
+        await populate(writer)
+        ascii_only = {}
+        for stream in (EventsStream(writer), BackfillStream(writer)):
+            ascii_only[stream.name] = stream.current_token("master")
+        await populate_awkward(writer)
+        texts = 0
+        for stream in (EventsStream(writer), BackfillStream(writer)):
+            prefix = f"RDATA {stream.name} master "
+            for current in (ascii_only[stream.name], stream.current_token("master")):
+                whole = (await stream.get_encoded_updates("master", 0, current, BIG)).updates
+                expected = _page_text(whole, 0, current, prefix, BIG)
+                for limit in (1, 2, 3, 7, BIG):
+                    context = f"{stream.name} up to {current}, limit {limit}"
+                    got, cursor = [], 0
+                    while cursor < current:
+                        page = await stream.get_rdata_page("master", cursor, current, limit, prefix)
+                        self.assertGreater(page.upto_token, cursor, context)
+                        if type(page.updates) is RdataText:
+                            texts += 1
+                            text = page.updates.text
+                            lines = text.split("\n")[:-1]
+                            self.assertEqual(page.updates.count, len(lines), context)
+                            self.assertEqual(page.updates.longest, max(map(len, lines)), context)
+                            tokens = [int(line.split(" ")[3]) for line in lines if line.split(" ")[3] != "batch"]
+                            self.assertEqual((page.updates.first, page.updates.last), (
+                                int(lines[0].split(" ")[3]) if lines[0].split(" ")[3] != "batch" else tokens[0],
+                                tokens[-1]), context)
+                            self.assertTrue(cursor < page.updates.first <= page.updates.last <= page.upto_token)
+                            self.assertLessEqual(sum(line.startswith(f"{prefix}") and '["state"' not in line
+                                                     for line in lines), limit, context)
+                            self.assertTrue(text.isascii(), context)
+                        else:
+                            text = _page_text(page.updates, cursor, page.upto_token, prefix, BIG) or ""
+                        if page.limited:
+                            self.assertEqual(page.upto_token, (page.updates.last if type(page.updates) is RdataText
+                                                               else page.updates[-1][0]), context)
+                        else:
+                            self.assertEqual(page.upto_token, current, context)
+                        got.append(text)
+                        cursor = page.upto_token
+                    self.assertEqual("".join(got), expected, context)
+        self.assertGreater(texts, 0)
+
     async def test_field_pages_of_the_store(self):
         """``read_events_stream`` and ``read_backfill_stream``: fields, from
         the same page as the rows."""
@@ -670,6 +725,54 @@ class BatchApplyTests:
             self.assertEqual(await worker.get_rooms_for_user(ALICE), frozenset([history["room"].room_id,
                                                                                 "!awk\u00e9:example.org"]))
 
+
+    async def test_rows_leave_the_worker_as_tokens_do(self):
+        """``on_rdata_rows``: a worker fed reads of rows as they come off the
+        wire (decoded JSON, ``batch`` tokens None) ends as one fed token by
+        token: positions, change caches, cached answers."""
+        import json
+        import random
+
+        from roomstore.replication.commands import encode_row
+
+        writer, (by_token, by_rows) = await open_pair(self, workers=("worker1", "worker2"))
+        history = await populate(writer)
+        await populate_awkward(writer)
+        one, many = StoreReplicationHandler(by_token), StoreReplicationHandler(by_rows)
+        rng = random.Random(7)
+        pages = {}
+        for stream in store_stream_registry(writer):
+            pages[stream.name] = (await stream.get_updates("master", 0, stream.current_token("master"), BIG)).updates
+        for name, updates in pages.items():
+            grouped: list[tuple[int, list]] = []
+            for token, row in updates:
+                if grouped and grouped[-1][0] == token:
+                    grouped[-1][1].append(row)
+                else:
+                    grouped.append((token, [row]))
+            for token, rows in grouped:
+                one.on_rdata(name, "master", token, rows)
+            start = 0
+            while start < len(grouped):
+                end = start + rng.choice([1, 2, 5, 50])
+                tokens, wire_rows = [], []
+                for token, rows in grouped[start:end]:
+                    tokens += [None] * (len(rows) - 1) + [token]
+                    wire_rows += [json.loads(encode_row(row)) for row in rows]
+                many.on_rdata_rows(name, "master", tokens, wire_rows)
+                start = end
+        for name in STORE_STREAMS:
+            self.assertEqual(by_rows.stream(name).get_current_token(), by_token.stream(name).get_current_token())
+            self.assertEqual(by_rows.stream(name).get_current_token(), writer.stream(name).get_current_token())
+        rooms = {r[1][1] for _, r in pages["events"] if r[0] == "ev"}
+        users = {r[1][3] for _, r in pages["events"] if r[0] == "ev" and r[1][2] == "m.room.member"}
+        for since in range(0, writer.stream("events").get_current_token() + 1):
+            self.assertEqual(by_rows.room_changes.get_entities_changed(rooms, since),
+                             by_token.room_changes.get_entities_changed(rooms, since), since)
+            self.assertEqual(by_rows.membership_changes.get_entities_changed(users, since),
+                             by_token.membership_changes.get_entities_changed(users, since), since)
+        for worker in (by_token, by_rows):
+            self.assertEqual(await worker.get_rooms_for_user(BOB), frozenset([history["other"].room_id]))
 
     async def test_a_batch_drops_what_its_rows_change(self):
         writer, (worker,) = await open_pair(self)

@@ -410,13 +410,17 @@ LIVE_EVENT_NID_STREAM_ROWS = event_stream_rows_sql(True, nids=True)
 BACKFILL_EVENT_NID_STREAM_ROWS = event_stream_rows_sql(False, nids=True)
 
 
-def event_json_stream_rows_sql(engine, live: bool) -> str:
+def event_json_stream_rows_sql(engine, live: bool, lines: bool = False) -> str:
     """``LIVE_EVENT_STREAM_ROWS`` (``live``) or ``BACKFILL_EVENT_STREAM_ROWS``
     with each row written as its JSON text by the database (where
     ``engine.in_process``): columns ``(token, 0, NULL, NULL, row JSON)``,
     the row in replication's layout (``roomstore.events.stream_rows``), so
     that ``room_state.state_json_stream_rows_sql`` can be its UNION partner.
-    The same bindings. Room IDs and state keys are looked up here, per row
+    The same bindings. ``lines``: one row, ``(text, count, first, last,
+    longest)``, the page's lines (a line prefix bound first, then its token,
+    a space, the row; joined by newlines), how many, the first and last
+    tokens and the longest line's length, every event of the range (no
+    ``LIMIT`` bound). Room IDs and state keys are looked up here, per row
     (an in-process lookup by key costs next to nothing)."""
     token, order, where = _PAGE_RANGES[live]
     membership = " ".join(f"WHEN {int(code)} THEN '{name}'" for code, name in sorted(MEMBERSHIP_BY_CODE.items()))
@@ -438,6 +442,16 @@ def event_json_stream_rows_sql(engine, live: bool) -> str:
         row = engine.json_array_sql([("text", "'ev'"), ("array", engine.json_array_sql(fields))])
     else:
         row = engine.json_array_sql(fields)
+    if lines:
+        # One text for the page: each event's line, in token order (a
+        # subquery's ORDER BY is the order an aggregate over it reads).
+        return f"""
+SELECT group_concat(line, char(10)), count(*), min(token), max(token), max(length(line)) FROM (
+SELECT {token} AS token, ? || {token} || ' ' || {row} AS line
+FROM events AS e {join_event_ids("i", "e.event_nid")} {join_rooms("r", "e.room_nid")}
+WHERE e.instance_name = ? AND {where}
+ORDER BY {order})
+"""
     return f"""
 SELECT {token}, 0, NULL, NULL, {row}
 FROM events AS e {join_event_ids("i", "e.event_nid")} {join_rooms("r", "e.room_nid")}
@@ -445,3 +459,12 @@ WHERE e.instance_name = ? AND {where}
 ORDER BY {order}
 LIMIT ?
 """
+
+
+def event_page_bound_sql(live: bool) -> str:
+    """The tokens of an instance's ``OFFSET``-th and next event in a range of
+    the live (``live``) or backfill stream, in token order (binds the
+    instance, the range's two ends and the offset): none or one when the
+    range holds no more events than that."""
+    token, order, where = _PAGE_RANGES[live]
+    return f"SELECT {token} FROM events AS e WHERE e.instance_name = ? AND {where} ORDER BY {order} LIMIT 2 OFFSET ?"
