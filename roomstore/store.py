@@ -258,7 +258,7 @@ class RoomStore:
         event's every needed signature was verified.
         Raises ``InvalidEventError`` (bad bytes or fields), ``ConflictedStateError``
         (prev events' states conflict), ``MissingStateError`` (state cannot be
-        derived); nothing is written then, and reserved stream IDs still complete.
+        derived); nothing is written then, and no stream position moves.
         """
         if not events:
             return []

@@ -58,7 +58,7 @@ def precheck_txn(
     A batch that ``may_fail_txn`` finds risky is written in a trial run that
     is undone; the others cost a few reads. The write transaction still makes
     every check: a writer changing a room between the two may still make a
-    batch fail after its IDs are reserved (they complete unused, a gap).
+    batch fail after its IDs are taken (dropped with the transaction, a gap).
     """
     found = stored_results_txn(txn, persister.interners, events)
     new = [ev for ev in events if ev.event_id not in found]

@@ -184,6 +184,11 @@ class Transaction:
         return iter(self._cursor)
 
     @property
+    def connection(self) -> Any:
+        """The connection this attempt runs on (a new one after a lost one)."""
+        return self._cursor.connection
+
+    @property
     def rowcount(self) -> int:
         return self._cursor.rowcount
 

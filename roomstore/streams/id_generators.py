@@ -441,10 +441,9 @@ class StreamIdGenerator:
         return max(ids)
 
     def _reached_by(self, ids: Sequence[int]) -> int | None:
-        """``position_after(ids)`` asked on ``reserve_in_transaction``'s thread, its
-        allocation (of ``ids``) the only one: an allocation beginning after this
-        read takes higher IDs; one ending during it is in one list or the other
-        (``_end_allocation`` lists its IDs before it leaves ``_allocating``)."""
+        """``position_after(ids)`` asked on ``reserve_in_transaction``'s thread: an
+        allocation beginning after this read takes higher IDs; one ending during it
+        is in a list (``_end_allocation`` lists IDs before leaving ``_allocating``)."""
         if not self.is_writer or not ids:
             return None
         if len(self._allocating) != 1 or self._unfinished:
@@ -622,9 +621,11 @@ async def reserve_in_transaction(
     transaction (in the process elsewhere): the look deciding how many, the
     IDs and their write are one interaction, not three. The positions the
     IDs reach are written in it too when nothing else of the writer's is in
-    flight (``position_after``). A retried attempt is given the IDs the first
-    took. If ``f`` raises, its IDs complete unused (a gap); without ``take``,
-    none is taken. The IDs complete when the block ends, also if it raises.
+    flight (``position_after``). An attempt retried on the same connection is
+    given the IDs the first took. If ``f`` raises, its IDs are dropped, not
+    counted complete: a sequence may hand them out again after a crash (a
+    ``nextval`` whose transaction never committed is not durable). The IDs
+    complete when the block ends, also if it raises.
     """
     gens = list(generators)
     if not gens or len({id(gen) for gen in gens}) != len(gens):
@@ -632,9 +633,10 @@ async def reserve_in_transaction(
     if len({id(gen.db) for gen in gens}) > 1:
         raise ValueError("reserve_in_transaction needs generators of one database")
     taken: list[list[list[int]]] = []  # what ``take`` gave the transaction's last attempt
-    # Every ID taken, by any attempt: a retried transaction (a serialisation
-    # failure, a deadlock) is given the IDs its first attempt took, not a gap.
+    # Every ID taken, by any attempt on one connection: a retried transaction
+    # (a serialisation failure, a deadlock) is given the IDs its first took.
     held: list[list[int]] = [[] for _ in gens]
+    held_on: list = [None]
 
     def attempt(txn: Transaction):
         taken.clear()
@@ -643,6 +645,10 @@ async def reserve_in_transaction(
             if taken:
                 raise RuntimeError("reserve_in_transaction: take() called twice")
             _check_counts(gens, counts)
+            if held_on[0] is not txn.connection:  # lost: its server may have restarted
+                held_on[0] = txn.connection
+                for ids in held:
+                    ids.clear()
             more = [max(0, n - len(ids)) for n, ids in zip(counts, held)]
             for ids, fresh in zip(held, _take_txn(txn, gens, more)):
                 ids.extend(fresh)  # sequences and counters only grow: still ascending
@@ -657,18 +663,13 @@ async def reserve_in_transaction(
                 persist_positions_txn(txn, reached)
         return result
 
-    # Each position is held from here until the IDs are known: the
-    # reservation begins with the transaction that takes them.
+    # Positions held from here until the IDs are known (the reservation begins with their transaction).
     floors = [(gen, gen._begin_allocation(1)) for gen in gens]
     try:
         result = await gens[0].db.run_interaction(description, attempt)
     except BaseException:
-        # IDs taken by a transaction that failed complete unused (a gap),
-        # as reserved IDs do whatever their write did.
-        for (gen, floor), ids in zip(floors, held):
-            gen._end_allocation(floor, ids or None)
-            if ids:
-                gen._complete(ids)
+        for gen, floor in floors:
+            gen._end_allocation(floor, None)
         raise
     for (gen, floor), ids in zip(floors, held):
         gen._end_allocation(floor, ids or None)
