@@ -20,7 +20,7 @@ placeholders; the ``where`` arguments are conditions on ``{col}`` =
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, Tuple
 
 from roomstore.compaction import plan_sql
 
@@ -126,6 +126,50 @@ def jdbc_group_rows(snapshot_max: int, where: str = "") -> str:
         f"(SELECT g.state_group, g.room_nid, g.prev_state_group, d.type, d.state_key, d.event_id, {CHECKSUM_SQL}"
         f" AS row_checksum FROM {_GROUPS_EDGES} g LEFT JOIN state_groups_state d ON d.state_group = g.state_group"
         f" WHERE g.state_group <= {int(snapshot_max)}{_and(where.format(col='g.room_nid'))}) AS sgr"
+    )
+
+
+def room_sizes(where: str = "") -> str:
+    """``(room_nid, first group, groups)`` of each room with groups up to ``?``
+    (the job's ordered read puts whole rooms into partitions of about the same size)."""
+    return (
+        f"SELECT room_nid, MIN(state_group), COUNT(*) FROM {_GROUPS} g WHERE state_group <= ?{_and(where)}"
+        " GROUP BY room_nid"
+    )
+
+
+def jdbc_ordered_rows(
+    snapshot_max: int, where: str, first_groups: Sequence[int], needs: Sequence[Tuple[int, int, int]],
+    boundary_ids: Sequence[int],
+) -> str:
+    """The rows of the rooms whose groups ``first_groups`` are (one group per
+    room, integers only): what :func:`jdbc_group_rows` reads (``kind`` 1,
+    ``sort_id`` the group), plus the boundary states those rooms ``needs``
+    (``(room_nid, sort_id, boundary_group)``, ``kind`` 0; ``boundary_ids``
+    their groups), ordered by room, then ``sort_id``, then ``kind``: a
+    room's rows together, each chunk's boundary states just before its
+    groups. The rooms are selected by ``room_id`` through the
+    ``state_groups(room_id)`` index."""
+    ids = ", ".join(str(int(g)) for g in first_groups)
+    rows = (
+        "SELECT g.room_id, g.room_nid, g.state_group AS sort_id, 1::bigint AS kind, g.state_group,"
+        f" g.prev_state_group, d.type, d.state_key, d.event_id, {CHECKSUM_SQL} AS row_checksum"
+        f" FROM {_GROUPS_EDGES} g LEFT JOIN state_groups_state d ON d.state_group = g.state_group"
+        f" WHERE g.state_group <= {int(snapshot_max)}{_and(where.format(col='g.room_nid'))}"
+        f" AND g.room_id IN (SELECT room_id FROM state_groups WHERE id IN ({ids}))"
+    )
+    if needs:
+        values = ", ".join(f"({int(r)}, {int(s)}, {int(b)})" for r, s, b in needs)
+        rows += (
+            " UNION ALL SELECT sgb.room_id, n.room_nid, n.sort_id, 0::bigint, n.boundary_group, NULL::bigint,"
+            " b.type, b.state_key, b.event_id, NULL::bigint"
+            f" FROM (VALUES {values}) AS n(room_nid, sort_id, boundary_group)"
+            f" JOIN ({full_states(boundary_ids)}) AS b ON b.boundary_group = n.boundary_group"
+            " JOIN state_groups sgb ON sgb.id = n.boundary_group"
+        )
+    return (
+        "SELECT x.room_nid, x.sort_id, x.kind, x.state_group, x.prev_state_group, x.type, x.state_key, x.event_id,"
+        f" x.row_checksum FROM ({rows}) AS x ORDER BY x.room_id, x.sort_id, x.kind"
     )
 
 
@@ -255,10 +299,23 @@ _KEY = "run_id = ? AND room_nid = ? AND first_group = ?"
 _STAGED = f"SELECT state_group FROM {STAGED_GROUPS} WHERE {_KEY}"
 _REWRITTEN = f"SELECT state_group FROM {STAGED_GROUPS} WHERE {_KEY} AND rewrite = 1 AND is_ref = 0"
 
-#: Row-locks (FOR NO KEY UPDATE, in id order) the chunk's groups and the groups
-#: outside it that it builds on: Synapse's deletion locks the groups it deletes
-#: FOR UPDATE first, so one waits for the other (key).
-SWAP_LOCK_GROUPS = f"SELECT id FROM state_groups WHERE id IN ({_STAGED}) ORDER BY id FOR NO KEY UPDATE"
+#: The groups of a chunk whose edges the swap touches: the rewritten groups,
+#: their old and new predecessors, and the groups outside the chunk it builds
+#: on (refs). Only these are locked (and their rows re-counted, below): every
+#: other group keeps its rows and its edge, and what Synapse may do to it
+#: meanwhile (turn it into a snapshot when its predecessor is deleted) keeps
+#: its full state (key x3).
+_TOUCHED = (
+    f"SELECT state_group FROM {STAGED_GROUPS} WHERE {_KEY} AND (rewrite = 1 OR is_ref = 1)"
+    f" UNION SELECT new_prev FROM {STAGED_GROUPS} WHERE {_KEY} AND rewrite = 1 AND is_ref = 0 AND new_prev IS NOT NULL"
+    f" UNION SELECT old_prev FROM {STAGED_GROUPS} WHERE {_KEY} AND rewrite = 1 AND is_ref = 0 AND old_prev IS NOT NULL"
+)
+#: Row-locks (FOR NO KEY UPDATE, in id order) the groups the swap touches
+#: (:data:`_TOUCHED`): Synapse's deletion locks the groups it deletes FOR
+#: UPDATE first, so one waits for the other (key x3). Locking every group of
+#: the chunk instead cost 25 ms per 1,000 groups, for chunks that rewrite a
+#: few percent of them.
+SWAP_LOCK_GROUPS = f"SELECT id FROM state_groups WHERE id IN ({_TOUCHED}) ORDER BY id FOR NO KEY UPDATE"
 #: A new row version of every group that becomes a new predecessor: a deletion
 #: transaction of Synapse's (REPEATABLE READ) that waited for this swap then
 #: fails to lock it and is retried with a snapshot that sees the new edges,
@@ -267,12 +324,15 @@ SWAP_TOUCH_BASES = (
     "UPDATE state_groups SET event_id = event_id WHERE id IN"
     f" (SELECT new_prev FROM {STAGED_GROUPS} WHERE {_KEY} AND rewrite = 1 AND is_ref = 0 AND new_prev IS NOT NULL)"
 )
-#: Groups gone, pending deletion, being persisted (the chunk's own), or changed
-#: since the read: ``(group, is_ref, reason)`` (key x3). Each rewritten
-#: group's rows are counted and summed by a lookup of its own (LATERAL, the
-#: ``(state_group, ...)`` index): joined as one set, PostgreSQL merged the
-#: chunk's groups against the whole index, 0.5-1.2 s for a chunk of 3,000
-#: groups of a 2.2M-row table, most of the swaps' time.
+#: Groups of the chunk (and refs) gone, pending deletion, being persisted (the
+#: chunk's own), or changed since the read: ``(group, is_ref, reason)`` (key
+#: x5). Existence, the deletion tables and the edge are checked for every group
+#: (index lookups); the rows are counted and summed only for the groups the
+#: swap touches (the rewritten groups and their old and new predecessors), each
+#: by a lookup of its own (LATERAL, the ``(state_group, ...)`` index): joined
+#: as one set, PostgreSQL merged the chunk's groups against the whole index,
+#: 0.5-1.2 s for a chunk of 3,000 groups of a 2.2M-row table, and summing every
+#: group's rows cost 35 us a group, a third of a 1,000-room run's swaps.
 SWAP_RECHECK = (
     "SELECT s.state_group, s.is_ref, CASE WHEN g.id IS NULL THEN 'no longer exists'"
     " WHEN pd.state_group IS NOT NULL THEN 'is pending deletion'"
@@ -282,13 +342,18 @@ SWAP_RECHECK = (
     "   ON pd.state_group = s.state_group"
     f" LEFT JOIN (SELECT DISTINCT state_group FROM state_groups_persisting WHERE state_group IN ({_STAGED})) ps"
     "   ON ps.state_group = s.state_group AND s.is_ref = 0"
+    f" LEFT JOIN (SELECT new_prev AS base FROM {STAGED_GROUPS} WHERE {_KEY} AND rewrite = 1 AND is_ref = 0"
+    f"   UNION SELECT old_prev FROM {STAGED_GROUPS} WHERE {_KEY} AND rewrite = 1 AND is_ref = 0) tb"
+    "   ON tb.base = s.state_group"
     " LEFT JOIN state_group_edges e ON e.state_group = s.state_group"
-    f" LEFT JOIN LATERAL (SELECT COUNT(*) AS n, SUM({CHECKSUM_SQL}) AS h"
-    "   FROM state_groups_state d WHERE d.state_group = s.state_group AND s.is_ref = 0) a ON TRUE"
-    f" WHERE s.{_KEY.replace(' AND ', ' AND s.')} AND (g.id IS NULL OR pd.state_group IS NOT NULL"
+    f" LEFT JOIN LATERAL (SELECT COUNT(*) AS n, SUM({CHECKSUM_SQL}) AS h FROM state_groups_state d"
+    "   WHERE d.state_group = s.state_group AND s.is_ref = 0 AND (s.rewrite = 1 OR tb.base IS NOT NULL)) a ON TRUE"
+    f" WHERE s.{_KEY.replace(' AND ', ' AND s.')}"
+    "   AND (g.id IS NULL OR pd.state_group IS NOT NULL"
     "   OR ps.state_group IS NOT NULL OR (s.is_ref = 0 AND ("
     "     COALESCE(e.prev_state_group, -1) <> COALESCE(s.old_prev, -1)"
-    "     OR COALESCE(a.n, 0) <> s.old_rows OR COALESCE(a.h, 0) <> s.old_checksum)))"
+    "     OR ((s.rewrite = 1 OR tb.base IS NOT NULL) AND (COALESCE(a.n, 0) <> s.old_rows"
+    "       OR COALESCE(a.h, 0) <> s.old_checksum)))))"
     " ORDER BY s.state_group LIMIT 5"
 )
 SWAP_DELETE_ROWS = f"DELETE FROM state_groups_state WHERE state_group IN ({_REWRITTEN})"

@@ -9,7 +9,7 @@ docs/compaction.md ("Compacting a Synapse database").
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from roomstore.compaction import synapse_sql as sql
 from roomstore.compaction.chunks import StagedChunk
@@ -17,6 +17,33 @@ from roomstore.compaction.tables import ChunkKey, Convert, StateTables
 
 LOCK_NAME = "state_compaction"
 _COLUMNS = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id", "row_checksum"]
+
+
+_ORDERED_SCHEMA = (
+    "room_nid LONG, sort_id LONG, kind LONG, state_group LONG, prev_state_group LONG, type STRING, state_key STRING,"
+    " event_id STRING, row_checksum LONG"
+)
+
+
+def room_partitions(sizes: Sequence[Tuple[int, int, int]], partitions: int) -> List[List[Tuple[int, int]]]:
+    """``(room_nid, first group, groups)`` of every room cut into at most
+    about ``partitions`` lists of ``(room_nid, first group)`` with about the
+    same number of groups each, in the order given; a room with more groups
+    than a share gets a list of its own."""
+    total = sum(n for _, _, n in sizes)
+    share = max(1, -(-total // max(1, partitions)))
+    out: List[List[Tuple[int, int]]] = []
+    current: List[Tuple[int, int]] = []
+    filled = 0
+    for nid, first, n in sizes:
+        if current and filled + n > share:
+            out.append(current)
+            current, filled = [], 0
+        current.append((nid, first))
+        filled += n
+    if current:
+        out.append(current)
+    return out
 
 
 class NotSynapseError(RuntimeError):
@@ -101,6 +128,27 @@ class SynapseTables(StateTables):
             out = out.select(*_COLUMNS).unionByName(boundary_rows.select(*_COLUMNS))
         return out
 
+    def room_sizes(self, db, snapshot_max, where):
+        cond = where.format(col="room_nid") if where else ""
+        return [(int(nid), int(first), int(n)) for nid, first, n in db.query(sql.room_sizes(cond), (snapshot_max,))]
+
+    def ordered_input(self, spark, source, snapshot_max, where, partitions, needs, sizes):
+        """One JDBC read per partition of whole rooms (about the same number
+        of groups each, a room larger than that alone), PostgreSQL sorting
+        each room's rows (:func:`synapse_sql.jdbc_ordered_rows`): no shuffle,
+        so the first partition's rooms are planned (and written by the
+        driver) while the next ones are read."""
+
+        def frame(rooms: List[Tuple[int, int]]):
+            nids = {nid for nid, _ in rooms}
+            part_needs = [n for n in needs if n[0] in nids]
+            table = sql.jdbc_ordered_rows(
+                snapshot_max, where, [first for _, first in rooms], part_needs, sorted({b for _, _, b in part_needs})
+            )
+            return lambda: source.read(spark, f"({table}) AS sgr", _ORDERED_SCHEMA)
+
+        return [frame(rooms) for rooms in room_partitions(sizes, partitions)]
+
     def sort_columns(self) -> Sequence[str]:
         return ("room_nid", "sort_id", "kind", "state_group", "type", "state_key")
 
@@ -142,14 +190,17 @@ class SynapseTables(StateTables):
     def swap(self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool) -> Tuple[Any, int, int]:
         """Inside the writer's transaction (after its lock-row check):
 
-        1. ``SELECT ... FOR NO KEY UPDATE`` the chunk's groups and the groups
-           outside it that it builds on (``state_groups`` rows, id order):
+        1. ``SELECT ... FOR NO KEY UPDATE`` the groups whose edges the swap
+           touches: the rewritten groups, their old and new predecessors and
+           the groups outside the chunk it builds on (``state_groups`` rows,
+           id order):
            Synapse's deletion takes ``FOR UPDATE`` on the groups it deletes
            first, so a concurrent deletion either commits before (the
            re-check sees it) or waits for this swap;
-        2. re-check: every group exists, none is pending deletion, none of
-           the chunk's is being persisted, each has the edge, row count and
-           checksum the job read; otherwise nothing is written;
+        2. re-check: every group of the chunk exists, none is pending
+           deletion, none of the chunk's is being persisted, each has the
+           edge the job read, and the groups of step 1 the row count and
+           checksum it read; otherwise nothing is written;
         3. a no-op update of the new
            predecessors (see :data:`synapse_sql.SWAP_TOUCH_BASES`);
         4. replace the rewritten groups' edges and rows.
@@ -158,7 +209,8 @@ class SynapseTables(StateTables):
         # execute in order and returns the last one's result): the lock with
         # the re-check, the touch with the rows' deletion, the edges with the
         # new rows.
-        cur.execute(q(sql.SWAP_LOCK_GROUPS) + "; " + q(sql.SWAP_RECHECK), key * 4)
+        lock_and_check = q(sql.SWAP_LOCK_GROUPS) + "; " + q(sql.SWAP_RECHECK)
+        cur.execute(lock_and_check, key * (lock_and_check.count("%s") // 3))
         changed = cur.fetchall()
         if changed:
             return [(g, is_ref, reason) for g, is_ref, reason in changed], 0, 0

@@ -27,7 +27,7 @@ interned room id; for Synapse a hash of the room ID computed in SQL).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 #: ``q(text)``: a statement in the connection's placeholder style.
 Convert = Callable[[str], str]
@@ -80,6 +80,24 @@ class StateTables:
         delta row of a group up to ``snapshot_max`` (a group without rows:
         one row with null key), plus boundary states (``needs``: room, sort
         id, boundary group), with the columns the room function expects."""
+        raise NotImplementedError
+
+    def room_sizes(self, db: Any, snapshot_max: int, where: str) -> Optional[List[Tuple[int, int, int]]]:
+        """``(room_nid, first group, groups)`` of every selected room with
+        groups up to ``snapshot_max``, for :meth:`ordered_input`; None: this
+        layout has no ordered read."""
+        return None
+
+    def ordered_input(
+        self, spark: Any, source: Any, snapshot_max: int, where: str, partitions: int,
+        needs: Sequence[Tuple[int, int, int]], sizes: Sequence[Tuple[int, int, int]],
+    ) -> List[Callable[[], Any]]:
+        """The same rows as :meth:`input_rows`, as one-partition frames
+        (each made when its function is called), each holding whole rooms,
+        each room's rows together and in :meth:`sort_columns` order (the
+        database sorts them): the job then runs the room function over each
+        partition as it is read, with no shuffle. Only for layouts whose
+        :meth:`room_sizes` is not None (the others' rows are shuffled by room)."""
         raise NotImplementedError
 
     def sort_columns(self) -> Sequence[str]:

@@ -265,6 +265,11 @@ class SubmitCommandTests(unittest.TestCase):
         self.assertIn("-Xss4m", java)
         self.assertIn("spark.a=b", cmd)
         self.assertIn("spark.ui.showConsoleProgress=false", cmd)
+        # The executors' quick JIT by default; an operator's own options replace it.
+        self.assertIn("spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1", cmd)
+        own, _ = build_submit_command(["--db", "postgresql://u@h:5/db", "--conf", "spark.executor.extraJavaOptions=-Xss2m"])
+        self.assertEqual([c for c in own if c.startswith("spark.executor.extraJavaOptions=")],
+                         ["spark.executor.extraJavaOptions=-Xss2m"])
         job = cmd.index(str(ROOT / "roomstore" / "compaction" / "spark_job.py"))
         # Job options pass through; the wrapper's own do not.
         self.assertEqual(cmd[job + 1:], ["--db", "postgresql://u@h:5/db", "--dry-run", "--rooms", "largest:5"])

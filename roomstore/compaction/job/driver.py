@@ -48,12 +48,13 @@ import threading
 import time
 import traceback
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from pyspark.sql import SparkSession
 
 from roomstore.compaction import levels_hop_bound
-from roomstore.compaction.job.executor import OUTPUT_SCHEMA
+from roomstore.compaction.job.executor import OUTPUT_SCHEMA, whole_rooms
 from roomstore.compaction.job.options import APP_NAME, EXIT_LOCKED, EXIT_ROOMS_FAILED, job_parser, unreachable_master
 from roomstore.compaction.job.reading import JdbcSource
 from roomstore.compaction.job.report import (
@@ -105,6 +106,7 @@ class Driver:
         self.chunked_rooms = 0
         self.rows_so_far = [0, 0]
         self.room_names: Dict[int, str] = {}
+        self.sizes: Optional[list] = None
 
     # -- output -------------------------------------------------------------
 
@@ -183,8 +185,7 @@ class Driver:
                 if not count:
                     self.say("  nothing to do: no state groups selected")
                 else:
-                    spark = starting.session()
-                    self.compute_and_write(spark, lo, hi, count, where)
+                    spark = self.compute_and_write(starting, lo, hi, count, where)
             if where is not None:
                 cond = where.format(col="room_nid") if where else ""
                 self.skipped.update(self.tables.skipped_at_end(writer.db, run.snapshot_max, cond))
@@ -254,9 +255,34 @@ class Driver:
 
     # -- Spark --------------------------------------------------------------
 
-    def build_frame(self, spark: Any, lo: int, hi: int, count: int, where: str) -> Any:
-        """The per-chunk result frame (not yet computed)."""
+    def chunk_layout(self, where: str) -> tuple:
+        """The rooms' chunks (driver-side statements, run while Spark starts):
+        ``(starts, needs, boundary_ids)``, see :meth:`build_frame`."""
+        a = self.args
+        cond = where.format(col="room_nid") if where else ""
+        t = time.monotonic()
+        self.sizes = self.tables.room_sizes(self.writer.db, int(self.run.snapshot_max), where)
+        if self.sizes is not None:
+            self.timings["room_sizes"] = time.monotonic() - t
+            t = time.monotonic()
+            big = [nid for nid, _, n in self.sizes if n > a.chunk_groups]
+            # Only rooms larger than a chunk are cut: none, no statement.
+            cond = f"room_nid IN ({', '.join(str(int(n)) for n in big)})" if big else None
+        starts, links = self.writer.chunk_layout(int(self.run.snapshot_max), a.chunk_groups, cond) if cond is not None else ({}, [])
+        self.timings["chunk_layout"] = time.monotonic() - t
+        self.chunked_rooms = len(starts)
+        self.total_chunks = self.total_rooms + sum(len(s) for s in starts.values())
+        boundary_ids = sorted({prev for _, _, prev in links})
+        self.timings["boundary_groups"] = len(boundary_ids)
+        # (room, sort_id, boundary group): sort_id is the first group of the
+        # chunk that needs the state (0 for a room's first chunk).
+        needs = [(room, 0 if chunk == 0 else starts[room][chunk - 1], prev) for room, chunk, prev in links]
+        return starts, needs, boundary_ids
+
+    def build_frame(self, spark: Any, lo: int, hi: int, count: int, where: str, layout: tuple) -> Any:
+        """The per-chunk result frame (not yet computed); ``layout`` from :meth:`chunk_layout`."""
         a, run = self.args, self.run
+        starts, needs, boundary_ids = layout
         source = JdbcSource.from_db_url(a.db)
         parallelism = spark.sparkContext.defaultParallelism
         read_parts = a.read_partitions or max(parallelism, min(256, -(-count // 100_000)))
@@ -274,20 +300,6 @@ class Driver:
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_parts))
         spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
         snap = int(run.snapshot_max)
-        cond = where.format(col="room_nid") if where else ""
-
-        t = time.monotonic()
-        starts, links = self.writer.chunk_layout(snap, a.chunk_groups, cond)
-        self.timings["chunk_layout"] = time.monotonic() - t
-        self.chunked_rooms = len(starts)
-        self.total_chunks = self.total_rooms + sum(len(s) for s in starts.values())
-        boundary_ids = sorted({prev for _, _, prev in links})
-        self.timings["boundary_groups"] = len(boundary_ids)
-
-        # (room, sort_id, boundary group): sort_id is the first group of the
-        # chunk that needs the state (0 for a room's first chunk).
-        needs = [(room, 0 if chunk == 0 else starts[room][chunk - 1], prev) for room, chunk, prev in links]
-        rows = self.tables.input_rows(spark, source, snap, where, (lo, hi, read_parts), needs, boundary_ids)
         fault_room = None
         if a.inject_fault_room:
             fault_room = self.writer.room_nids([a.inject_fault_room]).get(a.inject_fault_room)
@@ -297,6 +309,13 @@ class Driver:
                 "emit": not a.dry_run, "fault_room": fault_room, "starts": starts,
             }
         )
+        if self.sizes is not None:
+            # Each partition whole rooms in order, read as they are planned;
+            # one frame per partition, made when its job starts (see
+            # compute_and_write).
+            frames = self.tables.ordered_input(spark, source, snap, where, shuffle_parts, needs, self.sizes)
+            return [lambda f=f: f().mapInArrow(whole_rooms(fn), OUTPUT_SCHEMA) for f in frames]
+        rows = self.tables.input_rows(spark, source, snap, where, (lo, hi, read_parts), needs, boundary_ids)
         # Rows of a room in (sort_id, kind, id, key) order: the grouped map
         # keeps the order of its sorted input, and the iterator form hands the
         # room over in batches, so a worker never holds more than a chunk.
@@ -307,18 +326,27 @@ class Driver:
             .applyInArrow(fn, OUTPUT_SCHEMA)
         )
 
-    def compute_and_write(self, spark: Any, lo: int, hi: int, count: int, where: str) -> None:
-        """Plan on the executors and write here, overlapped: the result frame
-        is consumed a partition at a time (``toLocalIterator`` with the next
-        partition computed while this one is handled), so the driver stages
-        and swaps one partition's rooms while Spark plans the next ones.
+    def compute_and_write(self, starting: "_SparkStart", lo: int, hi: int, count: int, where: str) -> Any:
+        """Plan on the executors and write here, overlapped: the results are
+        consumed a partition at a time (the layout's ordered read: one Spark
+        job per partition, a core's worth and one more running ahead, in the
+        order they finish, :func:`_partition_rows`; otherwise
+        ``toLocalIterator`` with the next partition computed while this one
+        is handled), so the driver stages and swaps one partition's rooms
+        while Spark plans the next ones.
         Every chunk is still verified on the executor before the driver sees
-        it, and each swap is its own transaction, as before."""
+        it, and each swap is its own transaction, as before. The driver's
+        planning statements run while Spark is still starting; returns the
+        Spark session."""
         t = time.monotonic()
         cond = where.format(col="room_nid") if where else ""
         self.room_names = self.writer.room_ids_where(self.run.snapshot_max, cond)
         self.total_rooms = len(self.room_names)  # the selected rooms with groups: one statement less
-        result = self.build_frame(spark, lo, hi, count, where)
+        layout = self.chunk_layout(where)
+        w = time.monotonic()
+        spark = starting.session()
+        self.timings["wait_spark_start"] = time.monotonic() - w
+        result = self.build_frame(spark, lo, hi, count, where, layout)
         self.say(
             f"  planning and writing {self.total_rooms} room(s), {count:,} state groups in {self.total_chunks} chunk(s)"
             f" ({self.chunked_rooms} room(s) chunked, {self.timings['boundary_groups']} boundary state(s))"
@@ -328,7 +356,10 @@ class Driver:
         # shuffle's map stage: counted as waiting on Spark.)
         w = time.monotonic()
         self.timings["prepare_frame"] = w - t
-        rows = iter(result.toLocalIterator(prefetchPartitions=True))
+        if isinstance(result, list):
+            rows = _partition_rows(result, spark.sparkContext.defaultParallelism + 1)
+        else:
+            rows = iter(result.toLocalIterator(prefetchPartitions=True))
         waited = time.monotonic() - w
         while True:
             w = time.monotonic()
@@ -344,6 +375,7 @@ class Driver:
         self.timings["plan_and_write"] = time.monotonic() - t
         self.timings["read_and_plan"] = waited
         self.timings["write"] = self.timings["plan_and_write"] - waited - self.timings["prepare_frame"]
+        return spark
 
     # -- per chunk / per room -------------------------------------------------
 
@@ -545,6 +577,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log.error("compaction failed: %s", exc)
         traceback.print_exc()
         return 1
+
+
+def _partition_rows(frames: Sequence[Any], ahead: int) -> Iterator[Any]:
+    """The rows of ``frames`` (functions making a one-partition frame each,
+    whole rooms), a frame's rows together, frames in the order they finish:
+    each frame is made and collected
+    by a Spark job of its own, at most ``ahead`` of them running or finished
+    and not yet handed over, so Spark plans while the caller writes and the
+    driver holds a bounded number of partitions' results."""
+    todo = iter(frames)
+    pending: set = set()
+    with ThreadPoolExecutor(max_workers=max(1, ahead), thread_name_prefix="partition") as pool:
+
+        def refill() -> None:
+            while len(pending) < ahead:
+                frame = next(todo, None)
+                if frame is None:
+                    return
+                pending.add(pool.submit(lambda f=frame: f().collect()))
+
+        try:
+            refill()
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                future = next(iter(done))
+                pending.discard(future)
+                rows = future.result()
+                refill()  # first: Spark goes on while the caller writes these
+                yield from rows
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 class _SparkStart:

@@ -13,6 +13,7 @@ arrives in the ``--py-files`` zip).
 
 from __future__ import annotations
 
+import itertools
 import traceback
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -531,6 +532,35 @@ def room_rows(
         return
     if held is not None:
         yield _batch([row(room_nid, held, True)])
+
+
+def whole_rooms(room_function: Callable) -> Callable:
+    """A ``mapInArrow`` function over partitions that hold whole rooms, each
+    room's rows together and sorted (the layout's ordered read): runs
+    ``room_function`` (the ``applyInArrow`` form: ``(key, batches)``) on
+    each room in turn, streaming, as ``groupBy(room).applyInArrow`` would
+    after a shuffle. A room whose rows come in two runs stops the task
+    (the read was not ordered: nothing of it is written)."""
+
+    def slices(batches: Iterable[pa.RecordBatch]) -> Iterator[Tuple[int, pa.RecordBatch]]:
+        for batch in batches:
+            n = batch.num_rows
+            if not n:
+                continue
+            nids = batch.column("room_nid").to_numpy(zero_copy_only=False)
+            edges = [0] + (np.flatnonzero(nids[1:] != nids[:-1]) + 1).tolist() + [n]
+            for a, z in zip(edges[:-1], edges[1:]):
+                yield int(nids[a]), batch.slice(a, z - a)
+
+    def per_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        seen = set()
+        for nid, room in itertools.groupby(slices(batches), key=lambda item: item[0]):
+            if nid in seen:
+                raise ChunkError(f"room_nid {nid}: its rows arrived in two runs (the read was not ordered by room)")
+            seen.add(nid)
+            yield from room_function((pa.scalar(nid, pa.int64()),), (batch for _, batch in room))
+
+    return per_partition
 
 
 def make_room_function(config: Mapping[str, Any]):
