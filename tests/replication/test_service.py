@@ -257,11 +257,15 @@ class ServiceTests(ServiceTestMixin):
         skip_precheck(server.store)
         with self.assertRaises(MissingStateError):
             await self.persist(server.store, orphan, orphan.message(ALICE, "no state"))
-        # The failed batch completed its stream ID: the position moved with no rows.
+        # The failed transaction's stream ID (2) is dropped with it: the position
+        # stays, and the next batch's position, past the gap, reaches the worker.
+        self.assertEqual(server.store.events_stream.get_current_token(), 1)
+        await self.persist(server.store, room, room.join(ALICE))
         target = server.store.events_stream.get_current_token()
-        self.assertEqual(target, 2)
+        self.assertEqual(target, 3)
         await with_timeout(follower.store.events_stream.wait_for_position(target), 10, "events")
-        self.assertEqual([t for s, _, t, _ in follower.applied if s == "events"], [1])
+        await wait_until(lambda: 3 in [t for s, _, t, _ in follower.applied if s == "events"], what="applied")
+        self.assertEqual([t for s, _, t, _ in follower.applied if s == "events"], [1, 3])
 
 
 class HelperTests(unittest.TestCase):
