@@ -163,18 +163,23 @@ class SingleWriterTests:
         )
         self.assertEqual(stored, 6)
 
+    def record_interactions(self, db) -> list[str]:
+        """The descriptions of ``db``'s interactions from now on, in order."""
+        transactions: list[str] = []
+        original = db.run_interaction
+
+        async def recording(description, *args, **kwargs):
+            transactions.append(description)
+            return await original(description, *args, **kwargs)
+
+        self.patch(db, "run_interaction", recording)
+        return transactions
+
     async def test_reserve_together(self):
         db = await self.make_database()
         events = await StreamIdGenerator.create(db, "events", "master")
         caches = await StreamIdGenerator.create(db, "caches", "master")
-        transactions = []
-        original = db.run_interaction
-
-        async def counting(description, *args, **kwargs):
-            transactions.append(description)
-            return await original(description, *args, **kwargs)
-
-        self.patch(db, "run_interaction", counting)
+        transactions = self.record_interactions(db)
         with self.assertRaises(ZeroDivisionError):
             async with reserve_together([(events, 3), (caches, 0), (caches, 1)]) as (a, none, b):
                 self.assertEqual((a, none, b), ([1, 2, 3], [], [1]))
@@ -198,14 +203,7 @@ class SingleWriterTests:
         db = await self.make_database()
         events = await StreamIdGenerator.create(db, "events", "master")
         caches = await StreamIdGenerator.create(db, "caches", "master")
-        transactions = []
-        original = db.run_interaction
-
-        async def counting(description, *args, **kwargs):
-            transactions.append(description)
-            return await original(description, *args, **kwargs)
-
-        self.patch(db, "run_interaction", counting)
+        transactions = self.record_interactions(db)
 
         def write(txn, take, counts, fail_after=False):
             txn.execute("SELECT 1")
