@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -371,12 +371,16 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
                 except UnicodeDecodeError:
                     parsed = None
                 if parsed is not None:
-                    counts = self._received_counts
-                    counts["RDATA"] = counts.get("RDATA", 0) + len(lines)
-                    self._dispatch("RDATA", parsed, on_rows)
+                    self._dispatch_rdata(len(lines), parsed, on_rows)
                     del parsed  # freed before the collector is back
                     return
         self._rdata_run(lines, on_run)
+
+    def _dispatch_rdata(self, lines: int, parsed: Any, handler: Callable) -> None:
+        """``lines`` RDATA lines, parsed together, counted and handed to ``handler``."""
+        counts = self._received_counts
+        counts["RDATA"] = counts.get("RDATA", 0) + lines
+        self._dispatch("RDATA", parsed, handler)
 
     def _rdata_run(self, run: list[bytes], on_run: Callable) -> None:
         # The run's rows are freed by reference counting once applied: the
@@ -387,9 +391,7 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
             except UnicodeDecodeError:
                 fields = None
             if fields is not None:
-                counts = self._received_counts
-                counts["RDATA"] = counts.get("RDATA", 0) + len(run)
-                self._dispatch("RDATA", fields, on_run)
+                self._dispatch_rdata(len(run), fields, on_run)
                 del fields  # freed before the collector is back: nothing left for it to walk
                 return
         for line in run:
