@@ -241,28 +241,34 @@ def _script(rng: random.Random, one_stream: bool = False) -> list[bytes]:
 
 
 class ChunkingTests(unittest.TestCase):
+    def assert_chunked_as_line_by_line(self, rng, lines, one, sizes, context) -> None:
+        """``lines`` fed to ``one``'s client (batches on) in chunks of sizes drawn
+        from ``sizes`` (or all at once), and line by line to a plain handler's:
+        both end alike (rows, positions, replies, the connection)."""
+        data = b"".join(line + b"\n" for line in lines)
+        many = RecordingHandler(_registry())
+        factory_one, protocol_one, transport_one = _client(one, batches=True)
+        factory_many, protocol_many, transport_many = _client(many, batches=False)
+        offset = 0
+        while offset < len(data):
+            size = rng.choice([*sizes, len(data)])
+            protocol_one.dataReceived(data[offset:offset + size])
+            offset += size
+        for line in lines:
+            protocol_many.dataReceived(line + b"\n")
+        self.assertEqual(one.rdata, many.rdata, context)
+        self.assertEqual(one.positions, many.positions, context)
+        self.assertEqual(sorted(factory_one.positions.items()), sorted(factory_many.positions.items()), context)
+        self.assertEqual(written(transport_one), written(transport_many), context)
+        self.assertEqual(protocol_one.is_open, protocol_many.is_open, context)
+
     def test_any_chunking_applies_what_line_by_line_applies(self) -> None:
         rng = random.Random(SEED + 3)
         batched_calls = 0
         for case in range(300):
             lines = _script(rng)
-            data = b"".join(line + b"\n" for line in lines)
-            one, many = BatchRecordingHandler(_registry()), RecordingHandler(_registry())
-            factory_one, protocol_one, transport_one = _client(one, batches=True)
-            factory_many, protocol_many, transport_many = _client(many, batches=False)
-            offset = 0
-            while offset < len(data):
-                size = rng.choice([1, 7, 64, 500, 4096, len(data)])
-                protocol_one.dataReceived(data[offset:offset + size])
-                offset += size
-            for line in lines:
-                protocol_many.dataReceived(line + b"\n")
-            context = f"case {case}: {lines!r}"
-            self.assertEqual(one.rdata, many.rdata, context)
-            self.assertEqual(one.positions, many.positions, context)
-            self.assertEqual(sorted(factory_one.positions.items()), sorted(factory_many.positions.items()), context)
-            self.assertEqual(written(transport_one), written(transport_many), context)
-            self.assertEqual(protocol_one.is_open, protocol_many.is_open, context)
+            one = BatchRecordingHandler(_registry())
+            self.assert_chunked_as_line_by_line(rng, lines, one, (1, 7, 64, 500, 4096), f"case {case}: {lines!r}")
             batched_calls += one.batch_calls
         self.assertGreater(batched_calls, 300)
 
@@ -274,23 +280,8 @@ class ChunkingTests(unittest.TestCase):
         rows_calls = 0
         for case in range(300):
             lines = _script(rng, one_stream=True)
-            data = b"".join(line + b"\n" for line in lines)
-            one, many = RowsRecordingHandler(_registry()), RecordingHandler(_registry())
-            factory_one, protocol_one, transport_one = _client(one, batches=True)
-            factory_many, protocol_many, transport_many = _client(many, batches=False)
-            offset = 0
-            while offset < len(data):
-                size = rng.choice([7, 64, 500, 4096, len(data)])
-                protocol_one.dataReceived(data[offset:offset + size])
-                offset += size
-            for line in lines:
-                protocol_many.dataReceived(line + b"\n")
-            context = f"case {case}: {lines!r}"
-            self.assertEqual(one.rdata, many.rdata, context)
-            self.assertEqual(one.positions, many.positions, context)
-            self.assertEqual(sorted(factory_one.positions.items()), sorted(factory_many.positions.items()), context)
-            self.assertEqual(written(transport_one), written(transport_many), context)
-            self.assertEqual(protocol_one.is_open, protocol_many.is_open, context)
+            one = RowsRecordingHandler(_registry())
+            self.assert_chunked_as_line_by_line(rng, lines, one, (7, 64, 500, 4096), f"case {case}: {lines!r}")
             rows_calls += one.rows_calls
         self.assertGreater(rows_calls, 100)
 

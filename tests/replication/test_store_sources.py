@@ -103,6 +103,17 @@ class ContractMixin:
         return pages
 
 
+def rows_by_token(updates: list[tuple[int, object]]) -> list[tuple[int, list]]:
+    """A page's ``(token, row)`` updates as ``(token, rows)``, one per token, in order."""
+    grouped: list[tuple[int, list]] = []
+    for token, row in updates:
+        if grouped and grouped[-1][0] == token:
+            grouped[-1][1].append(row)
+        else:
+            grouped.append((token, [row]))
+    return grouped
+
+
 @on_both_engines
 class StoreStreamTests(ContractMixin):
     async def test_events_rows_match_what_was_persisted(self):
@@ -696,12 +707,7 @@ class BatchApplyTests:
             (*a, by_batch.stream(a[0]).get_current_token_for_writer("master"))))
         rng = random.Random(5)
         for name, updates in pages.items():
-            grouped: list[tuple[int, list]] = []
-            for token, row in updates:
-                if grouped and grouped[-1][0] == token:
-                    grouped[-1][1].append(row)
-                else:
-                    grouped.append((token, [row]))
+            grouped = rows_by_token(updates)
             for token, rows in grouped:
                 one.on_rdata(name, "master", token, rows)
             start = 0
@@ -726,7 +732,6 @@ class BatchApplyTests:
             self.assertEqual(await worker.get_rooms_for_user(ALICE), frozenset([history["room"].room_id,
                                                                                 "!awk\u00e9:example.org"]))
 
-
     async def test_rows_leave_the_worker_as_tokens_do(self):
         """``on_rdata_rows``: a worker fed reads of rows as they come off the
         wire (decoded JSON, ``batch`` tokens None) ends as one fed token by
@@ -745,12 +750,7 @@ class BatchApplyTests:
         for stream in store_stream_registry(writer):
             pages[stream.name] = (await stream.get_updates("master", 0, stream.current_token("master"), BIG)).updates
         for name, updates in pages.items():
-            grouped: list[tuple[int, list]] = []
-            for token, row in updates:
-                if grouped and grouped[-1][0] == token:
-                    grouped[-1][1].append(row)
-                else:
-                    grouped.append((token, [row]))
+            grouped = rows_by_token(updates)
             for token, rows in grouped:
                 one.on_rdata(name, "master", token, rows)
             start = 0
