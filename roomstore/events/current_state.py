@@ -56,7 +56,7 @@ def update_extremities(w: Any, new_events: Sequence[PreparedEvent], rooms: set[i
     # Backward: prev events we do not have as graph events; a new event
     # fills the gap it was.
     prev_nids = {p for _, p in referenced}
-    have = {n for n, r in w.stored_events(prev_nids).items() if not r["outlier"]} | new_nids
+    have = {n for n, r in w.stored_events(prev_nids).items() if not r.outlier} | new_nids
     missing = sorted({(room, p) for room, p in referenced if p not in have})
     backward_gone = [(room_of[n], n) for n in new_nids if n not in w.fresh_nids]
     queue_extremity_changes(txn, forward_gone, forward_new, missing, backward_gone)

@@ -38,7 +38,8 @@ from roomstore.events.tables.events import (
     insert_events,
     insert_redactions,
     queue_flag_redacted,
-    stored_events_txn,
+    StoredEvent,
+    stored_before_txn,
     unflagged_targets_txn,
 )
 from roomstore.pdu.parsing import InvalidEventError
@@ -119,6 +120,12 @@ class EventPersister:
         cache_stream_id: int | None = None,
         now_ms: int | None = None,
     ) -> "BatchOutcome":
+        # Event IDs this transaction interned count as naming no stored event
+        # (``fresh_nids``): true only of the transaction's one batch.
+        written = txn.memo.setdefault(EventPersister, {})
+        if written:
+            raise RuntimeError("persist_txn writes one batch per transaction")
+        written["batch"] = True
         writer = _BatchWriter(self, txn, resolved_current_state or {}, now_ms)
         outcome = writer.run(batch, stream_ids, backfill_ids)
         if cache_stream_id is not None:
@@ -186,7 +193,6 @@ class _BatchWriter:
         self.visibility_writes = VisibilityWrites()
         # Event nids interned by this batch: no stored row can mention them.
         self.fresh_nids: set[int] = set()
-        self.stored_cache: dict[int, dict | None] = {}
 
     # ---------------------------------------------------------------- helpers
 
@@ -382,8 +388,8 @@ class _BatchWriter:
             row = stored.get(nid[ev.event_id])
             if row is not None:
                 results[ev.event_id] = PersistedEvent(
-                    ev.event_id, ev.pdu.room_id, row["stream_ordering"], row["topological_ordering"],
-                    row["state_group_before"], row["state_group"], already_persisted=True,
+                    ev.event_id, ev.pdu.room_id, row.stream_ordering, row.topological_ordering,
+                    row.state_group_before, row.state_group, already_persisted=True,
                 )
         return results, new_events
 
@@ -421,6 +427,11 @@ class _BatchWriter:
             1 for ev in new_events if ev.state_before is not None or (ev.pdu.state_key is not None and not ev.outlier)
         )
         self.group_writes.expected = self.visibility_writes.expected = expected
+        # A batch of state events makes groups; with a membership or history
+        # visibility change, snapshots too: both kinds of ids in one statement.
+        state_types = {ev.pdu.type for ev in new_events if ev.pdu.state_key is not None and not ev.outlier}
+        if state_types & {MEMBER, HISTORY_VISIBILITY[0]}:
+            self.txn.reserve_ids([self.group_writes.ids_request(), self.visibility_writes.ids_request()])
         return room_nids
 
     @staticmethod
@@ -450,7 +461,7 @@ class _BatchWriter:
         # What we know of prev events stored before this batch.
         prev_nids = {nid[p] for ev in new_events for p in ev.pdu.prev_event_ids}
         known = self.stored_events(prev_nids)
-        groups_after: dict[int, int | None] = {n: r["state_group"] for n, r in known.items() if not r["outlier"]}
+        groups_after: dict[int, int | None] = {n: r.state_group for n, r in known.items() if not r.outlier}
         rows = _Rows()
         # Locals: this loop runs once per event of every batch.
         key_nids, user_nids, now_ms = self.key_nids, self.user_nids, self.now_ms
@@ -555,18 +566,10 @@ class _BatchWriter:
 
     # ---------------------------------------------------------------- pieces
 
-    def stored_events(self, event_nids) -> dict[int, dict]:
+    def stored_events(self, event_nids) -> dict[int, StoredEvent]:
         """Facts of the events stored before this batch, by nid (others left out)."""
-        wanted = set(event_nids)
-        unknown = [n for n in wanted if n not in self.stored_cache and n not in self.fresh_nids]
-        for nid, row in stored_events_txn(self.txn, unknown).items():
-            self.stored_cache[nid] = row._asdict()
-        found = {}
-        for n in wanted - self.fresh_nids:
-            facts = self.stored_cache.setdefault(n, None)  # None: known not to be stored
-            if facts is not None:
-                found[n] = facts
-        return found
+        fresh = self.fresh_nids
+        return stored_before_txn(self.txn, [n for n in set(event_nids) if n not in fresh])
 
     def check_room_versions(self, events: Sequence[PreparedEvent], room_nids: Mapping[str, int]) -> None:
         cache = self.p.room_versions

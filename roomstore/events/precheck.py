@@ -17,15 +17,27 @@ from roomstore.events.persist import EventPersister
 from roomstore.pdu.parsing import InvalidEventError, create_event_id_of
 from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.storage.database import Transaction
-from roomstore.events.tables.events import graph_state_groups_txn, rooms_and_types_txn, stored_events_txn
+from roomstore.events.tables.events import rooms_and_types_txn, stored_before_txn, stored_events_txn
 from roomstore.events.tables.room_state import forward_groups_txn
 from roomstore.storage.interning import Interners, chunks, rooms_and_versions_txn
 
 
 def stored_results_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> dict[str, PersistedEvent]:
     """``already_persisted`` results for those of ``events`` stored before,
-    by event ID (a read only: asked before any stream ID is reserved)."""
-    nids = interners.events.lookup(txn, {ev.event_id for ev in events})
+    by event ID (asked before any stream ID is reserved).
+
+    Where several writers share the database (PostgreSQL) the event IDs are
+    interned here rather than looked up: the write interns them anyway, and
+    the insert answers both questions in one statement (the nids reach the
+    write through ``txn.memo``); the IDs it inserts name no stored event.
+    """
+    ids = {ev.event_id for ev in events}
+    if txn.engine.single_writer:
+        nids = interners.events.lookup(txn, ids)
+    else:
+        inserted: set = set()
+        nids = interners.events.intern(txn, ids, created=inserted)
+        nids = {event_id: nid for event_id, nid in nids.items() if event_id not in inserted}
     by_nid = {nid: event_id for event_id, nid in nids.items()}
     rooms = {ev.event_id: ev.pdu.room_id for ev in events}
     found: dict[str, PersistedEvent] = {}
@@ -125,9 +137,10 @@ def _stored_prev_groups(
     prev_nids = interners.events.lookup(txn, outside)
     if len(prev_nids) < len(outside):
         return None
-    group_of: dict[int, int | None] = {}  # stored graph prev event nid -> its state group
-    for part in chunks(sorted(prev_nids.values())):
-        group_of.update(graph_state_groups_txn(txn, part))
+    # stored graph prev event nid -> its state group (the write asks the same, through the memo)
+    group_of = {
+        nid: facts.state_group for nid, facts in stored_before_txn(txn, prev_nids.values()).items() if not facts.outlier
+    }
     if len(group_of) < len(prev_nids):
         return None
     return prev_nids, group_of

@@ -241,6 +241,11 @@ def next_group_ids_txn(txn: Any, count: int) -> int:
     return txn.next_id("state_groups", "state_group", count)
 
 
+def group_ids_request(count: int) -> tuple[str, str, int]:
+    """``count`` group ids, for ``Transaction.reserve_ids`` (with other tables' ids, at once)."""
+    return ("state_groups", "state_group", count)
+
+
 def insert_groups_txn(txn: Any, groups: Sequence[tuple], deltas: Sequence[tuple]) -> None:
     """Queue :func:`group_rows`' rows for insertion in ``txn`` (the store's
     batched writes, see ``Transaction.insert_many``)."""

@@ -219,6 +219,10 @@ class StateGroupWrites:
         self.groups: list[tuple] = []
         self.deltas: list[tuple] = []
 
+    def ids_request(self) -> tuple[str, str, int]:
+        """The ``expected`` group ids, for ``Transaction.reserve_ids``."""
+        return tables.group_ids_request(self.expected)
+
     def flush(self, txn: Transaction) -> None:
         tables.insert_groups_txn(txn, self.groups, self.deltas)
         self.groups, self.deltas = [], []

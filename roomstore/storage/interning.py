@@ -175,6 +175,10 @@ def room_ids_of_sql(nids_sql: str) -> str:
     return f"SELECT r.room_nid, r.room_id FROM rooms r WHERE r.room_nid IN ({nids_sql})"
 
 
+#: A key this transaction has not asked about (``Interner._recall``).
+_UNASKED = object()
+
+
 class Interner:
     """Interns one kind of string id (or tuple of strings) into a table.
 
@@ -221,16 +225,42 @@ class Interner:
         """The nids of those ``keys`` that are interned already (no writes)."""
         result, missing = self._to_nid.split(keys)
         if missing:
+            missing = self._recall(txn, missing, result)
+        if missing:
             found = self._select(txn, missing)
             result.update(found)
             txn.call_after(self._remember, found)
+            memo = txn.memo.setdefault(self, {})
+            memo.update((key, (nid, False)) for key, nid in found.items())
+            if txn.engine.single_writer:
+                # The only writer: what is not there now is not there until this transaction inserts it.
+                memo.update((key, None) for key in missing if key not in found)
         return result
+
+    def _recall(self, txn: Transaction, keys: list, result: dict, created: set | None = None) -> list:
+        """What this transaction learned of ``keys`` before (``txn.memo``)
+        put in ``result`` (and the keys it inserted in ``created``); returns
+        the keys it has not asked about."""
+        memo = txn.memo.get(self)
+        if not memo:
+            return keys
+        rest = []
+        for key in keys:
+            known = memo.get(key, _UNASKED)
+            if known is _UNASKED:
+                rest.append(key)
+            elif known is not None:
+                result[key] = known[0]
+                if known[1] and created is not None:
+                    created.add(key)
+        return rest
 
     def intern(self, txn: Transaction, keys: Iterable, created: set | None = None) -> dict:
         """The nids of ``keys``, inserting those not interned yet.
 
-        ``created``, if given, receives the keys this call inserted: nothing
-        stored before can refer to their nids.
+        ``created``, if given, receives the keys this transaction inserted
+        (in this call or an earlier one of it): nothing stored before the
+        transaction can refer to their nids.
         """
         if not txn.engine.single_writer:
             # Insert what the cache does not know straight away: keys stored
@@ -239,6 +269,8 @@ class Interner:
             # than our snapshot: then start again). One statement fewer than
             # looking first, when the keys are new as they mostly are.
             result, missing = self._to_nid.split(keys)
+            if missing:
+                missing = self._recall(txn, missing, result, created)
             missing.sort()
             if not missing:
                 return result
@@ -257,6 +289,8 @@ class Interner:
             # chosen here so no SELECT is needed to learn them.
             wanted = list(dict.fromkeys(keys))
             result = self.lookup(txn, wanted)
+            if created is not None:
+                self._recall(txn, [k for k in wanted if k in result], {}, created)
             missing = sorted(k for k in wanted if k not in result)
             if not missing:
                 return result
@@ -272,6 +306,7 @@ class Interner:
         if created is not None:
             created.update(ours)
         result.update(found)
+        txn.memo.setdefault(self, {}).update((key, (nid, key in ours)) for key, nid in found.items())
         txn.call_after(self._remember, found)
         return result
 

@@ -203,6 +203,10 @@ class VisibilityWrites:
         self._snapshot_rows: list[tuple] = []
         self._membership_rows: list[tuple] = []
 
+    def ids_request(self) -> tuple[str, str, int]:
+        """The ``expected`` snapshot ids, for ``Transaction.reserve_ids``."""
+        return ("visibility_snapshots", "snapshot_nid", self.expected)
+
     def snapshot(self, txn: Transaction, snapshot_nid: int) -> tuple[int, int, int]:
         """(branch, seq, history visibility) of a snapshot."""
         known = self._snapshots.get(snapshot_nid)
@@ -260,7 +264,7 @@ class VisibilityWrites:
     def add_snapshot(
         self, txn: Transaction, room_nid: int, branch: int, seq: int, hv: int, membership_changes: Mapping[int, int]
     ) -> int:
-        snapshot = txn.next_id("visibility_snapshots", "snapshot_nid", self.expected)
+        snapshot = txn.next_id(*self.ids_request()[:2], self.expected)
         self._snapshots[snapshot] = (branch, seq, hv)
         self._tips[branch] = seq
         if branch not in self._new_branches:

@@ -180,3 +180,27 @@ class PersistTrapTests:
         topic = room.state("m.room.topic", "", {"topic": "t"}, prev=[])
         results = await store.persist_events([room.to_persist(topic), room.to_persist(create)])
         self.assertEqual(len(results), 2)
+
+    async def test_a_second_batch_in_one_transaction_is_refused_whole(self):
+        """``persist_txn`` writes one batch per transaction (the IDs the
+        transaction interned name no stored event only then): a second is an
+        error, and the transaction leaves nothing."""
+        store = await self.open_store()
+        room = RoomBuilder()
+        create, join = room.create(), room.join(ALICE)
+        await store.persist_events([room.to_persist(create), room.to_persist(join)])
+        message = room.message(ALICE, "once")
+        first_batch = []
+
+        def precheck_that_writes(txn, persister, events, resolved):
+            first_batch.extend(events)
+            persister.persist_txn(txn, events, [10**9], [], resolved)
+            return {}
+
+        store._precheck = precheck_that_writes
+        with self.assertRaises(RuntimeError) as raised:
+            await store.persist_events([room.to_persist(message)])
+        self.assertIn("one batch per transaction", str(raised.exception))
+        self.assertEqual([ev.event_id for ev in first_batch], [message.event_id])
+        self.assertEqual(await store.get_event(message.event_id), None)
+        self.assertEqual(store.get_current_token(), "s2")

@@ -218,12 +218,16 @@ def history_visibility_json_txn(txn: Transaction, nids: Sequence[int]) -> list[t
     ).fetchall()
 
 
-def graph_state_groups_txn(txn: Transaction, nids: Sequence[int]) -> list[tuple]:
-    """``(nid, state_group)`` of the non-outliers among ``nids`` (one chunk)."""
-    marks = ", ".join("?" for _ in nids)
-    return txn.execute(
-        f"SELECT event_nid, state_group FROM events WHERE event_nid IN ({marks}) AND outlier = ?", (*nids, False)
-    ).fetchall()
+def stored_before_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, StoredEvent]:
+    """``stored_events_txn`` for the steps of one write: what they asked
+    before is answered from ``txn.memo`` (absent events too). Only for events
+    stored before the write's own rows: it does not see those."""
+    known = txn.memo.setdefault(stored_before_txn, {})
+    unasked = [nid for nid in nids if nid not in known]
+    if unasked:
+        found = stored_events_txn(txn, unasked)
+        known.update((nid, found.get(nid)) for nid in unasked)
+    return {nid: facts for nid in nids if (facts := known[nid]) is not None}
 
 
 def rooms_and_types_txn(txn: Transaction, nids: Sequence[int]) -> list[tuple]:
