@@ -63,7 +63,7 @@ from canonicaljson import encode_canonical_json
 
 from roomstore.pdu.hashing import compute_event_id
 from roomstore.pdu.redaction_algorithm import redacts_of
-from roomstore.pdu.room_versions import EventIdFormat, RoomVersion
+from roomstore.pdu.room_versions import EventIdFormat, RoomVersion, get_room_version
 
 __all__ = [
     "CANONICALJSON_MAX_INT",
@@ -158,12 +158,43 @@ class ParsedPdu:
     room_version: RoomVersion = attrs.field(repr=lambda v: f"<room version {v.identifier}>")
     #: The bytes exactly as received (left out of repr: up to 64 KiB).
     raw: bytes = attrs.field(repr=False)
-    content: Mapping[str, Any] = attrs.field(eq=False, repr=False)
-    #: The whole parsed JSON object.
-    event_dict: Mapping[str, Any] = attrs.field(eq=False, repr=False)
+    #: ``content`` and ``event_dict`` (the properties): given, or, for a PDU
+    #: that crossed a process boundary (``__reduce__``), None until first
+    #: asked for, then decoded from ``raw``.
+    _content: Mapping[str, Any] | None = attrs.field(alias="content", eq=False, repr=False)
+    _event_dict: Mapping[str, Any] | None = attrs.field(alias="event_dict", eq=False, repr=False)
     #: Whether the JSON may hold a float (the parser saw one): canonical JSON
     #: of it then takes canonicaljson's path (``roomstore.pdu.canonical``).
     has_floats: bool = attrs.field(default=True, eq=False, repr=False)
+
+    @property
+    def event_dict(self) -> Mapping[str, Any]:
+        """The whole parsed JSON object."""
+        event = self._event_dict
+        if event is None:
+            # ``raw`` passed parse_pdu where this PDU was made: the plain
+            # decoder gives the same object without the checks' hooks.
+            event = json.loads(self.raw)
+            object.__setattr__(self, "_event_dict", event)
+        return event
+
+    @property
+    def content(self) -> Mapping[str, Any]:
+        content = self._content
+        if content is None:
+            content = self.event_dict["content"]
+            object.__setattr__(self, "_content", content)
+        return content
+
+    def __reduce__(self):
+        # Pickled (a validation worker's reply) without its dicts: they are
+        # most of the pickle and of the receiver's work, which seldom needs
+        # them; the room version by its identifier.
+        return _unpickled_pdu, (
+            self.event_id, self.room_id, self.sender, self.type, self.state_key, self.depth,
+            self.origin_server_ts, self.prev_event_ids, self.auth_event_ids, self.redacts, self.membership,
+            self.room_version.identifier, self.raw, self.has_floats,
+        )
 
     @property
     def is_state(self) -> bool:
@@ -183,6 +214,15 @@ class ParsedPdu:
         if self.room_version.room_id_is_create_hash and not self.is_create:
             return (*self.auth_event_ids, create_event_id_of(self.room_id))
         return self.auth_event_ids
+
+
+def _unpickled_pdu(event_id, room_id, sender, event_type, state_key, depth, origin_server_ts, prev_event_ids,
+                   auth_event_ids, redacts, membership, room_version_id, raw, has_floats) -> ParsedPdu:
+    """``ParsedPdu.__reduce__``'s inverse (the dicts decoded when first asked for)."""
+    return ParsedPdu(
+        event_id, room_id, sender, event_type, state_key, depth, origin_server_ts, prev_event_ids, auth_event_ids,
+        redacts, membership, get_room_version(room_version_id), raw, None, None, has_floats,
+    )
 
 
 def create_event_id_of(room_id: str) -> str:
