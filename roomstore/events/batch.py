@@ -92,6 +92,14 @@ class PreparedEvent:
     signatures_checked: bool = False
     event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
 
+    def __reduce__(self):
+        # Unpickled by its constructor: attrs' own __setstate__ for slotted
+        # classes is Python, and was half of a validation reply's unpickling.
+        return PreparedEvent, (
+            self.pdu, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
+            self.content_hash_mismatch, self.signatures_checked,
+        )
+
 
 def peek_room_version(raw: bytes) -> tuple[str | None, str | None, str | None]:
     """(room_id, type, content.room_version) from raw bytes, for version lookup."""
