@@ -49,6 +49,13 @@ class EventToPersist:
     backfilled: bool = False
     state_before: Mapping[StateKey, str] | StateDelta | None = None
 
+    def __reduce__(self):
+        # Pickled (to a validation worker) through its constructor, not
+        # attrs' slotted __getstate__, which is Python.
+        return EventToPersist, (
+            self.raw, self.room_version, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
+        )
+
 
 @attrs.frozen
 class PersistedEvent:
