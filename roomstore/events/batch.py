@@ -49,6 +49,13 @@ class EventToPersist:
     backfilled: bool = False
     state_before: Mapping[StateKey, str] | StateDelta | None = None
 
+    def __reduce__(self):
+        # Pickled (to a validation worker) through its constructor, not
+        # attrs' slotted __getstate__, which is Python.
+        return EventToPersist, (
+            self.raw, self.room_version, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
+        )
+
 
 @attrs.frozen
 class PersistedEvent:
@@ -91,6 +98,14 @@ class PreparedEvent:
     #: Every signature it needs was verified (``pdu/signatures.py``).
     signatures_checked: bool = False
     event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
+
+    def __reduce__(self):
+        # Unpickled by its constructor: attrs' own __setstate__ for slotted
+        # classes is Python, and was half of a validation reply's unpickling.
+        return PreparedEvent, (
+            self.pdu, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
+            self.content_hash_mismatch, self.signatures_checked,
+        )
 
 
 def peek_room_version(raw: bytes) -> tuple[str | None, str | None, str | None]:
