@@ -206,6 +206,8 @@ class RoomStore:
         if config.censor_interval_ms is not None:
             store._censor_job = store.censor
             store._censor_job.start(config.censor_interval_ms)
+        if config.writes_anything():
+            await store.validator.start()
         return store
 
     def writer_lock_lost(self) -> "defer.Deferred | None":

@@ -104,6 +104,19 @@ class BatchValidator:
         chunks = [list(events[bounds[i]:bounds[i + 1]]) for i in range(parts)]
         return await self._on_thread(self._in_processes, chunks, args)
 
+    async def start(self) -> None:
+        """Start the worker processes now, not with the first batch that
+        needs them: a worker's start (an interpreter importing the package)
+        then delays no batch. ``RoomStore.open`` calls it."""
+        if self._processes > 0 and not self._closed:
+            await self._on_thread(self._spawn_workers, self._processes)
+
+    def _spawn_workers(self, count: int) -> None:
+        """(On the validator's thread.) Live workers topped up to ``count``."""
+        self._workers = [w for w in self._workers if w.alive()]
+        while len(self._workers) < count:
+            self._workers.append(_Worker.spawn())
+
     async def _on_thread(self, fn, *args):
         if not self._started:
             self._pool.start()
@@ -115,9 +128,7 @@ class BatchValidator:
         """(On the validator's thread.) Each chunk to a worker, all at once,
         then every reply read in order before the first error is raised, so
         each worker's pipe stays in step."""
-        self._workers = [w for w in self._workers if w.alive()]
-        while len(self._workers) < len(chunks):
-            self._workers.append(_Worker.spawn())
+        self._spawn_workers(len(chunks))
         sent = [(worker if worker.send((chunk, *args)) else None, chunk) for worker, chunk in zip(self._workers, chunks)]
         outcomes = []
         for worker, chunk in sent:

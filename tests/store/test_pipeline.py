@@ -241,3 +241,25 @@ class ProcessCountTests(unittest.TestCase):
         with self.assertRaises(ValueError) as caught:
             BatchValidator(reactor, processes=-1)
         self.assertIn("0 or more", str(caught.exception))
+
+
+class StartTests(unittest.TestCase):
+    """A store with validation processes has them running once it is open,
+    so the first batch waits for no interpreter to start."""
+
+    async def test_workers_run_once_the_store_is_open(self):
+        path = self.mktemp() + ".db"
+        store = await RoomStore.open(f"sqlite:///{path}", StoreConfig(validation_processes=2))
+        self.addCleanup(store.close)
+        self.assertEqual(len(store.validator._workers), 2)
+        self.assertTrue(all(w.alive() for w in store.validator._workers))
+        room, built = linear_room(60)
+        results = await store.persist_events([room.to_persist(e) for e in built])
+        self.assertEqual(len(results), len(built))
+        self.assertEqual(store.validator.fallbacks, 0)
+
+    async def test_no_workers_by_default(self):
+        validator = BatchValidator(reactor)
+        self.addCleanup(validator.close)
+        await validator.start()
+        self.assertEqual(validator._workers, [])
