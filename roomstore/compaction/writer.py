@@ -171,7 +171,10 @@ class _Connection:
 
     def __init__(self, url: str) -> None:
         self.engine = engine_from_url(url)
-        self.conn = self.engine.connect()
+        # As the pool's connections: on PostgreSQL the transaction's BEGIN
+        # travels with its first statement (one round trip less each; a
+        # 1,000-room run has about 2,000 transactions).
+        self.conn = self.engine.connect(pooled=True)
 
     def sql(self, text: str) -> str:
         return self.engine.convert_sql(text)
