@@ -27,6 +27,7 @@ state in both databases after the run checked against the generator's groups.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -95,10 +96,14 @@ def compare(admin: str, label: str, shapes, seed: int, cluster: SparkCluster, me
         rows_before = table_figures(template, "state_groups_state", SYNAPSE_TABLES, full=True)
         edges_before = edge_count(template)
         load_ours = load_average()
-        ours_s, roles = run_ours(ours, cluster, memory, chunk_groups, work, target="--synapse")
+        summary = os.path.join(work, "summary.json")
+        ours_s, roles = run_ours(ours, cluster, memory, chunk_groups, work, target="--synapse",
+                                 extra=("--summary-json", summary))
         ours_peak = max(peak for _, peak in roles.values())
         print(f"  roomstore-compact --synapse: {ours_s:.0f}s, largest process {ours_peak / MIB:.0f} MiB"
               f" (load before {load_ours})", flush=True)
+        timings = json.loads(Path(summary).read_text())["timings_s"]
+        print("  the job's phases (timings_s): " + ", ".join(f"{k} {v}" for k, v in timings.items()), flush=True)
         print("  peak RSS MiB by role: " + ", ".join(
             f"{role} {peak / MIB:.0f} ({count})" for role, (count, peak) in sorted(roles.items())), flush=True)
         load_theirs = load_average()
@@ -147,8 +152,6 @@ def profile_ours(admin: str, label: str, shapes, seed: int, cluster: SparkCluste
                  runs: int, explain_ms: int = 0) -> None:
     """Exploring: fill once, then ours alone ``runs`` times, each on a fresh copy; each run's wall time, the job's
     phase timings (its summary's ``timings_s``), rows after and mismatches. No auto-compressor, no table."""
-    import json
-
     tag = f"{os.getpid()}_profile"
     work = tempfile.mkdtemp(prefix="roomstore-bench-synapse-")
     template = synapse_schema_database(admin)
