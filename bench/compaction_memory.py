@@ -164,11 +164,13 @@ class PeakSampler:
 # the two tools
 
 
-def run_ours(url: str, cluster: SparkCluster, memory: str, chunk_groups: int, work: str, target: str = "--db"):
-    """(wall seconds, role -> (processes, peak bytes)) of the job on the cluster; ``target``: ``--db`` or ``--synapse``."""
+def run_ours(url: str, cluster: SparkCluster, memory: str, chunk_groups: int, work: str, target: str = "--db",
+             extra: Tuple[str, ...] = ()):
+    """(wall seconds, role -> (processes, peak bytes)) of the job on the cluster; ``target``: ``--db`` or
+    ``--synapse``; ``extra``: more job options (``--summary-json PATH``)."""
     log_path = os.path.join(work, "job.log")
     cmd = [str(ROOT / "bin" / "roomstore-compact"), "--master", cluster.url, *cluster.submit_options(memory),
-           "--driver-memory", memory, target, url, "--levels", LEVELS, "--chunk-groups", str(chunk_groups)]
+           "--driver-memory", memory, target, url, "--levels", LEVELS, "--chunk-groups", str(chunk_groups), *extra]
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     with open(log_path, "w") as log:
         start = time.perf_counter()

@@ -22,11 +22,16 @@ indexes after ``VACUUM FULL``, wall time, peak RSS, the ratios ours/theirs, and 
 state in both databases after the run checked against the generator's groups.
 
     bench/with-postgres .venv/bin/python bench/compaction_synapse.py [--workloads room,rooms] [--groups 26000,50500,95000]
+
+Each comparison also prints the job's phase timings (its summary's ``timings_s``). Exploring: ``--ours-only N``
+fills each workload once and runs only ours N times on fresh copies (no auto-compressor); ``--explain-ms MS`` with
+it has PostgreSQL log the plans of statements slower than MS (auto_explain).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -95,10 +100,14 @@ def compare(admin: str, label: str, shapes, seed: int, cluster: SparkCluster, me
         rows_before = table_figures(template, "state_groups_state", SYNAPSE_TABLES, full=True)
         edges_before = edge_count(template)
         load_ours = load_average()
-        ours_s, roles = run_ours(ours, cluster, memory, chunk_groups, work, target="--synapse")
+        summary = os.path.join(work, "summary.json")
+        ours_s, roles = run_ours(ours, cluster, memory, chunk_groups, work, target="--synapse",
+                                 extra=("--summary-json", summary))
         ours_peak = max(peak for _, peak in roles.values())
         print(f"  roomstore-compact --synapse: {ours_s:.0f}s, largest process {ours_peak / MIB:.0f} MiB"
               f" (load before {load_ours})", flush=True)
+        timings = json.loads(Path(summary).read_text())["timings_s"]
+        print("  the job's phases (timings_s): " + ", ".join(f"{k} {v}" for k, v in timings.items()), flush=True)
         print("  peak RSS MiB by role: " + ", ".join(
             f"{role} {peak / MIB:.0f} ({count})" for role, (count, peak) in sorted(roles.items())), flush=True)
         load_theirs = load_average()
@@ -124,6 +133,62 @@ def compare(admin: str, label: str, shapes, seed: int, cluster: SparkCluster, me
             drop(admin, url)
 
 
+def explain_slow(admin: str, ms: int) -> str:
+    """Exploring: PostgreSQL logs the plan (EXPLAIN ANALYZE) of every statement slower than ``ms`` to its server
+    log (auto_explain in new sessions); the log's path."""
+    import psycopg2
+
+    conn = psycopg2.connect(admin)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("LOAD 'auto_explain'")  # its settings are known to ALTER SYSTEM once loaded
+        for setting, value in (("session_preload_libraries", "auto_explain"), ("auto_explain.log_min_duration", ms),
+                               ("auto_explain.log_analyze", "on"), ("auto_explain.log_nested_statements", "on")):
+            cur.execute(f"ALTER SYSTEM SET {setting} = %s", (str(value),))
+        cur.execute("SELECT pg_reload_conf()")
+        cur.execute("SHOW data_directory")
+        data = cur.fetchone()[0]
+    conn.close()
+    return str(Path(data).parent / "server.log")
+
+
+def profile_ours(admin: str, label: str, shapes, seed: int, cluster: SparkCluster, memory: str, chunk_groups: int,
+                 runs: int, explain_ms: int = 0) -> None:
+    """Exploring: fill once, then ours alone ``runs`` times, each on a fresh copy; each run's wall time, the job's
+    phase timings (its summary's ``timings_s``), rows after and mismatches. No auto-compressor, no table."""
+    tag = f"{os.getpid()}_profile"
+    work = tempfile.mkdtemp(prefix="roomstore-bench-synapse-")
+    template = synapse_schema_database(admin)
+    started = time.perf_counter()
+    info = load_dataset(synapse_url=template, seed=seed, shapes=shapes)
+    info.key_ids = KeyIds()
+    print(f"{label}: {len(info.rooms):,} room(s), {info.state_groups:,} groups, {info.rows:,} state rows, loaded in"
+          f" {time.perf_counter() - started:.0f}s", flush=True)
+    template_name = urllib.parse.urlsplit(template).path.lstrip("/")
+    server_log = explain_slow(admin, explain_ms) if explain_ms else None
+    try:
+        for run in range(runs):
+            ours = create_database(admin, f"rs_bench_syn_ours_{tag}", template_name)
+            summary = os.path.join(work, f"summary{run}.json")
+            load = load_average()
+            seconds, roles = run_ours(ours, cluster, memory, chunk_groups, work, target="--synapse",
+                                      extra=("--summary-json", summary))
+            timings = json.loads(Path(summary).read_text())["timings_s"]
+            rows = table_figures(ours, "state_groups_state", SYNAPSE_TABLES, full=False)[0]
+            bad = check_all(info, lambda i: read_synapse_room(ours, info.rooms[i][0], info.key_ids))
+            print(f"  run {run + 1}: {seconds:.1f}s (load before {load}), rows after {rows:,}, mismatched {bad[0]},"
+                  f" largest process {max(p for _, p in roles.values()) / MIB:.0f} MiB", flush=True)
+            print("    timings_s: " + ", ".join(f"{k} {v}" for k, v in timings.items()), flush=True)
+            drop(admin, ours)
+            if server_log:
+                import shutil
+
+                shutil.copy(server_log, os.path.join(work, "server.log"))
+                print(f"    slow statements' plans: {work}/server.log", flush=True)
+    finally:
+        drop(admin, template)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="room,rooms", help="room (one large room per --groups), rooms (1,000)")
@@ -132,6 +197,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--memory", default="1g", help="driver and executor memory (default 1g)")
     parser.add_argument("--chunk-groups", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--ours-only", type=int, default=0, metavar="N",
+                        help="exploring: fill each workload once and run only ours N times on fresh copies,"
+                             " printing the job's phase timings (no auto-compressor, no table)")
+    parser.add_argument("--explain-ms", type=int, default=0, metavar="MS",
+                        help="with --ours-only: log the plans of statements slower than MS (auto_explain)")
     args = parser.parse_args(argv)
     admin = os.environ.get("ROOMSTORE_BENCH_POSTGRES")
     if not admin:
@@ -144,6 +214,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     rows = []
     with SparkCluster(workers=1, cores=2, memory=args.memory) as cluster:
         print(f"Spark standalone cluster at {cluster.url} (1 worker, 2 cores, {args.memory})", flush=True)
+        if args.ours_only:
+            for workload in workloads:
+                shapes = list(MIXED_ROOMS) if workload == "rooms" else [huge_room(int(args.groups.split(",")[0]))]
+                profile_ours(admin, workload, shapes, args.seed, cluster, args.memory, args.chunk_groups,
+                             args.ours_only, args.explain_ms)
+            return
         if "room" in workloads:
             for groups in (int(g) for g in args.groups.split(",")):
                 rows.append(compare(admin, f"one room, {groups:,} groups", [huge_room(groups)], args.seed, cluster,

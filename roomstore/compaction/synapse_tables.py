@@ -9,7 +9,10 @@ docs/compaction.md ("Compacting a Synapse database").
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+import attrs
 
 from roomstore.compaction import synapse_sql as sql
 from roomstore.compaction.chunks import StagedChunk
@@ -25,18 +28,21 @@ _ORDERED_SCHEMA = (
 )
 
 
-def room_partitions(sizes: Sequence[Tuple[int, int, int]], partitions: int) -> List[List[Tuple[int, int]]]:
+def room_partitions(
+    sizes: Sequence[Tuple[int, int, int]], partitions: int, first_share: float = 1.0
+) -> List[List[Tuple[int, int]]]:
     """``(room_nid, first group, groups)`` of every room cut into at most
     about ``partitions`` lists of ``(room_nid, first group)`` with about the
     same number of groups each, in the order given; a room with more groups
-    than a share gets a list of its own."""
+    than a share gets a list of its own. The first list gets ``first_share``
+    of a share (the job's first results come sooner, so its writes start)."""
     total = sum(n for _, _, n in sizes)
     share = max(1, -(-total // max(1, partitions)))
     out: List[List[Tuple[int, int]]] = []
     current: List[Tuple[int, int]] = []
     filled = 0
     for nid, first, n in sizes:
-        if current and filled + n > share:
+        if current and filled + n > (share if out else max(1, int(share * first_share))):
             out.append(current)
             current, filled = [], 0
         current.append((nid, first))
@@ -54,6 +60,10 @@ class SynapseTables(StateTables):
     layout = "synapse"
     statements = sql
     lock_name = LOCK_NAME
+
+    def __init__(self) -> None:
+        #: Seconds spent in the swap's steps (the run summary's ``timings_s``).
+        self.step_times: Dict[str, float] = {}
 
     def check_schema(self, db: Any) -> None:
         if db.engine.name != "postgres":
@@ -139,6 +149,8 @@ class SynapseTables(StateTables):
         so the first partition's rooms are planned (and written by the
         driver) while the next ones are read."""
 
+        source = self.read_source(source)
+
         def frame(rooms: List[Tuple[int, int]]):
             nids = {nid for nid, _ in rooms}
             part_needs = [n for n in needs if n[0] in nids]
@@ -147,7 +159,17 @@ class SynapseTables(StateTables):
             )
             return lambda: source.read(spark, f"({table}) AS sgr", _ORDERED_SCHEMA)
 
-        return [frame(rooms) for rooms in room_partitions(sizes, partitions)]
+        # The driver writes nothing until a partition is planned: the first is
+        # a quarter of the others (and its rooms, as the others', in the
+        # statement's order).
+        return [frame(rooms) for rooms in room_partitions(sizes, partitions, first_share=0.25)]
+
+    @staticmethod
+    def read_source(source: Any) -> Any:
+        """``source`` whose connections look rows up by index (:data:`synapse_sql.READ_OPTIONS`, after the
+        URL's own options)."""
+        options = " ".join(filter(None, [source.properties.get("options"), sql.READ_OPTIONS]))
+        return attrs.evolve(source, properties={**source.properties, "options": options})
 
     def sort_columns(self) -> Sequence[str]:
         return ("room_nid", "sort_id", "kind", "state_group", "type", "state_key")
@@ -176,7 +198,13 @@ class SynapseTables(StateTables):
 
     def stage(self, db: Any, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
         key = tuple(int(k) for k in key)
-        group_rows = [key + (int(g), 0, op, int(rows), int(ck), np_, int(rw)) for g, op, rows, ck, np_, _chain, rw in chunk.groups]
+        # Kept groups that are an old or new predecessor of a rewritten one
+        # are staged with rewrite = 2: the swap re-counts their rows.
+        bases = {p for _, op, _, _, np_, _, rw in chunk.groups if rw for p in (op, np_) if p is not None}
+        group_rows = [
+            key + (int(g), 0, op, int(rows), int(ck), np_, int(rw) if rw else sql.KEPT_BASE if g in bases else 0)
+            for g, op, rows, ck, np_, _chain, rw in chunk.groups
+        ]
         group_rows += [key + (int(ref), 1, None, 0, 0, None, 0) for ref in chunk.refs]
         delta_rows = [key + (int(g), t, k, e) for g, t, k, e in chunk.deltas]
         for table, columns, rows in (
@@ -199,23 +227,41 @@ class SynapseTables(StateTables):
            re-check sees it) or waits for this swap;
         2. re-check: every group of the chunk exists, none is pending
            deletion, none of the chunk's is being persisted, each has the
-           edge the job read, and the groups of step 1 the row count and
-           checksum it read; otherwise nothing is written;
+           edge the job read, and the predecessors of step 1 that are not
+           rewritten the row count and checksum it read; otherwise nothing
+           is written;
         3. a no-op update of the new
            predecessors (see :data:`synapse_sql.SWAP_TOUCH_BASES`);
-        4. replace the rewritten groups' edges and rows.
+        4. delete the rewritten groups' rows, counting and summing them as
+           they go: a group whose rows are not the ones the job read rolls
+           steps 3-4 back (a savepoint) and nothing is written;
+        5. replace the rewritten groups' edges and insert their new rows.
         """
         # Statements go in three round trips (PostgreSQL runs a multi-statement
         # execute in order and returns the last one's result): the lock with
-        # the re-check, the touch with the rows' deletion, the edges with the
-        # new rows.
+        # the re-check, the savepoint and the touch with the rows' deletion,
+        # the edges with the new rows.
         lock_and_check = q(sql.SWAP_LOCK_GROUPS) + "; " + q(sql.SWAP_RECHECK)
+        t = time.monotonic()
         cur.execute(lock_and_check, key * (lock_and_check.count("%s") // 3))
         changed = cur.fetchall()
+        t = self._step("swap_lock_recheck", t)
         if changed:
             return [(g, is_ref, reason) for g, is_ref, reason in changed], 0, 0
-        cur.execute(q(sql.SWAP_TOUCH_BASES) + "; " + q(sql.SWAP_DELETE_ROWS), key * 2)
-        deleted = cur.rowcount
+        cur.execute("SAVEPOINT swap_rows; " + q(sql.SWAP_TOUCH_BASES) + "; " + q(sql.SWAP_DELETE_ROWS), key * 3)
+        deleted, changed_rows = cur.fetchone()
+        t = self._step("swap_delete_rows", t)
+        if changed_rows:
+            # A rewritten group's rows are not the ones read: nothing of the
+            # swap stays (the lock row's heartbeat does).
+            cur.execute("ROLLBACK TO SAVEPOINT swap_rows")
+            return [(g, 0, "changed since it was read") for g in changed_rows], 0, 0
         cur.execute("; ".join(q(t) for t in (sql.SWAP_DELETE_EDGES, sql.SWAP_INSERT_EDGES, sql.SWAP_INSERT_ROWS)), key * 3)
         inserted = cur.rowcount
+        self._step("swap_insert", t)
         return None, deleted, inserted
+
+    def _step(self, name: str, since: float) -> float:
+        now = time.monotonic()
+        self.step_times[name] = self.step_times.get(name, 0.0) + now - since
+        return now

@@ -171,7 +171,10 @@ class _Connection:
 
     def __init__(self, url: str) -> None:
         self.engine = engine_from_url(url)
-        self.conn = self.engine.connect()
+        # As the pool's connections: on PostgreSQL the transaction's BEGIN
+        # travels with its first statement (one round trip less each; a
+        # 1,000-room run has about 2,000 transactions).
+        self.conn = self.engine.connect(pooled=True)
 
     def sql(self, text: str) -> str:
         return self.engine.convert_sql(text)
@@ -226,6 +229,8 @@ class CompactionWriter:
         self.heartbeat_s = heartbeat_s
         self.before_commit = before_commit
         self.db = _Connection(db_url)
+        #: Seconds spent in steps of the swaps (the run summary's ``timings_s``).
+        self.step_times: dict[str, float] = {}
         self.has_lock = False
         self._lock_lost = threading.Event()
         self._stop_heartbeat = threading.Event()
@@ -553,12 +558,21 @@ class CompactionWriter:
             if room_outcome is not None:
                 progress.append(self._room_row(run.run_id, room_outcome, now))
             # The progress rows and the staging rows' removal travel together.
+            t = time.monotonic()
             self._execute_all(cur, progress + self._delete_staged_statements(*key))
+            self._step("swap_progress", t)
             if self.before_commit is not None:
                 self.before_commit(cur, room_nid, first_group)
             return SwapResult("swapped", "", deleted, inserted)
 
-        return self.db.run(txn)
+        started = time.monotonic()
+        result = self.db.run(txn)
+        self._step("swap_total", started)
+        return result
+
+    def _step(self, name: str, since: float) -> None:
+        """Account the seconds since ``since`` to ``step_times[name]`` (the run summary's ``timings_s``)."""
+        self.step_times[name] = self.step_times.get(name, 0.0) + time.monotonic() - since
 
     def record_room(self, run: RunState, outcome: RoomOutcome) -> None:
         """Record a room's outcome (rooms whose last step was not a swap)."""

@@ -31,6 +31,13 @@ class RoomPartitionsTests(unittest.TestCase):
         for part in parts:
             self.assertTrue(len(part) == 1 or sum(sizes_of[n] for n, _ in part) <= share, part)
         self.assertEqual(room_partitions([], 4), [])
+        # A smaller first partition: its results come first, so the writes start sooner.
+        small_first = room_partitions(many, 8, first_share=0.25)
+        self.assertEqual([room for part in small_first for room in part], [(n, f) for n, f, _ in many])
+        self.assertLessEqual(sum(sizes_of[n] for n, _ in small_first[0]), share // 4)
+        self.assertGreater(sum(sizes_of[n] for n, _ in small_first[0]), share // 4 - 7)
+        for part in small_first[1:]:
+            self.assertTrue(len(part) == 1 or sum(sizes_of[n] for n, _ in part) <= share, part)
 
 
 class WholeRoomsTests(unittest.TestCase):
@@ -108,3 +115,33 @@ class OrderedSqlTests(unittest.TestCase):
         expected = [(room, sort_id, 0, b, None, t, k, e, None)
                     for room, sort_id, b in needs for bg, t, k, e in states if bg == b]
         self.assertEqual(sorted((r for r in ordered if r[2] == 0), key=repr), sorted(expected, key=repr))
+        # The reads' connections plan it with index lookups only (synapse_sql.READ_OPTIONS): the same rows, in the
+        # same order.
+        import psycopg2
+
+        conn = psycopg2.connect(dsn, options=sql.READ_OPTIONS)
+        self.addCleanup(conn.close)
+        with conn.cursor() as cur:
+            cur.execute("SHOW enable_seqscan")
+            self.assertEqual(cur.fetchone()[0], "off")
+            cur.execute(sql.jdbc_ordered_rows(snap, where, [f for _, f, _ in sizes], needs, boundary))
+            self.assertEqual(cur.fetchall(), ordered)
+
+    def test_the_reads_connections_run_without_jit_and_with_index_lookups(self) -> None:
+        from roomstore.compaction import synapse_sql as sql
+        from roomstore.compaction.job.jdbc import jdbc_url
+        from roomstore.compaction.job.reading import JdbcSource
+        from roomstore.storage.engines import engine_from_url
+
+        url, props = jdbc_url(engine_from_url("postgresql://u@db.test:5433/synapse?options=-c%20statement_timeout%3D0"))
+        self.assertEqual(url, "jdbc:postgresql://db.test:5433/synapse")
+        # JIT off first, so the URL's own options (after it) can turn it back on.
+        self.assertEqual(props["options"], "-c jit=off -c statement_timeout=0")
+        self.assertEqual(jdbc_url(engine_from_url("postgresql://u@db.test/synapse"))[1]["options"], "-c jit=off")
+        source = JdbcSource.from_db_url("postgresql://u@db.test/synapse")
+        from roomstore.compaction.synapse_tables import SynapseTables
+
+        read = SynapseTables.read_source(source)
+        self.assertEqual(read.properties["options"], "-c jit=off " + sql.READ_OPTIONS)
+        self.assertEqual(read.properties["user"], "u")
+        self.assertEqual(source.properties["options"], "-c jit=off")  # the source itself unchanged

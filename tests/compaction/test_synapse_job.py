@@ -389,18 +389,19 @@ class SynapseSwapTests(unittest.TestCase):
 
     def chunk(self):
         """Group ids[3] rewritten as a delta on ids[0] (the chunk: ids[1..3])."""
+        from roomstore.compaction import synapse_sql
         from roomstore.compaction.chunks import StagedChunk
-        from roomstore.compaction.job.synapse_rows import text_row_checksum
 
         ids = self.ids
         states = self.oracle.states(self.dsn, ids[:4])
         groups = []
         for g in ids[1:4]:
-            rows = pg_query(self.dsn, "SELECT type, state_key, event_id FROM state_groups_state WHERE state_group = %s", (g,))
+            rows, checksum = pg_query(
+                self.dsn, f"SELECT COUNT(*), COALESCE(SUM({synapse_sql.CHECKSUM_SQL}), 0) FROM state_groups_state d"
+                " WHERE state_group = %s", (g,))[0]
             prev = pg_query(self.dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (g,))[0][0]
-            checksum = sum(text_row_checksum(*r) for r in rows)
             rewrite = g == ids[3]
-            groups.append((g, prev, len(rows), checksum, ids[0] if rewrite else prev, 0, 1 if rewrite else 0))
+            groups.append((g, prev, rows, int(checksum), ids[0] if rewrite else prev, 0, 1 if rewrite else 0))
         new = {k: v for k, v in states[ids[3]].items() if states[ids[0]].get(k) != v}
         self.assertFalse([k for k in states[ids[0]] if k not in states[ids[3]]])  # no removal needed
         deltas = [(ids[3], t, k, e) for (t, k), e in sorted(new.items())]
@@ -425,14 +426,21 @@ class SynapseSwapTests(unittest.TestCase):
             ("is being persisted", ids[3],
              "INSERT INTO state_groups_persisting (state_group, instance_name) VALUES (%s, 'master')",
              "DELETE FROM state_groups_persisting WHERE state_group = %s"),
-            ("changed since it was read", ids[3],
+            ("changed since it was read", ids[3],  # the rewritten group: a row more
+             "INSERT INTO state_groups_state VALUES (%s, 'x', 'm.room.topic', 'extra', '$extra')",
+             "DELETE FROM state_groups_state WHERE state_group = %s AND state_key = 'extra'"),
+            ("changed since it was read", ids[3],  # the rewritten group: as many rows, one different
+             "UPDATE state_groups_state SET event_id = event_id || '#changed' WHERE ctid = (SELECT MIN(ctid)"
+             " FROM state_groups_state WHERE state_group = %(g)s) AND state_group = %(g)s",
+             "UPDATE state_groups_state SET event_id = replace(event_id, '#changed', '') WHERE state_group = %s"),
+            ("changed since it was read", ids[2],  # the rewritten group's old predecessor, not rewritten
              "INSERT INTO state_groups_state VALUES (%s, 'x', 'm.room.topic', 'extra', '$extra')",
              "DELETE FROM state_groups_state WHERE state_group = %s AND state_key = 'extra'"),
         ]
         for reason, group, make, undo in cases:
             chunk = self.chunk()
             self.writer.stage_chunk(self.run, chunk)
-            pg_query(dsn, make, (group,))
+            pg_query(dsn, make, {"g": group} if "%(g)s" in make else (group,))
             try:
                 result = self.writer.swap_chunk(self.run, self.nid, chunk.first_group, (chunk.last_group, 0, 0, 1))
             finally:

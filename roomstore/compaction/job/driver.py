@@ -198,6 +198,8 @@ class Driver:
                 spark.stop()
             writer.close()
             self.timings["total"] = time.monotonic() - t0
+            self.timings.update(writer.step_times)
+            self.timings.update(getattr(self.tables, "step_times", {}))
         self.report(started)
         failed = [r for r in self.all_rooms() if r.status in FAILED_STATUSES]
         if failed:

@@ -56,6 +56,11 @@ def jdbc_url(engine: Any) -> Tuple[str, Dict[str, str]]:
     if parsed.password:
         props["password"] = urllib.parse.unquote(parsed.password)
     props.update(urllib.parse.parse_qsl(parsed.query))
+    # JIT off, as on the job's own connections (PostgresEngine.connect), unless
+    # the URL's options set it: each partition's sorted read costs above
+    # jit_above_cost, and compiling its expressions took longer than running
+    # them.
+    props["options"] = " ".join(filter(None, ["-c jit=off", props.get("options")]))
     host = parsed.hostname or "localhost"
     if ":" in host:
         host = f"[{host}]"

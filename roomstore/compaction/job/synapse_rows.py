@@ -7,9 +7,8 @@ on, plans and verifies exactly as for roomstore's tables (with
 ``allow_removals=False``: Synapse's deltas cannot remove a key), and turns the
 rows to write back into strings. The per-row checksum the swap re-checks is
 :data:`roomstore.compaction.synapse_sql.CHECKSUM_SQL`, computed by PostgreSQL
-in the read itself (``row_checksum``) and summed here per group;
-:func:`text_row_checksum` is the same in Python. Pure Python plus
-numpy/pyarrow, like the roomstore executor.
+in the read itself (``row_checksum``) and summed here per group. Pure Python
+plus numpy/pyarrow, like the roomstore executor.
 
 Memory: besides the chunk, a room's interning tables (one entry per distinct
 ``(type, state_key)`` and per distinct event ID seen in the room).
@@ -17,7 +16,6 @@ Memory: besides the chunk, a room's interning tables (one entry per distinct
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
@@ -39,13 +37,6 @@ from roomstore.compaction.job.executor import (
 SYNAPSE_COLUMNS = (
     "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id", "row_checksum",
 )
-
-
-def text_row_checksum(event_type: str, state_key: str, event_id: str) -> int:
-    """28 bits of the MD5 of one row's strings (``\\x01``-separated); a group's
-    checksum is the sum over its rows. Only meant to catch accidental change."""
-    digest = hashlib.md5(f"{event_type}\x01{state_key}\x01{event_id}".encode()).hexdigest()
-    return int(digest[:7], 16)
 
 
 class _Interner:
