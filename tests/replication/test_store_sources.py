@@ -114,6 +114,30 @@ def rows_by_token(updates: list[tuple[int, object]]) -> list[tuple[int, list]]:
     return grouped
 
 
+async def whole_pages(writer) -> dict[str, list]:
+    """Every store stream's updates from the start, one page each."""
+    return {
+        stream.name: (await stream.get_updates("master", 0, stream.current_token("master"), BIG)).updates
+        for stream in store_stream_registry(writer)
+    }
+
+
+def assert_workers_agree(case, fed, by_token, writer, pages) -> None:
+    """``fed`` ends where ``by_token`` (fed token by token) and the writer
+    are: every stream's position, and the room and membership change caches
+    at every token of ``pages``' events."""
+    for name in STORE_STREAMS:
+        case.assertEqual(fed.stream(name).get_current_token(), by_token.stream(name).get_current_token())
+        case.assertEqual(fed.stream(name).get_current_token(), writer.stream(name).get_current_token())
+    rooms = {r[1][1] for _, r in pages["events"] if r[0] == "ev"}
+    users = {r[1][3] for _, r in pages["events"] if r[0] == "ev" and r[1][2] == "m.room.member"}
+    for since in range(0, writer.stream("events").get_current_token() + 1):
+        case.assertEqual(fed.room_changes.get_entities_changed(rooms, since),
+                         by_token.room_changes.get_entities_changed(rooms, since), since)
+        case.assertEqual(fed.membership_changes.get_entities_changed(users, since),
+                         by_token.membership_changes.get_entities_changed(users, since), since)
+
+
 @on_both_engines
 class StoreStreamTests(ContractMixin):
     async def test_events_rows_match_what_was_persisted(self):
@@ -696,9 +720,7 @@ class BatchApplyTests:
         writer, (by_token, by_batch) = await open_pair(self, workers=("worker1", "worker2"))
         history = await populate(writer)
         await populate_awkward(writer)
-        pages = {}
-        for stream in store_stream_registry(writer):
-            pages[stream.name] = (await stream.get_updates("master", 0, stream.current_token("master"), BIG)).updates
+        pages = await whole_pages(writer)
         applied = {"token": [], "batch": []}
         # on_applied sees each token's position, as after that token alone.
         one = StoreReplicationHandler(by_token, on_applied=lambda *a: applied["token"].append(
@@ -717,16 +739,7 @@ class BatchApplyTests:
                 start = end
         self.assertEqual(applied["batch"], applied["token"])
         self.assertTrue(all(position == token for _, _, token, _, position in applied["batch"]))
-        for name in STORE_STREAMS:
-            self.assertEqual(by_batch.stream(name).get_current_token(), by_token.stream(name).get_current_token())
-            self.assertEqual(by_batch.stream(name).get_current_token(), writer.stream(name).get_current_token())
-        rooms = {r[1][1] for _, r in pages["events"] if r[0] == "ev"}
-        users = {r[1][3] for _, r in pages["events"] if r[0] == "ev" and r[1][2] == "m.room.member"}
-        for since in range(0, writer.stream("events").get_current_token() + 1):
-            self.assertEqual(by_batch.room_changes.get_entities_changed(rooms, since),
-                             by_token.room_changes.get_entities_changed(rooms, since), since)
-            self.assertEqual(by_batch.membership_changes.get_entities_changed(users, since),
-                             by_token.membership_changes.get_entities_changed(users, since), since)
+        assert_workers_agree(self, by_batch, by_token, writer, pages)
         for worker in (by_token, by_batch):
             self.assertEqual(await worker.get_rooms_for_user(BOB), frozenset([history["other"].room_id]))
             self.assertEqual(await worker.get_rooms_for_user(ALICE), frozenset([history["room"].room_id,
@@ -746,9 +759,7 @@ class BatchApplyTests:
         await populate_awkward(writer)
         one, many = StoreReplicationHandler(by_token), StoreReplicationHandler(by_rows)
         rng = random.Random(7)
-        pages = {}
-        for stream in store_stream_registry(writer):
-            pages[stream.name] = (await stream.get_updates("master", 0, stream.current_token("master"), BIG)).updates
+        pages = await whole_pages(writer)
         for name, updates in pages.items():
             grouped = rows_by_token(updates)
             for token, rows in grouped:
@@ -762,16 +773,7 @@ class BatchApplyTests:
                     wire_rows += [json.loads(encode_row(row)) for row in rows]
                 many.on_rdata_rows(name, "master", tokens, wire_rows)
                 start = end
-        for name in STORE_STREAMS:
-            self.assertEqual(by_rows.stream(name).get_current_token(), by_token.stream(name).get_current_token())
-            self.assertEqual(by_rows.stream(name).get_current_token(), writer.stream(name).get_current_token())
-        rooms = {r[1][1] for _, r in pages["events"] if r[0] == "ev"}
-        users = {r[1][3] for _, r in pages["events"] if r[0] == "ev" and r[1][2] == "m.room.member"}
-        for since in range(0, writer.stream("events").get_current_token() + 1):
-            self.assertEqual(by_rows.room_changes.get_entities_changed(rooms, since),
-                             by_token.room_changes.get_entities_changed(rooms, since), since)
-            self.assertEqual(by_rows.membership_changes.get_entities_changed(users, since),
-                             by_token.membership_changes.get_entities_changed(users, since), since)
+        assert_workers_agree(self, by_rows, by_token, writer, pages)
         for worker in (by_token, by_rows):
             self.assertEqual(await worker.get_rooms_for_user(BOB), frozenset([history["other"].room_id]))
 
