@@ -19,13 +19,15 @@ from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from roomstore.events.batch import EventToPersist, PersistedEvent, is_orphan, peek_room_version
+from roomstore.events.batch import (
+    EventToPersist, PersistedEvent, first_copies, is_orphan, orphan_rooms, peek_room_version, results_in_order,
+)
 from roomstore.events.caches import StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
 from roomstore.events.federation import FederationReader
 from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
-from roomstore.events.pipeline import BatchValidator, WriteTurns
+from roomstore.events.pipeline import BatchValidator, WriteTurns, write_in_group
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader
@@ -90,6 +92,9 @@ class StoreConfig:
     #: Opt-in: on this project's 2-core machines they cost more than they
     #: saved (``bench/event_store.py --validation-processes``; CHANGES.md).
     validation_processes: int = 0
+    #: Group commit: calls validated while an earlier one writes go into its
+    #: transaction, up to this many events in all (1: every call alone).
+    max_events_per_transaction: int = attrs.field(default=1_000, validator=attrs.validators.ge(1))
 
     def writes_anything(self) -> bool:
         """Whether this process is a writer of any built-in stream."""
@@ -272,7 +277,8 @@ class RoomStore:
             turn.done()
 
     async def _persist_in_turn(self, turn, events, resolved_current_state, refuse_hash_mismatch, verify_keys):
-        """``persist_events``: validated while earlier calls write, written in its turn."""
+        """``persist_events``: validated while earlier calls write, written in
+        its turn, or with an earlier call's batch (``WriteTurns``)."""
         known_versions, unknown = await self._known_room_versions(events)
         if unknown and turn.earlier_in_flight():
             # An earlier call may be storing the room's create event.
@@ -281,16 +287,25 @@ class RoomStore:
         prepared = await self.validator.prepare(
             events, known_versions, refuse_hash_mismatch, verify_keys, self_contained=not unknown
         )
+        # Only a batch with nothing to check against earlier calls' writes
+        # (room versions, orphans) and no resolved state may go with another's.
+        alone = bool(resolved_current_state) or unknown or bool(orphan_rooms(prepared, known_versions))
+        offer = None if alone else turn.offer_batch(prepared)
         # Every earlier call's writes are done from here on: this batch's
         # prev events among them are stored, as if the calls had waited.
         await turn.ready()
+        if offer is not None and offer.taken:
+            return await offer.outcome
+        turn.withdraw()
         self.check_writer_lock()
         await self._refuse_orphans(prepared, known_versions)
-        # An event given twice is stored once: the later copies report it as
-        # already persisted, and only the first gets a stream ID.
-        first_index: dict[str, int] = {}
-        for index, ev in enumerate(prepared):
-            first_index.setdefault(ev.event_id, index)
+        followers = [] if alone else turn.take_followers(self.config.max_events_per_transaction - len(prepared))
+        return await write_in_group(lambda batch: self._write(batch, resolved_current_state), prepared, followers)
+
+    async def _write(self, prepared, resolved_current_state) -> list[PersistedEvent]:
+        """The validated batch written in one transaction; a result per event."""
+        # Only an event's first copy gets a stream ID.
+        first_index = first_copies(prepared)
         unique = [prepared[index] for index in first_index.values()]
         # Events stored before take no stream IDs, nor do batches the write
         # would refuse whatever it is given (conflicted or underivable state):
@@ -310,17 +325,7 @@ class RoomStore:
                 # already knowing the batch.
                 self._after_persist(outcome)
                 results.update(outcome.results)
-        out = []
-        for index, ev in enumerate(prepared):
-            result = results[ev.event_id]
-            if first_index[ev.event_id] != index:
-                result = attrs.evolve(result, already_persisted=True)
-            if ev.content_hash_mismatch or ev.signatures_checked:
-                result = attrs.evolve(
-                    result, content_hash_mismatch=ev.content_hash_mismatch, signatures_checked=ev.signatures_checked
-                )
-            out.append(result)
-        return out
+        return results_in_order(prepared, first_index, results)
 
     #: The look before stream IDs (tests and bench/persist_precheck.py put others in its place).
     _precheck = staticmethod(precheck_txn)
@@ -346,14 +351,12 @@ class RoomStore:
         """``InvalidEventError`` for a live non-create event without prev
         events in a room that has no create event (stored or in the batch):
         it would start a room without one. Outliers may."""
-        created = {ev.pdu.room_id for ev in prepared if ev.pdu.type == "m.room.create" and ev.pdu.state_key == ""}
-        orphans = [ev for ev in prepared if is_orphan(ev) and ev.pdu.room_id not in created]
-        rooms = sorted({ev.pdu.room_id for ev in orphans} - set(known_versions))
+        rooms = orphan_rooms(prepared, known_versions)
         if not rooms:
             return
         known = await self._room_versions(rooms)
-        for ev in orphans:
-            if ev.pdu.room_id not in known_versions and ev.pdu.room_id not in known:
+        for ev in prepared:
+            if ev.pdu.room_id in rooms and is_orphan(ev) and ev.pdu.room_id not in known:
                 raise InvalidEventError(
                     f"event {ev.event_id} has no prev events and room {ev.pdu.room_id} is unknown: "
                     "persist the room's create event first, or flag the event an outlier"

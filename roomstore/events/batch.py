@@ -179,6 +179,41 @@ def is_orphan(ev: PreparedEvent) -> bool:
     )
 
 
+def orphan_rooms(prepared: Sequence[PreparedEvent], known_versions: Mapping[str, str]) -> list[str]:
+    """Rooms of the batch's orphans (``is_orphan``) whose create event is
+    neither in the batch nor among ``known_versions``: to be looked up."""
+    created = {ev.pdu.room_id for ev in prepared if ev.pdu.type == "m.room.create" and ev.pdu.state_key == ""}
+    return sorted({ev.pdu.room_id for ev in prepared if is_orphan(ev) and ev.pdu.room_id not in created}
+                  - set(known_versions))
+
+
+def first_copies(prepared: Sequence[PreparedEvent]) -> dict[str, int]:
+    """event ID -> index of its first copy in ``prepared`` (an event given
+    twice is stored once: later copies report it as already persisted)."""
+    first_index: dict[str, int] = {}
+    for index, ev in enumerate(prepared):
+        first_index.setdefault(ev.event_id, index)
+    return first_index
+
+
+def results_in_order(
+    prepared: Sequence[PreparedEvent], first_index: Mapping[str, int], results: Mapping[str, PersistedEvent]
+) -> list[PersistedEvent]:
+    """A result per event given, in order: later copies already persisted,
+    with each copy's own validation flags."""
+    out = []
+    for index, ev in enumerate(prepared):
+        result = results[ev.event_id]
+        if first_index[ev.event_id] != index:
+            result = attrs.evolve(result, already_persisted=True)
+        if ev.content_hash_mismatch or ev.signatures_checked:
+            result = attrs.evolve(
+                result, content_hash_mismatch=ev.content_hash_mismatch, signatures_checked=ev.signatures_checked
+            )
+        out.append(result)
+    return out
+
+
 def _in_order(batch: Sequence[PreparedEvent], by_id: Mapping[str, PreparedEvent]) -> bool:
     """Whether each event of ``batch`` comes after its prev events in it."""
     seen: set[str] = set()

@@ -25,16 +25,18 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from twisted.internet import defer, threads
+from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from roomstore.events.batch import EventToPersist, PreparedEvent, prepare_events
-from roomstore.events.validation_worker import HEADER, frame, rebuilt_error
+from roomstore.events.validation_worker import HEADER, READY, frame, rebuilt_error
 from roomstore.pdu.signatures import VerifyKeys
+from roomstore.storage.errors import DatabaseConfigError
 
-__all__ = ["BatchValidator", "MIN_CHUNK", "WriteTurns"]
+__all__ = ["BatchValidator", "MIN_CHUNK", "Offer", "WriteTurns", "write_in_group"]
 
 
 #: A batch is split among the worker processes in chunks of at least this
@@ -181,8 +183,15 @@ class _Worker:
 
     @classmethod
     def spawn(cls) -> "_Worker":
+        """A started worker, once it has said it is ready (its interpreter
+        up, its imports done: about half a second, spent here rather than
+        inside the first batch). One that dies first is returned dead: its
+        chunks fall back to the thread."""
         argv = [sys.executable, "-m", "roomstore.events.validation_worker"]
-        return cls(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True))
+        worker = cls(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True))
+        if worker.receive() != READY:
+            worker.stop()
+        return worker
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -228,18 +237,40 @@ class _Worker:
 class WriteTurns:
     """Turns taken in call order: ``take()`` at a call's start, ``await
     turn.ready()`` before its writes (every earlier turn is done then, however
-    it ended), ``turn.done()`` when they are finished (always: a ``finally``)."""
+    it ended), ``turn.done()`` when they are finished (always: a ``finally``).
+
+    Group commit: a call validated while an earlier one writes may ``offer``
+    its batch; the call whose turn comes first takes the consecutive offers
+    after its own (``take_followers``) and writes them in its transaction
+    (``write_in_group``), one commit for all. A taken call finds its outcome
+    on its offer when its turn comes."""
 
     def __init__(self) -> None:
         self._last: defer.Deferred = defer.succeed(None)
         self.in_flight = 0
+        #: Turns not done yet, in call order.
+        self._open: list[_Turn] = []
 
     def take(self) -> "_Turn":
         mine: defer.Deferred = defer.Deferred()
         turn = _Turn(self, self._last, mine)
         self._last = mine
         self.in_flight += 1
+        self._open.append(turn)
         return turn
+
+
+class Offer:
+    """A validated batch waiting for its turn, which an earlier call may take
+    and write with its own; ``outcome`` fires with the batch's results (or
+    its error) then."""
+
+    __slots__ = ("prepared", "taken", "outcome")
+
+    def __init__(self, prepared: Sequence[PreparedEvent]):
+        self.prepared = list(prepared)
+        self.taken = False
+        self.outcome: defer.Deferred = defer.Deferred()
 
 
 class _Turn:
@@ -248,6 +279,7 @@ class _Turn:
         self._before = before
         self._mine = mine
         self._ready = False
+        self.offer: Offer | None = None
 
     def earlier_in_flight(self) -> bool:
         """Whether an earlier call's writes may still be to come."""
@@ -262,7 +294,96 @@ class _Turn:
             await waiter
             self._ready = True
 
+    def offer_batch(self, prepared: Sequence[PreparedEvent]) -> Offer:
+        """Let an earlier call write ``prepared`` with its own (until ``withdraw``)."""
+        self.offer = Offer(prepared)
+        return self.offer
+
+    def withdraw(self) -> None:
+        """This call writes its batch itself: no other call may take it now."""
+        self.offer = None
+
+    def take_followers(self, room: int) -> list[Offer]:
+        """The offers of the calls right after this one, in call order, up to
+        ``room`` events in all; each marked taken (its call then waits for
+        the outcome). Stops at the first later call without an offer (still
+        validating, or writing alone): a batch never overtakes one before it."""
+        turns = self._turns._open
+        taken: list[Offer] = []
+        for later in turns[turns.index(self) + 1:]:
+            offer = later.offer
+            if offer is None or offer.taken or len(offer.prepared) > room:
+                break
+            offer.taken = True
+            taken.append(offer)
+            room -= len(offer.prepared)
+        return taken
+
     def done(self) -> None:
         if not self._mine.called:
             self._turns.in_flight -= 1
+            self._turns._open.remove(self)
             self._mine.callback(None)
+
+
+def _refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` refuses a batch for what it holds (a conflicted or
+    underivable state, an invalid event), not for the database's state."""
+    return isinstance(exc, (ValueError, LookupError)) and not isinstance(exc, DatabaseConfigError)
+
+
+async def write_in_group(
+    write: Callable[[list[PreparedEvent]], Awaitable[list]], prepared: Sequence[PreparedEvent], followers: list[Offer]
+) -> list:
+    """``write(prepared)`` and the followers' batches in one transaction when
+    they go together; returns ``prepared``'s results, each follower's on its
+    offer. Outcomes are those of one call at a time: a batch one of them
+    refuses is written again call by call, each getting its own results or
+    refusal; a database error fails every call of the group (nothing of any
+    was written). A follower whose batch holds a prev event of an earlier
+    batch's event (which then could not go first) is left to write alone."""
+    groups = [list(prepared)]
+    present = {ev.event_id for ev in prepared}
+    needed = {p for ev in prepared for p in ev.pdu.prev_event_ids} - present
+    for index, offer in enumerate(followers):
+        if any(ev.event_id in needed for ev in offer.prepared):
+            for released in followers[index:]:
+                released.taken = False
+            followers = followers[:index]
+            break
+        groups.append(offer.prepared)
+        present.update(ev.event_id for ev in offer.prepared)
+        needed.update(p for ev in offer.prepared for p in ev.pdu.prev_event_ids)
+        needed -= present
+    if len(groups) == 1:
+        return await write(groups[0])
+    try:
+        results = await write([ev for group in groups for ev in group])
+    except Exception as exc:
+        if not _refusal(exc):
+            for offer in followers:
+                offer.outcome.errback(Failure(exc))
+            raise
+        return await _one_by_one(write, groups, followers)
+    start = len(groups[0])
+    for offer, group in zip(followers, groups[1:]):
+        offer.outcome.callback(results[start:start + len(group)])
+        start += len(group)
+    return results[:len(groups[0])]
+
+
+async def _one_by_one(write, groups: list[list[PreparedEvent]], followers: list[Offer]) -> list:
+    own: list | None = None
+    own_error: Failure | None = None
+    try:
+        own = await write(groups[0])
+    except Exception:
+        own_error = Failure()
+    for offer, group in zip(followers, groups[1:]):
+        try:
+            offer.outcome.callback(await write(group))
+        except Exception:
+            offer.outcome.errback(Failure())
+    if own_error is not None:
+        own_error.raiseException()
+    return own

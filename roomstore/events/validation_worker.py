@@ -5,7 +5,9 @@ each over its stdin and stdout in frames: an 8-byte big-endian length, then a
 pickle. A request is ``prepare_events``'s arguments; the reply is ``(True,
 prepared events)`` or ``(False, error)``, the error as ``shipped_error``
 makes it (its type, arguments and attributes, whatever its ``__init__``
-takes). Requests are answered one at a time, in order. The worker leaves at
+takes). Requests are answered one at a time, in order. Before the first, a
+started worker sends ``READY`` once its imports are done, so that its
+parent's ``start`` returns a worker that answers at once. The worker leaves at
 the end of its stdin, which its parent's exit or death closes.
 
 Only the parent is trusted to write to the pipe: it sends the events it was
@@ -21,6 +23,8 @@ import sys
 from typing import Any, BinaryIO
 
 HEADER = struct.Struct("!Q")
+#: The first frame a worker sends, once it can validate.
+READY = ("ready",)
 
 
 def frame(obj: Any) -> bytes:
@@ -67,6 +71,8 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
     """Answer requests until ``requests`` ends."""
     from roomstore.events.batch import prepare_events
 
+    replies.write(frame(READY))
+    replies.flush()
     while True:
         header = _read_exact(requests, HEADER.size)
         if header is None:

@@ -258,6 +258,18 @@ class StartTests(unittest.TestCase):
         self.assertEqual(len(results), len(built))
         self.assertEqual(store.validator.fallbacks, 0)
 
+    def test_a_worker_says_ready_before_its_first_reply(self):
+        import io
+
+        from roomstore.events.validation_worker import READY, frame, serve
+
+        room, built = linear_room(3)
+        replies = io.BytesIO()
+        serve(io.BytesIO(frame(([room.to_persist(e) for e in built], {}))), replies)
+        ready = frame(READY)
+        self.assertEqual(replies.getvalue()[:len(ready)], ready)
+        self.assertGreater(len(replies.getvalue()), len(ready))  # then the reply
+
     async def test_no_workers_by_default(self):
         validator = BatchValidator(reactor)
         self.addCleanup(validator.close)
