@@ -25,6 +25,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+import threading
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from twisted.internet import defer, threads
@@ -51,14 +52,18 @@ PAUSE_EVERY = 8
 class BatchValidator:
     """``prepare_events`` off the reactor thread.
 
-    Everything runs on one thread of the validator's own (never the
+    Everything runs on threads of the validator's own (never the
     database's: an SQLite store has one database thread, which its writes
     need), so the reactor only hands a batch over and gets the result back.
-    With ``processes`` > 0, that thread splits a batch of at least
+    With ``processes`` > 0, a thread splits a batch of at least
     ``MIN_CHUNK`` events in order-keeping chunks among as many worker
-    processes (``events/validation_worker.py``; started at the first such
-    batch, stopped with the store), which run on other cores and hold none of
-    the homeserver's GIL; the thread only pickles, writes, waits and unpickles.
+    processes (``events/validation_worker.py``; started with the store,
+    stopped with it), which run on other cores and hold none of the
+    homeserver's GIL; the thread only pickles, writes, waits and unpickles.
+    Two such threads keep a worker busy: the next batch is in its pipe while
+    the last one's reply waits for the GIL to be unpickled (each worker
+    answers in the order it was asked, and each thread reads its replies in
+    that order, ``_Worker.receive``).
     Smaller batches, and all batches with ``processes=0``, are validated on
     the thread itself. A batch whose events need a create event of the same
     batch for their room version is validated whole. Either way the result is
@@ -73,13 +78,15 @@ class BatchValidator:
             raise ValueError(f"validation_processes must be 0 or more, not {processes}")
         self._reactor = reactor
         self._processes = processes
-        self._pool = ThreadPool(minthreads=0, maxthreads=1, name="roomstore-validation")
+        self._pool = ThreadPool(minthreads=0, maxthreads=2 if processes else 1, name="roomstore-validation")
         self._started = False
         self._closed = False
         self._shutdown_trigger = None
-        #: Worker processes; touched by the validator's thread only (and by
-        #: ``close`` once that thread has stopped).
+        #: Worker processes; changed by the validator's threads, under
+        #: ``_workers_lock`` (and by ``close`` once they have stopped).
         self._workers: list[_Worker] = []
+        self._workers_lock = threading.Lock()
+        self._send_lock = threading.Lock()
         #: Chunks a dead worker left, validated on the thread instead (tests read it).
         self.fallbacks = 0
 
@@ -113,11 +120,13 @@ class BatchValidator:
         if self._processes > 0 and not self._closed:
             await self._on_thread(self._spawn_workers, self._processes)
 
-    def _spawn_workers(self, count: int) -> None:
-        """(On the validator's thread.) Live workers topped up to ``count``."""
-        self._workers = [w for w in self._workers if w.alive()]
-        while len(self._workers) < count:
-            self._workers.append(_Worker.spawn())
+    def _spawn_workers(self, count: int) -> list["_Worker"]:
+        """(On a validator's thread.) Live workers topped up to ``count``; the first ``count``."""
+        with self._workers_lock:
+            self._workers = [w for w in self._workers if w.alive()]
+            while len(self._workers) < count:
+                self._workers.append(_Worker.spawn())
+            return self._workers[:count]
 
     async def _on_thread(self, fn, *args):
         if not self._started:
@@ -127,16 +136,21 @@ class BatchValidator:
         return await threads.deferToThreadPool(self._reactor, self._pool, fn, *args)
 
     def _in_processes(self, chunks: list[list], args: tuple) -> list[PreparedEvent]:
-        """(On the validator's thread.) Each chunk to a worker, all at once,
-        then every reply read in order before the first error is raised, so
-        each worker's pipe stays in step."""
-        self._spawn_workers(len(chunks))
-        sent = [(worker if worker.send((chunk, *args)) else None, chunk) for worker, chunk in zip(self._workers, chunks)]
+        """(On a validator's thread.) Each chunk to a worker, all at once,
+        then every reply read (in its worker's turn) before the first error is
+        raised, so each worker's pipe stays in step."""
+        workers = self._spawn_workers(len(chunks))
+        # A batch's chunks are sent together: every worker then has the
+        # batches in one order, and the first one's thread can always read
+        # all its replies (a thread blocked sending waits for no later one).
+        with self._send_lock:
+            sent = [(worker, worker.send((chunk, *args)), chunk) for worker, chunk in zip(workers, chunks)]
         outcomes = []
-        for worker, chunk in sent:
-            reply = worker.receive() if worker is not None else None
+        for worker, ticket, chunk in sent:
+            reply = worker.receive(ticket) if ticket is not None else None
             if reply is None:  # the worker is gone: this thread does its chunk
-                self.fallbacks += 1
+                with self._workers_lock:
+                    self.fallbacks += 1
                 try:
                     reply = (True, prepare_events(chunk, *args))
                 except Exception as failed:  # noqa: BLE001 - raised below, in chunk order
@@ -173,13 +187,19 @@ class BatchValidator:
 
 
 class _Worker:
-    """One worker process and its pipes (blocking; used from one thread)."""
+    """One worker process and its pipes (blocking). Threads may share it:
+    ``send`` gives each request a ticket, and ``receive(ticket)`` waits for
+    the replies before it to be read, as the worker answers in order."""
 
     #: Seconds a stopping worker gets to leave before it is killed.
     STOP_GRACE_S = 5.0
 
     def __init__(self, process: subprocess.Popen):
         self.process = process
+        self._send_lock = threading.Lock()
+        self._turn = threading.Condition()
+        self._sent = 0  # tickets given
+        self._read = 0  # replies read (or found missing)
 
     @classmethod
     def spawn(cls) -> "_Worker":
@@ -189,30 +209,47 @@ class _Worker:
         chunks fall back to the thread."""
         argv = [sys.executable, "-m", "roomstore.events.validation_worker"]
         worker = cls(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True))
-        if worker.receive() != READY:
+        if worker._read_reply() != READY:
             worker.stop()
         return worker
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def send(self, request: tuple) -> bool:
-        """Write a request; False if the worker is gone."""
-        try:
-            self.process.stdin.write(frame(request))
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            return False
-        return True
+    def send(self, request: tuple) -> int | None:
+        """Write a request; its ticket, or None if the worker is gone."""
+        data = frame(request)
+        with self._send_lock:
+            try:
+                self.process.stdin.write(data)
+                self.process.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                return None
+            self._sent += 1
+            return self._sent - 1
 
-    def receive(self) -> tuple | None:
-        """The next reply, or None if the worker ended first."""
+    def receive(self, ticket: int) -> tuple | None:
+        """The reply to request ``ticket``, once those before it are read;
+        None if the worker ended first."""
+        with self._turn:
+            while self._read != ticket:
+                self._turn.wait()
+            try:
+                return self._read_reply()
+            finally:
+                self._read += 1
+                self._turn.notify_all()
+
+    def _read_reply(self) -> tuple | None:
         stdout = self.process.stdout
-        header = stdout.read(HEADER.size)
-        if len(header) < HEADER.size:
+        try:
+            header = stdout.read(HEADER.size)
+            if len(header) < HEADER.size:
+                return None
+            (length,) = HEADER.unpack(header)
+            body = stdout.read(length)
+        except (OSError, ValueError):  # closed by stop()
             return None
-        (length,) = HEADER.unpack(header)
-        body = stdout.read(length)
         if len(body) < length:
             return None
         return pickle.loads(body)

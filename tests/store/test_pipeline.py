@@ -156,6 +156,42 @@ class ValidatorTests(unittest.TestCase):
         self.assertEqual(await self.validator.prepare(self.events, {}), prepare_events(self.events, {}))
         self.assertEqual(self.validator.fallbacks, 1)
 
+    async def test_a_worker_gets_the_next_batch_before_the_last_reply_is_read(self):
+        import threading
+
+        validator = BatchValidator(reactor, processes=1)
+        self.addCleanup(validator.close)
+        await validator.start()
+        (worker,) = validator._workers
+        second_sent = threading.Event()
+        order = []
+        real_send, real_receive = worker.send, worker.receive
+
+        def send(request):
+            ticket = real_send(request)
+            order.append(("sent", ticket))
+            if ticket == 1:
+                second_sent.set()
+            return ticket
+
+        def receive(ticket):
+            if ticket == 0:
+                second_sent.wait(30)  # the other thread sends meanwhile
+            reply = real_receive(ticket)
+            order.append(("read", ticket))
+            return reply
+
+        worker.send, worker.receive = send, receive
+        first, second = self.events[:35], self.events[35:]
+        got = await defer.gatherResults([
+            defer.ensureDeferred(validator.prepare(first, {})),
+            defer.ensureDeferred(validator.prepare(second, {})),
+        ])
+        self.assertEqual(order[:2], [("sent", 0), ("sent", 1)])
+        self.assertEqual(sorted(order[2:]), [("read", 0), ("read", 1)])
+        self.assertEqual(got, [prepare_events(first, {}), prepare_events(second, {}, )])
+        self.assertEqual(validator.fallbacks, 0)
+
     async def test_small_batches_stay_on_the_thread(self):
         got = await self.validator.prepare(self.events[:MIN_CHUNK - 1], {})
         self.assertEqual(len(got), MIN_CHUNK - 1)
