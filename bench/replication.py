@@ -2,7 +2,7 @@
 
 usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [--runs R] [--congestion-events N]
        [--sections parse catchup live breakdown transports congestion] [--page-sizes N...] [--read-ahead N...]
-       [--parse-lines N] [--profile] [--transports-only]
+       [--parse-lines N] [--profile] [--transports-only] [--writer-in-flight K] [--writer-validation-processes N]
 
 0. Parsing: roomstore's and Synapse's parse_command_from_line (where
    matrix-synapse is importable) on the same events RDATA lines, interleaved
@@ -24,7 +24,10 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    the server told only once all are written (burst), and a bulk writer of
    N cache invalidations committing 1,000 stream IDs per transaction as fast
    as it can, the server told per commit (live rows bounded by allocation
-   and commit).
+   and commit). The event writer keeps ``--writer-in-flight`` calls in
+   flight (default 1: each awaited; more: group commit, as
+   ``bench/event_store.py --in-flight``) with the store's
+   ``validation_processes`` at ``--writer-validation-processes``.
 
 5. Breakdown (printed after 3): each stage of a catch-up alone, in one
    process, on the same persisted events: the database pages as the server
@@ -656,6 +659,21 @@ async def write_invalidations(store, rows: int, batch: int = 1000) -> None:
             await store.db.run_interaction("bench_invalidations", write, ids)
 
 
+#: The live event writer: calls in flight, the store's validation processes (None: its default).
+LIVE_WRITER = {"in_flight": 1, "validation_processes": None}
+
+
+async def persist_in_flight(store, batches, in_flight: int) -> None:
+    """``batches`` persisted in order, ``in_flight`` calls at a time."""
+    pending: list = []
+    for batch in batches:
+        pending.append(defer.ensureDeferred(store.persist_events(batch)))
+        if len(pending) >= in_flight:
+            await pending.pop(0)
+    for waiting in pending:
+        await waiting
+
+
 async def live_run(reactor, url: str, events: int, page_size: int, burst: bool, bulk: bool = False) -> dict:
     """A worker process connected and caught up; then the writer (this
     process) persists ``events`` events in batches of 50. ``burst``: the
@@ -664,9 +682,11 @@ async def live_run(reactor, url: str, events: int, page_size: int, burst: bool, 
     as the writer writes."""
     from roomstore.replication import ReplicationConfig, ReplicationServerFactory
     from roomstore.replication.store_sources import store_stream_registry, wire_server
-    from roomstore.store import RoomStore
+    from roomstore.store import RoomStore, StoreConfig
 
-    store = await RoomStore.open(url, reactor=reactor)
+    processes = LIVE_WRITER["validation_processes"]
+    config = StoreConfig() if processes is None else StoreConfig(validation_processes=processes)
+    store = await RoomStore.open(url, config, reactor=reactor)
     factory = ReplicationServerFactory("bench", store_stream_registry(store), reactor,
                                        ReplicationConfig(page_size=page_size))
     held: set[str] = set()
@@ -693,8 +713,7 @@ async def live_run(reactor, url: str, events: int, page_size: int, burst: bool, 
     if bulk:
         await write_invalidations(store, events)
     else:
-        for batch in history(20, events):
-            await store.persist_events(batch)
+        await persist_in_flight(store, history(20, events), LIVE_WRITER["in_flight"])
     written = time.perf_counter() - started
     targets = {s: store.generators[s].get_current_token() for s in ("events", "caches")}
     proc.stdin.write((json.dumps(targets) + "\n").encode())
@@ -1127,7 +1146,8 @@ async def main(reactor, args) -> None:
             print_profile(f"worker ({title})", worker_stats)
     if "live" in args.sections:
         print(f"\n3. Live traffic: a worker process connected and caught up while the writer (this process) persists "
-              f"{args.events} events in batches of 50; RDATA lines/s at the worker from its first row to the writer's "
+              f"{args.events} events in batches of 50 ({LIVE_WRITER['in_flight']} call(s) in flight, "
+              f"validation_processes={LIVE_WRITER['validation_processes']}); RDATA lines/s at the worker from its first row to the writer's "
               f"positions, parse and apply included; median of {args.runs} runs\n")
         rows = []
         for engine, new_url in databases:
@@ -1205,7 +1225,12 @@ if __name__ == "__main__":
                                                           "congestion"],
                         choices=["parse", "catchup", "live", "breakdown", "transports", "congestion"])
     parser.add_argument("--transports-only", action="store_true", help="only section 4 (Redis vs TCP)")
+    parser.add_argument("--writer-in-flight", type=int, default=1,
+                        help="3: persist_events calls the live event writer keeps in flight (default 1)")
+    parser.add_argument("--writer-validation-processes", type=int, default=None,
+                        help="3: the live writer store's validation_processes (default: the store's own)")
     args = parser.parse_args()
+    LIVE_WRITER.update(in_flight=args.writer_in_flight, validation_processes=args.writer_validation_processes)
     if args.transports_only:
         args.sections = ["transports"]
     task.react(lambda r: defer.ensureDeferred(main(r, args)))
