@@ -395,18 +395,28 @@ async def write_in_group(
     if len(groups) == 1:
         return await write(groups[0])
     try:
-        results = await write([ev for group in groups for ev in group])
-    except Exception as exc:
-        if not _refusal(exc):
-            for offer in followers:
-                offer.outcome.errback(Failure(exc))
-            raise
-        return await _one_by_one(write, groups, followers)
+        try:
+            results = await write([ev for group in groups for ev in group])
+        except Exception as exc:
+            if not _refusal(exc):
+                raise
+            return await _one_by_one(write, groups, followers)
+    except BaseException:
+        # However the group's write ended (a database error, a cancelled
+        # call), no follower is left waiting: each gets the error.
+        _fail_waiting(followers, Failure())
+        raise
     start = len(groups[0])
     for offer, group in zip(followers, groups[1:]):
         offer.outcome.callback(results[start:start + len(group)])
         start += len(group)
     return results[:len(groups[0])]
+
+
+def _fail_waiting(followers: list[Offer], failure: Failure) -> None:
+    for offer in followers:
+        if not offer.outcome.called:
+            offer.outcome.errback(failure)
 
 
 async def _one_by_one(write, groups: list[list[PreparedEvent]], followers: list[Offer]) -> list:

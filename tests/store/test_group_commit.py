@@ -178,3 +178,24 @@ class GroupCommitTests:
         outcomes = await held.run(batches)
         self.assertTrue(all(ok for ok, _ in outcomes))
         self.assertEqual(held.writes, [10, 10, 10, 10, 2])
+
+    async def test_a_group_write_that_ends_abruptly_leaves_no_call_waiting(self):
+        store = await self.open_store()
+        room, built = linear_room(90)
+        events = [room.to_persist(e) for e in built]
+        batches = [events[:30], events[30:60], events[60:]]
+        held = _HeldWriter(store, len(batches))
+        real_write = store._write
+
+        async def cancelled_group(prepared, resolved):
+            if len(prepared) > 30:  # the group's write: cancelled, not a refusal nor an Exception
+                held.writes.append(len(prepared))
+                raise defer.CancelledError()
+            return await real_write(prepared, resolved)
+
+        store._write = cancelled_group
+        outcomes = await held.run(batches)
+        self.assertEqual([ok for ok, _ in outcomes], [True, False, False])
+        for _, failure in outcomes[1:]:
+            failure.trap(defer.CancelledError)
+        self.assertEqual(held.writes, [30, 62])
