@@ -89,8 +89,9 @@ class StoreConfig:
     #: Worker processes that validate ``persist_events``' batches of 25
     #: events or more, on other cores (``events/pipeline.py``); 0: the
     #: validator's one thread validates every batch (no child processes).
-    #: Opt-in: on this project's 2-core machines they cost more than they
-    #: saved (``bench/event_store.py --validation-processes``; CHANGES.md).
+    #: Opt-in: with several calls in flight, one worker doubles a writer's
+    #: throughput on this project's 2-core machines, and raises its reactor's
+    #: lateness (``bench/event_store.py`` (a) and (f); CHANGES.md).
     validation_processes: int = 0
     #: Group commit: calls validated while an earlier one writes go into its
     #: transaction, up to this many events in all (1: every call alone).
