@@ -12,8 +12,7 @@ from roomstore.events.persist import MissingStateError
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
-from tests.store.builder import RoomBuilder
-from tests.store.test_pipeline import ALICE, linear_room
+from tests.store.test_pipeline import ALICE, linear_room, unstorable_join
 
 
 class _HeldWriter:
@@ -81,14 +80,28 @@ class GroupCommitTests:
             state = await store.get_state_ids(e.event_id)
             self.assertEqual(state[("m.room.member", ALICE)], built[1].event_id)
 
-    async def test_up_to_the_configured_events(self):
-        store = await self.open_store(max_events_per_transaction=120)
-        room, built = linear_room(298)
-        batches = [[room.to_persist(e) for e in built[i:i + 50]] for i in range(0, len(built), 50)]
+    async def _linear_in_batches(self, messages: int, size: int, limit: int):
+        """A linear room's events in calls of ``size``, the first held;
+        (its events, the writes' sizes, the calls' outcomes), every call written."""
+        store = await self.open_store(max_events_per_transaction=limit)
+        room, built = linear_room(messages)
+        batches = [[room.to_persist(e) for e in built[i:i + size]] for i in range(0, len(built), size)]
         held = _HeldWriter(store, len(batches))
         outcomes = await held.run(batches)
-        self.assertTrue(all(ok for ok, _ in outcomes))
-        self.assertEqual(held.writes, [50, 100, 100, 50])
+        self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
+        return built, held.writes, outcomes
+
+    async def _three_calls(self):
+        """A store, a linear room's 92 events, three calls of them (30, 30, 32), the first to be held."""
+        store = await self.open_store()
+        room, built = linear_room(90)
+        events = [room.to_persist(e) for e in built]
+        batches = [events[:30], events[30:60], events[60:]]
+        return store, built, events, batches, _HeldWriter(store, len(batches))
+
+    async def test_up_to_the_configured_events(self):
+        built, writes, outcomes = await self._linear_in_batches(298, 50, limit=120)
+        self.assertEqual(writes, [50, 100, 100, 50])
         self.assertEqual(
             [r.stream_ordering for _, results in outcomes for r in results], list(range(1, len(built) + 1))
         )
@@ -97,10 +110,7 @@ class GroupCommitTests:
         store = await self.open_store()
         room, built = linear_room(120)
         events = [room.to_persist(e) for e in built]
-        stranger = RoomBuilder("!elsewhere:example.org")
-        stranger.create()
-        joined = stranger.join(ALICE)  # its room's create event is never persisted
-        lost = stranger.to_persist(joined)
+        joined, lost = unstorable_join(ALICE)
         batches = [events[:40], events[40:80], [lost], events[80:]]
         held = _HeldWriter(store, len(batches))
         outcomes = await held.run(batches)
@@ -145,11 +155,7 @@ class GroupCommitTests:
         self.assertEqual(outcomes[2][1][-1].stream_ordering, len(events))
 
     async def test_a_database_error_fails_every_call_of_the_group(self):
-        store = await self.open_store()
-        room, built = linear_room(90)
-        events = [room.to_persist(e) for e in built]
-        batches = [events[:30], events[30:60], events[60:]]
-        held = _HeldWriter(store, len(batches))
+        store, built, events, batches, held = await self._three_calls()
         real_txn = store._check_and_write_txn
 
         def failing_txn(txn, take, unique, *args):
@@ -171,20 +177,11 @@ class GroupCommitTests:
         self.assertFalse(any(r.already_persisted for r in again))
 
     async def test_one_event_per_transaction_turns_it_off(self):
-        store = await self.open_store(max_events_per_transaction=1)
-        room, built = linear_room(40)
-        batches = [[room.to_persist(e) for e in built[i:i + 10]] for i in range(0, len(built), 10)]
-        held = _HeldWriter(store, len(batches))
-        outcomes = await held.run(batches)
-        self.assertTrue(all(ok for ok, _ in outcomes))
-        self.assertEqual(held.writes, [10, 10, 10, 10, 2])
+        _, writes, _ = await self._linear_in_batches(40, 10, limit=1)
+        self.assertEqual(writes, [10, 10, 10, 10, 2])
 
     async def test_a_group_write_that_ends_abruptly_leaves_no_call_waiting(self):
-        store = await self.open_store()
-        room, built = linear_room(90)
-        events = [room.to_persist(e) for e in built]
-        batches = [events[:30], events[30:60], events[60:]]
-        held = _HeldWriter(store, len(batches))
+        store, built, events, batches, held = await self._three_calls()
         real_write = store._write
 
         async def cancelled_group(prepared, resolved):

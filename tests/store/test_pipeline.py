@@ -35,6 +35,15 @@ def linear_room(messages: int) -> tuple[RoomBuilder, list]:
     return room, built
 
 
+def unstorable_join(user: str):
+    """(A join to a room whose create event is never persisted, it to persist):
+    its prev event is missing, so no write can store it."""
+    stranger = RoomBuilder("!elsewhere:example.org")
+    stranger.create()
+    joined = stranger.join(user)
+    return joined, stranger.to_persist(joined)
+
+
 def with_bad_hash(raw: bytes) -> bytes:
     """The same event with its content changed under its content hash."""
     changed = raw.replace(b'"msgtype": "m.text"', b'"msgtype": "m.notice"')
@@ -238,10 +247,8 @@ class PipelineTests:
         store = await self.open_store()
         room, built = linear_room(90)
         events = [room.to_persist(e) for e in built]
-        stranger = RoomBuilder("!elsewhere:example.org")
-        stranger.create()
-        orphan = stranger.join(BOB)  # its room's create event is never persisted
-        bad = events[40:70] + [stranger.to_persist(orphan)]
+        _, lost = unstorable_join(BOB)
+        bad = events[40:70] + [lost]
         outcomes = await self._in_flight(store, [events[:40], bad, events[40:]])
         self.assertTrue(outcomes[0][0])
         self.assertFalse(outcomes[1][0])
