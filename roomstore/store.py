@@ -290,7 +290,8 @@ class RoomStore:
         )
         # Only a batch with nothing to check against earlier calls' writes
         # (room versions, orphans) and no resolved state may go with another's.
-        alone = bool(resolved_current_state) or unknown or bool(orphan_rooms(prepared, known_versions))
+        orphan_rooms_to_check = orphan_rooms(prepared, known_versions)
+        alone = bool(resolved_current_state) or unknown or bool(orphan_rooms_to_check)
         offer = None if alone else turn.offer_batch(prepared)
         # Every earlier call's writes are done from here on: this batch's
         # prev events among them are stored, as if the calls had waited.
@@ -299,7 +300,7 @@ class RoomStore:
             return await offer.outcome
         turn.withdraw()
         self.check_writer_lock()
-        await self._refuse_orphans(prepared, known_versions)
+        await self._refuse_orphans(prepared, orphan_rooms_to_check)
         followers = [] if alone else turn.take_followers(self.config.max_events_per_transaction - len(prepared))
         return await write_in_group(lambda batch: self._write(batch, resolved_current_state), prepared, followers)
 
@@ -348,11 +349,11 @@ class RoomStore:
         )
         return found, outcome
 
-    async def _refuse_orphans(self, prepared, known_versions: Mapping[str, str]) -> None:
+    async def _refuse_orphans(self, prepared, rooms: Sequence[str]) -> None:
         """``InvalidEventError`` for a live non-create event without prev
         events in a room that has no create event (stored or in the batch):
-        it would start a room without one. Outliers may."""
-        rooms = orphan_rooms(prepared, known_versions)
+        it would start a room without one. Outliers may. ``rooms``: the
+        batch's ``orphan_rooms``, to look up."""
         if not rooms:
             return
         known = await self._room_versions(rooms)
