@@ -189,14 +189,15 @@ class BatchValidator:
 class _Worker:
     """One worker process and its pipes (blocking). Threads may share it:
     ``send`` gives each request a ticket, and ``receive(ticket)`` waits for
-    the replies before it to be read, as the worker answers in order."""
+    the replies before it to be read, as the worker answers in order. Sends
+    are serialised by the caller (``BatchValidator._send_lock``, which also
+    keeps a batch's chunks together across workers)."""
 
     #: Seconds a stopping worker gets to leave before it is killed.
     STOP_GRACE_S = 5.0
 
     def __init__(self, process: subprocess.Popen):
         self.process = process
-        self._send_lock = threading.Lock()
         self._turn = threading.Condition()
         self._sent = 0  # tickets given
         self._read = 0  # replies read (or found missing)
@@ -217,16 +218,15 @@ class _Worker:
         return self.process.poll() is None
 
     def send(self, request: tuple) -> int | None:
-        """Write a request; its ticket, or None if the worker is gone."""
-        data = frame(request)
-        with self._send_lock:
-            try:
-                self.process.stdin.write(data)
-                self.process.stdin.flush()
-            except (BrokenPipeError, OSError, ValueError):
-                return None
-            self._sent += 1
-            return self._sent - 1
+        """(Under ``BatchValidator._send_lock``.) Write a request; its ticket,
+        or None if the worker is gone."""
+        try:
+            self.process.stdin.write(frame(request))
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return None
+        self._sent += 1
+        return self._sent - 1
 
     def receive(self, ticket: int) -> tuple | None:
         """The reply to request ``ticket``, once those before it are read;
