@@ -16,7 +16,7 @@ import attrs
 
 from roomstore.compaction import synapse_sql as sql
 from roomstore.compaction.chunks import StagedChunk
-from roomstore.compaction.tables import ChunkKey, Convert, StateTables
+from roomstore.compaction.tables import ChunkKey, Convert, StateTables, add_step_time
 
 LOCK_NAME = "state_compaction"
 _COLUMNS = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id", "row_checksum"]
@@ -245,12 +245,12 @@ class SynapseTables(StateTables):
         t = time.monotonic()
         cur.execute(lock_and_check, key * (lock_and_check.count("%s") // 3))
         changed = cur.fetchall()
-        t = self._step("swap_lock_recheck", t)
+        t = add_step_time(self.step_times, "swap_lock_recheck", t)
         if changed:
             return [(g, is_ref, reason) for g, is_ref, reason in changed], 0, 0
         cur.execute("SAVEPOINT swap_rows; " + q(sql.SWAP_TOUCH_BASES) + "; " + q(sql.SWAP_DELETE_ROWS), key * 3)
         deleted, changed_rows = cur.fetchone()
-        t = self._step("swap_delete_rows", t)
+        t = add_step_time(self.step_times, "swap_delete_rows", t)
         if changed_rows:
             # A rewritten group's rows are not the ones read: nothing of the
             # swap stays (the lock row's heartbeat does).
@@ -258,10 +258,5 @@ class SynapseTables(StateTables):
             return [(g, 0, "changed since it was read") for g in changed_rows], 0, 0
         cur.execute("; ".join(q(t) for t in (sql.SWAP_DELETE_EDGES, sql.SWAP_INSERT_EDGES, sql.SWAP_INSERT_ROWS)), key * 3)
         inserted = cur.rowcount
-        self._step("swap_insert", t)
+        add_step_time(self.step_times, "swap_insert", t)
         return None, deleted, inserted
-
-    def _step(self, name: str, since: float) -> float:
-        now = time.monotonic()
-        self.step_times[name] = self.step_times.get(name, 0.0) + now - since
-        return now

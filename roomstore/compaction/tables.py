@@ -27,6 +27,7 @@ interned room id; for Synapse a hash of the room ID computed in SQL).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 #: ``q(text)``: a statement in the connection's placeholder style.
@@ -127,3 +128,11 @@ class StateTables:
         inserted.
         """
         raise NotImplementedError
+
+
+def add_step_time(times: Dict[str, float], name: str, since: float) -> float:
+    """Account the seconds since ``since`` (``time.monotonic()``) to
+    ``times[name]`` (a run summary's ``timings_s``); returns now."""
+    now = time.monotonic()
+    times[name] = times.get(name, 0.0) + now - since
+    return now

@@ -55,7 +55,7 @@ import attrs
 
 from roomstore.compaction.chunks import StagedChunk
 from roomstore.compaction.roomstore_tables import LOCK_NAME, RoomstoreTables, SchemaTooOldError
-from roomstore.compaction.tables import StateTables
+from roomstore.compaction.tables import StateTables, add_step_time
 from roomstore.storage.database import RetryTransaction, run_transaction
 from roomstore.storage.engines import engine_from_url
 
@@ -560,19 +560,15 @@ class CompactionWriter:
             # The progress rows and the staging rows' removal travel together.
             t = time.monotonic()
             self._execute_all(cur, progress + self._delete_staged_statements(*key))
-            self._step("swap_progress", t)
+            add_step_time(self.step_times, "swap_progress", t)
             if self.before_commit is not None:
                 self.before_commit(cur, room_nid, first_group)
             return SwapResult("swapped", "", deleted, inserted)
 
         started = time.monotonic()
         result = self.db.run(txn)
-        self._step("swap_total", started)
+        add_step_time(self.step_times, "swap_total", started)
         return result
-
-    def _step(self, name: str, since: float) -> None:
-        """Account the seconds since ``since`` to ``step_times[name]`` (the run summary's ``timings_s``)."""
-        self.step_times[name] = self.step_times.get(name, 0.0) + time.monotonic() - since
 
     def record_room(self, run: RunState, outcome: RoomOutcome) -> None:
         """Record a room's outcome (rooms whose last step was not a swap)."""
