@@ -119,6 +119,40 @@ class WriterProcessTests:
         # Reads go on.
         self.assertEqual((await store.get_event(built[0].event_id))["type"], "m.room.create")
 
+    async def test_killed_mid_import_every_batch_is_whole_or_absent(self):
+        url = self.new_database_url()
+        store = await RoomStore.open(url, StoreConfig(writer_process=True))
+        room, built = linear_room(1500)
+        events = [room.to_persist(e) for e in built]
+        batches = [events[i:i + 100] for i in range(0, len(events), 100)]
+        calls = [defer.ensureDeferred(store.persist_events(b)) for b in batches]
+        await calls[0]
+        store._writer_process._transport.signalProcess("KILL")
+        outcomes = await defer.DeferredList(calls[1:], consumeErrors=True)
+        for ok, failure in outcomes:
+            if not ok:
+                failure.trap(WriterProcessLost)
+        self.assertFalse(all(ok for ok, _ in outcomes), "the kill came after the last batch")
+        await store.close()
+
+        reopened = await RoomStore.open(url)
+        self.addCleanup(reopened.close)
+        present = await reopened.get_events([e.event_id for e in built], redact=False)
+        whole = []
+        for index, batch in enumerate(range(0, len(built), 100)):
+            stored = sum(1 for e in built[batch:batch + 100] if e.event_id in present)
+            self.assertIn(stored, (0, len(built[batch:batch + 100])), f"batch {index} half written")
+            whole.append(stored > 0)
+        # In call order: the batches written are the first ones, every call answered ok among them.
+        self.assertEqual(whole, sorted(whole, reverse=True))
+        self.assertTrue(all(whole[: 1 + sum(1 for ok, _ in outcomes if ok)]))
+        # The reopened store goes on where the child stopped.
+        rest = [b for b, done in zip(batches, whole) if not done]
+        top = reopened.events_stream.get_current_token()
+        results = await reopened.persist_events([e for b in rest for e in b])
+        self.assertEqual([r.stream_ordering for r in results], list(range(top + 1, top + 1 + len(results))))
+        self.assertEqual(await reopened.get_forward_extremities(room.room_id), [built[-1].event_id])
+
 
 class WriterProcessConfigTests(unittest.TestCase):
     async def test_memory_database_refused(self):
