@@ -94,6 +94,22 @@ class WriterProcessTests:
         self.assertEqual(await store.delete_state_groups([group + 1000]), 0)
         self.assertEqual(await store.censor_expired_redactions(), 0)
 
+    async def test_a_cancelled_call_leaves_the_others_answered(self):
+        store = await self.open_store()
+        room, built = linear_room(30)
+        events = [room.to_persist(e) for e in built]
+        first = defer.ensureDeferred(store.persist_events(events[:10]))
+        second = defer.ensureDeferred(store.persist_events(events[10:20]))
+        third = defer.ensureDeferred(store.persist_events(events[20:]))
+        second.cancel()
+        self.assertEqual(len(await first), 10)
+        self.assertEqual([r.stream_ordering for r in await third], list(range(21, 33)))
+        with self.assertRaises(defer.CancelledError):
+            await second
+        # (A cancelled Deferred ignores its late result.) The child wrote the cancelled call's batch
+        # all the same, and this process learnt it.
+        self.assertEqual((await store.get_event(built[15].event_id))["event_id"], built[15].event_id)
+
     async def test_the_child_holds_the_writer_lock(self):
         url = self.new_database_url()
         await self.open_store(url)
