@@ -11,7 +11,13 @@ from typing import Callable, Sequence
 
 
 def bench_databases() -> list[tuple[str, Callable[[], str]]]:
-    """(engine name, factory of fresh database URLs) for each engine available."""
+    """(engine name, factory of fresh database URLs) for each engine available.
+
+    PostgreSQL over TCP on loopback, or with ``ROOMSTORE_BENCH_POSTGRES_VIA=socket``
+    over the server's Unix socket (``bench/with-postgres`` exports its
+    directory as ``ROOMSTORE_BENCH_POSTGRES_SOCKET_DIR``), as a homeserver
+    beside its database would connect: no TCP stack, none of its softirq work
+    on the cores the homeserver's reactor runs on."""
     result: list[tuple[str, Callable[[], str]]] = []
 
     def sqlite_url() -> str:
@@ -19,6 +25,10 @@ def bench_databases() -> list[tuple[str, Callable[[], str]]]:
 
     result.append(("sqlite", sqlite_url))
     admin = os.environ.get("ROOMSTORE_BENCH_POSTGRES")
+    via = os.environ.get("ROOMSTORE_BENCH_POSTGRES_VIA", "tcp")
+    socket_dir = os.environ.get("ROOMSTORE_BENCH_POSTGRES_SOCKET_DIR", "")
+    if via not in ("tcp", "socket") or (via == "socket" and not socket_dir):
+        raise SystemExit("ROOMSTORE_BENCH_POSTGRES_VIA is tcp or socket (socket needs bench/with-postgres)")
     if admin:
         counter = [0]
 
@@ -33,6 +43,9 @@ def bench_databases() -> list[tuple[str, Callable[[], str]]]:
                 cur.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
             conn.close()
             parsed = urllib.parse.urlsplit(admin)
+            if via == "socket":
+                query = urllib.parse.urlencode({"host": socket_dir, "port": parsed.port})
+                return urllib.parse.urlunsplit((parsed.scheme, f"{parsed.username}@", "/" + name, query, ""))
             return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "/" + name, "", ""))
 
         result.append(("postgres", pg_url))

@@ -1,7 +1,7 @@
 """Event store figures on SQLite and PostgreSQL, side by side.
 
 usage: bench/with-postgres .venv/bin/python bench/event_store.py [--size small|large] [--runs R] [--sections abcdef]
-       [--in-flight K] [--validation-processes N] [--switch-interval-ms MS]
+       [--in-flight K] [--validation-processes N] [--writer-process] [--switch-interval-ms MS]
 
 The writer in (a) and (f) is driven with K ``persist_events`` calls in flight
 (default 1: each awaited before the next; more: a homeserver's writer with
@@ -84,6 +84,7 @@ from twisted.internet import defer, task
 
 from bench._common import bench_databases, print_table
 from roomstore.events.batch import prepare_events
+from roomstore.storage.database import Database
 from roomstore.store import RoomStore, StoreConfig
 from roomstore.storage.interning import chunks
 from tests.store.builder import RoomBuilder, fake_event_id
@@ -100,15 +101,16 @@ SIZES = {
 
 
 #: How the writer is driven in (a) and (f) (``--in-flight``, ``--validation-processes``).
-WRITER = {"in_flight": 1, "validation_processes": None}
+WRITER = {"in_flight": 1, "validation_processes": None, "writer_process": False}
 
 
 async def open_writer(url: str) -> RoomStore:
     """A store for (a) and (f), with ``--validation-processes`` if given (an
     older checkout, without that setting, takes the default only)."""
-    if WRITER["validation_processes"] is None:
-        return await RoomStore.open(url)
-    return await RoomStore.open(url, StoreConfig(validation_processes=WRITER["validation_processes"]))
+    settings = {} if WRITER["validation_processes"] is None else {"validation_processes": WRITER["validation_processes"]}
+    if WRITER["writer_process"]:
+        settings["writer_process"] = True
+    return await RoomStore.open(url, StoreConfig(**settings)) if settings else await RoomStore.open(url)
 
 
 async def persist_all(store: RoomStore, events) -> None:
@@ -285,17 +287,20 @@ async def persist_run(url: str, setup, events) -> tuple[float, float, float, int
     INSERT events/s of every row written, rows written, the same with each
     batch's INSERTs in one round trip) on a fresh database."""
     store = await open_writer(url)
+    # The baselines' own tables, written here: with --writer-process this
+    # process's store is read-only, so they get a connection of their own.
+    db = Database.from_url(url) if WRITER["writer_process"] else store.db
     try:
         await store.persist_events(setup)
-        await store.db.run_interaction("snapshot", _snapshot_tables_txn)
+        await db.run_interaction("snapshot", _snapshot_tables_txn)
         first_stream = store.events_stream.get_current_token() + 1
         start = time.perf_counter()
         await persist_all(store, events)
         persist_rate = len(events) / (time.perf_counter() - start)
-        for gen in store.generators.values():
-            await gen.flush()
+        if not WRITER["writer_process"]:  # (the writer process's own positions are its to write)
+            for gen in store.generators.values():
+                await gen.flush()
 
-        db = store.db
         await db.run_interaction("copy", _copy_tables_txn, ("events", "event_json", "event_edges"))
         event_columns, batches = await db.run_interaction("rows", _rows_by_batch_txn, first_stream)
         assert sum(len(b[0]) for b in batches) == len(events)
@@ -329,6 +334,8 @@ async def persist_run(url: str, setup, events) -> tuple[float, float, float, int
         written = sum(len(rows) for _, rows in new_rows.values())
     finally:
         await store.close()
+        if db is not store.db:
+            await db.close()
     return persist_rate, raw_rate, raw_all_rate, written, raw_queued_rate, copy_rate
 
 
@@ -677,6 +684,7 @@ async def main(reactor, args) -> None:
     print(f"bench/event_store.py --size {args.size}: engines {', '.join(e for e, _ in engines)}; writer: "
           f"{WRITER['in_flight']} call(s) in flight, validation_processes="
           f"{'default' if WRITER['validation_processes'] is None else WRITER['validation_processes']}, "
+          f"{'in a writer process' if WRITER['writer_process'] else 'in process'}, "
           f"switch interval {sys.getswitchinterval() * 1000:g} ms; load average {os.getloadavg()[0]:.2f}")
     if "a" in args.sections:
         await section_a(engines, size)
@@ -700,12 +708,15 @@ if __name__ == "__main__":
                         help="(a), (f): persist_events calls in flight at once (default 1: each awaited)")
     parser.add_argument("--validation-processes", type=int, default=None,
                         help="(a), (f): StoreConfig.validation_processes (default: the store's own default)")
+    parser.add_argument("--writer-process", action="store_true",
+                        help="(a), (f): StoreConfig.writer_process (the writes in a child process)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="sys.setswitchinterval for the run, in ms (default: the interpreter's, 5 ms)")
     args = parser.parse_args()
     if args.in_flight < 1:
         parser.error("--in-flight must be at least 1")
-    WRITER.update(in_flight=args.in_flight, validation_processes=args.validation_processes)
+    WRITER.update(in_flight=args.in_flight, validation_processes=args.validation_processes,
+                  writer_process=args.writer_process)
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     if not set(args.sections) <= set("abcdef"):

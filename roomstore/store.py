@@ -22,12 +22,13 @@ from twisted.logger import Logger
 from roomstore.events.batch import (
     EventToPersist, PersistedEvent, first_copies, is_orphan, orphan_rooms, peek_room_version, results_in_order,
 )
-from roomstore.events.caches import StoreCaches, write_cache_invalidations
+from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
 from roomstore.events.federation import FederationReader
 from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
 from roomstore.events.pipeline import BatchValidator, WriteTurns, write_in_group
+from roomstore.events.writer_process import WriterProcess
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader
@@ -40,7 +41,6 @@ from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state.groups import (
     COMPACTION_LOCK_NAME,
     COMPACTION_LOCK_TIMEOUT_S,
-    DEFAULT_MAX_CHAIN_LENGTH,
     StateGroupStore,
     delete_state_groups_txn,
 )
@@ -48,60 +48,14 @@ from roomstore.storage.database import Database
 from roomstore.storage.interning import Interners, room_ids_txn, room_versions_txn
 from roomstore.storage.stats import table_stats_txn
 from roomstore.storage.writer_lock import WriterLock
-from roomstore.streams.builtin import BUILTIN_STREAMS, open_builtin_generators
+from roomstore.store_config import StoreConfig
+from roomstore.streams.builtin import open_builtin_generators
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.id_generators import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
 
 log = Logger()
-
-DAY_MS = 24 * 3600 * 1000
-
-
-@attrs.frozen
-class StoreConfig:
-    """How a store process is set up.
-
-    ``stream_writers`` maps a stream name to its writer instances (default:
-    this instance writes every stream). ``token_wait_ms``: how long a read
-    waits for a token ahead of this process's stream positions (a worker
-    behind its writer) before refusing it. ``redaction_retention_ms``: how long
-    a redacted event's original bytes stay retrievable before the censor job
-    replaces them. ``censor_interval_ms``: how often that job runs (None: never
-    on its own; ``RoomStore.censor_expired_redactions`` still works).
-    """
-
-    instance_name: str = "master"
-    stream_writers: Mapping[str, Sequence[str]] = attrs.field(factory=dict)
-    max_state_chain_length: int = DEFAULT_MAX_CHAIN_LENGTH
-    event_cache_size: int = 10_000
-    change_cache_size: int = 100_000
-    redaction_retention_ms: int = 7 * DAY_MS
-    censor_interval_ms: int | None = None
-    #: How long a read given a token ahead of this process's position waits
-    #: for it (a worker behind its writer) before refusing it as invalid.
-    token_wait_ms: int = 5_000
-    #: Read only: persist nothing and take no writer lock, so it runs beside
-    #: a live writer (the read commands). Otherwise a process writing a
-    #: stream holds its instance's writer lock (``storage.writer_lock``).
-    read_only: bool = False
-    #: Worker processes that validate ``persist_events``' batches of 25
-    #: events or more, on other cores (``events/pipeline.py``); 0: the
-    #: validator's one thread validates every batch (no child processes).
-    #: Opt-in: with several calls in flight, one worker doubles a writer's
-    #: throughput on this project's 2-core machines, and raises its reactor's
-    #: lateness (``bench/event_store.py`` (a) and (f); CHANGES.md).
-    validation_processes: int = 0
-    #: Group commit: calls validated while an earlier one writes go into its
-    #: transaction, up to this many events in all (1: every call alone).
-    max_events_per_transaction: int = attrs.field(default=1_000, validator=attrs.validators.ge(1))
-
-    def writes_anything(self) -> bool:
-        """Whether this process is a writer of any built-in stream."""
-        if self.read_only:
-            return False
-        return any(self.instance_name in self.stream_writers.get(name, [self.instance_name]) for name in BUILTIN_STREAMS)
 
 
 class RoomStore:
@@ -150,6 +104,7 @@ class RoomStore:
             db, self.interners, self.caches.event_changed, config.redaction_retention_ms, self.clock
         )
         self._invalidation_hooks: list = []
+        self._writer_process: WriterProcess | None = None  # StoreConfig.writer_process
         #: The schema version the database is at (set by ``open``).
         self.schema_version: int | None = None
 
@@ -173,6 +128,8 @@ class RoomStore:
         created nor upgraded (``SchemaError`` says to run ``roomstore init``).
         """
         config = config or StoreConfig()
+        if config.writer_process and config.writes_anything():
+            return await cls._open_beside_writer(database, config, reactor, clock, create)
         if isinstance(database, str):
             # A read-only store's connections cannot write: it never creates
             # or migrates the schema, and refuses a database without one.
@@ -216,6 +173,23 @@ class RoomStore:
             await store.validator.start()
         return store
 
+    @classmethod
+    async def _open_beside_writer(cls, database, config: StoreConfig, reactor, clock, create: bool) -> "RoomStore":
+        """``writer_process``: a child process opens the database as the
+        writer (creating, migrating it); this one opens it read-only and
+        learns the child's commits from its replies."""
+        fields = attrs.asdict(attrs.evolve(config, writer_process=False), recurse=False)
+        writer = await WriterProcess.start(reactor, database, fields, create)
+        try:
+            here = attrs.evolve(config, writer_process=False, read_only=True, censor_interval_ms=None)
+            store = await cls.open(database, here, reactor, clock, create=False)
+        except BaseException:
+            await writer.close()
+            raise
+        store.config, store._writer_process = config, writer
+        writer.follow(store._after_persist, store.generators)
+        return store
+
     def writer_lock_lost(self) -> "defer.Deferred | None":
         """Fires with a ``WriterLockLost`` (its result, not an error) if this
         writer's lock went with a database session and another process took
@@ -230,6 +204,8 @@ class RoomStore:
             raise lost.result
 
     async def close(self) -> None:
+        if self._writer_process is not None:
+            await self._writer_process.close()
         censor_job = getattr(self, "_censor_job", None)
         if censor_job is not None:
             # Before the database goes: stop() waits for a run in progress.
@@ -270,6 +246,11 @@ class RoomStore:
         """
         if not events:
             return []
+        if self._writer_process is not None:
+            return await self._writer_process.call(
+                "persist_events", list(events), resolved_current_state,
+                refuse_hash_mismatch=refuse_hash_mismatch, verify_keys=verify_keys,
+            )
         self.check_writer_lock()
         turn = self._write_turns.take()
         try:
@@ -402,6 +383,8 @@ class RoomStore:
         """
         if not cache_name or any(c.isspace() for c in cache_name):
             raise ValueError(f"cache name {cache_name!r} must be a non-empty word")
+        if self._writer_process is not None:
+            return await self._writer_process.call("invalidate_cache", cache_name, keys)
         async with self.caches_stream.get_next() as stream_id:
             await self.db.run_interaction(
                 "invalidate_cache", write_cache_invalidations, stream_id, self.instance_name,
@@ -410,7 +393,9 @@ class RoomStore:
         return stream_id
 
     def add_invalidation_hook(self, hook) -> None:
-        """Call ``hook(outcome)`` after every committed batch (replication uses it)."""
+        """Call ``hook(outcome)`` after every committed batch (with
+        ``writer_process``, one whose ``results`` and ``new_event_ids`` are
+        empty: the calls' own results carry them)."""
         self._invalidation_hooks.append(hook)
 
     # ------------------------------------------------------------------ reads
@@ -475,7 +460,12 @@ class RoomStore:
         ``config.redaction_retention_ms`` (at ``now_ms``, default the store's
         clock) with their pruned JSON; returns how many events were censored.
         """
-        return await self.censor.censor_expired(now_ms)
+        if self._writer_process is None:
+            return await self.censor.censor_expired(now_ms)
+        censored = await self._writer_process.call("censor_expired_redactions", now_ms)
+        if censored:  # which ones the reply does not say: drop every parsed event
+            self.caches.apply_invalidation(EVENT_CACHE, None)
+        return censored
 
     # --- state group deletion (honours the compaction lock)
 
@@ -509,6 +499,14 @@ class RoomStore:
         ids = sorted({int(g) for g in group_ids})
         if not ids:
             return 0
+        if self._writer_process is not None:
+            # The writer process waits on its own clock.
+            deleted = await self._writer_process.call(
+                "delete_state_groups", ids, lock_timeout_s=lock_timeout_s, poll_interval_s=poll_interval_s
+            )
+            for group in ids:
+                self.state_groups.forget(group)
+            return deleted
         timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
         reactor = clock or self.clock
         waiting_logged = False

@@ -75,6 +75,14 @@ class PersistedEvent:
     #: (``persist_events(verify_keys=...)``); False when none were given.
     signatures_checked: bool = False
 
+    def __reduce__(self):
+        # Pickled (a writer process's replies) through its constructor, not
+        # attrs' slotted __getstate__, which is Python.
+        return PersistedEvent, (
+            self.event_id, self.room_id, self.stream_ordering, self.topological_ordering, self.state_group_before,
+            self.state_group, self.already_persisted, self.content_hash_mismatch, self.signatures_checked,
+        )
+
     @property
     def stream_token(self) -> str:
         return f"s{self.stream_ordering}"

@@ -135,6 +135,7 @@ class Database:
             reactor = default_reactor
         self.engine = engine
         self.reactor = reactor
+        self._metrics_by_description: dict[str, tuple] = {}
         #: Lost connections and the waits between attempts (reconnect.py);
         #: ``clock`` times the waits (default: the reactor).
         self.outages = Outages(clock if clock is not None else reactor, engine.describe(), backoff, give_up_after_s)
@@ -262,10 +263,22 @@ class Database:
             self.engine,
             self._get_connection,
             body,
-            on_retry=transaction_retries.labels(description).inc,
+            on_retry=self._metrics(description)[0].inc,
             on_connection_lost=lambda exc, conn, committing: lost(
                 exc, conn, committing, txn_box[0].xid if txn_box else None),
         )
+
+    def _metrics(self, description: str) -> tuple:
+        """(retries, seconds, commits, errors) of ``description``'s
+        transactions: labelled once, not per transaction (``labels`` takes
+        a lock and builds its key every time)."""
+        found = self._metrics_by_description.get(description)
+        if found is None:
+            found = self._metrics_by_description[description] = (
+                transaction_retries.labels(description), transaction_seconds.labels(description),
+                transaction_outcomes.labels(description, "commit"), transaction_outcomes.labels(description, "error"),
+            )
+        return found
 
     async def run_interaction(
         self, description: str, fn: Callable[..., R], *args: Any, **kwargs: Any
@@ -301,23 +314,23 @@ class Database:
                     if lost.in_doubt is not None:
                         in_doubt = lost.in_doubt
                     delay = self.outages.lost(lost, attempt)
-                    transaction_retries.labels(description).inc()
+                    self._metrics(description)[0].inc()
                     await deferLater(self.outages.clock, delay, lambda: None)
                     if self._closed:
                         raise DatabaseUnavailableError(
                             f"{self.engine.describe()}: closed while reconnecting ({lost})") from None
             self.outages.committed()
         except BaseException:
-            transaction_outcomes.labels(description, "error").inc()
+            self._metrics(description)[3].inc()
             raise
         finally:
-            transaction_seconds.labels(description).observe(time.perf_counter() - start)
+            self._metrics(description)[1].observe(time.perf_counter() - start)
             self._in_flight -= 1
             if self._in_flight == 0 and self._drained:
                 waiting, self._drained = self._drained, []
                 for d in waiting:
                     d.callback(None)
-        transaction_outcomes.labels(description, "commit").inc()
+        self._metrics(description)[2].inc()
         for callback, cb_args, cb_kwargs in after:
             callback(*cb_args, **cb_kwargs)
         return result

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from operator import itemgetter
-from typing import Hashable, Iterable, Sequence
+from typing import Hashable, Iterable, Mapping, Sequence
 
 from roomstore.storage.transaction import RetryTransaction, Transaction
 
@@ -108,6 +108,16 @@ class InternCache:
 
     set = _add
 
+    def update(self, mapping: Mapping) -> None:
+        """``set`` for each item (a batch's new keys): one C-level step,
+        unless the young generation fills on the way."""
+        young = self._young
+        if len(young) + len(mapping) < self._generation_size:
+            young.update(mapping)
+            return
+        for key, value in mapping.items():
+            self._add(key, value)
+
     def __contains__(self, key: Hashable) -> bool:
         return key in self._young or key in self._old
 
@@ -194,9 +204,8 @@ class Interner:
         self._to_key = InternCache(cache_size)
 
     def _remember(self, mapping: dict) -> None:
-        for key, nid in mapping.items():
-            self._to_nid.set(key, nid)
-            self._to_key.set(nid, key)
+        self._to_nid.update(mapping)
+        self._to_key.update({nid: key for key, nid in mapping.items()})
 
     def _as_row(self, key) -> tuple:
         return key if len(self.key_columns) > 1 else (key,)

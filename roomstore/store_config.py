@@ -1,0 +1,75 @@
+"""``StoreConfig``: how a store process is set up (``RoomStore.open``)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import attrs
+
+from roomstore.state.groups import DEFAULT_MAX_CHAIN_LENGTH
+from roomstore.streams.builtin import BUILTIN_STREAMS
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@attrs.frozen
+class StoreConfig:
+    """How a store process is set up.
+
+    ``stream_writers`` maps a stream name to its writer instances (default:
+    this instance writes every stream). ``token_wait_ms``: how long a read
+    waits for a token ahead of this process's stream positions (a worker
+    behind its writer) before refusing it. ``redaction_retention_ms``: how long
+    a redacted event's original bytes stay retrievable before the censor job
+    replaces them. ``censor_interval_ms``: how often that job runs (None: never
+    on its own; ``RoomStore.censor_expired_redactions`` still works).
+    """
+
+    instance_name: str = "master"
+    stream_writers: Mapping[str, Sequence[str]] = attrs.field(factory=dict)
+    max_state_chain_length: int = DEFAULT_MAX_CHAIN_LENGTH
+    event_cache_size: int = 10_000
+    change_cache_size: int = 100_000
+    redaction_retention_ms: int = 7 * DAY_MS
+    censor_interval_ms: int | None = None
+    #: How long a read given a token ahead of this process's position waits
+    #: for it (a worker behind its writer) before refusing it as invalid.
+    token_wait_ms: int = 5_000
+    #: Read only: persist nothing and take no writer lock, so it runs beside
+    #: a live writer (the read commands). Otherwise a process writing a
+    #: stream holds its instance's writer lock (``storage.writer_lock``).
+    read_only: bool = False
+    #: Worker processes that validate ``persist_events``' batches of 25
+    #: events or more, on other cores (``events/pipeline.py``); 0: the
+    #: validator's one thread validates every batch (no child processes).
+    #: Opt-in: with several calls in flight, one worker doubles a writer's
+    #: throughput on this project's 2-core machines, and raises its reactor's
+    #: lateness (``bench/event_store.py`` (a) and (f); CHANGES.md).
+    validation_processes: int = 0
+    #: Group commit: calls validated while an earlier one writes go into its
+    #: transaction, up to this many events in all (1: every call alone).
+    max_events_per_transaction: int = attrs.field(default=1_000, validator=attrs.validators.ge(1))
+    #: Write in a child process (``events/writer_process.py``): the writes
+    #: (``persist_events``, ``invalidate_cache``, ``censor_expired_redactions``,
+    #: ``delete_state_groups``) go to a process of their own, which holds the
+    #: writer lock, validates and writes; this process reads, and learns each
+    #: committed batch from its replies. Keeps a fast import's Python off
+    #: this process's GIL and cores, so its reactor stays on time. Needs a
+    #: database URL naming a file or a server (not ``:memory:``).
+    writer_process: bool = False
+    #: The child writer's CPU priority: ``"idle"`` (Linux ``SCHED_IDLE``: it
+    #: runs when nothing else of normal priority wants the core) or a nice
+    #: value 0-19. Its validation workers inherit it.
+    writer_process_priority: str | int = attrs.field(default="idle")
+
+    @writer_process_priority.validator
+    def _check_priority(self, _attribute, value) -> None:
+        if value != "idle" and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 19):
+            raise ValueError(f"writer_process_priority must be 'idle' or a nice value 0-19, not {value!r}")
+
+    def writes_anything(self) -> bool:
+        """Whether this process is a writer of any built-in stream."""
+        if self.read_only:
+            return False
+        return any(self.instance_name in self.stream_writers.get(name, [self.instance_name]) for name in BUILTIN_STREAMS)
+

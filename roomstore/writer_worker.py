@@ -1,0 +1,155 @@
+"""A store's writer process: ``python -m roomstore.writer_worker``.
+
+``RoomStore.open`` starts it for ``StoreConfig(writer_process=True)``
+(``roomstore.events.writer_process`` is the parent's side and describes the
+frames). It opens the store as the writer and runs the calls its parent
+forwards, in the order they come, several at a time as the parent makes
+them; each reply carries the batches committed since the last one and the
+streams' positions. It leaves at the end of its stdin, after its calls in
+flight, closing the store (its writer lock, its validation workers).
+
+Only the parent is trusted to write to the pipe: it sends its own calls'
+arguments (events as bytes), never code.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from typing import Any
+
+import attrs
+from twisted.internet import defer, protocol, stdio, task
+from twisted.internet.interfaces import IHalfCloseableProtocol
+from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
+from zope.interface import implementer
+
+from roomstore.events.validation_worker import HEADER, frame, shipped_error
+from roomstore.events.writer_process import FORWARDED
+from roomstore.store import RoomStore, StoreConfig
+
+log = Logger()
+
+
+def set_priority(priority: str | int) -> None:
+    """This process's CPU priority (its children inherit it): ``"idle"`` is
+    ``SCHED_IDLE`` where the platform has it (else nice 19)."""
+    if priority == "idle" and hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    else:
+        os.nice((19 if priority == "idle" else int(priority)) - os.nice(0))
+
+
+@implementer(IHalfCloseableProtocol)
+class _Calls(protocol.Protocol):
+    """Reads the parent's frames from stdin; answers on stdout."""
+
+    def __init__(self, reactor: Any):
+        self.reactor = reactor
+        self.store: RoomStore | None = None
+        self._buffer = bytearray()
+        self._outcomes: list = []
+        self._in_flight: set[defer.Deferred] = set()
+        self.finished: defer.Deferred = defer.Deferred()
+        self._opening: defer.Deferred | None = None
+
+    def dataReceived(self, data: bytes) -> None:
+        self._buffer += data
+        start = 0
+        while len(self._buffer) - start >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buffer, start)
+            end = start + HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            message = pickle.loads(memoryview(self._buffer)[start + HEADER.size:end])
+            start = end
+            self._dispatch(message)
+        del self._buffer[:start]
+
+    def _dispatch(self, message: tuple) -> None:
+        if message[0] == "open":
+            self._opening = defer.ensureDeferred(self._open(*message[1:]))
+            return
+        ticket, method, args, kwargs = message
+        call = defer.ensureDeferred(self._run(ticket, method, args, kwargs))
+        self._in_flight.add(call)
+        call.addBoth(lambda _: self._in_flight.discard(call))
+
+    async def _open(self, url: str, fields: dict, create: bool) -> None:
+        try:
+            config = StoreConfig(**fields)
+            set_priority(config.writer_process_priority)
+            self.store = await RoomStore.open(url, config, reactor=self.reactor, create=create)
+        except Exception as error:  # noqa: BLE001 - the parent raises it
+            self._send(("failed", shipped_error(error)))
+            self.transport.loseConnection()
+            return
+        self.store.add_invalidation_hook(self._collect)
+        self._send(("ready", self._positions()))
+
+    def _collect(self, outcome) -> None:
+        # What the parent's caches need (positions, invalidations): the
+        # results go back with each call, and pickling them twice cost as
+        # much as a fifth of the write.
+        self._outcomes.append(attrs.evolve(outcome, results={}, new_event_ids=[]))
+
+    async def _run(self, ticket: int, method: str, args: tuple, kwargs: dict) -> None:
+        await self._opening  # calls come only after "ready"; its store is there
+        try:
+            if method not in FORWARDED:
+                raise ValueError(f"{method!r} is not a method the writer process runs")
+            result = await getattr(self.store, method)(*args, **kwargs)
+            reply = (ticket, True, result)
+        except Exception as error:  # noqa: BLE001 - every error goes back to the caller
+            reply = (ticket, False, shipped_error(error))
+        outcomes, self._outcomes[:] = list(self._outcomes), []
+        self._send(reply + (outcomes, self._positions()))
+
+    def _positions(self) -> dict[str, dict[str, int]]:
+        return {name: gen.get_positions() for name, gen in self.store.generators.items()}
+
+    def _send(self, message: tuple) -> None:
+        self.transport.write(frame(message))
+
+    def readConnectionLost(self) -> None:
+        # The parent is done (or gone): answer what is in flight, then leave.
+        defer.ensureDeferred(self._finish())
+
+    def writeConnectionLost(self) -> None:
+        pass
+
+    def connectionLost(self, reason=None) -> None:
+        if not self.finished.called:
+            self.finished.callback(None)
+
+    async def _finish(self) -> None:
+        try:
+            if self._opening is not None:
+                await self._opening
+            await defer.DeferredList(list(self._in_flight))
+            if self.store is not None:
+                await self.store.close()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            log.failure("closing the writer's store")
+        finally:
+            self.transport.loseConnection()
+
+
+async def _serve(reactor: Any, replies_fd: int) -> None:
+    calls = _Calls(reactor)
+    stdio.StandardIO(calls, stdin=0, stdout=replies_fd, reactor=reactor)
+    await calls.finished
+
+
+def main() -> None:
+    # The frames get a descriptor of their own; anything printing to stdout
+    # (a warning, a library) goes to stderr instead.
+    replies_fd = os.dup(1)
+    os.dup2(2, 1)
+    globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
+    task.react(lambda reactor: defer.ensureDeferred(_serve(reactor, replies_fd)))
+
+
+if __name__ == "__main__":
+    main()

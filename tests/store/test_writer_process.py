@@ -1,0 +1,184 @@
+"""``StoreConfig(writer_process=True)``: the store's writes run in a child
+process (``roomstore.events.writer_process``, ``roomstore.writer_worker``);
+this process reads, and learns each commit from the child's replies before
+the call that made it returns. Real child processes, real databases."""
+
+from __future__ import annotations
+
+import os
+
+from twisted.internet import defer
+from twisted.trial import unittest
+
+from roomstore.events.batch import EventToPersist
+from roomstore.events.persist import MissingStateError
+from roomstore.events.writer_process import WriterProcessLost
+from roomstore.pdu.parsing import InvalidEventError
+from roomstore.storage.errors import DatabaseConfigError
+from roomstore.storage.writer_lock import WriterLockHeld
+from roomstore.store import RoomStore, StoreConfig
+from tests.db import on_both_engines
+from tests.store.builder import RoomBuilder
+from tests.store.test_pipeline import ALICE, BOB, linear_room, unstorable_join
+
+
+@on_both_engines
+class WriterProcessTests:
+    async def open_store(self, url: str | None = None, **config) -> RoomStore:
+        store = await RoomStore.open(url or self.new_database_url(), StoreConfig(writer_process=True, **config))
+        self.addCleanup(store.close)
+        return store
+
+    async def test_writes_in_a_child_and_reads_here(self):
+        store = await self.open_store(validation_processes=1)
+        child = store._writer_process._transport.pid
+        self.assertNotEqual(child, os.getpid())
+        room, built = linear_room(300)
+        events = [room.to_persist(e) for e in built]
+        batches = [events[i:i + 40] for i in range(0, len(events), 40)]
+        # Several calls in flight, as a homeserver makes them: their order kept.
+        outcomes = await defer.gatherResults([defer.ensureDeferred(store.persist_events(b)) for b in batches])
+        orderings = [r.stream_ordering for results in outcomes for r in results]
+        self.assertEqual(orderings, list(range(1, len(events) + 1)))
+        self.assertEqual([r.event_id for results in outcomes for r in results], [e.event_id for e in built])
+        # Positions and reads here, as soon as the calls returned.
+        self.assertEqual(store.events_stream.get_current_token(), len(events))
+        self.assertEqual((await store.get_event(built[-1].event_id))["event_id"], built[-1].event_id)
+        self.assertEqual(await store.get_forward_extremities(room.room_id), [built[-1].event_id])
+        synced = await store.sync(ALICE, None, initial_limit=5)
+        self.assertEqual([e["event_id"] for e in synced.rooms[room.room_id]], [e.event_id for e in built[-5:]])
+        # The same event again: stored once, reported as before.
+        again = await store.persist_events([events[7]])
+        self.assertTrue(again[0].already_persisted)
+        self.assertEqual(again[0].stream_ordering, 8)
+
+    async def test_each_commit_reaches_this_process_caches_before_the_call_returns(self):
+        store = await self.open_store()
+        room = RoomBuilder()
+        await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE))])
+        token = store.get_current_token()
+        self.assertEqual(await store.get_rooms_for_user(BOB), frozenset())  # cached here
+        await store.persist_events([room.to_persist(room.join(BOB))])
+        self.assertEqual(await store.get_rooms_for_user(BOB), frozenset({room.room_id}))
+        message = room.message(BOB, "hello")
+        await store.persist_events([room.to_persist(message)])
+        since = await store.sync(BOB, token)
+        self.assertEqual([e["event_id"] for e in since.rooms[room.room_id]][-1], message.event_id)
+        self.assertEqual(store.events_stream.get_current_token(), 4)
+
+    async def test_a_refusal_comes_back_as_its_own_error_and_writes_nothing(self):
+        store = await self.open_store()
+        room, built = linear_room(5)
+        await store.persist_events([room.to_persist(e) for e in built])
+        token = store.events_stream.get_current_token()
+        _joined, lost = unstorable_join(ALICE)
+        with self.assertRaises((MissingStateError, InvalidEventError)):
+            await store.persist_events([lost])
+        with self.assertRaises(InvalidEventError) as caught:
+            await store.persist_events([EventToPersist(b"{not json", room.version)])
+        self.assertIn("JSON", str(caught.exception))
+        self.assertEqual(store.events_stream.get_current_token(), token)
+        # The child goes on writing.
+        more = room.message(ALICE, "after")
+        self.assertEqual((await store.persist_events([room.to_persist(more)]))[0].stream_ordering, token + 1)
+
+    async def test_other_writes_are_forwarded(self):
+        store = await self.open_store()
+        before = store.caches_stream.get_current_token()
+        stream_id = await store.invalidate_cache("get_event", ["$x"])
+        self.assertGreater(stream_id, before)
+        self.assertEqual(store.caches_stream.get_current_token(), stream_id)
+        room, built = linear_room(3)
+        results = await store.persist_events([room.to_persist(e) for e in built])
+        group = results[-1].state_group
+        self.assertEqual(await store.delete_state_groups([group + 1000]), 0)
+        self.assertEqual(await store.censor_expired_redactions(), 0)
+
+    async def test_a_cancelled_call_leaves_the_others_answered(self):
+        store = await self.open_store()
+        room, built = linear_room(30)
+        events = [room.to_persist(e) for e in built]
+        first = defer.ensureDeferred(store.persist_events(events[:10]))
+        second = defer.ensureDeferred(store.persist_events(events[10:20]))
+        third = defer.ensureDeferred(store.persist_events(events[20:]))
+        second.cancel()
+        self.assertEqual(len(await first), 10)
+        self.assertEqual([r.stream_ordering for r in await third], list(range(21, 33)))
+        with self.assertRaises(defer.CancelledError):
+            await second
+        # (A cancelled Deferred ignores its late result.) The child wrote the cancelled call's batch
+        # all the same, and this process learnt it.
+        self.assertEqual((await store.get_event(built[15].event_id))["event_id"], built[15].event_id)
+
+    async def test_the_child_holds_the_writer_lock(self):
+        url = self.new_database_url()
+        await self.open_store(url)
+        with self.assertRaises(WriterLockHeld):
+            await RoomStore.open(url)
+        # And the other way round: the child's refusal is raised here.
+        other = self.new_database_url()
+        writer = await RoomStore.open(other)
+        self.addCleanup(writer.close)
+        with self.assertRaises(WriterLockHeld):
+            await RoomStore.open(other, StoreConfig(writer_process=True))
+
+    async def test_a_lost_child_fails_the_calls_and_nothing_hangs(self):
+        store = await self.open_store()
+        room, built = linear_room(3)
+        await store.persist_events([room.to_persist(e) for e in built])
+        ended = store._writer_process._ended_d
+        store._writer_process._transport.signalProcess("KILL")
+        await ended
+        with self.assertRaises(WriterProcessLost) as caught:
+            await store.persist_events([room.to_persist(room.message(ALICE, "late"))])
+        self.assertIn("open the store again", str(caught.exception))
+        # Reads go on.
+        self.assertEqual((await store.get_event(built[0].event_id))["type"], "m.room.create")
+
+    async def test_killed_mid_import_every_batch_is_whole_or_absent(self):
+        url = self.new_database_url()
+        store = await RoomStore.open(url, StoreConfig(writer_process=True))
+        room, built = linear_room(1500)
+        events = [room.to_persist(e) for e in built]
+        batches = [events[i:i + 100] for i in range(0, len(events), 100)]
+        calls = [defer.ensureDeferred(store.persist_events(b)) for b in batches]
+        await calls[0]
+        store._writer_process._transport.signalProcess("KILL")
+        outcomes = await defer.DeferredList(calls[1:], consumeErrors=True)
+        for ok, failure in outcomes:
+            if not ok:
+                failure.trap(WriterProcessLost)
+        self.assertFalse(all(ok for ok, _ in outcomes), "the kill came after the last batch")
+        await store.close()
+
+        reopened = await RoomStore.open(url)
+        self.addCleanup(reopened.close)
+        present = await reopened.get_events([e.event_id for e in built], redact=False)
+        whole = []
+        for index, batch in enumerate(range(0, len(built), 100)):
+            stored = sum(1 for e in built[batch:batch + 100] if e.event_id in present)
+            self.assertIn(stored, (0, len(built[batch:batch + 100])), f"batch {index} half written")
+            whole.append(stored > 0)
+        # In call order: the batches written are the first ones, every call answered ok among them.
+        self.assertEqual(whole, sorted(whole, reverse=True))
+        self.assertTrue(all(whole[: 1 + sum(1 for ok, _ in outcomes if ok)]))
+        # The reopened store goes on where the child stopped.
+        rest = [b for b, done in zip(batches, whole) if not done]
+        top = reopened.events_stream.get_current_token()
+        results = await reopened.persist_events([e for b in rest for e in b])
+        self.assertEqual([r.stream_ordering for r in results], list(range(top + 1, top + 1 + len(results))))
+        self.assertEqual(await reopened.get_forward_extremities(room.room_id), [built[-1].event_id])
+
+
+class WriterProcessConfigTests(unittest.TestCase):
+    async def test_memory_database_refused(self):
+        with self.assertRaises(DatabaseConfigError) as caught:
+            await RoomStore.open("sqlite:///:memory:", StoreConfig(writer_process=True))
+        self.assertIn(":memory:", str(caught.exception))
+
+    def test_priority_checked(self):
+        with self.assertRaises(ValueError):
+            StoreConfig(writer_process_priority=20)
+        with self.assertRaises(ValueError):
+            StoreConfig(writer_process_priority="low")
+        self.assertEqual(StoreConfig(writer_process_priority=10).writer_process_priority, 10)
