@@ -15,7 +15,6 @@ arguments (events as bytes), never code.
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 from typing import Any
 
@@ -25,7 +24,7 @@ from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
 from zope.interface import implementer
 
-from roomstore.events.validation_worker import HEADER, frame, shipped_error
+from roomstore.events.validation_worker import FrameReader, frame, shipped_error
 from roomstore.events.writer_process import FORWARDED
 from roomstore.store import RoomStore, StoreConfig
 
@@ -48,24 +47,15 @@ class _Calls(protocol.Protocol):
     def __init__(self, reactor: Any):
         self.reactor = reactor
         self.store: RoomStore | None = None
-        self._buffer = bytearray()
+        self._frames = FrameReader()
         self._outcomes: list = []
         self._in_flight: set[defer.Deferred] = set()
         self.finished: defer.Deferred = defer.Deferred()
         self._opening: defer.Deferred | None = None
 
     def dataReceived(self, data: bytes) -> None:
-        self._buffer += data
-        start = 0
-        while len(self._buffer) - start >= HEADER.size:
-            (length,) = HEADER.unpack_from(self._buffer, start)
-            end = start + HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            message = pickle.loads(memoryview(self._buffer)[start + HEADER.size:end])
-            start = end
+        for message in self._frames.feed(data):
             self._dispatch(message)
-        del self._buffer[:start]
 
     def _dispatch(self, message: tuple) -> None:
         if message[0] == "open":

@@ -32,6 +32,29 @@ def frame(obj: Any) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
+class FrameReader:
+    """Splits a byte stream into its frames' objects, for a Twisted
+    protocol's ``dataReceived`` (the writer process and its parent)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        """The objects of the frames ``data`` completes, in order."""
+        buffer = self._buffer
+        buffer += data
+        objects, start = [], 0
+        while len(buffer) - start >= HEADER.size:
+            (length,) = HEADER.unpack_from(buffer, start)
+            end = start + HEADER.size + length
+            if len(buffer) < end:
+                break
+            objects.append(pickle.loads(memoryview(buffer)[start + HEADER.size:end]))
+            start = end
+        del buffer[:start]
+        return objects
+
+
 def shipped_error(error: BaseException) -> tuple:
     """A picklable description of ``error`` (``rebuilt_error`` reverses it)."""
     state = {k: v for k, v in vars(error).items() if _picklable(v)}

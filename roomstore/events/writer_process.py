@@ -30,14 +30,13 @@ leaves at the end of its stdin: the parent's ``close``, exit or death.
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 from typing import Any, Callable
 
 from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
-from roomstore.events.validation_worker import HEADER, frame, rebuilt_error
+from roomstore.events.validation_worker import FrameReader, frame, rebuilt_error
 from roomstore.storage.engines import engine_from_url
 from roomstore.storage.errors import DatabaseConfigError
 
@@ -60,20 +59,11 @@ class _Frames(protocol.ProcessProtocol):
 
     def __init__(self, owner: "WriterProcess"):
         self.owner = owner
-        self._buffer = bytearray()
+        self._frames = FrameReader()
 
     def childDataReceived(self, fd: int, data: bytes) -> None:
-        self._buffer += data
-        start = 0
-        while len(self._buffer) - start >= HEADER.size:
-            (length,) = HEADER.unpack_from(self._buffer, start)
-            end = start + HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            message = pickle.loads(memoryview(self._buffer)[start + HEADER.size:end])
-            start = end
+        for message in self._frames.feed(data):
             self.owner._message(message)
-        del self._buffer[:start]
 
     def processEnded(self, reason) -> None:
         self.owner._ended(reason.value)

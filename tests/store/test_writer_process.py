@@ -12,6 +12,7 @@ from twisted.trial import unittest
 
 from roomstore.events.batch import EventToPersist
 from roomstore.events.persist import MissingStateError
+from roomstore.events.validation_worker import FrameReader, frame
 from roomstore.events.writer_process import WriterProcessLost
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.storage.errors import DatabaseConfigError
@@ -168,6 +169,22 @@ class WriterProcessTests:
         results = await reopened.persist_events([e for b in rest for e in b])
         self.assertEqual([r.stream_ordering for r in results], list(range(top + 1, top + 1 + len(results))))
         self.assertEqual(await reopened.get_forward_extremities(room.room_id), [built[-1].event_id])
+
+
+class FrameReaderTests(unittest.TestCase):
+    def test_frames_split_anywhere_come_out_whole_and_in_order(self):
+        objects = [("open", "sqlite:///x", {"a": 1}, True), (0, "persist_events", (b"\x00" * 70_000,), {}), (1,)]
+        stream = b"".join(frame(o) for o in objects)
+        for step in (1, 7, 8, 9, 1000, len(stream)):
+            reader = FrameReader()
+            got = []
+            for at in range(0, len(stream), step):
+                got.extend(reader.feed(stream[at:at + step]))
+            self.assertEqual(got, objects, f"fed {step} bytes at a time")
+        # A partial frame waits for the rest.
+        reader = FrameReader()
+        self.assertEqual(reader.feed(stream[:-1]), objects[:2])
+        self.assertEqual(reader.feed(stream[-1:]), objects[2:])
 
 
 class WriterProcessConfigTests(unittest.TestCase):
