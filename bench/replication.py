@@ -3,6 +3,7 @@
 usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [--runs R] [--congestion-events N]
        [--sections parse catchup live breakdown transports congestion] [--page-sizes N...] [--read-ahead N...]
        [--parse-lines N] [--profile] [--transports-only] [--writer-in-flight K] [--writer-validation-processes N]
+       [--writer-process]
 
 0. Parsing: roomstore's and Synapse's parse_command_from_line (where
    matrix-synapse is importable) on the same events RDATA lines, interleaved
@@ -27,7 +28,11 @@ usage: bench/with-postgres .venv/bin/python bench/replication.py [--events N] [-
    and commit). The event writer keeps ``--writer-in-flight`` calls in
    flight (default 1: each awaited; more: group commit, as
    ``bench/event_store.py --in-flight``) with the store's
-   ``validation_processes`` at ``--writer-validation-processes``.
+   ``validation_processes`` at ``--writer-validation-processes``; with
+   ``--writer-process`` its writes run in a child process
+   (``StoreConfig.writer_process``; the server, in this process, learns
+   each batch from the child's replies), and the caches bulk writer, which
+   writes through this process's database, is left out.
 
 5. Breakdown (printed after 3): each stage of a catch-up alone, in one
    process, on the same persisted events: the database pages as the server
@@ -81,6 +86,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import attrs
 from twisted.internet import defer, task
 from twisted.internet.task import deferLater
 
@@ -660,7 +666,7 @@ async def write_invalidations(store, rows: int, batch: int = 1000) -> None:
 
 
 #: The live event writer: calls in flight, the store's validation processes (None: its default).
-LIVE_WRITER = {"in_flight": 1, "validation_processes": None}
+LIVE_WRITER = {"in_flight": 1, "validation_processes": None, "writer_process": False}
 
 
 async def persist_in_flight(store, batches, in_flight: int) -> None:
@@ -686,6 +692,7 @@ async def live_run(reactor, url: str, events: int, page_size: int, burst: bool, 
 
     processes = LIVE_WRITER["validation_processes"]
     config = StoreConfig() if processes is None else StoreConfig(validation_processes=processes)
+    config = attrs.evolve(config, writer_process=LIVE_WRITER["writer_process"])
     store = await RoomStore.open(url, config, reactor=reactor)
     factory = ReplicationServerFactory("bench", store_stream_registry(store), reactor,
                                        ReplicationConfig(page_size=page_size))
@@ -743,9 +750,10 @@ LIVE_MODES = (
 
 
 async def live(reactor, engine: str, new_url, events: int, runs: int, page_size: int) -> list[list]:
-    samples: dict[str, list] = {label: [] for label, _, _ in LIVE_MODES}
+    modes = [mode for mode in LIVE_MODES if not (mode[2] and LIVE_WRITER["writer_process"])]
+    samples: dict[str, list] = {label: [] for label, _, _ in modes}
     for _ in range(runs):  # the modes take turns, run by run
-        for label, burst, bulk in LIVE_MODES:
+        for label, burst, bulk in modes:
             samples[label].append(await live_run(reactor, new_url(), events, page_size, burst, bulk))
     rows = []
     for label, got in samples.items():
@@ -1147,7 +1155,8 @@ async def main(reactor, args) -> None:
     if "live" in args.sections:
         print(f"\n3. Live traffic: a worker process connected and caught up while the writer (this process) persists "
               f"{args.events} events in batches of 50 ({LIVE_WRITER['in_flight']} call(s) in flight, "
-              f"validation_processes={LIVE_WRITER['validation_processes']}); RDATA lines/s at the worker from its first row to the writer's "
+              f"validation_processes={LIVE_WRITER['validation_processes']}"
+              f"{', in a writer process' if LIVE_WRITER['writer_process'] else ''}); RDATA lines/s at the worker from its first row to the writer's "
               f"positions, parse and apply included; median of {args.runs} runs\n")
         rows = []
         for engine, new_url in databases:
@@ -1229,8 +1238,11 @@ if __name__ == "__main__":
                         help="3: persist_events calls the live event writer keeps in flight (default 1)")
     parser.add_argument("--writer-validation-processes", type=int, default=None,
                         help="3: the live writer store's validation_processes (default: the store's own)")
+    parser.add_argument("--writer-process", action="store_true",
+                        help="3: the live writer store's writes in a child process (StoreConfig.writer_process)")
     args = parser.parse_args()
-    LIVE_WRITER.update(in_flight=args.writer_in_flight, validation_processes=args.writer_validation_processes)
+    LIVE_WRITER.update(in_flight=args.writer_in_flight, validation_processes=args.writer_validation_processes,
+                       writer_process=args.writer_process)
     if args.transports_only:
         args.sections = ["transports"]
     task.react(lambda r: defer.ensureDeferred(main(r, args)))
