@@ -58,8 +58,9 @@ class StoreConfig:
     #: database URL naming a file or a server (not ``:memory:``).
     writer_process: bool = False
     #: The child writer's CPU priority: ``"idle"`` (Linux ``SCHED_IDLE``: it
-    #: runs when nothing else of normal priority wants the core) or a nice
-    #: value 0-19. Its validation workers inherit it.
+    #: runs when nothing else of normal priority wants the core; nice 19
+    #: where that is refused) or a nice value 0-19 (never below this
+    #: process's own). Its validation workers inherit it.
     writer_process_priority: str | int = attrs.field(default="idle")
 
     @writer_process_priority.validator

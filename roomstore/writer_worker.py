@@ -32,12 +32,18 @@ log = Logger()
 
 
 def set_priority(priority: str | int) -> None:
-    """This process's CPU priority (its children inherit it): ``"idle"`` is
-    ``SCHED_IDLE`` where the platform has it (else nice 19)."""
+    """This process's CPU priority (its threads and children inherit it):
+    ``"idle"`` is ``SCHED_IDLE`` where the platform allows it (else nice 19);
+    a nice value never below the one this process started with (going
+    lower needs privileges)."""
     if priority == "idle" and hasattr(os, "SCHED_IDLE"):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    else:
-        os.nice((19 if priority == "idle" else int(priority)) - os.nice(0))
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return
+        except OSError:  # refused (a container's seccomp, say): the nearest there is
+            priority = 19
+    wanted = 19 if priority == "idle" else int(priority)
+    os.nice(max(0, wanted - os.nice(0)))
 
 
 @implementer(IHalfCloseableProtocol)
@@ -80,8 +86,7 @@ class _Calls(protocol.Protocol):
 
     def _collect(self, outcome) -> None:
         # What the parent's caches need (positions, invalidations): the
-        # results go back with each call, and pickling them twice cost as
-        # much as a fifth of the write.
+        # calls' own replies carry the results, so the outcome need not.
         self._outcomes.append(attrs.evolve(outcome, results={}, new_event_ids=[]))
 
     async def _run(self, ticket: int, method: str, args: tuple, kwargs: dict) -> None:

@@ -6,6 +6,8 @@ the call that made it returns. Real child processes, real databases."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from twisted.internet import defer
 from twisted.trial import unittest
@@ -34,6 +36,8 @@ class WriterProcessTests:
         store = await self.open_store(validation_processes=1)
         child = store._writer_process._transport.pid
         self.assertNotEqual(child, os.getpid())
+        if hasattr(os, "SCHED_IDLE"):
+            self.assertEqual(os.sched_getscheduler(child), os.SCHED_IDLE)
         room, built = linear_room(300)
         events = [room.to_persist(e) for e in built]
         batches = [events[i:i + 40] for i in range(0, len(events), 40)]
@@ -192,6 +196,19 @@ class WriterProcessConfigTests(unittest.TestCase):
         with self.assertRaises(DatabaseConfigError) as caught:
             await RoomStore.open("sqlite:///:memory:", StoreConfig(writer_process=True))
         self.assertIn(":memory:", str(caught.exception))
+
+    def test_priority_set_in_a_process(self):
+        code = (
+            "import os, sys; from roomstore.writer_worker import set_priority; set_priority(sys.argv[1]);"
+            " print(os.sched_getscheduler(0) == getattr(os, 'SCHED_IDLE', None), os.nice(0))"
+        )
+        def run(priority):
+            out = subprocess.run([sys.executable, "-c", code, priority], capture_output=True, text=True, check=True)
+            return out.stdout.split()
+        base = os.nice(0)
+        self.assertEqual(run("7"), ["False", str(max(7, base))])
+        if hasattr(os, "SCHED_IDLE"):
+            self.assertEqual(run("idle")[0], "True")
 
     def test_priority_checked(self):
         with self.assertRaises(ValueError):
