@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from prometheus_client import Counter, Histogram
 from twisted.internet import defer, threads
@@ -116,6 +116,15 @@ def run_transaction(
                     pass
 
 
+class _TransactionMetrics(NamedTuple):
+    """One transaction description's labelled metrics."""
+
+    retries: Any
+    seconds: Any
+    commits: Any
+    errors: Any
+
+
 class Database:
     """A pool of connections to one database, used through ``run_interaction``.
 
@@ -135,7 +144,7 @@ class Database:
             reactor = default_reactor
         self.engine = engine
         self.reactor = reactor
-        self._metrics_by_description: dict[str, tuple] = {}
+        self._metrics_by_description: dict[str, _TransactionMetrics] = {}
         #: Lost connections and the waits between attempts (reconnect.py);
         #: ``clock`` times the waits (default: the reactor).
         self.outages = Outages(clock if clock is not None else reactor, engine.describe(), backoff, give_up_after_s)
@@ -263,18 +272,17 @@ class Database:
             self.engine,
             self._get_connection,
             body,
-            on_retry=self._metrics(description)[0].inc,
+            on_retry=self._metrics(description).retries.inc,
             on_connection_lost=lambda exc, conn, committing: lost(
                 exc, conn, committing, txn_box[0].xid if txn_box else None),
         )
 
-    def _metrics(self, description: str) -> tuple:
-        """(retries, seconds, commits, errors) of ``description``'s
-        transactions: labelled once, not per transaction (``labels`` takes
-        a lock and builds its key every time)."""
+    def _metrics(self, description: str) -> _TransactionMetrics:
+        """``description``'s transaction metrics: labelled once, not per
+        transaction (``labels`` takes a lock and builds its key every time)."""
         found = self._metrics_by_description.get(description)
         if found is None:
-            found = self._metrics_by_description[description] = (
+            found = self._metrics_by_description[description] = _TransactionMetrics(
                 transaction_retries.labels(description), transaction_seconds.labels(description),
                 transaction_outcomes.labels(description, "commit"), transaction_outcomes.labels(description, "error"),
             )
@@ -298,6 +306,7 @@ class Database:
         if self._closed:
             raise RuntimeError(f"database is closed (interaction {description!r})")
         start = time.perf_counter()
+        metrics = self._metrics(description)
         self._in_flight += 1
         attempt = 0
         in_doubt = None
@@ -314,23 +323,23 @@ class Database:
                     if lost.in_doubt is not None:
                         in_doubt = lost.in_doubt
                     delay = self.outages.lost(lost, attempt)
-                    self._metrics(description)[0].inc()
+                    metrics.retries.inc()
                     await deferLater(self.outages.clock, delay, lambda: None)
                     if self._closed:
                         raise DatabaseUnavailableError(
                             f"{self.engine.describe()}: closed while reconnecting ({lost})") from None
             self.outages.committed()
         except BaseException:
-            self._metrics(description)[3].inc()
+            metrics.errors.inc()
             raise
         finally:
-            self._metrics(description)[1].observe(time.perf_counter() - start)
+            metrics.seconds.observe(time.perf_counter() - start)
             self._in_flight -= 1
             if self._in_flight == 0 and self._drained:
                 waiting, self._drained = self._drained, []
                 for d in waiting:
                     d.callback(None)
-        self._metrics(description)[2].inc()
+        metrics.commits.inc()
         for callback, cb_args, cb_kwargs in after:
             callback(*cb_args, **cb_kwargs)
         return result
