@@ -98,9 +98,12 @@ async def import_file(
     commits several in one transaction (group commit). Results are taken in
     file order. A refused batch is retried event by event once the batches
     before it are settled; a later batch that needed its events was refused
-    too and is retried the same way after it. So what is imported and
-    reported is what one batch at a time imports and reports (only the
-    stream order of a retried batch's events may differ)."""
+    too and is retried the same way after it. A later batch that did not
+    need them may have been written before that retry: its events then come
+    first in the stream, and where a later batch changed what a retried
+    event's state is checked against (a room's forward extremities), that
+    event's outcome can differ from ``in_flight=1``, which keeps file order
+    strictly. Nothing is lost either way: each refused event is reported."""
     from roomstore.events.persist import EventToPersist, MissingStateError
     from roomstore.pdu.room_versions import UnknownRoomVersion
     from roomstore.pdu.parsing import InvalidEventError

@@ -1,6 +1,7 @@
 """``import_file(..., in_flight=N)``: several batches handed to the store at
-once import and report what one batch at a time does, refused batches and
-batches that need a refused batch's events included."""
+once, on a file with a refused batch, a batch that needs its events, a
+damaged line and a conflicting fork, import and report what one batch at a
+time does."""
 
 from __future__ import annotations
 
