@@ -5,7 +5,10 @@ batch loop that reports what the store refuses and imports the rest."""
 from __future__ import annotations
 
 import json
+from collections import deque
 from typing import Iterator
+
+from twisted.internet import defer
 
 from roomstore.cli_common import emit
 
@@ -76,7 +79,7 @@ def member_text(text: str, wanted: str) -> str:
 
 async def import_file(
     store, path: str, batch_size: int = 100, progress: bool = False, strict: bool = False, verify_keys=None,
-    summary: dict | None = None,
+    summary: dict | None = None, in_flight: int = 1,
 ) -> dict:
     """Import a JSON-lines file in batches; a failing batch is retried event by
     event so one unresolvable event is reported and the rest imported.
@@ -87,13 +90,28 @@ async def import_file(
     checked where the keys allow, a bad one refuses the event.
     A progress bar on stderr when it is a terminal, or ``progress`` forces it.
     ``summary`` (filled as it goes) keeps the counts when an error stops it:
-    ``next_line`` is the first line not imported."""
+    ``next_line`` is the first line not imported (batches after it that were
+    in flight may be stored too: an import run again skips what is stored).
+
+    ``in_flight``: batches handed to ``persist_events`` before the first is
+    awaited, so the store validates the next ones while it writes, and
+    commits several in one transaction (group commit). Results are taken in
+    file order. A refused batch is retried event by event once the batches
+    before it are settled; a later batch that needed its events was refused
+    too and is retried the same way after it. A later batch that did not
+    need them may have been written before that retry: its events then come
+    first in the stream, and where a later batch changed what a retried
+    event's state is checked against (a room's forward extremities), that
+    event's outcome can differ from ``in_flight=1``, which keeps file order
+    strictly. Nothing is lost either way: each refused event is reported."""
     from roomstore.events.persist import EventToPersist, MissingStateError
     from roomstore.pdu.room_versions import UnknownRoomVersion
     from roomstore.pdu.parsing import InvalidEventError
     from roomstore.progress import progress_bar
     from roomstore.state.merge import ConflictedStateError
 
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be 1 or more, not {in_flight}")
     expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
     options = {"refuse_hash_mismatch": strict, "verify_keys": verify_keys}
     lines = []
@@ -107,20 +125,24 @@ async def import_file(
             lines.append((number, raw, version))
     bar = progress_bar(len(lines), "import", "event", force=progress)
     unchecked = 0
-    for start in range(0, len(lines), batch_size):
-        chunk = lines[start : start + batch_size]
+
+    async def one_by_one(chunk, batch) -> list:
+        results = []
+        for line, item in zip(chunk, batch):
+            try:
+                results.extend((line, r) for r in await store.persist_events([item], **options))
+            except expected as exc:
+                summary["failed"] += 1
+                emit({"line": line[0], "error": type(exc).__name__, "message": str(exc)})
+        return results
+
+    async def settle(chunk, batch, written: defer.Deferred) -> None:
+        nonlocal unchecked
         summary["next_line"] = chunk[0][0]
-        batch = [EventToPersist(raw, version) for _, raw, version in chunk]
         try:
-            results = list(zip(chunk, await store.persist_events(batch, **options)))
+            results = list(zip(chunk, await written))
         except expected:
-            results = []
-            for line, item in zip(chunk, batch):
-                try:
-                    results.extend((line, r) for r in await store.persist_events([item], **options))
-                except expected as exc:
-                    summary["failed"] += 1
-                    emit({"line": line[0], "error": type(exc).__name__, "message": str(exc)})
+            results = await one_by_one(chunk, batch)
         for (number, _, _), result in results:
             summary["already_present" if result.already_persisted else "imported"] += 1
             if result.content_hash_mismatch:
@@ -130,6 +152,25 @@ async def import_file(
                       "stored": "an earlier copy" if result.already_persisted else "redacted"})
             unchecked += not result.signatures_checked
         bar.update(len(chunk))
+
+    pending: deque = deque()
+    try:
+        for start in range(0, len(lines), batch_size):
+            chunk = lines[start : start + batch_size]
+            batch = [EventToPersist(raw, version) for _, raw, version in chunk]
+            pending.append((chunk, batch, defer.ensureDeferred(store.persist_events(batch, **options))))
+            if len(pending) >= in_flight:
+                await settle(*pending.popleft())
+        while pending:
+            await settle(*pending.popleft())
+    finally:
+        # An error stops the import: the batches still in flight end before
+        # it is raised (the caller closes the store next); theirs are dropped.
+        for _, _, written in pending:
+            try:
+                await written
+            except Exception:  # noqa: BLE001 - the first error is the one raised
+                pass
     bar.close()
     summary.pop("next_line", None)
     if verify_keys is None:

@@ -95,6 +95,41 @@ class CliTests:
         self.assertEqual({(s["type"], s["state_key"]) for s in out[0]["state"]}, {("m.room.create", "")})
 
 
+    async def test_import_in_flight_and_validation_processes(self):
+        """The pipelined import (the default, 8 batches in flight; and with a
+        validation process) reports and stores what one batch at a time does."""
+        sample = os.path.join(tempfile.mkdtemp(), "sample.jsonl")
+        self.addCleanup(os.remove, sample)
+        write_sample(sample, rooms=3, events_per_room=200, seed=5)
+        outcomes = []
+        for options in (["--in-flight", "1"], [], ["--in-flight", "4", "--validation-processes", "1"]):
+            url = self.new_database_url()
+            code, out, err = await self.cli("import", sample, "--db", url, "--batch-size", "25", *options)
+            self.assertEqual(code, 0, err)
+            summary = dict(out[-1])
+            del summary["seconds"]
+            code, stats, err = await self.cli("stats", "--db", url)
+            self.assertEqual(code, 0, err)
+            # Rows per transaction, not per event, differ with group commit:
+            # the invalidations, and current state deltas (a group's one
+            # change where batch by batch each step is a row).
+            rows = {row["table"]: row["rows"] for row in stats
+                    if row["table"] not in ("cache_invalidations", "current_state_deltas")}
+            outcomes.append((out[:-1], summary, rows))
+        self.assertEqual(outcomes[0][1]["failed"], 2)
+        self.assertEqual(outcomes[1], outcomes[0])
+        self.assertEqual(outcomes[2], outcomes[0])
+
+    async def test_in_flight_below_one_is_refused(self):
+        code, out, err = await self.cli("import", SAMPLE_PATH, "--db", self.new_database_url(), "--in-flight", "0")
+        self.assertEqual(code, 2)
+        self.assertIn("--in-flight: 0 is below 1: give 1 or more", err)
+        code, out, err = await self.cli(
+            "import", SAMPLE_PATH, "--db", self.new_database_url(), "--validation-processes", "many")
+        self.assertEqual(code, 2)
+        self.assertIn("--validation-processes: 'many' is not a whole number", err)
+
+
 @on_both_engines
 class DemoTests:
     async def test_demo_imports_the_bundled_sample_and_reads(self):

@@ -38,7 +38,7 @@ from tests.replication.test_redis_processes import write_chunks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULTS = int(os.environ.get("ROOMSTORE_DB_FAULTS", "10"))
-CHUNKS = int(os.environ.get("ROOMSTORE_DB_FAULT_CHUNKS", "120"))
+CHUNKS = int(os.environ.get("ROOMSTORE_DB_FAULT_CHUNKS", "300"))
 WRITERS = ("w1", "w2")
 CHANNEL = "dbfaults.example"
 W_ARGS = [arg for name in STORE_STREAMS for arg in ("--stream-writers", f"{name}={','.join(WRITERS)}")]

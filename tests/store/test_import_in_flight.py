@@ -1,0 +1,104 @@
+"""``import_file(..., in_flight=N)``: several batches handed to the store at
+once, on a file with a refused batch, a batch that needs its events, a
+damaged line and a conflicting fork, import and report what one batch at a
+time does."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from roomstore import cli_import
+from roomstore.cli_import import import_file
+from roomstore.store import RoomStore
+from tests.db import on_both_engines
+from tests.store.builder import RoomBuilder, fake_event_id
+
+ALICE = "@alice:example.org"
+BOB = "@bob:example.org"
+
+
+def write_lines(lines: list[bytes]) -> str:
+    directory = tempfile.mkdtemp()
+    path = os.path.join(directory, "events.jsonl")
+    with open(path, "wb") as handle:
+        handle.write(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+def awkward_file() -> tuple[str, RoomBuilder, list]:
+    """Batches of 3 (``batch_size=3``): the second holds an event whose prev
+    event nobody has (the batch is refused, then retried event by event);
+    the third needs the second's events; a damaged line; a fork that
+    conflicts; then a long tail of messages."""
+    room = RoomBuilder()
+    create, join_a, m1 = room.create(), room.join(ALICE), room.message(ALICE, "one")
+    m2 = room.message(ALICE, "two")
+    orphan = room.message(ALICE, "orphan", prev=[fake_event_id("nobody has it")], set_leaves=False)
+    m3 = room.message(ALICE, "three", prev=[m2.event_id])
+    m4, join_b, m5 = room.message(ALICE, "four"), room.join(BOB), room.message(BOB, "five")
+    base = list(room.leaves)
+    t1 = room.state("m.room.topic", "", {"topic": "left"}, prev=base)
+    t2 = room.state("m.room.topic", "", {"topic": "right"}, prev=base)
+    room.leaves = [t1.event_id]  # the tail follows t1 (t2 is refused)
+    tail = [room.message(ALICE if i % 2 else BOB, f"tail {i}") for i in range(40)]
+    events = [create, join_a, m1, m2, orphan, m3, m4, join_b, m5, t1, t2, *tail]
+    lines = [e.raw for e in events]
+    lines.insert(9, b'{"type": "m.room.message", "broken')
+    return write_lines(lines), room, events
+
+
+@on_both_engines
+class ImportInFlightTests:
+    async def open_store(self) -> RoomStore:
+        store = await RoomStore.open(await self.make_database())
+        self.addCleanup(store.close)
+        return store
+
+    async def imported(self, path: str, in_flight: int) -> tuple[dict, list, RoomStore]:
+        store = await self.open_store()
+        reports: list = []
+        self.patch(cli_import, "emit", reports.append)
+        summary = await import_file(store, path, batch_size=3, in_flight=in_flight)
+        return summary, reports, store
+
+    async def stored(self, store: RoomStore, room: RoomBuilder, events: list) -> dict:
+        """What a reader sees: which events are stored, the room's state and ends."""
+        present = {}
+        for event in events:
+            present[event.event_id] = await store.get_event(event.event_id) is not None
+        return {
+            "present": present,
+            "state": await store.get_current_state_ids(room.room_id),
+            "extremities": sorted(await store.get_forward_extremities(room.room_id)),
+        }
+
+    async def test_same_outcome_as_one_batch_at_a_time(self):
+        path, room, events = awkward_file()
+        self.addCleanup(os.remove, path)
+        one_summary, one_reports, one_store = await self.imported(path, 1)
+        many_summary, many_reports, many_store = await self.imported(path, 6)
+        self.assertEqual(many_summary, one_summary)
+        self.assertEqual(many_reports, one_reports)
+        # The orphan, the damaged line and the conflicting fork's t2 failed; the rest went in.
+        self.assertEqual((one_summary["imported"], one_summary["failed"]), (len(events) - 2, 3))
+        self.assertEqual(
+            sorted(r["line"] for r in many_reports), [5, 10, 12],
+            "the orphan, the damaged line and the second topic, each reported once by its line",
+        )
+        self.assertEqual(await self.stored(many_store, room, events), await self.stored(one_store, room, events))
+        self.assertEqual(many_store.get_current_token(), one_store.get_current_token())
+
+    async def test_run_again_finds_everything_present(self):
+        path, _room, events = awkward_file()
+        self.addCleanup(os.remove, path)
+        summary, _reports, store = await self.imported(path, 8)
+        again = await import_file(store, path, batch_size=3, in_flight=8)
+        self.assertEqual((again["imported"], again["already_present"]), (0, summary["imported"]))
+
+    async def test_in_flight_below_one_is_refused(self):
+        store = await self.open_store()
+        path = write_lines([])
+        self.addCleanup(os.remove, path)
+        with self.assertRaises(ValueError):
+            await import_file(store, path, in_flight=0)
