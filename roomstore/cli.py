@@ -482,7 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("init", "create or upgrade the schema; print schema version and stream positions")
     p = add("import", "import events from a JSON-lines file")
     p.add_argument("file", help="JSON lines: one event a line, a bare PDU or {\"room_version\": ..., \"event\": {...}}")
-    p.add_argument("--batch-size", type=int, default=100, help="events persisted per transaction (default 100)")
+    p.add_argument("--batch-size", type=at_least(1), default=100, metavar="N",
+                   help="events per persist_events call, stored whole or not at all (default 100; the store may"
+                        " commit several in one transaction)")
     p.add_argument("--in-flight", type=at_least(1), default=8, metavar="N",
                    help="batches handed to the store at once: it validates the next while it writes, and commits"
                         " several in one transaction (default 8; 1: one batch at a time)")

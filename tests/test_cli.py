@@ -120,7 +120,7 @@ class CliTests:
         self.assertEqual(outcomes[1], outcomes[0])
         self.assertEqual(outcomes[2], outcomes[0])
 
-    async def test_in_flight_below_one_is_refused(self):
+    async def test_bad_numbers_are_one_line_errors(self):
         code, out, err = await self.cli("import", SAMPLE_PATH, "--db", self.new_database_url(), "--in-flight", "0")
         self.assertEqual(code, 2)
         self.assertIn("--in-flight: 0 is below 1: give 1 or more", err)
@@ -128,6 +128,9 @@ class CliTests:
             "import", SAMPLE_PATH, "--db", self.new_database_url(), "--validation-processes", "many")
         self.assertEqual(code, 2)
         self.assertIn("--validation-processes: 'many' is not a whole number", err)
+        code, out, err = await self.cli("import", SAMPLE_PATH, "--db", self.new_database_url(), "--batch-size", "0")
+        self.assertEqual(code, 2)
+        self.assertIn("--batch-size: 0 is below 1: give 1 or more", err)
 
 
 @on_both_engines
