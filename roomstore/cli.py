@@ -61,9 +61,9 @@ def at_least(least: int, also: tuple[str, ...] = ()) -> Callable[[str], int | st
 
 
 #: ``import --validation-processes auto``: a worker process from this many
-#: lines (it takes about half a second to start; 40,000 events imported 1.2x
-#: faster with one, CHANGES.md session 16).
-AUTO_WORKER_LINES = 10_000
+#: lines. It takes about 0.4 s to start: at 10,000 events the import was no
+#: faster with one, at 40,000 1.2x (CHANGES.md, session 16).
+AUTO_WORKER_LINES = 20_000
 
 
 def auto_validation_processes(path: str) -> int:
