@@ -42,19 +42,43 @@ async def open_store(reactor, args, create: bool = False, read_only: bool = Fals
     return await RoomStore.open(args.db, config, reactor=reactor, create=create)
 
 
-def at_least(least: int) -> Callable[[str], int]:
-    """An argparse type: an integer no smaller than ``least``."""
+def at_least(least: int, also: tuple[str, ...] = ()) -> Callable[[str], int | str]:
+    """An argparse type: an integer no smaller than ``least`` (or one of the words ``also``)."""
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> int | str:
+        if text in also:
+            return text
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+            words = "".join(f" or {word}" for word in also)
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number{words}") from None
         if value < least:
             raise argparse.ArgumentTypeError(f"{value} is below {least}: give {least} or more")
         return value
 
     return parse
+
+
+#: ``import --validation-processes auto``: a worker process from this many
+#: lines. It takes about 0.4 s to start: at 10,000 events the import was no
+#: faster with one, at 40,000 1.2x (CHANGES.md, session 16).
+AUTO_WORKER_LINES = 20_000
+
+
+def auto_validation_processes(path: str) -> int:
+    """1 for a file of ``AUTO_WORKER_LINES`` lines or more where this process
+    may use two cores or more, else 0."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores < 2:
+        return 0
+    lines = 0
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            lines += chunk.count(b"\n")
+            if lines >= AUTO_WORKER_LINES:
+                return 1
+    return 0
 
 
 def check_multi_writer(writers: dict[str, list[str]], args) -> None:
@@ -117,7 +141,10 @@ async def cmd_import(reactor, args) -> int:
     from roomstore.storage import StorageFullError
 
     try:
-        store = await open_store(reactor, args, create=True, validation_processes=args.validation_processes)
+        processes = args.validation_processes
+        if processes == "auto":
+            processes = auto_validation_processes(args.file)
+        store = await open_store(reactor, args, create=True, validation_processes=processes)
     except StorageFullError as exc:
         raise CliError(f"{exc}: free space and run it again") from None
     redis = None
@@ -488,9 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--in-flight", type=at_least(1), default=8, metavar="N",
                    help="batches handed to the store at once: it validates the next while it writes, and commits"
                         " several in one transaction (default 8; 1: one batch at a time)")
-    p.add_argument("--validation-processes", type=at_least(0), default=0, metavar="N",
-                   help="validate events in N worker processes, on other cores (default 0: on one thread"
-                        " of this process); 1 or 2 speed up a large import")
+    p.add_argument("--validation-processes", type=at_least(0, also=("auto",)), default="auto", metavar="N",
+                   help="validate events in N worker processes, on other cores; 0: on a thread of this process"
+                        f" (default auto: 1 for a file of {AUTO_WORKER_LINES:,} lines or more on two cores or more,"
+                        " else 0; a worker takes about half a second to start)")
     p.add_argument("--strict", action="store_true",
                    help="refuse an event whose content hash does not match (default: store it redacted);"
                         " exit 1 if any event failed")
