@@ -504,9 +504,13 @@ class RoomStore:
             deleted = await self._writer_process.call(
                 "delete_state_groups", ids, lock_timeout_s=lock_timeout_s, poll_interval_s=poll_interval_s
             )
-            for group in ids:
-                self.state_groups.forget(group)
-            return deleted
+        else:
+            deleted = await self._delete_groups_when_unlocked(ids, lock_timeout_s, poll_interval_s, clock)
+        for group in ids:
+            self.state_groups.forget(group)
+        return deleted
+
+    async def _delete_groups_when_unlocked(self, ids, lock_timeout_s, poll_interval_s, clock) -> int:
         timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
         reactor = clock or self.clock
         waiting_logged = False
@@ -530,8 +534,6 @@ class RoomStore:
                     " timeout {timeout:.0f}s) to delete {n} state group(s)",
                     holder=stale[0], age=stale[1], timeout=timeout_s, n=len(ids),
                 )
-            for group in ids:
-                self.state_groups.forget(group)
             return deleted
 
     # --- timeline and federation reads (roomstore.events.timeline, .federation)

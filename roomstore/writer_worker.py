@@ -24,7 +24,7 @@ from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
 from zope.interface import implementer
 
-from roomstore.events.validation_worker import FrameReader, frame, shipped_error
+from roomstore.events.validation_worker import FrameReader, claim_stdout, frame, shipped_error
 from roomstore.events.writer_process import FORWARDED
 from roomstore.store import RoomStore, StoreConfig
 
@@ -138,10 +138,7 @@ async def _serve(reactor: Any, replies_fd: int) -> None:
 
 
 def main() -> None:
-    # The frames get a descriptor of their own; anything printing to stdout
-    # (a warning, a library) goes to stderr instead.
-    replies_fd = os.dup(1)
-    os.dup2(2, 1)
+    replies_fd = claim_stdout()
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
     task.react(lambda reactor: defer.ensureDeferred(_serve(reactor, replies_fd)))
 

@@ -111,12 +111,17 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
         replies.flush()
 
 
-def main() -> None:
-    # The replies get a descriptor of their own; anything else printing to
-    # stdout (a warning, a library) goes to stderr instead of the frames.
-    replies = os.fdopen(os.dup(1), "wb")
+def claim_stdout() -> int:
+    """A descriptor of its own for a worker's frames, which stdout was; stdout
+    becomes stderr, so anything else printing to it (a warning, a library)
+    cannot break a frame."""
+    replies_fd = os.dup(1)
     os.dup2(2, 1)
-    serve(sys.stdin.buffer, replies)
+    return replies_fd
+
+
+def main() -> None:
+    serve(sys.stdin.buffer, os.fdopen(claim_stdout(), "wb"))
 
 
 if __name__ == "__main__":
