@@ -8,8 +8,10 @@ The writer in (a) and (f) is driven with K ``persist_events`` calls in flight
 several batches queued, the next validated while one is written) and the
 store's ``validation_processes`` (default: the store's own default); the
 first line printed says which, with the interpreter's switch interval and
-the load average. With PYTHONPATH set to an older checkout the same file
-measures that code (K = 1 and the defaults only).
+the load average. Copied into an older checkout's bench/ (with _common.py)
+and run there, the same file measures that code (K = 1 and the defaults
+only): it puts its own checkout first on sys.path, so PYTHONPATH alone does
+not.
 
 (a) Persist throughput: events/s through ``persist_events`` in batches of 100
     (a linear room: 90% messages, 5% topic changes, 5% joins), against a raw

@@ -7,8 +7,9 @@ usage: bench/with-postgres .venv/bin/python bench/persist_profile.py [--events N
 The workload is bench/event_store.py's section (a) (a linear room, batches
 of 100). The reactor thread's profile includes its waits (``poll``); the
 database threads' profile is the interactions' functions run inside a
-profiler enabled on the pool thread for each interaction. Also runs against
-an older checkout (PYTHONPATH=<its root>): it only uses ``RoomStore`` and
+profiler enabled on the pool thread for each interaction. Also measures an
+older checkout when copied into its bench/ and run there (it puts its own
+checkout first on sys.path): it only uses ``RoomStore`` and
 ``Database._run_in_thread``.
 """
 
