@@ -27,6 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
 from bench._common import print_table  # noqa: E402
+from roomstore.cli import usable_cores  # noqa: E402
 
 
 def python_loop(n: int) -> float:
@@ -73,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 3:
         parser.error("--rounds must be at least 3 (medians)")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     if cores < 2:
         sys.exit("core_contention: this process may use one core only; nothing to compare")
     print(f"bench/core_contention.py: {cores} usable cores, {args.rounds} rounds, load average "

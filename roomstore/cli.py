@@ -66,11 +66,15 @@ def at_least(least: int, also: tuple[str, ...] = ()) -> Callable[[str], int | st
 AUTO_WORKER_LINES = 20_000
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def auto_validation_processes(path: str) -> int:
     """1 for a file of ``AUTO_WORKER_LINES`` lines or more where this process
     may use two cores or more, else 0."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if cores < 2:
+    if usable_cores() < 2:
         return 0
     lines = 0
     with open(path, "rb") as handle:

@@ -119,6 +119,15 @@ class DatabaseTestMixin:
             await db.prepare()
         return db
 
+    async def open_store(self, **open_kw):
+        """A ``RoomStore`` on a fresh database of this engine
+        (``RoomStore.open``'s keyword arguments), closed after the test."""
+        from roomstore.store import RoomStore
+
+        store = await RoomStore.open(await self.make_database(), **open_kw)
+        self.addCleanup(store.close)
+        return store
+
 
 def _rmtree(path: str) -> None:
     import shutil

@@ -10,7 +10,6 @@ from canonicaljson import encode_canonical_json
 from roomstore.pdu.content_hash import ContentHashMismatch
 from roomstore.events.persist import EventToPersist
 from roomstore.pdu.redaction_algorithm import prune_event_dict
-from roomstore.store import RoomStore
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
 
@@ -25,11 +24,6 @@ def tampered(built, **content) -> bytes:
 
 @on_both_engines
 class ContentHashStoreTests:
-    async def open_store(self) -> RoomStore:
-        store = await RoomStore.open(await self.make_database())
-        self.addCleanup(store.close)
-        return store
-
     async def flags(self, store, event_id):
         return await store.db.run_interaction("flags", lambda t: t.execute(
             "SELECT j.censored, e.redacted FROM events AS e JOIN event_json AS j ON j.event_nid = e.event_nid"

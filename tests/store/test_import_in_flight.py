@@ -50,11 +50,6 @@ def awkward_file() -> tuple[str, RoomBuilder, list]:
 
 @on_both_engines
 class ImportInFlightTests:
-    async def open_store(self) -> RoomStore:
-        store = await RoomStore.open(await self.make_database())
-        self.addCleanup(store.close)
-        return store
-
     async def imported(self, path: str, in_flight: int) -> tuple[dict, list, RoomStore]:
         store = await self.open_store()
         reports: list = []

@@ -15,12 +15,6 @@ BOB = "@bob:example.org"
 
 @on_both_engines
 class PersistTests:
-    async def open_store(self, **kw) -> RoomStore:
-        db = await self.make_database()
-        store = await RoomStore.open(db, **kw)
-        self.addCleanup(store.close)
-        return store
-
     async def test_batch_positions_and_state(self):
         store = await self.open_store()
         room = RoomBuilder()

@@ -11,7 +11,6 @@ from roomstore.cli import import_file
 from roomstore.events.persist import MissingStateError
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state import ConflictedStateError
-from roomstore.store import RoomStore
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder, skip_precheck
 
@@ -20,12 +19,6 @@ ALICE = "@alice:example.org"
 
 @on_both_engines
 class PersistTrapTests:
-    async def open_store(self) -> RoomStore:
-        db = await self.make_database()
-        store = await RoomStore.open(db)
-        self.addCleanup(store.close)
-        return store
-
     async def test_stored_events_take_no_stream_ids(self):
         store = await self.open_store()
         room = RoomBuilder()

@@ -53,11 +53,6 @@ def recent_plan_txn(txn, store: RoomStore, user_id: str) -> str:
 
 @on_both_engines
 class RecentCacheTests:
-    async def open_store(self) -> RoomStore:
-        store = await RoomStore.open(await self.make_database())
-        self.addCleanup(store.close)
-        return store
-
     async def room_with_messages(self, store: RoomStore, count: int = 3) -> tuple[RoomBuilder, list]:
         room = RoomBuilder(room_id="!cached:example.org")
         events = [room.create(), room.join(ALICE)]

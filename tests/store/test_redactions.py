@@ -356,12 +356,6 @@ def _odd_bytes(room: RoomBuilder) -> tuple[bytes, dict]:
 
 @on_both_engines
 class EventBytesTests:
-    async def open_store(self) -> RoomStore:
-        db = await self.make_database()
-        store = await RoomStore.open(db)
-        self.addCleanup(store.close)
-        return store
-
     async def test_odd_serialisation_round_trips_exactly(self):
         store = await self.open_store()
         room = RoomBuilder()

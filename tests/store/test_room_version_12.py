@@ -44,11 +44,6 @@ def retarget(room: RoomBuilder, room_id: str, body: str) -> bytes:
 
 @on_both_engines
 class RoomVersion12Tests:
-    async def open_store(self) -> RoomStore:
-        store = await RoomStore.open(await self.make_database())
-        self.addCleanup(store.close)
-        return store
-
     async def build_room(self, store: RoomStore) -> tuple[RoomBuilder, dict]:
         room = v12_room()
         create, join = room.create(), room.join(ALICE)
