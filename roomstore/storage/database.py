@@ -253,9 +253,11 @@ class Database:
             if status == "committed":
                 log.info("{desc}: committed before the connection was lost", desc=description)
                 return outcome
-            if status == "in progress":  # the old session is still ending
+            if status == "in progress":
+                # The old session is still ending: part of the outage that
+                # left the commit in doubt (an older generation), not a new one.
                 raise ConnectionLost(RuntimeError(f"transaction {xid} still in progress"),
-                                     self.outages.generation, in_doubt)
+                                     self.outages.generation - 1, in_doubt)
 
         txn_box: list[Transaction] = []
         outcome_box: list[tuple[R, list]] = []

@@ -113,8 +113,9 @@ class Outages:
         if self.started is None:
             if exc.generation < self.generation:
                 # A connection from before the last outage, which has ended:
-                # dead with that server; a new one will do, at once.
-                return 0.0
+                # dead with that server; a new one will do, at once. A commit
+                # still in doubt waits for its old session to end: the backoff.
+                return 0.0 if exc.in_doubt is None else self.backoff.delay(attempt)
             self.generation += 1
             self.started = now
             self.cause = one_line(exc.cause)

@@ -77,6 +77,16 @@ class OutagesTest(unittest.TestCase):
         self.assertEqual(self.logged.levels(), ["warn", "info", "warn"])
         self.assertEqual(self.outages.generation, 2)
 
+    def test_a_commit_in_doubt_after_its_outage_waits_silently(self):
+        # A commit's outcome is checked after the outage ended, and its old
+        # session is still ending: no new outage, the backoff's pause.
+        self.outages.lost(_lost(0), 1)
+        self.outages.committed()
+        still_ending = ConnectionLost(RuntimeError("transaction 7 still in progress"), 0, ("7", None))
+        self.assertEqual(self.outages.lost(still_ending, 2), 0.2)
+        self.assertEqual(self.logged.levels(), ["warn", "info"])
+        self.assertEqual((self.outages.generation, self.outages.in_outage), (1, False))
+
     def test_gives_up_after_the_limit_in_one_line(self):
         self.outages.lost(_lost(), 1)
         self.clock.advance(9.9)
