@@ -9,18 +9,29 @@ from collections import deque
 from typing import Iterator
 
 from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python import failure
 
 from roomstore.cli_common import emit
+from roomstore.events.persist import MissingStateError
+from roomstore.events.writer_process import WriterProcessLost
+from roomstore.pdu.parsing import MAX_JSON_NESTING, InvalidEventError
+from roomstore.pdu.room_versions import UnknownRoomVersion
+from roomstore.state.merge import ConflictedStateError
+from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError, StorageFullError
 
 
 def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None]]:
     """(line number, event bytes, room version or None) per non-blank line;
-    for a line that cannot be an event (not UTF-8 JSON, truncated, a wrapped
-    line whose ``room_version`` is not a string): (line number, None, why).
+    for a line that cannot be an event (not UTF-8 JSON, truncated, nested
+    too deeply to read, a wrapped line of another shape): (line number, None,
+    why).
 
     A bare PDU line is stored byte for byte; so is the event of a wrapped line
-    ``{"room_version": ..., "event": {...}}``: its bytes exactly as they
-    stand on the line.
+    ``{"room_version": "...", "event": {...}}``: its bytes exactly as they
+    stand on the line. A line is wrapped when it has ``room_version``, and
+    then it has exactly those two members; any other object is a bare PDU
+    (which may have a top-level ``event`` of its own: it is kept, not unwrapped).
     """
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
@@ -33,14 +44,30 @@ def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None
             except (UnicodeDecodeError, ValueError) as exc:
                 yield number, None, f"not a JSON object ({exc}): a truncated or damaged line?"
                 continue
-            if isinstance(obj, dict) and "event" in obj and isinstance(obj.get("event"), dict):
-                version = obj.get("room_version")
-                if version is not None and not isinstance(version, str):
-                    yield number, None, "room_version must be a string"
+            except RecursionError:
+                yield number, None, f"nested too deeply to read (an event may nest {MAX_JSON_NESTING} levels)"
+                continue
+            if isinstance(obj, dict) and "room_version" in obj:
+                why = _wrapped_line_problem(obj)
+                if why:
+                    yield number, None, why
                     continue
-                yield number, member_text(text, "event").encode("utf-8"), version
+                yield number, member_text(text, "event").encode("utf-8"), obj["room_version"]
             else:
                 yield number, line, None
+
+
+def _wrapped_line_problem(obj: dict) -> str | None:
+    """Why a line with ``room_version`` is not ``{"room_version": "...",
+    "event": {...}}``, or None when it is."""
+    if not isinstance(obj["room_version"], str):
+        return "room_version must be a string"
+    if not isinstance(obj.get("event"), dict):
+        return 'a line with room_version must have the event as an object: {"room_version": "...", "event": {...}}'
+    extra = sorted(set(obj) - {"room_version", "event"})
+    if extra:
+        return f"a line with room_version has only room_version and event, not {', '.join(map(repr, extra))}"
+    return None
 
 
 _DECODER = json.JSONDecoder()
@@ -77,6 +104,18 @@ def member_text(text: str, wanted: str) -> str:
     return found
 
 
+_log = Logger()
+
+#: What a store refuses an event for: the event's fault, reported in one line.
+EXPECTED = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
+#: What stops an import whole: the database, the disk or the process, never
+#: one event (every other error is the failure of the events that met it).
+STOPS_IMPORT = (
+    DatabaseConfigError, DatabaseUnavailableError, StorageFullError, SchemaError, WriterProcessLost,
+    OSError, MemoryError, defer.CancelledError,
+)
+
+
 async def import_file(
     store, path: str, batch_size: int = 100, progress: bool = False, strict: bool = False, verify_keys=None,
     summary: dict | None = None, in_flight: int = 1,
@@ -104,15 +143,12 @@ async def import_file(
     event's state is checked against (a room's forward extremities), that
     event's outcome can differ from ``in_flight=1``, which keeps file order
     strictly. Nothing is lost either way: each refused event is reported."""
-    from roomstore.events.persist import EventToPersist, MissingStateError
-    from roomstore.pdu.room_versions import UnknownRoomVersion
-    from roomstore.pdu.parsing import InvalidEventError
+    from roomstore.events.batch import PrevEventsCycle, peek_event_id
+    from roomstore.events.persist import EventToPersist
     from roomstore.progress import progress_bar
-    from roomstore.state.merge import ConflictedStateError
 
     if in_flight < 1:
         raise ValueError(f"in_flight must be 1 or more, not {in_flight}")
-    expected = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
     options = {"refuse_hash_mismatch": strict, "verify_keys": verify_keys}
     lines = []
     summary = {} if summary is None else summary
@@ -126,14 +162,27 @@ async def import_file(
     bar = progress_bar(len(lines), "import", "event", force=progress)
     unchecked = 0
 
-    async def one_by_one(chunk, batch) -> list:
+    def refused(line: int, exc: Exception) -> None:
+        summary["failed"] += 1
+        if not isinstance(exc, EXPECTED):  # a defect of ours, not of the event: -v logs where
+            _log.failure("line {line}: unexpected error", failure.Failure(exc), line=line)
+        emit({"line": line, "error": type(exc).__name__, "message": " ".join(str(exc).split()) or "no message"})
+
+    async def one_by_one(chunk, batch, batch_error: Exception) -> list:
+        """Each event of a refused batch alone; a cycle's events are refused
+        with the batch's error (alone, each would only miss its prevs)."""
+        cycle = batch_error.event_ids if isinstance(batch_error, PrevEventsCycle) else ()
         results = []
         for line, item in zip(chunk, batch):
+            if cycle and peek_event_id(item.raw) in cycle:
+                refused(line[0], batch_error)
+                continue
             try:
                 results.extend((line, r) for r in await store.persist_events([item], **options))
-            except expected as exc:
-                summary["failed"] += 1
-                emit({"line": line[0], "error": type(exc).__name__, "message": str(exc)})
+            except STOPS_IMPORT:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any other error is this event's alone
+                refused(line[0], exc)
         return results
 
     async def settle(chunk, batch, written: defer.Deferred) -> None:
@@ -141,8 +190,10 @@ async def import_file(
         summary["next_line"] = chunk[0][0]
         try:
             results = list(zip(chunk, await written))
-        except expected:
-            results = await one_by_one(chunk, batch)
+        except STOPS_IMPORT:
+            raise
+        except Exception as exc:  # noqa: BLE001 - found event by event
+            results = await one_by_one(chunk, batch, exc)
         for (number, _, _), result in results:
             summary["already_present" if result.already_persisted else "imported"] += 1
             if result.content_hash_mismatch:

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 
 import attrs
 
-from roomstore.pdu.hashing import compute_content_hash, compute_event_id
+from roomstore.pdu.hashing import compute_content_hash, compute_event_id, compute_reference_hash, unpadded_base64
 from roomstore.pdu.power_levels import room_creators
 from roomstore.pdu.room_versions import get_room_version
 
@@ -53,6 +53,9 @@ class RoomGraphBuilder:
     ):
         self.room_version = get_room_version(version)
         self.hashed_room_id = self.room_version.room_id_is_create_hash
+        #: v1/v2: the PDU carries its event ID and cites others as [ID, hashes] pairs.
+        self.ids_in_pdu = self.room_version.event_id_in_pdu
+        self.reference_hashes: dict[str, str] = {}
         # A v12 room has no ID before its create event.
         self.room_id = "" if self.hashed_room_id else room_id
         self.origin = creator.split(":", 1)[-1] if self.hashed_room_id else room_id.split(":", 1)[-1]
@@ -83,7 +86,7 @@ class RoomGraphBuilder:
             "depth": depth,
             "origin": self.origin,
             "origin_server_ts": self.clock,
-            "prev_events": prev_ids,
+            "prev_events": [self._reference(p) for p in prev_ids] if self.ids_in_pdu else prev_ids,
             "room_id": self.room_id,
             "sender": sender,
             "type": event_type,
@@ -99,15 +102,28 @@ class RoomGraphBuilder:
             event.update(extra)
         event["hashes"] = {"sha256": compute_content_hash(event)}
         event["signatures"] = {event["origin"]: {"ed25519:a": "c2lnbmF0dXJl"}}
-        event_id = compute_event_id(self.room_version, event)
+        if self.ids_in_pdu:
+            # v1/v2: the sender names the event; the ID is covered by the hashes.
+            event_id = event.setdefault("event_id", f"$e{len(self.events)}:{self.origin}")
+            event["hashes"] = {"sha256": compute_content_hash(event)}
+        else:
+            event_id = compute_event_id(self.room_version, event)
         if self.hashed_room_id and is_create:
             self.room_id = "!" + event_id[1:]
+        if self.ids_in_pdu:
+            digest = compute_reference_hash(self.room_version, event)
+            self.reference_hashes[event_id] = unpadded_base64(digest, urlsafe=False)
         built = BuiltEvent(event_id, json.dumps(event).encode("utf-8"), event)
         self.depth_of[event_id] = depth
         if set_leaves:
             self.leaves = [leaf for leaf in self.leaves if leaf not in prev_ids] + [event_id]
         self.events.append(built)
         return built
+
+    def _reference(self, event_id: str) -> list:
+        """A v1/v2 ``prev_events`` item: [ID, its reference hash] (a made-up
+        hash for an ID this builder did not build)."""
+        return [event_id, {"sha256": self.reference_hashes.get(event_id, "aGFzaA")}]
 
     def create(self) -> BuiltEvent:
         if not self.room_version.creators_have_infinite_power:

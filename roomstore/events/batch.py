@@ -18,7 +18,7 @@ import attrs
 from roomstore.pdu.content_hash import checked_pdu
 from roomstore.pdu.room_versions import get_room_version
 from roomstore.pdu.signatures import VerifyKeys, signatures_checked
-from roomstore.pdu.parsing import InvalidEventError, ParsedPdu, parse_pdu
+from roomstore.pdu.parsing import MAX_JSON_NESTING, MAX_PDU_SIZE, InvalidEventError, ParsedPdu, parse_pdu
 
 StateKey = tuple[str, str]
 
@@ -118,10 +118,14 @@ class PreparedEvent:
 
 def peek_room_version(raw: bytes) -> tuple[str | None, str | None, str | None]:
     """(room_id, type, content.room_version) from raw bytes, for version lookup."""
+    if len(raw) > MAX_PDU_SIZE:  # parse_pdu says so too; not worth decoding here
+        raise InvalidEventError(f"PDU is {len(raw)} bytes; the limit is {MAX_PDU_SIZE} bytes")
     try:
         obj = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidEventError(f"event is not valid UTF-8 JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidEventError(f"PDU JSON is nested too deeply; the limit is {MAX_JSON_NESTING} levels") from None
     if not isinstance(obj, dict):
         raise InvalidEventError("event is not a JSON object")
     content = obj.get("content")
@@ -129,6 +133,16 @@ def peek_room_version(raw: bytes) -> tuple[str | None, str | None, str | None]:
     room_id = obj.get("room_id") if isinstance(obj.get("room_id"), str) else None
     event_type = obj.get("type") if isinstance(obj.get("type"), str) else None
     return room_id, event_type, version if isinstance(version, str) else None
+
+
+def peek_event_id(raw: bytes) -> str | None:
+    """The ``event_id`` a PDU names (v1/v2 carry theirs), or None."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    event_id = obj.get("event_id") if isinstance(obj, dict) else None
+    return event_id if isinstance(event_id, str) else None
 
 
 def prepare_events(
@@ -233,9 +247,23 @@ def _in_order(batch: Sequence[PreparedEvent], by_id: Mapping[str, PreparedEvent]
     return True
 
 
+class PrevEventsCycle(InvalidEventError):
+    """Events of a batch whose ``prev_events`` cite each other round
+    (``event_ids``, each citing the next and the last the first)."""
+
+    def __init__(self, event_ids: Sequence[str]) -> None:
+        super().__init__(
+            f"events {', '.join(event_ids)} cite each other round in 'prev_events': no event can come first",
+            "prev_events",
+        )
+        self.event_ids = tuple(event_ids)
+
+
 def order_batch(batch: Sequence[PreparedEvent]) -> list[PreparedEvent]:
     """The batch with each event after its prev events that are in the batch
-    (stable otherwise); duplicates dropped."""
+    (stable otherwise); duplicates dropped. ``InvalidEventError`` where the
+    batch's prev events form a cycle (possible only in v1/v2, whose PDUs name
+    their own IDs): no order can put each event after its prevs."""
     by_id: dict[str, PreparedEvent] = {}
     for ev in batch:
         by_id.setdefault(ev.event_id, ev)
@@ -253,7 +281,10 @@ def order_batch(batch: Sequence[PreparedEvent]) -> list[PreparedEvent]:
             advanced = False
             for prev_id in prevs:
                 prev = by_id.get(prev_id)
-                if prev is not None and prev_id not in placed and prev_id not in visiting:
+                if prev is not None and prev_id in visiting:
+                    cycle = [item.event_id for item, _ in stack]
+                    raise PrevEventsCycle(cycle[cycle.index(prev_id):])
+                if prev is not None and prev_id not in placed:
                     visiting.add(prev_id)
                     stack.append((prev, iter(prev.pdu.prev_event_ids)))
                     advanced = True

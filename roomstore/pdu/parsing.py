@@ -32,8 +32,19 @@ Decisions not fixed by the spec, and why:
   algorithm keeps it), so tolerating it would make the computed ID depend on
   a key the sender did not hash; rejecting is the unambiguous choice.
 * ``depth`` must be in [0, 2**63-1] (the spec's maximum; Synapse also rejects
-  negative depths).  ``origin_server_ts`` must be an integer; booleans are
-  never accepted where an integer is required.
+  negative depths).  ``origin_server_ts`` must be an integer that fits the
+  databases' 64-bit columns, [-(2**63), 2**63-1], in every room version (v6+
+  narrow it further to canonical JSON's range); booleans are never accepted
+  where an integer is required.
+* **Nesting**: at most :data:`MAX_JSON_NESTING` (128) levels of objects and
+  arrays, the event object itself counting as one.  The spec sets no bound;
+  serde_json, which ruma-based servers parse with, stops at 128, and a bound
+  far below Python's recursion limit keeps every reader of stored JSON
+  (``json.loads`` on a read, canonical JSON, the redaction algorithm) safe
+  at any call depth: nothing the writer accepts may fail to read back.
+* **An event may not cite itself** in ``prev_events`` or ``auth_events``
+  (possible only where the PDU names its own ID, v1/v2); cycles across
+  events are refused when a batch is ordered (``events.batch.order_batch``).
 * **Room version 12 room IDs** (MSC4291).  The create event
   (``m.room.create`` with state key ``""``) must not carry ``room_id``: its
   room ID is ``!`` + its reference hash, which :attr:`ParsedPdu.room_id`
@@ -53,15 +64,22 @@ Decisions not fixed by the spec, and why:
 from __future__ import annotations
 
 import json
-import math
 import re
-import threading
 from typing import Any, Mapping
 
 import attrs
-from canonicaljson import encode_canonical_json
 
 from roomstore.pdu.hashing import compute_event_id
+from roomstore.pdu.json_decoding import (
+    CANONICALJSON_MAX_INT,
+    CANONICALJSON_MIN_INT,
+    MAX_JSON_NESTING,
+    MAX_PDU_SIZE,
+    InvalidEventError,
+    decoded_event,
+    json_type_name,
+    nesting_depth,
+)
 from roomstore.pdu.redaction_algorithm import redacts_of
 from roomstore.pdu.room_versions import EventIdFormat, RoomVersion, get_room_version
 
@@ -71,23 +89,22 @@ __all__ = [
     "InvalidEventError",
     "MAX_DEPTH",
     "MAX_IDENTIFIER_BYTES",
+    "MAX_JSON_NESTING",
     "MAX_PDU_SIZE",
     "ParsedPdu",
     "create_event_id_of",
     "is_valid_event_id",
+    "nesting_depth",
     "parse_pdu",
     "room_id_of_create",
 ]
 
-#: Maximum size of a PDU in bytes (spec "Size limits").
-MAX_PDU_SIZE = 65536
 #: Maximum UTF-8 length of sender, room_id, state_key, type and event_id.
 MAX_IDENTIFIER_BYTES = 255
-#: Integer range allowed by strict canonical JSON (room versions 6+).
-CANONICALJSON_MAX_INT = 2**53 - 1
-CANONICALJSON_MIN_INT = -CANONICALJSON_MAX_INT
 #: Largest allowed ``depth`` ("less than the maximum value for an integer (2^63 - 1)").
 MAX_DEPTH = 2**63 - 1
+#: The range of the databases' 64-bit integer columns (``origin_server_ts``).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # Keys every PDU must have, checked in this order so the error is stable.
 _REQUIRED_KEYS = (
@@ -115,19 +132,6 @@ _V3_EVENT_ID = _EVENT_ID_PATTERNS[EventIdFormat.V3]
 _V4_EVENT_ID = _EVENT_ID_PATTERNS[EventIdFormat.V4_PLUS]
 #: A room version 12 room ID: "!" + the create event's reference hash.
 _HASH_ROOM_ID = re.compile(r"![A-Za-z0-9_-]{43}", re.ASCII)
-
-
-class InvalidEventError(ValueError):
-    """A PDU failed validation.
-
-    ``str(error)`` names the problem; ``field`` is the dotted path of the
-    offending key when the problem is tied to one (e.g. ``"depth"`` or
-    ``"content.membership"``), else None.
-    """
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 @attrs.frozen(order=True)  # as attr.s: ordered by its compared fields
@@ -255,7 +259,7 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
         TypeError: ``raw`` is not ``bytes``.
         InvalidEventError: for any problem with the PDU; the message says which.
     """
-    event, has_floats = _decoded_event(raw, room_version)
+    event, has_floats = decoded_event(raw, room_version)
 
     hashed_room_id = room_version.room_id_is_create_hash
     is_create = event.get("type") == "m.room.create" and event.get("state_key") == ""
@@ -280,6 +284,12 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
     if not isinstance(content, dict):
         raise _wrong_type("content", "an object", content)
     origin_server_ts = _require_int(event, "origin_server_ts")
+    if not INT64_MIN <= origin_server_ts <= INT64_MAX:
+        raise InvalidEventError(
+            f"'origin_server_ts' must be a 64-bit integer (between {INT64_MIN} and {INT64_MAX}), "
+            f"got {origin_server_ts}",
+            "origin_server_ts",
+        )
     depth = _require_int(event, "depth")
     if not 0 <= depth <= MAX_DEPTH:
         raise InvalidEventError(
@@ -301,6 +311,9 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
         raise _wrong_type("origin", "a string", event["origin"])
 
     event_id = _event_id_of(event, room_version, has_floats)
+    for key, cited in (("prev_events", prev_event_ids), ("auth_events", auth_event_ids)):
+        if event_id in cited:
+            raise InvalidEventError(f"event {event_id} cites itself in {key!r}", key)
     if room_id is None:
         room_id = room_id_of_create(event_id)
 
@@ -324,43 +337,6 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
         event_dict=event,
         has_floats=has_floats,
     )
-
-
-def _decoded_event(raw: bytes, room_version: RoomVersion) -> tuple[dict, bool]:
-    """(``raw`` decoded as the JSON object of a PDU: its type, size, UTF-8,
-    JSON values and canonical size checked; whether the parser saw a float)."""
-    if not isinstance(raw, bytes):
-        raise TypeError(f"raw must be bytes, not {type(raw).__name__}")
-    if len(raw) > MAX_PDU_SIZE:
-        raise InvalidEventError(
-            f"PDU is {len(raw)} bytes; the limit is {MAX_PDU_SIZE} bytes"
-        )
-    try:
-        text = raw.decode("utf-8", errors="strict")
-    except UnicodeDecodeError as e:
-        raise InvalidEventError(
-            f"PDU is not valid UTF-8: invalid byte(s) at offset {e.start}"
-        ) from None
-
-    event, suspects = _load_json(text, room_version.strict_canonicaljson)
-    if suspects or ("\\u" in text and _SURROGATE_ESCAPE.search(text)):
-        # Something the parser saw may be invalid: walk every value for the
-        # exact error. Otherwise no value can be (see _load_json).
-        _check_json_values(event, room_version)
-
-    if suspects & _FLOAT_SEEN:
-        # Only a float can make the canonical form longer than the bytes
-        # received (1e300 has 300 digits); without one it is never longer.
-        try:
-            canonical_size = len(encode_canonical_json(event))
-        except RecursionError:
-            raise InvalidEventError("PDU JSON is nested too deeply") from None
-        if canonical_size > MAX_PDU_SIZE:
-            raise InvalidEventError(
-                f"PDU is {canonical_size} bytes as canonical JSON; "
-                f"the limit is {MAX_PDU_SIZE} bytes"
-            )
-    return event, bool(suspects & _FLOAT_SEEN)
 
 
 def _check_required_keys(event: dict, room_version: RoomVersion, is_create: bool) -> None:
@@ -433,160 +409,9 @@ def _membership_and_redacts(event: dict, room_version: RoomVersion) -> tuple[str
     return membership, redacts
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise InvalidEventError(f"PDU JSON has a duplicate object key {key!r}")
-            seen.add(key)
-    return result
-
-
-def _reject_constant(name: str) -> Any:
-    raise InvalidEventError(f"PDU JSON contains {name}, which is not valid JSON")
-
-
-#: A JSON escape of a UTF-16 surrogate: the only way a string can hold one,
-#: since strict UTF-8 decoding refuses encoded surrogates.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-_FLOAT_SEEN = 1
-_INT_OUT_OF_RANGE = 2
-
-
-class _ParseState(threading.local):
-    """Per thread: the decoders (their hooks are reused, not made per call)
-    and what the hooks saw during the current parse."""
-
-    def __init__(self) -> None:
-        self.suspects = 0
-        self.plain = json.JSONDecoder(
-            object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant, parse_float=_on_float
-        )
-        # Strict room versions: each integer's range looked at.
-        self.checking_ints = json.JSONDecoder(
-            object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant, parse_float=_on_float,
-            parse_int=_on_int,
-        )
-
-
-def _on_float(literal: str) -> float:
-    _state.suspects |= _FLOAT_SEEN
-    return float(literal)
-
-
-def _on_int(literal: str) -> int:
-    value = int(literal)
-    if not CANONICALJSON_MIN_INT <= value <= CANONICALJSON_MAX_INT:
-        _state.suspects |= _INT_OUT_OF_RANGE
-    return value
-
-
-_state = _ParseState()
-
-
-def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
-    """Parse a PDU; returns ``(object, suspects)``.
-
-    ``suspects`` flags what the parser met that ``_check_json_values`` must
-    look at: a float (never allowed in strict room versions, and possibly
-    infinite), an integer outside canonical JSON's range when ``strict_ints``.
-    Noting these while parsing spares walking every value of every event.
-    """
-    state = _state
-    state.suspects = 0
-    decoder = state.checking_ints if strict_ints else state.plain
-    if text.startswith("\ufeff"):  # json.loads says so; JSONDecoder.decode would only say "Expecting value"
-        raise InvalidEventError("PDU is not valid JSON: it begins with a byte order mark (U+FEFF); send the JSON without it")
-    try:
-        value = decoder.decode(text)
-    except InvalidEventError:
-        raise
-    except json.JSONDecodeError as e:
-        raise InvalidEventError(f"PDU is not valid JSON: {e}") from None
-    except RecursionError:
-        raise InvalidEventError("PDU JSON is nested too deeply") from None
-    except ValueError as e:  # e.g. integers longer than int_max_str_digits
-        raise InvalidEventError(f"PDU is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise InvalidEventError(
-            f"PDU must be a JSON object, got {_json_type_name(value)}"
-        )
-    return value, state.suspects
-
-
-def _check_json_values(event: dict[str, Any], room_version: RoomVersion) -> None:
-    """Check every value: encodable strings, finite numbers, strict ranges.
-
-    Iterative, so deep nesting that the JSON parser accepted cannot overflow
-    the Python stack here.
-    """
-    strict = room_version.strict_canonicaljson
-    stack: list[tuple[Any, str]] = [(event, "")]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, dict):
-            for key, child in value.items():
-                child_path = f"{path}.{key}" if path else key
-                _check_string(key, child_path)
-                stack.append((child, child_path))
-        elif isinstance(value, list):
-            for index, child in enumerate(value):
-                stack.append((child, f"{path}[{index}]"))
-        elif isinstance(value, str):
-            _check_string(value, path)
-        elif isinstance(value, bool) or value is None:
-            pass
-        elif isinstance(value, int):
-            if strict and not CANONICALJSON_MIN_INT <= value <= CANONICALJSON_MAX_INT:
-                raise InvalidEventError(
-                    f"integer at {path!r} is outside the range allowed by canonical "
-                    f"JSON in room version {room_version.identifier}",
-                    path,
-                )
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise InvalidEventError(
-                    f"number at {path!r} overflows to {value!r}, which JSON cannot represent",
-                    path,
-                )
-            if strict:
-                raise InvalidEventError(
-                    f"floats are not allowed in room version {room_version.identifier} "
-                    f"(found {value!r} at {path!r})",
-                    path,
-                )
-
-
-def _check_string(value: str, path: str) -> None:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidEventError(
-            f"string at {path!r} contains an unpaired UTF-16 surrogate escape", path
-        ) from None
-
-
-def _json_type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
 def _wrong_type(field: str, expected: str, value: object) -> InvalidEventError:
     return InvalidEventError(
-        f"{field!r} must be {expected}, got {_json_type_name(value)}", field
+        f"{field!r} must be {expected}, got {json_type_name(value)}", field
     )
 
 

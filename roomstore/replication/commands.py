@@ -50,6 +50,7 @@ from roomstore.replication.wire import (
     _check_nonempty,
     _check_optional_text,
     _check_optional_token,
+    _check_peer_name,
     _check_text,
     _check_token,
     _check_word,
@@ -148,7 +149,7 @@ class ServerCommand(_TextCommand):
     """``SERVER <server_name>``: sent by the server on connect, naming itself."""
 
     NAME: ClassVar[str] = "SERVER"
-    text: str = attrs.field(validator=[_check_text, _check_nonempty])
+    text: str = attrs.field(validator=[_check_text, _check_nonempty, _check_peer_name])
 
     @property
     def server_name(self) -> str:
@@ -160,7 +161,7 @@ class NameCommand(_TextCommand):
     """``NAME <client_name>``: sent by the client on connect, naming itself."""
 
     NAME: ClassVar[str] = "NAME"
-    text: str = attrs.field(validator=[_check_text, _check_nonempty])
+    text: str = attrs.field(validator=[_check_text, _check_nonempty, _check_peer_name])
 
     @property
     def client_name(self) -> str:

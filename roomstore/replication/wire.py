@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import attrs
@@ -100,6 +101,20 @@ def _check_text(_inst: object, attribute: attrs.Attribute, value: object) -> Non
     if "\n" in value or "\r" in value:
         raise ValueError(f"{attribute.name} must not contain a line break")
     _check_encodable(attribute, value)
+
+
+#: Longest NAME or SERVER a peer may send, in UTF-8 bytes (a server name's
+#: limit in the spec; instance names are short words).
+MAX_PEER_NAME_BYTES = 255
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _check_peer_name(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    """A name a person reads in logs: no control characters (NUL included), not too long."""
+    if _CONTROL_CHARACTER.search(value):
+        raise ValueError(f"{attribute.name} must not contain control characters")
+    if len(value.encode("utf-8")) > MAX_PEER_NAME_BYTES:
+        raise ValueError(f"{attribute.name} is longer than {MAX_PEER_NAME_BYTES} bytes")
 
 
 def _check_encodable(attribute: attrs.Attribute, value: str) -> None:

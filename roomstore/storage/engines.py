@@ -23,7 +23,8 @@ import attrs
 
 from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError
 from roomstore.storage.pg_connection import copy_text, is_stale_plan, preparing_connection, xact_status
-from roomstore.storage.sqlite_connection import check_sqlite_file, connect_sqlite
+from roomstore.storage.db_urls import masked_url, normalized_postgres_url
+from roomstore.storage.sqlite_connection import cannot_open, check_sqlite_file, connect_sqlite
 
 
 
@@ -295,6 +296,8 @@ class SqliteEngine(Engine):
             return None
 
     def check_exists(self) -> None:
+        if self.path != ":memory:" and os.path.isdir(self.path):
+            raise DatabaseConfigError(f"{self.path} is a directory: give the path of a database file in --db")
         if not self.create and self.path != ":memory:" and not os.path.isfile(self.path):
             raise DatabaseConfigError(
                 f"the SQLite database {self.path} does not exist: check the path, or create it with `roomstore init`"
@@ -310,7 +313,10 @@ class SqliteEngine(Engine):
         self.check_exists()
         if self.path != ":memory:" and self.create:
             parent = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(parent, exist_ok=True)
+            try:
+                os.makedirs(parent, exist_ok=True)
+            except OSError as exc:
+                raise cannot_open(self.path, exc) from None
         return connect_sqlite(self.path, self.synchronous, self.busy_timeout_ms, self.read_only)
 
     def convert_sql(self, sql: str) -> str:
@@ -629,7 +635,8 @@ def engine_from_url(url: str, create: bool = True, read_only: bool = False) -> E
     """
     if not isinstance(url, str) or "://" not in url:
         raise DatabaseConfigError(
-            f"database URL {url!r} is not of the form sqlite:///path or postgresql://..."
+            f"database URL {masked_url(url) if isinstance(url, str) else url!r} is not of the form"
+            " sqlite:///path or postgresql://..."
         )
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
@@ -644,7 +651,7 @@ def engine_from_url(url: str, create: bool = True, read_only: bool = False) -> E
             raise DatabaseConfigError(f"unknown SQLite synchronous mode {synchronous!r}")
         return SqliteEngine(path=path, synchronous=synchronous, create=create and not read_only, read_only=read_only)
     if scheme in ("postgresql", "postgres"):
-        parsed = urllib.parse.urlsplit(url)
+        parsed = normalized_postgres_url(url)
         options = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
         cp_max = _single(options, "cp_max")
         max_prepared = _single(options, "max_prepared")
@@ -653,7 +660,7 @@ def engine_from_url(url: str, create: bool = True, read_only: bool = False) -> E
         query = urllib.parse.urlencode(options, doseq=True, quote_via=urllib.parse.quote)
         dsn = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, parsed.path, query, ""))
         if not parsed.path.strip("/"):
-            raise DatabaseConfigError(f"PostgreSQL URL {url!r} must name a database")
+            raise DatabaseConfigError(f"PostgreSQL URL {masked_url(url)!r} must name a database")
         try:
             size = int(cp_max) if cp_max is not None else 5
         except ValueError:

@@ -40,6 +40,7 @@ from twisted.logger import Logger
 
 from roomstore.storage.engines import DatabaseConfigError
 from roomstore.storage.pg_connection import advisory_lock_holder, advisory_unlock, holds_advisory_lock, try_advisory_lock
+from roomstore.storage.sqlite_connection import cannot_open
 
 __all__ = ["WriterLock", "WriterLockHeld", "WriterLockLost", "writer_lock_key"]
 
@@ -321,8 +322,11 @@ def _sqlite_acquire(path: str, instance_name: str, where: str) -> Any:
     import fcntl
 
     lock_path = os.path.abspath(path) + ".writer-lock"
-    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
-    handle = open(lock_path, "a+", encoding="utf-8")
+    try:
+        os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+        handle = open(lock_path, "a+", encoding="utf-8")
+    except OSError as exc:
+        raise cannot_open(path, exc) from None
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -32,6 +32,9 @@ from typing import Any, Iterable, Sequence
 
 import attrs
 
+from roomstore.storage.db_urls import masked_url, normalized_postgres_url
+from roomstore.storage.errors import DatabaseConfigError
+
 __all__ = [
     "SUPPORTED_SCHEMA",
     "SynapseDatabaseError",
@@ -97,11 +100,13 @@ class SynapseSource:
             import psycopg2
 
             try:
-                conn = psycopg2.connect(url, options="-c default_transaction_read_only=on",
+                conn = psycopg2.connect(normalized_postgres_url(url).geturl(), options="-c default_transaction_read_only=on",
                                         application_name="roomstore-import-synapse")
+            except DatabaseConfigError as exc:
+                raise SynapseDatabaseError(str(exc)) from None
             except psycopg2.Error as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise SynapseDatabaseError(f"cannot connect to the Synapse database {_safe(url)}: {first}") from None
+                raise SynapseDatabaseError(f"cannot connect to the Synapse database {masked_url(url)}: {first}") from None
             conn.autocommit = True  # each statement its own short read-only transaction
             self._engine = "postgresql"
         else:
@@ -148,7 +153,7 @@ class SynapseSource:
             rows = []
         if not rows:
             raise SynapseDatabaseError(
-                f"{_safe(self.url)} is not a Synapse database (no schema_version table): give Synapse's own database"
+                f"{masked_url(self.url)} is not a Synapse database (no schema_version table): give Synapse's own database"
             )
         version = int(rows[0][0])
         if not low <= version <= high:
@@ -288,10 +293,3 @@ def _marks(items: Sequence[Any]) -> str:
     return ", ".join("?" for _ in items)
 
 
-def _safe(url: str) -> str:
-    """``url`` without a password."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password:
-        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    return url

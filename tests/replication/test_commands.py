@@ -130,6 +130,8 @@ words = st.text(alphabet=_word_chars, min_size=1, max_size=20)
 texts = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=40
 )
+#: NAME and SERVER: no control characters (40 characters stay under the 255-byte bound).
+peer_names = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40)
 tokens = st.integers(min_value=0, max_value=2**63 - 1)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=10),
@@ -138,8 +140,8 @@ json_values = st.recursive(
 )
 
 any_command = st.one_of(
-    st.builds(c.ServerCommand, texts.filter(bool)),
-    st.builds(c.NameCommand, texts.filter(bool)),
+    st.builds(c.ServerCommand, peer_names),
+    st.builds(c.NameCommand, peer_names),
     st.builds(c.PingCommand, texts),
     st.builds(c.ErrorCommand, texts),
     st.just(c.ReplicateCommand()),
@@ -202,6 +204,9 @@ class ParseErrorTests(unittest.TestCase):
             ("PING a\rb", "line break"),
             ("SERVER", "must not be empty"),
             ("NAME ", "must not be empty"),
+            ("NAME " + "w" * 10_000 + "\x00", "must not contain control characters"),
+            ("NAME " + "w" * 256, "longer than 255 bytes"),
+            ("SERVER hs\x01", "must not contain control characters"),
             ("REPLICATE events", "<stream_name> <token>"),
             ("REPLICATE events 1 2", "<stream_name> <token>"),
             ("REPLICATE events -1", "token must be a non-negative integer"),
