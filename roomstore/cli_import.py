@@ -45,7 +45,7 @@ def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None
                 yield number, None, f"not a JSON object ({exc}): a truncated or damaged line?"
                 continue
             except RecursionError:
-                yield number, None, f"nested too deeply to read (an event may nest {MAX_JSON_NESTING} levels)"
+                yield number, None, f"nested too deeply to read; the limit is {MAX_JSON_NESTING} levels"
                 continue
             if isinstance(obj, dict) and "room_version" in obj:
                 why = _wrapped_line_problem(obj)
