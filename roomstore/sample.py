@@ -104,7 +104,8 @@ class RoomGraphBuilder:
         event["signatures"] = {event["origin"]: {"ed25519:a": "c2lnbmF0dXJl"}}
         if self.ids_in_pdu:
             # v1/v2: the sender names the event; the ID is covered by the hashes.
-            event_id = event.setdefault("event_id", f"$e{len(self.events)}:{self.origin}")
+            local = self.room_id[1:].partition(":")[0]
+            event_id = event.setdefault("event_id", f"${local}-e{len(self.events)}:{self.origin}")
             event["hashes"] = {"sha256": compute_content_hash(event)}
         else:
             event_id = compute_event_id(self.room_version, event)
