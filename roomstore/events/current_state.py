@@ -43,16 +43,20 @@ def update_extremities(w: Any, new_events: Sequence[PreparedEvent], rooms: set[i
 
     # Forward: prev events of live events stop being extremities; a live
     # event is one unless something stored already points at it (it
-    # arrived late). Backfilled events are history, never the room's leaves.
+    # arrived late). Backfilled events are history, never the room's leaves;
+    # a rejected event is never one, nor does it end its prev events' turn
+    # (as Synapse: a room's leaves are events a new event may build on).
+    accepted = [ev for ev in graph_events if not ev.rejected_reason]
     live_referenced = {
-        (room_of[nid[ev.event_id]], nid[p]) for ev in graph_events if not ev.backfilled for p in ev.pdu.prev_event_ids
+        (room_of[nid[ev.event_id]], nid[p]) for ev in accepted if not ev.backfilled for p in ev.pdu.prev_event_ids
     }
     # (A fresh nid was never stored, so never an extremity.)
     forward_gone = [pair for pair in live_referenced if pair[1] not in w.fresh_nids]
     # Fresh nids: only this batch's events can point at them.
-    pointed_at = {nid[p] for ev in graph_events for p in ev.pdu.prev_event_ids}
+    pointed_at = {nid[p] for ev in accepted for p in ev.pdu.prev_event_ids}
     pointed_at |= pointed_at_txn(txn, new_nids - w.fresh_nids)
-    forward_new = sorted({(room_of[n], n) for n in new_nids - backfilled if n not in pointed_at})
+    rejected = {nid[ev.event_id] for ev in graph_events if ev.rejected_reason}
+    forward_new = sorted({(room_of[n], n) for n in new_nids - backfilled - rejected if n not in pointed_at})
     # Backward: prev events we do not have as graph events; a new event
     # fills the gap it was.
     prev_nids = {p for _, p in referenced}

@@ -155,8 +155,9 @@ def _room_ends(
 ) -> dict[str, tuple[list, list[str]]]:
     """room -> (stored ends' groups, new ends) of each live room that will
     have several forward extremities after the batch (and no resolved state)."""
-    live = [ev for ev in graph if not ev.backfilled]
-    pointed_at = {p for ev in graph for p in ev.pdu.prev_event_ids}
+    # As the write's update_extremities: rejected events are no room's ends.
+    live = [ev for ev in graph if not ev.backfilled and not ev.rejected_reason]
+    pointed_at = {p for ev in graph if not ev.rejected_reason for p in ev.pdu.prev_event_ids}
     live_prevs = {prev_nids[p] for ev in live for p in ev.pdu.prev_event_ids if p in prev_nids}
     ends: dict[str, tuple[list, list[str]]] = {}
     for room_id in {ev.pdu.room_id for ev in live}:

@@ -279,13 +279,13 @@ def prev_facts_txn(txn: Transaction, nids: Sequence[int], room_nid: int) -> list
 
 
 def pointed_at_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
-    """Those of ``nids`` that some stored non-outlier names as a prev event."""
+    """Those of ``nids`` that some stored non-outlier, not rejected, names as a prev event."""
     found: set[int] = set()
     for part in chunks(sorted(nids)):
         marks = ", ".join("?" for _ in part)
         found.update(r[0] for r in txn.execute(
             f"SELECT DISTINCT prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
-            f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ?",
+            f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ? AND e.rejected_reason IS NULL",
             (*part, False),
         ).fetchall())
     return found
