@@ -75,6 +75,7 @@ def precheck_txn(
     found = stored_results_txn(txn, persister.interners, events)
     new = [ev for ev in events if ev.event_id not in found]
     check_create_events_txn(txn, persister.interners, new)
+    check_cited_rooms_txn(txn, persister.interners, new)
     if new and may_fail_txn(txn, persister, new, resolved_current_state):
         live = sum(1 for ev in new if not ev.backfilled)
         trial = range(TRIAL_STREAM_BASE, TRIAL_STREAM_BASE + len(new))
@@ -246,6 +247,35 @@ def check_create_events_txn(txn: Transaction, interners: Interners, events: Sequ
                 "its create event's hash",
                 "room_id",
             )
+
+
+def check_cited_rooms_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> None:
+    """An event's ``prev_events`` and ``auth_events`` are of its own room:
+    ``InvalidEventError`` for the first that cites one of another room,
+    stored or in the batch (it would inherit that room's state, and its
+    sender that room's membership). Events not stored are left to the
+    state and auth checks. A read, before any stream ID."""
+    room_of = {ev.event_id: ev.pdu.room_id for ev in events}
+    cited = {i for ev in events for i in (*ev.pdu.prev_event_ids, *ev.pdu.auth_event_ids) if i not in room_of}
+    stored_rooms: dict[str, int] = {}
+    if cited:
+        nids = interners.events.lookup(txn, cited)
+        facts = stored_before_txn(txn, nids.values())
+        stored_rooms = {event_id: facts[nid].room_nid for event_id, nid in nids.items() if nid in facts}
+    room_nids = interners.rooms.lookup(txn, set(room_of.values())) if stored_rooms else {}
+    for ev in events:
+        for key, ids in (("prev_events", ev.pdu.prev_event_ids), ("auth_events", ev.pdu.auth_event_ids)):
+            for cited_id in ids:
+                if cited_id in room_of:
+                    other = room_of[cited_id] != ev.pdu.room_id
+                else:
+                    other = cited_id in stored_rooms and stored_rooms[cited_id] != room_nids.get(ev.pdu.room_id)
+                if other:
+                    raise InvalidEventError(
+                        f"event {ev.event_id} cites {cited_id} in {key!r}, an event of another room: an event's "
+                        "prev and auth events are of its own room",
+                        key,
+                    )
 
 
 def _derived_state(txn, ev: PreparedEvent, after: Mapping[str, dict], stored_state, group_of, prev_nids) -> dict | None:

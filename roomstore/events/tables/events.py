@@ -178,6 +178,7 @@ class StoredEvent(NamedTuple):
     outlier: bool
     rejected_reason: str | None
     redacted: bool
+    room_nid: int
 
 
 def stored_events_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, StoredEvent]:
@@ -187,12 +188,12 @@ def stored_events_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, Stored
     found: dict[int, StoredEvent] = {}
     for part in chunks(sorted(nids)):
         marks = ", ".join("?" for _ in part)
-        for nid, stream, topo, before, after, outlier, rejected, redacted in txn.execute(
+        for nid, stream, topo, before, after, outlier, rejected, redacted, room_nid in txn.execute(
             "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group, outlier,"
-            f" rejected_reason, redacted FROM events WHERE event_nid IN ({marks})",
+            f" rejected_reason, redacted, room_nid FROM events WHERE event_nid IN ({marks})",
             list(part),
         ).fetchall():
-            found[nid] = StoredEvent(stream, topo, before, after, bool(outlier), rejected, bool(redacted))
+            found[nid] = StoredEvent(stream, topo, before, after, bool(outlier), rejected, bool(redacted), room_nid)
     return found
 
 
