@@ -31,6 +31,7 @@ from roomstore.events.batch import (
 )
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import update_current_state, update_extremities
+from roomstore.events.redaction_authority import redaction_authorised
 from roomstore.events.tables.events import (
     history_visibility_json_txn,
     insert_edges,
@@ -505,7 +506,8 @@ class _BatchWriter:
                 ))
                 rows.membership_users[state_key] = max(rows.membership_users.get(state_key, stream), stream)
             if pdu.redacts and pdu.type == "m.room.redaction" and not ev.rejected_reason:
-                rows.redactions.append((event_nid, nid[pdu.redacts], now_ms))
+                authorised = redaction_authorised(self, ev, group_before, new_events)
+                rows.redactions.append((event_nid, nid[pdu.redacts], now_ms, authorised))
             if not ev.outlier:
                 room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)
             results[event_id] = PersistedEvent(

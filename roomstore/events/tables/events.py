@@ -52,7 +52,10 @@ def join_events(alias: str, on: str, kind: str = "JOIN") -> str:
 def same_room_redactions(r: str = "r", red: str = "red", target: str = "target", outer_target: bool = False) -> str:
     """FROM-clause text: the rows ``r`` of ``redactions`` joined to their
     redaction event ``red`` and their target ``target`` (both ``events``),
-    where the two are in the same room. The aliases are the caller's.
+    where the redaction applies: the two are in the same room, and the
+    redaction has the authority (``r.authorised``: its sender had the
+    ``redact`` power level, or in room versions 1 and 2 the IDs' servers
+    match; or it redacts its own sender's event). The aliases are the caller's.
 
     ``outer_target``: ``target`` is already in scope (the row of an outer
     query a correlated subquery is about), so it is not joined again.
@@ -65,7 +68,10 @@ def same_room_redactions(r: str = "r", red: str = "red", target: str = "target",
     the first redaction of the target: a walk of the room per redacted event
     served (bench/redacted_reads.py)."""
     join = f"redactions AS {r} JOIN events AS {red} ON {red}.event_nid = {r}.redaction_event_nid"
-    same_room = f"{target}.event_nid = {r}.redacts_event_nid AND {target}.room_nid = +{red}.room_nid"
+    same_room = (
+        f"{target}.event_nid = {r}.redacts_event_nid AND {target}.room_nid = +{red}.room_nid"
+        f" AND ({r}.authorised OR {target}.sender_nid = {red}.sender_nid)"
+    )
     if outer_target:
         return f"{join} AND {same_room}"
     return f"{join} JOIN events AS {target} ON {same_room}"
@@ -131,9 +137,12 @@ def insert_edges(txn: Transaction, prev_rows: Sequence[tuple], auth_rows: Sequen
     txn.copy_rows("event_auth_edges", ("event_nid", "auth_event_nid"), auth_rows)
 
 
-def insert_redactions(txn: Transaction, rows: Sequence[tuple[int, int, int]]) -> None:
-    """Queue ``(redaction_event_nid, redacts_event_nid, received_ts)`` rows."""
-    txn.insert_many("redactions", ("redaction_event_nid", "redacts_event_nid", "received_ts"), rows, queue=True)
+def insert_redactions(txn: Transaction, rows: Sequence[tuple[int, int, int, bool]]) -> None:
+    """Queue ``(redaction_event_nid, redacts_event_nid, received_ts,
+    authorised)`` rows (``authorised``: ``same_room_redactions``)."""
+    txn.insert_many(
+        "redactions", ("redaction_event_nid", "redacts_event_nid", "received_ts", "authorised"), rows, queue=True
+    )
 
 
 def queue_flag_redacted(txn: Transaction, nids: Sequence[int]) -> None:
