@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from roomstore.events.batch import PreparedEvent
+from roomstore.events.resolution_source import resolve_interned
 from roomstore.state.deltas import state_diff
 from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.events.tables.events import pointed_at_txn
@@ -94,8 +95,9 @@ def update_current_state(w: Any, room_nid: int, room_id: str, position: int) -> 
 
 def _current_group(w: Any, room_nid: int, room_id: str, groups: list[int]) -> tuple[int, dict[int, int]]:
     """(group, state) of the room's current state from its extremities'
-    ``groups``: the one group, their merge, or the caller's resolved state
-    where they conflict (refused without one)."""
+    ``groups``: the one group, their merge, or where they conflict the
+    caller's resolved state if given (an importer carrying its source's
+    resolution), else the room version's state resolution of them."""
     if len(groups) == 1:
         return groups[0], w.full_state(groups[0])
     states = [w.full_state(g) for g in groups]
@@ -108,11 +110,10 @@ def _current_group(w: Any, room_nid: int, room_id: str, groups: list[int]) -> tu
         base = groups[-1]
         base_state = w.full_state(base)
     elif conflicts:
-        raise w.conflict_error(
-            room_id, conflicts,
-            what=f"the current state of {room_id}: its forward extremities' states",
-            advice="pass a resolved current state for the room (resolved_current_state)",
-        )
+        room_version = next(ev.pdu.room_version for ev in w.pending_events.values() if ev.pdu.room_id == room_id)
+        new_state = resolve_interned(w, room_version, states)
+        base = groups[0]
+        base_state = states[0]
     else:
         index, new_state = merge_states(states)
         base = groups[index]

@@ -32,6 +32,7 @@ from roomstore.events.batch import (
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import update_current_state, update_extremities
 from roomstore.events.redaction_authority import redaction_authorised
+from roomstore.events.resolution_source import resolve_interned
 from roomstore.events.tables.events import (
     history_visibility_json_txn,
     insert_edges,
@@ -342,6 +343,8 @@ class _BatchWriter:
         build and write their rows, then the rooms' ends and current state."""
         txn = self.txn
         batch = order_batch(batch)
+        #: The batch's events by ID, for state resolution (not yet in the tables).
+        self.pending_events = {ev.event_id: ev for ev in batch}
         self._intern_event_ids(batch)
         results, new_events = self._already_stored(batch)
         if not new_events:
@@ -634,9 +637,10 @@ class _BatchWriter:
         if len(distinct) == 1:
             return distinct[0]
         states = [self.full_state(g) for g in distinct]
-        conflicts = find_conflicts(states)
-        if conflicts:
-            raise self.conflict_error(ev.event_id, conflicts)
+        if find_conflicts(states):
+            # The prev events' states disagree: the room version's state resolution decides.
+            delta = state_diff(resolve_interned(self, ev.pdu.room_version, states), states[0])
+            return self.new_group(room_nid, None, distinct[0], delta) if delta else distinct[0]
         index, merged = merge_states(states)
         parent = distinct[index]
         # The merge holds every key of the parent's state: no removals.

@@ -319,6 +319,19 @@ def auth_chain_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
     return found
 
 
+def auth_edges_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, list[int]]:
+    """nid -> its auth events' nids, for the stored events among ``nids``
+    that have any."""
+    edges: dict[int, list[int]] = {}
+    for part in chunks(sorted(set(nids))):
+        marks = ", ".join("?" for _ in part)
+        for nid, auth_nid in txn.execute(
+            f"SELECT event_nid, auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})", list(part)
+        ).fetchall():
+            edges.setdefault(nid, []).append(auth_nid)
+    return edges
+
+
 # ---------------------------------------------------------------------- redactions
 
 
