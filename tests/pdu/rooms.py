@@ -205,6 +205,11 @@ class Oracle:
             return False
         return True
 
+    def resolve(self, room_version: str, state_sets: Sequence[Mapping], events: Mapping[str, ParsedPdu],
+                rejected: Iterable[str] = ()) -> dict:
+        """Synapse's state resolution (``synapse.state.v1``/``v2``) of ``state_sets``."""
+        return _oracle_resolve(self, room_version, state_sets, events, rejected)
+
     def allows_auth_events(self, pdu: ParsedPdu, events: Mapping[str, ParsedPdu]) -> bool:
         """Synapse's state-independent rules (the auth events' shape) on ``pdu``."""
         store = _Store({event_id: self.event(event) for event_id, event in events.items()})
@@ -213,3 +218,62 @@ class Oracle:
         except self.errors:
             return False
         return True
+
+
+class _NoClock:
+    async def sleep(self, duration: Any) -> None:
+        return None
+
+
+class _ResolutionStore:
+    """Synapse's ``StateResolutionStore`` protocol over a dict of its events,
+    with its own walks of the auth graph (none of roomstore's code)."""
+
+    def __init__(self, events: Mapping[str, Any]) -> None:
+        self.events = events
+
+    async def get_events(self, event_ids, allow_rejected=False):
+        found = {e: self.events[e] for e in event_ids if e in self.events}
+        return found if allow_rejected else {e: ev for e, ev in found.items() if not ev.rejected_reason}
+
+    def _chain(self, event_ids) -> set[str]:
+        seen, stack = set(), list(event_ids)
+        while stack:
+            event_id = stack.pop()
+            if event_id not in seen:
+                seen.add(event_id)
+                event = self.events.get(event_id)
+                stack.extend(event.auth_event_ids() if event is not None else ())
+        return seen
+
+    async def get_auth_chain_difference(self, room_id, state_sets, conflicted_state=None,
+                                        additional_backwards_reachable_conflicted_events=None):
+        from synapse.storage.databases.main.event_federation import StateDifference
+
+        chains = [self._chain(s) for s in state_sets]
+        difference = set.union(*chains) - set.intersection(*chains)
+        subgraph = None
+        if conflicted_state is not None:
+            below = self._chain(conflicted_state)
+            subgraph = {e for e in below if self._chain([e]) & set(conflicted_state)}
+        return StateDifference(auth_difference=difference, conflicted_subgraph=subgraph)
+
+
+def _oracle_resolve(oracle: "Oracle", room_version: str, state_sets: Sequence[Mapping], events: Mapping[str, ParsedPdu],
+                    rejected: Iterable[str] = ()) -> dict:
+    from synapse.state import v1, v2
+
+    rejected = set(rejected)
+    theirs = {event_id: oracle.event(event, rejected=event_id in rejected) for event_id, event in events.items()}
+    room_id = next(iter(events.values())).room_id
+    version = oracle.versions[room_version]
+    sets = [dict(s) for s in state_sets]
+    if version.state_res == 1:
+        async def factory(ids):
+            return {i: theirs[i] for i in ids if i in theirs}
+        result = _run(v1.resolve_events_with_store(room_id, version, sets, None, factory))
+    else:
+        result = _run(v2.resolve_events_with_store(_NoClock(), room_id, version, sets, None,
+                                                   _ResolutionStore(theirs)))
+    return dict(result)
+
