@@ -12,9 +12,15 @@ state handed to the rules, per room version:
   levels in any version (JSON has no integer ``true``).
 * v10+ (``enforce_int_power_levels``): only integers.
 
-A value that is not a level in its version is *unreadable*: reading it from
-the room state gives the default instead, and an ``m.room.power_levels``
-event carrying one is rejected (``auth_rules``, rule 10 of v12).
+An ``m.room.power_levels`` event carrying a value that is not a level in
+its version is rejected (``auth_rules``, rule 10 of v12; before v10 the
+spec only says so of ``users``, but a value no server can compare is no
+level).  Levels already in the state are read leniently, strings and floats
+in every version as Synapse reads them (such an event cannot pass the rules
+from v10, but a state handed in may hold one); a value that is no number at
+all reads as the default.  The string format is the spec's ("base 10, an
+optional sign, leading zeroes and surrounding whitespace"): Python's
+``int()`` would also take ``"1_000"``, the spec does not.
 
 Defaults, as Synapse applies them (the client-server spec's
 ``m.room.power_levels``): ``users_default``, ``events_default`` and
@@ -63,13 +69,15 @@ NAMED_LEVEL_DEFAULTS: Mapping[str, int] = {
 _STRINGY_INT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
 
 
-def parse_level(room_version: RoomVersion, value: Any) -> int | None:
-    """``value`` as a power level of ``room_version``, or None when it is not one."""
+def parse_level(room_version: RoomVersion, value: Any, *, lenient: bool = False) -> int | None:
+    """``value`` as a power level of ``room_version``, or None when it is not
+    one.  ``lenient``: read strings and floats in every room version (how
+    levels already in the state are read)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
-    if room_version.enforce_int_power_levels:
+    if room_version.enforce_int_power_levels and not lenient:
         return None
     if isinstance(value, str) and _STRINGY_INT.fullmatch(value):
         return int(value.strip())
@@ -86,7 +94,7 @@ def _read(room_version: RoomVersion, holder: Any, key: str, default: int | None)
     """``holder[key]`` as a level, or ``default`` when absent or unreadable."""
     if not isinstance(holder, Mapping) or key not in holder:
         return default
-    level = parse_level(room_version, holder[key])
+    level = parse_level(room_version, holder[key], lenient=True)
     return default if level is None else level
 
 

@@ -351,7 +351,7 @@ def _levels(version: RoomVersion, content: Mapping) -> dict:
     def read(holder) -> dict[str, int]:
         if not isinstance(holder, Mapping):
             return {}
-        values = {key: auth_levels.parse_level(version, value) for key, value in holder.items()}
+        values = {key: auth_levels.parse_level(version, value, lenient=True) for key, value in holder.items()}
         return {key: value for key, value in values.items() if value is not None}
 
     named = read({name: content[name] for name in _NAMED_LEVELS if name in content})
