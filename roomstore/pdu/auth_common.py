@@ -21,6 +21,7 @@ __all__ = [
     "POWER_LEVELS",
     "RoomState",
     "StateKey",
+    "is_user_id_shaped",
     "is_valid_user_id",
     "server_of",
 ]
@@ -53,6 +54,12 @@ _SERVER_NAME = re.compile(
     r"(?:\[[0-9A-Fa-f:.]{2,45}\]|[0-9]{1,3}(?:\.[0-9]{1,3}){3}|[A-Za-z0-9.-]{1,255})(?::[0-9]{1,5})?",
     re.ASCII,
 )
+
+
+def is_user_id_shaped(value: object) -> bool:
+    """``@``, a localpart, ``:`` and a server part (the shape ``parse_pdu``
+    requires of ``sender``)."""
+    return isinstance(value, str) and value.startswith("@") and ":" in value[1:]
 
 
 def is_valid_user_id(value: object) -> bool:

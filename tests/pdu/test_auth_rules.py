@@ -443,6 +443,16 @@ class PowerLevelTests(OracleCase):
             self.verdict(room, room.power_levels({**self.levels(v, bob=50), EVE: 10}, BOB, apply=False), True)
         self.each(VERSIONS, case)
 
+    def test_historical_user_ids_in_users(self):
+        # Keys are checked for the shape of a user ID, as sender is: servers
+        # accepted power levels naming historical IDs, and so must we.
+        def case(v):
+            room = Room(v).standard("invite", members=[BOB], users={BOB: 50})
+            odd = {**self.levels(v, bob=50), "@Old.User:my_server": 10, "@x:": 1}
+            self.verdict(room, room.power_levels(odd, BOB, apply=False), True)
+            self.verdict(room, room.power_levels({**self.levels(v, bob=50), "@nocolon": 1}, BOB, apply=False), False)
+        self.each(VERSIONS, case)
+
     def test_sender_must_be_joined_and_have_the_level(self):
         def case(v):
             room = Room(v).standard("invite", members=[BOB], users={BOB: 50})
@@ -569,6 +579,17 @@ class CreateEventTests(OracleCase):
                 room = Room(v)
                 self.check_create(room, room.build("m.room.create", ALICE, {"room_version": v}, ""), False)
         self.each(VERSIONS, case)
+
+    def test_auth_events_of_a_create_event_are_not_looked_at(self):
+        # Rule 1 allows or rejects a create event before rule 2 is reached.
+        def case(v):
+            room = Room(v)
+            other = Room(v).standard("public")
+            event = room.build("m.room.create", ALICE, {"room_version": v, "creator": ALICE}, "",
+                               auth=[other.state[("m.room.join_rules", "")].event_id])
+            self.assertEqual(check_auth_events_shape(room.room_version, event, other.events), {})
+            self.check_create(room, event, True)
+        self.each(("1", "6", "11"), case)
 
     def test_room_id_server(self):
         def case(v):
