@@ -82,6 +82,9 @@ def resolve_v2(room_version: RoomVersion, state_sets: Sequence[StateMap], source
     full = {event_id for event_id in full if event_id in cache.events}
     cache.load_auth_events(full)
     base = {} if room_version.state_res_v2_1 else dict(unconflicted)
+    # The base events the auth checks will read, in one fetch.
+    cache.load({base[key] for event_id in full for key in auth_types_for_event(room_version, cache.events[event_id])
+                if key in base})
     power = reverse_topological_power_order(room_version, [e for e in full if is_power_event(cache.events[e])],
                                             full, cache)
     state = iterative_auth_checks(room_version, power, base, cache)
@@ -172,13 +175,17 @@ def mainline_order(event_ids: Sequence[str], power_levels_id: str | None, cache:
     depth_of = {event_id: len(mainline) - index for index, event_id in enumerate(mainline)}
 
     def depth(event: ParsedPdu) -> int:
-        seen = set()
-        while event is not None and event.event_id not in seen:
-            seen.add(event.event_id)
+        walked: list[str] = []
+        found = 0
+        while event is not None and event.event_id not in walked:
             if event.event_id in depth_of:
-                return depth_of[event.event_id]
+                found = depth_of[event.event_id]
+                break
+            walked.append(event.event_id)
             event = cache.auth_event_of(event, POWER_LEVELS)
-        return 0
+        for event_id in walked:  # every event of the walk meets the mainline there too
+            depth_of[event_id] = found
+        return found
 
     def key(event_id: str) -> tuple:
         event = cache.events[event_id]

@@ -83,6 +83,9 @@ class ResolutionCase(unittest.TestCase):
         ours = resolve_state(room.room_version, sets, MemoryEventSource(room.events, rejected))
         theirs = self.oracle.resolve(room.version, sets, room.events, rejected)
         self.assertEqual(self.named(room, ours), self.named(room, theirs), f"room version {room.version}")
+        # The order of the state sets does not matter.
+        backwards = resolve_state(room.room_version, sets[::-1], MemoryEventSource(room.events, rejected))
+        self.assertEqual(backwards, ours)
         return ours
 
     @staticmethod
