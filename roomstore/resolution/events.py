@@ -42,7 +42,8 @@ class EventCache:
             if self.room_id is None:
                 self.room_id = event.room_id
             if event.room_id != self.room_id:
-                raise ResolutionError(f"event {event_id} is in room {event.room_id}, not {self.room_id}")
+                raise ResolutionError(f"events of two rooms in one resolution: {event_id} is in room "
+                                      f"{event.room_id}, others in {self.room_id}")
             self.events[event_id] = event
         self.missing |= wanted - set(found)
         self.rejected_ids |= self.source.rejected(set(found))
