@@ -244,6 +244,32 @@ class ClassicCaseTests(ResolutionCase):
             self.assertEqual(resolved[PL], p3.event_id if v == "12" else p1.event_id)
         self.each(("10", "11", "12"), case)
 
+    def test_v2_1_keeps_join_rules_the_admin_set_before_leaving(self):
+        # (MSC4297's problem A.) Alice made the room invite-only and left;
+        # Bob and Carol then renamed themselves. One server's state was reset
+        # to the public join rules. Alice's leave is unconflicted, so v2
+        # checks both join rules events against it and admits neither: the
+        # room has no join rules. v2.1 checks them against their own auth
+        # events: invite-only stands.
+        def case(v):
+            room = Room(v).standard("public", members=[BOB, CAROL])
+            public = room.state[JR]
+            main = Fork(room)
+            invite_only = main.build("m.room.join_rules", ALICE, {"join_rule": "invite"}, "")
+            main.member(ALICE, "leave")
+            bob, carol = main.branch(), main.branch()
+            bob.build("m.room.member", BOB, {"membership": "join", "displayname": "bob++"}, BOB)
+            carol.build("m.room.member", CAROL, {"membership": "join", "displayname": "carol++"}, CAROL)
+            reset = Fork(room, {**carol.state, JR: public}, carol.leaves)
+            resolved = self.resolve(room, bob, reset)
+            if v == "12":
+                self.assertEqual(resolved[JR], invite_only.event_id)
+            else:
+                self.assertNotIn(JR, resolved)
+            for user, name in ((BOB, "bob++"), (CAROL, "carol++")):
+                self.assertEqual(room.events[resolved[("m.room.member", user)]].content["displayname"], name)
+        self.each(("10", "11", "12"), case)
+
     def test_unconflicted_state_is_kept(self):
         def case(v):
             room = Room(v).standard("public", members=[BOB])
