@@ -5,6 +5,9 @@ events over flagged rejected or not, and no read of the store (state,
 messages, sync, visibility, redaction flags) depends on a power level. These
 functions state the rules for what does need them, such as the sample
 generator (``roomstore.sample``) writing valid room version 12 power levels.
+The authorization rules themselves are pure code beside this module
+(``roomstore.pdu.auth_rules``, which reads levels through
+``roomstore.pdu.auth_levels``); the store does not run them yet.
 
 Room version 12 (MSC4289): the room's creators are the create event's
 ``sender`` plus the user IDs of its ``content.additional_creators``; they
