@@ -362,9 +362,9 @@ class BadInputTests(unittest.TestCase):
 
     def test_default_limit_is_synapses_16_kib(self) -> None:
         protocol, transport = connect(make_server())
-        protocol.dataReceived(b"NAME " + b"n" * (16384 - 5) + b"\n")
+        protocol.dataReceived(b"PING " + b"n" * (16384 - 5) + b"\n")
         self.assertEqual(take(transport), [])
-        protocol.dataReceived(b"NAME " + b"n" * (16384 - 4) + b"\n")
+        protocol.dataReceived(b"PING " + b"n" * (16384 - 4) + b"\n")
         self.assertEqual(take(transport), ["ERROR line too long"])
 
     def test_peer_error_is_logged_not_answered(self) -> None:
