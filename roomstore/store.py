@@ -241,9 +241,12 @@ class RoomStore:
         checked where the keys allow: a bad one refuses the batch
         (``InvalidSignature``); ``signatures_checked`` says whether an
         event's every needed signature was verified.
-        Raises ``InvalidEventError`` (bad bytes or fields), ``ConflictedStateError``
-        (prev events' states conflict), ``MissingStateError`` (state cannot be
+        Raises ``InvalidEventError`` (bad bytes or fields, references to
+        another room, a cycle), ``MissingStateError`` (state cannot be
         derived); nothing is written then, and no stream position moves.
+        Where prev events' states, or a room's ends' states, differ, the room
+        version's state resolution decides (``resolved_current_state``, given,
+        stands in for it at the room's ends).
         """
         if not events:
             return []

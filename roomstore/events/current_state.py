@@ -15,7 +15,6 @@ from typing import Any, Sequence
 from roomstore.events.batch import PreparedEvent
 from roomstore.events.resolution_source import resolve_interned
 from roomstore.state.deltas import state_diff
-from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.events.tables.events import pointed_at_txn
 from roomstore.events.tables.room_state import (
     current_and_forward_groups_txn,
@@ -95,29 +94,26 @@ def update_current_state(w: Any, room_nid: int, room_id: str, position: int) -> 
 
 def _current_group(w: Any, room_nid: int, room_id: str, groups: list[int]) -> tuple[int, dict[int, int]]:
     """(group, state) of the room's current state from its extremities'
-    ``groups``: the one group, their merge, or where they conflict the
-    caller's resolved state if given (an importer carrying its source's
-    resolution), else the room version's state resolution of them."""
+    ``groups``: the one state they hold, or where they differ the room
+    version's state resolution of them, or the room's resolved state where
+    the caller gave one (an importer carrying its source's resolution)."""
     if len(groups) == 1:
         return groups[0], w.full_state(groups[0])
     states = [w.full_state(g) for g in groups]
-    conflicts = find_conflicts(states)
-    if conflicts and room_id in w.resolved:
+    if all(state == states[0] for state in states[1:]):
+        return groups[0], states[0]
+    if room_id in w.resolved:
         resolved = w.resolved[room_id]
         w.intern_keys(resolved)
         ids = w.p.interners.events.intern(w.txn, resolved.values())
         new_state = {w.key_nids[k]: ids[e] for k, e in resolved.items()}
         base = groups[-1]
         base_state = w.full_state(base)
-    elif conflicts:
+    else:
         room_version = next(ev.pdu.room_version for ev in w.pending_events.values() if ev.pdu.room_id == room_id)
         new_state = resolve_interned(w, room_version, states)
         base = groups[0]
         base_state = states[0]
-    else:
-        index, new_state = merge_states(states)
-        base = groups[index]
-        base_state = states[index]
     delta = state_diff(new_state, base_state)
     return (w.new_group(room_nid, None, base, delta) if delta else base), new_state
 
