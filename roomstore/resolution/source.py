@@ -36,7 +36,9 @@ class EventSource(Protocol):
 
     def auth_chain_difference(self, state_sets: Sequence[set[str]]) -> set[str]:
         """The union less the intersection of the state sets' full auth
-        chains (each chain including the set's own events)."""
+        chains (each chain including the set's own events).  An event's
+        auth edges are ``ParsedPdu.auth_chain_event_ids``: in room version
+        12 the implied create event is one."""
 
     def conflicted_subgraph(self, conflicted: set[str]) -> set[str]:
         """The events on some ``auth_events`` path between two events of

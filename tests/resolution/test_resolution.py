@@ -270,6 +270,21 @@ class ClassicCaseTests(ResolutionCase):
                 self.assertEqual(room.events[resolved[("m.room.member", user)]].content["displayname"], name)
         self.each(("10", "11", "12"), case)
 
+    def test_v1_picks_the_deepest_other_event(self):
+        # Two topics: one two events deep on its branch, one a single event
+        # deep but sent last. v1 takes the deeper; v2 orders both on the
+        # same mainline by origin_server_ts, so the last sent wins.
+        def case(v):
+            room = Room(v).standard("public", members=[BOB])
+            a, b = Fork(room), Fork(room)
+            b.topic(ALICE, "b1")
+            deeper = b.topic(ALICE, "b2")
+            last = a.topic(ALICE, "a1")
+            self.assertGreater(deeper.depth, last.depth)
+            resolved = self.resolve(room, a, b)
+            self.assertEqual(resolved[TOPIC], deeper.event_id if v == "1" else last.event_id)
+        self.each(("1", "2", "11"), case)
+
     def test_unconflicted_state_is_kept(self):
         def case(v):
             room = Room(v).standard("public", members=[BOB])
