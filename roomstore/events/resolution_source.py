@@ -12,7 +12,7 @@ from typing import Iterable, Mapping, Sequence
 
 from roomstore.events.batch import PreparedEvent
 from roomstore.events.tables.events import auth_chain_nids_txn, auth_edges_txn, served_rows_txn
-from roomstore.pdu.parsing import InvalidEventError, ParsedPdu, parse_pdu
+from roomstore.pdu.parsing import ParsedPdu, stored_pdu
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
 from roomstore.resolution import conflicted_subgraph, resolve_state
 from roomstore.storage.database import Transaction
@@ -23,9 +23,8 @@ class TransactionEventSource:
     """Events by ID, rejected flags and the auth graph, for one write.
 
     ``pending``: the batch's events by ID, which the tables do not hold yet.
-    Stored events are parsed from their stored bytes once and kept; one
-    that no longer parses (stored under older limits) counts as unknown,
-    which the algorithms leave out.
+    Stored events are read from their stored bytes once and kept
+    (``stored_pdu``: parse_pdu checked them when they were stored).
     """
 
     def __init__(self, txn: Transaction, interners: Interners, pending: Mapping[str, PreparedEvent]) -> None:
@@ -47,9 +46,9 @@ class TransactionEventSource:
                     event_id = by_nid[nid]
                     room_version = KNOWN_ROOM_VERSIONS.get(version)
                     try:
-                        self._parsed[event_id] = parse_pdu(bytes(raw), room_version) if room_version else None
-                    except InvalidEventError:
-                        continue
+                        self._parsed[event_id] = stored_pdu(bytes(raw), room_version, event_id) if room_version else None
+                    except (ValueError, KeyError, TypeError, IndexError):
+                        continue  # not a PDU now (a tampered database): unknown to the resolution
                     if rejected is not None:
                         self._rejected.add(event_id)
         found: dict[str, ParsedPdu] = {}
