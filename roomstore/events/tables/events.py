@@ -301,13 +301,20 @@ def pointed_at_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
     return found
 
 
+#: Starting events per auth-chain query: a state's chains start from every
+#: state event (10,000 in a large room), and each query has a plan to make
+#: (about 10 ms on PostgreSQL whatever its size, bench/state_resolution.py);
+#: below SQLite's 32,766 parameters (3.32 and later).
+WIDE_CHUNK = 10_000
+
+
 def auth_chain_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
     """The auth chain of the events ``nids``: their auth events, theirs, and
     so on (the events themselves only where one is in another's chain).
     One recursive query a chunk of starting events; ``UNION`` ends it on any
     graph, a cycle of forged auth events included."""
     found: set[int] = set()
-    for part in chunks(sorted(set(nids))):
+    for part in chunks(sorted(set(nids)), WIDE_CHUNK):
         marks = ", ".join("?" for _ in part)
         found.update(r[0] for r in txn.execute(
             "WITH RECURSIVE chain(nid) AS ("
