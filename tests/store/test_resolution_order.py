@@ -15,15 +15,11 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import time
-import traceback
 
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from twisted.internet import defer, reactor, threads
-from twisted.internet.threads import blockingCallFromThread
 
 from tests.db import on_both_engines
+from tests.hypothesis_examples import run_examples
 from tests.store.builder import RoomBuilder, pure_resolution
 
 ALICE, BOB, CAROL = "@alice:example.org", "@bob:example.org", "@carol:elsewhere.org"
@@ -153,25 +149,8 @@ class ResolutionOrderTests:
 
     async def test_any_persist_order_resolves_as_the_pure_resolution(self):
         store = await self.open_store()
-        tried, first_failure = [0], []
-        started = time.monotonic()
-
-        @settings(max_examples=40, deadline=None, database=None, report_multiple_bugs=False,
-                  suppress_health_check=list(HealthCheck))
-        @given(st.integers(0, 2**32), st.sampled_from(["2", "6", "10", "11", "12"]))
-        def check(seed, version):
-            if time.monotonic() - started > BUDGET_SECONDS:
-                return
-            tried[0] += 1
-            try:
-                blockingCallFromThread(reactor, lambda: defer.ensureDeferred(check_history(store, seed, version)))
-            except Exception:
-                if not first_failure:
-                    first_failure.append(f"seed {seed}, version {version}\n{traceback.format_exc()}")
-                raise
-
-        try:
-            await threads.deferToThread(check)
-        except Exception:
-            self.fail(f"after {tried[0]} examples, first failure:\n{first_failure[0] if first_failure else ''}")
-        self.assertGreater(tried[0], 5, "too few examples ran within the time budget")
+        tried = await run_examples(
+            self, lambda seed, version: check_history(store, seed, version),
+            [st.integers(0, 2**32), st.sampled_from(["2", "6", "10", "11", "12"])], 40, BUDGET_SECONDS,
+        )
+        self.assertGreater(tried, 5, "too few examples ran within the time budget")
