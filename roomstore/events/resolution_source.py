@@ -36,6 +36,7 @@ class TransactionEventSource:
         self._rejected: set[str] = set()
 
     def get_events(self, event_ids: Iterable[str]) -> Mapping[str, ParsedPdu]:
+        event_ids = list(event_ids)  # read twice below
         wanted = [e for e in set(event_ids) if e not in self.pending and e not in self._parsed]
         if wanted:
             nids = self.interners.events.lookup(self.txn, wanted)
