@@ -17,7 +17,6 @@ from roomstore.events.persist import MissingStateError
 from roomstore.events.writer_process import WriterProcessLost
 from roomstore.pdu.parsing import MAX_JSON_NESTING, InvalidEventError
 from roomstore.pdu.room_versions import UnknownRoomVersion
-from roomstore.state.merge import ConflictedStateError
 from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError, StorageFullError
 
 
@@ -107,7 +106,7 @@ def member_text(text: str, wanted: str) -> str:
 _log = Logger()
 
 #: What a store refuses an event for: the event's fault, reported in one line.
-EXPECTED = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
+EXPECTED = (InvalidEventError, MissingStateError, UnknownRoomVersion)
 #: What stops an import whole: the database, the disk or the process, never
 #: one event (every other error is the failure of the events that met it).
 STOPS_IMPORT = (

@@ -20,8 +20,9 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from roomstore.events.batch import (
-    EventToPersist, PersistedEvent, first_copies, is_orphan, orphan_rooms, peek_room_version, results_in_order,
+    EventToPersist, PersistedEvent, first_copies, orphan_rooms, results_in_order,
 )
+from roomstore.events.batch_rooms import BatchRooms
 from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
 from roomstore.events.federation import FederationReader
@@ -37,7 +38,6 @@ from roomstore.events.stream_pages import (
 )
 from roomstore.pdu.signatures import VerifyKeys
 from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
-from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state.groups import (
     COMPACTION_LOCK_NAME,
     COMPACTION_LOCK_TIMEOUT_S,
@@ -45,7 +45,7 @@ from roomstore.state.groups import (
     delete_state_groups_txn,
 )
 from roomstore.storage.database import Database
-from roomstore.storage.interning import Interners, room_ids_txn, room_versions_txn
+from roomstore.storage.interning import Interners, room_ids_txn
 from roomstore.storage.stats import table_stats_txn
 from roomstore.storage.writer_lock import WriterLock
 from roomstore.store_config import StoreConfig
@@ -81,6 +81,7 @@ class RoomStore:
         self.persister = EventPersister(
             self.interners, self.state_groups, self.visibility, config.instance_name, self.clock
         )
+        self.batch_rooms = BatchRooms(db, self.persister.room_versions)
         # Batches validated off the reactor, written in call order (events/pipeline.py).
         self.validator = BatchValidator(db.reactor, config.validation_processes)
         self._write_turns = WriteTurns()
@@ -240,9 +241,12 @@ class RoomStore:
         checked where the keys allow: a bad one refuses the batch
         (``InvalidSignature``); ``signatures_checked`` says whether an
         event's every needed signature was verified.
-        Raises ``InvalidEventError`` (bad bytes or fields), ``ConflictedStateError``
-        (prev events' states conflict), ``MissingStateError`` (state cannot be
+        Raises ``InvalidEventError`` (bad bytes or fields, references to
+        another room, a cycle), ``MissingStateError`` (state cannot be
         derived); nothing is written then, and no stream position moves.
+        Where prev events' states, or a room's ends' states, differ, the room
+        version's state resolution decides (``resolved_current_state``, given,
+        stands in for it at the room's ends).
         """
         if not events:
             return []
@@ -261,11 +265,11 @@ class RoomStore:
     async def _persist_in_turn(self, turn, events, resolved_current_state, refuse_hash_mismatch, verify_keys):
         """``persist_events``: validated while earlier calls write, written in
         its turn, or with an earlier call's batch (``WriteTurns``)."""
-        known_versions, unknown = await self._known_room_versions(events)
+        known_versions, unknown = await self.batch_rooms.needed_by(events)
         if unknown and turn.earlier_in_flight():
             # An earlier call may be storing the room's create event.
             await turn.ready()
-            known_versions, unknown = await self._known_room_versions(events)
+            known_versions, unknown = await self.batch_rooms.needed_by(events)
         prepared = await self.validator.prepare(
             events, known_versions, refuse_hash_mismatch, verify_keys, self_contained=not unknown
         )
@@ -281,7 +285,7 @@ class RoomStore:
             return await offer.outcome
         turn.withdraw()
         self.check_writer_lock()
-        await self._refuse_orphans(prepared, orphan_rooms_to_check)
+        await self.batch_rooms.refuse_orphans(prepared, orphan_rooms_to_check)
         followers = [] if alone else turn.take_followers(self.config.max_events_per_transaction - len(prepared))
         return await write_in_group(lambda batch: self._write(batch, resolved_current_state), prepared, followers)
 
@@ -330,46 +334,9 @@ class RoomStore:
         )
         return found, outcome
 
-    async def _refuse_orphans(self, prepared, rooms: Sequence[str]) -> None:
-        """``InvalidEventError`` for a live non-create event without prev
-        events in a room that has no create event (stored or in the batch):
-        it would start a room without one. Outliers may. ``rooms``: the
-        batch's ``orphan_rooms``, to look up."""
-        if not rooms:
-            return
-        known = await self._room_versions(rooms)
-        for ev in prepared:
-            if ev.pdu.room_id in rooms and is_orphan(ev) and ev.pdu.room_id not in known:
-                raise InvalidEventError(
-                    f"event {ev.event_id} has no prev events and room {ev.pdu.room_id} is unknown: "
-                    "persist the room's create event first, or flag the event an outlier"
-                )
-
     def _now_ms(self) -> int:
         """The store clock's now, in milliseconds (the timestamps it writes)."""
         return int(self.clock.seconds() * 1000)
-
-    async def _known_room_versions(self, events: Sequence[EventToPersist]) -> tuple[dict[str, str], bool]:
-        """(room_id -> stored version of the rooms the events need, whether any is unknown)."""
-        rooms = set()
-        for ev in events:
-            if isinstance(ev, EventToPersist) and ev.room_version is None:
-                room_id, event_type, _ = peek_room_version(ev.raw)
-                if room_id and event_type != "m.room.create":
-                    rooms.add(room_id)
-        known = await self._room_versions(sorted(rooms))
-        return known, len(known) < len(rooms)
-
-    async def _room_versions(self, room_ids: Sequence[str]) -> dict[str, str]:
-        """room_id -> version of the rooms among ``room_ids`` with a stored create event."""
-        cache = self.persister.room_versions
-        known, unknown = cache.split(room_ids)
-        if unknown:
-            found = await self.db.run_interaction("room_versions", room_versions_txn, unknown)
-            for room_id, version in found.items():
-                cache.set(room_id, version)
-            known.update(found)
-        return known
 
     def _after_persist(self, outcome: BatchOutcome) -> None:
         self.caches.batch_committed(outcome)
@@ -401,11 +368,14 @@ class RoomStore:
     # ------------------------------------------------------------------ reads
     # Thin async wrappers: the SQL lives in roomstore.events.reads.
 
-    async def get_event(self, event_id: str, redact: bool = True) -> dict | None:
-        return (await self.get_events([event_id], redact=redact)).get(event_id)
+    async def get_event(self, event_id: str, redact: bool = True, allow_rejected: bool = False) -> dict | None:
+        """The served event (None if not stored, or rejected unless ``allow_rejected``)."""
+        return (await self.get_events([event_id], redact, allow_rejected)).get(event_id)
 
-    async def get_events(self, event_ids: Iterable[str], redact: bool = True) -> dict[str, dict]:
-        return await self.reader.get_events(list(event_ids), redact=redact)
+    async def get_events(
+        self, event_ids: Iterable[str], redact: bool = True, allow_rejected: bool = False
+    ) -> dict[str, dict]:
+        return await self.reader.get_events(list(event_ids), redact=redact, allow_rejected=allow_rejected)
 
     async def get_event_flags(self, event_ids: Sequence[str]) -> dict[str, EventFlags]:
         """Outlier, rejection, redaction and stream position of those of
@@ -422,6 +392,25 @@ class RoomStore:
         self, event_id: str, types: Iterable[tuple[str, str | None]], before: bool = False
     ) -> dict[tuple[str, str], str]:
         return await self.db.run_interaction("get_state_ids", self.reader.state_ids_txn, event_id, before, list(types))
+
+    async def get_state_ids_for_events(
+        self, event_ids: Iterable[str], before: bool = False
+    ) -> dict[str, dict[tuple[str, str], str]]:
+        """``get_state_ids`` of many events in one transaction (those not stored, or outliers, left out)."""
+        return await self.db.run_interaction(
+            "get_state_ids_for_events", self.reader.state_ids_for_events_txn, list(event_ids), before
+        )
+
+    async def get_auth_chain_ids(self, event_ids: Iterable[str]) -> set[str]:
+        """Every event in the auth chains of ``event_ids`` (their auth events, theirs, ...)."""
+        return await self.db.run_interaction("get_auth_chain_ids", self.reader.auth_chain_ids_txn, list(event_ids))
+
+    async def get_auth_chain_difference(self, state_sets: Sequence[Iterable[str]]) -> set[str]:
+        """State resolution v2's auth difference of ``state_sets`` (sets of
+        event IDs): what some but not every set's events and auth chains hold."""
+        return await self.db.run_interaction(
+            "get_auth_chain_difference", self.reader.auth_chain_difference_txn, [set(s) for s in state_sets]
+        )
 
     async def get_current_state_ids(
         self, room_id: str, types: Iterable[tuple[str, str | None]] | None = None
@@ -447,7 +436,7 @@ class RoomStore:
 
     async def get_room_version(self, room_id: str) -> str | None:
         """The room's version, None for a room whose create event is not stored."""
-        return (await self._room_versions([room_id])).get(room_id)
+        return (await self.batch_rooms.versions([room_id])).get(room_id)
 
     async def get_room_ids(self) -> list[str]:
         """Every room the store has seen an event of, in the order first seen."""

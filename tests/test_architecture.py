@@ -30,7 +30,10 @@ Checked on the real tree:
   two branches that each added a helper of one name silently keeps the
   second);
 - the pure PDU package (``roomstore.pdu``: parsing, hashing, signatures, the
-  redaction algorithm, room versions) imports nothing else of roomstore.
+  redaction algorithm, room versions, the auth rules) imports nothing else of
+  roomstore;
+- the pure state resolution package (``roomstore.resolution``) imports only
+  ``roomstore.pdu``.
 
 The checker itself is tested on small packages written to a temp directory.
 """
@@ -423,6 +426,15 @@ class RoomstoreShapeTests(unittest.TestCase):
         wrong = forbidden_imports(self.graph, ["roomstore.pdu"], others)
         if wrong:
             self.fail("the pure PDU package imports the rest of roomstore:\n  " + "\n  ".join(wrong))
+
+    def test_state_resolution_imports_only_pdu(self):
+        self.assertIn("roomstore.resolution", self.graph, "the pure package roomstore.resolution is missing")
+        allowed = ("roomstore.resolution", "roomstore.pdu")
+        others = sorted({m for m in self.graph if m != PACKAGE
+                         and not any(m == a or m.startswith(a + ".") for a in allowed)})
+        wrong = forbidden_imports(self.graph, ["roomstore.resolution"], others)
+        if wrong:
+            self.fail("state resolution imports more of roomstore than roomstore.pdu:\n  " + "\n  ".join(wrong))
 
 
 # ---------------------------------------------------------------- the checker, on made-up packages

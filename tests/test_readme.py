@@ -37,7 +37,7 @@ class ReadmeTests(unittest.TestCase):
             self.assertIn(form, self.readme)
         self.assertIn("without `--since` an initial sync", self.readme)
 
-    def test_sample_failures_as_described(self):
+    def test_the_sample_imports_whole_as_described(self):
         import tempfile
 
         from tests.test_cli import run_cli
@@ -45,12 +45,13 @@ class ReadmeTests(unittest.TestCase):
         base = tempfile.mkdtemp(prefix="roomstore-readme-")
         code, out, err = run_cli("demo", "--db", f"sqlite:///{base}/demo.db")
         self.assertEqual(code, 0, err)
-        failures = [(o["line"], o["error"]) for o in out if "error" in o]
-        self.assertEqual(failures, [(4002, "ConflictedStateError"), (4003, "MissingStateError")])
+        self.assertEqual([(o["line"], o["error"]) for o in out if "error" in o], [])
         [summary] = [o for o in out if "import" in o and "imported" in o]
-        self.assertEqual((summary["imported"], summary["failed"]), (4002, 2))
-        for claim in ("(line 4002)", "(line 4003)", "`ConflictedStateError`", "`MissingStateError`", "the other 4,002"):
+        self.assertEqual((summary["imported"], summary["failed"]), (4004, 0))
+        for claim in ("imports all 4,004", "state resolution"):
             self.assertIn(claim, self.readme)
+        for gone in ("`ConflictedStateError`", "the other 4,002"):
+            self.assertNotIn(gone, self.readme)
 
 
 
@@ -74,9 +75,9 @@ class FirstTenMinutesTests(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr)
         lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
         summary = next(o for o in lines if "imported" in o)
-        self.assertEqual((summary["imported"], summary["failed"]), (4002, 2))
+        self.assertEqual((summary["imported"], summary["failed"]), (4004, 0))
         tables = {o["table"]: o["rows"] for o in lines if "table" in o}
-        self.assertEqual(tables["events"], 4002)
+        self.assertEqual(tables["events"], 4004)
         state = next(o for o in lines if "state" in o and "before" in o)
         self.assertEqual([s["type"] for s in state["state"]], ["m.room.create"])
         self.assertEqual(len([o for o in lines if o.get("room_id") == "!u6Uu_jrNs3kpjRg4NAqo3yLO4rCli2DeRapcDvlG24o" and "type" in o]), 3)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from roomstore.events.batch import PreparedEvent
+from roomstore.events.resolution_source import resolve_interned
 from roomstore.state.deltas import state_diff
-from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.events.tables.events import pointed_at_txn
 from roomstore.events.tables.room_state import (
     current_and_forward_groups_txn,
@@ -43,16 +43,20 @@ def update_extremities(w: Any, new_events: Sequence[PreparedEvent], rooms: set[i
 
     # Forward: prev events of live events stop being extremities; a live
     # event is one unless something stored already points at it (it
-    # arrived late). Backfilled events are history, never the room's leaves.
+    # arrived late). Backfilled events are history, never the room's leaves;
+    # a rejected event is never one, nor does it end its prev events' turn
+    # (as Synapse: a room's leaves are events a new event may build on).
+    accepted = [ev for ev in graph_events if not ev.rejected_reason]
     live_referenced = {
-        (room_of[nid[ev.event_id]], nid[p]) for ev in graph_events if not ev.backfilled for p in ev.pdu.prev_event_ids
+        (room_of[nid[ev.event_id]], nid[p]) for ev in accepted if not ev.backfilled for p in ev.pdu.prev_event_ids
     }
     # (A fresh nid was never stored, so never an extremity.)
     forward_gone = [pair for pair in live_referenced if pair[1] not in w.fresh_nids]
     # Fresh nids: only this batch's events can point at them.
-    pointed_at = {nid[p] for ev in graph_events for p in ev.pdu.prev_event_ids}
+    pointed_at = {nid[p] for ev in accepted for p in ev.pdu.prev_event_ids}
     pointed_at |= pointed_at_txn(txn, new_nids - w.fresh_nids)
-    forward_new = sorted({(room_of[n], n) for n in new_nids - backfilled if n not in pointed_at})
+    rejected = {nid[ev.event_id] for ev in graph_events if ev.rejected_reason}
+    forward_new = sorted({(room_of[n], n) for n in new_nids - backfilled - rejected if n not in pointed_at})
     # Backward: prev events we do not have as graph events; a new event
     # fills the gap it was.
     prev_nids = {p for _, p in referenced}
@@ -90,29 +94,26 @@ def update_current_state(w: Any, room_nid: int, room_id: str, position: int) -> 
 
 def _current_group(w: Any, room_nid: int, room_id: str, groups: list[int]) -> tuple[int, dict[int, int]]:
     """(group, state) of the room's current state from its extremities'
-    ``groups``: the one group, their merge, or the caller's resolved state
-    where they conflict (refused without one)."""
+    ``groups``: the one state they hold, or where they differ the room
+    version's state resolution of them, or the room's resolved state where
+    the caller gave one (an importer carrying its source's resolution)."""
     if len(groups) == 1:
         return groups[0], w.full_state(groups[0])
     states = [w.full_state(g) for g in groups]
-    conflicts = find_conflicts(states)
-    if conflicts and room_id in w.resolved:
+    if all(state == states[0] for state in states[1:]):
+        return groups[0], states[0]
+    if room_id in w.resolved:
         resolved = w.resolved[room_id]
         w.intern_keys(resolved)
         ids = w.p.interners.events.intern(w.txn, resolved.values())
         new_state = {w.key_nids[k]: ids[e] for k, e in resolved.items()}
         base = groups[-1]
         base_state = w.full_state(base)
-    elif conflicts:
-        raise w.conflict_error(
-            room_id, conflicts,
-            what=f"the current state of {room_id}: its forward extremities' states",
-            advice="pass a resolved current state for the room (resolved_current_state)",
-        )
     else:
-        index, new_state = merge_states(states)
-        base = groups[index]
-        base_state = states[index]
+        room_version = next(ev.pdu.room_version for ev in w.pending_events.values() if ev.pdu.room_id == room_id)
+        new_state = resolve_interned(w, room_version, states)
+        base = groups[0]
+        base_state = states[0]
     delta = state_diff(new_state, base_state)
     return (w.new_group(room_nid, None, base, delta) if delta else base), new_state
 

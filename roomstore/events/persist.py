@@ -31,6 +31,8 @@ from roomstore.events.batch import (
 )
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import update_current_state, update_extremities
+from roomstore.events.redaction_authority import redaction_authorised
+from roomstore.events.resolution_source import resolve_interned
 from roomstore.events.tables.events import (
     history_visibility_json_txn,
     insert_edges,
@@ -45,7 +47,6 @@ from roomstore.events.tables.events import (
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.state.deltas import state_diff
 from roomstore.state.groups import StateGroupStore, StateGroupWrites, group_facts_txn
-from roomstore.state.merge import ConflictedStateError, find_conflicts, merge_states
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import (
     Interners,
@@ -259,19 +260,6 @@ class _BatchWriter:
                 value = content.get("history_visibility") if isinstance(content, dict) else None
                 self.visibility_of_event[nid] = visibility_code(value)
 
-    def conflict_error(
-        self, event_id: str, conflicts: Mapping[int, set], what: str | None = None, advice: str | None = None
-    ) -> ConflictedStateError:
-        self.names_of_keys(conflicts)
-        names = self.p.interners.events.resolve(self.txn, {e for events in conflicts.values() for e in events})
-        described = {
-            self.key_names[key]: sorted(names.get(e, str(e)) for e in events) for key, events in conflicts.items()
-        }
-        keys = ", ".join(f"({t!r}, {s!r})" for t, s in sorted(described))
-        what = what or f"the state at {event_id}: its prev events' states"
-        advice = advice or "resolve the state and pass it as state_before"
-        return ConflictedStateError(f"cannot derive {what} conflict on {keys}; {advice}", described)
-
     # ---------------------------------------------------------------- groups
 
     def new_group(
@@ -341,6 +329,8 @@ class _BatchWriter:
         build and write their rows, then the rooms' ends and current state."""
         txn = self.txn
         batch = order_batch(batch)
+        #: The batch's events by ID, for state resolution (not yet in the tables).
+        self.pending_events = {ev.event_id: ev for ev in batch}
         self._intern_event_ids(batch)
         results, new_events = self._already_stored(batch)
         if not new_events:
@@ -505,7 +495,8 @@ class _BatchWriter:
                 ))
                 rows.membership_users[state_key] = max(rows.membership_users.get(state_key, stream), stream)
             if pdu.redacts and pdu.type == "m.room.redaction" and not ev.rejected_reason:
-                rows.redactions.append((event_nid, nid[pdu.redacts], now_ms))
+                authorised = redaction_authorised(self, ev, group_before, new_events)
+                rows.redactions.append((event_nid, nid[pdu.redacts], now_ms, authorised))
             if not ev.outlier:
                 room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)
             results[event_id] = PersistedEvent(
@@ -632,13 +623,14 @@ class _BatchWriter:
         if len(distinct) == 1:
             return distinct[0]
         states = [self.full_state(g) for g in distinct]
-        conflicts = find_conflicts(states)
-        if conflicts:
-            raise self.conflict_error(ev.event_id, conflicts)
-        index, merged = merge_states(states)
-        parent = distinct[index]
-        # The merge holds every key of the parent's state: no removals.
-        return self.new_group(room_nid, None, parent, state_diff(merged, states[index]))
+        if all(state == states[0] for state in states[1:]):
+            return distinct[0]
+        # The prev events' states differ (a key of different events, or of
+        # some and not others): the room version's state resolution decides,
+        # as the spec and Synapse do; a plain union would keep an event of one
+        # branch that the other branch's state no longer allows.
+        delta = state_diff(resolve_interned(self, ev.pdu.room_version, states), states[0])
+        return self.new_group(room_nid, None, distinct[0], delta) if delta else distinct[0]
 
     def flag_redactions(self, new_event_nids: Sequence[int], new_redaction_nids: Sequence[int]) -> set[int]:
         """Set ``events.redacted`` where both the event and a redaction of it

@@ -4,8 +4,9 @@ already, and whether the write would refuse the rest.
 Runs first in the write's own transaction (``RoomStore.persist_events``,
 before ``reserve_in_transaction``'s ``take``): cheap reads over cached state
 groups, then a trial run of the write, undone in a savepoint, only for a
-batch they find a conflict or a gap in. Neither stored events nor refused
-batches take stream IDs.
+batch they find a gap or a version mismatch in (a fork is no refusal: its
+states are resolved). Neither stored events nor refused batches take
+stream IDs.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from typing import Mapping, Sequence
 from roomstore.events.batch import PersistedEvent, PreparedEvent, StateDelta, StateKey, order_batch
 from roomstore.events.persist import EventPersister
 from roomstore.pdu.parsing import InvalidEventError, create_event_id_of
-from roomstore.state.merge import find_conflicts, merge_states
 from roomstore.storage.database import Transaction
 from roomstore.events.tables.events import rooms_and_types_txn, stored_before_txn, stored_events_txn
-from roomstore.events.tables.room_state import forward_groups_txn
 from roomstore.storage.interning import Interners, chunks, rooms_and_versions_txn
 
 
@@ -64,8 +63,9 @@ def precheck_txn(
     """Before stream IDs are reserved: ``already_persisted`` results for the
     events stored before (as ``stored_results_txn``), and the refusal the
     write would meet for a reason that does not depend on the write itself
-    (conflicted or underivable state, a room version mismatch, a room
-    version 12 room ID naming no stored create event), raised now.
+    (underivable state, a room version mismatch, a room version 12 room ID
+    naming no stored create event, prev or auth events of another room, a
+    cycle of prev events), raised now.
 
     A batch that ``may_fail_txn`` finds risky is written in a trial run that
     is undone; the others cost a few reads. The write transaction still makes
@@ -75,6 +75,8 @@ def precheck_txn(
     found = stored_results_txn(txn, persister.interners, events)
     new = [ev for ev in events if ev.event_id not in found]
     check_create_events_txn(txn, persister.interners, new)
+    check_cited_rooms_txn(txn, persister.interners, new)
+    order_batch(new)  # a cycle of prev events is refused here, before any ID
     if new and may_fail_txn(txn, persister, new, resolved_current_state):
         live = sum(1 for ev in new if not ev.backfilled)
         trial = range(TRIAL_STREAM_BASE, TRIAL_STREAM_BASE + len(new))
@@ -89,42 +91,26 @@ def may_fail_txn(
     resolved_current_state: Mapping[str, Mapping[StateKey, str]] | None = None,
 ) -> bool:
     """False when the write of ``new`` (none stored) cannot be refused by its
-    state or room version as the database stands: the versions agree, every
-    prev event is there, and where prev events' states or a room's forward
-    extremities' states meet they agree. True (worth a trial run) otherwise,
-    or for a state given by the caller. Reads only, over cached state groups;
-    a cheap filter, not the judge: the trial run is."""
+    state or room version as the database stands: the versions agree and
+    every prev event is in the batch or stored as a graph event. Forks never
+    refuse (their states are resolved). True (worth a trial run) otherwise,
+    or for a state given as a delta, which may name an unknown group. Reads
+    only; a cheap filter, not the judge: the trial run is."""
     interners = persister.interners
     in_batch = {ev.event_id: ev for ev in new}
     graph = [ev for ev in new if not ev.outlier]
     if any(isinstance(ev.state_before, StateDelta) for ev in graph):
-        return True  # a given delta may name an unknown group: let the trial say
+        return True
     # A whole state given for an event (a map) is never refused: it stands in
     # for the state derived from its prev events below.
     # Prev events neither in the batch nor stored as graph events leave the
     # state underivable.
     if any(in_batch[p].outlier for ev in graph for p in ev.pdu.prev_event_ids if p in in_batch):
         return True
-    stored_prevs = _stored_prev_groups(txn, interners, graph, in_batch)
-    if stored_prevs is None:
+    if _stored_prev_groups(txn, interners, graph, in_batch) is None:
         return True
-    prev_nids, group_of = stored_prevs
-    # Room versions, and each live room's forward extremities after the batch.
     rooms = rooms_and_versions_txn(txn, {ev.pdu.room_id for ev in new})
-    if any(rooms.get(ev.pdu.room_id, (None, None))[1] not in (None, ev.pdu.room_version.identifier) for ev in new):
-        return True
-    ends = _room_ends(txn, graph, rooms, prev_nids, resolved_current_state or {})
-    if not ends and all(len(set(ev.pdu.prev_event_ids)) < 2 for ev in graph):
-        return False  # plain chains, one end per room: nothing can conflict
-    after = _states_after(txn, persister, graph, in_batch, group_of, prev_nids)
-    if after is None:
-        return True
-    stored_state = persister.state_groups.get_state
-    for stored, news in ends.values():
-        states = [stored_state(txn, g) for g in set(stored) if g is not None] + [after[e] for e in news]
-        if find_conflicts(states):
-            return True  # the current state is a conflicted merge of the ends
-    return False
+    return any(rooms.get(ev.pdu.room_id, (None, None))[1] not in (None, ev.pdu.room_version.identifier) for ev in new)
 
 
 def _stored_prev_groups(
@@ -144,66 +130,6 @@ def _stored_prev_groups(
     if len(group_of) < len(prev_nids):
         return None
     return prev_nids, group_of
-
-
-def _room_ends(
-    txn: Transaction,
-    graph: Sequence[PreparedEvent],
-    rooms: Mapping[str, tuple[int, str | None]],
-    prev_nids: Mapping[str, int],
-    resolved: Mapping[str, object],
-) -> dict[str, tuple[list, list[str]]]:
-    """room -> (stored ends' groups, new ends) of each live room that will
-    have several forward extremities after the batch (and no resolved state)."""
-    live = [ev for ev in graph if not ev.backfilled]
-    pointed_at = {p for ev in graph for p in ev.pdu.prev_event_ids}
-    live_prevs = {prev_nids[p] for ev in live for p in ev.pdu.prev_event_ids if p in prev_nids}
-    ends: dict[str, tuple[list, list[str]]] = {}
-    for room_id in {ev.pdu.room_id for ev in live}:
-        stored = []
-        if room_id in rooms:
-            stored = [
-                group for nid, group in forward_groups_txn(txn, rooms[room_id][0]) if nid not in live_prevs
-            ]
-        news = [ev.event_id for ev in live if ev.pdu.room_id == room_id and ev.event_id not in pointed_at]
-        if len(stored) + len(news) > 1 and room_id not in resolved:
-            ends[room_id] = (stored, news)
-    return ends
-
-
-def _states_after(
-    txn: Transaction,
-    persister: EventPersister,
-    graph: Sequence[PreparedEvent],
-    in_batch: Mapping[str, PreparedEvent],
-    group_of: Mapping[int, int | None],
-    prev_nids: Mapping[str, int],
-) -> dict[str, dict] | None:
-    """The state after each graph event of the batch, derived as the write
-    would; None where prev events' states conflict."""
-    interners = persister.interners
-    # Keys and events as nids where interned (a new key or event is its own
-    # name: it equals no nid).
-    given = [ev.state_before for ev in graph if ev.state_before is not None]
-    key_nids = interners.state_keys.lookup(
-        txn, {(ev.pdu.type, ev.pdu.state_key) for ev in graph if ev.pdu.state_key is not None}
-        | {key for state in given for key in state}
-    )
-    event_nids = interners.events.lookup(txn, set(in_batch) | {e for state in given for e in state.values()})
-    stored_state = persister.state_groups.get_state
-    after: dict[str, dict] = {}
-    for ev in order_batch(graph):
-        if ev.state_before is not None:
-            state = {key_nids.get(k, k): event_nids.get(e, e) for k, e in ev.state_before.items()}
-        else:
-            state = _derived_state(txn, ev, after, stored_state, group_of, prev_nids)
-            if state is None:
-                return None
-        if ev.pdu.state_key is not None and not ev.rejected_reason:
-            key = (ev.pdu.type, ev.pdu.state_key)
-            state = {**state, key_nids.get(key, key): event_nids.get(ev.event_id, ev.event_id)}
-        after[ev.event_id] = state
-    return after
 
 
 def check_create_events_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> None:
@@ -247,13 +173,30 @@ def check_create_events_txn(txn: Transaction, interners: Interners, events: Sequ
             )
 
 
-def _derived_state(txn, ev: PreparedEvent, after: Mapping[str, dict], stored_state, group_of, prev_nids) -> dict | None:
-    """The state before ``ev`` as the write derives it from its prev events
-    (in the batch or stored), or None where their states conflict."""
-    states = {}
-    for p in dict.fromkeys(ev.pdu.prev_event_ids):
-        state = after[p] if p in after else stored_state(txn, group_of[prev_nids[p]])
-        states[id(state)] = state
-    if len(states) > 1 and find_conflicts(list(states.values())):
-        return None
-    return merge_states(list(states.values()))[1] if len(states) > 1 else next(iter(states.values()), {})
+def check_cited_rooms_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> None:
+    """An event's ``prev_events`` and ``auth_events`` are of its own room:
+    ``InvalidEventError`` for the first that cites one of another room,
+    stored or in the batch (it would inherit that room's state, and its
+    sender that room's membership). Events not stored are left to the
+    state and auth checks. A read, before any stream ID."""
+    room_of = {ev.event_id: ev.pdu.room_id for ev in events}
+    cited = {i for ev in events for i in (*ev.pdu.prev_event_ids, *ev.pdu.auth_event_ids) if i not in room_of}
+    stored_rooms: dict[str, int] = {}
+    if cited:
+        nids = interners.events.lookup(txn, cited)
+        facts = stored_before_txn(txn, nids.values())
+        stored_rooms = {event_id: facts[nid].room_nid for event_id, nid in nids.items() if nid in facts}
+    room_nids = interners.rooms.lookup(txn, set(room_of.values())) if stored_rooms else {}
+    for ev in events:
+        for key, ids in (("prev_events", ev.pdu.prev_event_ids), ("auth_events", ev.pdu.auth_event_ids)):
+            for cited_id in ids:
+                if cited_id in room_of:
+                    other = room_of[cited_id] != ev.pdu.room_id
+                else:
+                    other = cited_id in stored_rooms and stored_rooms[cited_id] != room_nids.get(ev.pdu.room_id)
+                if other:
+                    raise InvalidEventError(
+                        f"event {ev.event_id} cites {cited_id} in {key!r}, an event of another room: an event's "
+                        "prev and auth events are of its own room",
+                        key,
+                    )

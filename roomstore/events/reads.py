@@ -20,6 +20,7 @@ from roomstore.pdu.hashing import add_derived_ids
 from roomstore.pdu.redaction_algorithm import redacted_copy
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
 from roomstore.events.tables.events import (
+    auth_chain_nids_txn,
     json_txn,
     redactions_of_txn,
     served_rows_txn,
@@ -128,7 +129,11 @@ class EventReader:
 
     # ------------------------------------------------------------------ events
 
-    async def get_events(self, event_ids: Sequence[str], redact: bool = True) -> dict[str, dict]:
+    async def get_events(
+        self, event_ids: Sequence[str], redact: bool = True, allow_rejected: bool = False
+    ) -> dict[str, dict]:
+        """Served events by ID; rejected ones only with ``allow_rejected``
+        (the cache holds no rejected event, so a hit serves either way)."""
         result: dict[str, dict] = {}
         missing = []
         for event_id in dict.fromkeys(event_ids):
@@ -139,15 +144,23 @@ class EventReader:
                 missing.append(event_id)
         if missing:
             generation = self._events_generation
-            fetched = await self.db.run_interaction("get_events", self.events_txn, missing, redact)
+            rejected: set[str] = set()
+            fetched = await self.db.run_interaction(
+                "get_events", self.events_txn, missing, redact, allow_rejected, rejected
+            )
             cacheable = redact and generation == self._events_generation
             for event_id, event in fetched.items():
-                if cacheable:
+                if cacheable and event_id not in rejected:
                     self._events.set(event_id, event)
                 result[event_id] = event
         return result
 
-    def events_txn(self, txn: Transaction, event_ids: Sequence[str], redact: bool = True) -> dict[str, dict]:
+    def events_txn(
+        self, txn: Transaction, event_ids: Sequence[str], redact: bool = True, allow_rejected: bool = True,
+        rejected_found: set | None = None,
+    ) -> dict[str, dict]:
+        """Served events by ID; rejected ones left out unless ``allow_rejected``
+        (then their IDs are added to ``rejected_found`` when given)."""
         nids = self.interners.events.lookup(txn, event_ids)
         by_nid = {n: e for e, n in nids.items()}
         result: dict[str, dict] = {}
@@ -155,6 +168,11 @@ class EventReader:
         for part in chunks(sorted(by_nid)):
             rows = served_rows_txn(txn, part)
             for nid, version, raw, is_redacted, outlier, rejected, stream in rows:
+                if rejected is not None:
+                    if not allow_rejected:
+                        continue
+                    if rejected_found is not None:
+                        rejected_found.add(by_nid[nid])
                 event = add_derived_ids(_parse(raw), by_nid[nid], KNOWN_ROOM_VERSIONS.get(version))
                 result[by_nid[nid]] = event
                 if is_redacted and redact:
@@ -226,6 +244,45 @@ class EventReader:
         else:
             state = self.state_groups.get_state_filtered(txn, group, keys)
         return self._named_state(txn, state)
+
+    def state_ids_for_events_txn(
+        self, txn: Transaction, event_ids: Sequence[str], before: bool
+    ) -> dict[str, dict[tuple[str, str], str]]:
+        """The state after (or before) each of ``event_ids`` in one
+        transaction, each distinct state group read once; events not stored,
+        or stored as outliers, are absent from the result."""
+        nids = self.interners.events.lookup(txn, event_ids)
+        rows = stored_events_txn(txn, nids.values())
+        group_of = {
+            event_id: (row.state_group_before if before else row.state_group)
+            for event_id, nid in nids.items() if (row := rows.get(nid)) is not None and not row.outlier
+        }
+        named = {group: self._named_state(txn, self.state_groups.get_state(txn, group))
+                 for group in set(group_of.values())}
+        return {event_id: dict(named[group]) for event_id, group in group_of.items()}
+
+    # ------------------------------------------------------------------ auth chains
+
+    def auth_chain_ids_txn(self, txn: Transaction, event_ids: Sequence[str]) -> set[str]:
+        """The IDs of the auth chain of ``event_ids`` (``auth_chain_nids_txn``)."""
+        nids = self.interners.events.lookup(txn, event_ids)
+        return set(self.interners.events.resolve(txn, auth_chain_nids_txn(txn, nids.values())).values())
+
+    def auth_chain_difference_txn(self, txn: Transaction, state_sets: Sequence[Iterable[str]]) -> set[str]:
+        """State resolution v2's auth difference: the events in some but not
+        every set's closure, a set's closure being its events and their auth
+        chains (as Synapse counts it). An event not stored is its own closure."""
+        closures: list[set] = []
+        for state_set in state_sets:
+            ids = set(state_set)
+            nids = self.interners.events.lookup(txn, ids)
+            chain = auth_chain_nids_txn(txn, nids.values())
+            closures.append(chain | set(nids.values()) | {i for i in ids if i not in nids})
+        if not closures:
+            return set()
+        differing = set().union(*closures) - set.intersection(*closures)
+        stored = [n for n in differing if isinstance(n, int)]
+        return {n for n in differing if isinstance(n, str)} | set(self.interners.events.resolve(txn, stored).values())
 
     def current_state_txn(self, txn: Transaction, room_id: str, types) -> dict[tuple[str, str], str]:
         room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)

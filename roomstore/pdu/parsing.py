@@ -97,6 +97,7 @@ __all__ = [
     "nesting_depth",
     "parse_pdu",
     "room_id_of_create",
+    "stored_pdu",
 ]
 
 #: Maximum UTF-8 length of sender, room_id, state_key, type and event_id.
@@ -226,6 +227,28 @@ def _unpickled_pdu(event_id, room_id, sender, event_type, state_key, depth, orig
     return ParsedPdu(
         event_id, room_id, sender, event_type, state_key, depth, origin_server_ts, prev_event_ids, auth_event_ids,
         redacts, membership, get_room_version(room_version_id), raw, None, None, has_floats,
+    )
+
+
+def stored_pdu(raw: bytes, room_version: RoomVersion, event_id: str) -> ParsedPdu:
+    """A PDU from bytes :func:`parse_pdu` accepted before (a store's), and
+    its known ID: decoded, its fields read, nothing checked or hashed again.
+    ``ValueError``/``KeyError``/``TypeError`` where the bytes are not such a PDU."""
+    event = json.loads(raw)
+    if room_version.event_id_format is EventIdFormat.V1_V2:
+        prevs = tuple(p[0] for p in event["prev_events"])
+        auths = tuple(a[0] for a in event["auth_events"])
+    else:
+        prevs, auths = tuple(event["prev_events"]), tuple(event["auth_events"])
+    event_type = event["type"]
+    content = event["content"]
+    room_id = event.get("room_id") or room_id_of_create(event_id)
+    return ParsedPdu(
+        event_id, room_id, event["sender"], event_type, event.get("state_key"), event["depth"],
+        event["origin_server_ts"], prevs, auths,
+        redacts_of(room_version, event) if event_type == "m.room.redaction" else None,
+        content.get("membership") if event_type == "m.room.member" else None,
+        room_version, raw, content, event,
     )
 
 

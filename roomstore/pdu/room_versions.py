@@ -34,8 +34,9 @@ Redaction changes by version, as the spec states them:
   - the room's creators (the create event's ``sender`` and
     ``content.additional_creators``) have infinite power, and power levels
     may not list them in ``users``;
-  - state resolution 2.1 (MSC4297).  roomstore resolves no state; it is
-    recorded here as data (:attr:`RoomVersion.state_res_version`).
+  - state resolution 2.1 (MSC4297), recorded here as data
+    (:attr:`RoomVersion.state_res_version`) and implemented, with v1 and
+    v2, by ``roomstore.resolution``.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Public face: ``StateGroupStore`` (``create``, ``get_state``,
 ``get_state_filtered``), ``StateGroupWrites`` (a transaction's new groups,
-written together), ``StateGroupNotFound``, ``DEFAULT_MAX_CHAIN_LENGTH``,
-and ``merge_states`` / ``ConflictedStateError`` for deriving the state where
-several prev events meet; ``apply_delta`` / ``state_diff`` between a state and a delta.
+written together), ``StateGroupNotFound``, ``DEFAULT_MAX_CHAIN_LENGTH``;
+``apply_delta`` / ``state_diff`` between a state and a delta. Where several
+prev events' states meet, ``roomstore.resolution`` resolves them.
 """
 
 import importlib
@@ -14,14 +14,12 @@ import importlib
 # dependencies (Twisted, prometheus_client) installed, and importing a
 # submodule runs this file first.
 _HOME = {
-    "ConflictedStateError": "roomstore.state.merge",
     "DEFAULT_MAX_CHAIN_LENGTH": "roomstore.state.groups",
     "NewStateGroup": "roomstore.state.groups",
     "StateGroupNotFound": "roomstore.state.groups",
     "StateGroupStore": "roomstore.state.groups",
     "StateGroupWrites": "roomstore.state.groups",
     "apply_delta": "roomstore.state.deltas",
-    "merge_states": "roomstore.state.merge",
     "state_diff": "roomstore.state.deltas",
 }
 

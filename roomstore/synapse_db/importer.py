@@ -20,6 +20,8 @@ events stream does not move for them.
 
 from __future__ import annotations
 
+import json
+
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -29,12 +31,11 @@ from roomstore.events.batch import EventToPersist
 from roomstore.events.persist import MissingStateError
 from roomstore.pdu.room_versions import UnknownRoomVersion
 from roomstore.pdu.parsing import InvalidEventError
-from roomstore.state.merge import ConflictedStateError
 from roomstore.synapse_db.reader import SynapseReader
 from roomstore.synapse_db.source import StateMap, SynapseEvent, SynapseSource
 
 #: What makes the store refuse an event or a batch: reported, never fatal.
-REFUSALS = (InvalidEventError, ConflictedStateError, MissingStateError, UnknownRoomVersion)
+REFUSALS = (InvalidEventError, MissingStateError, UnknownRoomVersion)
 
 Report = Callable[[dict], None]
 
@@ -139,15 +140,38 @@ async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], s
 
 async def _persist_resolving(store, reader: SynapseReader, events: Sequence[SynapseEvent],
                              batch: Sequence[EventToPersist], summary: ImportSummary) -> list:
-    """``persist_events``; where the rooms' forward extremities conflict,
-    again with Synapse's current state of each room as of the batch."""
-    try:
-        return await store.persist_events(batch)
-    except ConflictedStateError:
-        resolved = await reader.run(_current_states, reader.source, events)
-        results = await store.persist_events(batch, resolved_current_state=resolved)
+    """``persist_events``, with Synapse's current state of each room the
+    batch may leave with several forward extremities: the store would
+    resolve them itself, and Synapse's answer is the one an import keeps."""
+    forked = await _rooms_left_forked(store, events)
+    resolved = None
+    if forked:
+        resolved = await reader.run(_current_states, reader.source, [ev for ev in events if ev.room_id in forked])
         summary.current_states_from_synapse += 1
-        return results
+    return await store.persist_events(batch, resolved_current_state=resolved)
+
+
+async def _rooms_left_forked(store, events: Sequence[SynapseEvent]) -> set[str]:
+    """The rooms that may have several forward extremities after ``events``:
+    the stored ends none of them cites, and those of them nothing cites
+    (outliers, rejected and backfilled events are no room's ends)."""
+    live = [ev for ev in events if not ev.outlier and ev.rejected_reason is None and ev.stream_ordering > 0]
+    cited = {p for ev in live for p in _prev_event_ids(ev)}
+    forked = set()
+    for room_id in {ev.room_id for ev in live}:
+        ends = {e for e in await store.get_forward_extremities(room_id) if e not in cited}
+        ends |= {ev.event_id for ev in live if ev.room_id == room_id and ev.event_id not in cited}
+        if len(ends) > 1:
+            forked.add(room_id)
+    return forked
+
+
+def _prev_event_ids(ev: SynapseEvent) -> list[str]:
+    """The prev events an event's JSON names (v1/v2 as [ID, hashes] pairs)."""
+    if ev.prev_count == 0:
+        return []
+    prevs = json.loads(ev.json).get("prev_events") or []
+    return [p[0] if isinstance(p, list) and p else p for p in prevs if isinstance(p, (str, list))]
 
 
 def _current_states(source: SynapseSource, events: Sequence[SynapseEvent]) -> dict[str, StateMap]:

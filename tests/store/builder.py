@@ -11,9 +11,11 @@ import hashlib
 
 from roomstore.pdu.hashing import unpadded_base64
 from roomstore.events.persist import EventToPersist
+from roomstore.pdu.parsing import parse_pdu
+from roomstore.resolution import MemoryEventSource, resolve_state
 from roomstore.sample import BuiltEvent, RoomGraphBuilder
 
-__all__ = ["BuiltEvent", "RoomBuilder", "fake_event_id", "skip_precheck"]
+__all__ = ["BuiltEvent", "RoomBuilder", "fake_event_id", "pure_resolution", "skip_precheck"]
 
 
 def fake_event_id(seed: str) -> str:
@@ -31,3 +33,11 @@ def skip_precheck(store) -> None:
     a room after it: a batch the write refuses then fails after its stream
     IDs are reserved (they complete unused)."""
     store._precheck = lambda txn, persister, events, resolved: {}
+
+
+def pure_resolution(room: RoomGraphBuilder, state_sets, rejected=()) -> dict:
+    """The pure resolution (``roomstore.resolution``, checked against
+    Synapse's in tests/resolution) of ``state_sets`` over every event
+    ``room`` built: what the store's resolution must equal."""
+    events = {e.event_id: parse_pdu(e.raw, room.room_version) for e in room.events}
+    return resolve_state(room.room_version, state_sets, MemoryEventSource(events, rejected))

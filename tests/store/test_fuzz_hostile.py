@@ -32,13 +32,8 @@ import json
 import os
 import sys
 import tempfile
-import time
-import traceback
 
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from twisted.internet import defer, reactor, threads
-from twisted.internet.threads import blockingCallFromThread
 
 from roomstore import cli_import
 from roomstore.cli_import import import_file
@@ -46,6 +41,7 @@ from roomstore.pdu.hashing import compute_content_hash
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
 from roomstore.sample import RoomGraphBuilder
 from tests.db import on_both_engines
+from tests.hypothesis_examples import run_examples
 
 ALICE = "@alice:example.org"
 BOB = "@bob:example.org"
@@ -243,32 +239,19 @@ class HostileFuzzTests:
         store = await self.open_store()
         reports: list = []
         self.patch(cli_import, "emit", reports.append)
-        counter, stored_total, tried = Counter(), [0], [0]
-        first_failure: list[str] = []
-        started = time.monotonic()
+        counter, stored_total = Counter(), [0]
 
-        @settings(max_examples=EXAMPLES, deadline=None, database=None, report_multiple_bugs=False,
-                  suppress_health_check=list(HealthCheck))
-        @given(st.sampled_from(sorted(KNOWN_ROOM_VERSIONS, key=int)), mutations(), st.booleans(),
-               st.integers(1, 4), st.integers(1, 3))
-        def check(version, mutation, rehash, batch_size, in_flight):
-            if time.monotonic() - started > BUDGET_SECONDS:
-                return  # out of time: the examples that ran are the test
-            tried[0] += 1
-            try:
-                blockingCallFromThread(reactor, lambda: defer.ensureDeferred(run_case(
-                    store, counter, stored_total, version, mutation, rehash, batch_size, in_flight, reports)))
-            except Exception:
-                if not first_failure:
-                    first_failure.append(f"{version} {mutation!r:.300} rehash={rehash}\n{traceback.format_exc()}")
-                raise
+        async def example(version, mutation, rehash, batch_size, in_flight):
+            await run_case(store, counter, stored_total, version, mutation, rehash, batch_size, in_flight, reports)
 
-        try:
-            await threads.deferToThread(check)
-        except Exception:
-            self.fail(f"after {tried[0]} examples, first failure:\n{first_failure[0] if first_failure else ''}")
-        print(f"\nfuzz ({self.engine_name}): {tried[0]} examples tried, {stored_total[0]} events stored",
+        tried = await run_examples(
+            self, example,
+            [st.sampled_from(sorted(KNOWN_ROOM_VERSIONS, key=int)), mutations(), st.booleans(), st.integers(1, 4),
+             st.integers(1, 3)],
+            EXAMPLES, BUDGET_SECONDS,
+        )
+        print(f"\nfuzz ({self.engine_name}): {tried} examples tried, {stored_total[0]} events stored",
               file=sys.__stdout__)
-        self.assertGreater(tried[0], min(EXAMPLES, 10) - 1, "too few examples ran within the time budget")
+        self.assertGreater(tried, min(EXAMPLES, 10) - 1, "too few examples ran within the time budget")
         rows = {row["table"]: row["rows"] for row in await store.table_stats()}
         self.assertEqual(rows["events"], stored_total[0])

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from roomstore.events.persist import EventToPersist, MissingStateError, StateDelta
 from roomstore.pdu.parsing import InvalidEventError
-from roomstore.state import ConflictedStateError
 from roomstore.store import RoomStore
 from tests.db import on_both_engines
-from tests.store.builder import RoomBuilder, fake_event_id
+from tests.store.builder import RoomBuilder, fake_event_id, pure_resolution
 
 ALICE = "@alice:example.org"
 BOB = "@bob:example.org"
@@ -105,24 +104,31 @@ class PersistTests:
         state = await store.get_state_ids(merge.event_id)
         self.assertEqual(state[("m.room.topic", "")], topic.event_id)
         self.assertEqual(state[("m.room.name", "")], name.event_id)
-        # Two branches that both set the topic: the merge is refused, naming the key.
+        # Two branches that both set the topic: stored, the room's current
+        # state resolved by its version's algorithm (here v2: the later
+        # topic by the mainline order, as the pure resolution says).
         t1 = room.state("m.room.topic", "", {"topic": "a"}, prev=[merge.event_id])
         t2 = room.state("m.room.topic", "", {"topic": "b"}, prev=[merge.event_id])
-        with self.assertRaises(ConflictedStateError) as caught:
-            await store.persist_events([room.to_persist(t1), room.to_persist(t2)])
-        self.assertIn("'m.room.topic'", str(caught.exception))
-        self.assertEqual(set(caught.exception.conflicts[("m.room.topic", "")]), {t1.event_id, t2.event_id})
-        # With a resolved current state the batch goes in.
-        resolved = dict(state)
-        resolved[("m.room.topic", "")] = t2.event_id
-        await store.persist_events([room.to_persist(t1), room.to_persist(t2)], {room.room_id: resolved})
-        self.assertEqual((await store.get_current_state_ids(room.room_id))[("m.room.topic", "")], t2.event_id)
-        # And an event after both, with the state given explicitly.
+        await store.persist_events([room.to_persist(t1), room.to_persist(t2)])
+        current = await store.get_current_state_ids(room.room_id)
+        states = [await store.get_state_ids(t.event_id) for t in (t1, t2)]
+        self.assertEqual(current, pure_resolution(room, states))
+        self.assertEqual(current[("m.room.topic", "")], t2.event_id)
+        # An event after both: the state before it resolved the same way.
         after = room.message(ALICE, "after", prev=[t1.event_id, t2.event_id])
-        with self.assertRaises(ConflictedStateError):
-            await store.persist_events([room.to_persist(after)])
-        given = await store.persist_events([room.to_persist(after, state_before=resolved)])
-        self.assertEqual(await store.get_state_ids(after.event_id, before=True), resolved)
+        await store.persist_events([room.to_persist(after)])
+        self.assertEqual(await store.get_state_ids(after.event_id, before=True), current)
+        # A caller's resolved current state still overrides (an importer carrying its source's).
+        t3 = room.state("m.room.topic", "", {"topic": "c"}, prev=[after.event_id])
+        t4 = room.state("m.room.topic", "", {"topic": "d"}, prev=[after.event_id])
+        resolved = dict(current)
+        resolved[("m.room.topic", "")] = t3.event_id
+        await store.persist_events([room.to_persist(t3), room.to_persist(t4)], {room.room_id: resolved})
+        self.assertEqual((await store.get_current_state_ids(room.room_id))[("m.room.topic", "")], t3.event_id)
+        # And state given explicitly for an event stands in for resolution.
+        last = room.message(ALICE, "last", prev=[t3.event_id, t4.event_id])
+        given = await store.persist_events([room.to_persist(last, state_before=resolved)])
+        self.assertEqual(await store.get_state_ids(last.event_id, before=True), resolved)
         self.assertIsNotNone(given[0].state_group_before)
 
     async def test_state_delta_against_known_group(self):

@@ -10,9 +10,8 @@ import tempfile
 from roomstore.cli import import_file
 from roomstore.events.persist import MissingStateError
 from roomstore.pdu.parsing import InvalidEventError
-from roomstore.state import ConflictedStateError
 from tests.db import on_both_engines
-from tests.store.builder import RoomBuilder, skip_precheck
+from tests.store.builder import RoomBuilder, fake_event_id, pure_resolution, skip_precheck
 
 ALICE = "@alice:example.org"
 
@@ -39,67 +38,61 @@ class PersistTrapTests:
         store = await self.open_store()
         room = RoomBuilder()
         create, join = room.create(), room.join(ALICE)
-        # Two branches from the join both set the topic: the current state
-        # cannot be derived; and an event after one of them has no state.
+        # Two branches from the join both set the topic (a fork: stored, its
+        # state resolved); an event whose prev event nobody has (refused),
+        # and one after the fork's first branch.
         t1 = room.state("m.room.topic", "", {"topic": "a"}, prev=[join.event_id])
         t2 = room.state("m.room.topic", "", {"topic": "b"}, prev=[join.event_id])
-        after = room.message(ALICE, "after", prev=[t2.event_id])
+        orphan = room.message(ALICE, "orphan", prev=[fake_event_id("nobody has it")], set_leaves=False)
         last = room.message(ALICE, "last", prev=[t1.event_id])
-        events = [create, join, t1, t2, after, last]
+        events = [create, join, t1, t2, orphan, last]
         path = os.path.join(tempfile.mkdtemp(), "refused.jsonl")
         self.addCleanup(os.remove, path)
         with open(path, "wb") as handle:
             handle.write(b"".join(e.raw + b"\n" for e in events))
         summary = await import_file(store, path)
-        self.assertEqual((summary["imported"], summary["failed"]), (4, 2))
-        # Four events stored, four stream IDs spent: none on t2 or after, not
+        self.assertEqual((summary["imported"], summary["failed"]), (5, 1))
+        # Five events stored, five stream IDs spent: none on the orphan, not
         # in the failing batch nor in the importer's event-by-event retry.
-        self.assertEqual(store.get_current_token(), "s4")
+        self.assertEqual(store.get_current_token(), "s5")
         again = await import_file(store, path)
-        self.assertEqual((again["already_present"], again["failed"]), (4, 2))
-        self.assertEqual(store.get_current_token(), "s4")
-        # The errors are those of the write, raised before any reservation.
-        with self.assertRaises(ConflictedStateError):
-            await store.persist_events([room.to_persist(t2)])
+        self.assertEqual((again["already_present"], again["failed"]), (5, 1))
+        self.assertEqual(store.get_current_token(), "s5")
+        # The error is the write's, raised before any reservation.
         with self.assertRaises(MissingStateError):
-            await store.persist_events([room.to_persist(after)])
-        self.assertEqual(store.get_current_token(), "s4")
-        # A trial run leaves nothing behind: the refused events were never stored.
+            await store.persist_events([room.to_persist(orphan)])
+        self.assertEqual(store.get_current_token(), "s5")
+        # A trial run leaves nothing behind: the refused event was never stored.
         count = await store.db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM events"))
-        self.assertEqual(count, 4)
-        # Resolved, the fork goes in with the next IDs.
-        state = await store.get_current_state_ids(room.room_id)
-        resolved = {**state, ("m.room.topic", ""): t2.event_id}
-        [result] = await store.persist_events([room.to_persist(t2)], {room.room_id: resolved})
-        self.assertEqual(result.stream_ordering, 5)
+        self.assertEqual(count, 5)
 
     async def test_the_write_checks_again_after_the_precheck(self):
         store = await self.open_store()
         room = RoomBuilder()
         create, join = room.create(), room.join(ALICE)
-        t1 = room.state("m.room.topic", "", {"topic": "a"}, prev=[join.event_id])
-        t2 = room.state("m.room.topic", "", {"topic": "b"}, prev=[join.event_id])
-        await store.persist_events([room.to_persist(e) for e in (create, join, t1)])
-        # A precheck that misses t2's conflict with t1, as when another writer
-        # stores t1 between the look and the write: the write refuses t2.
+        await store.persist_events([room.to_persist(e) for e in (create, join)])
+        orphan = room.message(ALICE, "orphan", prev=[fake_event_id("nobody has it")])
+        # A precheck that misses the missing prev event, as when another
+        # writer changes the room between the look and the write: the write
+        # refuses it.
         skip_precheck(store)
-        with self.assertRaises(ConflictedStateError):
-            await store.persist_events([room.to_persist(t2)])
+        with self.assertRaises(MissingStateError):
+            await store.persist_events([room.to_persist(orphan)])
         stored = await store.db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM events"))
-        self.assertEqual(stored, 3)
-        # That race spends t2's ID (a gap, 4): dropped, not counted complete,
-        # and the stream is not stuck.
+        self.assertEqual(stored, 2)
+        # That race spends the event's ID (a gap, 3): dropped, not counted
+        # complete, and the stream is not stuck.
         self.assertEqual(store.events_stream.get_unfinished(), [])
-        self.assertEqual(store.get_current_token(), "s3")
+        self.assertEqual(store.get_current_token(), "s2")
         async with store.events_stream.get_next() as next_id:
-            self.assertEqual(next_id, 5)
-        self.assertEqual(store.get_current_token(), "s5")
+            self.assertEqual(next_id, 4)
+        self.assertEqual(store.get_current_token(), "s4")
 
     async def test_a_given_whole_state_needs_no_trial_run(self):
         """A merge whose branches conflict, given its state before as a whole
         map (as import-synapse gives Synapse's), is written once: the
-        precheck takes the given state for the derived one. Where the room's
-        ends then still conflict, the precheck refuses before any ID."""
+        precheck takes the given state for the derived one. A fork of new
+        ends needs no trial run either: its states are resolved."""
         store = await self.open_store()
         room = RoomBuilder()
         create, join = room.create(), room.join(ALICE)
@@ -133,13 +126,16 @@ class PersistTrapTests:
         self.assertEqual(undone, [[]])  # the precheck ran no trial write
         self.assertEqual(await store.get_state_ids(merge.event_id, before=True), resolved)
         self.assertEqual(await store.get_current_state_ids(room.room_id), resolved)
-        # The same given state, but two new conflicting ends and no resolved
-        # current state: refused by the precheck, no ID spent.
+        # Two new conflicting ends, no resolved current state given: written
+        # once too, the room's current state resolved.
         t3 = room.state("m.room.topic", "", {"topic": "c"}, prev=[merge.event_id])
         t4 = room.state("m.room.topic", "", {"topic": "d"}, prev=[merge.event_id], set_leaves=False)
-        with self.assertRaises(ConflictedStateError):
-            await store.persist_events([room.to_persist(t3), room.to_persist(t4, state_before=resolved)])
-        self.assertEqual(store.get_current_token(), "s5")
+        results = await store.persist_events([room.to_persist(t3), room.to_persist(t4, state_before=resolved)])
+        self.assertEqual([r.stream_ordering for r in results], [6, 7])
+        self.assertEqual(undone[-1], [])
+        current = await store.get_current_state_ids(room.room_id)
+        states = [await store.get_state_ids(t.event_id) for t in (t3, t4)]
+        self.assertEqual(current, pure_resolution(room, states))
 
     async def test_an_event_twice_in_a_batch_is_stored_once(self):
         store = await self.open_store()

@@ -248,7 +248,7 @@ class RedactionTests:
         room = await self.start_room(store)
         msgs = [room.message(ALICE, f"m{i}") for i in range(7)]
         twice = msgs[0]
-        reds = [room.redact(ALICE, m.event_id) for m in msgs] + [room.redact(BOB, twice.event_id)]
+        reds = [room.redact(ALICE, m.event_id) for m in msgs] + [room.redact(ALICE, twice.event_id)]
         await store.persist_events([room.to_persist(e) for e in msgs + reds])
         received = max([await self.received_ts(store, r) for r in reds])
         self.patch(censor, "BATCH_SIZE", 3)  # several transactions

@@ -52,7 +52,10 @@ def join_events(alias: str, on: str, kind: str = "JOIN") -> str:
 def same_room_redactions(r: str = "r", red: str = "red", target: str = "target", outer_target: bool = False) -> str:
     """FROM-clause text: the rows ``r`` of ``redactions`` joined to their
     redaction event ``red`` and their target ``target`` (both ``events``),
-    where the two are in the same room. The aliases are the caller's.
+    where the redaction applies: the two are in the same room, and the
+    redaction has the authority (``r.authorised``: its sender had the
+    ``redact`` power level, or in room versions 1 and 2 the IDs' servers
+    match; or it redacts its own sender's event). The aliases are the caller's.
 
     ``outer_target``: ``target`` is already in scope (the row of an outer
     query a correlated subquery is about), so it is not joined again.
@@ -65,7 +68,10 @@ def same_room_redactions(r: str = "r", red: str = "red", target: str = "target",
     the first redaction of the target: a walk of the room per redacted event
     served (bench/redacted_reads.py)."""
     join = f"redactions AS {r} JOIN events AS {red} ON {red}.event_nid = {r}.redaction_event_nid"
-    same_room = f"{target}.event_nid = {r}.redacts_event_nid AND {target}.room_nid = +{red}.room_nid"
+    same_room = (
+        f"{target}.event_nid = {r}.redacts_event_nid AND {target}.room_nid = +{red}.room_nid"
+        f" AND ({r}.authorised OR {target}.sender_nid = {red}.sender_nid)"
+    )
     if outer_target:
         return f"{join} AND {same_room}"
     return f"{join} JOIN events AS {target} ON {same_room}"
@@ -131,9 +137,12 @@ def insert_edges(txn: Transaction, prev_rows: Sequence[tuple], auth_rows: Sequen
     txn.copy_rows("event_auth_edges", ("event_nid", "auth_event_nid"), auth_rows)
 
 
-def insert_redactions(txn: Transaction, rows: Sequence[tuple[int, int, int]]) -> None:
-    """Queue ``(redaction_event_nid, redacts_event_nid, received_ts)`` rows."""
-    txn.insert_many("redactions", ("redaction_event_nid", "redacts_event_nid", "received_ts"), rows, queue=True)
+def insert_redactions(txn: Transaction, rows: Sequence[tuple[int, int, int, bool]]) -> None:
+    """Queue ``(redaction_event_nid, redacts_event_nid, received_ts,
+    authorised)`` rows (``authorised``: ``same_room_redactions``)."""
+    txn.insert_many(
+        "redactions", ("redaction_event_nid", "redacts_event_nid", "received_ts", "authorised"), rows, queue=True
+    )
 
 
 def queue_flag_redacted(txn: Transaction, nids: Sequence[int]) -> None:
@@ -178,6 +187,7 @@ class StoredEvent(NamedTuple):
     outlier: bool
     rejected_reason: str | None
     redacted: bool
+    room_nid: int
 
 
 def stored_events_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, StoredEvent]:
@@ -187,12 +197,12 @@ def stored_events_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, Stored
     found: dict[int, StoredEvent] = {}
     for part in chunks(sorted(nids)):
         marks = ", ".join("?" for _ in part)
-        for nid, stream, topo, before, after, outlier, rejected, redacted in txn.execute(
+        for nid, stream, topo, before, after, outlier, rejected, redacted, room_nid in txn.execute(
             "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group, outlier,"
-            f" rejected_reason, redacted FROM events WHERE event_nid IN ({marks})",
+            f" rejected_reason, redacted, room_nid FROM events WHERE event_nid IN ({marks})",
             list(part),
         ).fetchall():
-            found[nid] = StoredEvent(stream, topo, before, after, bool(outlier), rejected, bool(redacted))
+            found[nid] = StoredEvent(stream, topo, before, after, bool(outlier), rejected, bool(redacted), room_nid)
     return found
 
 
@@ -279,16 +289,54 @@ def prev_facts_txn(txn: Transaction, nids: Sequence[int], room_nid: int) -> list
 
 
 def pointed_at_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
-    """Those of ``nids`` that some stored non-outlier names as a prev event."""
+    """Those of ``nids`` that some stored non-outlier, not rejected, names as a prev event."""
     found: set[int] = set()
     for part in chunks(sorted(nids)):
         marks = ", ".join("?" for _ in part)
         found.update(r[0] for r in txn.execute(
             f"SELECT DISTINCT prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
-            f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ?",
+            f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ? AND e.rejected_reason IS NULL",
             (*part, False),
         ).fetchall())
     return found
+
+
+#: Starting events per auth-chain query: a state's chains start from every
+#: state event (10,000 in a large room), and each query has a plan to make
+#: (about 10 ms on PostgreSQL whatever its size, bench/state_resolution.py);
+#: below SQLite's 32,766 parameters (3.32 and later).
+WIDE_CHUNK = 10_000
+
+
+def auth_chain_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
+    """The auth chain of the events ``nids``: their auth events, theirs, and
+    so on (the events themselves only where one is in another's chain).
+    One recursive query a chunk of starting events; ``UNION`` ends it on any
+    graph, a cycle of forged auth events included."""
+    found: set[int] = set()
+    for part in chunks(sorted(set(nids)), WIDE_CHUNK):
+        marks = ", ".join("?" for _ in part)
+        found.update(r[0] for r in txn.execute(
+            "WITH RECURSIVE chain(nid) AS ("
+            f" SELECT auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})"
+            " UNION SELECT a.auth_event_nid FROM event_auth_edges AS a JOIN chain AS c ON a.event_nid = c.nid"
+            ") SELECT nid FROM chain",
+            list(part),
+        ).fetchall())
+    return found
+
+
+def auth_edges_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, list[int]]:
+    """nid -> its auth events' nids, for the stored events among ``nids``
+    that have any."""
+    edges: dict[int, list[int]] = {}
+    for part in chunks(sorted(set(nids))):
+        marks = ", ".join("?" for _ in part)
+        for nid, auth_nid in txn.execute(
+            f"SELECT event_nid, auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})", list(part)
+        ).fetchall():
+            edges.setdefault(nid, []).append(auth_nid)
+    return edges
 
 
 # ---------------------------------------------------------------------- redactions

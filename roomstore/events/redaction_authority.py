@@ -1,0 +1,61 @@
+"""Whether a redaction being stored may redact any event of its room: the
+part of its authority known from the redaction alone (``redactions.authorised``).
+
+The rule (Matrix spec, room versions 3 and later, "Handling redactions";
+versions 1 and 2 have it as authorization rule 11): a redaction is applied
+when its sender has the room's ``redact`` power level in the state before
+it, or (v1/v2) when its event ID's server is the redacted event ID's
+server. Beside that, this store applies a redaction of its sender's own
+event in every version, where the spec says "the sender's domains match":
+the stricter reading, so a user of one server cannot blank another user's
+message there without the power to (``same_room_redactions`` decides it where
+both events are stored, whichever arrived first). An unauthorised redaction
+is stored and served as an event, never applied.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+from roomstore.events.batch import PreparedEvent
+from roomstore.events.tables.events import json_txn
+from roomstore.pdu.power_levels import may_redact_others
+
+CREATE = ("m.room.create", "")
+POWER_LEVELS = ("m.room.power_levels", "")
+
+
+def redaction_authorised(w: Any, ev: PreparedEvent, group_before: int | None, batch: Sequence[PreparedEvent]) -> bool:
+    """``redactions.authorised`` of the redaction ``ev`` (``w``: the batch
+    writer of ``roomstore.events.persist``, for its state and transaction;
+    ``batch``: the events written with it, not yet in the tables)."""
+    pdu = ev.pdu
+    if pdu.room_version.event_id_in_pdu and _server(pdu.event_id) == _server(pdu.redacts or ""):
+        return True
+    if group_before is None:  # an outlier, or nothing before it: no power to read
+        return False
+    state = w.full_state(group_before)
+    keys = w.p.interners.state_keys.lookup(w.txn, [CREATE, POWER_LEVELS])
+    in_batch = {w.event_nids[e.event_id]: e.pdu for e in batch}
+    create = _event(w, state.get(keys.get(CREATE)), in_batch)
+    if create is None:
+        return False
+    levels = _event(w, state.get(keys.get(POWER_LEVELS)), in_batch)
+    content = levels.get("content") if levels is not None else None
+    return may_redact_others(pdu.room_version, create, content if isinstance(content, dict) else None, pdu.sender)
+
+
+def _event(w: Any, nid: int | None, in_batch: Mapping[int, Any]) -> dict | None:
+    if nid is None:
+        return None
+    if nid in in_batch:
+        return in_batch[nid].event_dict
+    raw = json_txn(w.txn, nid)
+    return None if raw is None else json.loads(bytes(raw).decode("utf-8"))
+
+
+def _server(event_id: str) -> str | None:
+    """The server part of a v1/v2 event ID (``$opaque:server``)."""
+    _, colon, server = event_id.partition(":")
+    return server if colon else None

@@ -1,0 +1,131 @@
+"""What state resolution reads (``roomstore.resolution.EventSource``),
+answered inside a write's transaction: stored events from their rows and
+``event_auth_edges``, the batch's own events (not yet written) from memory.
+
+Synchronous, as the algorithms are: they run in the write's database
+thread, in its transaction, so they see exactly what the write sees.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from roomstore.events.batch import PreparedEvent
+from roomstore.events.tables.events import auth_chain_nids_txn, auth_edges_txn, served_rows_txn
+from roomstore.pdu.parsing import ParsedPdu, stored_pdu
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
+from roomstore.resolution import conflicted_subgraph, resolve_state
+from roomstore.storage.database import Transaction
+from roomstore.storage.interning import Interners, chunks
+
+
+class TransactionEventSource:
+    """Events by ID, rejected flags and the auth graph, for one write.
+
+    ``pending``: the batch's events by ID, which the tables do not hold yet.
+    Stored events are read from their stored bytes once and kept
+    (``stored_pdu``: parse_pdu checked them when they were stored).
+    """
+
+    def __init__(self, txn: Transaction, interners: Interners, pending: Mapping[str, PreparedEvent]) -> None:
+        self.txn = txn
+        self.interners = interners
+        self.pending = pending
+        self._pending_nids = interners.events.lookup(txn, pending) if pending else {}
+        self._parsed: dict[str, ParsedPdu | None] = {}
+        self._rejected: set[str] = set()
+
+    def get_events(self, event_ids: Iterable[str]) -> Mapping[str, ParsedPdu]:
+        event_ids = list(event_ids)  # read twice below
+        wanted = [e for e in set(event_ids) if e not in self.pending and e not in self._parsed]
+        if wanted:
+            nids = self.interners.events.lookup(self.txn, wanted)
+            by_nid = {nid: event_id for event_id, nid in nids.items()}
+            self._parsed.update((e, None) for e in wanted)
+            for part in chunks(sorted(by_nid)):
+                for nid, version, raw, _, _, rejected, _ in served_rows_txn(self.txn, part):
+                    event_id = by_nid[nid]
+                    room_version = KNOWN_ROOM_VERSIONS.get(version)
+                    try:
+                        self._parsed[event_id] = stored_pdu(bytes(raw), room_version, event_id) if room_version else None
+                    except (ValueError, KeyError, TypeError, IndexError):
+                        continue  # not a PDU now (a tampered database): unknown to the resolution
+                    if rejected is not None:
+                        self._rejected.add(event_id)
+        found: dict[str, ParsedPdu] = {}
+        for event_id in event_ids:
+            if event_id in self.pending:
+                found[event_id] = self.pending[event_id].pdu
+            elif (pdu := self._parsed.get(event_id)) is not None:
+                found[event_id] = pdu
+        return found
+
+    def rejected(self, event_ids: Iterable[str]) -> set[str]:
+        return {
+            e for e in event_ids
+            if e in self._rejected or (e in self.pending and self.pending[e].rejected_reason is not None)
+        }
+
+    def auth_chain_difference(self, state_sets: Sequence[set[str]]) -> set[str]:
+        """∪ − ∩ of the sets' full auth chains (each with its own events):
+        the batch's events walked in memory, the stored part in one
+        recursive query a set, compared as nids and named at the end."""
+        if not state_sets:
+            return set()
+        closures = [self._closure(state_set) for state_set in state_sets]
+        differing = set().union(*closures) - set.intersection(*closures)
+        nids = [n for n in differing if isinstance(n, int)]
+        return {n for n in differing if isinstance(n, str)} | set(self.interners.events.resolve(self.txn, nids).values())
+
+    def conflicted_subgraph(self, conflicted: set[str]) -> set[str]:
+        """The pure walk (``roomstore.resolution.conflicted_subgraph``) over
+        the auth edges of the conflicted events' chains, read at once."""
+        closure = self._closure(conflicted)
+        stored = [n for n in closure if isinstance(n, int)]
+        names = self.interners.events.resolve(self.txn, stored)
+        edges = {names[n]: [names[a] for a in auths if a in names] for n, auths in auth_edges_txn(self.txn, stored).items()
+                 if n in names}
+        for event_id, ev in self.pending.items():
+            edges[event_id] = list(ev.pdu.auth_chain_event_ids)
+        return conflicted_subgraph(conflicted, lambda event_id: edges.get(event_id, ()))
+
+    def _closure(self, start: Iterable[str]) -> set:
+        """``start`` and its auth chain: the batch's events by ID (walked in
+        memory), stored ones by nid (``auth_chain_nids_txn``), unknown ones
+        by ID."""
+        closure: set = set()
+        stored_ids: set[str] = set()
+        frontier = set(start)
+        seen: set[str] = set()
+        while frontier:
+            seen |= frontier
+            following: set[str] = set()
+            for event_id in frontier:
+                ev = self.pending.get(event_id)
+                if ev is None:
+                    stored_ids.add(event_id)
+                else:
+                    # By nid where it has one (the write interned it), as a
+                    # stored event's edge to it would name it.
+                    closure.add(self._pending_nids.get(event_id, event_id))
+                    following.update(ev.pdu.auth_chain_event_ids)
+            frontier = following - seen
+        nids = self.interners.events.lookup(self.txn, stored_ids)
+        closure |= {e for e in stored_ids if e not in nids}
+        closure |= set(nids.values())
+        return closure | auth_chain_nids_txn(self.txn, nids.values())
+
+
+def resolve_interned(w, room_version, states: Sequence[Mapping[int, int]]) -> dict[int, int]:
+    """State resolution of interned states (state key nid -> event nid) in
+    the batch writer ``w``'s transaction (``roomstore.events.persist``):
+    named for the algorithm, resolved, interned back. Every key and event of
+    the result is one of the inputs'."""
+    w.names_of_keys({k for state in states for k in state})
+    event_nids = {e for state in states for e in state.values()}
+    names = w.p.interners.events.resolve(w.txn, event_nids)
+    named = [{w.key_names[k]: names[e] for k, e in state.items()} for state in states]
+    source = TransactionEventSource(w.txn, w.p.interners, w.pending_events)
+    resolved = resolve_state(room_version, named, source)
+    event_nid_of = {event_id: nid for nid, event_id in names.items()}
+    return {w.key_nids[key]: event_nid_of[event_id] for key, event_id in resolved.items()}
