@@ -295,7 +295,7 @@ class RoomStore:
         first_index = first_copies(prepared)
         unique = [prepared[index] for index in first_index.values()]
         # Events stored before take no stream IDs, nor do batches the write
-        # would refuse whatever it is given (conflicted or underivable state):
+        # would refuse whatever it is given (underivable state, an invalid event):
         # found first, in the write's own transaction before it takes the IDs;
         # the write checks again (for another writer storing them or changing
         # the room between the two; that rare race still spends IDs). One

@@ -7,10 +7,11 @@ are reserved by the caller (``RoomStore.persist_events``) before the
 transaction and completed after it, whether it commits or not.
 
 State before an event comes from the caller (a full map, or a delta against a
-known group) or is derived from the prev events' states when they agree or
-differ without conflict; a conflicted merge is refused, naming the keys.
-Current state follows the forward extremities the same way (the caller may
-pass a resolved current state for a room whose extremities conflict).
+known group) or is derived from the prev events' states: theirs where they
+agree, else their resolution by the room version's algorithm
+(``events/resolution_source.py``). Current state follows the forward
+extremities the same way (the caller may pass a resolved current state for
+a room, which stands in for the resolution there).
 """
 
 from __future__ import annotations

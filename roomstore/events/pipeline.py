@@ -364,8 +364,8 @@ class _Turn:
 
 
 def _refusal(exc: BaseException) -> bool:
-    """Whether ``exc`` refuses a batch for what it holds (a conflicted or
-    underivable state, an invalid event), not for the database's state."""
+    """Whether ``exc`` refuses a batch for what it holds (an underivable
+    state, an invalid event), not for the database's state."""
     return isinstance(exc, (ValueError, LookupError)) and not isinstance(exc, DatabaseConfigError)
 
 
