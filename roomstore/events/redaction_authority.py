@@ -15,12 +15,13 @@ is stored and served as an event, never applied.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, Sequence
 
 from roomstore.events.batch import PreparedEvent
 from roomstore.events.tables.events import json_txn
-from roomstore.pdu.power_levels import may_redact_others
+from roomstore.pdu.auth_levels import named_level, user_level
+from roomstore.pdu.parsing import ParsedPdu, stored_pdu
+from roomstore.pdu.room_versions import RoomVersion
 
 CREATE = ("m.room.create", "")
 POWER_LEVELS = ("m.room.power_levels", "")
@@ -38,21 +39,26 @@ def redaction_authorised(w: Any, ev: PreparedEvent, group_before: int | None, ba
     state = w.full_state(group_before)
     keys = w.p.interners.state_keys.lookup(w.txn, [CREATE, POWER_LEVELS])
     in_batch = {w.event_nids[e.event_id]: e.pdu for e in batch}
-    create = _event(w, state.get(keys.get(CREATE)), in_batch)
+    version = pdu.room_version
+    create = _event(w, state.get(keys.get(CREATE)), in_batch, version)
     if create is None:
         return False
-    levels = _event(w, state.get(keys.get(POWER_LEVELS)), in_batch)
-    content = levels.get("content") if levels is not None else None
-    return may_redact_others(pdu.room_version, create, content if isinstance(content, dict) else None, pdu.sender)
+    levels = _event(w, state.get(keys.get(POWER_LEVELS)), in_batch, version)
+    # As the auth rules read levels (a v12 creator's is infinite; defaults as Synapse's).
+    return user_level(version, create, levels, pdu.sender) >= named_level(version, levels, "redact")
 
 
-def _event(w: Any, nid: int | None, in_batch: Mapping[int, Any]) -> dict | None:
+def _event(w: Any, nid: int | None, in_batch: Mapping[int, ParsedPdu], version: RoomVersion) -> ParsedPdu | None:
+    """The state event ``nid``: from the batch, or read back from its stored bytes."""
     if nid is None:
         return None
     if nid in in_batch:
-        return in_batch[nid].event_dict
+        return in_batch[nid]
     raw = json_txn(w.txn, nid)
-    return None if raw is None else json.loads(bytes(raw).decode("utf-8"))
+    if raw is None:
+        return None
+    event_id = w.p.interners.events.resolve(w.txn, [nid])[nid]
+    return stored_pdu(bytes(raw), version, event_id)
 
 
 def _server(event_id: str) -> str | None:

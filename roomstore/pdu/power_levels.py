@@ -1,13 +1,11 @@
 """Room creators and users' power levels, per room version (pure functions).
 
-The store authorises nothing: a homeserver runs the auth rules and hands
-events over flagged rejected or not, and no read of the store (state,
-messages, sync, visibility, redaction flags) depends on a power level. These
-functions state the rules for what does need them, such as the sample
-generator (``roomstore.sample``) writing valid room version 12 power levels.
-The authorization rules themselves are pure code beside this module
-(``roomstore.pdu.auth_rules``, which reads levels through
-``roomstore.pdu.auth_levels``); the store does not run them yet.
+These functions state who the creators are and what a user's level is, for
+what needs it outside the authorization rules, such as the sample generator
+(``roomstore.sample``) writing valid room version 12 power levels. The
+authorization rules read levels through ``roomstore.pdu.auth_levels``
+(``roomstore.pdu.auth_rules``), as does the store where a redaction's power
+decides whether it applies (``roomstore.events.redaction_authority``).
 
 Room version 12 (MSC4289): the room's creators are the create event's
 ``sender`` plus the user IDs of its ``content.additional_creators``; they
@@ -24,7 +22,7 @@ from typing import Any, Mapping
 
 from roomstore.pdu.room_versions import RoomVersion
 
-__all__ = ["CREATOR_POWER_LEVEL", "creators_listed", "may_redact_others", "room_creators", "user_power_level"]
+__all__ = ["CREATOR_POWER_LEVEL", "creators_listed", "room_creators", "user_power_level"]
 
 #: The power level of a room version 12 creator: above any integer.
 CREATOR_POWER_LEVEL = math.inf
@@ -69,23 +67,7 @@ def user_power_level(
     level = users.get(user_id) if isinstance(users, Mapping) else None
     if level is None:
         level = power_levels.get("users_default", 0)
-    return _as_level(level)
-
-
-def _as_level(value: Any) -> int:
-    """A power level as the auth rules read one: an integer, or before room
-    version 10 a string of one; anything else (which the rules refuse in a
-    power levels event, but a stored event may hold) counts as 0."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return 0
-    return 0
+    return 0 if level is None else int(level)
 
 
 def creators_listed(
@@ -100,18 +82,3 @@ def creators_listed(
     if not isinstance(users, Mapping):
         return []
     return sorted(room_creators(room_version, create_event) & set(users))
-
-
-def may_redact_others(
-    room_version: RoomVersion,
-    create_event: Mapping[str, Any],
-    power_levels: Mapping[str, Any] | None,
-    user_id: str,
-) -> bool:
-    """Whether ``user_id`` may redact other users' events: their power level
-    is at least the power levels' ``redact`` (50 when absent or not an
-    integer, as with no power levels event at all)."""
-    level = power_levels.get("redact") if power_levels is not None else None
-    return user_power_level(room_version, create_event, power_levels, user_id) >= (
-        50 if level is None else _as_level(level)
-    )
