@@ -13,10 +13,9 @@ from twisted.logger import Logger
 from twisted.python import failure
 
 from roomstore.cli_common import emit
-from roomstore.events.persist import MissingStateError
+from roomstore.events.persist import EVENT_REFUSALS
 from roomstore.events.writer_process import WriterProcessLost
-from roomstore.pdu.parsing import MAX_JSON_NESTING, InvalidEventError
-from roomstore.pdu.room_versions import UnknownRoomVersion
+from roomstore.pdu.parsing import MAX_JSON_NESTING
 from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError, StorageFullError
 
 
@@ -105,8 +104,6 @@ def member_text(text: str, wanted: str) -> str:
 
 _log = Logger()
 
-#: What a store refuses an event for: the event's fault, reported in one line.
-EXPECTED = (InvalidEventError, MissingStateError, UnknownRoomVersion)
 #: What stops an import whole: the database, the disk or the process, never
 #: one event (every other error is the failure of the events that met it).
 STOPS_IMPORT = (
@@ -163,7 +160,7 @@ async def import_file(
 
     def refused(line: int, exc: Exception) -> None:
         summary["failed"] += 1
-        if not isinstance(exc, EXPECTED):  # a defect of ours, not of the event: -v logs where
+        if not isinstance(exc, EVENT_REFUSALS):  # a defect of ours, not of the event: -v logs where
             _log.failure("line {line}: unexpected error", failure.Failure(exc), line=line)
         emit({"line": line, "error": type(exc).__name__, "message": " ".join(str(exc).split()) or "no message"})
 

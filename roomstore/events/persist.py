@@ -46,6 +46,7 @@ from roomstore.events.tables.events import (
     unflagged_targets_txn,
 )
 from roomstore.pdu.parsing import InvalidEventError
+from roomstore.pdu.room_versions import UnknownRoomVersion
 from roomstore.state.deltas import state_diff
 from roomstore.state.groups import StateGroupStore, StateGroupWrites, group_facts_txn
 from roomstore.storage.database import Transaction
@@ -63,6 +64,7 @@ from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, 
 
 __all__ = [
     "BatchOutcome",
+    "EVENT_REFUSALS",
     "EventPersister",
     "EventToPersist",
     "MissingStateError",
@@ -78,6 +80,11 @@ MEMBER = "m.room.member"
 
 class MissingStateError(ValueError):
     """The state before an event cannot be derived: pass it explicitly."""
+
+
+#: What ``persist_events`` refuses a batch for because of its events (each
+#: message names the event and why); an importer reports them line by line.
+EVENT_REFUSALS = (InvalidEventError, MissingStateError, UnknownRoomVersion)
 
 
 @attrs.define

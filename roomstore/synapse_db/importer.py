@@ -28,14 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 import attrs
 
 from roomstore.events.batch import EventToPersist
-from roomstore.events.persist import MissingStateError
-from roomstore.pdu.room_versions import UnknownRoomVersion
-from roomstore.pdu.parsing import InvalidEventError
+from roomstore.events.persist import EVENT_REFUSALS
 from roomstore.synapse_db.reader import SynapseReader
 from roomstore.synapse_db.source import StateMap, SynapseEvent, SynapseSource
-
-#: What makes the store refuse an event or a batch: reported, never fatal.
-REFUSALS = (InvalidEventError, MissingStateError, UnknownRoomVersion)
 
 Report = Callable[[dict], None]
 
@@ -114,12 +109,12 @@ async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], s
     batch = [item for _, item in items]
     try:
         results = await _persist_resolving(store, reader, events, batch, summary)
-    except REFUSALS:
+    except EVENT_REFUSALS:
         results = []
         for ev, item in items:
             try:
                 results.extend(await _persist_resolving(store, reader, [ev], [item], summary))
-            except REFUSALS as exc:
+            except EVENT_REFUSALS as exc:
                 _skip(summary, report, ev, type(exc).__name__, str(exc))
                 continue
     by_id = {ev.event_id: ev for ev in events}
