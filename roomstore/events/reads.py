@@ -34,6 +34,7 @@ from roomstore.events.tables.room_state import (
     member_nids_txn,
     rooms_of_user_txn,
 )
+from roomstore.events.resolution_source import TransactionEventSource
 from roomstore.events.tokens import StreamToken
 from roomstore.state.groups import StateGroupNotFound, StateGroupStore
 from roomstore.storage.database import Database, Transaction
@@ -271,18 +272,9 @@ class EventReader:
     def auth_chain_difference_txn(self, txn: Transaction, state_sets: Sequence[Iterable[str]]) -> set[str]:
         """State resolution v2's auth difference: the events in some but not
         every set's closure, a set's closure being its events and their auth
-        chains (as Synapse counts it). An event not stored is its own closure."""
-        closures: list[set] = []
-        for state_set in state_sets:
-            ids = set(state_set)
-            nids = self.interners.events.lookup(txn, ids)
-            chain = auth_chain_nids_txn(txn, nids.values())
-            closures.append(chain | set(nids.values()) | {i for i in ids if i not in nids})
-        if not closures:
-            return set()
-        differing = set().union(*closures) - set.intersection(*closures)
-        stored = [n for n in differing if isinstance(n, int)]
-        return {n for n in differing if isinstance(n, str)} | set(self.interners.events.resolve(txn, stored).values())
+        chains (as Synapse counts it). An event not stored is its own closure.
+        The write's state resolution asks the same of the same source."""
+        return TransactionEventSource(txn, self.interners, {}).auth_chain_difference([set(s) for s in state_sets])
 
     def current_state_txn(self, txn: Transaction, room_id: str, types) -> dict[tuple[str, str], str]:
         room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)
