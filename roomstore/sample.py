@@ -81,6 +81,12 @@ class RoomGraphBuilder:
         self._line_head: str | None = None
         self._line_state: dict[tuple[str, str], str] = {}
 
+    def resume(self, leaf: str, depth: int, state: dict[tuple[str, str], str]) -> None:
+        """Go on building a room stored elsewhere: the next event follows
+        ``leaf`` (at ``depth``), whose state after is ``state``."""
+        self.leaves, self.depth_of[leaf] = [leaf], depth
+        self._line_head, self._line_state = leaf, dict(state)
+
     def state_at(self, prev_ids: Sequence[str]) -> dict[tuple[str, str], str]:
         """The state after ``prev_ids`` (those this builder built): the
         state events among their ancestors, a later-built one winning a key

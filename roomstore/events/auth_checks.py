@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import attrs
+
 from roomstore.events.batch import PreparedEvent
 from roomstore.pdu.auth_common import AuthError
 from roomstore.pdu.auth_rules import auth_types_for_event, check_auth_events_shape, check_event_auth
@@ -45,6 +47,19 @@ def prefetch_auth_events(w: Any, new_events: list[PreparedEvent]) -> None:
     wanted = {a for ev in new_events if _to_check(ev) for a in ev.pdu.auth_chain_event_ids}
     if wanted:
         w.event_source.get_events(wanted - w.pending_events.keys())
+
+
+def checked_event(w: Any, index: int, ev: PreparedEvent, new_events: list[PreparedEvent],
+                  group_before: int | None) -> PreparedEvent:
+    """``ev`` (``new_events[index]``) after the checks: itself, or where they
+    reject it a copy with its ``rejected_reason``, put in its place in
+    ``new_events`` and the batch's events, which the write's later steps read."""
+    reason = rejection_of(w, ev, group_before)
+    if reason == ev.rejected_reason:
+        return ev
+    ev = attrs.evolve(ev, rejected_reason=reason)
+    new_events[index] = w.pending_events[ev.event_id] = ev
+    return ev
 
 
 def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None) -> str | None:
@@ -88,7 +103,13 @@ def _state_auth_entries(w: Any, pdu: ParsedPdu, group_before: int | None) -> dic
     keys = auth_types_for_event(pdu.room_version, pdu) | {CREATE}
     w.intern_keys(keys)
     key_nids = {w.key_nids[key]: key for key in keys}
-    found = w.state_entries(group_before, key_nids)
+    if group_before is None:
+        return {}
+    pending = w.pending.get(group_before)
+    if pending is not None:  # a group of this batch: its state is at hand
+        found = {k: pending.state[k] for k in key_nids if k in pending.state}
+    else:
+        found = w.p.state_groups.get_state_filtered(w.txn, group_before, key_nids)
     return {key_nids[k]: event_nid for k, event_nid in found.items()}
 
 
@@ -106,6 +127,6 @@ def _same_events(w: Any, auth_state: Mapping[tuple[str, str], ParsedPdu], state_
 
 def _state_events(w: Any, state_auth: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], ParsedPdu]:
     """The state's auth entries as parsed events, for ``check_event_auth``."""
-    names = w.event_names(state_auth.values())
+    names = w.p.interners.events.resolve(w.txn, list(set(state_auth.values())))
     events = w.event_source.get_events(names.values())
     return {key: events[names[nid]] for key, nid in state_auth.items() if names.get(nid) in events}

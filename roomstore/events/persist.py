@@ -30,7 +30,7 @@ from roomstore.events.batch import (
     StateKey,
     order_batch,
 )
-from roomstore.events.auth_checks import prefetch_auth_events, rejection_of
+from roomstore.events.auth_checks import checked_event, prefetch_auth_events
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import update_current_state, update_extremities
 from roomstore.events.redaction_authority import redaction_authorised
@@ -212,20 +212,6 @@ class _BatchWriter:
         if group is not None and group in self.pending:
             return dict(self.pending[group].state)
         return self.p.state_groups.get_state(self.txn, group)
-
-    def state_entries(self, group: int | None, key_nids) -> dict[int, int]:
-        """Only ``key_nids`` of a group's state (no copy of the whole state)."""
-        if group is None:
-            return {}
-        pending = self.pending.get(group)
-        if pending is not None:
-            state = pending.state
-            return {k: state[k] for k in key_nids if k in state}
-        return self.p.state_groups.get_state_filtered(self.txn, group, key_nids)
-
-    def event_names(self, event_nids) -> dict[int, str]:
-        """Event IDs of event nids."""
-        return self.p.interners.events.resolve(self.txn, list(set(event_nids)))
 
     @property
     def event_source(self) -> TransactionEventSource:
@@ -501,7 +487,7 @@ class _BatchWriter:
             group_before = group_after = None
             visibility_before = visibility_after = None
             if ev.outlier:
-                ev = self._checked(index, ev, new_events, None)
+                ev = checked_event(self, index, ev, new_events, None)
             else:
                 group_before, group_after, visibility_before, visibility_after, ev = self._groups_of(
                     index, ev, event_nid, room_nid, groups_after, new_events
@@ -541,17 +527,6 @@ class _BatchWriter:
             )
         return rows
 
-    def _checked(self, index: int, ev: PreparedEvent, new_events: list[PreparedEvent], group_before) -> PreparedEvent:
-        """``ev`` after the auth checks: itself, or where they reject it a
-        copy with its ``rejected_reason``, put in its place in
-        ``new_events`` and the batch's events, which the later steps read."""
-        reason = rejection_of(self, ev, group_before)
-        if reason == ev.rejected_reason:
-            return ev
-        ev = attrs.evolve(ev, rejected_reason=reason)
-        new_events[index] = self.pending_events[ev.event_id] = ev
-        return ev
-
     def _groups_of(
         self, index: int, ev: PreparedEvent, event_nid: int, room_nid: int, groups_after: Mapping[int, int | None],
         new_events: list[PreparedEvent],
@@ -560,7 +535,7 @@ class _BatchWriter:
         event after its auth checks) of a graph event."""
         visibility_after = None
         group_before = self.state_before(ev, room_nid, groups_after)
-        ev = self._checked(index, ev, new_events, group_before)
+        ev = checked_event(self, index, ev, new_events, group_before)
         pdu = ev.pdu
         if group_before is None:
             # The room's first event: state before it is empty.

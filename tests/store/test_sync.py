@@ -318,8 +318,8 @@ class MultiWriterSyncTests(SyncHelpers, DatabaseTestMixin, unittest.TestCase):
         w2 = await self.open_store(url, StoreConfig(instance_name="w2", stream_writers=writers))
         r1 = RoomBuilder(room_id="!r1:example.org")
         r2 = RoomBuilder(room_id="!r2:example.org")
-        await self.persist(w1, r1, r1.create(), r1.join(ALICE), r1.join(BOB))
-        await self.persist(w2, r2, r2.create(), r2.join(ALICE), r2.join(BOB))
+        await self.persist(w1, r1, r1.create(), r1.join(ALICE), r1.join_rules(), r1.join(BOB))
+        await self.persist(w2, r2, r2.create(), r2.join(ALICE), r2.join_rules(), r2.join(BOB))
 
         def replicate(results=()):
             # What replication does on w1 for w2's rows: change caches, then
