@@ -160,7 +160,7 @@ async def cmd_import(reactor, args) -> int:
         try:
             await import_file(
                 store, args.file, args.batch_size, args.progress, args.strict, verify_keys, summary,
-                in_flight=args.in_flight,
+                in_flight=args.in_flight, trust_source=args.trust_source,
             )
         except StorageFullError as exc:
             # What committed stays (each batch is one transaction); the same
@@ -526,6 +526,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="refuse an event whose content hash does not match (default: store it redacted);"
                         " exit 1 if any event failed")
+    p.add_argument("--trust-source", action="store_true",
+                   help="store the events unchecked against their rooms' authorization rules: only for a file from a"
+                        " server that checked them (default: an event breaking the rules is stored rejected and"
+                        " reported)")
     p.add_argument("--keys", metavar="FILE",
                    help="check signatures against these verify keys: a JSON object, server name -> {\"ed25519:ID\":"
                         " \"<unpadded base64 public key>\"} (or the server's /_matrix/key/v2/server response);"

@@ -114,7 +114,7 @@ STOPS_IMPORT = (
 
 async def import_file(
     store, path: str, batch_size: int = 100, progress: bool = False, strict: bool = False, verify_keys=None,
-    summary: dict | None = None, in_flight: int = 1,
+    summary: dict | None = None, in_flight: int = 1, trust_source: bool = False,
 ) -> dict:
     """Import a JSON-lines file in batches; a failing batch is retried event by
     event so one unresolvable event is reported and the rest imported.
@@ -138,7 +138,12 @@ async def import_file(
     first in the stream, and where a later batch changed what a retried
     event's state is checked against (a room's forward extremities), that
     event's outcome can differ from ``in_flight=1``, which keeps file order
-    strictly. Nothing is lost either way: each refused event is reported."""
+    strictly. Nothing is lost either way: each refused event is reported.
+
+    The store checks each event against its room's authorization rules and
+    stores one that breaks them rejected: counted (``rejected``) and
+    reported, one line each. ``trust_source``: the file comes from a server
+    that checked its events already; they are stored as given, unchecked."""
     from roomstore.events.batch import PrevEventsCycle, peek_event_id
     from roomstore.events.persist import EventToPersist
     from roomstore.progress import progress_bar
@@ -148,7 +153,7 @@ async def import_file(
     options = {"refuse_hash_mismatch": strict, "verify_keys": verify_keys}
     lines = []
     summary = {} if summary is None else summary
-    summary.update(imported=0, already_present=0, failed=0, redacted_content_hash_mismatch=0)
+    summary.update(imported=0, already_present=0, failed=0, rejected=0, redacted_content_hash_mismatch=0)
     for number, raw, version in read_import_lines(path):
         if raw is None:  # reported, the other lines imported
             summary["failed"] += 1
@@ -198,13 +203,16 @@ async def import_file(
                 emit({"line": number, "event_id": result.event_id, "error": "content hash mismatch",
                       "stored": "an earlier copy" if result.already_persisted else "redacted"})
             unchecked += not result.signatures_checked
+            if result.rejected_reason is not None:
+                summary["rejected"] += 1
+                emit({"line": number, "event_id": result.event_id, "rejected": result.rejected_reason})
         bar.update(len(chunk))
 
     pending: deque = deque()
     try:
         for start in range(0, len(lines), batch_size):
             chunk = lines[start : start + batch_size]
-            batch = [EventToPersist(raw, version) for _, raw, version in chunk]
+            batch = [EventToPersist(raw, version, auth_checked=trust_source) for _, raw, version in chunk]
             pending.append((chunk, batch, defer.ensureDeferred(store.persist_events(batch, **options))))
             if len(pending) >= in_flight:
                 await settle(*pending.popleft())

@@ -14,6 +14,9 @@ def add_parsers(add) -> None:
                    help="Synapse's database: sqlite:///path/homeserver.db (or a plain path) or postgresql://...")
     p.add_argument("--rooms", help="comma-separated room IDs to import (default: every room)")
     p.add_argument("--batch-size", type=int, default=500, help="events persisted per transaction (default 500)")
+    p.add_argument("--trust-source", action="store_true",
+                   help="store the events as Synapse judged them, unchecked against the rooms' authorization rules"
+                        " (default: checked; an event breaking them is stored rejected and counted)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p = add("verify-synapse", "check the store's state and redactions against a Synapse database; exit 1 on a difference")
     p.add_argument("--from", dest="source", required=True, metavar="URL", help="Synapse's database, as for import-synapse")
@@ -53,7 +56,9 @@ async def cmd_import_synapse(reactor, args, open_store) -> int:
         try:
             total = await reader.run(reader.source.count_events, rooms)
             bar = progress_bar(total, "import-synapse", "event", force=args.progress)
-            summary = await import_synapse(store, reader, rooms, args.batch_size, report=emit, progress=bar)
+            summary = await import_synapse(
+                store, reader, rooms, args.batch_size, report=emit, progress=bar, trust_source=args.trust_source
+            )
             bar.close()
             emit({**summary.as_json(), "current_token": store.get_current_token()})
         finally:

@@ -3,6 +3,10 @@
 ``RoomGraphBuilder`` appends well-formed events of one room (real content
 hashes and reference-hash event IDs, so v3+ IDs are what a homeserver would
 compute; signatures are placeholders) and tracks the room's leaves and depths.
+Each event cites as ``auth_events`` what the auth events selection picks
+from the state before it, so the store's authorization checks see what a
+homeserver would send; whether the rules allow the event is the caller's
+business (tests build forbidden events on purpose).
 ``generate_sample`` writes a deterministic multi-room history with membership
 churn, redactions and history visibility changes, in rooms of versions 12,
 11, 10, 9 and 6 (the first room is a version 12 room), as JSON lines in the import
@@ -17,6 +21,7 @@ from typing import Any, Iterator, Sequence
 
 import attrs
 
+from roomstore.pdu.auth_rules import auth_types_for
 from roomstore.pdu.hashing import compute_content_hash, compute_event_id, compute_reference_hash, unpadded_base64
 from roomstore.pdu.power_levels import room_creators
 from roomstore.pdu.room_versions import get_room_version
@@ -66,6 +71,43 @@ class RoomGraphBuilder:
         self.depth_of: dict[str, int] = {}
         self.clock = start_ts
         self.events: list[BuiltEvent] = []
+        #: event ID -> its prev events and its state key (None: not state),
+        #: for the state before an event off the line (``state_at``).
+        self._prevs: dict[str, list[str]] = {}
+        self._state_key_of: dict[str, tuple[str, str] | None] = {}
+        #: The last event built and the state after it, kept up to date in
+        #: place: most events follow the last one, and copying a big room's
+        #: state for each would cost quadratic time.
+        self._line_head: str | None = None
+        self._line_state: dict[tuple[str, str], str] = {}
+
+    def resume(self, leaf: str, depth: int, state: dict[tuple[str, str], str]) -> None:
+        """Go on building a room stored elsewhere: the next event follows
+        ``leaf`` (at ``depth``), whose state after is ``state``."""
+        self.leaves, self.depth_of[leaf] = [leaf], depth
+        self._line_head, self._line_state = leaf, dict(state)
+
+    def state_at(self, prev_ids: Sequence[str]) -> dict[tuple[str, str], str]:
+        """The state after ``prev_ids`` (those this builder built): the
+        state events among their ancestors, a later-built one winning a key
+        (where branches conflict this is not state resolution, only a state
+        an event may cite). The line's own dict where ``prev_ids`` is the
+        last event: do not change it."""
+        if list(prev_ids) == ([self._line_head] if self._line_head is not None else []):
+            return self._line_state
+        ancestors: set[str] = set()
+        stack = [p for p in prev_ids if p in self._prevs]
+        while stack:
+            event_id = stack.pop()
+            if event_id not in ancestors:
+                ancestors.add(event_id)
+                stack.extend(p for p in self._prevs[event_id] if p in self._prevs)
+        state: dict[tuple[str, str], str] = {}
+        for built in self.events:
+            key = self._state_key_of[built.event_id]
+            if key is not None and built.event_id in ancestors:
+                state[key] = built.event_id
+        return state
 
     def build(
         self,
@@ -80,8 +122,9 @@ class RoomGraphBuilder:
         prev_ids = list(self.leaves if prev is None else prev)
         depth = max([self.depth_of[p] for p in prev_ids if p in self.depth_of] or [0]) + 1
         self.clock += 1000
+        state = self.state_at(prev_ids)
         event: dict[str, Any] = {
-            "auth_events": [],
+            "auth_events": self._auth_events(state, event_type, sender, state_key, content),
             "content": content,
             "depth": depth,
             "origin": self.origin,
@@ -114,12 +157,44 @@ class RoomGraphBuilder:
         if self.ids_in_pdu:
             digest = compute_reference_hash(self.room_version, event)
             self.reference_hashes[event_id] = unpadded_base64(digest, urlsafe=False)
-        built = BuiltEvent(event_id, json.dumps(event).encode("utf-8"), event)
-        self.depth_of[event_id] = depth
+        return self.add_built(BuiltEvent(event_id, json.dumps(event).encode("utf-8"), event), set_leaves)
+
+    def add_built(self, built: BuiltEvent, set_leaves: bool = True) -> BuiltEvent:
+        """Take ``built`` (from :meth:`build`, or an event built by hand on
+        this room's leaves) as the room's next event: its depth, its place
+        in the graph and the state after it."""
+        event, event_id = built.event, built.event_id
+        prev_ids = [p[0] if isinstance(p, list) else p for p in event.get("prev_events", [])]
+        state_key = event.get("state_key")
+        state = self.state_at(prev_ids)
+        self.depth_of[event_id] = event["depth"]
+        self._prevs[event_id] = prev_ids
+        key = (event["type"], state_key) if state_key is not None else None
+        self._state_key_of[event_id] = key
+        if state is not self._line_state:
+            self._line_state = dict(state)
+        if key is not None:
+            self._line_state[key] = event_id
+        self._line_head = event_id
         if set_leaves:
             self.leaves = [leaf for leaf in self.leaves if leaf not in prev_ids] + [event_id]
         self.events.append(built)
         return built
+
+    def auth_events_for(
+        self, event_type: str, sender: str, state_key: str | None = None, content: dict | None = None,
+        prev: Sequence[str] | None = None,
+    ) -> list:
+        """The ``auth_events`` :meth:`build` would cite for an event with
+        these fields (for an event built by hand)."""
+        state = self.state_at(list(self.leaves if prev is None else prev))
+        return self._auth_events(state, event_type, sender, state_key, content or {})
+
+    def _auth_events(self, state: dict, event_type: str, sender: str, state_key: str | None, content: dict) -> list:
+        """What the auth events selection picks from ``state``, in the PDU's form."""
+        keys = sorted(auth_types_for(self.room_version, event_type, sender, state_key, content))
+        auth_ids = [state[key] for key in keys if key in state]
+        return [self._reference(a) for a in auth_ids] if self.ids_in_pdu else auth_ids
 
     def _reference(self, event_id: str) -> list:
         """A v1/v2 ``prev_events`` item: [ID, its reference hash] (a made-up
@@ -155,6 +230,10 @@ class RoomGraphBuilder:
     def state(self, event_type: str, state_key: str, content: dict, sender: str | None = None, **kw) -> BuiltEvent:
         return self.build(event_type, sender or self.creator, content, state_key, **kw)
 
+    def join_rules(self, rule: str = "public", **kw) -> BuiltEvent:
+        """``m.room.join_rules``: without it a room is invite-only."""
+        return self.state("m.room.join_rules", "", {"join_rule": rule}, **kw)
+
     def history_visibility(self, value: str, **kw) -> BuiltEvent:
         return self.state("m.room.history_visibility", "", {"history_visibility": value}, **kw)
 
@@ -189,6 +268,7 @@ def sample_lines(rooms: int = 5, events_per_room: int = 800, users: int = 60, se
         builder.create()
         builder.join(creator)
         builder.power_levels({creator: 100})
+        builder.join_rules("public")
         builder.history_visibility("shared")
         members = {creator: "join"}
         messages: list[str] = []
@@ -236,12 +316,12 @@ def sample_lines(rooms: int = 5, events_per_room: int = 800, users: int = 60, se
                 sender = rng.choice(joined)
                 messages.append(builder.message(sender, f"message {len(builder.events)} in room {r}").event_id)
         if r == rooms - 1:
-            # One unresolvable merge: two branches set the topic; the merge
-            # event needs state resolution, which import reports and skips.
+            # Two branches set the topic: the merge event's state is their
+            # resolution (the store resolves it).
             base = list(builder.leaves)
             left = builder.state("m.room.topic", "", {"topic": "left"}, prev=base)
             builder.state("m.room.topic", "", {"topic": "right"}, prev=base)
-            builder.message(creator, "needs state resolution", prev=builder.leaves, set_leaves=False)
+            builder.message(creator, "after state resolution", prev=builder.leaves, set_leaves=False)
             builder.leaves = [left.event_id]
             builder.message(creator, "continuing on one branch")
         for index, built in enumerate(builder.events):

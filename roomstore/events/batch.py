@@ -40,6 +40,13 @@ class EventToPersist:
     ``state_before`` is the state before the event: a full map of
     ``(type, state_key) -> event_id``, a ``StateDelta``, or None to derive it
     from the prev events.
+
+    The store checks every event against the room's authorization rules and
+    stores one that fails them rejected (``roomstore.events.auth_checks``).
+    ``rejected_reason`` given: the caller decided, and the event is stored
+    rejected for that reason unchecked. ``auth_checked``: the event's source
+    checked it already (an import from a homeserver's database): stored as
+    given, unchecked. Set it only for such a source.
     """
 
     raw: bytes
@@ -48,12 +55,14 @@ class EventToPersist:
     rejected_reason: str | None = None
     backfilled: bool = False
     state_before: Mapping[StateKey, str] | StateDelta | None = None
+    auth_checked: bool = False
 
     def __reduce__(self):
         # Pickled (to a validation worker) through its constructor, not
         # attrs' slotted __getstate__, which is Python.
         return EventToPersist, (
             self.raw, self.room_version, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
+            self.auth_checked,
         )
 
 
@@ -74,6 +83,10 @@ class PersistedEvent:
     #: Every signature the event needs was verified against the keys given
     #: (``persist_events(verify_keys=...)``); False when none were given.
     signatures_checked: bool = False
+    #: Why the event is stored rejected (it broke the room's authorization
+    #: rules, or the caller said so), or None: accepted. Of this write only
+    #: (None where ``already_persisted``: ``get_event_flags`` tells).
+    rejected_reason: str | None = None
 
     def __reduce__(self):
         # Pickled (a writer process's replies) through its constructor, not
@@ -81,6 +94,7 @@ class PersistedEvent:
         return PersistedEvent, (
             self.event_id, self.room_id, self.stream_ordering, self.topological_ordering, self.state_group_before,
             self.state_group, self.already_persisted, self.content_hash_mismatch, self.signatures_checked,
+            self.rejected_reason,
         )
 
     @property
@@ -105,6 +119,8 @@ class PreparedEvent:
     content_hash_mismatch: bool = False
     #: Every signature it needs was verified (``pdu/signatures.py``).
     signatures_checked: bool = False
+    #: Its source checked it against the auth rules (``EventToPersist.auth_checked``).
+    auth_checked: bool = False
     event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
 
     def __reduce__(self):
@@ -112,7 +128,7 @@ class PreparedEvent:
         # classes is Python, and was half of a validation reply's unpickling.
         return PreparedEvent, (
             self.pdu, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
-            self.content_hash_mismatch, self.signatures_checked,
+            self.content_hash_mismatch, self.signatures_checked, self.auth_checked,
         )
 
 
@@ -187,7 +203,10 @@ def prepare_events(
         if pdu.type == "m.room.create" and pdu.state_key == "":
             versions[pdu.room_id] = version_id
         prepared.append(
-            PreparedEvent(pdu, item.outlier, item.rejected_reason, item.backfilled, item.state_before, mismatch, signed)
+            PreparedEvent(
+                pdu, item.outlier, item.rejected_reason, item.backfilled, item.state_before, mismatch, signed,
+                item.auth_checked,
+            )
         )
     return prepared
 

@@ -30,10 +30,11 @@ from roomstore.events.batch import (
     StateKey,
     order_batch,
 )
+from roomstore.events.auth_checks import checked_event, prefetch_auth_events
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import update_current_state, update_extremities
 from roomstore.events.redaction_authority import redaction_authorised
-from roomstore.events.resolution_source import resolve_interned
+from roomstore.events.resolution_source import TransactionEventSource, resolve_interned
 from roomstore.events.tables.events import (
     history_visibility_json_txn,
     insert_edges,
@@ -202,6 +203,8 @@ class _BatchWriter:
         self.visibility_writes = VisibilityWrites()
         # Event nids interned by this batch: no stored row can mention them.
         self.fresh_nids: set[int] = set()
+        self.pending_events: dict[str, PreparedEvent] = {}
+        self._event_source: TransactionEventSource | None = None
 
     # ---------------------------------------------------------------- helpers
 
@@ -209,6 +212,14 @@ class _BatchWriter:
         if group is not None and group in self.pending:
             return dict(self.pending[group].state)
         return self.p.state_groups.get_state(self.txn, group)
+
+    @property
+    def event_source(self) -> TransactionEventSource:
+        """The batch's events and the stored ones, as the auth checks and
+        state resolution read them (one per batch: it keeps what it parsed)."""
+        if self._event_source is None:
+            self._event_source = TransactionEventSource(self.txn, self.p.interners, self.pending_events)
+        return self._event_source
 
     def _stored_group(self, group: int) -> tuple[int | None, int]:
         """(visibility snapshot, chain length) of a stored group, once per batch."""
@@ -461,12 +472,13 @@ class _BatchWriter:
         known = self.stored_events(prev_nids)
         groups_after: dict[int, int | None] = {n: r.state_group for n, r in known.items() if not r.outlier}
         rows = _Rows()
+        prefetch_auth_events(self, new_events)
         # Locals: this loop runs once per event of every batch.
         key_nids, user_nids, now_ms = self.key_nids, self.user_nids, self.now_ms
         instance_name = self.p.instance_name
         add_event, add_json, edges, auth = rows.events.append, rows.json.append, rows.edges, rows.auth
         room_positions = rows.room_positions
-        for ev in new_events:
+        for index, ev in enumerate(new_events):
             pdu = ev.pdu
             event_id = ev.event_id
             event_nid = nid[event_id]
@@ -474,9 +486,11 @@ class _BatchWriter:
             stream = ordering[event_id]
             group_before = group_after = None
             visibility_before = visibility_after = None
-            if not ev.outlier:
-                group_before, group_after, visibility_before, visibility_after = self._groups_of(
-                    ev, event_nid, room_nid, groups_after
+            if ev.outlier:
+                ev = checked_event(self, index, ev, new_events, None)
+            else:
+                group_before, group_after, visibility_before, visibility_after, ev = self._groups_of(
+                    index, ev, event_nid, room_nid, groups_after, new_events
                 )
                 groups_after[event_nid] = group_after
 
@@ -508,17 +522,21 @@ class _BatchWriter:
             if not ev.outlier:
                 room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)
             results[event_id] = PersistedEvent(
-                event_id, pdu.room_id, stream, pdu.depth, group_before, group_after
+                event_id, pdu.room_id, stream, pdu.depth, group_before, group_after,
+                rejected_reason=ev.rejected_reason,
             )
         return rows
 
     def _groups_of(
-        self, ev: PreparedEvent, event_nid: int, room_nid: int, groups_after: Mapping[int, int | None]
-    ) -> tuple[int | None, int | None, int | None, int | None]:
-        """(state group before, after, visibility snapshot before, after) of a graph event."""
-        pdu = ev.pdu
+        self, index: int, ev: PreparedEvent, event_nid: int, room_nid: int, groups_after: Mapping[int, int | None],
+        new_events: list[PreparedEvent],
+    ) -> tuple[int | None, int | None, int | None, int | None, PreparedEvent]:
+        """(state group before, after, visibility snapshot before, after, the
+        event after its auth checks) of a graph event."""
         visibility_after = None
         group_before = self.state_before(ev, room_nid, groups_after)
+        ev = checked_event(self, index, ev, new_events, group_before)
+        pdu = ev.pdu
         if group_before is None:
             # The room's first event: state before it is empty.
             visibility_before = self.p.visibility.snapshot_for(self.txn, room_nid, None, {}, None, self.visibility_writes)
@@ -533,7 +551,7 @@ class _BatchWriter:
                 group_after = self.new_group(room_nid, event_nid, group_before, {key: event_nid})
             if pdu.type == MEMBER or (pdu.type, pdu.state_key) == HISTORY_VISIBILITY:
                 visibility_after = self.snapshot_of(group_after)
-        return group_before, group_after, visibility_before, visibility_after
+        return group_before, group_after, visibility_before, visibility_after, ev
 
     def _write_rows(self, new_events: Sequence[PreparedEvent], rows: "_Rows") -> set[int]:
         """The rows written through their tables' owners; returns the

@@ -119,13 +119,18 @@ class TransactionEventSource:
 def resolve_interned(w, room_version, states: Sequence[Mapping[int, int]]) -> dict[int, int]:
     """State resolution of interned states (state key nid -> event nid) in
     the batch writer ``w``'s transaction (``roomstore.events.persist``):
-    named for the algorithm, resolved, interned back. Every key and event of
-    the result is one of the inputs'."""
+    named for the algorithm, resolved, interned back. The result may hold
+    an event of none of the inputs: v2 resolves the auth chains'
+    difference too, whose power events can win a key."""
     w.names_of_keys({k for state in states for k in state})
     event_nids = {e for state in states for e in state.values()}
     names = w.p.interners.events.resolve(w.txn, event_nids)
     named = [{w.key_names[k]: names[e] for k, e in state.items()} for state in states]
-    source = TransactionEventSource(w.txn, w.p.interners, w.pending_events)
-    resolved = resolve_state(room_version, named, source)
+    resolved = resolve_state(room_version, named, w.event_source)
     event_nid_of = {event_id: nid for nid, event_id in names.items()}
+    others = [e for e in resolved.values() if e not in event_nid_of]
+    if others:
+        # Known events (resolution read them), so interned already.
+        event_nid_of.update(w.p.interners.events.lookup(w.txn, others))
+        w.intern_keys(resolved)
     return {w.key_nids[key]: event_nid_of[event_id] for key, event_id in resolved.items()}

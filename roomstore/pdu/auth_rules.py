@@ -58,7 +58,7 @@ events in ``roomstore.pdu.auth_membership``.  Here:
 
 from __future__ import annotations
 
-from typing import Container, Mapping
+from typing import Any, Container, Mapping
 
 from roomstore.pdu import auth_levels
 from roomstore.pdu.auth_common import (
@@ -69,7 +69,7 @@ from roomstore.pdu.auth_membership import check_member_event
 from roomstore.pdu.parsing import ParsedPdu, create_event_id_of
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, EventIdFormat, RoomVersion
 
-__all__ = ["AuthError", "auth_types_for_event", "check_auth_events_shape", "check_event_auth"]
+__all__ = ["AuthError", "auth_types_for", "auth_types_for_event", "check_auth_events_shape", "check_event_auth"]
 
 #: Power levels' keys that hold one level each (rule 10.1 of v12).
 _NAMED_LEVELS = ("users_default", "events_default", "state_default", "ban", "redact", "kick", "invite")
@@ -93,7 +93,17 @@ def _rule(room_version: RoomVersion, name: str) -> int:
 
 def auth_types_for_event(room_version: RoomVersion, event: ParsedPdu) -> set[StateKey]:
     """The spec's auth events selection: the state keys whose current events
-    an event's ``auth_events`` may cite.
+    an event's ``auth_events`` may cite (:func:`auth_types_for`)."""
+    if event.is_create:
+        return set()
+    return auth_types_for(room_version, event.type, event.sender, event.state_key, event.content)
+
+
+def auth_types_for(
+    room_version: RoomVersion, event_type: str, sender: str, state_key: str | None, content: Mapping[str, Any]
+) -> set[StateKey]:
+    """The auth events selection of an event with these fields (one being
+    built has no ParsedPdu yet).
 
     None for the create event; else the power levels, the sender's member
     event and, before v12, the create event (v12 implies it: MSC4291).
@@ -103,18 +113,17 @@ def auth_types_for_event(room_version: RoomVersion, event: ParsedPdu) -> set[Sta
     a join with ``join_authorised_via_users_server`` (v8+) that user's
     member event.
     """
-    if event.is_create:
+    if event_type == "m.room.create" and state_key == "":
         return set()
-    types = {POWER_LEVELS, ("m.room.member", event.sender)}
+    types = {POWER_LEVELS, ("m.room.member", sender)}
     if not room_version.room_id_is_create_hash:
         types.add(CREATE)
-    if event.type != "m.room.member" or event.state_key is None:
+    if event_type != "m.room.member" or state_key is None:
         return types
-    types.add(("m.room.member", event.state_key))
-    membership = event.membership
+    types.add(("m.room.member", state_key))
+    membership = content.get("membership")
     if membership in ("join", "invite", "knock"):
         types.add(JOIN_RULES)
-    content = event.content
     if membership == "invite" and "third_party_invite" in content:
         invite = content["third_party_invite"]
         signed = invite.get("signed") if isinstance(invite, Mapping) else None

@@ -68,10 +68,13 @@ async def import_synapse(
     batch_size: int = 500,
     report: Report | None = None,
     progress: Any = None,
+    trust_source: bool = False,
 ) -> ImportSummary:
     """Import ``rooms`` (default: every room) of the Synapse database behind
-    ``reader`` into ``store``. ``report`` receives one dict per skipped event;
-    ``progress``, a bar, is updated per page."""
+    ``reader`` into ``store``. ``report`` receives one dict per skipped event
+    and per event the store's authorization checks rejected where Synapse
+    had not; ``progress``, a bar, is updated per page. ``trust_source``:
+    the events are stored as Synapse judged them, unchecked."""
     started = time.monotonic()
     source = reader.source
     summary = ImportSummary()
@@ -92,7 +95,7 @@ async def import_synapse(
         todo = [ev for ev in page if ev.event_id not in present]
         summary.already_present += len(page) - len(todo)
         if todo:
-            await _import_page(store, reader, todo, summary, report or (lambda item: None))
+            await _import_page(store, reader, todo, summary, report or (lambda item: None), trust_source)
         if progress is not None:
             progress.update(len(page))
     summary.seconds = round(time.monotonic() - started, 3)
@@ -100,10 +103,10 @@ async def import_synapse(
 
 
 async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], summary: ImportSummary,
-                       report: Report) -> None:
+                       report: Report, trust_source: bool) -> None:
     """Persist one page as one batch; when the store refuses the batch, each
     event on its own so one bad event is reported and the rest imported."""
-    items = await _to_persist(reader, page)
+    items = await _to_persist(reader, page, trust_source)
     summary.states_from_synapse += sum(item.state_before is not None for _, item in items)
     events = [ev for ev, _ in items]
     batch = [item for _, item in items]
@@ -129,7 +132,10 @@ async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], s
                     "error": "content hash mismatch", "stored": "redacted"})
         summary.events += 1
         summary.outliers += ev.outlier
-        summary.rejected += ev.rejected_reason is not None
+        summary.rejected += result.rejected_reason is not None
+        if result.rejected_reason is not None and ev.rejected_reason is None:
+            report({"event_id": ev.event_id, "room_id": ev.room_id, "stream_ordering": ev.stream_ordering,
+                    "rejected": result.rejected_reason, "synapse": "accepted"})
         summary.backfilled += ev.stream_ordering < 0
 
 
@@ -177,7 +183,8 @@ def _current_states(source: SynapseSource, events: Sequence[SynapseEvent]) -> di
     return {room_id: source.current_state_at(room_id, position) for room_id, position in newest.items()}
 
 
-async def _to_persist(reader: SynapseReader, page: Sequence[SynapseEvent]) -> list[tuple[SynapseEvent, EventToPersist]]:
+async def _to_persist(reader: SynapseReader, page: Sequence[SynapseEvent], trust_source: bool = False
+                      ) -> list[tuple[SynapseEvent, EventToPersist]]:
     """(event, ``EventToPersist``) for each event of the page; an event with
     several prev events gets Synapse's state before it where it can be read."""
     wanted = {
@@ -188,7 +195,7 @@ async def _to_persist(reader: SynapseReader, page: Sequence[SynapseEvent]) -> li
     return [
         (ev, EventToPersist(
             ev.json, ev.room_version, outlier=ev.outlier, rejected_reason=ev.rejected_reason,
-            backfilled=ev.stream_ordering < 0, state_before=states.get(ev.event_id),
+            backfilled=ev.stream_ordering < 0, state_before=states.get(ev.event_id), auth_checked=trust_source,
         ))
         for ev in page
     ]

@@ -17,7 +17,9 @@ from roomstore.replication.redis import RedisReplication, parse_redis_url
 from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import DatabaseTestMixin, on_both_engines
-from tests.store.builder import RoomBuilder
+# Rooms built for replication's rows, not for the auth rules (joins without join rules):
+# the store takes their events as checked (tests/store/builder.py).
+from tests.store.builder import UncheckedRoomBuilder
 
 from .redis_utils import RedisServer, fresh_channel, shared_redis_url
 from .store_utils import ALICE, BOB, sleep, wait_until
@@ -65,7 +67,7 @@ class RedisMixin:
         return grouped
 
     async def persist_room(self, store: RoomStore, room_id: str, messages: int, batch: int = 3) -> None:
-        room = RoomBuilder(room_id)
+        room = UncheckedRoomBuilder(room_id)
         events = [room.create(), room.join(ALICE), room.join(BOB)]
         events += [room.message(ALICE if i % 2 else BOB, f"m{i}") for i in range(messages)]
         for start in range(0, len(events), batch):

@@ -41,7 +41,9 @@ from twisted.trial import unittest
 from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import DatabaseTestMixin
-from tests.store.builder import RoomBuilder
+# Rooms built for replication's rows, not for the auth rules (joins without join rules):
+# the store takes their events as checked (tests/store/builder.py).
+from tests.store.builder import UncheckedRoomBuilder
 
 from .redis_utils import RedisServer
 from .store_utils import ALICE, BOB, reap, sleep, wait_until
@@ -63,7 +65,7 @@ _START_LINE = re.compile(r"store events positions (\{.*\})")
 def write_chunks(directory: str, chunks: int) -> tuple[str, dict[str, list[str]]]:
     """The base file (rooms, joins) and per writer its chunk files: in each
     room, each writer extends a chain of its own from the base."""
-    rooms = [RoomBuilder(f"!e2e{i}:example.org") for i in range(ROOMS)]
+    rooms = [UncheckedRoomBuilder(f"!e2e{i}:example.org") for i in range(ROOMS)]
     base = os.path.join(directory, "base.jsonl")
     tips: dict[tuple[str, str], str] = {}
     with open(base, "w") as out:

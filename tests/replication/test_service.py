@@ -30,7 +30,9 @@ from roomstore.replication.service import (
 )
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
-from tests.store.builder import RoomBuilder, fake_event_id, skip_precheck
+# Rooms built for replication's rows, not for the auth rules (joins without join rules):
+# the store takes their events as checked (tests/store/builder.py).
+from tests.store.builder import RoomBuilder, UncheckedRoomBuilder, fake_event_id, skip_precheck
 
 from .store_utils import ALICE, BOB, sleep, wait_until, with_timeout
 from .utils import RecordingHandler, seed_registry
@@ -97,7 +99,7 @@ class ServiceTests(ServiceTestMixin):
         await wait_until(lambda: follower.factory.connection is not None, what="follower connected")
         self.assertEqual(await follower.store.get_rooms_for_user(ALICE), frozenset())
 
-        room = RoomBuilder()
+        room = UncheckedRoomBuilder()
         await self.persist(server.store, room, room.create(), room.join(ALICE))
         await self.persist(server.store, room, room.message(ALICE, "one"))
         target = await self.persist(server.store, room, room.join(BOB), room.message(BOB, "two"))
@@ -157,7 +159,7 @@ class ServiceTests(ServiceTestMixin):
         server = await self.start_server(url)
         follower = await self.start_follower(url, server, positions_file=positions_file, run_in_thread=threads)
         await wait_until(lambda: follower.factory.connection is not None, what="follower connected")
-        room = RoomBuilder()
+        room = UncheckedRoomBuilder()
         await self.persist(server.store, room, room.create(), room.join(ALICE))
         for i in range(5):
             await self.persist(server.store, room, room.message(ALICE, f"m{i}"))
@@ -197,7 +199,7 @@ class ServiceTests(ServiceTestMixin):
         url = self.new_database_url()
         positions_file = os.path.join(tempfile.mkdtemp(), "positions.json")
         server = await self.start_server(url)
-        room = RoomBuilder()
+        room = UncheckedRoomBuilder()
         first = await self.start_follower(url, server, positions_file=positions_file)
         await wait_until(lambda: first.factory.connection is not None, what="connected")
         seen = await self.persist(server.store, room, room.create(), room.join(ALICE))
@@ -228,7 +230,7 @@ class ServiceTests(ServiceTestMixin):
         url = self.new_database_url()
         port = free_port()
         writer = await RoomStore.open(url, StoreConfig(instance_name="master"))
-        room = RoomBuilder()
+        room = UncheckedRoomBuilder()
         await self.persist(writer, room, room.create(), room.join(ALICE))
         await writer.close()
         follower = await self.start_follower(url, None, port=port)
@@ -249,9 +251,9 @@ class ServiceTests(ServiceTestMixin):
         server = await self.start_server(url)
         follower = await self.start_follower(url, server)
         await wait_until(lambda: follower.factory.connection is not None, what="connected")
-        room = RoomBuilder()
+        room = UncheckedRoomBuilder()
         await self.persist(server.store, room, room.create())
-        orphan = RoomBuilder(room.room_id)
+        orphan = UncheckedRoomBuilder(room.room_id)
         orphan.leaves = [fake_event_id("never stored")]
         # Failing in its write (past the precheck, as in a race with another writer).
         skip_precheck(server.store)

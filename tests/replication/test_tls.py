@@ -27,7 +27,9 @@ from roomstore.replication.store_sources import STORE_STREAMS
 from roomstore.replication.tls import ClientTLS, TLSConfigError, check_bind_protected, is_loopback
 from roomstore.store import StoreConfig
 from tests.db import on_both_engines
-from tests.store.builder import RoomBuilder
+# Rooms built for replication's rows, not for the auth rules (joins without join rules):
+# the store takes their events as checked (tests/store/builder.py).
+from tests.store.builder import UncheckedRoomBuilder
 
 from .certs import make_certs
 from .redis_utils import RedisServer, fresh_channel
@@ -142,7 +144,7 @@ class TCPOverTLSTests(ServiceTestMixin):
         follower = await self.start_follower(url, server, tls=ClientTLS(certs.ca))
         await wait_until(lambda: follower.factory.connection is not None, what="follower connected over TLS")
         self.assertTrue(ISSLTransport.providedBy(follower.factory.connection.transport))
-        room = RoomBuilder()
+        room = UncheckedRoomBuilder()
         target = await self.persist(server.store, room, room.create(), room.join(ALICE), room.join(BOB))
         await with_timeout(follower.store.events_stream.wait_for_position(target), 10, "events over TLS")
         self.assertEqual(await follower.store.get_current_state_ids(room.room_id),

@@ -15,7 +15,7 @@ from roomstore.pdu.parsing import parse_pdu
 from roomstore.resolution import MemoryEventSource, resolve_state
 from roomstore.sample import BuiltEvent, RoomGraphBuilder
 
-__all__ = ["BuiltEvent", "RoomBuilder", "fake_event_id", "pure_resolution", "skip_precheck"]
+__all__ = ["BuiltEvent", "RoomBuilder", "UncheckedRoomBuilder", "fake_event_id", "pure_resolution", "skip_precheck"]
 
 
 def fake_event_id(seed: str) -> str:
@@ -24,8 +24,25 @@ def fake_event_id(seed: str) -> str:
 
 
 class RoomBuilder(RoomGraphBuilder):
+    #: Whether ``to_persist`` marks events as checked by their source, so
+    #: the store stores them unchecked against the auth rules.
+    auth_checked = False
+
     def to_persist(self, built: BuiltEvent, **flags) -> EventToPersist:
+        flags.setdefault("auth_checked", self.auth_checked)
         return EventToPersist(built.raw, self.version, **flags)
+
+
+class UncheckedRoomBuilder(RoomBuilder):
+    """A ``RoomBuilder`` whose events the store takes as checked by their
+    source (``EventToPersist.auth_checked``): for model-based tests of state,
+    visibility and the room graph, whose models (a replay, a walk) know
+    nothing of the authorization rules and whose random histories do not
+    keep them (a state event by a user who never joined). What the rules
+    decide is tested where they are the subject (tests/store/test_rejected.py,
+    test_room_boundaries.py, tests/pdu)."""
+
+    auth_checked = True
 
 
 def skip_precheck(store) -> None:

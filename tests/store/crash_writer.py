@@ -51,7 +51,7 @@ async def main(reactor, url: str, tag: str, seed: int, room_count: int) -> None:
     users = [f"@user{i}:example.org" for i in range(20)]
     first = []
     for room in rooms:
-        first += [(room, room.create()), (room, room.join(room.creator))]
+        first += [(room, room.create()), (room, room.join(room.creator)), (room, room.join_rules())]
     await persist(store, first)
     say("READY")
     messages: dict[str, list[str]] = {room.room_id: [] for room in rooms}

@@ -217,7 +217,7 @@ class CrashTests(DatabaseTestMixin, unittest.TestCase):
         room = RoomBuilder(room_id=old_room)
         [leaf] = await store.get_forward_extremities(old_room)
         depth = (await store.get_event(leaf))["depth"]
-        room.leaves, room.depth_of = [leaf], {leaf: depth}
+        room.resume(leaf, depth, await store.get_state_ids(leaf))
         fresh = RoomBuilder(room_id=f"!fresh{run}:example.org")
         batch = [room.message(room.creator, f"after crash {run}"), room.state("m.room.topic", "", {"topic": f"t{run}"}),
                  fresh.create(), fresh.join(fresh.creator)]

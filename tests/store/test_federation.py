@@ -86,9 +86,10 @@ class FederationTests:
                     graph.add(built, result, rejected)
             return results
 
-        for name, event in (("create", room.create()), ("join", room.join(ALICE)), ("bob", room.join(BOB))):
+        for name, event in (("create", room.create()), ("join", room.join(ALICE)), ("rules", room.join_rules()),
+                            ("bob", room.join(BOB))):
             named[name] = event
-        await persist(named["create"], named["join"], named["bob"])
+        await persist(named["create"], named["join"], named["rules"], named["bob"])
         m0 = named["m0"] = room.message(ALICE, "m0")
         m1 = named["m1"] = room.message(ALICE, "m1")
         await persist(m0, m1)

@@ -206,10 +206,19 @@ async def run_case(store, counter: Counter, stored_total: list[int], version: st
 
     # Each line stored or reported once, in one line.
     assert summary["imported"] + summary["already_present"] + summary["failed"] == len(lines), (summary, reports)
-    refused = [r for r in reports if r.get("error") != "content hash mismatch"]
-    assert summary["failed"] == len(refused) <= len(hostile), reports
+    refused = [r for r in reports if "error" in r and r["error"] != "content hash mismatch"]
+    # A hostile event the parser takes but the auth rules forbid (auth
+    # events that do not exist, or not the ones its rules select) is stored
+    # rejected and reported: never a valid one.
+    rejected = [r for r in reports if "rejected" in r]
+    assert summary["failed"] == len(refused), reports
+    assert summary["rejected"] == len(rejected), reports
+    assert len(refused) + len(rejected) <= len(hostile), reports
     for report in refused:
         assert "\n" not in report["message"] and report["message"], report
+    for report in rejected:
+        assert "\n" not in report["rejected"] and report["rejected"], report
+        assert report["event_id"] not in {built.event_id for built in valid}, report
     # Every valid event stored.
     for built in valid:
         assert await store.get_event(built.event_id) is not None, f"valid event {built.event_id} not stored: {reports}"

@@ -36,13 +36,14 @@ def awkward_file() -> tuple[str, RoomBuilder, list]:
     m2 = room.message(ALICE, "two")
     orphan = room.message(ALICE, "orphan", prev=[fake_event_id("nobody has it")], set_leaves=False)
     m3 = room.message(ALICE, "three", prev=[m2.event_id])
-    m4, join_b, m5 = room.message(ALICE, "four"), room.join(BOB), room.message(BOB, "five")
+    m4, rules, join_b = room.message(ALICE, "four"), room.join_rules(), room.join(BOB)
+    m5 = room.message(BOB, "five")
     base = list(room.leaves)
     t1 = room.state("m.room.topic", "", {"topic": "left"}, prev=base)
     t2 = room.state("m.room.topic", "", {"topic": "right"}, prev=base)
     room.leaves = [t1.event_id]  # the tail follows t1 (t2 stays an end beside it)
     tail = [room.message(ALICE if i % 2 else BOB, f"tail {i}") for i in range(40)]
-    events = [create, join_a, m1, m2, orphan, m3, m4, join_b, m5, t1, t2, *tail]
+    events = [create, join_a, m1, m2, orphan, m3, m4, rules, join_b, m5, t1, t2, *tail]
     lines = [e.raw for e in events]
     lines.insert(9, b'{"type": "m.room.message", "broken')
     return write_lines(lines), room, events

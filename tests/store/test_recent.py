@@ -160,7 +160,7 @@ class JoinedRoomsIndexTests:
         self.addCleanup(store.close)
         for i in range(30):
             room = RoomBuilder(room_id=f"!plan{i}:example.org")
-            await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE), room.join(BOB))])
+            await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE), room.join_rules(), room.join(BOB))])
         await store.get_rooms_for_user(BOB)
         if self.engine_name == "sqlite":
             plan = await store.db.run_interaction("plan", recent_plan_txn, store, BOB)
@@ -203,19 +203,19 @@ class RecentFloorTests:
         persist = store.persist_events
         # A long room, everything visible.
         long = RoomBuilder(room_id="!long:example.org")
-        events = [long.create(), long.join(ALICE), long.join(BOB)]
+        events = [long.create(), long.join(ALICE), long.join_rules(), long.join(BOB)]
         events += [long.message(ALICE, f"long {i}") for i in range(40)]
         await persist([long.to_persist(e) for e in events])
         # History "joined", Bob joins late: two messages and his join are his.
         late = RoomBuilder(room_id="!late:example.org")
-        events = [late.create(), late.join(ALICE), late.history_visibility("joined")]
+        events = [late.create(), late.join(ALICE), late.join_rules(), late.history_visibility("joined")]
         events += [late.message(ALICE, f"before {i}") for i in range(30)]
         events += [late.join(BOB), late.message(ALICE, "after 0"), late.message(ALICE, "after 1")]
         await persist([late.to_persist(e) for e in events])
         # History "joined", Bob leaves and comes back: what was sent while he
         # was away lies between his newest visible events and older ones.
         away = RoomBuilder(room_id="!away:example.org")
-        events = [away.create(), away.join(ALICE), away.history_visibility("joined"), away.join(BOB)]
+        events = [away.create(), away.join(ALICE), away.join_rules(), away.history_visibility("joined"), away.join(BOB)]
         events += [away.message(ALICE, f"there {i}") for i in range(4)]
         events += [away.member(BOB, "leave")]
         events += [away.message(ALICE, f"away {i}") for i in range(20)]
@@ -223,12 +223,12 @@ class RecentFloorTests:
         await persist([away.to_persist(e) for e in events])
         # Backfilled history: negative stream orderings, below the others.
         old = RoomBuilder(room_id="!old:example.org")
-        create, join_alice, join_bob = old.create(), old.join(ALICE), old.join(BOB)
+        create, join_alice, rules, join_bob = old.create(), old.join(ALICE), old.join_rules(), old.join(BOB)
         older = [old.message(ALICE, f"old {i}") for i in range(3)]
         newer = old.message(ALICE, "new")
         state = {("m.room.create", ""): create.event_id, ("m.room.member", ALICE): join_alice.event_id,
-                 ("m.room.member", BOB): join_bob.event_id}
-        await persist([old.to_persist(e) for e in (create, join_alice, join_bob)])
+                 ("m.room.join_rules", ""): rules.event_id, ("m.room.member", BOB): join_bob.event_id}
+        await persist([old.to_persist(e) for e in (create, join_alice, rules, join_bob)])
         await persist([old.to_persist(newer, state_before=state)])
         await persist([old.to_persist(e, backfilled=True, state_before=state) for e in reversed(older)])
 
@@ -245,7 +245,7 @@ class RecentFloorTests:
         # skips what was sent meanwhile.
         [(_, served)] = [(r, e) for r, e in (await store.recent(BOB, 10, 100)).rooms if r == late.room_id]
         self.assertEqual([e["content"].get("body") for e in served][-2:], ["after 0", "after 1"])
-        self.assertEqual(len(served), 3 + 3)  # create, Alice's join, the history visibility; his join, two after
+        self.assertEqual(len(served), 4 + 3)  # create, Alice's join, join rules, history visibility; his join, two after
         [(_, served)] = [(r, e) for r, e in (await store.recent(BOB, 10, 7)).rooms if r == away.room_id]
         bodies = [e["content"].get("body") for e in served]
         self.assertNotIn("away 0", bodies)

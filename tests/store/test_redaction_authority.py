@@ -19,7 +19,7 @@ MOD = "@mod:elsewhere.org"  # power 50
 class RedactionAuthorityTests:
     async def room(self, store, version: str = "12", levels: bool = True):
         room = RoomBuilder(room_id="!auth:example.org", version=version, creator=ALICE)
-        events = [room.create(), room.join(ALICE)]
+        events = [room.create(), room.join(ALICE), room.join_rules()]
         if levels:
             events.append(room.power_levels({ALICE: 100, MOD: 50}))
         events += [room.join(BOB), room.join(MOD)]
@@ -65,9 +65,11 @@ class RedactionAuthorityTests:
     async def test_the_redact_level_of_the_power_levels(self):
         store = await self.open_store()
         room = RoomBuilder(room_id="!auth:example.org", version="10", creator=ALICE)
-        levels = room.state("m.room.power_levels", "", {"users": {ALICE: 100, MOD: 50}, "redact": 75})
-        await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE), levels,
-                                                                 room.join(MOD), room.join(BOB))])
+        events = [room.create(), room.join(ALICE)]
+        events.append(room.state("m.room.power_levels", "", {"users": {ALICE: 100, MOD: 50}, "redact": 75}))
+        events += [room.join_rules(), room.join(MOD), room.join(BOB)]
+        results = await store.persist_events([room.to_persist(e) for e in events])
+        self.assertEqual([r.rejected_reason for r in results], [None] * len(events))
         self.assertFalse(await self.outcome(store, room, MOD, BOB))  # 50 < 75
         self.assertTrue(await self.outcome(store, room, ALICE, BOB))
 

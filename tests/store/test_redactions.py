@@ -32,7 +32,8 @@ def _signed_message(room: RoomBuilder, key, body: str) -> BuiltEvent:
     """A message signed the way servers sign PDUs: over the pruned event."""
     version = room.room_version
     event = {
-        "auth_events": [], "content": {"msgtype": "m.text", "body": body}, "depth": max(room.depth_of.values()) + 1,
+        "auth_events": room.auth_events_for("m.room.message", ALICE), "content": {"msgtype": "m.text", "body": body},
+        "depth": max(room.depth_of.values()) + 1,
         "origin": "example.org", "origin_server_ts": room.clock + 1000, "prev_events": list(room.leaves),
         "room_id": room.room_id, "sender": ALICE, "type": "m.room.message",
     }
@@ -40,11 +41,8 @@ def _signed_message(room: RoomBuilder, key, body: str) -> BuiltEvent:
     signed_pruned = sign_json(prune_event_dict(version, event), "example.org", key)
     event["signatures"] = signed_pruned["signatures"]
     event_id = compute_event_id(version, event)
-    built = BuiltEvent(event_id, json.dumps(event).encode("utf-8"), event)
-    room.depth_of[event_id] = event["depth"]
-    room.leaves = [event_id]
     room.clock += 1000
-    return built
+    return room.add_built(BuiltEvent(event_id, json.dumps(event).encode("utf-8"), event))
 
 
 @on_both_engines
@@ -88,7 +86,7 @@ class RedactionTests:
 
     async def start_room(self, store: RoomStore, version: str = "10", room_id: str = "!room:example.org") -> RoomBuilder:
         room = RoomBuilder(room_id=room_id, version=version)
-        await store.persist_events([room.to_persist(room.create()), room.to_persist(room.join(ALICE))])
+        await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE), room.join_rules())])
         return room
 
     # ------------------------------------------------------------------ flagging
@@ -341,7 +339,8 @@ def _odd_bytes(room: RoomBuilder) -> tuple[bytes, dict]:
     """A valid v10 PDU serialised unusually: keys in reverse order, odd
     whitespace, ``\\/`` and ``\\u00e9`` escapes and a ``\\u0000`` in content."""
     event = {
-        "auth_events": [], "content": {"msgtype": "m.text", "body": "caf\u00e9 a/b \u0000 end", "nested": {"z": 1, "a": [1, 2]}},
+        "auth_events": room.auth_events_for("m.room.message", ALICE),
+        "content": {"msgtype": "m.text", "body": "caf\u00e9 a/b \u0000 end", "nested": {"z": 1, "a": [1, 2]}},
         "depth": max(room.depth_of.values()) + 1, "origin": "example.org", "origin_server_ts": room.clock + 1000,
         "prev_events": list(room.leaves), "room_id": room.room_id, "sender": ALICE, "type": "m.room.message",
     }
@@ -378,7 +377,8 @@ class EventBytesTests:
         await store.persist_events([room.to_persist(room.create()), room.to_persist(room.join(ALICE))])
         key = generate_signing_key("a1")
         event = {
-            "auth_events": [], "content": {"msgtype": "m.text", "body": "signed \u00e9\u0000"},
+            "auth_events": room.auth_events_for("m.room.message", ALICE),
+            "content": {"msgtype": "m.text", "body": "signed \u00e9\u0000"},
             "depth": max(room.depth_of.values()) + 1, "origin": "example.org", "origin_server_ts": room.clock + 1000,
             "prev_events": list(room.leaves), "room_id": room.room_id, "sender": ALICE, "type": "m.room.message",
         }

@@ -4,6 +4,9 @@ memberships, bans) resolves to the same state whatever order its events are
 persisted in, and that state is the pure resolution's
 (``roomstore.resolution``, itself checked against Synapse's in
 tests/resolution), at every event and at the room's ends, on both engines.
+The events the rules forbid (a topic by a user without the power, a ban by
+one without it, an event citing a rejected one) are rejected as the pure
+rules reject them, event by event in a replay, whatever the order.
 
 Each example persists one history twice, into two rooms of one store: in the
 order it was built, one event a batch, and in a random topological order cut
@@ -20,6 +23,8 @@ from hypothesis import strategies as st
 
 from tests.db import on_both_engines
 from tests.hypothesis_examples import run_examples
+from roomstore.pdu.auth_rules import AuthError, auth_types_for_event, check_auth_events_shape, check_event_auth
+from roomstore.pdu.parsing import parse_pdu
 from tests.store.builder import RoomBuilder, pure_resolution
 
 ALICE, BOB, CAROL = "@alice:example.org", "@bob:example.org", "@carol:elsewhere.org"
@@ -36,6 +41,7 @@ def build_history(rng: random.Random, version: str, start_ts: int) -> RoomBuilde
     room.create()
     room.join(ALICE)
     room.power_levels({ALICE: 100, BOB: 50})
+    room.join_rules()
     room.join(BOB)
     room.join(CAROL)
     heads = list(room.leaves)
@@ -87,10 +93,17 @@ def topological_batches(rng: random.Random, room: RoomBuilder) -> list[list]:
     return batches
 
 
-def expected_states(room: RoomBuilder) -> tuple[dict, dict, dict]:
-    """(state before, state after each event, the room's ends' state) by the pure resolution."""
+def expected_states(room: RoomBuilder) -> tuple[dict, dict, dict, set]:
+    """(state before, state after each event, the room's ends' state, the
+    rejected events) by the pure auth rules and resolution, event by event
+    in built order, as the spec's checks of a PDU run: against its auth
+    events, then against the state before it; a rejected event changes no
+    state and is no end of the room."""
+    events = {e.event_id: parse_pdu(e.raw, room.room_version) for e in room.events}
+    version = room.room_version
     before: dict[str, dict] = {}
     after: dict[str, dict] = {}
+    rejected: set[str] = set()
     for built in room.events:
         states = [after[p] for p in prev_ids(built)]
         if not states:
@@ -98,33 +111,41 @@ def expected_states(room: RoomBuilder) -> tuple[dict, dict, dict]:
         elif all(s == states[0] for s in states[1:]):
             state = dict(states[0])
         else:
-            state = pure_resolution(room, states)
+            state = pure_resolution(room, states, rejected)
         before[built.event_id] = state
+        pdu = events[built.event_id]
+        try:
+            auth_state = check_auth_events_shape(version, pdu, events, rejected)
+            check_event_auth(version, pdu, auth_state)
+            keys = auth_types_for_event(version, pdu) | {("m.room.create", "")}
+            check_event_auth(version, pdu, {k: events[state[k]] for k in keys if k in state})
+        except AuthError:
+            rejected.add(built.event_id)
         state_key = built.event.get("state_key")
         after[built.event_id] = {**state, (built.event["type"], state_key): built.event_id} \
-            if state_key is not None else dict(state)
-    cited = {p for e in room.events for p in prev_ids(e)}
-    ends = [after[e.event_id] for e in room.events if e.event_id not in cited]
-    current = ends[0] if all(s == ends[0] for s in ends[1:]) else pure_resolution(room, ends)
-    return before, after, current
+            if state_key is not None and built.event_id not in rejected else dict(state)
+    cited = {p for e in room.events if e.event_id not in rejected for p in prev_ids(e)}
+    ends = [after[e.event_id] for e in room.events if e.event_id not in cited and e.event_id not in rejected]
+    current = ends[0] if all(s == ends[0] for s in ends[1:]) else pure_resolution(room, ends, rejected)
+    return before, after, current, rejected
 
 
 async def check_history(store, seed: int, version: str) -> None:
     rng = random.Random(seed)
     start_ts = 1_700_000_000_000 + next(_rooms) * 10_000_000
     room = build_history(rng, version, start_ts)
-    before, after, current = expected_states(room)
+    before, after, current, rejected = expected_states(room)
     # The built order, one event a batch.
     for built in room.events:
         await store.persist_events([room.to_persist(built)])
-    await assert_states(store, room, before, after, current)
+    await assert_states(store, room, before, after, current, rejected)
     # The same history (the same draws) rebuilt in a room of its own, whose
     # timestamps are all moved by one constant, persisted in another order.
     copy = build_history(random.Random(seed), version, start_ts + 5_000_000)
-    copy_before, copy_after, copy_current = expected_states(copy)
+    copy_before, copy_after, copy_current, copy_rejected = expected_states(copy)
     for batch in topological_batches(rng, copy):
         await store.persist_events([copy.to_persist(e) for e in batch])
-    await assert_states(store, copy, copy_before, copy_after, copy_current)
+    await assert_states(store, copy, copy_before, copy_after, copy_current, copy_rejected)
     # The same decisions in both rooms: event by event, mapped by position.
     position = {e.event_id: i for i, e in enumerate(room.events)}
     copy_position = {e.event_id: i for i, e in enumerate(copy.events)}
@@ -133,7 +154,10 @@ async def check_history(store, seed: int, version: str) -> None:
                 == {k: copy_position[v] for k, v in copy_after[copied.event_id].items()}), built.event_id
 
 
-async def assert_states(store, room, before, after, current) -> None:
+async def assert_states(store, room, before, after, current, rejected) -> None:
+    flags = await store.get_event_flags([e.event_id for e in room.events])
+    got_rejected = {event_id for event_id, f in flags.items() if f.rejected_reason is not None}
+    assert got_rejected == rejected, ("rejected", got_rejected, rejected)
     for built in room.events:
         got = await store.get_state_ids(built.event_id, before=True)
         assert got == before[built.event_id], ("before", built.event_id, got, before[built.event_id])

@@ -50,16 +50,17 @@ class RoomVersion12Tests:
         # The create event and the first event in one batch: the room ID's create is in the batch.
         await store.persist_events([room.to_persist(create), room.to_persist(join)])
         power = room.power_levels({ALICE: 100, CAROL: 100, BOB: 50})
+        rules = room.join_rules()
         visibility = room.history_visibility("shared")
         bob = room.join(BOB)
         message = room.message(BOB, "to be redacted")
         kept = room.message(ALICE, "kept")
         redaction = room.redact(ALICE, message.event_id)
         # Later batches: bare PDUs (no room version given), found from the stored room.
-        await store.persist_events([EventToPersist(e.raw) for e in (power, visibility, bob, message, kept)])
+        await store.persist_events([EventToPersist(e.raw) for e in (power, rules, visibility, bob, message, kept)])
         await store.persist_events([room.to_persist(redaction)])
-        names = dict(create=create, join=join, power=power, visibility=visibility, bob=bob, message=message,
-                     kept=kept, redaction=redaction)
+        names = dict(create=create, join=join, power=power, rules=rules, visibility=visibility, bob=bob,
+                     message=message, kept=kept, redaction=redaction)
         return room, names
 
     async def test_persisted_and_read_back(self):
@@ -79,7 +80,7 @@ class RoomVersion12Tests:
         state = await store.get_current_state_ids(room.room_id)
         self.assertEqual(state, {
             ("m.room.create", ""): create.event_id, ("m.room.member", ALICE): ev["join"].event_id,
-            ("m.room.power_levels", ""): ev["power"].event_id,
+            ("m.room.power_levels", ""): ev["power"].event_id, ("m.room.join_rules", ""): ev["rules"].event_id,
             ("m.room.history_visibility", ""): ev["visibility"].event_id, ("m.room.member", BOB): ev["bob"].event_id,
         })
         self.assertEqual(await store.get_state_ids(ev["join"].event_id, before=True),
@@ -111,9 +112,13 @@ class RoomVersion12Tests:
             ).fetchall())
 
         create_id = ev["create"].event_id
-        # As Synapse's event_auth rows (its auth_event_ids() adds the create event).
+        # As Synapse's event_auth rows (its auth_event_ids() adds the create
+        # event): the cited auth events and the implied create event.
         for name in ("join", "power", "message", "redaction"):
-            self.assertEqual(await store.db.run_interaction("edges", edges, ev[name].event_id), [create_id], name)
+            cited = ev[name].event["auth_events"]
+            self.assertNotIn(create_id, cited)
+            self.assertEqual(await store.db.run_interaction("edges", edges, ev[name].event_id),
+                             sorted({*cited, create_id}), name)
         self.assertEqual(await store.db.run_interaction("edges", edges, create_id), [])
 
     async def test_redaction_served_as_synapse_prunes(self):

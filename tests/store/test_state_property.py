@@ -39,7 +39,7 @@ from twisted.internet.threads import blockingCallFromThread
 
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
-from tests.store.builder import BuiltEvent, RoomBuilder, fake_event_id
+from tests.store.builder import BuiltEvent, RoomBuilder, UncheckedRoomBuilder, fake_event_id
 
 ALICE = "@alice:example.org"
 USERS = ["@bob:example.org", "@carol:example.org", "@dave:example.org"]
@@ -94,7 +94,7 @@ class Plan:
 
 
 def draw_plan(data: Any) -> Plan:
-    room = RoomBuilder(room_id=f"!prop{next(_rooms)}:example.org")
+    room = UncheckedRoomBuilder(room_id=f"!prop{next(_rooms)}:example.org")
     before: dict[str, StateMap] = {}
     after: dict[str, StateMap] = {}
     key_of: dict[str, tuple[str, str]] = {}

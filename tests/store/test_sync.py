@@ -38,7 +38,7 @@ class SyncHelpers:
 
     async def new_room(self, store, name: str, visibility: str = "shared") -> RoomBuilder:
         room = RoomBuilder(room_id=f"!{name}:example.org")
-        await self.persist(store, room, room.create(), room.join(ALICE), room.history_visibility(visibility))
+        await self.persist(store, room, room.create(), room.join(ALICE), room.join_rules(), room.history_visibility(visibility))
         return room
 
     async def settle(self, store) -> int:
@@ -181,7 +181,7 @@ class SyncTests(SyncHelpers):
         # Three of Bob's rooms change: one interaction, one statement.
         sent = {}
         for room in rooms[:3]:
-            sent[room.room_id] = [room.message(ALICE, "a"), room.message(CAROL, "b")]
+            sent[room.room_id] = [room.message(ALICE, "a"), room.message(BOB, "b")]
             await self.persist(store, room, *sent[room.room_id])
         queries, calls[:] = await self.settle(store), []
         result = await store.sync(BOB, token)
@@ -278,21 +278,21 @@ class SyncTests(SyncHelpers):
 
     async def test_tokens(self):
         store = await self.open_store()
-        room = await self.new_room(store, "r")  # stream 1..3
-        await self.persist(store, room, room.join(BOB))  # 4
-        m5, m6 = room.message(ALICE, "5"), room.message(ALICE, "6")
-        await self.persist(store, room, m5, m6)
+        room = await self.new_room(store, "r")  # stream 1..4
+        await self.persist(store, room, room.join(BOB))  # 5
+        m6, m7 = room.message(ALICE, "6"), room.message(ALICE, "7")
+        await self.persist(store, room, m6, m7)
         for bad in ("", "x1", "s", "s01", "s-1", "t1-1", "m2", "m2~1.1", 5):
             with self.assertRaises(InvalidToken, msg=repr(bad)):
                 await store.sync(BOB, bad)
         instance_id = await store.db.run_interaction(
             "id", lambda t: t.select_one_value("SELECT instance_id FROM instances WHERE instance_name = ?", ("master",))
         )
-        # The multi-writer form: this writer (by its instance id) at 5, any
-        # other writer at 2: only this writer's events after 5 are new.
-        result = await store.sync(BOB, f"m2~{instance_id}.5")
-        self.assertEqual(ids(result.rooms[room.room_id]), [m6.event_id])
-        self.assertEqual(result.next_token, "s6")
+        # The multi-writer form: this writer (by its instance id) at 6, any
+        # other writer at 2: only this writer's events after 6 are new.
+        result = await store.sync(BOB, f"m2~{instance_id}.6")
+        self.assertEqual(ids(result.rooms[room.room_id]), [m7.event_id])
+        self.assertEqual(result.next_token, "s7")
         with self.assertRaises(InvalidToken):
             await store.sync(BOB, f"m2~{instance_id + 100}.5")  # no such instance
         # A token ahead of the writer's own stream was never issued: a client
@@ -318,8 +318,8 @@ class MultiWriterSyncTests(SyncHelpers, DatabaseTestMixin, unittest.TestCase):
         w2 = await self.open_store(url, StoreConfig(instance_name="w2", stream_writers=writers))
         r1 = RoomBuilder(room_id="!r1:example.org")
         r2 = RoomBuilder(room_id="!r2:example.org")
-        await self.persist(w1, r1, r1.create(), r1.join(ALICE), r1.join(BOB))
-        await self.persist(w2, r2, r2.create(), r2.join(ALICE), r2.join(BOB))
+        await self.persist(w1, r1, r1.create(), r1.join(ALICE), r1.join_rules(), r1.join(BOB))
+        await self.persist(w2, r2, r2.create(), r2.join(ALICE), r2.join_rules(), r2.join(BOB))
 
         def replicate(results=()):
             # What replication does on w1 for w2's rows: change caches, then

@@ -7,7 +7,7 @@ import attrs
 from roomstore.events.tokens import InvalidToken
 from roomstore.store import RoomStore
 from tests.db import on_both_engines
-from tests.store.builder import RoomBuilder, fake_event_id
+from tests.store.builder import RoomBuilder, UncheckedRoomBuilder, fake_event_id
 
 ALICE = "@alice:example.org"
 BOB = "@bob:example.org"
@@ -51,7 +51,7 @@ class PaginationTests(TimelineHelpers):
                 keys[r.event_id] = (r.topological_ordering, r.stream_ordering)
             return results
 
-        await persist(room.create(), room.join(ALICE), room.join(BOB))
+        await persist(room.create(), room.join(ALICE), room.join_rules(), room.join(BOB))
         m = [room.message(ALICE, f"m{i}") for i in range(4)]
         await persist(*m)
         named["base"] = m[1]
@@ -178,7 +178,7 @@ class PaginationTests(TimelineHelpers):
         join, and "world_readable": every page, either way, with the window
         and without, is exactly the events ``is_visible`` accepts."""
         store = await self.open_store()
-        room = RoomBuilder(room_id="!gaps:example.org")
+        room = UncheckedRoomBuilder(room_id="!gaps:example.org")
         keys: dict[str, tuple[int, int]] = {}
 
         async def persist(*events, resolved=None, state_before=None):
@@ -303,7 +303,7 @@ class RecentTests(TimelineHelpers):
         rooms = []
         for i in range(count):
             room = RoomBuilder(room_id=f"!recent{i}:example.org")
-            await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE))])
+            await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE), room.join_rules())])
             rooms.append(room)
         return rooms
 
@@ -414,7 +414,7 @@ class RecentTests(TimelineHelpers):
         self.assertEqual(store.db.query_count - queries, 1)
         # The messages sent under "joined" before he joined are not his; what
         # came before the change is (shared history, and he joined after).
-        newest = [closed.events[1].event_id, hv.event_id, join.event_id, shown.event_id]
+        newest = [closed.events[2].event_id, hv.event_id, join.event_id, shown.event_id]
         self.assertEqual(result.rooms, [(closed.room_id, list((await store.get_events(newest)).values()))])
         # Alice sees the newest 4 of everything (the rejected event is not one).
         result = await store.recent(ALICE, 5, 4)

@@ -54,7 +54,7 @@ class PaginationPlanTests:
 
     async def test_a_page_walks_the_topological_index(self):
         room = RoomBuilder("!plan:example.org")
-        events = [room.create(), room.join(room.creator), room.join(VIEWER)]
+        events = [room.create(), room.join(room.creator), room.join_rules(), room.join(VIEWER)]
         events += [room.message(room.creator, f"m{i}") for i in range(2_000)]
         db, store = await self.store_with(room, events)
         if self.engine_name == "postgres":
@@ -96,7 +96,7 @@ class PaginationPlanTests:
         # the redacted event (redactions_redacts), not by walking the room's
         # events in stream order (a walk of the room per redacted event).
         room = RoomBuilder("!redacted-plan:example.org")
-        events = [room.create(), room.join(room.creator), room.join(VIEWER)]
+        events = [room.create(), room.join(room.creator), room.join_rules(), room.join(VIEWER)]
         for i in range(300):
             message = room.message(room.creator, f"m{i}")
             events += [message, room.redact(room.creator, message.event_id)]

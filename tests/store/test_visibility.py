@@ -29,7 +29,7 @@ from twisted.internet.threads import blockingCallFromThread
 from roomstore.store import RoomStore
 from roomstore.visibility.rules import is_event_visible
 from tests.db import on_both_engines
-from tests.store.builder import BuiltEvent, RoomBuilder
+from tests.store.builder import BuiltEvent, RoomBuilder, UncheckedRoomBuilder
 
 ALICE = "@alice:example.org"
 MEMBERS = ["@bob:example.org", "@carol:example.org", "@dave:example.org"]
@@ -61,7 +61,7 @@ def _merge(states: list[StateMap]) -> tuple[StateMap, bool]:
 
 
 def draw_history(data: Any) -> History:
-    room = RoomBuilder(room_id=f"!vis{next(_rooms)}:example.org")
+    room = UncheckedRoomBuilder(room_id=f"!vis{next(_rooms)}:example.org")
     after: dict[str, StateMap] = {}
     order: list[str] = []
     has_child: set[str] = set()
@@ -274,7 +274,8 @@ class VisibilityStorageTests:
         self.addCleanup(store.close)
         room = RoomBuilder(room_id="!big:example.org")
         members = [ALICE] + [f"@user{i}:example.org" for i in range(1999)]
-        batch = [room.create(), room.history_visibility("joined")] + [room.join(user) for user in members]
+        batch = [room.create(), room.join(ALICE), room.join_rules(), room.history_visibility("joined")]
+        batch += [room.join(user) for user in members[1:]]
         await store.persist_events([room.to_persist(e) for e in batch])
         self.assertEqual(len(await store.get_users_in_room(room.room_id)), 2000)
 

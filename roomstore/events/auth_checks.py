@@ -1,0 +1,132 @@
+"""The authorization checks every event gets as it is written: the spec's
+"checks performed on receipt of a PDU" 4 and 5 (server-server API):
+
+1. against its own ``auth_events`` (``check_auth_events_shape`` then
+   ``check_event_auth``): the events it cites are the ones the rules select,
+   known, in its room and not rejected, and they allow it;
+2. against the state before it (for graph events; an outlier has no state):
+   the state's events of the same keys allow it.
+
+An event failing either is stored rejected with the rule it broke as its
+``rejected_reason``: kept, never served, never a forward extremity, never
+part of state (``roomstore.events.persist``). An event an earlier event of
+the batch depends on is checked first (the batch is in prev-event order, and
+an auth event is a prev event's ancestor or stored before).
+
+An outlier citing auth events the store does not hold is stored unchecked:
+it is an out-of-band membership event (an invite or knock from a room this
+server is not in), whose room's events are elsewhere, as Synapse stores
+them; an outlier is never served in a timeline.
+
+Events whose ``auth_checked`` flag says their source checked them, and
+events the caller already marked rejected, are taken as given.
+
+Most events cite exactly the state before them: then the second check
+reads the same events as the first and its answer is the same, so it is
+skipped (``_same_events``). The state's events are read only where they
+differ (a fork, or an event citing stale auth events).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+
+from roomstore.events.batch import PreparedEvent
+from roomstore.pdu.auth_common import AuthError
+from roomstore.pdu.auth_rules import auth_types_for_event, check_auth_events_shape, check_event_auth
+from roomstore.pdu.parsing import ParsedPdu
+
+CREATE = ("m.room.create", "")
+
+
+def prefetch_auth_events(w: Any, new_events: list[PreparedEvent]) -> None:
+    """Read every stored auth event the batch's events cite, in one go, so
+    that the checks below find them in the write's event source."""
+    wanted = {a for ev in new_events if _to_check(ev) for a in ev.pdu.auth_chain_event_ids}
+    if wanted:
+        w.event_source.get_events(wanted - w.pending_events.keys())
+
+
+def checked_event(w: Any, index: int, ev: PreparedEvent, new_events: list[PreparedEvent],
+                  group_before: int | None) -> PreparedEvent:
+    """``ev`` (``new_events[index]``) after the checks: itself, or where they
+    reject it a copy with its ``rejected_reason``, put in its place in
+    ``new_events`` and the batch's events, which the write's later steps read."""
+    reason = rejection_of(w, ev, group_before)
+    if reason == ev.rejected_reason:
+        return ev
+    ev = attrs.evolve(ev, rejected_reason=reason)
+    new_events[index] = w.pending_events[ev.event_id] = ev
+    return ev
+
+
+def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None) -> str | None:
+    """Why ``ev`` is rejected (its ``rejected_reason``), or None when the
+    rules allow it. ``w``: the batch writer (``roomstore.events.persist``);
+    ``group_before``: the state group before a graph event (None for an
+    outlier, or the room's first event)."""
+    if not _to_check(ev):
+        return ev.rejected_reason
+    pdu = ev.pdu
+    version = pdu.room_version
+    try:
+        if pdu.is_create:
+            check_event_auth(version, pdu, {})
+            return None
+        cited_ids = pdu.auth_chain_event_ids
+        source = w.event_source
+        cited = source.get_events(cited_ids)
+        if ev.outlier and len(cited) < len(set(cited_ids)):
+            return None  # out-of-band: its room's events are elsewhere (see the module docstring)
+        auth_state = check_auth_events_shape(version, pdu, cited, source.rejected(cited_ids))
+        check_event_auth(version, pdu, auth_state)
+        if ev.outlier:
+            return None
+        state_auth = _state_auth_entries(w, pdu, group_before)
+        if _same_events(w, auth_state, state_auth):
+            return None
+        check_event_auth(version, pdu, _state_events(w, state_auth))
+    except AuthError as exc:
+        return f"auth: {exc}"
+    return None
+
+
+def _to_check(ev: PreparedEvent) -> bool:
+    return ev.rejected_reason is None and not ev.auth_checked
+
+
+def _state_auth_entries(w: Any, pdu: ParsedPdu, group_before: int | None) -> dict[tuple[str, str], int]:
+    """The state before ``pdu`` at the keys the rules read for it: key ->
+    event nid (the create event always, as the rules need it)."""
+    keys = auth_types_for_event(pdu.room_version, pdu) | {CREATE}
+    w.intern_keys(keys)
+    key_nids = {w.key_nids[key]: key for key in keys}
+    if group_before is None:
+        return {}
+    pending = w.pending.get(group_before)
+    if pending is not None:  # a group of this batch: its state is at hand
+        found = {k: pending.state[k] for k in key_nids if k in pending.state}
+    else:
+        found = w.p.state_groups.get_state_filtered(w.txn, group_before, key_nids)
+    return {key_nids[k]: event_nid for k, event_nid in found.items()}
+
+
+def _same_events(w: Any, auth_state: Mapping[tuple[str, str], ParsedPdu], state_auth: Mapping[tuple, int]) -> bool:
+    """Whether the state's entries are exactly the cited auth events."""
+    if len(auth_state) != len(state_auth):
+        return False
+    nids = w.event_nids
+    for key, event_nid in state_auth.items():
+        cited = auth_state.get(key)
+        if cited is None or nids.get(cited.event_id) != event_nid:
+            return False
+    return True
+
+
+def _state_events(w: Any, state_auth: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], ParsedPdu]:
+    """The state's auth entries as parsed events, for ``check_event_auth``."""
+    names = w.p.interners.events.resolve(w.txn, list(set(state_auth.values())))
+    events = w.event_source.get_events(names.values())
+    return {key: events[names[nid]] for key, nid in state_auth.items() if names.get(nid) in events}
