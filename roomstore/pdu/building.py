@@ -161,6 +161,13 @@ def build_event(
     _check_int("origin_server_ts", origin_server_ts)
     if not isinstance(content, Mapping):
         raise EventBuildError(f"content must be a JSON object (a mapping), got {_kind(content)}", "content")
+    if is_create and content.get("room_version", "1") != version.identifier:
+        # The spec's default is "1"; the store files the room under the version it is given.
+        raise EventBuildError(
+            f"content.room_version {content.get('room_version', '1 (by default)')!r} of a create event built "
+            f"as room version {version.identifier}", "content")
+    if unsigned is not None and not isinstance(unsigned, Mapping):
+        raise EventBuildError(f"unsigned must be a JSON object (a mapping), got {_kind(unsigned)}", "unsigned")
     key_id = _key_id(signing_key)
 
     event: dict[str, Any] = {
@@ -198,8 +205,6 @@ def build_event(
     signed = sign_json(prune_event_dict(version, event), server, signing_key)
     event["signatures"] = {server: {key_id: signed["signatures"][server][key_id]}}
     if unsigned is not None:
-        if not isinstance(unsigned, Mapping):
-            raise EventBuildError(f"unsigned must be a JSON object (a mapping), got {_kind(unsigned)}", "unsigned")
         event["unsigned"] = copy_json(unsigned)
 
     raw = canonical_json(event)

@@ -259,6 +259,12 @@ class BuildErrorTests(unittest.TestCase):
         self.refused("unsigned must be a JSON object", unsigned="x")
         self.refused("signing_key must be a signedjson signing key", signing_key="secret")
         self.refused("origin must be a string", origin=1)
+        create = dict(type="m.room.create", state_key="")
+        self.refused("content.room_version '11' of a create event built as room version 10",
+                     content={"room_version": "11"}, **create)
+        self.refused(r"content.room_version '1 \(by default\)' of a create event built as room version 10",
+                     content={}, **create)
+        self.assertEqual(self.build("1", content={}, **create).event["content"], {})
 
     def test_what_the_parser_refuses(self):
         # Checks past the builder's own are parse_pdu's, as for any PDU the store is given.
