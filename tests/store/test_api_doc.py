@@ -1,4 +1,4 @@
-"""The embedding example in docs/api.md runs as written, on both engines."""
+"""The examples of docs/api.md (embedding, building events) run as written, on both engines."""
 
 from __future__ import annotations
 
@@ -9,12 +9,23 @@ import subprocess
 import sys
 import tempfile
 
+from signedjson.key import decode_signing_key_base64, encode_verify_key_base64, get_verify_key
 from twisted.internet import threads
+from twisted.trial import unittest
 
+from roomstore.events.persist import EventToPersist
+from roomstore.pdu import build_event
+from roomstore.pdu.parsing import parse_pdu
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
+from roomstore.pdu.signatures import VerifyKeys, signatures_checked
+from roomstore.store import RoomStore
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "api.md")
+#: The seed of the key docs/create-event.json is signed with (``ed25519:a`` of example.org; docs/api.md names its
+#: verify key): sha256 of "docs/create-event.json", in unpadded base64.
+CREATE_EVENT_KEY_SEED = "oa8Z70V7AZACf6q3O7YkitKppOv2d4k/GKi16DwPGhY"
 
 
 def python_blocks(heading: str) -> list[str]:
@@ -38,6 +49,26 @@ def run_program(source: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=120,
                           cwd=directory)
+
+
+class EventFileTests(unittest.TestCase):
+    def test_the_documented_event_file_is_what_build_event_makes(self):
+        # Its signature is real: it verifies with the verify key docs/api.md names, and the file is
+        # build_event's output (canonical JSON) with the key of that seed.
+        text = open(DOC, encoding="utf-8").read()
+        [verify_key] = re.findall(r"key `ed25519:a`, whose verify key is\s+`([A-Za-z0-9+/]{43})`", text)
+        key = decode_signing_key_base64("ed25519", "a", CREATE_EVENT_KEY_SEED)
+        self.assertEqual(encode_verify_key_base64(get_verify_key(key)), verify_key)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        with open(os.path.join(root, "docs", "create-event.json"), "rb") as handle:
+            raw = handle.read()
+        built = build_event("10", room_id="!example:example.org", sender="@alice:example.org",
+                            type="m.room.create", state_key="",
+                            content={"creator": "@alice:example.org", "room_version": "10"}, prev_events=[],
+                            auth_events=[], depth=1, origin_server_ts=1_700_000_001_000, signing_key=key)
+        self.assertEqual(raw, built.raw + b"\n")
+        keys = VerifyKeys.from_json({"example.org": {"ed25519:a": verify_key}})
+        self.assertTrue(signatures_checked(parse_pdu(raw.strip(), get_room_version("10")), keys))
 
 
 @on_both_engines
@@ -98,6 +129,44 @@ class ApiDocTests:
         self.assertEqual(event["content"], created["content"])
         self.assertEqual(event["event_id"], compute_event_id(get_room_version("10"), created))
         self.assertEqual(created["hashes"]["sha256"], compute_content_hash(created))  # a valid event to try
+
+    async def test_building_a_v12_room(self):
+        source, _ = python_blocks("## Building events")
+        namespace: dict = {}
+        exec(compile(source, "docs/api.md", "exec"), namespace)
+        url = self.new_database_url()
+        results = await namespace["new_room"](url)
+        self.assertEqual(len(results), 3)
+        create_id = results[0].event_id
+        for result in results:
+            self.assertEqual(result.room_id, "!" + create_id[1:])
+            self.assertTrue(result.signatures_checked)
+            self.assertFalse(result.content_hash_mismatch or result.already_persisted)
+        store = await RoomStore.open(url)
+        self.addCleanup(store.close)
+        self.assertEqual(await store.get_room_version(results[0].room_id), "12")
+        hello = await store.get_event(results[2].event_id)
+        self.assertEqual(hello["content"]["body"], "hello")
+        self.assertEqual(await store.get_users_in_room(results[0].room_id), ["@alice:example.org"])
+
+    async def test_building_every_room_version(self):
+        _, source = python_blocks("## Building events")
+        namespace: dict = {}
+        exec(compile(source, "docs/api.md", "exec"), namespace)
+        key = decode_signing_key_base64("ed25519", "k", CREATE_EVENT_KEY_SEED)
+        keys = VerifyKeys.from_json({"example.org": {"ed25519:k": encode_verify_key_base64(get_verify_key(key))}})
+        store = await RoomStore.open(self.new_database_url())
+        self.addCleanup(store.close)
+        for version in KNOWN_ROOM_VERSIONS:
+            create, join, hello, redaction = namespace["first_events"](version, key, f"!v{version}:example.org")
+            results = await store.persist_events(
+                [EventToPersist(e.raw, version) for e in (create, join, hello, redaction)], verify_keys=keys)
+            self.assertEqual([r.event_id for r in results], [e.event_id for e in (create, join, hello, redaction)])
+            self.assertTrue(all(r.signatures_checked and not r.content_hash_mismatch for r in results), version)
+            served = await store.get_event(hello.event_id)
+            self.assertEqual(served["content"], {}, version)  # its sender redacted it: authorised
+            self.assertEqual(served["unsigned"]["redacted_because"]["event_id"], redaction.event_id, version)
+            self.assertEqual(await store.get_room_version(create.room_id), version)
 
     async def test_asyncio_program_runs(self):
         [program] = python_blocks("## Embedding under asyncio")
