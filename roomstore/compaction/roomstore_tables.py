@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from roomstore.compaction import sql
-from roomstore.compaction.chunks import StagedChunk
+from roomstore.compaction.chunks import ChunkResult, StagedChunk
 from roomstore.compaction.tables import ChunkKey, Convert, StateTables
 from roomstore.state.group_tables import full_state_sql
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME
@@ -98,8 +98,6 @@ class RoomstoreTables(StateTables):
     # -- staging and the swap ------------------------------------------------
 
     def staged_chunk(self, row: Any, room_nid: int) -> StagedChunk:
-        from roomstore.compaction.job.executor import ChunkResult
-
         chunk = ChunkResult(
             first_group=row["first_group"], last_group=row["last_group"], state_groups=row["state_groups"],
             rows_before=row["rows_before"], rows_after=row["rows_after"], rewritten=row["rewritten"],
