@@ -163,7 +163,7 @@ def read_room_chunks(
     need: Dict[int, List[int]] = {}
     for _, chunk, prev in links:
         need.setdefault(chunk, []).append(prev)
-    states: Dict[int, List[Tuple[int, int, int]]] = {}
+    states: Dict[int, List[Tuple[int, int]]] = {}
     all_prevs = sorted({p for prevs in need.values() for p in prevs})
     if all_prevs:
         for g, k, e in db.query(full_state_sql(all_prevs)):

@@ -197,7 +197,8 @@ class SynapseTables(StateTables):
         )
 
     def stage(self, db: Any, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
-        key = tuple(int(k) for k in key)
+        run_id, room_nid, first_group = key
+        key = (int(run_id), int(room_nid), int(first_group))
         # Kept groups that are an old or new predecessor of a rewritten one
         # are staged with rewrite = 2: the swap re-counts their rows.
         bases = {p for _, op, _, _, np_, _, rw in chunk.groups if rw for p in (op, np_) if p is not None}

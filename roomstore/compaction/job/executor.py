@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from roomstore.compaction import (
     DEFAULT_LEVELS,
     DEFAULT_WINDOW,
+    PlanEntry,
     StateGroupEntry,
     StreamingCompactor,
     verify,
@@ -273,7 +274,7 @@ class RoomCompactor:
         return parsed
 
     def _new_position(
-        self, planned: StateGroupEntry, missing: Mapping[int, Any], old_prev: int, old_chain: int, out: "_EncodedChunk"
+        self, planned: PlanEntry, missing: Mapping[int, Any], old_prev: int, old_chain: int, out: "_EncodedChunk"
     ) -> Tuple[int, int, bool]:
         """``(new prev or -1, new chain length, rewrite?)`` of a planned group;
         its depth noted in ``out``."""
@@ -294,7 +295,7 @@ class RoomCompactor:
         out.max_depth = max(out.max_depth, depth)
         return (-1 if planned.prev_group is None else planned.prev_group), depth, planned.changed
 
-    def _encode_rewrite(self, planned: StateGroupEntry, chunk_ids: set, out: "_EncodedChunk") -> None:
+    def _encode_rewrite(self, planned: PlanEntry, chunk_ids: set, out: "_EncodedChunk") -> None:
         """A rewritten group's new delta rows (and the group outside the chunk it builds on)."""
         gid = planned.group_id
         out.rewritten += 1
@@ -444,7 +445,7 @@ def _result_row(room_nid: int, r: ChunkResult, is_last: bool) -> Dict[str, Any]:
 
 
 def _error_row(room_nid: int, detail: str) -> Dict[str, Any]:
-    row = {name: 0 for name in _OUTPUT_FIELDS}
+    row: Dict[str, Any] = {name: 0 for name in _OUTPUT_FIELDS}
     row.update(room_nid=room_nid, first_group=-1, last_group=-1, is_last=True, status="error", detail=detail,
                groups_blob=b"", refs_blob=b"", deltas_blob=b"")
     return row
