@@ -16,7 +16,7 @@ import numpy as np
 
 from roomstore.compaction import sql
 from roomstore.compaction.chunks import ChunkResult, StagedChunk
-from roomstore.compaction.tables import ChunkKey, Convert, StateTables
+from roomstore.compaction.tables import ChunkKey, Convert, StateTables, boundary_rows
 from roomstore.state.group_tables import full_state_sql
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME
 from roomstore.storage.schema import SCHEMA_VERSION, SchemaTooNewError
@@ -73,18 +73,11 @@ class RoomstoreTables(StateTables):
             "prev_state_group", "chain_length", "type_key_nid", "event_nid",
         )
         if boundary_ids:
-            placed = spark.createDataFrame(list(needs), "room_nid long, sort_id long, boundary_group long")
-            schema = "boundary_group LONG, type_key_nid LONG, event_nid LONG"
-            states = None
-            for start in range(0, len(boundary_ids), 2000):
-                part = source.read(spark, f"({full_state_sql(boundary_ids[start:start + 2000])}) AS boundary", schema)
-                states = part if states is None else states.unionByName(part)
-            boundary_rows = placed.join(states, "boundary_group").select(
-                "room_nid", "sort_id", F.lit(0).cast("long").alias("kind"), F.col("boundary_group").alias("state_group"),
-                F.lit(None).cast("long").alias("prev_state_group"), F.lit(None).cast("long").alias("chain_length"),
-                "type_key_nid", "event_nid",
+            boundary = boundary_rows(
+                spark, source, needs, boundary_ids, full_state_sql,
+                "boundary_group LONG, type_key_nid LONG, event_nid LONG", _COLUMNS,
             )
-            rows = rows.select(*_COLUMNS).unionByName(boundary_rows.select(*_COLUMNS))
+            rows = rows.select(*_COLUMNS).unionByName(boundary)
         return rows
 
     def sort_columns(self) -> Sequence[str]:

@@ -16,7 +16,7 @@ import attrs
 
 from roomstore.compaction import synapse_sql as sql
 from roomstore.compaction.chunks import StagedChunk
-from roomstore.compaction.tables import ChunkKey, Convert, StateTables, add_step_time
+from roomstore.compaction.tables import ChunkKey, Convert, StateTables, add_step_time, boundary_rows
 
 LOCK_NAME = "state_compaction"
 _COLUMNS = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id", "row_checksum"]
@@ -124,18 +124,11 @@ class SynapseTables(StateTables):
             "prev_state_group", "type", "state_key", "event_id", "row_checksum",
         )
         if boundary_ids:
-            placed = spark.createDataFrame(list(needs), "room_nid long, sort_id long, boundary_group long")
-            schema = "boundary_group LONG, type STRING, state_key STRING, event_id STRING"
-            states = None
-            for start in range(0, len(boundary_ids), 2000):
-                part = source.read(spark, f"({sql.full_states(boundary_ids[start:start + 2000])}) AS boundary", schema)
-                states = part if states is None else states.unionByName(part)
-            boundary_rows = placed.join(states, "boundary_group").select(
-                "room_nid", "sort_id", F.lit(0).cast("long").alias("kind"), F.col("boundary_group").alias("state_group"),
-                F.lit(None).cast("long").alias("prev_state_group"), "type", "state_key", "event_id",
-                F.lit(None).cast("long").alias("row_checksum"),
+            boundary = boundary_rows(
+                spark, source, needs, boundary_ids, sql.full_states,
+                "boundary_group LONG, type STRING, state_key STRING, event_id STRING", _COLUMNS,
             )
-            out = out.select(*_COLUMNS).unionByName(boundary_rows.select(*_COLUMNS))
+            out = out.select(*_COLUMNS).unionByName(boundary)
         return out
 
     def room_sizes(self, db, snapshot_max, where):

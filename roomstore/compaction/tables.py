@@ -130,6 +130,42 @@ class StateTables:
         raise NotImplementedError
 
 
+#: Boundary groups per statement of :func:`boundary_rows` (their ids are inlined in its SQL).
+BOUNDARY_GROUPS_PER_READ = 2000
+
+
+def boundary_rows(
+    spark: Any, source: Any, needs: Sequence[Tuple[int, int, int]], boundary_ids: Sequence[int],
+    states_sql: Callable[[Sequence[int]], str], states_schema: str, columns: Sequence[str],
+) -> Any:
+    """The boundary-state rows (``kind`` 0) of a layout's input frame, in ``columns`` order: every
+    chunk that needs a boundary group's state (``needs``: room, sort id, boundary group) gets the
+    group's full state. ``states_sql(ids)`` is the layout's statement of the full states of ``ids``
+    (``boundary_group`` and the state's own columns, as ``states_schema`` declares them), read over
+    JDBC a slice of ids at a time; columns the state has not (the group's own, such as
+    ``prev_state_group``) are NULL. Written once: the layouts differ only in the statement."""
+    from pyspark.sql import functions as F
+
+    placed = spark.createDataFrame(list(needs), "room_nid long, sort_id long, boundary_group long")
+    states = None
+    for start in range(0, len(boundary_ids), BOUNDARY_GROUPS_PER_READ):
+        ids = boundary_ids[start:start + BOUNDARY_GROUPS_PER_READ]
+        part = source.read(spark, f"({states_sql(ids)}) AS boundary", states_schema)
+        states = part if states is None else states.unionByName(part)
+    if states is None:
+        raise ValueError("no boundary groups")
+    state_columns = set(states.columns) - {"boundary_group"}
+    placed_columns = {
+        "room_nid": F.col("room_nid"), "sort_id": F.col("sort_id"), "kind": F.lit(0).cast("long"),
+        "state_group": F.col("boundary_group"),
+    }
+    return placed.join(states, "boundary_group").select(*[
+        (placed_columns[c] if c in placed_columns else F.col(c) if c in state_columns else F.lit(None).cast("long"))
+        .alias(c)
+        for c in columns
+    ])
+
+
 def add_step_time(times: Dict[str, float], name: str, since: float) -> float:
     """Account the seconds since ``since`` (``time.monotonic()``) to
     ``times[name]`` (a run summary's ``timings_s``); returns now."""
