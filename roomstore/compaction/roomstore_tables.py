@@ -10,13 +10,23 @@ full state of a group).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from roomstore.compaction import sql
 from roomstore.compaction.chunks import ChunkResult, StagedChunk
-from roomstore.compaction.tables import ChunkKey, Convert, StateTables, boundary_rows
+from roomstore.compaction.job.reading import JdbcSource
+from roomstore.compaction.tables import (
+    BoundaryNeed,
+    Changed,
+    ChunkKey,
+    Convert,
+    JobDatabase,
+    RoomSize,
+    StateTables,
+    boundary_rows,
+)
 from roomstore.state.group_tables import full_state_sql
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME
 from roomstore.storage.schema import SCHEMA_VERSION, SchemaTooNewError
@@ -34,11 +44,17 @@ class SchemaTooOldError(RuntimeError):
 
 
 class RoomstoreTables(StateTables):
+    """roomstore's own tables; the job's tables are part of the store's schema (version 2)."""
+
     layout = "roomstore"
-    statements = sql
+    statements = sql.STATEMENTS
     lock_name = LOCK_NAME
 
-    def check_schema(self, db: Any) -> int:
+    def __init__(self) -> None:
+        #: No step of the swap is timed apart: the writer's timings say it all.
+        self.step_times: Dict[str, float] = {}
+
+    def check_schema(self, db: JobDatabase) -> int:
         """The schema version; raises :class:`SchemaTooOldError` below 2,
         :class:`SchemaTooNewError` above the version this code knows (a newer
         schema may keep more about the rows this job rewrites)."""
@@ -56,9 +72,26 @@ class RoomstoreTables(StateTables):
             )
         return version
 
+    def prepare(self, db: JobDatabase, dry_run: bool) -> None:
+        """Nothing: the job's tables are in the store's schema."""
+
+    def incremental_condition(self, db: JobDatabase) -> str:
+        """No condition: every run reads every selected room."""
+        return ""
+
+    def skipped_at_start(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
+        """Nothing counted: the summary's "left alone" figures are the Synapse layout's."""
+        return {}
+
+    def skipped_at_end(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
+        return {}
+
     # -- Spark ---------------------------------------------------------------
 
-    def input_rows(self, spark, source, snapshot_max, where, partition, needs, boundary_ids):
+    def input_rows(
+        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partition: Tuple[int, int, int],
+        needs: Sequence[BoundaryNeed], boundary_ids: Sequence[int],
+    ) -> Any:
         from pyspark.sql import functions as F
 
         groups = source.read(
@@ -80,10 +113,20 @@ class RoomstoreTables(StateTables):
             rows = rows.select(*_COLUMNS).unionByName(boundary)
         return rows
 
+    def room_sizes(self, db: JobDatabase, snapshot_max: int, where: str) -> Optional[List[RoomSize]]:
+        """None: the rows are shuffled by room (:meth:`input_rows`), no ordered read."""
+        return None
+
+    def ordered_input(
+        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partitions: int,
+        needs: Sequence[BoundaryNeed], sizes: Sequence[RoomSize],
+    ) -> List[Callable[[], Any]]:
+        raise NotImplementedError("roomstore's tables have no ordered read (room_sizes is None)")
+
     def sort_columns(self) -> Sequence[str]:
         return ("room_nid", "sort_id", "kind", "state_group", "type_key_nid")
 
-    def room_function(self, config: Mapping[str, Any]):
+    def room_function(self, config: Mapping[str, Any]) -> Callable[..., Any]:
         from roomstore.compaction.job.executor import make_room_function
 
         return make_room_function(config)
@@ -102,7 +145,7 @@ class RoomstoreTables(StateTables):
         )
         return chunk.to_staged(room_nid)
 
-    def stage(self, db: Any, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
+    def stage(self, db: JobDatabase, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
         group_rows = [key + (g[0], 0) + tuple(g[1:]) for g in chunk.groups]
         group_rows += [key + (ref, 1, None, 0, 0, None, 0, 0) for ref in chunk.refs]
         delta_rows = [key + tuple(d) for d in chunk.deltas]
@@ -110,7 +153,9 @@ class RoomstoreTables(StateTables):
         db.engine.bulk_insert(cur, sql.STAGED_GROUPS, sql.STAGED_GROUP_COLUMNS, group_rows, lambda v: str(int(v)))
         db.engine.bulk_insert(cur, sql.STAGED_DELTAS, sql.STAGED_DELTA_COLUMNS, delta_rows, lambda v: str(int(v)))
 
-    def swap(self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool) -> Tuple[Any, int, int]:
+    def swap(
+        self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool
+    ) -> Tuple[Optional[Changed], int, int]:
         # 2. Row-lock the chunk's groups and the groups it builds on, so a
         # concurrent deletion either finishes first (and the re-check below
         # sees it) or waits for this swap. SQLite: BEGIN IMMEDIATE already

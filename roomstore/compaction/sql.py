@@ -1,4 +1,4 @@
-"""The statements the compaction job runs on roomstore's tables, by name.
+"""The statements the compaction job runs on roomstore's tables.
 
 The job's own tables (``state_compaction_runs``, ``_rooms``, ``_chunks`` and
 the two staging tables) are written here; the state tables' statements are
@@ -10,9 +10,10 @@ owner's :func:`~roomstore.state.group_tables.full_state_sql`. Statements use
 ``?`` placeholders (the engine converts them).
 
 Who runs them: :mod:`roomstore.compaction.writer` (the lock, the run's
-bookkeeping, staging and the swap), :mod:`roomstore.compaction.job.reading`
-and the driver (the reads, some over Spark's JDBC), by the names the
-Synapse layout's :mod:`roomstore.compaction.synapse_sql` shares.
+bookkeeping, the planning reads: :data:`STATEMENTS`, the record the Synapse
+layout's :mod:`roomstore.compaction.synapse_sql` fills too), and
+:mod:`roomstore.compaction.roomstore_tables` (staging, the swap, the reads
+over Spark's JDBC).
 
 ``where`` arguments are conditions on the ``state_groups`` row (a room
 selection built by the driver from integers; Spark's JDBC reads take no bound
@@ -22,11 +23,12 @@ parameters, so those statements inline integers too).
 from __future__ import annotations
 
 from roomstore.compaction import plan_sql
+from roomstore.compaction.tables import JobStatements
 from roomstore.compaction.chunks import CHECKSUM_SQL
 from roomstore.state import group_tables as groups
 from roomstore.state.group_tables import MAX_STATE_GROUP, ROOM_DELTAS, ROOM_GROUPS, jdbc_deltas, jdbc_groups  # noqa: F401
 from roomstore.storage.interning import room_ids_and_nids_sql, room_ids_of_sql
-from roomstore.storage.maintenance_locks import (  # noqa: F401 (run by name: see compaction/tables.py)
+from roomstore.storage.maintenance_locks import (
     LOCK_HEARTBEAT,
     LOCK_INSERT,
     LOCK_RELEASE,
@@ -169,3 +171,37 @@ SWAP_UPDATE_CHAIN_LENGTHS = groups.set_chain_lengths_from(_STAGED_AS, _STAGED_KE
 #: chain_length of descendants outside the chunk (later chunks, groups
 #: persisted after snapshot_max) follows their predecessor's new length (key, key).
 SWAP_FIX_CHAIN_LENGTHS = groups.fix_chain_lengths(f"{_STAGED} AND is_ref = 0", _STAGED)
+
+
+# ---------------------------------------------------------------------------
+# the writer's record of the statements above
+
+#: What :class:`~roomstore.compaction.writer.CompactionWriter` runs on this layout (by step, typed).
+STATEMENTS = JobStatements(
+    max_state_group=MAX_STATE_GROUP,
+    group_bounds=group_bounds,
+    count_rooms=count_rooms,
+    chunk_starts=chunk_starts,
+    chunk_links=chunk_links,
+    room_nids=room_nids,
+    room_ids_where=room_ids_where,
+    rooms_not_done=rooms_not_done,
+    largest_rooms=LARGEST_ROOMS,
+    lock_select=LOCK_SELECT,
+    lock_insert=LOCK_INSERT,
+    lock_take=LOCK_TAKE,
+    lock_heartbeat=LOCK_HEARTBEAT,
+    lock_release=LOCK_RELEASE,
+    lock_release_hint=LOCK_RELEASE_HINT,
+    run_unfinished=RUN_UNFINISHED,
+    run_insert=RUN_INSERT,
+    run_take_over=RUN_TAKE_OVER,
+    run_finish=RUN_FINISH,
+    run_rooms=RUN_ROOMS,
+    run_rooms_gone=RUN_ROOMS_GONE,
+    run_chunks=RUN_CHUNKS,
+    room_insert=ROOM_INSERT,
+    chunk_upsert=CHUNK_UPSERT,
+    delete_staging=delete_staging,
+    analyze_staging=ANALYZE_STAGING,
+)

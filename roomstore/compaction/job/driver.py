@@ -86,9 +86,9 @@ class Driver:
         self.args = args
         if tables is None:
             tables = SynapseTables() if getattr(args, "synapse", None) else RoomstoreTables()
+        self.tables: StateTables = tables
         if getattr(args, "synapse", None):
             args.db = args.synapse  # the database the writer and Spark's reads open
-        self.tables = tables
         self.skipped: Dict[str, int] = {}
         self.out = out or sys.stdout
         self.levels = tuple(args.levels)
@@ -199,7 +199,7 @@ class Driver:
             writer.close()
             self.timings["total"] = time.monotonic() - t0
             self.timings.update(writer.step_times)
-            self.timings.update(getattr(self.tables, "step_times", {}))
+            self.timings.update(self.tables.step_times)
         self.report(started)
         failed = [r for r in self.all_rooms() if r.status in FAILED_STATUSES]
         if failed:
