@@ -2,10 +2,10 @@
 
 ``state_groups`` (``room_nid``, ``prev_state_group``, ``chain_length``,
 ``sole_*``) and ``state_group_deltas`` (interned ``type_key_nid``,
-``event_nid``, NULL event: a removal). Statements in
-:mod:`roomstore.compaction.sql`, composed from the state tables' owner
-:mod:`roomstore.state.group_tables` (whose :func:`full_state_sql` gives the
-full state of a group).
+``event_nid``, NULL event: a removal). Every statement in
+:mod:`roomstore.compaction.sql`; the full state of a group is the state
+tables' owner's (:func:`roomstore.state.group_tables.full_state_sql`), as
+for the store's reads.
 """
 
 from __future__ import annotations
