@@ -32,12 +32,10 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
-from roomstore.compaction.sql import ANY_GROUP
+from roomstore.compaction.sql import ANY_GROUP, ROOM_DELTAS, ROOM_GROUPS
 from roomstore.compaction.model import StateGroupEntry
 from roomstore.state.group_tables import (
     MAX_STATE_GROUP,
-    ROOM_DELTAS,
-    ROOM_GROUPS,
     bulk_insert_groups,
     group_rows,
     move_group_ids_past,

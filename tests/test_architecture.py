@@ -25,7 +25,8 @@ Checked on the real tree:
   a SQL string (after ``FROM``, ``JOIN``, ``INTO``, ``UPDATE``, ``TABLE`` or
   ``TRUNCATE``) or hands its name to ``insert_many``/``Interner``; the two
   modules that query a *Synapse* database, whose tables share names with
-  ours, are the exception;
+  ours, are the exception, and a table may have one declared second home
+  (:data:`SECOND_HOMES`, named in its row of the owner table too);
 - no module defines the same top-level function or class twice (a merge of
   two branches that each added a helper of one name silently keeps the
   second);
@@ -60,6 +61,15 @@ ABOVE_STORE = ("roomstore.replication", "roomstore.compaction", "roomstore.synap
 SYNAPSE_SQL = ("roomstore/synapse_db/source.py", "roomstore/compaction/synapse_sql.py")
 #: Calls whose first string argument is a table name.
 TABLE_CALLS = ("insert_many", "Interner")
+#: Tables whose SQL has a second home besides their owner, by table. The state tables' owner
+#: (roomstore/state/group_tables.py) holds the store's statements; the offline compaction job's own SQL on
+#: them (its planning and JDBC reads, the swap's lock, re-check and rewrites), which the store never runs,
+#: lives with the job's roomstore layout instead (issue 43). Declared here and in the tables' rows of
+#: docs/architecture.md (checked), so a third module naming them still fails.
+SECOND_HOMES = {
+    "state_groups": "roomstore/compaction/sql.py",
+    "state_group_deltas": "roomstore/compaction/sql.py",
+}
 
 
 # ---------------------------------------------------------------- the checker
@@ -309,17 +319,20 @@ def table_mentions(path: Path, tables: set[str]) -> list[tuple[str, int]]:
 
 
 def foreign_table_mentions(
-    root: Path, package: str, owners: dict[str, str], exempt: Iterable[str] = ()
+    root: Path, package: str, owners: dict[str, str], exempt: Iterable[str] = (),
+    second_homes: dict[str, str] | None = None,
 ) -> list[str]:
-    """"path:line names table (owner: module)" for every mention of a table in SQL outside its owner."""
+    """"path:line names table (owner: module)" for every mention of a table in SQL outside its owner (and
+    outside its second home in ``second_homes``, table -> module, if it has one)."""
     tables = set(owners)
+    second_homes = second_homes or {}
     wrong = []
     for path in sorted(module_files(root / package, package).values()):
         relative = str(path.relative_to(root))
         if relative in exempt:
             continue
         for table, line in table_mentions(path, tables):
-            if owners[table] != relative:
+            if relative not in (owners[table], second_homes.get(table)):
                 wrong.append(f"{relative}:{line} names {table} (owner: {owners[table]})")
     return wrong
 
@@ -408,12 +421,20 @@ class RoomstoreShapeTests(unittest.TestCase):
         for table in ("events", "state_groups", "room_memberships"):
             # A guard against a scan that silently finds nothing: each owner names its table.
             self.assertIn(table, {t for t, _ in table_mentions(ROOT / owners[table], set(owners))})
-        wrong = foreign_table_mentions(ROOT, PACKAGE, owners, SYNAPSE_SQL)
+        wrong = foreign_table_mentions(ROOT, PACKAGE, owners, SYNAPSE_SQL, SECOND_HOMES)
         if wrong:
             self.fail(
                 f"{len(wrong)} SQL mention(s) of a table outside its owner (call the owner, or embed a fragment it"
                 " builds):\n  " + "\n  ".join(wrong)
             )
+
+    def test_second_homes_are_documented(self):
+        doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+        for table, home in sorted(SECOND_HOMES.items()):
+            self.assertTrue((ROOT / home).exists(), f"{table}: second home {home} does not exist")
+            row = re.search(rf"^\|\s*`{table}`\s*\|.*$", doc, re.M)
+            self.assertIsNotNone(row, f"{table}: no row in docs/architecture.md's owner table")
+            self.assertIn(f"`{home}`", row.group(0), f"{table}: its row in docs/architecture.md does not name {home}")
 
     def test_no_module_defines_a_name_twice(self):
         twice = redefinitions(ROOT / PACKAGE, PACKAGE)
@@ -560,6 +581,15 @@ class CheckerTests(unittest.TestCase):
         )
         self.assertEqual(foreign_table_mentions(root.parent, "pkg", {**owners, "one": "pkg/other.py"}, ["pkg/synapse.py"])[:1],
                          ["pkg/other.py:4 names two (owner: pkg/owner.py)"])
+        # A second home lets that module name that table, and no other: other.py may name two, not one.
+        self.assertEqual(
+            foreign_table_mentions(root.parent, "pkg", owners, ["pkg/synapse.py"], {"two": "pkg/other.py"}),
+            [
+                "pkg/other.py:4 names one (owner: pkg/owner.py)",
+                "pkg/other.py:5 names one (owner: pkg/owner.py)",
+                "pkg/other.py:7 names three (owner: pkg/owner.py)",
+            ],
+        )
 
     def test_redefinitions(self):
         root = self.make_package({

@@ -1,9 +1,12 @@
 """What the Spark side hands the writer: a chunk's new representation.
 
-The contract between :mod:`roomstore.compaction.job.executor` (which builds
-:class:`StagedChunk` values) and :mod:`roomstore.compaction.writer` (which
-stages and swaps them): :func:`row_checksum` (Python, numpy) and
-:data:`CHECKSUM_SQL` compute the same per-row value, and a chunk's staged
+The contract between :mod:`roomstore.compaction.job.executor` (which plans a
+chunk into a :class:`ChunkResult`), the layouts (which decode the executor's
+output row back into one and turn it into a :class:`StagedChunk`) and
+:mod:`roomstore.compaction.writer` (which stages and swaps it). Both chunk
+forms live here so a layout needs nothing of the executor's code.
+:func:`row_checksum` (Python, numpy) and :data:`CHECKSUM_SQL` compute the
+same per-row value, and a chunk's staged
 groups carry the representation read (``old_prev``, ``old_rows``,
 ``old_checksum``) so the swap can detect any change. Imports nothing but
 attrs and numpy: the executors load it from the ``--py-files`` zip.
@@ -11,7 +14,7 @@ attrs and numpy: the executors load it from the ``--py-files`` zip.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import attrs
 import numpy as np
@@ -73,3 +76,55 @@ class StagedChunk:
     rows_before: int
     rows_after: int
     groups_rewritten: int
+
+
+@attrs.define
+class ChunkResult:
+    """What :meth:`~roomstore.compaction.job.executor.RoomCompactor.process_chunk` found for one chunk.
+
+    ``groups`` is an int64 array (n, 7): ``state_group, old_prev, old_rows,
+    old_checksum, new_prev, new_chain_length, rewrite`` (-1 prev: snapshot);
+    ``refs`` the groups outside the chunk that rewritten groups now hang off;
+    ``deltas`` (m, 3): ``state_group, type_key_nid, event_nid`` (-1 event:
+    tombstone) of the rewritten groups. ``mismatched`` lists groups whose full
+    state would change (must be empty to write); ``missing`` maps groups
+    whose chain reaches an absent group to that group (left unchanged).
+    """
+
+    first_group: int
+    last_group: int
+    state_groups: int
+    rows_before: int
+    rows_after: int
+    rewritten: int
+    chain_updates: int
+    max_depth: int
+    boundary: int
+    missing: Dict[int, int]
+    mismatched: List[int]
+    groups: np.ndarray
+    refs: np.ndarray
+    deltas: np.ndarray
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.rewritten or self.chain_updates)
+
+    def to_staged(self, room_nid: int) -> StagedChunk:
+        """The writer's form (Python ints, None for NULL)."""
+        groups = [
+            (g, None if op < 0 else op, rows, ck, None if np_ < 0 else np_, chain, rw)
+            for g, op, rows, ck, np_, chain, rw in self.groups.tolist()
+        ]
+        deltas = [(g, k, None if e < 0 else e) for g, k, e in self.deltas.tolist()]
+        return StagedChunk(
+            room_nid=room_nid,
+            first_group=self.first_group,
+            last_group=self.last_group,
+            groups=groups,
+            refs=self.refs.tolist(),
+            deltas=deltas,
+            rows_before=self.rows_before,
+            rows_after=self.rows_after,
+            groups_rewritten=self.rewritten,
+        )

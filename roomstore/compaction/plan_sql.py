@@ -2,12 +2,12 @@
 
 Each statement reads a relation of groups with the columns ``state_group``,
 ``room_nid`` (and, for the chunk layout, ``prev_state_group``), given as SQL
-text: roomstore's ``state_groups`` (from its owner,
-:data:`roomstore.state.group_tables.PLANNING_GROUPS`) or a subquery over
-Synapse's tables (:mod:`roomstore.compaction.synapse_sql`). ``where`` is a
-condition on that relation (integers only); ``?`` parameters are noted per
-statement. :mod:`roomstore.compaction.sql` and ``synapse_sql`` expose them
-under the names the writer and driver run.
+text: roomstore's ``state_groups`` (:mod:`roomstore.compaction.sql`) or a
+subquery over Synapse's tables (:mod:`roomstore.compaction.synapse_sql`).
+``where`` is a condition on that relation (integers only); ``?`` parameters
+are noted per statement. Each layout's module puts them in its record of
+statements (:class:`roomstore.compaction.tables.JobStatements`), which the
+writer runs.
 """
 
 from __future__ import annotations

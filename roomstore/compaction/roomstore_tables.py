@@ -2,21 +2,31 @@
 
 ``state_groups`` (``room_nid``, ``prev_state_group``, ``chain_length``,
 ``sole_*``) and ``state_group_deltas`` (interned ``type_key_nid``,
-``event_nid``, NULL event: a removal). Statements in
-:mod:`roomstore.compaction.sql`, composed from the state tables' owner
-:mod:`roomstore.state.group_tables` (whose :func:`full_state_sql` gives the
-full state of a group).
+``event_nid``, NULL event: a removal). Every statement in
+:mod:`roomstore.compaction.sql`; the full state of a group is the state
+tables' owner's (:func:`roomstore.state.group_tables.full_state_sql`), as
+for the store's reads.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from roomstore.compaction import sql
-from roomstore.compaction.chunks import StagedChunk
-from roomstore.compaction.tables import ChunkKey, Convert, StateTables
+from roomstore.compaction.chunks import ChunkResult, StagedChunk
+from roomstore.compaction.job.reading import JdbcSource
+from roomstore.compaction.tables import (
+    BoundaryNeed,
+    Changed,
+    ChunkKey,
+    Convert,
+    JobDatabase,
+    RoomSize,
+    StateTables,
+    boundary_rows,
+)
 from roomstore.state.group_tables import full_state_sql
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME
 from roomstore.storage.schema import SCHEMA_VERSION, SchemaTooNewError
@@ -34,11 +44,17 @@ class SchemaTooOldError(RuntimeError):
 
 
 class RoomstoreTables(StateTables):
+    """roomstore's own tables; the job's tables are part of the store's schema (version 2)."""
+
     layout = "roomstore"
-    statements = sql
+    statements = sql.STATEMENTS
     lock_name = LOCK_NAME
 
-    def check_schema(self, db: Any) -> int:
+    def __init__(self) -> None:
+        #: No step of the swap is timed apart: the writer's timings say it all.
+        self.step_times: Dict[str, float] = {}
+
+    def check_schema(self, db: JobDatabase) -> int:
         """The schema version; raises :class:`SchemaTooOldError` below 2,
         :class:`SchemaTooNewError` above the version this code knows (a newer
         schema may keep more about the rows this job rewrites)."""
@@ -56,9 +72,26 @@ class RoomstoreTables(StateTables):
             )
         return version
 
+    def prepare(self, db: JobDatabase, dry_run: bool) -> None:
+        """Nothing: the job's tables are in the store's schema."""
+
+    def incremental_condition(self, db: JobDatabase) -> str:
+        """No condition: every run reads every selected room."""
+        return ""
+
+    def skipped_at_start(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
+        """Nothing counted: the summary's "left alone" figures are the Synapse layout's."""
+        return {}
+
+    def skipped_at_end(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
+        return {}
+
     # -- Spark ---------------------------------------------------------------
 
-    def input_rows(self, spark, source, snapshot_max, where, partition, needs, boundary_ids):
+    def input_rows(
+        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partition: Tuple[int, int, int],
+        needs: Sequence[BoundaryNeed], boundary_ids: Sequence[int],
+    ) -> Any:
         from pyspark.sql import functions as F
 
         groups = source.read(
@@ -73,24 +106,27 @@ class RoomstoreTables(StateTables):
             "prev_state_group", "chain_length", "type_key_nid", "event_nid",
         )
         if boundary_ids:
-            placed = spark.createDataFrame(list(needs), "room_nid long, sort_id long, boundary_group long")
-            schema = "boundary_group LONG, type_key_nid LONG, event_nid LONG"
-            states = None
-            for start in range(0, len(boundary_ids), 2000):
-                part = source.read(spark, f"({full_state_sql(boundary_ids[start:start + 2000])}) AS boundary", schema)
-                states = part if states is None else states.unionByName(part)
-            boundary_rows = placed.join(states, "boundary_group").select(
-                "room_nid", "sort_id", F.lit(0).cast("long").alias("kind"), F.col("boundary_group").alias("state_group"),
-                F.lit(None).cast("long").alias("prev_state_group"), F.lit(None).cast("long").alias("chain_length"),
-                "type_key_nid", "event_nid",
+            boundary = boundary_rows(
+                spark, source, needs, boundary_ids, full_state_sql,
+                "boundary_group LONG, type_key_nid LONG, event_nid LONG", _COLUMNS,
             )
-            rows = rows.select(*_COLUMNS).unionByName(boundary_rows.select(*_COLUMNS))
+            rows = rows.select(*_COLUMNS).unionByName(boundary)
         return rows
+
+    def room_sizes(self, db: JobDatabase, snapshot_max: int, where: str) -> Optional[List[RoomSize]]:
+        """None: the rows are shuffled by room (:meth:`input_rows`), no ordered read."""
+        return None
+
+    def ordered_input(
+        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partitions: int,
+        needs: Sequence[BoundaryNeed], sizes: Sequence[RoomSize],
+    ) -> List[Callable[[], Any]]:
+        raise NotImplementedError("roomstore's tables have no ordered read (room_sizes is None)")
 
     def sort_columns(self) -> Sequence[str]:
         return ("room_nid", "sort_id", "kind", "state_group", "type_key_nid")
 
-    def room_function(self, config: Mapping[str, Any]):
+    def room_function(self, config: Mapping[str, Any]) -> Callable[..., Any]:
         from roomstore.compaction.job.executor import make_room_function
 
         return make_room_function(config)
@@ -98,8 +134,6 @@ class RoomstoreTables(StateTables):
     # -- staging and the swap ------------------------------------------------
 
     def staged_chunk(self, row: Any, room_nid: int) -> StagedChunk:
-        from roomstore.compaction.job.executor import ChunkResult
-
         chunk = ChunkResult(
             first_group=row["first_group"], last_group=row["last_group"], state_groups=row["state_groups"],
             rows_before=row["rows_before"], rows_after=row["rows_after"], rewritten=row["rewritten"],
@@ -111,7 +145,7 @@ class RoomstoreTables(StateTables):
         )
         return chunk.to_staged(room_nid)
 
-    def stage(self, db: Any, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
+    def stage(self, db: JobDatabase, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
         group_rows = [key + (g[0], 0) + tuple(g[1:]) for g in chunk.groups]
         group_rows += [key + (ref, 1, None, 0, 0, None, 0, 0) for ref in chunk.refs]
         delta_rows = [key + tuple(d) for d in chunk.deltas]
@@ -119,7 +153,9 @@ class RoomstoreTables(StateTables):
         db.engine.bulk_insert(cur, sql.STAGED_GROUPS, sql.STAGED_GROUP_COLUMNS, group_rows, lambda v: str(int(v)))
         db.engine.bulk_insert(cur, sql.STAGED_DELTAS, sql.STAGED_DELTA_COLUMNS, delta_rows, lambda v: str(int(v)))
 
-    def swap(self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool) -> Tuple[Any, int, int]:
+    def swap(
+        self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool
+    ) -> Tuple[Optional[Changed], int, int]:
         # 2. Row-lock the chunk's groups and the groups it builds on, so a
         # concurrent deletion either finishes first (and the re-check below
         # sees it) or waits for this swap. SQLite: BEGIN IMMEDIATE already
@@ -165,7 +201,7 @@ def read_room_chunks(
     need: Dict[int, List[int]] = {}
     for _, chunk, prev in links:
         need.setdefault(chunk, []).append(prev)
-    states: Dict[int, List[Tuple[int, int, int]]] = {}
+    states: Dict[int, List[Tuple[int, int]]] = {}
     all_prevs = sorted({p for prevs in need.values() for p in prevs})
     if all_prevs:
         for g, k, e in db.query(full_state_sql(all_prevs)):

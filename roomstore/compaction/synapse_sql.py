@@ -10,8 +10,9 @@ room_id, type, state_key, event_id)``; ``state_groups_pending_deletion`` and
 The job's own tables are ``roomstore_compressor_*``; nothing of Synapse's
 schema is changed.
 
-The same names as :mod:`roomstore.compaction.sql` (the writer and driver run
-them by name, see :mod:`roomstore.compaction.tables`). Rooms are numbered by
+The writer runs the statements of :data:`STATEMENTS` (the record
+:mod:`roomstore.compaction.sql` fills for roomstore's tables, see
+:class:`roomstore.compaction.tables.JobStatements`). Rooms are numbered by
 :data:`ROOM_NID`, 60 bits of the MD5 of the room ID, computed in SQL: no
 mapping table, the same number in every run. Statements use ``?``
 placeholders; the ``where`` arguments are conditions on ``{col}`` =
@@ -23,6 +24,7 @@ from __future__ import annotations
 from typing import Sequence, Tuple
 
 from roomstore.compaction import plan_sql
+from roomstore.compaction.tables import JobStatements
 
 #: A bound above every state group id.
 ANY_GROUP = 2**63 - 1
@@ -414,4 +416,38 @@ SWAP_INSERT_ROWS = (
     f" SELECT d.state_group, g.room_id, d.type, d.state_key, d.event_id FROM {STAGED_DELTAS} d"
     " JOIN LATERAL (SELECT room_id FROM state_groups g WHERE g.id = d.state_group OFFSET 0) g ON TRUE"
     f" WHERE d.{_KEY.replace(' AND ', ' AND d.')}"
+)
+
+
+# ---------------------------------------------------------------------------
+# the writer's record of the statements above
+
+#: What :class:`~roomstore.compaction.writer.CompactionWriter` runs on this layout (by step, typed).
+STATEMENTS = JobStatements(
+    max_state_group=MAX_STATE_GROUP,
+    group_bounds=group_bounds,
+    count_rooms=count_rooms,
+    chunk_starts=chunk_starts,
+    chunk_links=chunk_links,
+    room_nids=room_nids,
+    room_ids_where=room_ids_where,
+    rooms_not_done=rooms_not_done,
+    largest_rooms=LARGEST_ROOMS,
+    lock_select=LOCK_SELECT,
+    lock_insert=LOCK_INSERT,
+    lock_take=LOCK_TAKE,
+    lock_heartbeat=LOCK_HEARTBEAT,
+    lock_release=LOCK_RELEASE,
+    lock_release_hint=LOCK_RELEASE_HINT,
+    run_unfinished=RUN_UNFINISHED,
+    run_insert=RUN_INSERT,
+    run_take_over=RUN_TAKE_OVER,
+    run_finish=RUN_FINISH,
+    run_rooms=RUN_ROOMS,
+    run_rooms_gone=RUN_ROOMS_GONE,
+    run_chunks=RUN_CHUNKS,
+    room_insert=ROOM_INSERT,
+    chunk_upsert=CHUNK_UPSERT,
+    delete_staging=delete_staging,
+    analyze_staging=ANALYZE_STAGING,
 )

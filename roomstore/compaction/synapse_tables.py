@@ -10,13 +10,24 @@ docs/compaction.md ("Compacting a Synapse database").
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
 from roomstore.compaction import synapse_sql as sql
 from roomstore.compaction.chunks import StagedChunk
-from roomstore.compaction.tables import ChunkKey, Convert, StateTables, add_step_time
+from roomstore.compaction.job.reading import JdbcSource
+from roomstore.compaction.tables import (
+    BoundaryNeed,
+    Changed,
+    ChunkKey,
+    Convert,
+    JobDatabase,
+    RoomSize,
+    StateTables,
+    add_step_time,
+    boundary_rows,
+)
 
 LOCK_NAME = "state_compaction"
 _COLUMNS = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id", "row_checksum"]
@@ -57,15 +68,17 @@ class NotSynapseError(RuntimeError):
 
 
 class SynapseTables(StateTables):
+    """A Synapse database's tables, with the job's own ``roomstore_compressor_*`` beside them."""
+
     layout = "synapse"
-    statements = sql
+    statements = sql.STATEMENTS
     lock_name = LOCK_NAME
 
     def __init__(self) -> None:
         #: Seconds spent in the swap's steps (the run summary's ``timings_s``).
         self.step_times: Dict[str, float] = {}
 
-    def check_schema(self, db: Any) -> None:
+    def check_schema(self, db: JobDatabase) -> None:
         if db.engine.name != "postgres":
             raise NotSynapseError("--synapse takes a PostgreSQL URL (postgresql://user@host:port/synapse)")
         tables = sql.REQUIRED_TABLES
@@ -80,7 +93,7 @@ class SynapseTables(StateTables):
         if rooms != numbers:
             raise NotSynapseError("two room IDs share a 60-bit room number; compact with --rooms, one room at a time")
 
-    def prepare(self, db: Any, dry_run: bool) -> None:
+    def prepare(self, db: JobDatabase, dry_run: bool) -> None:
         if dry_run:
             return
         if db.query(sql.OWN_TABLES)[0][0]:
@@ -92,25 +105,28 @@ class SynapseTables(StateTables):
 
         db.run(txn)
 
-    def incremental_condition(self, db: Any) -> str:
+    def incremental_condition(self, db: JobDatabase) -> str:
         if not db.query(sql.OWN_TABLES)[0][0]:
             return ""
         return sql.ROOMS_CHANGED_SINCE_DONE
 
-    def skipped_at_start(self, db: Any, snapshot_max: int, where: str) -> Dict[str, int]:
+    def skipped_at_start(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
         extra = f" WHERE {where}" if where else ""
         return {
             "pending_deletion": db.query(sql.PENDING_DELETION + extra, (snapshot_max,))[0][0],
             "being_persisted": db.query(sql.PERSISTING + extra, (snapshot_max,))[0][0],
         }
 
-    def skipped_at_end(self, db: Any, snapshot_max: int, where: str) -> Dict[str, int]:
+    def skipped_at_end(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
         extra = f" WHERE {where}" if where else ""
         return {"created_after_start": db.query(sql.CREATED_AFTER + extra, (snapshot_max,))[0][0]}
 
     # -- Spark ---------------------------------------------------------------
 
-    def input_rows(self, spark, source, snapshot_max, where, partition, needs, boundary_ids):
+    def input_rows(
+        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partition: Tuple[int, int, int],
+        needs: Sequence[BoundaryNeed], boundary_ids: Sequence[int],
+    ) -> Any:
         from pyspark.sql import functions as F
 
         rows = source.read(
@@ -124,25 +140,21 @@ class SynapseTables(StateTables):
             "prev_state_group", "type", "state_key", "event_id", "row_checksum",
         )
         if boundary_ids:
-            placed = spark.createDataFrame(list(needs), "room_nid long, sort_id long, boundary_group long")
-            schema = "boundary_group LONG, type STRING, state_key STRING, event_id STRING"
-            states = None
-            for start in range(0, len(boundary_ids), 2000):
-                part = source.read(spark, f"({sql.full_states(boundary_ids[start:start + 2000])}) AS boundary", schema)
-                states = part if states is None else states.unionByName(part)
-            boundary_rows = placed.join(states, "boundary_group").select(
-                "room_nid", "sort_id", F.lit(0).cast("long").alias("kind"), F.col("boundary_group").alias("state_group"),
-                F.lit(None).cast("long").alias("prev_state_group"), "type", "state_key", "event_id",
-                F.lit(None).cast("long").alias("row_checksum"),
+            boundary = boundary_rows(
+                spark, source, needs, boundary_ids, sql.full_states,
+                "boundary_group LONG, type STRING, state_key STRING, event_id STRING", _COLUMNS,
             )
-            out = out.select(*_COLUMNS).unionByName(boundary_rows.select(*_COLUMNS))
+            out = out.select(*_COLUMNS).unionByName(boundary)
         return out
 
-    def room_sizes(self, db, snapshot_max, where):
+    def room_sizes(self, db: JobDatabase, snapshot_max: int, where: str) -> Optional[List[RoomSize]]:
         cond = where.format(col="room_nid") if where else ""
         return [(int(nid), int(first), int(n)) for nid, first, n in db.query(sql.room_sizes(cond), (snapshot_max,))]
 
-    def ordered_input(self, spark, source, snapshot_max, where, partitions, needs, sizes):
+    def ordered_input(
+        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partitions: int,
+        needs: Sequence[BoundaryNeed], sizes: Sequence[RoomSize],
+    ) -> List[Callable[[], Any]]:
         """One JDBC read per partition of whole rooms (about the same number
         of groups each, a room larger than that alone), PostgreSQL sorting
         each room's rows (:func:`synapse_sql.jdbc_ordered_rows`): no shuffle,
@@ -165,7 +177,7 @@ class SynapseTables(StateTables):
         return [frame(rooms) for rooms in room_partitions(sizes, partitions, first_share=0.25)]
 
     @staticmethod
-    def read_source(source: Any) -> Any:
+    def read_source(source: JdbcSource) -> JdbcSource:
         """``source`` whose connections look rows up by index (:data:`synapse_sql.READ_OPTIONS`, after the
         URL's own options)."""
         options = " ".join(filter(None, [source.properties.get("options"), sql.READ_OPTIONS]))
@@ -174,7 +186,7 @@ class SynapseTables(StateTables):
     def sort_columns(self) -> Sequence[str]:
         return ("room_nid", "sort_id", "kind", "state_group", "type", "state_key")
 
-    def room_function(self, config: Mapping[str, Any]):
+    def room_function(self, config: Mapping[str, Any]) -> Callable[..., Any]:
         from roomstore.compaction.job.synapse_rows import make_synapse_room_function
 
         return make_synapse_room_function(config)
@@ -196,8 +208,9 @@ class SynapseTables(StateTables):
             rows_before=row["rows_before"], rows_after=row["rows_after"], groups_rewritten=row["rewritten"],
         )
 
-    def stage(self, db: Any, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
-        key = tuple(int(k) for k in key)
+    def stage(self, db: JobDatabase, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
+        run_id, room_nid, first_group = key
+        key = (int(run_id), int(room_nid), int(first_group))
         # Kept groups that are an old or new predecessor of a rewritten one
         # are staged with rewrite = 2: the swap re-counts their rows.
         bases = {p for _, op, _, _, np_, _, rw in chunk.groups if rw for p in (op, np_) if p is not None}
@@ -215,7 +228,9 @@ class SynapseTables(StateTables):
                 # COPY: the staged rows are new (the chunk's earlier copy was deleted first).
                 db.engine.copy_rows(cur, table, columns, rows)
 
-    def swap(self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool) -> Tuple[Any, int, int]:
+    def swap(
+        self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool
+    ) -> Tuple[Optional[Changed], int, int]:
         """Inside the writer's transaction (after its lock-row check):
 
         1. ``SELECT ... FOR NO KEY UPDATE`` the groups whose edges the swap

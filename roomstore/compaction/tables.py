@@ -4,7 +4,8 @@ The algorithm (:mod:`roomstore.compaction`), the executors
 (:mod:`roomstore.compaction.job.executor`), the driver and the writer
 (:mod:`roomstore.compaction.writer`: the lock, runs, staging, the swap
 transaction and its retries) know nothing of a table layout; everything that
-does is behind :class:`StateTables`. Two implementations:
+does is behind :class:`StateTables`, a :class:`typing.Protocol` (mypy checks
+each layout against it). Two implementations:
 
 * :class:`roomstore.compaction.roomstore_tables.RoomstoreTables`: roomstore's
   ``state_groups`` / ``state_group_deltas`` (interned integer keys and
@@ -16,10 +17,10 @@ does is behind :class:`StateTables`. Two implementations:
   :mod:`roomstore.compaction.synapse_sql`, progress in tables of our own
   (``roomstore_compressor_*``).
 
-Neither implementation's SQL appears anywhere else. ``statements`` is the
-module of statements the writer and driver run by name (the same names in
-both: the lock row, the run's bookkeeping, the planning reads); the methods
-below are the parts whose shape differs between layouts.
+Neither implementation's SQL appears anywhere else. The steps both layouts
+take the same way (the lock row, the run's bookkeeping, the planning reads)
+are one :class:`JobStatements` record per layout, which the writer runs; the
+methods of :class:`StateTables` are the parts whose shape differs.
 
 Rooms are identified by an integer ``room_nid`` throughout the job (roomstore's
 interned room id; for Synapse a hash of the room ID computed in SQL).
@@ -28,70 +29,157 @@ interned room id; for Synapse a hash of the room ID computed in SQL).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+
+import attrs
+
+from roomstore.compaction.chunks import StagedChunk
+from roomstore.compaction.job.reading import JdbcSource
+from roomstore.storage.engines import Engine
 
 #: ``q(text)``: a statement in the connection's placeholder style.
 Convert = Callable[[str], str]
 #: A staged chunk's key: ``(run_id, room_nid, first_group)``.
 ChunkKey = Tuple[int, int, int]
+#: ``(room_nid, sort_id, boundary group)``: a chunk (the room's rows from ``sort_id`` on) needs the group's state.
+BoundaryNeed = Tuple[int, int, int]
+#: ``(room_nid, first group, groups)`` of a room.
+RoomSize = Tuple[int, int, int]
+#: What a swap found changed since the read: ``(group, is_ref, reason)`` each.
+Changed = List[Tuple[int, int, str]]
 
 
-class StateTables:
-    """How one layout's state-group tables are read, staged and swapped.
+class JobDatabase(Protocol):
+    """The writer's connection as a layout uses it (:class:`roomstore.compaction.writer.CompactionWriter`'s ``db``)."""
 
-    Attributes:
-        layout: ``"roomstore"`` or ``"synapse"`` (printed, in the summary).
-        statements: the module of named statements (see the module docstring).
-        lock_name: the job's lock row.
+    engine: Engine
+
+    def query(self, text: str, args: Sequence[Any] = ()) -> list:
+        """The rows of one statement (``?`` placeholders), in a transaction of its own."""
+        ...
+
+    def run(self, fn: Callable[[Any], Any], attempts: int = ...) -> Any:
+        """``fn(cursor)`` in one transaction, retried on serialisation failures."""
+        ...
+
+
+@attrs.frozen
+class JobStatements:
+    """The statements the writer runs on either layout: the same steps, each layout's SQL.
+
+    One record per layout (``sql.STATEMENTS``, ``synapse_sql.STATEMENTS``),
+    so a statement one layout lacks is an error where the record is built,
+    not a failed attribute lookup in the middle of a run. ``?`` placeholders;
+    ``where`` arguments are conditions on ``{col}`` = ``room_nid`` built from
+    integers.
     """
 
-    layout: str = ""
-    statements: Any = None
-    lock_name: str = ""
+    #: MAX(state_group): the run's snapshot_max.
+    max_state_group: str
+    #: ``group_bounds(where)``: MIN, MAX, COUNT of the groups up to ``?``.
+    group_bounds: Callable[[str], str]
+    #: ``count_rooms(where)``: rooms with groups up to ``?``.
+    count_rooms: Callable[[str], str]
+    #: ``chunk_starts(where, chunk_groups)``: ``(room_nid, first group)`` of every chunk after a room's first.
+    chunk_starts: Callable[[str, int], str]
+    #: ``chunk_links(where, chunk_groups)``: ``(room_nid, chunk, predecessor)`` links into an earlier chunk.
+    chunk_links: Callable[[str, int], str]
+    #: ``room_nids(count)``: ``(room_id, room_nid)`` of ``count`` room IDs given as parameters.
+    room_nids: Callable[[int], str]
+    #: ``room_ids_where(where)``: ``(room_nid, room_id)`` of the rooms with groups up to ``?``.
+    room_ids_where: Callable[[str], str]
+    #: ``rooms_not_done(run_id)``: a condition on ``{col}``, the rooms the run has not finished.
+    rooms_not_done: Callable[[int], str]
+    #: ``(room_nid, groups)`` of the ``?`` rooms with most groups up to ``?``.
+    largest_rooms: str
+
+    #: The lock row: read (``lock_name``), insert, take over, heartbeat, release; and the
+    #: statement an operator runs to free it by hand (printed when the lock is held).
+    lock_select: str
+    lock_insert: str
+    lock_take: str
+    lock_heartbeat: str
+    lock_release: str
+    lock_release_hint: str
+
+    #: The run's bookkeeping: its row, its rooms' and chunks' progress.
+    run_unfinished: str
+    run_insert: str
+    run_take_over: str
+    run_finish: str
+    run_rooms: str
+    run_rooms_gone: str
+    run_chunks: str
+    room_insert: str
+    chunk_upsert: str
+
+    #: ``delete_staging(*columns)``: deleting both staging tables' rows matching the columns.
+    delete_staging: Callable[..., Tuple[str, ...]]
+    #: Fresh planner statistics for the staging tables (PostgreSQL; before a large chunk's swap).
+    analyze_staging: Tuple[str, ...]
+
+
+class StateTables(Protocol):
+    """How one layout's state-group tables are read, staged and swapped.
+
+    The layouts subclass it explicitly, so mypy checks each method's
+    signature against the one here.
+    """
+
+    #: ``"roomstore"`` or ``"synapse"`` (printed, in the summary).
+    layout: str
+    #: The job's lock row.
+    lock_name: str
+    #: The statements the writer runs by step (see :class:`JobStatements`).
+    statements: JobStatements
+    #: Seconds spent in the layout's own steps of the swaps (the run summary's ``timings_s``).
+    step_times: Dict[str, float]
 
     # -- the database --------------------------------------------------------
 
-    def check_schema(self, db: Any) -> None:
-        """Raise with a one-line message if the database cannot be compacted."""
-        raise NotImplementedError
+    def check_schema(self, db: JobDatabase) -> Optional[int]:
+        """Raise with a one-line message if the database cannot be compacted;
+        the schema version where the layout has one."""
+        ...
 
-    def prepare(self, db: Any, dry_run: bool) -> None:
+    def prepare(self, db: JobDatabase, dry_run: bool) -> None:
         """Make the job's own tables ready (nothing in a dry run)."""
+        ...
 
-    def incremental_condition(self, db: Any) -> str:
+    def incremental_condition(self, db: JobDatabase) -> str:
         """A condition on ``{col}`` (a room_nid column) leaving out rooms that
         earlier finished runs compacted and that have no group since, or ""."""
-        return ""
+        ...
 
-    def skipped_at_start(self, db: Any, snapshot_max: int, where: str) -> Dict[str, int]:
+    def skipped_at_start(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
         """Groups the run leaves alone from the start, counted for the summary."""
-        return {}
+        ...
 
-    def skipped_at_end(self, db: Any, snapshot_max: int, where: str) -> Dict[str, int]:
+    def skipped_at_end(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
         """Groups left alone that the end of the run can count (created after the start)."""
-        return {}
+        ...
 
     # -- Spark ---------------------------------------------------------------
 
     def input_rows(
-        self, spark: Any, source: Any, snapshot_max: int, where: str, partition: Tuple[int, int, int],
-        needs: Sequence[Tuple[int, int, int]], boundary_ids: Sequence[int],
+        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partition: Tuple[int, int, int],
+        needs: Sequence[BoundaryNeed], boundary_ids: Sequence[int],
     ) -> Any:
         """The Spark frame of rows fed to :meth:`room_function`: one row per
         delta row of a group up to ``snapshot_max`` (a group without rows:
-        one row with null key), plus boundary states (``needs``: room, sort
-        id, boundary group), with the columns the room function expects."""
-        raise NotImplementedError
+        one row with null key), plus boundary states (:func:`boundary_rows`),
+        with the columns the room function expects."""
+        ...
 
-    def room_sizes(self, db: Any, snapshot_max: int, where: str) -> Optional[List[Tuple[int, int, int]]]:
+    def room_sizes(self, db: JobDatabase, snapshot_max: int, where: str) -> Optional[List[RoomSize]]:
         """``(room_nid, first group, groups)`` of every selected room with
         groups up to ``snapshot_max``, for :meth:`ordered_input`; None: this
         layout has no ordered read."""
-        return None
+        ...
 
     def ordered_input(
-        self, spark: Any, source: Any, snapshot_max: int, where: str, partitions: int,
-        needs: Sequence[Tuple[int, int, int]], sizes: Sequence[Tuple[int, int, int]],
+        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partitions: int,
+        needs: Sequence[BoundaryNeed], sizes: Sequence[RoomSize],
     ) -> List[Callable[[], Any]]:
         """The same rows as :meth:`input_rows`, as one-partition frames
         (each made when its function is called), each holding whole rooms,
@@ -99,27 +187,29 @@ class StateTables:
         database sorts them): the job then runs the room function over each
         partition as it is read, with no shuffle. Only for layouts whose
         :meth:`room_sizes` is not None (the others' rows are shuffled by room)."""
-        raise NotImplementedError
+        ...
 
     def sort_columns(self) -> Sequence[str]:
         """How a room's rows are sorted before the room function."""
-        raise NotImplementedError
+        ...
 
-    def room_function(self, config: Mapping[str, Any]) -> Callable:
+    def room_function(self, config: Mapping[str, Any]) -> Callable[..., Any]:
         """The ``applyInArrow`` function (executor side) for this layout."""
-        raise NotImplementedError
+        ...
 
     # -- staging and the swap ------------------------------------------------
 
-    def staged_chunk(self, row: Any, room_nid: int) -> Any:
+    def staged_chunk(self, row: Any, room_nid: int) -> StagedChunk:
         """The executor's output row decoded into a :class:`~roomstore.compaction.chunks.StagedChunk`."""
-        raise NotImplementedError
+        ...
 
-    def stage(self, db: Any, cur: Any, key: ChunkKey, chunk: Any) -> None:
+    def stage(self, db: JobDatabase, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
         """Insert ``chunk``'s staging rows (the caller deleted older ones)."""
-        raise NotImplementedError
+        ...
 
-    def swap(self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool) -> Tuple[Optional[list], int, int]:
+    def swap(
+        self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool
+    ) -> Tuple[Optional[Changed], int, int]:
         """Lock, re-check and replace one staged chunk inside the caller's transaction.
 
         Returns ``(changed, deleted, inserted)``: ``changed`` lists
@@ -127,7 +217,43 @@ class StateTables:
         (nothing was written then), else None with the delta rows deleted and
         inserted.
         """
-        raise NotImplementedError
+        ...
+
+
+#: Boundary groups per statement of :func:`boundary_rows` (their ids are inlined in its SQL).
+BOUNDARY_GROUPS_PER_READ = 2000
+
+
+def boundary_rows(
+    spark: Any, source: JdbcSource, needs: Sequence[BoundaryNeed], boundary_ids: Sequence[int],
+    states_sql: Callable[[Sequence[int]], str], states_schema: str, columns: Sequence[str],
+) -> Any:
+    """The boundary-state rows (``kind`` 0) of a layout's input frame, in ``columns`` order: every
+    chunk that needs a boundary group's state (``needs``: room, sort id, boundary group) gets the
+    group's full state. ``states_sql(ids)`` is the layout's statement of the full states of ``ids``
+    (``boundary_group`` and the state's own columns, as ``states_schema`` declares them), read over
+    JDBC a slice of ids at a time; columns the state has not (the group's own, such as
+    ``prev_state_group``) are NULL. Written once: the layouts differ only in the statement."""
+    from pyspark.sql import functions as F
+
+    placed = spark.createDataFrame(list(needs), "room_nid long, sort_id long, boundary_group long")
+    states = None
+    for start in range(0, len(boundary_ids), BOUNDARY_GROUPS_PER_READ):
+        ids = boundary_ids[start:start + BOUNDARY_GROUPS_PER_READ]
+        part = source.read(spark, f"({states_sql(ids)}) AS boundary", states_schema)
+        states = part if states is None else states.unionByName(part)
+    if states is None:
+        raise ValueError("no boundary groups")
+    state_columns = set(states.columns) - {"boundary_group"}
+    placed_columns = {
+        "room_nid": F.col("room_nid"), "sort_id": F.col("sort_id"), "kind": F.lit(0).cast("long"),
+        "state_group": F.col("boundary_group"),
+    }
+    return placed.join(states, "boundary_group").select(*[
+        (placed_columns[c] if c in placed_columns else F.col(c) if c in state_columns else F.lit(None).cast("long"))
+        .alias(c)
+        for c in columns
+    ])
 
 
 def add_step_time(times: Dict[str, float], name: str, since: float) -> float:

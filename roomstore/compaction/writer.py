@@ -5,9 +5,11 @@ Everything here runs in the Spark *driver* with plain DB-API connections
 Spark never writes to the database. The flow, per run:
 
 The table layout (roomstore's tables or a Synapse database's) is behind
-:class:`~roomstore.compaction.tables.StateTables`: its statements module
-gives the SQL this module runs by name, and its ``swap`` the lock, re-check
-and replacement inside the swap transaction; nothing here is layout-specific.
+:class:`~roomstore.compaction.tables.StateTables`, which the caller chooses:
+its ``statements`` (a :class:`~roomstore.compaction.tables.JobStatements`)
+give the SQL this module runs step by step, and its ``swap`` the lock,
+re-check and replacement inside the swap transaction; nothing here is
+layout-specific, nor imports a layout.
 
 1. :meth:`CompactionWriter.acquire_lock` takes the lock row (roomstore: the
    ``maintenance_locks`` row ``state_compaction``; Synapse:
@@ -54,14 +56,13 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import attrs
 
 from roomstore.compaction.chunks import StagedChunk
-from roomstore.compaction.roomstore_tables import LOCK_NAME, RoomstoreTables, SchemaTooOldError
 from roomstore.compaction.tables import StateTables, add_step_time
 from roomstore.storage.database import RetryTransaction, run_transaction
 from roomstore.storage.engines import engine_from_url
 
 log = logging.getLogger("roomstore.compaction")
 
-__all__ = ["LOCK_NAME", "SchemaTooOldError", "CompactionWriter", "LockHeldError", "LockLostError"]
+__all__ = ["CompactionWriter", "LockHeldError", "LockLostError"]
 #: A lock whose heartbeat is older than this is treated as abandoned.
 DEFAULT_STALE_LOCK_SECONDS = 600.0
 #: How often the job refreshes its heartbeat.
@@ -213,16 +214,16 @@ class CompactionWriter:
         self,
         db_url: str,
         *,
+        tables: StateTables,
         holder: Optional[str] = None,
         stale_after_s: float = DEFAULT_STALE_LOCK_SECONDS,
         heartbeat_s: float = DEFAULT_HEARTBEAT_SECONDS,
         before_commit: Optional[Callable[[Any, int, int], None]] = None,
-        tables: Optional[StateTables] = None,
     ) -> None:
         self.db_url = db_url
-        #: The layout's tables and statements (roomstore's by default).
-        self.tables = tables or RoomstoreTables()
-        self.sql = self.tables.statements
+        #: The layout's tables and statements.
+        self.tables = tables
+        self.statements = tables.statements
         self.lock_name = self.tables.lock_name
         self.holder = holder or default_holder()
         self.stale_after_s = stale_after_s
@@ -238,21 +239,21 @@ class CompactionWriter:
 
     # ------------------------------------------------------------- queries
 
-    def check_schema(self) -> Any:
+    def check_schema(self) -> Optional[int]:
         """Raises with a one-line message if the database cannot be compacted
         (:meth:`StateTables.check_schema`)."""
         return self.tables.check_schema(self.db)
 
     def max_state_group(self) -> int:
-        return self.db.query(self.sql.MAX_STATE_GROUP)[0][0]
+        return self.db.query(self.statements.max_state_group)[0][0]
 
     def group_bounds(self, snapshot_max: int, where: str = "") -> tuple[Optional[int], Optional[int], int]:
         """MIN, MAX and COUNT of state groups up to ``snapshot_max`` (plus ``where``)."""
-        row = self.db.query(self.sql.group_bounds(where), (snapshot_max,))[0]
+        row = self.db.query(self.statements.group_bounds(where), (snapshot_max,))[0]
         return row[0], row[1], row[2]
 
     def count_rooms(self, snapshot_max: int, where: str = "") -> int:
-        return self.db.query(self.sql.count_rooms(where), (snapshot_max,))[0][0]
+        return self.db.query(self.statements.count_rooms(where), (snapshot_max,))[0][0]
 
     def chunk_layout(
         self, snapshot_max: int, chunk_groups: int, where: str = ""
@@ -270,9 +271,9 @@ class CompactionWriter:
             return {}, []
         args = (snapshot_max, int(chunk_groups), snapshot_max)
         starts: dict[int, list[int]] = {}
-        for room, group in self.db.query(self.sql.chunk_starts(where, chunk_groups), args):
+        for room, group in self.db.query(self.statements.chunk_starts(where, chunk_groups), args):
             starts.setdefault(room, []).append(group)
-        links = [tuple(link) for link in self.db.query(self.sql.chunk_links(where, chunk_groups), args)]
+        links = [tuple(link) for link in self.db.query(self.statements.chunk_links(where, chunk_groups), args)]
         return starts, sorted(set(links))
 
     def room_nids(self, room_ids: Iterable[str]) -> dict[str, int]:
@@ -281,22 +282,22 @@ class CompactionWriter:
         out: dict[str, int] = {}
         for start in range(0, len(ids), 500):
             part = ids[start : start + 500]
-            for room_id, nid in self.db.query(self.sql.room_nids(len(part)), part):
+            for room_id, nid in self.db.query(self.statements.room_nids(len(part)), part):
                 out[room_id] = nid
         return out
 
     def room_ids_where(self, snapshot_max: int, where: str = "") -> dict[int, str]:
         """``room_nid -> room_id`` of every room with state groups selected by ``where``."""
-        return dict(self.db.query(self.sql.room_ids_where(where), (snapshot_max,)))
+        return dict(self.db.query(self.statements.room_ids_where(where), (snapshot_max,)))
 
     def rooms_not_done_condition(self, run_id: int) -> str:
         """A condition on ``{col}`` (a room_nid column): the rooms run ``run_id``
         has not finished. The id is inlined: Spark's JDBC reads take no parameters."""
-        return self.sql.rooms_not_done(run_id)
+        return self.statements.rooms_not_done(run_id)
 
     def largest_rooms(self, count: int, snapshot_max: int) -> list[int]:
         """The ``count`` rooms with the most state groups (up to ``snapshot_max``)."""
-        return [r[0] for r in self.db.query(self.sql.LARGEST_ROOMS, (snapshot_max, count))]
+        return [r[0] for r in self.db.query(self.statements.largest_rooms, (snapshot_max, count))]
 
     # ------------------------------------------------------------- lock
 
@@ -309,11 +310,11 @@ class CompactionWriter:
         """
 
         def txn(cur):
-            cur.execute(self.db.sql(self.sql.LOCK_SELECT + self.db.engine.for_update), (self.lock_name,))
+            cur.execute(self.db.sql(self.statements.lock_select + self.db.engine.for_update), (self.lock_name,))
             row = cur.fetchone()
             now = now_ms()
             if row is None:
-                cur.execute(self.db.sql(self.sql.LOCK_INSERT), (self.lock_name, self.holder, now, now))
+                cur.execute(self.db.sql(self.statements.lock_insert), (self.lock_name, self.holder, now, now))
                 if cur.rowcount != 1:
                     raise RetryTransaction()  # another job inserted it first
                 return None
@@ -328,10 +329,10 @@ class CompactionWriter:
                         f" timeout {self.stale_after_s:.0f}s): taking it over"
                     )
                 else:
-                    raise LockHeldError(holder, age_s, self.sql.LOCK_RELEASE_HINT)
+                    raise LockHeldError(holder, age_s, self.statements.lock_release_hint)
             else:
                 note = None
-            cur.execute(self.db.sql(self.sql.LOCK_TAKE), (self.holder, now, now, self.lock_name, holder))
+            cur.execute(self.db.sql(self.statements.lock_take), (self.holder, now, now, self.lock_name, holder))
             if cur.rowcount != 1:
                 raise RetryTransaction()  # the lock changed hands meanwhile
             return note
@@ -351,7 +352,7 @@ class CompactionWriter:
         db = db or self.db
 
         def txn(cur):
-            cur.execute(db.sql(self.sql.LOCK_HEARTBEAT), (now_ms(), self.lock_name, self.holder))
+            cur.execute(db.sql(self.statements.lock_heartbeat), (now_ms(), self.lock_name, self.holder))
             return cur.rowcount == 1
 
         ok = db.run(txn)
@@ -392,7 +393,7 @@ class CompactionWriter:
             return
 
         def txn(cur):
-            cur.execute(self.db.sql(self.sql.LOCK_RELEASE), (self.lock_name, self.holder))
+            cur.execute(self.db.sql(self.statements.lock_release), (self.lock_name, self.holder))
 
         self.db.run(txn)
         self.has_lock = False
@@ -409,12 +410,12 @@ class CompactionWriter:
         if dry_run:
             return RunState(run_id=None, snapshot_max=self.max_state_group())
         opts = json.dumps(dict(options), sort_keys=True)
-        rows = self.db.query(self.sql.RUN_UNFINISHED)
+        rows = self.db.query(self.statements.run_unfinished)
         if not rows:
             snapshot = self.max_state_group()
 
             def create(cur):
-                cur.execute(self.db.sql(self.sql.RUN_INSERT), (snapshot, self.holder, opts, now_ms()))
+                cur.execute(self.db.sql(self.statements.run_insert), (snapshot, self.holder, opts, now_ms()))
                 return cur.fetchone()[0]
 
             return RunState(run_id=self.db.run(create), snapshot_max=snapshot)
@@ -425,16 +426,16 @@ class CompactionWriter:
             state.warnings.append(
                 f"resuming run {run_id} started with options {old_opts}; continuing with {opts}"
             )
-        for nid, status, groups, before, after, rewritten, detail in self.db.query(self.sql.RUN_ROOMS, (run_id,)):
+        for nid, status, groups, before, after, rewritten, detail in self.db.query(self.statements.run_rooms, (run_id,)):
             state.done_rooms[nid] = RoomOutcome(nid, status, groups, before, after, rewritten, detail or "")
-        gone_rooms = [r[0] for r in self.db.query(self.sql.RUN_ROOMS_GONE, (run_id, snapshot))]
+        gone_rooms = [r[0] for r in self.db.query(self.statements.run_rooms_gone, (run_id, snapshot))]
         for nid in gone_rooms:
             state.warnings.append(
                 f"progress of run {run_id} lists room {nid} as done, but its state groups no longer exist"
                 " (purged since): skipped"
             )
             state.done_rooms.pop(nid, None)
-        for nid, first, last, before, after, rewritten, first_ok, last_ok in self.db.query(self.sql.RUN_CHUNKS, (run_id,)):
+        for nid, first, last, before, after, rewritten, first_ok, last_ok in self.db.query(self.statements.run_chunks, (run_id,)):
             if nid in state.done_rooms:
                 continue
             if not first_ok or not last_ok:
@@ -446,9 +447,9 @@ class CompactionWriter:
             state.done_chunks[(nid, first)] = (last, before, after, rewritten)
 
         def take_over(cur):
-            cur.execute(self.db.sql(self.sql.RUN_TAKE_OVER), (self.holder, run_id))
+            cur.execute(self.db.sql(self.statements.run_take_over), (self.holder, run_id))
             # Staging rows of the interrupted attempt are recomputed.
-            for statement in self.sql.delete_staging("run_id"):
+            for statement in self.statements.delete_staging("run_id"):
                 cur.execute(self.db.sql(statement), (run_id,))
 
         self.db.run(take_over)
@@ -460,9 +461,9 @@ class CompactionWriter:
             return
 
         def txn(cur):
-            for statement in self.sql.delete_staging("run_id"):
+            for statement in self.statements.delete_staging("run_id"):
                 cur.execute(self.db.sql(statement), (run.run_id,))
-            cur.execute(self.db.sql(self.sql.RUN_FINISH), (now_ms(), run.run_id))
+            cur.execute(self.db.sql(self.statements.run_finish), (now_ms(), run.run_id))
 
         self.db.run(txn)
 
@@ -483,7 +484,7 @@ class CompactionWriter:
                 # Fresh statistics for the swap's plans: with the ones of a
                 # small chunk staged before, PostgreSQL joins a large chunk's
                 # re-check in a nested loop (seconds instead of milliseconds).
-                for statement in self.sql.ANALYZE_STAGING:
+                for statement in self.statements.analyze_staging:
                     cur.execute(statement)
 
         self.db.run(txn)
@@ -494,7 +495,7 @@ class CompactionWriter:
     def _delete_staged_statements(self, run_id: int, room_nid: int, first_group: int) -> list:
         return [
             (statement, (run_id, room_nid, first_group))
-            for statement in self.sql.delete_staging("run_id", "room_nid", "first_group")
+            for statement in self.statements.delete_staging("run_id", "room_nid", "first_group")
         ]
 
     def _execute_all(self, cur, statements: Sequence[tuple[str, Sequence]]) -> None:
@@ -540,7 +541,7 @@ class CompactionWriter:
         def txn(cur):
             # 1. Still ours? The heartbeat update also row-locks the lock row,
             # so a takeover waits for this swap to finish.
-            cur.execute(q(self.sql.LOCK_HEARTBEAT), (now_ms(), self.lock_name, self.holder))
+            cur.execute(q(self.statements.lock_heartbeat), (now_ms(), self.lock_name, self.holder))
             if cur.rowcount != 1:
                 raise LockLostError("the compaction lock is no longer held by this job")
             # 2.-5. Row-lock, re-check, replace (the layout's part).
@@ -554,7 +555,7 @@ class CompactionWriter:
             # 6. Progress, in the same transaction as the swap it records.
             last, before, after, groups_rewritten = chunk_stats
             now = now_ms()
-            progress = [(self.sql.CHUNK_UPSERT, key + (last, before, after, groups_rewritten, now))]
+            progress = [(self.statements.chunk_upsert, key + (last, before, after, groups_rewritten, now))]
             if room_outcome is not None:
                 progress.append(self._room_row(run.run_id, room_outcome, now))
             # The progress rows and the staging rows' removal travel together.
@@ -577,14 +578,14 @@ class CompactionWriter:
 
         def txn(cur):
             self._execute_all(cur, [self._room_row(run.run_id, outcome, now_ms())] + [
-                (statement, (run.run_id, outcome.room_nid)) for statement in self.sql.delete_staging("run_id", "room_nid")
+                (statement, (run.run_id, outcome.room_nid)) for statement in self.statements.delete_staging("run_id", "room_nid")
             ])
 
         self.db.run(txn)
 
     def _room_row(self, run_id: int, o: RoomOutcome, now: int) -> tuple:
         """The statement recording a room's outcome, with its arguments."""
-        return self.sql.ROOM_INSERT, (
+        return self.statements.room_insert, (
             run_id, o.room_nid, o.status, o.state_groups, o.rows_before, o.rows_after, o.groups_rewritten,
             o.detail or None, now,
         )

@@ -6,12 +6,15 @@ A group's row (``room_nid``, ``event_nid``, ``prev_state_group``,
 one-row delta, schema version 6) and its delta rows (interned
 ``type_key_nid`` -> ``event_nid``, NULL event: a removal). What a group means
 and when one is made is :mod:`roomstore.state.groups`' (the store's reads,
-creation and deletion, built on the functions here); the compaction job
-composes its planning reads and its swap from the statements and fragments
-here (:mod:`roomstore.compaction.sql` hands over its staging tables as SQL
-text), and the benchmark's loader writes through :func:`group_rows` and
-:func:`bulk_insert_groups`. Statements use ``?`` placeholders (the engine
-converts them).
+creation and deletion, built on the functions here), and the benchmark's
+loader writes through :func:`group_rows` and :func:`bulk_insert_groups`.
+The offline compaction job's own statements on these tables (its planning
+and JDBC reads, its swap) are its own, in :mod:`roomstore.compaction.sql`
+(the tables' second home, tests/test_architecture.py): the store never runs
+them. What they share with the store is here: the full state of a group
+(:func:`full_state_sql`), the rule of a group's copy of a one-row delta
+(:func:`sole_deltas_sql`), deleting groups' rows (:func:`delete_deltas_of`).
+Statements use ``?`` placeholders (the engine converts them).
 """
 
 from __future__ import annotations
@@ -22,10 +25,6 @@ from roomstore.storage.interning import chunks
 
 def _marks(part: Sequence[Any]) -> str:
     return ", ".join("?" for _ in part)
-
-
-def _and(where: str) -> str:
-    return f" AND {where}" if where else ""
 
 
 # ---------------------------------------------------------------------------
@@ -333,144 +332,3 @@ def delete_groups_txn(txn: Any, ids: Sequence[int]) -> int:
 def delete_deltas_of(groups_sql: str) -> str:
     """Deleting the delta rows of the groups ``groups_sql`` lists (a subquery or ``?`` marks)."""
     return f"DELETE FROM state_group_deltas WHERE state_group IN ({groups_sql})"
-
-
-# ---------------------------------------------------------------------------
-# what the compaction job reads (``where``: conditions on the group's row,
-# built from integers; ``{col}`` in them stands for the room_nid column)
-
-#: The relation the job plans over: ``(state_group, room_nid, prev_state_group)``.
-PLANNING_GROUPS = "state_groups"
-
-#: One room's groups, then its delta rows, up to a bound (room_nid, bound).
-ROOM_GROUPS = (
-    "SELECT state_group, prev_state_group, chain_length FROM state_groups"
-    " WHERE room_nid = ? AND state_group <= ? ORDER BY state_group"
-)
-ROOM_DELTAS = (
-    "SELECT d.state_group, d.type_key_nid, d.event_nid FROM state_group_deltas d"
-    " JOIN state_groups g ON g.state_group = d.state_group"
-    " WHERE g.room_nid = ? AND d.state_group <= ? ORDER BY d.state_group, d.type_key_nid"
-)
-
-
-def rooms_with_groups_sql(where: str = "") -> str:
-    """The room_nids with groups up to ``?`` (a subquery)."""
-    return f"SELECT DISTINCT room_nid FROM state_groups WHERE state_group <= ?{_and(where)}"
-
-
-def room_has_groups_sql(room_column: str) -> str:
-    """True when the room ``room_column`` has a group up to ``?``."""
-    return f"EXISTS (SELECT 1 FROM state_groups g WHERE g.room_nid = {room_column} AND g.state_group <= ?)"
-
-
-def group_in_room_sql(group_column: str, room_column: str) -> str:
-    """1 when the group ``group_column`` exists in the room ``room_column``, else 0."""
-    return (f"(SELECT COUNT(*) FROM state_groups g WHERE g.state_group = {group_column}"
-            f" AND g.room_nid = {room_column})")
-
-
-def jdbc_groups(snapshot_max: int, where: str = "") -> str:
-    """The groups Spark reads (a JDBC ``dbtable``), partitioned on state_group."""
-    return (
-        "(SELECT state_group, room_nid, prev_state_group, chain_length FROM state_groups"
-        f" WHERE state_group <= {int(snapshot_max)}{_and(where.format(col='room_nid'))}) AS sg"
-    )
-
-
-def jdbc_deltas(snapshot_max: int, where: str = "") -> str:
-    """The delta rows Spark reads (a JDBC ``dbtable``), partitioned on state_group."""
-    if where:
-        return (
-            "(SELECT d.state_group, d.type_key_nid, d.event_nid FROM state_group_deltas d"
-            " JOIN state_groups g ON g.state_group = d.state_group"
-            f" WHERE d.state_group <= {int(snapshot_max)} AND {where.format(col='g.room_nid')}) AS sgd"
-        )
-    return (
-        "(SELECT state_group, type_key_nid, event_nid FROM state_group_deltas"
-        f" WHERE state_group <= {int(snapshot_max)}) AS sgd"
-    )
-
-
-# ---------------------------------------------------------------------------
-# the compaction swap, composed over the job's staged chunk. The job hands
-# over its staging as SQL text: ``staged_ids`` lists the chunk's group ids (a
-# subquery); ``staged`` is the staged groups' relation with alias ``s``
-# (``state_group, is_ref, old_prev, old_rows, old_checksum, new_prev,
-# new_chain_length, rewrite``) and ``staged_key`` the condition on ``s``
-# selecting the chunk; ``new_rows`` the chunk's new delta rows (a SELECT of
-# ``state_group, type_key_nid, event_nid``).
-
-
-def swap_lock_groups(staged_ids: str) -> str:
-    """Row-locks the chunk's groups; followed by the engine's ``for_update``."""
-    return f"SELECT state_group FROM state_groups WHERE state_group IN ({staged_ids}) ORDER BY state_group"
-
-
-def swap_recheck(staged: str, staged_ids: str, staged_key: str, checksum: str) -> str:
-    """Groups that no longer exist or changed since the job read them:
-    ``(state_group, is_ref, gone)``, at most 5. ``checksum``: a row's checksum
-    over ``state_group_deltas AS d``."""
-    return (
-        f"SELECT s.state_group, s.is_ref, g.state_group IS NULL FROM {staged}"
-        " LEFT JOIN state_groups g ON g.state_group = s.state_group"
-        f" LEFT JOIN (SELECT d.state_group, COUNT(*) AS n, SUM({checksum}) AS h"
-        f"   FROM state_group_deltas d WHERE d.state_group IN ({staged_ids}) GROUP BY d.state_group) a"
-        "   ON a.state_group = s.state_group"
-        f" WHERE {staged_key} AND ("
-        "   g.state_group IS NULL OR g.room_nid <> s.room_nid OR (s.is_ref = 0 AND ("
-        "     COALESCE(g.prev_state_group, -1) <> COALESCE(s.old_prev, -1)"
-        "     OR COALESCE(a.n, 0) <> s.old_rows OR COALESCE(a.h, 0) <> s.old_checksum)))"
-        " ORDER BY s.state_group LIMIT 5"
-    )
-
-
-def insert_deltas_from(new_rows: str) -> str:
-    return f"INSERT INTO state_group_deltas (state_group, type_key_nid, event_nid) {new_rows}"
-
-
-def rewrite_groups_from(staged: str, new_rows: str, staged_key: str) -> str:
-    """The rewritten groups (``staged_key`` selects them): new predecessor
-    and chain length, and their copy of a one-row delta (``sole_*``, which the
-    store's full-state read trusts) from ``new_rows``, which are exactly their
-    new rows: one aggregate over the chunk, one UPDATE, one new row version each."""
-    return (
-        "UPDATE state_groups SET prev_state_group = s.new_prev, chain_length = s.new_chain_length,"
-        " sole_type_key_nid = a.sole_type_key_nid, sole_event_nid = a.sole_event_nid"
-        f" FROM {staged} LEFT JOIN ("
-        + sole_deltas_sql(new_rows)
-        + ") AS a ON a.state_group = s.state_group"
-        f" WHERE {staged_key}"
-        " AND s.state_group = state_groups.state_group"
-    )
-
-
-def set_chain_lengths_from(staged: str, staged_key: str) -> str:
-    """The staged groups (``staged_key``) whose chain length changed get ``s.new_chain_length``."""
-    return (
-        "UPDATE state_groups SET chain_length = s.new_chain_length"
-        f" FROM {staged}"
-        f" WHERE {staged_key}"
-        " AND s.state_group = state_groups.state_group AND state_groups.chain_length <> s.new_chain_length"
-    )
-
-
-def fix_chain_lengths(changed_ids: str, chunk_ids: str) -> str:
-    """chain_length of descendants outside the chunk (``chunk_ids``) of the
-    groups ``changed_ids`` follows their predecessor's new length; only where
-    it differs, so the walk stops early."""
-    return (
-        "WITH RECURSIVE fix(state_group, len) AS ("
-        "  SELECT c.state_group, p.chain_length + 1"
-        "  FROM state_groups p JOIN state_groups c ON c.prev_state_group = p.state_group"
-        f"  WHERE p.state_group IN ({changed_ids})"
-        f"  AND c.state_group NOT IN ({chunk_ids})"
-        "  AND c.chain_length <> p.chain_length + 1"
-        "  UNION ALL"
-        "  SELECT c.state_group, fix.len + 1 FROM fix"
-        "  JOIN state_groups c ON c.prev_state_group = fix.state_group"
-        "  WHERE c.chain_length <> fix.len + 1 AND fix.len < 1000000"
-        ")"
-        " UPDATE state_groups SET chain_length = fix.len FROM fix"
-        " WHERE fix.state_group = state_groups.state_group"
-    )

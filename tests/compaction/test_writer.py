@@ -27,10 +27,9 @@ from twisted.trial.unittest import TestCase
 from roomstore.compaction import chain_depths, verify
 from bench.dataset import load_dataset, read_roomstore_room
 from roomstore.compaction.job.executor import RoomCompactor
-from roomstore.compaction.job.reading import read_room_chunks
 from roomstore.compaction.chunks import CHECKSUM_SQL, row_checksum
+from roomstore.compaction.roomstore_tables import LOCK_NAME, RoomstoreTables, read_room_chunks
 from roomstore.compaction.writer import (
-    LOCK_NAME,
     CompactionWriter,
     LockHeldError,
     LockLostError,
@@ -236,6 +235,11 @@ def chain_lengths_are_depths(test: TestCase, url: str) -> None:
         test.assertEqual(wrong, {}, f"room {room}: chain_length != depth")
 
 
+def roomstore_writer(url: str, **options) -> CompactionWriter:
+    """A writer on roomstore's own tables (the writer has no default layout)."""
+    return CompactionWriter(url, tables=RoomstoreTables(), **options)
+
+
 def plan_room(writer: CompactionWriter, room: int, snapshot_max: int, chunk_groups: int, fault: bool = False):
     """The room's chunk results, as the Spark executors would compute them."""
     compactor = RoomCompactor(room, fault=fault)
@@ -245,7 +249,7 @@ def plan_room(writer: CompactionWriter, room: int, snapshot_max: int, chunk_grou
 def reference_compaction(url: str, chunk_groups: int = CHUNK, min_saving: int = 1) -> dict[int, str]:
     """A whole run through the executor code and the writer, without Spark:
     the job's decisions per room (mismatch, unchanged, too small, written)."""
-    writer = CompactionWriter(url, heartbeat_s=0)
+    writer = roomstore_writer(url, heartbeat_s=0)
     outcomes = {}
     try:
         writer.acquire_lock()
@@ -366,7 +370,7 @@ class WriterTests:
         # The writer has no retry loop of its own: storage.database.run_transaction
         # rolls an attempt back and runs it again (RetryTransaction here, as for
         # serialisation failures), and a failing body leaves nothing behind.
-        writer = CompactionWriter(self.url, heartbeat_s=0)
+        writer = roomstore_writer(self.url, heartbeat_s=0)
         self.addCleanup(writer.close)
         attempts = []
 
@@ -402,7 +406,7 @@ class WriterTests:
         from roomstore.compaction.chunks import StagedChunk
         from roomstore.compaction.writer import ANALYZE_STAGED_ROWS
 
-        writer = CompactionWriter(self.url, heartbeat_s=0)
+        writer = roomstore_writer(self.url, heartbeat_s=0)
         try:
             writer.acquire_lock()
             run = writer.begin_run({"analyze": True})
@@ -424,7 +428,7 @@ class WriterTests:
     def test_chunked_plan_equals_whole_room_plan(self) -> None:
         # Boundary states make every predecessor resolvable, so chunking
         # changes memory, not the result.
-        writer = CompactionWriter(self.url)
+        writer = roomstore_writer(self.url)
         self.addCleanup(writer.close)
         snapshot = writer.max_state_group()
         for room in room_nids(self.url):
@@ -457,7 +461,7 @@ class WriterTests:
         self.assertNotIn("written", again.values())
 
     def _stage_first_changed_chunk(self):
-        writer = CompactionWriter(self.url, heartbeat_s=0)
+        writer = roomstore_writer(self.url, heartbeat_s=0)
         self.addCleanup(writer.close)
         writer.acquire_lock()
         run = writer.begin_run({})
@@ -519,10 +523,10 @@ class WriterTests:
         self.assertEqual(verify(groups_before, read_roomstore_room(self.url, room)), [])
 
     def test_lock_is_exclusive_and_stale_locks_are_taken_over(self) -> None:
-        first = CompactionWriter(self.url, heartbeat_s=0)
+        first = roomstore_writer(self.url, heartbeat_s=0)
         self.addCleanup(first.close)
         first.acquire_lock()
-        second = CompactionWriter(self.url, heartbeat_s=0, stale_after_s=60)
+        second = roomstore_writer(self.url, heartbeat_s=0, stale_after_s=60)
         self.addCleanup(second.close)
         with self.assertRaises(LockHeldError):
             second.acquire_lock()
@@ -549,14 +553,14 @@ class WriterTests:
             "INSERT INTO maintenance_locks (lock_name, holder, acquired_ts, heartbeat_ts)"
             f" VALUES ('{LOCK_NAME}', '{holder}', {now}, {now})",
         )
-        writer = CompactionWriter(self.url, heartbeat_s=0)
+        writer = roomstore_writer(self.url, heartbeat_s=0)
         self.addCleanup(writer.close)
         with self.assertLogs("roomstore.compaction", "WARNING") as logs:
             writer.acquire_lock()
         self.assertIn("no longer running on this host", logs.output[0])
 
     def test_heartbeat_thread_keeps_the_lock_fresh(self) -> None:
-        writer = CompactionWriter(self.url, heartbeat_s=0.05)
+        writer = roomstore_writer(self.url, heartbeat_s=0.05)
         self.addCleanup(writer.close)
         writer.acquire_lock()
         first = query(self.url, "SELECT heartbeat_ts FROM maintenance_locks")[0][0]
@@ -568,7 +572,7 @@ class WriterTests:
         self.assertEqual(query(self.url, "SELECT COUNT(*) FROM maintenance_locks")[0][0], 0)
 
     def test_resume_skips_done_work_and_stale_progress(self) -> None:
-        writer = CompactionWriter(self.url, heartbeat_s=0)
+        writer = roomstore_writer(self.url, heartbeat_s=0)
         writer.acquire_lock()
         run = writer.begin_run({"levels": [100, 50, 25]})
         rooms = room_nids(self.url)
@@ -590,7 +594,7 @@ class WriterTests:
         # The next job: the lock's holder is this (live) process, so it waits
         # for the heartbeat to go stale.
         execute(self.url, "UPDATE maintenance_locks SET heartbeat_ts = 0")
-        again = CompactionWriter(self.url, heartbeat_s=0)
+        again = roomstore_writer(self.url, heartbeat_s=0)
         self.addCleanup(again.close)
         with self.assertLogs("roomstore.compaction", "WARNING"):
             again.acquire_lock()
@@ -621,7 +625,7 @@ class SoleDeltaCopyTests:
 
     async def test_the_job_refuses_a_newer_schema(self):
         url = await compaction_database(self, "one_room")
-        writer = CompactionWriter(url)
+        writer = roomstore_writer(url)
         self.addCleanup(writer.close)
         self.assertEqual(writer.check_schema(), SCHEMA_VERSION)
         execute(url, f"UPDATE schema_version SET version = {SCHEMA_VERSION + 1}")
@@ -653,7 +657,7 @@ class DeleteStateGroupsTests:
     async def test_waits_while_the_compaction_lock_is_held(self):
         group, children = self._middle_group()
         states = all_states(self.url)
-        writer = CompactionWriter(self.url, heartbeat_s=0)
+        writer = roomstore_writer(self.url, heartbeat_s=0)
         self.addCleanup(writer.close)
         writer.acquire_lock()
         captured = _LogCapture(self)
@@ -701,7 +705,7 @@ class RoomCompactorTests(TestCase):
 
         prepare_roomstore_schema(url)
         load_dataset("tiny", roomstore_url=url, max_chain_length=8)
-        writer = CompactionWriter(url)
+        writer = roomstore_writer(url)
         self.addCleanup(writer.close)
         room = room_nids(url)[-1]
         good = plan_room(writer, room, 10**9, 100)
@@ -724,7 +728,7 @@ class RoomSelectionTests:
         from roomstore.compaction.job.options import job_parser
 
         url = await compaction_database(self)
-        writer = CompactionWriter(url)
+        writer = roomstore_writer(url)
         self.addCleanup(writer.close)
         run = writer.begin_run({}, dry_run=True)
         counts = dict(query(url, "SELECT room_nid, COUNT(*) FROM state_groups GROUP BY room_nid"))

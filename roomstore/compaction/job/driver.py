@@ -49,7 +49,7 @@ import time
 import traceback
 import warnings
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from pyspark.sql import SparkSession
 
@@ -86,9 +86,9 @@ class Driver:
         self.args = args
         if tables is None:
             tables = SynapseTables() if getattr(args, "synapse", None) else RoomstoreTables()
+        self.tables: StateTables = tables
         if getattr(args, "synapse", None):
             args.db = args.synapse  # the database the writer and Spark's reads open
-        self.tables = tables
         self.skipped: Dict[str, int] = {}
         self.out = out or sys.stdout
         self.levels = tuple(args.levels)
@@ -182,7 +182,7 @@ class Driver:
                 self.say("  no rooms selected")
             else:
                 lo, hi, count = writer.group_bounds(run.snapshot_max, where.format(col="room_nid"))
-                if not count:
+                if not count or lo is None or hi is None:  # (MIN and MAX are NULL only when COUNT is 0)
                     self.say("  nothing to do: no state groups selected")
                 else:
                     spark = self.compute_and_write(starting, lo, hi, count, where)
@@ -199,7 +199,7 @@ class Driver:
             writer.close()
             self.timings["total"] = time.monotonic() - t0
             self.timings.update(writer.step_times)
-            self.timings.update(getattr(self.tables, "step_times", {}))
+            self.timings.update(self.tables.step_times)
         self.report(started)
         failed = [r for r in self.all_rooms() if r.status in FAILED_STATUSES]
         if failed:
@@ -261,7 +261,7 @@ class Driver:
         """The rooms' chunks (driver-side statements, run while Spark starts):
         ``(starts, needs, boundary_ids)``, see :meth:`build_frame`."""
         a = self.args
-        cond = where.format(col="room_nid") if where else ""
+        cond: Optional[str] = where.format(col="room_nid") if where else ""
         t = time.monotonic()
         self.sizes = self.tables.room_sizes(self.writer.db, int(self.run.snapshot_max), where)
         if self.sizes is not None:
@@ -581,6 +581,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
 
 
+def _collect(frame: Callable[[], Any]) -> list:
+    """The rows of the frame ``frame()`` makes (a function, so a pool's thread makes and runs it)."""
+    return frame().collect()
+
+
 def _partition_rows(frames: Sequence[Any], ahead: int) -> Iterator[Any]:
     """The rows of ``frames`` (functions making a one-partition frame each,
     whole rooms), a frame's rows together, frames in the order they finish:
@@ -597,7 +602,7 @@ def _partition_rows(frames: Sequence[Any], ahead: int) -> Iterator[Any]:
                 frame = next(todo, None)
                 if frame is None:
                     return
-                pending.add(pool.submit(lambda f=frame: f().collect()))
+                pending.add(pool.submit(_collect, frame))
 
         try:
             refill()

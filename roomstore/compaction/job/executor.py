@@ -5,7 +5,7 @@
 :data:`INPUT_COLUMNS`, sorted by ``sort_id``) chunk by chunk to a
 :class:`RoomCompactor`, which plans with
 :class:`~roomstore.compaction.StreamingCompactor`, verifies the plan and
-encodes the rows to write (:class:`ChunkResult`, one output row per chunk in
+encodes the rows to write (:class:`~roomstore.compaction.chunks.ChunkResult`, one output row per chunk in
 :data:`OUTPUT_SCHEMA`). Pure Python plus numpy/pyarrow: no database, no
 pyspark import, and nothing that needs roomstore installed (the package
 arrives in the ``--py-files`` zip).
@@ -25,12 +25,13 @@ import pyarrow.compute as pc
 from roomstore.compaction import (
     DEFAULT_LEVELS,
     DEFAULT_WINDOW,
+    PlanEntry,
     StateGroupEntry,
     StreamingCompactor,
     verify,
 )
 from roomstore.compaction.states import apply_delta, state_diff
-from roomstore.compaction.chunks import StagedChunk, row_checksum_np
+from roomstore.compaction.chunks import ChunkResult, row_checksum_np
 
 #: Columns of the rows fed to the per-room function; -1 stands for NULL.
 #: ``sort_id`` orders a room's rows (see the module docstring); ``kind`` 0 =
@@ -96,58 +97,6 @@ class _StateBank:
 
 class ChunkError(RuntimeError):
     """The input of a room broke the job's assumptions (order, cycles...)."""
-
-
-@attrs.define
-class ChunkResult:
-    """What :meth:`RoomCompactor.process_chunk` found for one chunk.
-
-    ``groups`` is an int64 array (n, 7): ``state_group, old_prev, old_rows,
-    old_checksum, new_prev, new_chain_length, rewrite`` (-1 prev: snapshot);
-    ``refs`` the groups outside the chunk that rewritten groups now hang off;
-    ``deltas`` (m, 3): ``state_group, type_key_nid, event_nid`` (-1 event:
-    tombstone) of the rewritten groups. ``mismatched`` lists groups whose full
-    state would change (must be empty to write); ``missing`` maps groups
-    whose chain reaches an absent group to that group (left unchanged).
-    """
-
-    first_group: int
-    last_group: int
-    state_groups: int
-    rows_before: int
-    rows_after: int
-    rewritten: int
-    chain_updates: int
-    max_depth: int
-    boundary: int
-    missing: Dict[int, int]
-    mismatched: List[int]
-    groups: np.ndarray
-    refs: np.ndarray
-    deltas: np.ndarray
-
-    @property
-    def has_changes(self) -> bool:
-        return bool(self.rewritten or self.chain_updates)
-
-    def to_staged(self, room_nid: int) -> StagedChunk:
-        """The writer's form (Python ints, None for NULL)."""
-        groups = [
-            (g, None if op < 0 else op, rows, ck, None if np_ < 0 else np_, chain, rw)
-            for g, op, rows, ck, np_, chain, rw in self.groups.tolist()
-        ]
-        deltas = [(g, k, None if e < 0 else e) for g, k, e in self.deltas.tolist()]
-        return StagedChunk(
-            room_nid=room_nid,
-            first_group=self.first_group,
-            last_group=self.last_group,
-            groups=groups,
-            refs=self.refs.tolist(),
-            deltas=deltas,
-            rows_before=self.rows_before,
-            rows_after=self.rows_after,
-            groups_rewritten=self.rewritten,
-        )
 
 
 def _empty(shape_cols: int) -> np.ndarray:
@@ -325,7 +274,7 @@ class RoomCompactor:
         return parsed
 
     def _new_position(
-        self, planned: StateGroupEntry, missing: Mapping[int, Any], old_prev: int, old_chain: int, out: "_EncodedChunk"
+        self, planned: PlanEntry, missing: Mapping[int, Any], old_prev: int, old_chain: int, out: "_EncodedChunk"
     ) -> Tuple[int, int, bool]:
         """``(new prev or -1, new chain length, rewrite?)`` of a planned group;
         its depth noted in ``out``."""
@@ -346,7 +295,7 @@ class RoomCompactor:
         out.max_depth = max(out.max_depth, depth)
         return (-1 if planned.prev_group is None else planned.prev_group), depth, planned.changed
 
-    def _encode_rewrite(self, planned: StateGroupEntry, chunk_ids: set, out: "_EncodedChunk") -> None:
+    def _encode_rewrite(self, planned: PlanEntry, chunk_ids: set, out: "_EncodedChunk") -> None:
         """A rewritten group's new delta rows (and the group outside the chunk it builds on)."""
         gid = planned.group_id
         out.rewritten += 1
@@ -496,7 +445,7 @@ def _result_row(room_nid: int, r: ChunkResult, is_last: bool) -> Dict[str, Any]:
 
 
 def _error_row(room_nid: int, detail: str) -> Dict[str, Any]:
-    row = {name: 0 for name in _OUTPUT_FIELDS}
+    row: Dict[str, Any] = {name: 0 for name in _OUTPUT_FIELDS}
     row.update(room_nid=room_nid, first_group=-1, last_group=-1, is_last=True, status="error", detail=detail,
                groups_blob=b"", refs_blob=b"", deltas_blob=b"")
     return row

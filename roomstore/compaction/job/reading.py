@@ -1,9 +1,10 @@
 """Where Spark reads from (driver side): :class:`JdbcSource`.
 
-What it reads is the layout's (:meth:`roomstore.compaction.tables.StateTables.input_rows`).
-:func:`read_room_chunks` (roomstore's tables, re-exported from
-:mod:`roomstore.compaction.roomstore_tables`) reads one room exactly as the
-Spark job feeds it, with plain SQL: a reference for tests and debugging.
+What it reads is the layout's (:meth:`roomstore.compaction.tables.StateTables.input_rows`);
+:func:`roomstore.compaction.roomstore_tables.read_room_chunks` reads one room
+of roomstore's tables exactly as the Spark job feeds it, with plain SQL (a
+reference for tests and debugging). Nothing here knows a layout, so the
+layouts' interface (:mod:`roomstore.compaction.tables`) can name this class.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from typing import Any, Dict, Optional, Tuple
 import attrs
 
 from roomstore.compaction.job.jdbc import jdbc_driver, jdbc_url
-from roomstore.compaction.roomstore_tables import read_room_chunks
 from roomstore.storage.engines import engine_from_url
 
-__all__ = ["JdbcSource", "read_room_chunks"]
+__all__ = ["JdbcSource"]
 
 
 @attrs.define

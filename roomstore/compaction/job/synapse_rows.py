@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from roomstore.compaction.chunks import ChunkResult
 from roomstore.compaction.job.executor import (
     INPUT_COLUMNS,
     ChunkError,
-    ChunkResult,
     RoomCompactor,
     _result_row,
     iter_chunks,
