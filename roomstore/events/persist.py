@@ -32,7 +32,7 @@ from roomstore.events.batch import (
 )
 from roomstore.events.auth_checks import checked_event, prefetch_auth_events
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
-from roomstore.events.current_state import update_current_state, update_extremities
+from roomstore.events.current_state import RoomEnds, update_current_state, update_extremities
 from roomstore.events.redaction_authority import redaction_authorised
 from roomstore.events.resolution_source import TransactionEventSource, resolve_interned
 from roomstore.events.tables.events import (
@@ -205,6 +205,8 @@ class _BatchWriter:
         self.fresh_nids: set[int] = set()
         self.pending_events: dict[str, PreparedEvent] = {}
         self._event_source: TransactionEventSource | None = None
+        #: The rooms' forward extremities as the batch moves them (soft failure's current state).
+        self.ends = RoomEnds(txn)
 
     # ---------------------------------------------------------------- helpers
 
@@ -493,6 +495,10 @@ class _BatchWriter:
                     index, ev, event_nid, room_nid, groups_after, new_events
                 )
                 groups_after[event_nid] = group_after
+                self.ends.advance(ev, room_nid, event_nid, group_after, self.event_nids)
+            # Accepted in full: neither rejected nor soft-failed (which change
+            # no membership and apply no redaction).
+            effective = not ev.rejected_reason and not ev.soft_failed
 
             state_key = pdu.state_key
             type_key = key_nids[(pdu.type, state_key)] if state_key is not None else None
@@ -500,7 +506,7 @@ class _BatchWriter:
                 event_nid, room_nid, pdu.type, type_key, user_nids[pdu.sender], pdu.depth, pdu.depth,
                 stream, instance_name, pdu.origin_server_ts, now_ms, ev.outlier,
                 ev.rejected_reason, ev.backfilled, False, group_before, group_after,
-                visibility_before, visibility_after,
+                visibility_before, visibility_after, ev.soft_failed,
             ))
             add_json((event_nid, pdu.room_version.identifier, pdu.raw, ev.content_hash_mismatch))
             prev_ids = pdu.prev_event_ids
@@ -510,20 +516,20 @@ class _BatchWriter:
                 edges.extend((event_nid, nid[p]) for p in dict.fromkeys(prev_ids))
             # With v12's implied create event: the auth chain's edges, as Synapse's event_auth.
             auth.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
-            if pdu.type == MEMBER and state_key is not None and not ev.rejected_reason:
+            if pdu.type == MEMBER and state_key is not None and effective:
                 rows.memberships.append((
                     event_nid, room_nid, user_nids[state_key], user_nids[pdu.sender],
                     membership_code(pdu.membership), stream,
                 ))
                 rows.membership_users[state_key] = max(rows.membership_users.get(state_key, stream), stream)
-            if pdu.redacts and pdu.type == "m.room.redaction" and not ev.rejected_reason:
+            if pdu.redacts and pdu.type == "m.room.redaction" and effective:
                 authorised = redaction_authorised(self, ev, group_before, new_events)
                 rows.redactions.append((event_nid, nid[pdu.redacts], now_ms, authorised))
             if not ev.outlier:
                 room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)
             results[event_id] = PersistedEvent(
                 event_id, pdu.room_id, stream, pdu.depth, group_before, group_after,
-                rejected_reason=ev.rejected_reason,
+                rejected_reason=ev.rejected_reason, soft_failed=ev.soft_failed,
             )
         return rows
 
@@ -535,7 +541,7 @@ class _BatchWriter:
         event after its auth checks) of a graph event."""
         visibility_after = None
         group_before = self.state_before(ev, room_nid, groups_after)
-        ev = checked_event(self, index, ev, new_events, group_before)
+        ev = checked_event(self, index, ev, new_events, group_before, room_nid)
         pdu = ev.pdu
         if group_before is None:
             # The room's first event: state before it is empty.
@@ -682,7 +688,7 @@ class _BatchWriter:
         """
         newest: dict[int, int] = {}
         for ev in new_events:
-            if ev.outlier or ev.rejected_reason:
+            if ev.outlier or ev.rejected_reason or ev.soft_failed:
                 continue
             room_nid, stream = room_nids[ev.pdu.room_id], ordering[ev.event_id]
             if newest.get(room_nid, stream) <= stream:
