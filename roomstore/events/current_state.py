@@ -3,7 +3,7 @@ follows them (the rows of ``forward_extremities``, ``backward_extremities``,
 ``current_state``, ``current_state_deltas`` and ``current_memberships``,
 written through their owner ``roomstore.events.tables.room_state``).
 
-Both functions run inside the batch's transaction and take ``w``, the
+These run inside the batch's transaction; most take ``w``, the
 persister's batch writer (``roomstore.events.persist._BatchWriter``), for its
 interned maps, its pending state groups and its helpers.
 """
@@ -24,7 +24,7 @@ from roomstore.events.tables.room_state import (
     queue_membership_changes,
 )
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import queue_current_state_group
+from roomstore.storage.interning import queue_activity, queue_current_state_group
 from roomstore.visibility.rules import NO_MEMBERSHIP_CODE
 
 MEMBER = "m.room.member"
@@ -164,3 +164,22 @@ def _update_current_memberships(w: Any, room_nid: int, changed: set[int], new_st
             rows.append((room_nid, w.user_nids[w.key_names[k][1]],
                          w.membership_of_event.get(event, NO_MEMBERSHIP_CODE), event, position))
     queue_membership_changes(w.txn, gone, sorted(rows))
+
+
+def note_activity(
+    txn: Transaction, new_events: Sequence[PreparedEvent], room_nids: Mapping[str, int], ordering: Mapping[str, int]
+) -> None:
+    """Move ``rooms.activity`` up to each room's newest timeline event in the batch.
+
+    The column only grows: a batch of backfilled (negative) orderings, or
+    a writer whose IDs trail another's, never moves it down.
+    """
+    newest: dict[int, int] = {}
+    for ev in new_events:
+        if ev.outlier or ev.rejected_reason or ev.soft_failed:
+            continue
+        room_nid, stream = room_nids[ev.pdu.room_id], ordering[ev.event_id]
+        if newest.get(room_nid, stream) <= stream:
+            newest[room_nid] = stream
+    for room_nid, stream in newest.items():
+        queue_activity(txn, room_nid, stream)

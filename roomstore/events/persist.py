@@ -32,9 +32,9 @@ from roomstore.events.batch import (
 )
 from roomstore.events.auth_checks import checked_event, prefetch_auth_events
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
-from roomstore.events.current_state import RoomEnds, update_current_state, update_extremities
+from roomstore.events.current_state import RoomEnds, note_activity, update_current_state, update_extremities
 from roomstore.events.redaction_authority import redaction_authorised
-from roomstore.events.resolution_source import TransactionEventSource, resolve_interned
+from roomstore.events.resolution_source import ParsedEventCache, TransactionEventSource, resolve_interned
 from roomstore.events.tables.events import (
     history_visibility_json_txn,
     insert_edges,
@@ -55,7 +55,6 @@ from roomstore.storage.interning import (
     Interners,
     LruCache,
     chunks,
-    queue_activity,
     queue_room_version,
     room_versions_txn,
 )
@@ -112,6 +111,8 @@ class EventPersister:
         # room_id -> room version, once stored (a room's version never
         # changes); RoomStore reads it too, before validating a batch.
         self.room_versions = LruCache(100_000)
+        #: Stored events parsed for the auth checks and state resolution, across batches.
+        self.parsed_events = ParsedEventCache()
         self.state_groups = state_groups
         self.visibility = visibility
         self.instance_name = instance_name
@@ -220,7 +221,9 @@ class _BatchWriter:
         """The batch's events and the stored ones, as the auth checks and
         state resolution read them (one per batch: it keeps what it parsed)."""
         if self._event_source is None:
-            self._event_source = TransactionEventSource(self.txn, self.p.interners, self.pending_events)
+            self._event_source = TransactionEventSource(
+                self.txn, self.p.interners, self.pending_events, self.p.parsed_events
+            )
         return self._event_source
 
     def _stored_group(self, group: int) -> tuple[int | None, int]:
@@ -584,7 +587,7 @@ class _BatchWriter:
             position = max(ordering[ev.event_id] for ev in new_events if ev.pdu.room_id == room_id and not ev.backfilled)
             if update_current_state(self, room_nid, room_id, position):
                 current_state_rooms.add(room_id)
-        self.note_activity(new_events, room_nids, ordering)
+        note_activity(self.txn, new_events, room_nids, ordering)
         return current_state_rooms
 
     # ---------------------------------------------------------------- pieces
@@ -677,21 +680,3 @@ class _BatchWriter:
         ) | unflagged_targets_txn(txn, "redaction_event_nid", new_redaction_nids)
         queue_flag_redacted(txn, targets)
         return targets
-
-    def note_activity(
-        self, new_events: Sequence[PreparedEvent], room_nids: Mapping[str, int], ordering: Mapping[str, int]
-    ) -> None:
-        """Move ``rooms.activity`` up to each room's newest timeline event in the batch.
-
-        The column only grows: a batch of backfilled (negative) orderings, or
-        a writer whose IDs trail another's, never moves it down.
-        """
-        newest: dict[int, int] = {}
-        for ev in new_events:
-            if ev.outlier or ev.rejected_reason or ev.soft_failed:
-                continue
-            room_nid, stream = room_nids[ev.pdu.room_id], ordering[ev.event_id]
-            if newest.get(room_nid, stream) <= stream:
-                newest[room_nid] = stream
-        for room_nid, stream in newest.items():
-            queue_activity(self.txn, room_nid, stream)
