@@ -100,7 +100,7 @@ class RoomStore:
         self.federation = FederationReader(db, self.interners, self.reader)
         #: What each change drops from this process's caches (replication
         #: applies a worker's rows through it too).
-        self.caches = StoreCaches(self.reader, self.room_changes, self.membership_changes)
+        self.caches = StoreCaches(self.reader, self.room_changes, self.membership_changes, self.persister.parsed_events)
         self.censor = RedactionCensor(
             db, self.interners, self.caches.event_changed, config.redaction_retention_ms, self.clock
         )

@@ -9,7 +9,10 @@
 
 An event failing either is stored rejected with the rule it broke as its
 ``rejected_reason``: kept, never served, never a forward extremity, never
-part of state (``roomstore.events.persist``). An event an earlier event of
+part of state (``roomstore.events.persist``). A live event passing both
+that fails against the room's current state as it arrives (check 6, "soft
+failure") is stored soft-failed: part of the state after it, but never
+served in a timeline, never a forward extremity, no change of membership. An event an earlier event of
 the batch depends on is checked first (the batch is in prev-event order, and
 an auth event is a prev event's ancestor or stored before).
 
@@ -34,6 +37,7 @@ from typing import Any, Mapping
 import attrs
 
 from roomstore.events.batch import PreparedEvent
+from roomstore.events.resolution_source import resolve_interned
 from roomstore.pdu.auth_common import AuthError
 from roomstore.pdu.auth_rules import auth_types_for_event, check_auth_events_shape, check_event_auth
 from roomstore.pdu.parsing import ParsedPdu
@@ -50,16 +54,45 @@ def prefetch_auth_events(w: Any, new_events: list[PreparedEvent]) -> None:
 
 
 def checked_event(w: Any, index: int, ev: PreparedEvent, new_events: list[PreparedEvent],
-                  group_before: int | None) -> PreparedEvent:
+                  group_before: int | None, room_nid: int | None = None) -> PreparedEvent:
     """``ev`` (``new_events[index]``) after the checks: itself, or where they
-    reject it a copy with its ``rejected_reason``, put in its place in
+    reject or soft-fail it a copy saying so, put in its place in
     ``new_events`` and the batch's events, which the write's later steps read."""
     reason = rejection_of(w, ev, group_before)
-    if reason == ev.rejected_reason:
+    soft_failed = reason is None and room_nid is not None and soft_fails(w, ev, room_nid, group_before)
+    if reason == ev.rejected_reason and not soft_failed:
         return ev
-    ev = attrs.evolve(ev, rejected_reason=reason)
+    ev = attrs.evolve(ev, rejected_reason=reason, soft_failed=soft_failed)
     new_events[index] = w.pending_events[ev.event_id] = ev
     return ev
+
+
+def soft_fails(w: Any, ev: PreparedEvent, room_nid: int, group_before: int | None) -> bool:
+    """Whether a live graph event the rules allow fails them against the
+    room's current state as it arrives: the state of the room's forward
+    extremities (``w.ends``, kept up to date through the batch) and of
+    the event's own state before, resolved, as Synapse computes it. Only
+    where its prev events are not the room's ends: else the state before
+    it is the current state, already checked."""
+    if ev.outlier or ev.backfilled or not _to_check(ev) or group_before is None:
+        return False
+    ends = w.ends.of(room_nid)
+    nids = w.event_nids
+    if not ends or set(ends) == {nids[p] for p in ev.pdu.prev_event_ids}:
+        return False
+    groups = [g for g in dict.fromkeys([*ends.values(), group_before]) if g is not None]
+    states = [w.full_state(g) for g in groups]
+    if all(state == states[0] for state in states[1:]):
+        return False
+    current = resolve_interned(w, ev.pdu.room_version, states)
+    keys = auth_types_for_event(ev.pdu.room_version, ev.pdu) | {CREATE}
+    w.intern_keys(keys)
+    entries = {key: current[w.key_nids[key]] for key in keys if w.key_nids[key] in current}
+    try:
+        check_event_auth(ev.pdu.room_version, ev.pdu, _state_events(w, entries))
+    except AuthError:
+        return True
+    return False
 
 
 def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None) -> str | None:

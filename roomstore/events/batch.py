@@ -87,6 +87,9 @@ class PersistedEvent:
     #: rules, or the caller said so), or None: accepted. Of this write only
     #: (None where ``already_persisted``: ``get_event_flags`` tells).
     rejected_reason: str | None = None
+    #: Accepted, but it failed the room's current state as it arrived: not
+    #: served in timelines, no extremity (of this write, as ``rejected_reason``).
+    soft_failed: bool = False
 
     def __reduce__(self):
         # Pickled (a writer process's replies) through its constructor, not
@@ -94,7 +97,7 @@ class PersistedEvent:
         return PersistedEvent, (
             self.event_id, self.room_id, self.stream_ordering, self.topological_ordering, self.state_group_before,
             self.state_group, self.already_persisted, self.content_hash_mismatch, self.signatures_checked,
-            self.rejected_reason,
+            self.rejected_reason, self.soft_failed,
         )
 
     @property
@@ -121,6 +124,10 @@ class PreparedEvent:
     signatures_checked: bool = False
     #: Its source checked it against the auth rules (``EventToPersist.auth_checked``).
     auth_checked: bool = False
+    #: It passed the auth rules against its auth events and the state before
+    #: it, not against the room's current state (the write decides it:
+    #: ``roomstore.events.auth_checks``).
+    soft_failed: bool = False
     event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
 
     def __reduce__(self):
@@ -128,7 +135,7 @@ class PreparedEvent:
         # classes is Python, and was half of a validation reply's unpickling.
         return PreparedEvent, (
             self.pdu, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
-            self.content_hash_mismatch, self.signatures_checked, self.auth_checked,
+            self.content_hash_mismatch, self.signatures_checked, self.auth_checked, self.soft_failed,
         )
 
 

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 
 from roomstore.events.reads import EventReader
 from roomstore.storage.database import Transaction
+from roomstore.storage.interning import LruCache
 from roomstore.streams.change_cache import StreamChangeCache
 
 __all__ = [
@@ -101,10 +102,14 @@ class StoreCaches:
     the change caches of rooms and of users' memberships.
     """
 
-    def __init__(self, reader: EventReader, room_changes: StreamChangeCache, membership_changes: StreamChangeCache):
+    def __init__(self, reader: EventReader, room_changes: StreamChangeCache, membership_changes: StreamChangeCache,
+                 parsed_events: LruCache | None = None):
         self.reader = reader
         self.room_changes = room_changes
         self.membership_changes = membership_changes
+        #: Stored events as the auth checks and state resolution read them
+        #: (``events.resolution_source.ParsedEventCache``).
+        self.parsed_events = parsed_events
 
     def room_changed(self, room_id: str, position: int) -> None:
         """A new event in the room at ``position``."""
@@ -130,6 +135,8 @@ class StoreCaches:
     def event_changed(self, event_id: str) -> None:
         """The event's served form changed (redacted, censored)."""
         self.reader.invalidate_event(event_id)
+        if self.parsed_events is not None:
+            self.parsed_events.pop(event_id)
 
     def all_memberships_changed(self) -> None:
         """Anyone's membership may have moved (a current-state change)."""

@@ -3,14 +3,14 @@ follows them (the rows of ``forward_extremities``, ``backward_extremities``,
 ``current_state``, ``current_state_deltas`` and ``current_memberships``,
 written through their owner ``roomstore.events.tables.room_state``).
 
-Both functions run inside the batch's transaction and take ``w``, the
+These run inside the batch's transaction; most take ``w``, the
 persister's batch writer (``roomstore.events.persist._BatchWriter``), for its
 interned maps, its pending state groups and its helpers.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from roomstore.events.batch import PreparedEvent
 from roomstore.events.resolution_source import resolve_interned
@@ -18,14 +18,45 @@ from roomstore.state.deltas import state_diff
 from roomstore.events.tables.events import pointed_at_txn
 from roomstore.events.tables.room_state import (
     current_and_forward_groups_txn,
+    forward_groups_txn,
     queue_current_state_changes,
     queue_extremity_changes,
     queue_membership_changes,
 )
-from roomstore.storage.interning import queue_current_state_group
+from roomstore.storage.database import Transaction
+from roomstore.storage.interning import queue_activity, queue_current_state_group
 from roomstore.visibility.rules import NO_MEMBERSHIP_CODE
 
 MEMBER = "m.room.member"
+
+
+class RoomEnds:
+    """The forward extremities of the rooms a batch touches, and their state
+    groups, as the batch's events move them: read once per room, then kept
+    up to date event by event (the tables change only at the batch's end).
+    The room's current state as each event arrives, for soft failure
+    (``roomstore.events.auth_checks``)."""
+
+    def __init__(self, txn: Transaction) -> None:
+        self.txn = txn
+        self._rooms: dict[int, dict[int, int | None]] = {}
+
+    def of(self, room_nid: int) -> dict[int, int | None]:
+        """``{extremity nid: its state group}`` of the room now."""
+        ends = self._rooms.get(room_nid)
+        if ends is None:
+            ends = self._rooms[room_nid] = dict(forward_groups_txn(self.txn, room_nid))
+        return ends
+
+    def advance(self, ev: PreparedEvent, room_nid: int, event_nid: int, group_after: int | None,
+                event_nids: Mapping[str, int]) -> None:
+        """A live, accepted graph event replaces its prev events among the room's ends."""
+        if ev.backfilled or ev.rejected_reason or ev.soft_failed:
+            return
+        ends = self.of(room_nid)
+        for prev_id in ev.pdu.prev_event_ids:
+            ends.pop(event_nids[prev_id], None)
+        ends[event_nid] = group_after
 
 
 def update_extremities(w: Any, new_events: Sequence[PreparedEvent], rooms: set[int]) -> None:
@@ -46,7 +77,7 @@ def update_extremities(w: Any, new_events: Sequence[PreparedEvent], rooms: set[i
     # arrived late). Backfilled events are history, never the room's leaves;
     # a rejected event is never one, nor does it end its prev events' turn
     # (as Synapse: a room's leaves are events a new event may build on).
-    accepted = [ev for ev in graph_events if not ev.rejected_reason]
+    accepted = [ev for ev in graph_events if not ev.rejected_reason and not ev.soft_failed]
     live_referenced = {
         (room_of[nid[ev.event_id]], nid[p]) for ev in accepted if not ev.backfilled for p in ev.pdu.prev_event_ids
     }
@@ -55,7 +86,7 @@ def update_extremities(w: Any, new_events: Sequence[PreparedEvent], rooms: set[i
     # Fresh nids: only this batch's events can point at them.
     pointed_at = {nid[p] for ev in accepted for p in ev.pdu.prev_event_ids}
     pointed_at |= pointed_at_txn(txn, new_nids - w.fresh_nids)
-    rejected = {nid[ev.event_id] for ev in graph_events if ev.rejected_reason}
+    rejected = {nid[ev.event_id] for ev in graph_events if ev.rejected_reason or ev.soft_failed}
     forward_new = sorted({(room_of[n], n) for n in new_nids - backfilled - rejected if n not in pointed_at})
     # Backward: prev events we do not have as graph events; a new event
     # fills the gap it was.
@@ -133,3 +164,22 @@ def _update_current_memberships(w: Any, room_nid: int, changed: set[int], new_st
             rows.append((room_nid, w.user_nids[w.key_names[k][1]],
                          w.membership_of_event.get(event, NO_MEMBERSHIP_CODE), event, position))
     queue_membership_changes(w.txn, gone, sorted(rows))
+
+
+def note_activity(
+    txn: Transaction, new_events: Sequence[PreparedEvent], room_nids: Mapping[str, int], ordering: Mapping[str, int]
+) -> None:
+    """Move ``rooms.activity`` up to each room's newest timeline event in the batch.
+
+    The column only grows: a batch of backfilled (negative) orderings, or
+    a writer whose IDs trail another's, never moves it down.
+    """
+    newest: dict[int, int] = {}
+    for ev in new_events:
+        if ev.outlier or ev.rejected_reason or ev.soft_failed:
+            continue
+        room_nid, stream = room_nids[ev.pdu.room_id], ordering[ev.event_id]
+        if newest.get(room_nid, stream) <= stream:
+            newest[room_nid] = stream
+    for room_nid, stream in newest.items():
+        queue_activity(txn, room_nid, stream)

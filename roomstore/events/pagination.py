@@ -247,7 +247,7 @@ def page_sql(direction: str, high_sql: str, lateral_joins: bool) -> str:
             ), hit AS (
                 SELECT e.event_nid AS event_nid, e.topological_ordering AS topo, e.stream_ordering AS stream
                 FROM {events_as("e")}
-                WHERE e.room_nid = ? AND e.outlier = ? AND e.rejected_reason IS NULL
+                WHERE e.room_nid = ? AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed
                   AND {high_sql} AND {bound_sql}
                   AND (e.topological_ordering, e.stream_ordering) {within} {edge_sql}
                   AND {vis}
@@ -280,7 +280,7 @@ def _per_snapshot(column: str, extra: str, direction: str, high_sql: str, latera
     beyond = "<" if direction == "b" else ">"
     search = f"""FROM {events_as("e")}
                 WHERE e.{column} = s.snapshot_nid {extra}
-                  AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
+                  AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed AND {high_sql}
                   AND (e.topological_ordering, e.stream_ordering) {beyond} (g.topo, g.stream)
                   AND e.stream_ordering < s.upto
                 ORDER BY e.topological_ordering {order}, e.stream_ordering {order}

@@ -32,9 +32,9 @@ from roomstore.events.batch import (
 )
 from roomstore.events.auth_checks import checked_event, prefetch_auth_events
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
-from roomstore.events.current_state import update_current_state, update_extremities
+from roomstore.events.current_state import RoomEnds, note_activity, update_current_state, update_extremities
 from roomstore.events.redaction_authority import redaction_authorised
-from roomstore.events.resolution_source import TransactionEventSource, resolve_interned
+from roomstore.events.resolution_source import ParsedEventCache, TransactionEventSource, resolve_interned
 from roomstore.events.tables.events import (
     history_visibility_json_txn,
     insert_edges,
@@ -55,7 +55,6 @@ from roomstore.storage.interning import (
     Interners,
     LruCache,
     chunks,
-    queue_activity,
     queue_room_version,
     room_versions_txn,
 )
@@ -112,6 +111,8 @@ class EventPersister:
         # room_id -> room version, once stored (a room's version never
         # changes); RoomStore reads it too, before validating a batch.
         self.room_versions = LruCache(100_000)
+        #: Stored events parsed for the auth checks and state resolution, across batches.
+        self.parsed_events = ParsedEventCache()
         self.state_groups = state_groups
         self.visibility = visibility
         self.instance_name = instance_name
@@ -205,6 +206,8 @@ class _BatchWriter:
         self.fresh_nids: set[int] = set()
         self.pending_events: dict[str, PreparedEvent] = {}
         self._event_source: TransactionEventSource | None = None
+        #: The rooms' forward extremities as the batch moves them (soft failure's current state).
+        self.ends = RoomEnds(txn)
 
     # ---------------------------------------------------------------- helpers
 
@@ -218,7 +221,9 @@ class _BatchWriter:
         """The batch's events and the stored ones, as the auth checks and
         state resolution read them (one per batch: it keeps what it parsed)."""
         if self._event_source is None:
-            self._event_source = TransactionEventSource(self.txn, self.p.interners, self.pending_events)
+            self._event_source = TransactionEventSource(
+                self.txn, self.p.interners, self.pending_events, self.p.parsed_events
+            )
         return self._event_source
 
     def _stored_group(self, group: int) -> tuple[int | None, int]:
@@ -493,6 +498,10 @@ class _BatchWriter:
                     index, ev, event_nid, room_nid, groups_after, new_events
                 )
                 groups_after[event_nid] = group_after
+                self.ends.advance(ev, room_nid, event_nid, group_after, self.event_nids)
+            # Accepted in full: neither rejected nor soft-failed (which change
+            # no membership and apply no redaction).
+            effective = not ev.rejected_reason and not ev.soft_failed
 
             state_key = pdu.state_key
             type_key = key_nids[(pdu.type, state_key)] if state_key is not None else None
@@ -500,7 +509,7 @@ class _BatchWriter:
                 event_nid, room_nid, pdu.type, type_key, user_nids[pdu.sender], pdu.depth, pdu.depth,
                 stream, instance_name, pdu.origin_server_ts, now_ms, ev.outlier,
                 ev.rejected_reason, ev.backfilled, False, group_before, group_after,
-                visibility_before, visibility_after,
+                visibility_before, visibility_after, ev.soft_failed,
             ))
             add_json((event_nid, pdu.room_version.identifier, pdu.raw, ev.content_hash_mismatch))
             prev_ids = pdu.prev_event_ids
@@ -510,20 +519,20 @@ class _BatchWriter:
                 edges.extend((event_nid, nid[p]) for p in dict.fromkeys(prev_ids))
             # With v12's implied create event: the auth chain's edges, as Synapse's event_auth.
             auth.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
-            if pdu.type == MEMBER and state_key is not None and not ev.rejected_reason:
+            if pdu.type == MEMBER and state_key is not None and effective:
                 rows.memberships.append((
                     event_nid, room_nid, user_nids[state_key], user_nids[pdu.sender],
                     membership_code(pdu.membership), stream,
                 ))
                 rows.membership_users[state_key] = max(rows.membership_users.get(state_key, stream), stream)
-            if pdu.redacts and pdu.type == "m.room.redaction" and not ev.rejected_reason:
+            if pdu.redacts and pdu.type == "m.room.redaction" and effective:
                 authorised = redaction_authorised(self, ev, group_before, new_events)
                 rows.redactions.append((event_nid, nid[pdu.redacts], now_ms, authorised))
             if not ev.outlier:
                 room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)
             results[event_id] = PersistedEvent(
                 event_id, pdu.room_id, stream, pdu.depth, group_before, group_after,
-                rejected_reason=ev.rejected_reason,
+                rejected_reason=ev.rejected_reason, soft_failed=ev.soft_failed,
             )
         return rows
 
@@ -535,7 +544,7 @@ class _BatchWriter:
         event after its auth checks) of a graph event."""
         visibility_after = None
         group_before = self.state_before(ev, room_nid, groups_after)
-        ev = checked_event(self, index, ev, new_events, group_before)
+        ev = checked_event(self, index, ev, new_events, group_before, room_nid)
         pdu = ev.pdu
         if group_before is None:
             # The room's first event: state before it is empty.
@@ -578,7 +587,7 @@ class _BatchWriter:
             position = max(ordering[ev.event_id] for ev in new_events if ev.pdu.room_id == room_id and not ev.backfilled)
             if update_current_state(self, room_nid, room_id, position):
                 current_state_rooms.add(room_id)
-        self.note_activity(new_events, room_nids, ordering)
+        note_activity(self.txn, new_events, room_nids, ordering)
         return current_state_rooms
 
     # ---------------------------------------------------------------- pieces
@@ -671,21 +680,3 @@ class _BatchWriter:
         ) | unflagged_targets_txn(txn, "redaction_event_nid", new_redaction_nids)
         queue_flag_redacted(txn, targets)
         return targets
-
-    def note_activity(
-        self, new_events: Sequence[PreparedEvent], room_nids: Mapping[str, int], ordering: Mapping[str, int]
-    ) -> None:
-        """Move ``rooms.activity`` up to each room's newest timeline event in the batch.
-
-        The column only grows: a batch of backfilled (negative) orderings, or
-        a writer whose IDs trail another's, never moves it down.
-        """
-        newest: dict[int, int] = {}
-        for ev in new_events:
-            if ev.outlier or ev.rejected_reason:
-                continue
-            room_nid, stream = room_nids[ev.pdu.room_id], ordering[ev.event_id]
-            if newest.get(room_nid, stream) <= stream:
-                newest[room_nid] = stream
-        for room_nid, stream in newest.items():
-            queue_activity(self.txn, room_nid, stream)

@@ -57,6 +57,8 @@ class EventFlags:
     #: A redaction of it, in its room, is stored too.
     redacted: bool
     stream_ordering: int
+    #: Accepted but soft-failed: not served in timelines, no extremity.
+    soft_failed: bool = False
 
 
 class EventReader:
@@ -187,7 +189,7 @@ class EventReader:
         nids = self.interners.events.lookup(txn, event_ids)
         by_nid = {n: e for e, n in nids.items()}
         return {
-            by_nid[nid]: EventFlags(row.outlier, row.rejected_reason, row.redacted, row.stream_ordering)
+            by_nid[nid]: EventFlags(row.outlier, row.rejected_reason, row.redacted, row.stream_ordering, row.soft_failed)
             for nid, row in stored_events_txn(txn, by_nid).items()
         }
 

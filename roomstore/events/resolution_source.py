@@ -16,7 +16,18 @@ from roomstore.pdu.parsing import ParsedPdu, stored_pdu
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
 from roomstore.resolution import conflicted_subgraph, resolve_state
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import Interners, chunks
+from roomstore.storage.interning import Interners, LruCache, chunks
+
+
+class ParsedEventCache(LruCache):
+    """Stored events as state resolution and the auth checks read them,
+    across transactions: event ID -> (``ParsedPdu``, rejected). A stored
+    event's fields the rules read never change (censoring a redacted event
+    keeps them: the redaction algorithm keeps what authorization needs), nor
+    does its rejection; a purge of events must drop them here too."""
+
+    def __init__(self, max_size: int = 20_000) -> None:
+        super().__init__(max_size)
 
 
 class TransactionEventSource:
@@ -24,13 +35,16 @@ class TransactionEventSource:
 
     ``pending``: the batch's events by ID, which the tables do not hold yet.
     Stored events are read from their stored bytes once and kept
-    (``stored_pdu``: parse_pdu checked them when they were stored).
+    (``stored_pdu``: parse_pdu checked them when they were stored), in
+    ``cache`` across transactions where given (``ParsedEventCache``).
     """
 
-    def __init__(self, txn: Transaction, interners: Interners, pending: Mapping[str, PreparedEvent]) -> None:
+    def __init__(self, txn: Transaction, interners: Interners, pending: Mapping[str, PreparedEvent],
+                 cache: "ParsedEventCache | None" = None) -> None:
         self.txn = txn
         self.interners = interners
         self.pending = pending
+        self.cache = cache
         self._pending_nids = interners.events.lookup(txn, pending) if pending else {}
         self._parsed: dict[str, ParsedPdu | None] = {}
         self._rejected: set[str] = set()
@@ -38,6 +52,8 @@ class TransactionEventSource:
     def get_events(self, event_ids: Iterable[str]) -> Mapping[str, ParsedPdu]:
         event_ids = list(event_ids)  # read twice below
         wanted = [e for e in set(event_ids) if e not in self.pending and e not in self._parsed]
+        if wanted and self.cache is not None:
+            wanted = self._from_cache(wanted)
         if wanted:
             nids = self.interners.events.lookup(self.txn, wanted)
             by_nid = {nid: event_id for event_id, nid in nids.items()}
@@ -52,6 +68,8 @@ class TransactionEventSource:
                         continue  # not a PDU now (a tampered database): unknown to the resolution
                     if rejected is not None:
                         self._rejected.add(event_id)
+                    if self.cache is not None and self._parsed[event_id] is not None:
+                        self.cache.set(event_id, (self._parsed[event_id], rejected is not None))
         found: dict[str, ParsedPdu] = {}
         for event_id in event_ids:
             if event_id in self.pending:
@@ -59,6 +77,19 @@ class TransactionEventSource:
             elif (pdu := self._parsed.get(event_id)) is not None:
                 found[event_id] = pdu
         return found
+
+    def _from_cache(self, wanted: list[str]) -> list[str]:
+        """Take what the cache holds of ``wanted``; returns the rest."""
+        rest = []
+        for event_id in wanted:
+            hit = self.cache.get(event_id)
+            if hit is None:
+                rest.append(event_id)
+                continue
+            self._parsed[event_id] = hit[0]
+            if hit[1]:
+                self._rejected.add(event_id)
+        return rest
 
     def rejected(self, event_ids: Iterable[str]) -> set[str]:
         return {

@@ -294,7 +294,7 @@ def _recent_sql(high_sql: str, cursor_sql: str) -> str:
                 -- (room, stream) index back to the first event under the token.
                 SELECT cm.room_nid AS room_nid, ro.room_id AS room_id, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
                     SELECT e.stream_ordering FROM {events_as("e")}
-                    WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql}
+                    WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed AND {high_sql}
                     ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
                 FROM {current_memberships_as("cm")}
                 {join_rooms("ro", "cm.room_nid")}
@@ -313,7 +313,7 @@ def _recent_sql(high_sql: str, cursor_sql: str) -> str:
                 SELECT c.stream_ordering FROM {events_as("c")} WHERE c.room_nid = pg.room_nid
                 ORDER BY c.stream_ordering DESC LIMIT 1 OFFSET ?) IS NULL THEN NULL ELSE (
                 SELECT e.stream_ordering FROM {events_as("e")}
-                WHERE e.room_nid = pg.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL
+                WHERE e.room_nid = pg.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed
                   AND {high_sql} AND {vis}
                 ORDER BY e.stream_ordering DESC LIMIT 1 OFFSET ?) END AS floor
             FROM page AS pg
@@ -332,7 +332,7 @@ def _recent_sql(high_sql: str, cursor_sql: str) -> str:
             FROM bounds AS b
             {join_events("e", "e.room_nid = b.room_nid AND e.stream_ordering >= COALESCE(b.floor, ?)")}
             {join_event_json("j", "e.event_nid")}
-            WHERE e.outlier = ? AND e.rejected_reason IS NULL AND {high_sql} AND {vis}
+            WHERE e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed AND {high_sql} AND {vis}
         )
         SELECT p.room_nid, p.activity, p.room_id,
                k.event_id, k.room_version, k.json, k.redacted, k.redaction_json, k.redaction_id
@@ -470,7 +470,7 @@ class TimelineReader:
                 ) AS f
                 {join_events("e", "e.event_nid = f.event_nid")}
                 {EVENT_JOINS}
-                WHERE e.rejected_reason IS NULL AND {low_sql} AND {high_sql}
+                WHERE e.rejected_reason IS NULL AND NOT e.soft_failed AND {low_sql} AND {high_sql}
             ) AS x
             WHERE x.in_timeline = 1 OR x.is_own = 1
             ORDER BY x.stream"""

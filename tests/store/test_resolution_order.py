@@ -6,7 +6,9 @@ persisted in, and that state is the pure resolution's
 tests/resolution), at every event and at the room's ends, on both engines.
 The events the rules forbid (a topic by a user without the power, a ban by
 one without it, an event citing a rejected one) are rejected as the pure
-rules reject them, event by event in a replay, whatever the order.
+rules reject them, event by event in a replay, whatever the order; the
+events soft-failed (allowed by the state before them, not by the room's
+current state as they arrive) are those of a replay in the same order.
 
 Each example persists one history twice, into two rooms of one store: in the
 order it was built, one event a batch, and in a random topological order cut
@@ -93,71 +95,94 @@ def topological_batches(rng: random.Random, room: RoomBuilder) -> list[list]:
     return batches
 
 
-def expected_states(room: RoomBuilder) -> tuple[dict, dict, dict, set]:
-    """(state before, state after each event, the room's ends' state, the
-    rejected events) by the pure auth rules and resolution, event by event
-    in built order, as the spec's checks of a PDU run: against its auth
-    events, then against the state before it; a rejected event changes no
-    state and is no end of the room."""
+def expected_states(room: RoomBuilder, arrival: list | None = None) -> tuple[dict, dict, dict, set, set]:
+    """(state before, state after each event, the room's current state, the
+    rejected events, the soft-failed ones) by the pure auth rules and
+    resolution, event by event in ``arrival`` order (default: built order),
+    as the spec's checks of a PDU run: against its auth events, then the
+    state before it (rejected: no state change, no end of the room), then the
+    room's current state as it arrives, the resolution of its ends' states
+    and the state before it (soft-failed: no end of the room). States and
+    rejections do not depend on the order; soft failures and so the current
+    state do."""
     events = {e.event_id: parse_pdu(e.raw, room.room_version) for e in room.events}
     version = room.room_version
     before: dict[str, dict] = {}
     after: dict[str, dict] = {}
     rejected: set[str] = set()
-    for built in room.events:
-        states = [after[p] for p in prev_ids(built)]
-        if not states:
-            state = {}
-        elif all(s == states[0] for s in states[1:]):
-            state = dict(states[0])
-        else:
-            state = pure_resolution(room, states, rejected)
+    soft_failed: set[str] = set()
+    ends: list[str] = []
+
+    def allowed(pdu, state) -> bool:
+        keys = auth_types_for_event(version, pdu) | {("m.room.create", "")}
+        try:
+            check_event_auth(version, pdu, {k: events[state[k]] for k in keys if k in state})
+        except AuthError:
+            return False
+        return True
+
+    def resolved(states: list) -> dict:
+        if all(s == states[0] for s in states[1:]):
+            return dict(states[0])
+        return pure_resolution(room, states, rejected)
+
+    for built in arrival or room.events:
+        prevs = prev_ids(built)
+        state = resolved([after[p] for p in prevs]) if prevs else {}
         before[built.event_id] = state
         pdu = events[built.event_id]
         try:
-            auth_state = check_auth_events_shape(version, pdu, events, rejected)
-            check_event_auth(version, pdu, auth_state)
-            keys = auth_types_for_event(version, pdu) | {("m.room.create", "")}
-            check_event_auth(version, pdu, {k: events[state[k]] for k in keys if k in state})
+            check_event_auth(version, pdu, check_auth_events_shape(version, pdu, events, rejected))
         except AuthError:
             rejected.add(built.event_id)
+        if built.event_id not in rejected and not allowed(pdu, state):
+            rejected.add(built.event_id)
+        if built.event_id not in rejected and ends and set(ends) != set(prevs):
+            if not allowed(pdu, resolved([after[e] for e in ends] + [state])):
+                soft_failed.add(built.event_id)
         state_key = built.event.get("state_key")
         after[built.event_id] = {**state, (built.event["type"], state_key): built.event_id} \
             if state_key is not None and built.event_id not in rejected else dict(state)
-    cited = {p for e in room.events if e.event_id not in rejected for p in prev_ids(e)}
-    ends = [after[e.event_id] for e in room.events if e.event_id not in cited and e.event_id not in rejected]
-    current = ends[0] if all(s == ends[0] for s in ends[1:]) else pure_resolution(room, ends, rejected)
-    return before, after, current, rejected
+        if built.event_id not in rejected and built.event_id not in soft_failed:
+            ends = [e for e in ends if e not in prevs] + [built.event_id]
+    current = resolved([after[e] for e in ends])
+    return before, after, current, rejected, soft_failed
 
 
 async def check_history(store, seed: int, version: str) -> None:
     rng = random.Random(seed)
     start_ts = 1_700_000_000_000 + next(_rooms) * 10_000_000
     room = build_history(rng, version, start_ts)
-    before, after, current, rejected = expected_states(room)
+    expected = expected_states(room)
     # The built order, one event a batch.
     for built in room.events:
         await store.persist_events([room.to_persist(built)])
-    await assert_states(store, room, before, after, current, rejected)
+    await assert_states(store, room, *expected)
     # The same history (the same draws) rebuilt in a room of its own, whose
     # timestamps are all moved by one constant, persisted in another order.
     copy = build_history(random.Random(seed), version, start_ts + 5_000_000)
-    copy_before, copy_after, copy_current, copy_rejected = expected_states(copy)
-    for batch in topological_batches(rng, copy):
+    batches = topological_batches(rng, copy)
+    copy_expected = expected_states(copy, [e for batch in batches for e in batch])
+    for batch in batches:
         await store.persist_events([copy.to_persist(e) for e in batch])
-    await assert_states(store, copy, copy_before, copy_after, copy_current, copy_rejected)
-    # The same decisions in both rooms: event by event, mapped by position.
+    await assert_states(store, copy, *copy_expected)
+    # The same states and rejections in both rooms, event by event, mapped
+    # by position, whatever the order (soft failures depend on it).
     position = {e.event_id: i for i, e in enumerate(room.events)}
     copy_position = {e.event_id: i for i, e in enumerate(copy.events)}
+    after, copy_after = expected[1], copy_expected[1]
+    assert {position[e] for e in expected[3]} == {copy_position[e] for e in copy_expected[3]}
     for built, copied in zip(room.events, copy.events):
         assert ({k: position[v] for k, v in after[built.event_id].items()}
                 == {k: copy_position[v] for k, v in copy_after[copied.event_id].items()}), built.event_id
 
 
-async def assert_states(store, room, before, after, current, rejected) -> None:
+async def assert_states(store, room, before, after, current, rejected, soft_failed) -> None:
     flags = await store.get_event_flags([e.event_id for e in room.events])
     got_rejected = {event_id for event_id, f in flags.items() if f.rejected_reason is not None}
     assert got_rejected == rejected, ("rejected", got_rejected, rejected)
+    got_soft_failed = {event_id for event_id, f in flags.items() if f.soft_failed}
+    assert got_soft_failed == soft_failed, ("soft-failed", got_soft_failed, soft_failed)
     for built in room.events:
         got = await store.get_state_ids(built.event_id, before=True)
         assert got == before[built.event_id], ("before", built.event_id, got, before[built.event_id])

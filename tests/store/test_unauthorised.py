@@ -168,3 +168,65 @@ class UnauthorisedEventTests:
         [result] = await store.persist_events([room.to_persist(join, auth_checked=True)])
         self.assertIsNone(result.rejected_reason)
         self.assertIn(MALLORY, await store.get_users_in_room(room.room_id))
+
+
+@on_both_engines
+class SoftFailTests:
+    """Check 6 of the server-server spec ("soft failure"): an event that its
+    auth events and the state before it allow, but the room's current state
+    as it arrives does not, is stored soft-failed: part of the state after
+    it, never served in a timeline, never a forward extremity."""
+
+    async def test_a_message_on_an_old_branch_after_a_ban(self):
+        store = await self.open_store()
+        room = RoomBuilder(version="12", creator=ALICE)
+        events = [room.create(), room.join(ALICE), room.join_rules(), room.join(BOB)]
+        await store.persist_events([room.to_persist(e) for e in events])
+        before_ban = list(room.leaves)
+        ban = room.member(BOB, "ban", sender=ALICE)
+        await store.persist_events([room.to_persist(ban)])
+        # Bob answers from before the ban (his server had not heard of it).
+        late = room.message(BOB, "I did not see the ban", prev=before_ban)
+        [result] = await store.persist_events([room.to_persist(late)])
+        self.assertIsNone(result.rejected_reason)
+        self.assertTrue(result.soft_failed)
+        flags = (await store.get_event_flags([late.event_id]))[late.event_id]
+        self.assertEqual((flags.rejected_reason, flags.soft_failed), (None, True))
+        self.assertEqual(await store.get_forward_extremities(room.room_id), [ban.event_id])
+        sync = await store.sync(ALICE, None, initial_limit=50)
+        self.assertNotIn(late.event_id, [e["event_id"] for e in sync.rooms[room.room_id]])
+        page = await store.paginate(room.room_id, ALICE, None, "b", 50)
+        self.assertNotIn(late.event_id, [e["event_id"] for e in page.events])
+        # Federation still has it: it is part of the room's graph.
+        self.assertIsNotNone(await store.get_event(late.event_id))
+        # The same message from a current member on the same old branch is accepted.
+        fine = room.message(ALICE, "mine is fine", prev=before_ban)
+        [result] = await store.persist_events([room.to_persist(fine)])
+        self.assertFalse(result.soft_failed)
+        self.assertEqual(sorted(await store.get_forward_extremities(room.room_id)),
+                         sorted([ban.event_id, fine.event_id]))
+
+    async def test_a_soft_failed_state_event_is_in_the_state_after_it(self):
+        store = await self.open_store()
+        room = RoomBuilder(version="10", creator=ALICE)
+        events = [room.create(), room.join(ALICE), room.join_rules(),
+                  room.power_levels({ALICE: 100, BOB: 50}), room.join(BOB)]
+        await store.persist_events([room.to_persist(e) for e in events])
+        before = list(room.leaves)
+        demote = room.power_levels({ALICE: 100, BOB: 0})
+        await store.persist_events([room.to_persist(demote)])
+        topic = room.state("m.room.topic", "", {"topic": "Bob's, from before"}, sender=BOB, prev=before)
+        [result] = await store.persist_events([room.to_persist(topic)])
+        self.assertTrue(result.soft_failed)
+        self.assertEqual((await store.get_state_ids(topic.event_id))[("m.room.topic", "")], topic.event_id)
+        self.assertNotIn(("m.room.topic", ""), await store.get_current_state_ids(room.room_id))
+
+    async def test_in_one_batch_the_ends_move_with_the_batch(self):
+        store = await self.open_store()
+        room = RoomBuilder(version="11", creator=ALICE)
+        base = [room.create(), room.join(ALICE), room.join_rules(), room.join(BOB)]
+        before_ban = base[-1].event_id
+        ban = room.member(BOB, "ban", sender=ALICE)
+        late = room.message(BOB, "late", prev=[before_ban])
+        results = await store.persist_events([room.to_persist(e) for e in [*base, ban, late]])
+        self.assertEqual([r.soft_failed for r in results], [False] * 5 + [True])

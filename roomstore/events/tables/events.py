@@ -33,6 +33,7 @@ EVENT_COLUMNS = (
     "event_nid", "room_nid", "type", "type_key_nid", "sender_nid", "depth", "topological_ordering",
     "stream_ordering", "instance_name", "origin_server_ts", "received_ts", "outlier", "rejected_reason",
     "backfilled", "redacted", "state_group_before", "state_group", "visibility_before", "visibility_after",
+    "soft_failed",
 )
 
 
@@ -188,6 +189,7 @@ class StoredEvent(NamedTuple):
     rejected_reason: str | None
     redacted: bool
     room_nid: int
+    soft_failed: bool = False
 
 
 def stored_events_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, StoredEvent]:
@@ -197,12 +199,14 @@ def stored_events_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, Stored
     found: dict[int, StoredEvent] = {}
     for part in chunks(sorted(nids)):
         marks = ", ".join("?" for _ in part)
-        for nid, stream, topo, before, after, outlier, rejected, redacted, room_nid in txn.execute(
+        for nid, stream, topo, before, after, outlier, rejected, redacted, room_nid, soft_failed in txn.execute(
             "SELECT event_nid, stream_ordering, topological_ordering, state_group_before, state_group, outlier,"
-            f" rejected_reason, redacted, room_nid FROM events WHERE event_nid IN ({marks})",
+            f" rejected_reason, redacted, room_nid, soft_failed FROM events WHERE event_nid IN ({marks})",
             list(part),
         ).fetchall():
-            found[nid] = StoredEvent(stream, topo, before, after, bool(outlier), rejected, bool(redacted), room_nid)
+            found[nid] = StoredEvent(
+                stream, topo, before, after, bool(outlier), rejected, bool(redacted), room_nid, bool(soft_failed)
+            )
     return found
 
 
@@ -256,7 +260,7 @@ def visible_flag_txn(txn: Transaction, vis: str, params: Sequence) -> tuple | No
     return txn.execute(
         f"SELECT CASE WHEN {vis} THEN 1 ELSE 0 END FROM events AS e"
         f" WHERE e.event_nid = {event_nid_sql('ei')}"
-        " AND e.outlier = ? AND e.rejected_reason IS NULL",
+        " AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed",
         list(params),
     ).fetchone()
 
@@ -295,7 +299,7 @@ def pointed_at_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
         marks = ", ".join("?" for _ in part)
         found.update(r[0] for r in txn.execute(
             f"SELECT DISTINCT prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
-            f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ? AND e.rejected_reason IS NULL",
+            f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed",
             (*part, False),
         ).fetchall())
     return found
