@@ -145,9 +145,9 @@ class RoomStore:
                 # no other live process is this instance.
                 writer_lock = await WriterLock.acquire(db, config.instance_name)
             if config.read_only:
-                version = await db.check_schema()
+                version = await db.check_schema(config.embedder_schemas)
             else:
-                version = await db.prepare()
+                version = await db.prepare(embedder_schemas=config.embedder_schemas)
             generators = await open_builtin_generators(
                 db, config.instance_name, config.stream_writers, read_only=config.read_only
             )
