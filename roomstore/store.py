@@ -382,6 +382,11 @@ class RoomStore:
         ``event_ids`` that are stored (the others are absent from the result)."""
         return await self.db.run_interaction("get_event_flags", self.reader.flags_txn, list(event_ids))
 
+    async def get_topological_token(self, event_id: str) -> str:
+        """``t<topo>-<stream>``, the position just after a stored graph event
+        (``NotFoundError`` for one not stored, or an outlier)."""
+        return await self.db.run_interaction("get_topological_token", self.reader.topological_token_txn, event_id)
+
     async def get_event_json_bytes(self, event_id: str) -> bytes | None:
         return await self.db.run_interaction("get_event_json_bytes", self.reader.json_bytes_txn, event_id)
 

@@ -35,9 +35,10 @@ from roomstore.events.tables.room_state import (
     rooms_of_user_txn,
 )
 from roomstore.events.resolution_source import TransactionEventSource
-from roomstore.events.tokens import StreamToken
+from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.state.groups import StateGroupNotFound, StateGroupStore
 from roomstore.storage.database import Database, Transaction
+from roomstore.storage.errors import NotFoundError
 from roomstore.storage.interning import Interners, LruCache, chunks, key_nids_of_types_txn
 from roomstore.visibility.rules import MEMBERSHIP_CODES
 
@@ -190,6 +191,17 @@ class EventReader:
             by_nid[nid]: EventFlags(row.outlier, row.rejected_reason, row.redacted, row.stream_ordering)
             for nid, row in stored_events_txn(txn, by_nid).items()
         }
+
+    def topological_token_txn(self, txn: Transaction, event_id: str) -> str:
+        """``t<topological_ordering>-<stream_ordering>`` of a stored event
+        of a room's graph: the pagination position just after it.
+        ``NotFoundError`` for an event not stored, or stored as an outlier."""
+        nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
+        row = None if nid is None else stored_events_txn(txn, [nid]).get(nid)
+        if row is None or row.outlier:
+            what = "is not stored" if row is None else "is an outlier: it has no place in a timeline"
+            raise NotFoundError(f"event {event_id} {what}")
+        return TopologicalToken(row.topological_ordering, row.stream_ordering).to_string()
 
     def _apply_redactions(self, txn, result, by_nid, redacted: Mapping[int, str]) -> None:
         done = set()
