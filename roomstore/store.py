@@ -25,6 +25,7 @@ from roomstore.events.batch import (
 from roomstore.events.batch_rooms import BatchRooms
 from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
+from roomstore.events.client_format import format_client_events
 from roomstore.events.federation import FederationReader
 from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
@@ -386,6 +387,12 @@ class RoomStore:
         """``t<topo>-<stream>``, the position just after a stored graph event
         (``NotFoundError`` for one not stored, or an outlier)."""
         return await self.db.run_interaction("get_topological_token", self.reader.topological_token_txn, event_id)
+
+    async def format_client_events(self, events: Sequence[dict], now_ms: int | None = None) -> list[dict]:
+        """Served events in the client-server API's format, ``age`` at ``now_ms`` (default: the store's clock),
+        ``prev_content`` from the state before each (``roomstore.events.client_format``)."""
+        now_ms = self._now_ms() if now_ms is None else now_ms
+        return await format_client_events(self.reader, self.db, events, now_ms)
 
     async def get_event_json_bytes(self, event_id: str) -> bytes | None:
         return await self.db.run_interaction("get_event_json_bytes", self.reader.json_bytes_txn, event_id)

@@ -258,6 +258,27 @@ class EventReader:
             state = self.state_groups.get_state_filtered(txn, group, keys)
         return self._named_state(txn, state)
 
+    def replaced_state_txn(self, txn: Transaction, events: Sequence[tuple[str, str, str]]) -> dict[str, str]:
+        """``{event_id: replaced_id}``: for each ``(event_id, type,
+        state_key)`` of a stored graph event, the state event of its key in
+        the state before it, where there is one; each state group read for
+        the keys asked of it alone."""
+        nids = self.interners.events.lookup(txn, [event_id for event_id, _, _ in events])
+        rows = stored_events_txn(txn, nids.values())
+        key_nids = self.interners.state_keys.lookup(txn, list({(t, k) for _, t, k in events}))
+        by_group: dict[int, list[tuple[str, int]]] = {}
+        for event_id, event_type, state_key in events:
+            row = rows.get(nids.get(event_id, -1))
+            key = key_nids.get((event_type, state_key))
+            if row is not None and not row.outlier and key is not None and row.state_group_before is not None:
+                by_group.setdefault(row.state_group_before, []).append((event_id, key))
+        found: dict[str, int] = {}
+        for group, asked in by_group.items():
+            state = self.state_groups.get_state_filtered(txn, group, sorted({key for _, key in asked}))
+            found.update((event_id, state[key]) for event_id, key in asked if state.get(key) is not None)
+        names = self.interners.events.resolve(txn, set(found.values()))
+        return {event_id: names[nid] for event_id, nid in found.items() if nid in names}
+
     def state_ids_for_events_txn(
         self, txn: Transaction, event_ids: Sequence[str], before: bool
     ) -> dict[str, dict[tuple[str, str], str]]:
