@@ -16,8 +16,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 from twisted.internet import defer
-from twisted.internet.task import deferLater
-from twisted.logger import Logger
 
 from roomstore.events.batch import (
     EventToPersist, PersistedEvent, first_copies, orphan_rooms, results_in_order,
@@ -43,7 +41,7 @@ from roomstore.state.groups import (
     COMPACTION_LOCK_NAME,
     COMPACTION_LOCK_TIMEOUT_S,
     StateGroupStore,
-    delete_state_groups_txn,
+    delete_when_unlocked,
 )
 from roomstore.storage.database import Database
 from roomstore.storage.interning import Interners, room_ids_txn
@@ -55,8 +53,6 @@ from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.id_generators import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
-
-log = Logger()
 
 
 class RoomStore:
@@ -506,36 +502,13 @@ class RoomStore:
                 "delete_state_groups", ids, lock_timeout_s=lock_timeout_s, poll_interval_s=poll_interval_s
             )
         else:
-            deleted = await self._delete_groups_when_unlocked(ids, lock_timeout_s, poll_interval_s, clock)
+            timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
+            deleted = await delete_when_unlocked(
+                self.db, self.state_groups, ids, timeout_s, poll_interval_s, clock or self.clock, self._now_ms
+            )
         for group in ids:
             self.state_groups.forget(group)
         return deleted
-
-    async def _delete_groups_when_unlocked(self, ids, lock_timeout_s, poll_interval_s, clock) -> int:
-        timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
-        reactor = clock or self.clock
-        waiting_logged = False
-        while True:
-            outcome = await self.db.run_interaction(
-                "delete_state_groups", delete_state_groups_txn, self.state_groups, ids, timeout_s, self._now_ms()
-            )
-            if outcome[0] == "locked":
-                if not waiting_logged:
-                    log.info(
-                        "waiting for state compaction ({holder}) to finish before deleting {n} state group(s)",
-                        holder=outcome[1], n=len(ids),
-                    )
-                    waiting_logged = True
-                await deferLater(reactor, poll_interval_s, lambda: None)
-                continue
-            _, deleted, stale = outcome
-            if stale is not None:
-                log.warn(
-                    "ignoring stale state compaction lock held by {holder} (last heartbeat {age:.0f}s ago,"
-                    " timeout {timeout:.0f}s) to delete {n} state group(s)",
-                    holder=stale[0], age=stale[1], timeout=timeout_s, n=len(ids),
-                )
-            return deleted
 
     # --- timeline and federation reads (roomstore.events.timeline, .federation)
     # Thin async wrappers; contracts and SQL in those modules.
