@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from twisted.internet import defer
 from twisted.trial import unittest
 
-from roomstore.storage import SCHEMA_VERSION, SchemaError, SchemaTooNewError
+from roomstore.storage import SCHEMA_VERSION, Database, SchemaError, SchemaTooNewError
 from roomstore.storage.embedder_schema import EmbedderSchema
 from roomstore.store import RoomStore
 from roomstore.store_config import StoreConfig
@@ -174,6 +175,29 @@ class EmbedderSchemaTests:
         store = await self.open(url, EmbedderSchema("homeserver", directory, version=1))
         self.assertEqual(await store.db.run_interaction("v", _embedder_versions), {"homeserver": 1})
         self.assertFalse(await self.exists(store, "hs_filters"))
+
+    async def test_the_child_writer_migrates(self):
+        # writer_process: the child opens the database as the writer and migrates
+        # (the schemas go to it with the config); this process checks, read-only.
+        directory = self.schema_dir({"1/01_accounts.sql": ACCOUNTS})
+        url = self.new_database_url()
+        store = await self.open(url, EmbedderSchema("homeserver", directory), writer_process=True)
+        self.assertEqual(await store.db.run_interaction("v", _embedder_versions), {"homeserver": 1})
+        self.assertTrue(await self.exists(store, "hs_accounts"))
+
+    async def test_two_processes_starting_at_once_migrate_once(self):
+        # Two pools on one fresh database: the store's migration lock covers the embedders' deltas too.
+        directory = self.schema_dir({"1/01_accounts.sql": ACCOUNTS, "2/01_filters.sql": FILTERS})
+        url = self.new_database_url()
+        first, second = Database.from_url(url), Database.from_url(url)
+        self.addCleanup(first.close)
+        self.addCleanup(second.close)
+        schemas = [EmbedderSchema("homeserver", directory)]
+        versions = await defer.gatherResults(
+            [defer.ensureDeferred(db.prepare(embedder_schemas=schemas)) for db in (first, second)], consumeErrors=True
+        )
+        self.assertEqual(versions, [SCHEMA_VERSION, SCHEMA_VERSION])
+        self.assertEqual(await second.run_interaction("v", _embedder_versions), {"homeserver": 2})
 
 
 class EmbedderSchemaValueTests(unittest.TestCase):
