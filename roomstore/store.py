@@ -16,8 +16,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 from twisted.internet import defer
-from twisted.internet.task import deferLater
-from twisted.logger import Logger
 
 from roomstore.events.batch import (
     EventToPersist, PersistedEvent, first_copies, orphan_rooms, results_in_order,
@@ -25,6 +23,7 @@ from roomstore.events.batch import (
 from roomstore.events.batch_rooms import BatchRooms
 from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
+from roomstore.events.client_format import format_client_events
 from roomstore.events.federation import FederationReader
 from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
@@ -42,7 +41,7 @@ from roomstore.state.groups import (
     COMPACTION_LOCK_NAME,
     COMPACTION_LOCK_TIMEOUT_S,
     StateGroupStore,
-    delete_state_groups_txn,
+    delete_when_unlocked,
 )
 from roomstore.storage.database import Database
 from roomstore.storage.interning import Interners, room_ids_txn
@@ -54,8 +53,6 @@ from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.id_generators import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
-
-log = Logger()
 
 
 class RoomStore:
@@ -145,9 +142,9 @@ class RoomStore:
                 # no other live process is this instance.
                 writer_lock = await WriterLock.acquire(db, config.instance_name)
             if config.read_only:
-                version = await db.check_schema()
+                version = await db.check_schema(config.embedder_schemas)
             else:
-                version = await db.prepare()
+                version = await db.prepare(embedder_schemas=config.embedder_schemas)
             generators = await open_builtin_generators(
                 db, config.instance_name, config.stream_writers, read_only=config.read_only
             )
@@ -382,6 +379,17 @@ class RoomStore:
         ``event_ids`` that are stored (the others are absent from the result)."""
         return await self.db.run_interaction("get_event_flags", self.reader.flags_txn, list(event_ids))
 
+    async def get_topological_token(self, event_id: str) -> str:
+        """``t<topo>-<stream>``, the position just after a stored graph event
+        (``NotFoundError`` for one not stored, or an outlier)."""
+        return await self.db.run_interaction("get_topological_token", self.reader.topological_token_txn, event_id)
+
+    async def format_client_events(self, events: Sequence[dict], now_ms: int | None = None) -> list[dict]:
+        """Served events in the client-server API's format, ``age`` at ``now_ms`` (default: the store's clock),
+        ``prev_content`` from the state before each (``roomstore.events.client_format``)."""
+        now_ms = self._now_ms() if now_ms is None else now_ms
+        return await format_client_events(self.reader, self.db, events, now_ms)
+
     async def get_event_json_bytes(self, event_id: str) -> bytes | None:
         return await self.db.run_interaction("get_event_json_bytes", self.reader.json_bytes_txn, event_id)
 
@@ -494,36 +502,13 @@ class RoomStore:
                 "delete_state_groups", ids, lock_timeout_s=lock_timeout_s, poll_interval_s=poll_interval_s
             )
         else:
-            deleted = await self._delete_groups_when_unlocked(ids, lock_timeout_s, poll_interval_s, clock)
+            timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
+            deleted = await delete_when_unlocked(
+                self.db, self.state_groups, ids, timeout_s, poll_interval_s, clock or self.clock, self._now_ms
+            )
         for group in ids:
             self.state_groups.forget(group)
         return deleted
-
-    async def _delete_groups_when_unlocked(self, ids, lock_timeout_s, poll_interval_s, clock) -> int:
-        timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
-        reactor = clock or self.clock
-        waiting_logged = False
-        while True:
-            outcome = await self.db.run_interaction(
-                "delete_state_groups", delete_state_groups_txn, self.state_groups, ids, timeout_s, self._now_ms()
-            )
-            if outcome[0] == "locked":
-                if not waiting_logged:
-                    log.info(
-                        "waiting for state compaction ({holder}) to finish before deleting {n} state group(s)",
-                        holder=outcome[1], n=len(ids),
-                    )
-                    waiting_logged = True
-                await deferLater(reactor, poll_interval_s, lambda: None)
-                continue
-            _, deleted, stale = outcome
-            if stale is not None:
-                log.warn(
-                    "ignoring stale state compaction lock held by {holder} (last heartbeat {age:.0f}s ago,"
-                    " timeout {timeout:.0f}s) to delete {n} state group(s)",
-                    holder=stale[0], age=stale[1], timeout=timeout_s, n=len(ids),
-                )
-            return deleted
 
     # --- timeline and federation reads (roomstore.events.timeline, .federation)
     # Thin async wrappers; contracts and SQL in those modules.

@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 import attrs
 
 from roomstore.state.groups import DEFAULT_MAX_CHAIN_LENGTH
+from roomstore.storage.embedder_schema import EmbedderSchema, distinct_names
 from roomstore.streams.builtin import BUILTIN_STREAMS
 
 DAY_MS = 24 * 3600 * 1000
@@ -62,6 +63,10 @@ class StoreConfig:
     #: where that is refused) or a nice value 0-19 (never below this
     #: process's own). Its validation workers inherit it.
     writer_process_priority: str | int = attrs.field(default="idle")
+    #: The embedding program's own schemas (``roomstore.storage.embedder_schema``):
+    #: migrated after the store's, in its transaction; checked, never migrated,
+    #: by a read-only store.
+    embedder_schemas: Sequence[EmbedderSchema] = attrs.field(default=(), converter=tuple, validator=distinct_names)
 
     @writer_process_priority.validator
     def _check_priority(self, _attribute, value) -> None:

@@ -35,9 +35,10 @@ from roomstore.events.tables.room_state import (
     rooms_of_user_txn,
 )
 from roomstore.events.resolution_source import TransactionEventSource
-from roomstore.events.tokens import StreamToken
+from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.state.groups import StateGroupNotFound, StateGroupStore
 from roomstore.storage.database import Database, Transaction
+from roomstore.storage.errors import NotFoundError
 from roomstore.storage.interning import Interners, LruCache, chunks, key_nids_of_types_txn
 from roomstore.visibility.rules import MEMBERSHIP_CODES
 
@@ -193,6 +194,17 @@ class EventReader:
             for nid, row in stored_events_txn(txn, by_nid).items()
         }
 
+    def topological_token_txn(self, txn: Transaction, event_id: str) -> str:
+        """``t<topological_ordering>-<stream_ordering>`` of a stored event
+        of a room's graph: the pagination position just after it.
+        ``NotFoundError`` for an event not stored, or stored as an outlier."""
+        nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
+        row = None if nid is None else stored_events_txn(txn, [nid]).get(nid)
+        if row is None or row.outlier:
+            what = "is not stored" if row is None else "is an outlier: it has no place in a timeline"
+            raise NotFoundError(f"event {event_id} {what}")
+        return TopologicalToken(row.topological_ordering, row.stream_ordering).to_string()
+
     def _apply_redactions(self, txn, result, by_nid, redacted: Mapping[int, str]) -> None:
         done = set()
         for target, raw, redaction_id in redactions_of_txn(txn, list(redacted)):
@@ -247,6 +259,27 @@ class EventReader:
         else:
             state = self.state_groups.get_state_filtered(txn, group, keys)
         return self._named_state(txn, state)
+
+    def replaced_state_txn(self, txn: Transaction, events: Sequence[tuple[str, str, str]]) -> dict[str, str]:
+        """``{event_id: replaced_id}``: for each ``(event_id, type,
+        state_key)`` of a stored graph event, the state event of its key in
+        the state before it, where there is one; each state group read for
+        the keys asked of it alone."""
+        nids = self.interners.events.lookup(txn, [event_id for event_id, _, _ in events])
+        rows = stored_events_txn(txn, nids.values())
+        key_nids = self.interners.state_keys.lookup(txn, list({(t, k) for _, t, k in events}))
+        by_group: dict[int, list[tuple[str, int]]] = {}
+        for event_id, event_type, state_key in events:
+            row = rows.get(nids.get(event_id, -1))
+            key = key_nids.get((event_type, state_key))
+            if row is not None and not row.outlier and key is not None and row.state_group_before is not None:
+                by_group.setdefault(row.state_group_before, []).append((event_id, key))
+        found: dict[str, int] = {}
+        for group, asked in by_group.items():
+            state = self.state_groups.get_state_filtered(txn, group, sorted({key for _, key in asked}))
+            found.update((event_id, state[key]) for event_id, key in asked if state.get(key) is not None)
+        names = self.interners.events.resolve(txn, set(found.values()))
+        return {event_id: names[nid] for event_id, nid in found.items() if nid in names}
 
     def state_ids_for_events_txn(
         self, txn: Transaction, event_ids: Sequence[str], before: bool

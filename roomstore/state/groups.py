@@ -27,6 +27,8 @@ from operator import itemgetter
 from typing import Callable, Iterable, Mapping
 
 import attrs
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
 
 from roomstore.state import group_tables as tables
 from roomstore.state.group_tables import (  # noqa: F401 (the statements' home; re-exported for the store's callers)
@@ -38,6 +40,8 @@ from roomstore.state.group_tables import (  # noqa: F401 (the statements' home; 
     sole_deltas_sql,
 )
 from roomstore.storage.database import Transaction
+
+log = Logger()
 from roomstore.storage.interning import LruCache, chunks
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME, lock_row_txn
 
@@ -272,3 +276,34 @@ def delete_state_groups_txn(
     for child, state in states.items():
         tables.rewrite_as_snapshot_txn(txn, child, state)
     return ("deleted", tables.delete_groups_txn(txn, ids), stale)
+
+
+async def delete_when_unlocked(
+    db, groups: StateGroupStore, ids: list[int], timeout_s: float, poll_interval_s: float, clock,
+    now_ms: Callable[[], int],
+) -> int:
+    """``delete_state_groups_txn`` until it deletes (``RoomStore.delete_state_groups``):
+    while the compaction job holds its lock, a line says so once and the
+    deletion is tried again every ``poll_interval_s`` on ``clock``; a stale
+    lock ignored is a warning. Returns how many of ``ids`` existed."""
+    waiting_logged = False
+    while True:
+        outcome = await db.run_interaction("delete_state_groups", delete_state_groups_txn, groups, ids, timeout_s, now_ms())
+        if outcome[0] == "locked":
+            if not waiting_logged:
+                log.info(
+                    "waiting for state compaction ({holder}) to finish before deleting {n} state group(s)",
+                    holder=outcome[1], n=len(ids),
+                )
+                waiting_logged = True
+            await deferLater(clock, poll_interval_s, lambda: None)
+            continue
+        _, deleted, stale = outcome
+        if stale is not None:
+            log.warn(
+                "ignoring stale state compaction lock held by {holder} (last heartbeat {age:.0f}s ago,"
+                " timeout {timeout:.0f}s) to delete {n} state group(s)",
+                holder=stale[0], age=stale[1], timeout=timeout_s, n=len(ids),
+            )
+        return deleted
+

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, NamedTuple, TypeVar
+from typing import Any, Callable, NamedTuple, Sequence, TypeVar
 
 from prometheus_client import Counter, Histogram
 from twisted.internet import defer, threads
@@ -180,18 +180,24 @@ class Database:
         engine.check_exists()
         return cls(engine, reactor)
 
-    async def prepare(self, schema_dir: str | None = None) -> int:
-        """Bring the schema up to date (see ``roomstore.storage.schema``); returns its version."""
-        from roomstore.storage.schema import prepare_database
+    async def prepare(self, schema_dir: str | None = None, embedder_schemas: Sequence = ()) -> int:
+        """Bring the schema up to date (see ``roomstore.storage.schema``),
+        then each of ``embedder_schemas`` (``EmbedderSchema``, in
+        ``roomstore.storage.embedder_schema``), in one transaction; returns
+        the store's schema version."""
+        from roomstore.storage.embedder_schema import prepare_with_embedders_txn
 
-        return await self.run_interaction("prepare_database", prepare_database, schema_dir)
+        return await self.run_interaction(
+            "prepare_database", prepare_with_embedders_txn, schema_dir, tuple(embedder_schemas)
+        )
 
-    async def check_schema(self) -> int:
-        """The schema version, which must be current; writes nothing
+    async def check_schema(self, embedder_schemas: Sequence = ()) -> int:
+        """The schema version, which must be current, as must each of
+        ``embedder_schemas``; writes nothing
         (``roomstore.storage.schema.check_schema_txn``)."""
-        from roomstore.storage.schema import check_schema_txn
+        from roomstore.storage.embedder_schema import check_embedders_txn
 
-        return await self.run_interaction("check_schema", check_schema_txn)
+        return await self.run_interaction("check_schema", check_embedders_txn, tuple(embedder_schemas))
 
     @property
     def closed(self) -> bool:

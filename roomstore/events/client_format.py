@@ -1,0 +1,89 @@
+"""The client-server API's event format ("ClientEvent") of the store's served events.
+
+The store serves events as their PDUs (``get_event``, ``sync``, ``paginate``,
+``recent``): with the keys only servers use, and an ``unsigned`` object that
+holds what the sending server put there (or, for a redacted event,
+``redacted_because``, the redaction as a PDU). A client is given instead,
+as the client-server specification's ClientEvent says:
+
+* ``event_id``, ``type``, ``content``, ``sender``, ``origin_server_ts``,
+  ``room_id``, ``state_key`` (state events only), and whatever other keys the
+  PDU carries (``redacts`` of a redaction before room version 11), but not
+  the federation's ``auth_events``, ``prev_events``, ``hashes``,
+  ``signatures``, ``depth``, ``origin`` or (room versions 1 and 2)
+  ``prev_state``;
+* ``unsigned``, built here: ``age`` (``now_ms - origin_server_ts``),
+  ``redacted_because`` (the redaction, itself in this format) when the event
+  is redacted, and for a state event whose key had a state event in the state
+  before it ``replaces_state`` (that event's ID) and ``prev_content`` (its
+  content as served, pruned if it is redacted; left out for a redacted
+  event, as a redaction drops it); of what the PDU's ``unsigned`` held only
+  the stripped state an invite or knock carries (``invite_room_state``,
+  ``knock_room_state``). ``transaction_id`` is the caller's to add, for the
+  device that sent the event.
+
+``client_event`` is the pure step, given the replaced state event;
+``format_client_events`` (``RoomStore.format_client_events``) finds those
+for a batch: one transaction for the state before every state event of it,
+each key looked up in its state group alone, then one read of the replaced
+events through the event cache. Nothing given is modified: the served events
+may be the cache's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from roomstore.pdu.redaction_algorithm import copy_json
+
+__all__ = ["FEDERATION_KEYS", "KEPT_UNSIGNED_KEYS", "client_event", "format_client_events"]
+
+#: Keys of a PDU that only servers use, dropped from the client format.
+FEDERATION_KEYS = frozenset({"auth_events", "prev_events", "hashes", "signatures", "depth", "origin", "prev_state"})
+#: Keys of a PDU's ``unsigned`` given to clients as they are (the stripped state of an invite or knock);
+#: the rest of ``unsigned`` is computed (``age``, ``redacted_because``, ``prev_content``, ``replaces_state``).
+KEPT_UNSIGNED_KEYS = frozenset({"invite_room_state", "knock_room_state"})
+
+
+def client_event(event: Mapping[str, Any], now_ms: int, *, replaced_event: Mapping[str, Any] | None = None) -> dict:
+    """``event`` (a served event dict) in the client format, its ``age`` at
+    ``now_ms``. ``replaced_event``: the served state event of the same
+    ``(type, state_key)`` in the state before it, if there is one (it gives
+    ``replaces_state`` and ``prev_content``); only a state event uses it."""
+    result = {key: copy_json(value) for key, value in event.items() if key not in FEDERATION_KEYS and key != "unsigned"}
+    stored = event.get("unsigned")
+    stored = stored if isinstance(stored, Mapping) else {}
+    unsigned = {key: copy_json(value) for key, value in stored.items() if key in KEPT_UNSIGNED_KEYS}
+    sent = event.get("origin_server_ts")
+    if isinstance(sent, int) and not isinstance(sent, bool):
+        unsigned["age"] = now_ms - sent
+    redaction = stored.get("redacted_because")
+    if isinstance(redaction, Mapping):
+        unsigned["redacted_because"] = client_event(redaction, now_ms)
+    if replaced_event is not None and "state_key" in event and "event_id" in replaced_event:
+        unsigned["replaces_state"] = replaced_event["event_id"]
+        if "redacted_because" not in unsigned and isinstance(replaced_event.get("content"), Mapping):
+            unsigned["prev_content"] = copy_json(replaced_event["content"])
+    result["unsigned"] = unsigned
+    return result
+
+
+async def format_client_events(reader: Any, db: Any, events: Sequence[Mapping[str, Any]], now_ms: int) -> list[dict]:
+    """``client_event`` of each of ``events``, in order, the replaced state
+    event of each state event found in the state before it
+    (``reader.replaced_state_txn``; an outlier, or an event the store does
+    not hold, has none). ``reader``: the store's ``EventReader``; ``db``: its
+    database."""
+    wanted = [
+        (event["event_id"], event["type"], event["state_key"]) for event in events
+        if isinstance(event.get("state_key"), str) and isinstance(event.get("type"), str)
+        and isinstance(event.get("event_id"), str)
+    ]
+    replaced: dict[str, str] = {}
+    if wanted:
+        replaced = await db.run_interaction("replaced_state", reader.replaced_state_txn, wanted)
+    previous = await reader.get_events(sorted(set(replaced.values()))) if replaced else {}
+    return [
+        client_event(event, now_ms, replaced_event=previous.get(replaced.get(event.get("event_id"), "")))
+        for event in events
+    ]
