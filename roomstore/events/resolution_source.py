@@ -11,12 +11,17 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from roomstore.events.batch import PreparedEvent
-from roomstore.events.tables.events import auth_chain_nids_txn, auth_edges_txn, served_rows_txn
+from roomstore.events.tables.events import auth_chain_masks_txn, auth_chain_nids_txn, auth_edges_txn, served_rows_txn
 from roomstore.pdu.parsing import ParsedPdu, stored_pdu
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
 from roomstore.resolution import conflicted_subgraph, resolve_state
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners, LruCache, chunks
+
+
+#: State sets one masked walk takes (a bit each in a 64-bit integer); more
+#: are walked a set at a time.
+MAX_MASKED_SETS = 62
 
 
 class ParsedEventCache(LruCache):
@@ -98,15 +103,57 @@ class TransactionEventSource:
         }
 
     def auth_chain_difference(self, state_sets: Sequence[set[str]]) -> set[str]:
-        """∪ − ∩ of the sets' full auth chains (each with its own events):
-        the batch's events walked in memory, the stored part in one
-        recursive query a set, compared as nids and named at the end."""
+        """∪ − ∩ of the sets' full auth chains (each with its own events).
+
+        One walk for all the sets: every event carries a bit mask of the sets
+        whose closure reaches it, so the events the sets share (most of a big
+        room's state) are walked once, not once a set. The batch's events
+        are walked in memory, the stored part in one recursive query
+        (``auth_chain_masks_txn``); an event is in the difference unless
+        every set's bit reached it. Compared as nids, named at the end."""
         if not state_sets:
             return set()
-        closures = [self._closure(state_set) for state_set in state_sets]
-        differing = set().union(*closures) - set.intersection(*closures)
-        nids = [n for n in differing if isinstance(n, int)]
-        return {n for n in differing if isinstance(n, str)} | set(self.interners.events.resolve(self.txn, nids).values())
+        if len(state_sets) > MAX_MASKED_SETS:
+            closures = [self._closure(state_set) for state_set in state_sets]
+            return self._named(set().union(*closures) - set.intersection(*closures))
+        full = (1 << len(state_sets)) - 1
+        masks: dict = {}  # nid (by ID where it has none) -> the sets reaching it
+        stored: dict[str, int] = {}
+        for index, state_set in enumerate(state_sets):
+            self._walk_pending(state_set, 1 << index, masks, stored)
+        nids = self.interners.events.lookup(self.txn, stored)
+        start: dict[int, int] = {}
+        for event_id, mask in stored.items():
+            key = nids.get(event_id, event_id)
+            masks[key] = masks.get(key, 0) | mask
+            if event_id in nids:
+                start[nids[event_id]] = mask
+        for nid, mask in auth_chain_masks_txn(self.txn, start).items():
+            masks[nid] = masks.get(nid, 0) | mask
+        return self._named({key for key, mask in masks.items() if mask != full})
+
+    def _named(self, keys: set) -> set[str]:
+        """Event IDs of nids and IDs (an event without a nid is its ID)."""
+        names = self.interners.events.resolve(self.txn, [n for n in keys if isinstance(n, int)])
+        return {n for n in keys if isinstance(n, str)} | set(names.values())
+
+    def _walk_pending(self, start: Iterable[str], bit: int, masks: dict, stored: dict[str, int]) -> None:
+        """Mark ``start`` and the batch's events of its auth chain with
+        ``bit`` in ``masks`` (by nid where interned, as a stored event's edge
+        would name them); the stored events it meets with ``bit`` in ``stored``."""
+        frontier, seen = set(start), set()
+        while frontier:
+            seen |= frontier
+            following: set[str] = set()
+            for event_id in frontier:
+                ev = self.pending.get(event_id)
+                if ev is None:
+                    stored[event_id] = stored.get(event_id, 0) | bit
+                    continue
+                key = self._pending_nids.get(event_id, event_id)
+                masks[key] = masks.get(key, 0) | bit
+                following.update(ev.pdu.auth_chain_event_ids)
+            frontier = following - seen
 
     def conflicted_subgraph(self, conflicted: set[str]) -> set[str]:
         """The pure walk (``roomstore.resolution.conflicted_subgraph``) over

@@ -4,6 +4,7 @@ call, and rejected events hidden from ``get_event`` unless asked."""
 
 from __future__ import annotations
 
+from roomstore.events import resolution_source
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
 
@@ -50,6 +51,11 @@ class RoomServerReadTests:
         self.assertEqual(await store.get_auth_chain_difference([{levels.event_id}, {levels.event_id}]), set())
         self.assertEqual(await store.get_auth_chain_difference([{levels.event_id}, {"$unknown"}]),
                          ids(levels, create, join_a) | {"$unknown"})
+        # Three sets, in one masked walk, and a set at a time (past MAX_MASKED_SETS): the same.
+        three = [{topic_a.event_id}, {topic_b.event_id}, {join_b.event_id}]
+        self.assertEqual(await store.get_auth_chain_difference(three), ids(topic_a, topic_b, join_b))
+        self.patch(resolution_source, "MAX_MASKED_SETS", 2)
+        self.assertEqual(await store.get_auth_chain_difference(three), ids(topic_a, topic_b, join_b))
 
     async def test_state_for_many_events(self):
         store = await self.open_store()

@@ -15,7 +15,7 @@ keeps) is ``roomstore.pdu.redaction_algorithm``.
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import (
@@ -327,6 +327,32 @@ def auth_chain_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
             ") SELECT nid FROM chain",
             list(part),
         ).fetchall())
+    return found
+
+
+def auth_chain_masks_txn(txn: Transaction, start: Mapping[int, int]) -> dict[int, int]:
+    """nid -> the OR of the masks of the events of ``start`` (nid -> mask)
+    whose auth chain holds it (the start events themselves only where one is
+    in another's chain). One recursive query a chunk: each mask's events
+    anchor it, and a (nid, mask) pair is walked once (``UNION``), so events
+    that several masks share are walked once under their common mask."""
+    found: dict[int, int] = {}
+    for part in chunks(sorted(start.items()), WIDE_CHUNK):
+        by_mask: dict[int, list[int]] = {}
+        for nid, mask in part:
+            by_mask.setdefault(mask, []).append(nid)
+        anchors, params = [], []
+        for mask, nids in sorted(by_mask.items()):
+            anchors.append("SELECT auth_event_nid, CAST(? AS BIGINT) FROM event_auth_edges"
+                           f" WHERE event_nid IN ({', '.join('?' for _ in nids)})")
+            params += [mask, *nids]
+        for nid, mask in txn.execute(
+            f"WITH RECURSIVE chain(nid, mask) AS ({' UNION '.join(anchors)}"
+            " UNION SELECT a.auth_event_nid, c.mask FROM event_auth_edges AS a JOIN chain AS c ON a.event_nid = c.nid"
+            ") SELECT nid, mask FROM chain",
+            params,
+        ).fetchall():
+            found[nid] = found.get(nid, 0) | mask
     return found
 
 
