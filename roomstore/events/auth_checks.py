@@ -85,9 +85,7 @@ def soft_fails(w: Any, ev: PreparedEvent, room_nid: int, group_before: int | Non
     if all(state == states[0] for state in states[1:]):
         return False
     current = resolve_interned(w, ev.pdu.room_version, states)
-    keys = auth_types_for_event(ev.pdu.room_version, ev.pdu) | {CREATE}
-    w.intern_keys(keys)
-    entries = {key: current[w.key_nids[key]] for key in keys if w.key_nids[key] in current}
+    entries = {key: current[nid] for nid, key in _auth_key_nids(w, ev.pdu).items() if nid in current}
     try:
         check_event_auth(ev.pdu.room_version, ev.pdu, _state_events(w, entries))
     except AuthError:
@@ -130,12 +128,18 @@ def _to_check(ev: PreparedEvent) -> bool:
     return ev.rejected_reason is None and not ev.auth_checked
 
 
-def _state_auth_entries(w: Any, pdu: ParsedPdu, group_before: int | None) -> dict[tuple[str, str], int]:
-    """The state before ``pdu`` at the keys the rules read for it: key ->
-    event nid (the create event always, as the rules need it)."""
+def _auth_key_nids(w: Any, pdu: ParsedPdu) -> dict[int, tuple[str, str]]:
+    """The state keys the rules read for ``pdu`` (the create event's always,
+    as the rules need it), interned: key nid -> key."""
     keys = auth_types_for_event(pdu.room_version, pdu) | {CREATE}
     w.intern_keys(keys)
-    key_nids = {w.key_nids[key]: key for key in keys}
+    return {w.key_nids[key]: key for key in keys}
+
+
+def _state_auth_entries(w: Any, pdu: ParsedPdu, group_before: int | None) -> dict[tuple[str, str], int]:
+    """The state before ``pdu`` at the keys the rules read for it: key ->
+    event nid."""
+    key_nids = _auth_key_nids(w, pdu)
     if group_before is None:
         return {}
     pending = w.pending.get(group_before)
