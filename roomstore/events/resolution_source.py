@@ -171,26 +171,11 @@ class TransactionEventSource:
         """``start`` and its auth chain: the batch's events by ID (walked in
         memory), stored ones by nid (``auth_chain_nids_txn``), unknown ones
         by ID."""
-        closure: set = set()
-        stored_ids: set[str] = set()
-        frontier = set(start)
-        seen: set[str] = set()
-        while frontier:
-            seen |= frontier
-            following: set[str] = set()
-            for event_id in frontier:
-                ev = self.pending.get(event_id)
-                if ev is None:
-                    stored_ids.add(event_id)
-                else:
-                    # By nid where it has one (the write interned it), as a
-                    # stored event's edge to it would name it.
-                    closure.add(self._pending_nids.get(event_id, event_id))
-                    following.update(ev.pdu.auth_chain_event_ids)
-            frontier = following - seen
-        nids = self.interners.events.lookup(self.txn, stored_ids)
-        closure |= {e for e in stored_ids if e not in nids}
-        closure |= set(nids.values())
+        masks: dict = {}
+        stored: dict[str, int] = {}
+        self._walk_pending(start, 1, masks, stored)
+        nids = self.interners.events.lookup(self.txn, stored)
+        closure = set(masks) | {e for e in stored if e not in nids} | set(nids.values())
         return closure | auth_chain_nids_txn(self.txn, nids.values())
 
 
