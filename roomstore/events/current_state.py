@@ -40,12 +40,18 @@ class RoomEnds:
     def __init__(self, txn: Transaction) -> None:
         self.txn = txn
         self._rooms: dict[int, dict[int, int | None]] = {}
+        #: Moves of rooms not read yet: (prev nids, event nid, its group),
+        #: replayed on the read, so a batch no check needs the ends of
+        #: (a trusted import) never reads them.
+        self._moves: dict[int, list[tuple[list[int], int, int | None]]] = {}
 
     def of(self, room_nid: int) -> dict[int, int | None]:
         """``{extremity nid: its state group}`` of the room now."""
         ends = self._rooms.get(room_nid)
         if ends is None:
             ends = self._rooms[room_nid] = dict(forward_groups_txn(self.txn, room_nid))
+            for prevs, event_nid, group_after in self._moves.pop(room_nid, ()):
+                self._move(ends, prevs, event_nid, group_after)
         return ends
 
     def advance(self, ev: PreparedEvent, room_nid: int, event_nid: int, group_after: int | None,
@@ -53,9 +59,17 @@ class RoomEnds:
         """A live, accepted graph event replaces its prev events among the room's ends."""
         if ev.backfilled or ev.rejected_reason or ev.soft_failed:
             return
-        ends = self.of(room_nid)
-        for prev_id in ev.pdu.prev_event_ids:
-            ends.pop(event_nids[prev_id], None)
+        prevs = [event_nids[p] for p in ev.pdu.prev_event_ids]
+        ends = self._rooms.get(room_nid)
+        if ends is None:
+            self._moves.setdefault(room_nid, []).append((prevs, event_nid, group_after))
+        else:
+            self._move(ends, prevs, event_nid, group_after)
+
+    @staticmethod
+    def _move(ends: dict[int, int | None], prevs: list[int], event_nid: int, group_after: int | None) -> None:
+        for prev in prevs:
+            ends.pop(prev, None)
         ends[event_nid] = group_after
 
 
