@@ -1,0 +1,49 @@
+"""Sending and redacting: ``PUT /rooms/{id}/send/{type}/{txnId}``,
+``PUT /rooms/{id}/redact/{eventId}/{txnId}`` and ``GET /rooms/{id}/event/{id}``.
+
+A transaction ID is the device's: the same (user, device, txn ID) again
+returns the event the first request made, and makes none (the spec's
+idempotency). Redaction transaction IDs are a namespace of their own."""
+
+from __future__ import annotations
+
+from roomstore.homeserver.errors import not_found
+from roomstore.homeserver.events import EventCreator
+from roomstore.homeserver.http import ClientRequest, Router
+from roomstore.homeserver.store_gaps import ClientTxn
+
+__all__ = ["Sending"]
+
+
+class Sending:
+    def __init__(self, events: EventCreator):
+        self._events = events
+
+    def register_routes(self, router: Router) -> None:
+        router.add("PUT", "/rooms/{roomId}/send/{eventType}/{txnId}", self.send)
+        router.add("PUT", "/rooms/{roomId}/redact/{eventId}/{txnId}", self.redact)
+        router.add("GET", "/rooms/{roomId}/event/{eventId}", self.get_event)
+
+    async def send(self, request: ClientRequest) -> dict:
+        user = request.user
+        txn = ClientTxn(user.user_id, user.device_id, request.params["txnId"])
+        event_id = await self._events.send(request.params["roomId"], user.user_id, request.params["eventType"],
+                                           request.body, client_txn=txn)
+        return {"event_id": event_id}
+
+    async def redact(self, request: ClientRequest) -> dict:
+        user = request.user
+        txn = ClientTxn(user.user_id, user.device_id, "redact/" + request.params["txnId"])
+        content = {"reason": request.body["reason"]} if isinstance(request.body.get("reason"), str) else {}
+        event_id = await self._events.send(request.params["roomId"], user.user_id, "m.room.redaction", content,
+                                           redacts=request.params["eventId"], client_txn=txn)
+        return {"event_id": event_id}
+
+    async def get_event(self, request: ClientRequest) -> dict:
+        store, event_id = self._events.store, request.params["eventId"]
+        event = await store.get_event(event_id)
+        if event is None or event.get("room_id") != request.params["roomId"] \
+                or not await store.is_visible(request.user.user_id, event_id):
+            raise not_found("Event not found.")
+        [formatted] = await store.format_client_events([event])
+        return formatted
