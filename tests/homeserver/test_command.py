@@ -72,3 +72,25 @@ class CommandTests:
         self.assertEqual([e["event_id"] for e in page["chunk"]], [second, first])
         code, err = await threads.deferToThread(stop, proc)
         self.assertEqual(code, 0, err)
+
+
+@on_both_engines
+class ApiDocTests:
+    async def test_the_documented_homeserver_example_runs(self):
+        import re
+
+        from twisted.internet import reactor
+
+        with open(os.path.join(ROOT, "docs", "api.md"), encoding="utf-8") as handle:
+            section = handle.read().split("\n## A homeserver on the store\n", 1)[1].split("\n## ", 1)[0]
+        [source] = re.findall(r"```python\n(.*?)```", section, re.S)
+        namespace: dict = {}
+        exec(compile(source, "docs/api.md", "exec"), namespace)
+        hs, port = await namespace["serve"](self.new_database_url(), reactor)
+        try:
+            versions = await Client(f"http://127.0.0.1:{port.getHost().port}").ok(
+                "GET", "/versions", prefix="/_matrix/client")
+            self.assertIn("v1.11", versions["versions"])
+        finally:
+            await port.stopListening()
+            await hs.close()
