@@ -8,6 +8,7 @@ anyone else is refused (403)."""
 
 from __future__ import annotations
 
+from roomstore.homeserver.client_events import format_for_client
 from roomstore.homeserver.errors import forbidden, not_found
 from roomstore.homeserver.events import EventCreator, events_in_order
 from roomstore.homeserver.http import ClientRequest, Router
@@ -52,7 +53,7 @@ class RoomState:
         return await events_in_order(self._store, chosen)
 
     async def all_state(self, request: ClientRequest) -> list:
-        return await self._store.format_client_events(await self._state_events(request))
+        return await format_for_client(self._store, await self._state_events(request))
 
     async def get_state(self, request: ClientRequest) -> dict:
         wanted = (request.params["eventType"], request.params.get("stateKey", ""))
@@ -60,7 +61,7 @@ class RoomState:
         if not events:
             raise not_found(f"Event not found: no {wanted[0]} state with key {wanted[1]!r}")
         if request.arg("format") == "event":
-            [event] = await self._store.format_client_events(events)
+            [event] = await format_for_client(self._store, events)
             return event
         return events[0].get("content", {})
 
@@ -77,7 +78,7 @@ class RoomState:
         events = [e for e in events
                   if (wanted is None or e["content"].get("membership") == wanted)
                   and (unwanted is None or e["content"].get("membership") != unwanted)]
-        return {"chunk": await self._store.format_client_events(events)}
+        return {"chunk": await format_for_client(self._store, events)}
 
     async def joined_members(self, request: ClientRequest) -> dict:
         events = await self._state_events(request, lambda key: key[0] == "m.room.member")

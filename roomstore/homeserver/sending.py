@@ -7,6 +7,7 @@ idempotency). Redaction transaction IDs are a namespace of their own."""
 
 from __future__ import annotations
 
+from roomstore.homeserver.client_events import format_for_client
 from roomstore.homeserver.errors import not_found
 from roomstore.homeserver.events import EventCreator
 from roomstore.homeserver.http import ClientRequest, Router
@@ -45,5 +46,5 @@ class Sending:
         if event is None or event.get("room_id") != request.params["roomId"] \
                 or not await store.is_visible(request.user.user_id, event_id):
             raise not_found("Event not found.")
-        [formatted] = await store.format_client_events([event])
+        [formatted] = await format_for_client(store, [event])
         return formatted

@@ -13,6 +13,7 @@ timeline up to the user's leave, ban or kick). The filter's
 
 from __future__ import annotations
 
+from roomstore.homeserver.client_events import format_for_client
 from roomstore.homeserver import store_gaps
 from roomstore.homeserver.events import events_in_order
 from roomstore.homeserver.filters import Filters, SyncFilter
@@ -89,10 +90,10 @@ class SyncHandler:
 
     async def _room_section(self, timeline, sync_filter: SyncFilter) -> dict:
         events = sync_filter.timeline.apply(timeline.events)
-        formatted = {"events": await self._store.format_client_events(events), "limited": timeline.limited}
+        formatted = {"events": await format_for_client(self._store, events), "limited": timeline.limited}
         if timeline.prev_batch is not None:
             formatted["prev_batch"] = timeline.prev_batch
-        return {"timeline": formatted, "state": {"events": await self._store.format_client_events(timeline.state)},
+        return {"timeline": formatted, "state": {"events": await format_for_client(self._store, timeline.state)},
                 "account_data": {"events": []}}
 
     async def _stripped_state(self, room_id: str, invite: dict) -> list[dict]:
