@@ -155,10 +155,12 @@ class ClientResource(resource.Resource):
         _cors(request)
         if request.method == b"OPTIONS":
             return b"{}"
-        defer.ensureDeferred(self._answer(request))
+        gone: list = []
+        request.notifyFinish().addBoth(gone.append)  # fires early only if the client goes away
+        defer.ensureDeferred(self._answer(request, gone))
         return server.NOT_DONE_YET
 
-    async def _answer(self, request) -> None:
+    async def _answer(self, request, gone: list) -> None:
         try:
             status, body = await self._dispatch(request)
         except MatrixError as exc:
@@ -170,7 +172,8 @@ class ClientResource(resource.Resource):
         except Exception:
             log.failure("{method} {path} failed", method=request.method, path=request.path)
             status, body = 500, {"errcode": "M_UNKNOWN", "error": "Internal server error"}
-        _respond(request, status, body)
+        if not gone:  # a client that left (a long-poll given up) has nothing to write to
+            _respond(request, status, body)
 
     async def _dispatch(self, request) -> tuple[int, Any]:
         path = request.path.decode("utf-8", "replace")
@@ -220,8 +223,6 @@ def _cors(request) -> None:
 
 
 def _respond(request, status: int, body: Any) -> None:
-    if request._disconnected or request.finished:
-        return  # the client left (a long-poll given up): nothing to write to
     data = json.dumps(body, ensure_ascii=False).encode("utf-8")
     request.setResponseCode(status)
     request.setHeader(b"content-type", b"application/json")

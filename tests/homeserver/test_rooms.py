@@ -48,6 +48,14 @@ class RoomTests(HomeserverMixin):
         joined = (await alice.ok("GET", f"/rooms/{room}/joined_members"))["joined"]
         self.assertEqual(joined[bob.user_id]["display_name"], "bob")
 
+        # Alice kicks bob; the room is invite only, so he cannot come back by himself.
+        await alice.ok("POST", f"/rooms/{room}/kick", {"user_id": bob.user_id, "reason": "tidy"})
+        kicked = await alice.ok("GET", f"/rooms/{room}/state/m.room.member/{bob.user_id}")
+        self.assertEqual(kicked, {"membership": "leave", "reason": "tidy"})
+        status, refused = await bob.call("POST", f"/rooms/{room}/join", {})
+        self.assertEqual((status, refused["errcode"]), (403, "M_FORBIDDEN"))
+        await alice.ok("POST", f"/rooms/{room}/invite", {"user_id": bob.user_id})
+        await bob.ok("POST", f"/rooms/{room}/join", {})
         # Bob may not change the power levels: the room's rules refuse, 403 with the rule.
         status, refused = await bob.call("PUT", f"/rooms/{room}/state/m.room.power_levels/", {"users": {}})
         self.assertEqual((status, refused["errcode"]), (403, "M_FORBIDDEN"))
