@@ -35,6 +35,8 @@ async def cmd_homeserver(reactor, args) -> int:
 
     from roomstore.homeserver import Homeserver
 
+    if args.stream_writers:
+        raise CliError("--stream-writers: the homeserver writes every stream itself (one process, no workers)")
     registration_open = args.open_registration or _loopback(args.bind)
     hs = await Homeserver.open(args.db, args.server_name, registration_open=registration_open, reactor=reactor,
                                instance_name=args.instance)
