@@ -47,7 +47,7 @@ from roomstore.events.tables import events as event_tables
 from roomstore.events.tables import room_state
 from roomstore.events.tokens import TopologicalToken
 from roomstore.state.groups import (
-    StateGroupStore, compaction_lock_txn, delete_groups_txn, run_when_unlocked, unreachable_groups,
+    StateGroupStore, compaction_lock_txn, delete_groups_txn, run_when_unlocked,
 )
 from roomstore.state.group_tables import room_group_links_txn
 from roomstore.storage.database import Transaction
@@ -212,13 +212,15 @@ class Purger:
                 if target not in doomed and target in stored and stored[target].room_nid == room_nid}
 
     def _delete_unused_groups(self, txn: Transaction, room_nid: int, counts: dict[str, int]) -> int:
-        """Delete the room's state groups no stored event, nor the current
-        state, uses, directly or as a predecessor; how many."""
+        """Delete the room's state groups that neither a stored event nor the
+        current state uses; how many. A remaining group stored as a delta on
+        one of them is rewritten as a snapshot of its state first (as
+        Synapse does), so an old chain goes whole and no state changes."""
         in_use = event_tables.groups_in_use_txn(txn, room_nid)
         current = current_state_group_txn(txn, room_nid)
         if current is not None:
             in_use.add(current)
-        unused = unreachable_groups(room_group_links_txn(txn, room_nid), in_use)
+        unused = sorted(set(room_group_links_txn(txn, room_nid)) - in_use)
         return delete_groups_txn(txn, self.state_groups, unused, counts) if unused else 0
 
     # ------------------------------------------------------------------ room

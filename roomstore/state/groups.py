@@ -285,18 +285,6 @@ def delete_groups_txn(
     return tables.delete_groups_txn(txn, ids, counts)
 
 
-def unreachable_groups(links: Mapping[int, int | None], in_use: Iterable[int]) -> list[int]:
-    """The groups of ``links`` (group -> predecessor) that no group of
-    ``in_use`` is, nor has in its chain of predecessors: what may be
-    deleted without rewriting any group that stays."""
-    keep: set[int] = set()
-    for group in in_use:
-        while group is not None and group not in keep:
-            keep.add(group)
-            group = links.get(group)
-    return sorted(set(links) - keep)
-
-
 def delete_state_groups_txn(
     txn: Transaction, groups: StateGroupStore, ids: list[int], timeout_s: float, now_ms: int
 ) -> tuple:

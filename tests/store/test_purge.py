@@ -80,7 +80,8 @@ class PurgeHistoryTests:
         return {e: (after[e], before[e]) for e in graph}
 
     async def orphan_groups(self, store: RoomStore, room_id: str) -> list[int]:
-        """The room's groups that neither an event nor the current state uses, nor a used group's chain has."""
+        """The room's groups that neither an event nor the current state uses, nor a used group's chain has
+        (failing if a used group's chain reaches a group that is gone)."""
         def txn_fn(txn):
             room_nid = txn.select_one_value("SELECT room_nid FROM rooms WHERE room_id = ?", (room_id,))
             links = dict(txn.execute("SELECT state_group, prev_state_group FROM state_groups WHERE room_nid = ?",
