@@ -75,7 +75,7 @@ class Homeserver:
                    instance_name: str = "master") -> "Homeserver":
         if reactor is None:
             from twisted.internet import reactor
-        config = StoreConfig(instance_name=instance_name, embedder_schemas=[HOMESERVER_SCHEMA])
+        config = StoreConfig(instance_name=instance_name, server_name=server_name, embedder_schemas=[HOMESERVER_SCHEMA])
         store = await RoomStore.open(db_url, config, reactor=reactor)
         try:
             key = await _signing_key(store, server_name)
