@@ -12,7 +12,7 @@ offers async methods. Everything that touches the database runs through
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import attrs
 from twisted.internet import defer
@@ -32,6 +32,8 @@ from roomstore.events.writer_process import WriterProcess
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader
+from roomstore.events.tables.client_txns import event_id_for_txn_txn
+from roomstore.events.user_rooms import RoomMembership, check_memberships, rooms_by_membership_txn
 from roomstore.events.stream_pages import (
     backfill_page_txn, events_page_txn, invalidations_page_txn, stream_page_txn, stream_text_txn,
 )
@@ -435,6 +437,21 @@ class RoomStore:
 
     async def get_rooms_for_user(self, user_id: str) -> frozenset[str]:
         return await self.reader.get_rooms_for_user(user_id)
+
+    async def get_rooms_for_user_by_membership(
+        self, user_id: str, memberships: Collection[str]
+    ) -> list[RoomMembership]:
+        """The user's current membership of each room where it is one of
+        ``memberships``, out-of-band (outlier) invites included
+        (``roomstore.events.user_rooms``); ``ValueError`` for an unknown one."""
+        asked = check_memberships(memberships)
+        return await self.db.run_interaction(
+            "get_rooms_for_user_by_membership", rooms_by_membership_txn, self.interners, user_id, asked
+        )
+
+    async def get_event_id_for_txn(self, user_id: str, device_id: str, txn_id: str) -> str | None:
+        """The event persisted with ``ClientTxn(user_id, device_id, txn_id)``, None if none was."""
+        return await self.db.run_interaction("get_event_id_for_txn", event_id_for_txn_txn, user_id, device_id, txn_id)
 
     async def get_users_in_room(self, room_id: str) -> list[str]:
         return await self.db.run_interaction("get_users_in_room", self.reader.users_in_room_txn, room_id)

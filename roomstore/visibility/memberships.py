@@ -23,6 +23,7 @@ __all__ = [
     "left_upto_sql",
     "membership_codes_txn",
     "membership_of_sql",
+    "newest_memberships_sql",
     "own_membership_events_sql",
 ]
 
@@ -94,4 +95,17 @@ def own_membership_events_sql() -> str:
     return (
         "SELECT om.event_nid AS event_nid, 0 AS tl, 1 AS own FROM room_memberships AS om"
         " WHERE om.user_nid = ? AND om.stream_ordering > ? AND om.stream_ordering <= ?"
+    )
+
+
+def newest_memberships_sql() -> str:
+    """A subquery: per room, the user's newest membership event there
+    (binds the user nid), as ``(room_nid, membership, event_nid,
+    stream_ordering)``; outliers (invites from rooms this server is not in)
+    included, as ``room_memberships`` holds them."""
+    return (
+        "SELECT nm.room_nid AS room_nid, nm.membership AS membership, nm.event_nid AS event_nid,"
+        " nm.stream_ordering AS stream_ordering FROM room_memberships AS nm"
+        " WHERE nm.user_nid = ? AND nm.stream_ordering = (SELECT MAX(nx.stream_ordering) FROM room_memberships AS nx"
+        "   WHERE nx.room_nid = nm.room_nid AND nx.user_nid = nm.user_nid)"
     )
