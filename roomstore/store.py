@@ -38,7 +38,8 @@ from roomstore.events.stream_pages import (
     backfill_page_txn, events_page_txn, invalidations_page_txn, stream_page_txn, stream_text_txn,
 )
 from roomstore.pdu.signatures import VerifyKeys
-from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
+from roomstore.events.sync import SyncReader, SyncResult
+from roomstore.events.timeline import RecentResult, TimelineReader
 from roomstore.state.groups import (
     COMPACTION_LOCK_NAME,
     COMPACTION_LOCK_TIMEOUT_S,
@@ -96,6 +97,7 @@ class RoomStore:
             db, self.interners, self.positions, self.reader, self.room_changes, self.membership_changes
         )
         self.pagination = Paginator(self.timeline)
+        self.syncs = SyncReader(self.timeline)
         self.federation = FederationReader(db, self.interners, self.reader)
         #: What each change drops from this process's caches (replication
         #: applies a worker's rows through it too).
@@ -530,11 +532,15 @@ class RoomStore:
     # --- timeline and federation reads (roomstore.events.timeline, .federation)
     # Thin async wrappers; contracts and SQL in those modules.
 
-    async def sync(self, user_id: str, since: str | None, initial_limit: int = 10) -> SyncResult:
-        """New visible events in the user's rooms since a stream token, and the
-        user's own membership events in any room; ``since=None``: an initial
+    async def sync(
+        self, user_id: str, since: str | None, initial_limit: int = 10, limit: int | None = None,
+        full_state: bool = False,
+    ) -> SyncResult:
+        """New visible events in the user's rooms since a stream token (the
+        newest ``limit`` a room, None: all), each room's ``RoomTimeline``, and
+        the user's own membership events in any room; ``since=None``: an initial
         sync, the newest ``initial_limit`` visible events of each joined room."""
-        return await self.timeline.sync(user_id, since, initial_limit)
+        return await self.syncs.sync(user_id, since, initial_limit, limit, full_state)
 
     async def recent(self, user_id: str, rooms: int, events: int, from_cursor: str | None = None) -> RecentResult:
         """The newest ``events`` visible events of the user's ``rooms`` most
