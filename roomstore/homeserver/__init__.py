@@ -9,8 +9,7 @@ server's events), ``create_room``, ``membership``, ``room_state``,
 ``sending``, ``sync`` (with ``notifier``), ``messages``, ``filters``,
 ``pushrules``, ``profile``, ``versions``; ``tables/`` holds the SQL of the
 homeserver's own tables, created by the embedder schema in ``schema/``;
-``store_gaps`` adapts the store's API where it lacks a call yet; ``server``
-composes them.
+``server`` composes them.
 """
 
 from roomstore.homeserver.server import HOMESERVER_SCHEMA, Homeserver

@@ -19,11 +19,10 @@ from twisted.internet import defer
 
 from roomstore.homeserver.errors import MatrixError, forbidden, not_found
 from roomstore.homeserver.notifier import Notifier
-from roomstore.homeserver import store_gaps
 from roomstore.pdu import BuiltPdu, build_event
 from roomstore.pdu.auth_rules import auth_types_for
 from roomstore.pdu.room_versions import get_room_version
-from roomstore.store import EventToPersist
+from roomstore.store import ClientTxn, EventToPersist
 
 __all__ = ["EventCreator", "events_in_order", "local_auth_events"]
 
@@ -43,6 +42,12 @@ def local_auth_events(room_version: str, state: Mapping[tuple[str, str], str], e
     """The auth events of an event about to be built, from a state map."""
     wanted = auth_types_for(get_room_version(room_version), event_type, sender, state_key, content)
     return [state[key] for key in sorted(wanted) if key in state]
+
+
+def _refuse_rejected(results) -> None:
+    for result in results:
+        if result.rejected_reason or result.soft_failed:
+            raise forbidden(result.rejected_reason or "the event fails the room's current state")
 
 
 class EventCreator:
@@ -72,20 +77,15 @@ class EventCreator:
                            state_key=state_key, prev_events=prev_events, auth_events=auth_events, depth=depth,
                            origin_server_ts=self.now_ms(), signing_key=self.signing_key, redacts=redacts)
 
-    async def persist(self, built: Sequence[BuiltPdu], room_version: str, client_txn=None) -> list:
+    async def persist(self, built: Sequence[BuiltPdu], room_version: str) -> list:
         """Store events built here; 403 for the first one the rules reject."""
-        to_persist = [EventToPersist(event.raw, room_version) for event in built]
-        results = await self.store.persist_events(to_persist)
+        results = await self.store.persist_events([EventToPersist(event.raw, room_version) for event in built])
         self._notifier.notify()
-        for result in results:
-            if result.rejected_reason or result.soft_failed:
-                raise forbidden(result.rejected_reason or "the event fails the room's current state")
-        if client_txn is not None:
-            await store_gaps.record_client_txn(self.store, client_txn, results[-1].event_id)
+        _refuse_rejected(results)
         return results
 
     async def send(self, room_id: str, sender: str, event_type: str, content: Mapping, state_key: str | None = None,
-                   redacts: str | None = None, client_txn=None) -> str:
+                   redacts: str | None = None, client_txn: ClientTxn | None = None) -> str:
         """Build and store one event in ``room_id``; its event ID. With
         ``client_txn`` (user, device, txn ID) a retry returns the first event."""
         if not isinstance(content, dict):
@@ -95,9 +95,10 @@ class EventCreator:
         await lock.acquire()
         try:
             if client_txn is not None:
-                earlier = await store_gaps.event_id_for_txn(self.store, client_txn)
+                earlier = await self.store.get_event_id_for_txn(
+                    client_txn.user_id, client_txn.device_id, client_txn.txn_id)
                 if earlier is not None:
-                    return earlier
+                    return earlier  # a retry: the event the first request made
             prev_ids = (await self.store.get_forward_extremities(room_id))[-MAX_PREV_EVENTS:]
             prevs = (await self.store.get_events(prev_ids)).values()
             depth = max((event.get("depth", 0) for event in prevs), default=0) + 1
@@ -105,8 +106,11 @@ class EventCreator:
             state = await self.store.get_current_state_ids(room_id, types=sorted(wanted))
             built = self.build(version, room_id, sender, event_type, content, state_key, prev_ids,
                                [state[key] for key in sorted(wanted) if key in state], depth, redacts)
-            [result] = await self.persist([built], version, client_txn)
-            return result.event_id
+            # The store records the transaction with the event, in the transaction that stores it.
+            [result] = await self.store.persist_events([EventToPersist(built.raw, version, client_txn=client_txn)])
+            self._notifier.notify()
+            _refuse_rejected([result])
+            return result.existing_txn_event_id or result.event_id
         finally:
             lock.release()
             if not lock.locked and not lock.waiting:

@@ -11,7 +11,7 @@ from roomstore.homeserver.client_events import format_for_client
 from roomstore.homeserver.errors import not_found
 from roomstore.homeserver.events import EventCreator
 from roomstore.homeserver.http import ClientRequest, Router
-from roomstore.homeserver.store_gaps import ClientTxn
+from roomstore.store import ClientTxn
 
 __all__ = ["Sending"]
 

@@ -14,7 +14,6 @@ timeline up to the user's leave, ban or kick). The filter's
 from __future__ import annotations
 
 from roomstore.homeserver.client_events import format_for_client
-from roomstore.homeserver import store_gaps
 from roomstore.homeserver.events import events_in_order
 from roomstore.homeserver.filters import Filters, SyncFilter
 from roomstore.homeserver.http import ClientRequest, Router
@@ -67,11 +66,12 @@ class SyncHandler:
     async def _sync_once(self, user_id: str, since: str | None, sync_filter: SyncFilter,
                          full_state: bool) -> tuple[dict, bool]:
         store = self._store
-        result, timelines = await store_gaps.sync(store, user_id, since, sync_filter.timeline_limit, full_state)
+        limit = sync_filter.timeline_limit
+        result = await store.sync(user_id, since, initial_limit=limit, limit=limit, full_state=full_state)
         body = _empty_body(result.next_token)
         rooms = body["rooms"]
         left = result.left
-        for room_id, timeline in sorted(timelines.items()):
+        for room_id, timeline in sorted(result.timelines.items()):
             if not sync_filter.rooms.allows_room(room_id):
                 continue
             section = await self._room_section(timeline, sync_filter)
@@ -81,12 +81,20 @@ class SyncHandler:
                 rooms["join"][room_id] = section
             elif room_id in left and (since is not None or sync_filter.include_leave):
                 rooms["leave"][room_id] = section
-        invited = await store_gaps.invited_rooms(store, user_id, since, result)
+        invited = await self._invites(user_id, since, result)
         for room_id, invite in sorted(invited.items()):
             if room_id not in result.joined and sync_filter.rooms.allows_room(room_id):
                 rooms["invite"][room_id] = {"invite_state": {"events": await self._stripped_state(room_id, invite)}}
         empty = not (rooms["join"] or rooms["leave"] or rooms["invite"])
         return body, empty
+
+    async def _invites(self, user_id: str, since: str | None, result) -> dict[str, dict]:
+        """Room ID -> invite: every pending one on an initial sync, else those of the window."""
+        if since is not None:
+            return result.invited
+        pending = await self._store.get_rooms_for_user_by_membership(user_id, ["invite"])
+        invites = await events_in_order(self._store, [membership.event_id for membership in pending])
+        return {event["room_id"]: event for event in invites}
 
     async def _room_section(self, timeline, sync_filter: SyncFilter) -> dict:
         events = sync_filter.timeline.apply(timeline.events)
