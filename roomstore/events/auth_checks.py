@@ -58,8 +58,9 @@ def checked_event(w: Any, index: int, ev: PreparedEvent, new_events: list[Prepar
     """``ev`` (``new_events[index]``) after the checks: itself, or where they
     reject or soft-fail it a copy saying so, put in its place in
     ``new_events`` and the batch's events, which the write's later steps read."""
-    reason = rejection_of(w, ev, group_before)
-    soft_failed = reason is None and room_nid is not None and soft_fails(w, ev, room_nid, group_before)
+    key_nids = _auth_key_nids(w, ev.pdu) if _to_check(ev) and not ev.pdu.is_create else {}
+    reason = rejection_of(w, ev, group_before, key_nids)
+    soft_failed = reason is None and room_nid is not None and soft_fails(w, ev, room_nid, group_before, key_nids)
     if reason == ev.rejected_reason and not soft_failed:
         return ev
     ev = attrs.evolve(ev, rejected_reason=reason, soft_failed=soft_failed)
@@ -67,13 +68,16 @@ def checked_event(w: Any, index: int, ev: PreparedEvent, new_events: list[Prepar
     return ev
 
 
-def soft_fails(w: Any, ev: PreparedEvent, room_nid: int, group_before: int | None) -> bool:
+def soft_fails(w: Any, ev: PreparedEvent, room_nid: int, group_before: int | None,
+               key_nids: Mapping[int, tuple[str, str]]) -> bool:
     """Whether a live graph event the rules allow fails them against the
     room's current state as it arrives: the state of the room's forward
     extremities (``w.ends``, kept up to date through the batch) and of
     the event's own state before, resolved, as Synapse computes it. Only
     where its prev events are not the room's ends: else the state before
-    it is the current state, already checked."""
+    it is the current state, already checked; nor where every state holds
+    the same events at the keys the rules read (``key_nids``): resolution
+    keeps unconflicted entries, so the check's answer is the one it had."""
     if ev.outlier or ev.backfilled or not _to_check(ev) or group_before is None:
         return False
     ends = w.ends.of(room_nid)
@@ -82,10 +86,10 @@ def soft_fails(w: Any, ev: PreparedEvent, room_nid: int, group_before: int | Non
         return False
     groups = [g for g in dict.fromkeys([*ends.values(), group_before]) if g is not None]
     states = [w.full_state(g) for g in groups]
-    if all(state == states[0] for state in states[1:]):
+    if _agree_at(states, key_nids):
         return False
     current = resolve_interned(w, ev.pdu.room_version, states)
-    entries = {key: current[nid] for nid, key in _auth_key_nids(w, ev.pdu).items() if nid in current}
+    entries = {key: current[nid] for nid, key in key_nids.items() if nid in current}
     try:
         check_event_auth(ev.pdu.room_version, ev.pdu, _state_events(w, entries))
     except AuthError:
@@ -93,11 +97,12 @@ def soft_fails(w: Any, ev: PreparedEvent, room_nid: int, group_before: int | Non
     return False
 
 
-def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None) -> str | None:
+def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None,
+                 key_nids: Mapping[int, tuple[str, str]]) -> str | None:
     """Why ``ev`` is rejected (its ``rejected_reason``), or None when the
     rules allow it. ``w``: the batch writer (``roomstore.events.persist``);
     ``group_before``: the state group before a graph event (None for an
-    outlier, or the room's first event)."""
+    outlier, or the room's first event); ``key_nids``: ``_auth_key_nids``."""
     if not _to_check(ev):
         return ev.rejected_reason
     pdu = ev.pdu
@@ -111,11 +116,12 @@ def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None) -> str | N
         cited = source.get_events(cited_ids)
         if ev.outlier and len(cited) < len(set(cited_ids)):
             return None  # out-of-band: its room's events are elsewhere (see the module docstring)
-        auth_state = check_auth_events_shape(version, pdu, cited, source.rejected(cited_ids))
+        selection = {key for key in key_nids.values() if key != CREATE or not version.room_id_is_create_hash}
+        auth_state = check_auth_events_shape(version, pdu, cited, source.rejected(cited_ids), selection)
         check_event_auth(version, pdu, auth_state)
         if ev.outlier:
             return None
-        state_auth = _state_auth_entries(w, pdu, group_before)
+        state_auth = _state_auth_entries(w, key_nids, group_before)
         if _same_events(w, auth_state, state_auth):
             return None
         check_event_auth(version, pdu, _state_events(w, state_auth))
@@ -136,10 +142,22 @@ def _auth_key_nids(w: Any, pdu: ParsedPdu) -> dict[int, tuple[str, str]]:
     return {w.key_nids[key]: key for key in keys}
 
 
-def _state_auth_entries(w: Any, pdu: ParsedPdu, group_before: int | None) -> dict[tuple[str, str], int]:
-    """The state before ``pdu`` at the keys the rules read for it: key ->
-    event nid."""
-    key_nids = _auth_key_nids(w, pdu)
+def _agree_at(states: list[Mapping[int, int]], key_nids: Mapping[int, Any]) -> bool:
+    """Whether every state holds one same event at each of ``key_nids``.
+    A key no state holds does not agree: v2 resolution may fill it from the
+    auth difference."""
+    first = states[0]
+    for k in key_nids:
+        event_nid = first.get(k)
+        if event_nid is None or any(state.get(k) != event_nid for state in states[1:]):
+            return False
+    return True
+
+
+def _state_auth_entries(w: Any, key_nids: Mapping[int, tuple[str, str]],
+                        group_before: int | None) -> dict[tuple[str, str], int]:
+    """The state before an event at the keys the rules read for it
+    (``key_nids``): key -> event nid."""
     if group_before is None:
         return {}
     pending = w.pending.get(group_before)

@@ -526,7 +526,7 @@ class _BatchWriter:
                 ))
                 rows.membership_users[state_key] = max(rows.membership_users.get(state_key, stream), stream)
             if pdu.redacts and pdu.type == "m.room.redaction" and effective:
-                authorised = redaction_authorised(self, ev, group_before, new_events)
+                authorised = redaction_authorised(self, ev, group_before)
                 rows.redactions.append((event_nid, nid[pdu.redacts], now_ms, authorised))
             if not ev.outlier:
                 room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)
