@@ -85,7 +85,7 @@ def soft_fails(w: Any, ev: PreparedEvent, room_nid: int, group_before: int | Non
     if not ends or set(ends) == {nids[p] for p in ev.pdu.prev_event_ids}:
         return False
     groups = [g for g in dict.fromkeys([*ends.values(), group_before]) if g is not None]
-    states = [w.full_state(g) for g in groups]
+    states = [w.state_view(g) for g in groups]
     if _agree_at(states, key_nids):
         return False
     current = resolve_interned(w, ev.pdu.room_version, states)
@@ -116,9 +116,17 @@ def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None,
         cited = source.get_events(cited_ids)
         if ev.outlier and len(cited) < len(set(cited_ids)):
             return None  # out-of-band: its room's events are elsewhere (see the module docstring)
-        selection = {key for key in key_nids.values() if key != CREATE or not version.room_id_is_create_hash}
-        auth_state = check_auth_events_shape(version, pdu, cited, source.rejected(cited_ids), selection)
-        check_event_auth(version, pdu, auth_state)
+        rejected = source.rejected(cited_ids)
+        passed = w.p.passed_auth_checks
+        decided_by = _decided_by(pdu)
+        if decided_by is not None and decided_by in passed and len(cited) == len(cited_ids) and not rejected:
+            auth_state = {(e.type, e.state_key): e for e in cited.values()}
+        else:
+            selection = {key for key in key_nids.values() if key != CREATE or not version.room_id_is_create_hash}
+            auth_state = check_auth_events_shape(version, pdu, cited, rejected, selection)
+            check_event_auth(version, pdu, auth_state)
+            if decided_by is not None:
+                passed.set(decided_by, True)
         if ev.outlier:
             return None
         state_auth = _state_auth_entries(w, key_nids, group_before)
@@ -130,16 +138,44 @@ def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None,
     return None
 
 
+#: Types whose rules read the event's content or ID (or that a v1/v2
+#: redaction's do). The rules read nothing else of any other event than its
+#: room, type, sender, state key and auth events.
+_CONTENT_RULED = frozenset({
+    "m.room.create", "m.room.member", "m.room.power_levels", "m.room.aliases", "m.room.redaction",
+})
+
+
+def _decided_by(pdu: ParsedPdu) -> tuple | None:
+    """What decides the checks against ``pdu``'s own auth events, where
+    that is not its content: two events alike in it pass or fail alike, so
+    one that passed lets the next skip them (a conversation's messages cite
+    the same few events). The cited events' presence and rejection are
+    checked each time all the same: they are what a purge or a rolled-back
+    write could change. None for the types that read more."""
+    if pdu.type in _CONTENT_RULED:
+        return None
+    return (pdu.room_version.identifier, pdu.room_id, pdu.type, pdu.sender, pdu.state_key, pdu.auth_chain_event_ids)
+
+
 def _to_check(ev: PreparedEvent) -> bool:
     return ev.rejected_reason is None and not ev.auth_checked
 
 
 def _auth_key_nids(w: Any, pdu: ParsedPdu) -> dict[int, tuple[str, str]]:
     """The state keys the rules read for ``pdu`` (the create event's always,
-    as the rules need it), interned: key nid -> key."""
-    keys = auth_types_for_event(pdu.room_version, pdu) | {CREATE}
-    w.intern_keys(keys)
-    return {w.key_nids[key]: key for key in keys}
+    as the rules need it), interned: key nid -> key. The same for every
+    event of a sender but member events (and the create event), so those
+    are looked up once a batch."""
+    memo = (pdu.room_version.identifier, pdu.sender) if pdu.type != "m.room.member" else None
+    found = w.auth_keys_of_sender.get(memo) if memo is not None else None
+    if found is None:
+        keys = auth_types_for_event(pdu.room_version, pdu) | {CREATE}
+        w.intern_keys(keys)
+        found = {w.key_nids[key]: key for key in keys}
+        if memo is not None:
+            w.auth_keys_of_sender[memo] = found
+    return found
 
 
 def _agree_at(states: list[Mapping[int, int]], key_nids: Mapping[int, Any]) -> bool:

@@ -34,7 +34,7 @@ def redaction_authorised(w: Any, ev: PreparedEvent, group_before: int | None) ->
         return True
     if group_before is None:  # an outlier, or nothing before it: no power to read
         return False
-    state = w.full_state(group_before)
+    state = w.state_view(group_before)
     keys = w.p.interners.state_keys.lookup(w.txn, [CREATE, POWER_LEVELS])
     create_nid, levels_nid = state.get(keys.get(CREATE)), state.get(keys.get(POWER_LEVELS))
     events = _events(w, [nid for nid in (create_nid, levels_nid) if nid is not None])
