@@ -112,13 +112,19 @@ def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None,
             check_event_auth(version, pdu, {})
             return None
         cited_ids = pdu.auth_chain_event_ids
+        passed = w.p.passed_auth_checks
+        decided_by = _decided_by(pdu)
+        state_auth = None if ev.outlier else _state_auth_entries(w, key_nids, group_before)
+        if decided_by is not None and state_auth is not None and decided_by in passed:
+            if _cites_exactly(w, cited_ids, state_auth):
+                # Both checks read the same accepted events (state holds no
+                # rejected one), and events alike in what decides them passed.
+                return None
         source = w.event_source
         cited = source.get_events(cited_ids)
         if ev.outlier and len(cited) < len(set(cited_ids)):
             return None  # out-of-band: its room's events are elsewhere (see the module docstring)
         rejected = source.rejected(cited_ids)
-        passed = w.p.passed_auth_checks
-        decided_by = _decided_by(pdu)
         if decided_by is not None and decided_by in passed and len(cited) == len(cited_ids) and not rejected:
             auth_state = {(e.type, e.state_key): e for e in cited.values()}
         else:
@@ -127,9 +133,8 @@ def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None,
             check_event_auth(version, pdu, auth_state)
             if decided_by is not None:
                 passed.set(decided_by, True)
-        if ev.outlier:
+        if state_auth is None:  # an outlier: no state to check against
             return None
-        state_auth = _state_auth_entries(w, key_nids, group_before)
         if _same_events(w, auth_state, state_auth):
             return None
         check_event_auth(version, pdu, _state_events(w, state_auth))
@@ -198,9 +203,9 @@ def _state_auth_entries(w: Any, key_nids: Mapping[int, tuple[str, str]],
         return {}
     pending = w.pending.get(group_before)
     if pending is not None:  # a group of this batch: its state is at hand
-        found = {k: pending.state[k] for k in key_nids if k in pending.state}
-    else:
-        found = w.p.state_groups.get_state_filtered(w.txn, group_before, key_nids)
+        state = pending.state
+        return {key: state[k] for k, key in key_nids.items() if k in state}
+    found = w.p.state_groups.get_state_filtered(w.txn, group_before, key_nids)
     return {key_nids[k]: event_nid for k, event_nid in found.items()}
 
 
@@ -214,6 +219,14 @@ def _same_events(w: Any, auth_state: Mapping[tuple[str, str], ParsedPdu], state_
         if cited is None or nids.get(cited.event_id) != event_nid:
             return False
     return True
+
+
+def _cites_exactly(w: Any, cited_ids: tuple[str, ...], state_auth: Mapping[tuple, int]) -> bool:
+    """Whether the cited auth events are exactly the state's entries."""
+    if len(cited_ids) != len(state_auth):
+        return False
+    nids = w.event_nids
+    return {nids.get(event_id) for event_id in cited_ids} == set(state_auth.values())
 
 
 def _state_events(w: Any, state_auth: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], ParsedPdu]:

@@ -113,7 +113,7 @@ class EventPersister:
         self.room_versions = LruCache(100_000)
         #: Stored events parsed for the auth checks and state resolution, across batches.
         self.parsed_events = ParsedEventCache()
-        #: Auth-event checks passed, by what decides them (``auth_checks.passed_before``).
+        #: Auth-event checks passed, by what decides them (``auth_checks._decided_by``).
         self.passed_auth_checks = LruCache(20_000)
         self.state_groups = state_groups
         self.visibility = visibility
