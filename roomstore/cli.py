@@ -17,7 +17,7 @@ from typing import Callable
 
 from twisted.internet import defer, task
 
-from roomstore import cli_synapse
+from roomstore import cli_purge, cli_synapse
 from roomstore.cli_common import CliError, emit
 from roomstore.cli_import import import_file
 
@@ -25,7 +25,8 @@ DEFAULT_DB = "sqlite:///var/roomstore.db"
 SAMPLE_PATH = os.path.join(os.path.dirname(__file__), "data", "sample-rooms.jsonl")
 
 
-async def open_store(reactor, args, create: bool = False, read_only: bool = False, validation_processes: int = 0):
+async def open_store(reactor, args, create: bool = False, read_only: bool = False, validation_processes: int = 0,
+                     server_name: str | None = None):
     """The store at ``--db``. Only commands that write (``create=True``)
     create a missing SQLite file: for the others it is a mistyped path.
     ``read_only`` (the read commands): no writer lock, so it runs beside a
@@ -37,7 +38,7 @@ async def open_store(reactor, args, create: bool = False, read_only: bool = Fals
         check_multi_writer(writers, args)
     config = StoreConfig(
         instance_name=args.instance, stream_writers=writers, read_only=read_only,
-        validation_processes=validation_processes,
+        validation_processes=validation_processes, server_name=server_name,
     )
     return await RoomStore.open(args.db, config, reactor=reactor, create=create)
 
@@ -484,6 +485,8 @@ COMMANDS: dict[str, Callable] = {
     "sync": cmd_sync,
     "recent": cmd_recent,
     "stats": cmd_stats,
+    "purge-history": functools.partial(cli_purge.cmd_purge_history, open_store=open_store),
+    "purge-room": functools.partial(cli_purge.cmd_purge_room, open_store=open_store),
     "demo": cmd_demo,
     "generate-sample": cmd_generate_sample,
     "serve": cmd_serve,
@@ -561,6 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", type=int, default=10, help="newest events per room (default 10)")
     p.add_argument("--cursor", default=None, help="a next_cursor from an earlier page, for the next rooms")
     add("stats", "rows and bytes per table")
+    cli_purge.add_parsers(add)
     p = add("demo", "the main job: import the bundled sample and show the reads")
     p.add_argument("--sample", default=SAMPLE_PATH, help="the JSON-lines history to import (default: the bundled sample)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")

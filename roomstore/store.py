@@ -27,6 +27,7 @@ from roomstore.events.client_format import format_client_events
 from roomstore.events.federation import FederationReader
 from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
+from roomstore.events.purge import PurgeResult, Purger
 from roomstore.events.pipeline import BatchValidator, WriteTurns, write_in_group
 from roomstore.events.writer_process import WriterProcess
 from roomstore.events.precheck import precheck_txn
@@ -97,7 +98,11 @@ class RoomStore:
         self.federation = FederationReader(db, self.interners, self.reader)
         #: What each change drops from this process's caches (replication
         #: applies a worker's rows through it too).
-        self.caches = StoreCaches(self.reader, self.room_changes, self.membership_changes, self.persister.parsed_events)
+        self.caches = StoreCaches(self.reader, self.room_changes, self.membership_changes, self.persister.parsed_events,
+                                  self.persister.room_versions)
+        self.purger = Purger(db, self.interners, self.state_groups, self.positions, self.caches, (
+            self.events_stream, self.backfill_stream, self.caches_stream), config.instance_name, config.server_name,
+            self.clock, self._now_ms)
         self.censor = RedactionCensor(
             db, self.interners, self.caches.event_changed, config.redaction_retention_ms, self.clock
         )
@@ -509,6 +514,27 @@ class RoomStore:
         for group in ids:
             self.state_groups.forget(group)
         return deleted
+
+    # --- purges (roomstore.events.purge)
+
+    async def purge_history(self, room_id: str, before_token: str, delete_local_events: bool = False) -> PurgeResult:
+        """Delete the room's events at or before the position ``before_token``
+        (a ``t`` or stream token), keeping what the room still needs; one
+        transaction (docs/api.md, "Purging")."""
+        return await self._purge("purge_history", room_id, before_token, delete_local_events)
+
+    async def purge_room(self, room_id: str) -> PurgeResult:
+        """Delete every row of the room; one transaction (docs/api.md, "Purging")."""
+        return await self._purge("purge_room", room_id)
+
+    async def _purge(self, method: str, room_id: str, *args) -> PurgeResult:
+        if self._writer_process is None:
+            self.check_writer_lock()
+            return await getattr(self.purger, method)(room_id, *args)
+        result = await self._writer_process.call(method, room_id, *args)
+        if result.changed:  # the child dropped its caches; this process drops its own
+            self.caches.purged([room_id], whole_room=method == "purge_room")
+        return result
 
     # --- timeline and federation reads (roomstore.events.timeline, .federation)
     # Thin async wrappers; contracts and SQL in those modules.

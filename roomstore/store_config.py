@@ -67,6 +67,11 @@ class StoreConfig:
     #: migrated after the store's, in its transaction; checked, never migrated,
     #: by a read-only store.
     embedder_schemas: Sequence[EmbedderSchema] = attrs.field(default=(), converter=tuple, validator=distinct_names)
+    #: This homeserver's server name: ``RoomStore.purge_history`` keeps the
+    #: events of its users (senders ``@...:server_name``) unless told to
+    #: delete local events too. None: the store knows no server of its own,
+    #: so no event is local and ``delete_local_events`` changes nothing.
+    server_name: str | None = None
 
     @writer_process_priority.validator
     def _check_priority(self, _attribute, value) -> None:

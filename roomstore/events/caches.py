@@ -31,6 +31,8 @@ from roomstore.streams.change_cache import StreamChangeCache
 __all__ = [
     "CURRENT_STATE_CACHE",
     "EVENT_CACHE",
+    "HISTORY_PURGED",
+    "ROOM_PURGED",
     "ROOMS_FOR_USER_CACHE",
     "StoreCaches",
     "batch_invalidations",
@@ -43,6 +45,13 @@ __all__ = [
 CURRENT_STATE_CACHE = "cs_cache_fake"
 EVENT_CACHE = "get_event"
 ROOMS_FOR_USER_CACHE = "get_rooms_for_user"
+#: A purge (``roomstore.events.purge``), keys ``[room_id]``: events of the
+#: room were deleted with their interned IDs (``HISTORY_PURGED``), or the
+#: whole room (``ROOM_PURGED``). Each process drops every cache that may hold what
+#: went (purges are rare; the caches refill), so no key list of deleted
+#: events need cross the wire. Synapse's processes ignore the names.
+HISTORY_PURGED = "roomstore_history_purged"
+ROOM_PURGED = "roomstore_room_purged"
 
 
 def batch_invalidations(
@@ -103,8 +112,10 @@ class StoreCaches:
     """
 
     def __init__(self, reader: EventReader, room_changes: StreamChangeCache, membership_changes: StreamChangeCache,
-                 parsed_events: LruCache | None = None):
+                 parsed_events: LruCache | None = None, room_versions: LruCache | None = None):
         self.reader = reader
+        #: The writer's room ID -> version cache (the persister's), where there is one.
+        self.room_versions = room_versions
         self.room_changes = room_changes
         self.membership_changes = membership_changes
         #: Stored events as the auth checks and state resolution read them
@@ -138,6 +149,21 @@ class StoreCaches:
         if self.parsed_events is not None:
             self.parsed_events.pop(event_id)
 
+    def purged(self, room_ids: Sequence[str], whole_room: bool) -> None:
+        """Events of ``room_ids`` were purged, their interned IDs too
+        (``whole_room``: the rooms as well): every served, parsed, state and
+        event ID cache goes, and for a room its ID, version and memberships."""
+        self.reader.invalidate_all()
+        self.reader.state_groups.forget_all()
+        if self.parsed_events is not None:
+            self.parsed_events.clear()
+        self.reader.interners.events.forget_all()
+        if whole_room:
+            self.reader.interners.rooms.forget_all()
+            if self.room_versions is not None:
+                for room_id in room_ids:
+                    self.room_versions.pop(room_id)
+
     def all_memberships_changed(self) -> None:
         """Anyone's membership may have moved (a current-state change)."""
         self.reader.invalidate_all_memberships()
@@ -148,6 +174,8 @@ class StoreCaches:
         if cache_name == EVENT_CACHE:
             if keys is None:
                 self.reader.invalidate_all()
+                if self.parsed_events is not None:
+                    self.parsed_events.clear()
             else:
                 for event_id in keys:
                     self.event_changed(event_id)
@@ -156,6 +184,8 @@ class StoreCaches:
                 self.all_memberships_changed()
             else:
                 self.reader.invalidate_rooms_for_users(keys)
+        elif cache_name in (HISTORY_PURGED, ROOM_PURGED):
+            self.purged(keys or [], whole_room=cache_name == ROOM_PURGED)
         elif cache_name == CURRENT_STATE_CACHE:
             # Keys are room IDs; any current-state change may move anyone's
             # rooms, and None means every room.

@@ -158,15 +158,7 @@ class Paginator:
         """The event key the page starts from; None: the page is empty."""
         key: tuple[int, int] | None = None if start is None else start.as_tuple()
         if stream_start is not None:
-            # The newest key, in topological order, of the events at or
-            # before the stream position.
-            at_sql, at_params = stream_bound_sql("e", "<=", stream_start[0], stream_start[1])
-            row = txn.execute(
-                f"SELECT e.topological_ordering, e.stream_ordering FROM {events_as('e')}"
-                f" WHERE e.room_nid = ? AND e.outlier = ? AND {at_sql}"
-                " ORDER BY e.topological_ordering DESC, e.stream_ordering DESC LIMIT 1",
-                [room_nid, False, *at_params],
-            ).fetchone()
+            row = newest_key_at_txn(txn, room_nid, stream_start)
             if row is None:
                 if direction == "b":
                     return None  # nothing at or before it
@@ -180,6 +172,20 @@ class Paginator:
             # room through the (room, stream) index to sort it.
             key = (2**63 - 1, 2**63 - 1) if direction == "b" else (-(2**63), -(2**63))
         return key
+
+
+def newest_key_at_txn(txn: Transaction, room_nid: int, stream_start: tuple[int, dict[str, int]]) -> tuple | None:
+    """The newest key ``(topo, stream)``, in topological order, of the room's
+    graph events at or before the stream position ``(stream, per writer)``:
+    where a stream token stands in the room's topological order (None: no
+    event at or before it)."""
+    at_sql, at_params = stream_bound_sql("e", "<=", stream_start[0], stream_start[1])
+    return txn.execute(
+        f"SELECT e.topological_ordering, e.stream_ordering FROM {events_as('e')}"
+        f" WHERE e.room_nid = ? AND e.outlier = ? AND {at_sql}"
+        " ORDER BY e.topological_ordering DESC, e.stream_ordering DESC LIMIT 1",
+        [room_nid, False, *at_params],
+    ).fetchone()
 
 
 def page_sql(direction: str, high_sql: str, lateral_joins: bool) -> str:

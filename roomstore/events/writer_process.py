@@ -45,7 +45,8 @@ log = Logger()
 __all__ = ["FORWARDED", "WriterProcess", "WriterProcessLost"]
 
 #: The store methods a writer process runs for its parent.
-FORWARDED = ("persist_events", "invalidate_cache", "censor_expired_redactions", "delete_state_groups")
+FORWARDED = ("persist_events", "invalidate_cache", "censor_expired_redactions", "delete_state_groups",
+             "purge_history", "purge_room")
 
 
 class WriterProcessLost(RuntimeError):

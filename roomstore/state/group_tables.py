@@ -317,16 +317,28 @@ def rewrite_as_snapshot_txn(txn: Any, state_group: int, state: Mapping[int, int]
     )
 
 
-def delete_groups_txn(txn: Any, ids: Sequence[int]) -> int:
-    """Delete the groups ``ids`` and their rows; how many groups existed."""
-    deleted = 0
+def delete_groups_txn(txn: Any, ids: Sequence[int], counts: dict[str, int] | None = None) -> int:
+    """Delete the groups ``ids`` and their rows; how many groups existed
+    (``counts`` gains the rows deleted per table)."""
+    deleted = rows = 0
     for part in chunks(ids):
         marks = _marks(part)
         # The group rows first: that takes their row locks before anything else.
         txn.execute(f"DELETE FROM state_groups WHERE state_group IN ({marks})", part)
         deleted += txn.rowcount
         txn.execute(delete_deltas_of(marks), part)
+        rows += max(txn.rowcount, 0)
+    if counts is not None:
+        counts["state_groups"] = counts.get("state_groups", 0) + deleted
+        counts["state_group_deltas"] = counts.get("state_group_deltas", 0) + rows
     return deleted
+
+
+def room_group_links_txn(txn: Any, room_nid: int) -> dict[int, int | None]:
+    """group -> its predecessor (None: a snapshot), for every group of the room."""
+    return dict(txn.execute(
+        "SELECT state_group, prev_state_group FROM state_groups WHERE room_nid = ?", (room_nid,)
+    ).fetchall())
 
 
 def delete_deltas_of(groups_sql: str) -> str:

@@ -24,7 +24,7 @@ groups are committed (groups never change content, only representation).
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Callable, Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Mapping
 
 import attrs
 from twisted.internet.task import deferLater
@@ -210,6 +210,10 @@ class StateGroupStore:
     def forget(self, state_group: int) -> None:
         self._cache.pop(state_group)
 
+    def forget_all(self) -> None:
+        """Drop every cached state (a purge deleted groups this process may not know)."""
+        self._cache.clear()
+
 
 class StateGroupWrites:
     """Rows of state groups made in one transaction, written together.
@@ -250,6 +254,37 @@ def group_facts_txn(txn: Transaction, state_group: int, snapshot_facts: tuple[st
     return tables.group_facts_txn(txn, state_group, snapshot_facts)
 
 
+def compaction_lock_txn(txn: Transaction, timeout_s: float, now_ms: int) -> tuple:
+    """Whether the compaction job holds its lock: ``("locked", holder,
+    age_s)`` for a lock younger than ``timeout_s`` (at ``now_ms``), else
+    ``("free", (holder, age_s) of a stale lock or None)``. A writer that
+    deletes groups asks first, in its deleting transaction."""
+    row = lock_row_txn(txn, COMPACTION_LOCK_NAME)
+    if row is None:
+        return ("free", None)
+    holder, acquired_ts, heartbeat_ts = row
+    age_s = (now_ms - (heartbeat_ts if heartbeat_ts is not None else acquired_ts)) / 1000
+    if age_s <= timeout_s:
+        return ("locked", holder, age_s)
+    return ("free", (holder, age_s))
+
+
+def delete_groups_txn(
+    txn: Transaction, groups: StateGroupStore, ids: list[int], counts: dict[str, int] | None = None
+) -> int:
+    """Delete the groups ``ids`` (the caller asked ``compaction_lock_txn``);
+    how many existed. Remaining groups stored as a delta against a deleted
+    group are first rewritten as snapshots of their full state (read
+    through ``groups``). ``counts`` gains the rows deleted per table."""
+    doomed = set(ids)
+    children = [child for child in tables.child_groups_txn(txn, ids) if child not in doomed]
+    # Full states first (they read through the doomed groups), then rewrite.
+    states = {child: groups.get_state(txn, child) for child in sorted(set(children))}
+    for child, state in states.items():
+        tables.rewrite_as_snapshot_txn(txn, child, state)
+    return tables.delete_groups_txn(txn, ids, counts)
+
+
 def delete_state_groups_txn(
     txn: Transaction, groups: StateGroupStore, ids: list[int], timeout_s: float, now_ms: int
 ) -> tuple:
@@ -257,53 +292,52 @@ def delete_state_groups_txn(
 
     Returns ``("locked", holder, age_s)`` while a lock younger than
     ``timeout_s`` (at ``now_ms``) is held, writing nothing; otherwise
-    ``("deleted", how many existed, (holder, age_s) of a stale lock or None)``.
-    Remaining groups stored as a delta against a deleted group are first
-    rewritten as snapshots of their full state (read through ``groups``).
+    ``("done", how many existed, (holder, age_s) of a stale lock or None)``
+    (``delete_groups_txn`` says what is deleted and rewritten).
     """
-    row = lock_row_txn(txn, COMPACTION_LOCK_NAME)
-    stale = None
-    if row is not None:
-        holder, acquired_ts, heartbeat_ts = row
-        age_s = (now_ms - (heartbeat_ts if heartbeat_ts is not None else acquired_ts)) / 1000
-        if age_s <= timeout_s:
-            return ("locked", holder, age_s)
-        stale = (holder, age_s)
-    doomed = set(ids)
-    children = [child for child in tables.child_groups_txn(txn, ids) if child not in doomed]
-    # Full states first (they read through the doomed groups), then rewrite.
-    states = {child: groups.get_state(txn, child) for child in sorted(set(children))}
-    for child, state in states.items():
-        tables.rewrite_as_snapshot_txn(txn, child, state)
-    return ("deleted", tables.delete_groups_txn(txn, ids), stale)
+    lock = compaction_lock_txn(txn, timeout_s, now_ms)
+    if lock[0] == "locked":
+        return lock
+    return ("done", delete_groups_txn(txn, groups, ids), lock[1])
+
+
+async def run_when_unlocked(
+    attempt: Callable[[int], Awaitable[tuple]], timeout_s: float, poll_interval_s: float, clock,
+    now_ms: Callable[[], int], what: str,
+):
+    """``await attempt(now_ms)`` (one transaction) until it is done: it
+    returns ``("locked", holder, age_s)`` (``compaction_lock_txn``, having
+    written nothing) or ``("done", result, stale lock or None)``. While the
+    compaction job holds its lock, a line says so once and the attempt is
+    made again every ``poll_interval_s`` on ``clock``; a stale lock ignored
+    is a warning. Returns the result. ``what``: the deletion, for the lines."""
+    waiting_logged = False
+    while True:
+        outcome = await attempt(now_ms())
+        if outcome[0] == "locked":
+            if not waiting_logged:
+                log.info("waiting for state compaction ({holder}) to finish before deleting {what}",
+                         holder=outcome[1], what=what)
+                waiting_logged = True
+            await deferLater(clock, poll_interval_s, lambda: None)
+            continue
+        _, result, stale = outcome
+        if stale is not None:
+            log.warn(
+                "ignoring stale state compaction lock held by {holder} (last heartbeat {age:.0f}s ago,"
+                " timeout {timeout:.0f}s) to delete {what}",
+                holder=stale[0], age=stale[1], timeout=timeout_s, what=what,
+            )
+        return result
 
 
 async def delete_when_unlocked(
     db, groups: StateGroupStore, ids: list[int], timeout_s: float, poll_interval_s: float, clock,
     now_ms: Callable[[], int],
 ) -> int:
-    """``delete_state_groups_txn`` until it deletes (``RoomStore.delete_state_groups``):
-    while the compaction job holds its lock, a line says so once and the
-    deletion is tried again every ``poll_interval_s`` on ``clock``; a stale
-    lock ignored is a warning. Returns how many of ``ids`` existed."""
-    waiting_logged = False
-    while True:
-        outcome = await db.run_interaction("delete_state_groups", delete_state_groups_txn, groups, ids, timeout_s, now_ms())
-        if outcome[0] == "locked":
-            if not waiting_logged:
-                log.info(
-                    "waiting for state compaction ({holder}) to finish before deleting {n} state group(s)",
-                    holder=outcome[1], n=len(ids),
-                )
-                waiting_logged = True
-            await deferLater(clock, poll_interval_s, lambda: None)
-            continue
-        _, deleted, stale = outcome
-        if stale is not None:
-            log.warn(
-                "ignoring stale state compaction lock held by {holder} (last heartbeat {age:.0f}s ago,"
-                " timeout {timeout:.0f}s) to delete {n} state group(s)",
-                holder=stale[0], age=stale[1], timeout=timeout_s, n=len(ids),
-            )
-        return deleted
+    """``delete_state_groups_txn`` until it deletes (``RoomStore.delete_state_groups``,
+    through ``run_when_unlocked``). Returns how many of ``ids`` existed."""
+    def attempt(now: int):
+        return db.run_interaction("delete_state_groups", delete_state_groups_txn, groups, ids, timeout_s, now)
 
+    return await run_when_unlocked(attempt, timeout_s, poll_interval_s, clock, now_ms, f"{len(ids)} state group(s)")

@@ -382,6 +382,12 @@ class Interner:
         """The nid if it is in the cache; never touches the database."""
         return self._to_nid.get(key)
 
+    def forget_all(self) -> None:
+        """Drop both caches: a purge deleted rows of this table, whose nids
+        SQLite may give out again."""
+        self._to_nid.clear()
+        self._to_key.clear()
+
 
 class Interners:
     """The store's interning tables, one ``Interner`` each."""
@@ -508,3 +514,33 @@ def queue_activity(txn: Transaction, room_nid: int, stream: int) -> None:
         "UPDATE rooms SET activity = ? WHERE room_nid = ? AND (activity IS NULL OR activity < ?)",
         (stream, room_nid, stream),
     )
+
+
+def lock_room_txn(txn: Transaction, room_nid: int) -> bool:
+    """Take the room's row for the rest of the transaction (a purge): on
+    PostgreSQL a batch writing to the room (which moves ``activity``) then
+    waits for it, and one that committed since the transaction began makes
+    it fail and be retried. False when the room has no row."""
+    txn.execute("UPDATE rooms SET activity = activity WHERE room_nid = ?", (room_nid,))
+    return txn.rowcount > 0
+
+
+def delete_room_txn(txn: Transaction, room_nid: int) -> int:
+    """Delete the room's row (a purged room: nothing names its nid any more)."""
+    txn.execute("DELETE FROM rooms WHERE room_nid = ?", (room_nid,))
+    return max(txn.rowcount, 0)
+
+
+def current_state_group_txn(txn: Transaction, room_nid: int) -> int | None:
+    """The state group the room's current state mirrors (None: none yet)."""
+    return txn.select_one_value("SELECT current_state_group FROM rooms WHERE room_nid = ?", (room_nid,))
+
+
+def delete_event_ids_txn(txn: Transaction, nids: Sequence[int]) -> int:
+    """Delete the event IDs ``nids`` (a purged room's, that no row names any more)."""
+    deleted = 0
+    for part in chunks(sorted(nids)):
+        marks = ", ".join("?" for _ in part)
+        txn.execute(f"DELETE FROM event_ids WHERE event_nid IN ({marks})", list(part))
+        deleted += max(txn.rowcount, 0)
+    return deleted

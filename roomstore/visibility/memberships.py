@@ -16,6 +16,7 @@ from roomstore.visibility.rules import MEMBERSHIP_CODES
 JOIN = MEMBERSHIP_CODES["join"]
 
 __all__ = [
+    "delete_room_memberships_txn",
     "insert_memberships",
     "joined_after_sql",
     "last_join_sql",
@@ -95,3 +96,9 @@ def own_membership_events_sql() -> str:
         "SELECT om.event_nid AS event_nid, 0 AS tl, 1 AS own FROM room_memberships AS om"
         " WHERE om.user_nid = ? AND om.stream_ordering > ? AND om.stream_ordering <= ?"
     )
+
+
+def delete_room_memberships_txn(txn: Transaction, room_nid: int) -> int:
+    """Delete the room's membership rows (a purged room); how many there were."""
+    txn.execute("DELETE FROM room_memberships WHERE room_nid = ?", (room_nid,))
+    return max(txn.rowcount, 0)

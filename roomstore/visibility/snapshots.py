@@ -292,3 +292,17 @@ class VisibilityWrites:
         self._new_branches, self._moved_tips = {}, set()
         self._ancestors = {}
         self._snapshot_rows, self._membership_rows = [], []
+
+
+def delete_room_visibility_txn(txn: Transaction, room_nid: int, counts: dict[str, int]) -> None:
+    """Delete the room's snapshots, branches, their ancestry and membership
+    rows (a purged room); ``counts`` gains the rows deleted per table."""
+    branches = "SELECT b.branch_nid FROM visibility_branches AS b WHERE b.room_nid = ?"
+    for table, where in (
+        ("visibility_memberships", f"branch_nid IN ({branches})"),
+        ("visibility_branch_ancestors", f"branch_nid IN ({branches})"),
+        ("visibility_snapshots", "room_nid = ?"),
+        ("visibility_branches", "room_nid = ?"),
+    ):
+        txn.execute(f"DELETE FROM {table} WHERE {where}", (room_nid,))
+        counts[table] = counts.get(table, 0) + max(txn.rowcount, 0)

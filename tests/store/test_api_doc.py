@@ -172,3 +172,25 @@ class ApiDocTests:
         [program] = python_blocks("## Embedding under asyncio")
         self.assertIn("asyncio.run(", program)
         await self.run_documented_program(program)
+
+
+@on_both_engines
+class PurgingExampleTests:
+    async def test_purging_example(self):
+        [source] = python_blocks("## Purging")
+        namespace: dict = {}
+        exec(compile(source, "docs/api.md", "exec"), namespace)
+        url = self.new_database_url()
+        room = RoomBuilder()
+        events = [room.create(), room.join("@alice:example.org"), room.join_rules(), room.join("@bob:elsewhere.org")]
+        events += [room.message(sender, f"m{i}") for i in range(6) for sender in ("@alice:example.org",
+                                                                                     "@bob:elsewhere.org")]
+        store = await RoomStore.open(url)
+        await store.persist_events([room.to_persist(e) for e in events])
+        await store.close()
+        result = await namespace["purge_before"](url, room.room_id, events[9].event_id)
+        self.assertEqual(result["rows_deleted"]["events"], 3)  # bob's messages up to it; alice is local
+        store = await RoomStore.open(url)
+        self.addCleanup(store.close)
+        self.assertIsNone(await store.get_event(events[5].event_id))
+        self.assertIsNotNone(await store.get_event(events[4].event_id))

@@ -422,6 +422,129 @@ def due_for_censoring_txn(txn: Transaction, cutoff_ts: int, limit: int) -> list[
     ).fetchall()
 
 
+# ---------------------------------------------------------------------- purging (roomstore.events.purge)
+
+
+class PurgeCandidate(NamedTuple):
+    """An event of a room at or before a purge's position."""
+
+    event_nid: int
+    is_state: bool
+    sender_nid: int
+    outlier: bool
+
+
+def events_upto_txn(txn: Transaction, room_nid: int, key: tuple[int, int]) -> list[PurgeCandidate]:
+    """The room's events, outliers too, at or before the topological key
+    ``(topological_ordering, stream_ordering)``."""
+    return [PurgeCandidate(nid, is_state, sender, bool(outlier)) for nid, is_state, sender, outlier in txn.execute(
+        "SELECT event_nid, type_key_nid IS NOT NULL, sender_nid, outlier FROM events"
+        " WHERE room_nid = ? AND (topological_ordering, stream_ordering) <= (?, ?)",
+        (room_nid, *key),
+    ).fetchall()]
+
+
+def room_event_nids_txn(txn: Transaction, room_nid: int) -> list[int]:
+    """Every stored event of the room, outliers and rejected ones too."""
+    return [r[0] for r in txn.execute("SELECT event_nid FROM events WHERE room_nid = ?", (room_nid,)).fetchall()]
+
+
+def redaction_targets_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, int]:
+    """redaction nid -> target nid of the redaction events among ``nids``."""
+    found: dict[int, int] = {}
+    for part in chunks(sorted(set(nids))):
+        marks = ", ".join("?" for _ in part)
+        found.update(txn.execute(
+            f"SELECT redaction_event_nid, redacts_event_nid FROM redactions WHERE redaction_event_nid IN ({marks})",
+            list(part),
+        ).fetchall())
+    return found
+
+
+def referenced_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
+    """Those of ``nids`` a stored row of these tables names: an event, a
+    prev or auth event of one, a redaction's target."""
+    found: set[int] = set()
+    for part in chunks(sorted(set(nids))):
+        marks = ", ".join("?" for _ in part)
+        found.update(r[0] for r in txn.execute(
+            f"SELECT event_nid FROM events WHERE event_nid IN ({marks})"
+            f" UNION SELECT prev_event_nid FROM event_edges WHERE prev_event_nid IN ({marks})"
+            f" UNION SELECT auth_event_nid FROM event_auth_edges WHERE auth_event_nid IN ({marks})"
+            f" UNION SELECT redacts_event_nid FROM redactions WHERE redacts_event_nid IN ({marks})",
+            list(part) * 4,
+        ).fetchall())
+    return found
+
+
+def edge_targets_txn(txn: Transaction, nids: Sequence[int]) -> set[int]:
+    """The prev and auth events (stored or not) that the events ``nids`` name."""
+    found: set[int] = set()
+    for part in chunks(sorted(set(nids))):
+        marks = ", ".join("?" for _ in part)
+        found.update(r[0] for r in txn.execute(
+            f"SELECT prev_event_nid FROM event_edges WHERE event_nid IN ({marks})"
+            f" UNION SELECT auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})",
+            list(part) * 2,
+        ).fetchall())
+    return found
+
+
+def graph_and_prevs_txn(txn: Transaction, room_nid: int) -> tuple[set[int], set[int]]:
+    """(the room's graph events (not outliers), the prev events they name):
+    what its backward extremities are made of."""
+    graph = {r[0] for r in txn.execute(
+        "SELECT event_nid FROM events WHERE room_nid = ? AND outlier = ?", (room_nid, False)
+    ).fetchall()}
+    prevs = {r[0] for r in txn.execute(
+        "SELECT DISTINCT ed.prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
+        " WHERE e.room_nid = ? AND e.outlier = ?",
+        (room_nid, False),
+    ).fetchall()}
+    return graph, prevs
+
+
+def groups_in_use_txn(txn: Transaction, room_nid: int) -> set[int]:
+    """The state groups the room's stored events are before or after."""
+    return {r[0] for r in txn.execute(
+        "SELECT state_group_before FROM events WHERE room_nid = ? AND state_group_before IS NOT NULL"
+        " UNION SELECT state_group FROM events WHERE room_nid = ? AND state_group IS NOT NULL",
+        (room_nid, room_nid),
+    ).fetchall()}
+
+
+def make_outliers_txn(txn: Transaction, nids: Sequence[int]) -> int:
+    """The events ``nids`` become outliers: out of the timelines and the
+    graph, with no state of their own (their state groups let go)."""
+    changed = 0
+    for part in chunks(sorted(nids)):
+        marks = ", ".join("?" for _ in part)
+        txn.execute(
+            "UPDATE events SET outlier = ?, state_group_before = NULL, state_group = NULL"
+            f" WHERE event_nid IN ({marks})",
+            (True, *part),
+        )
+        changed += txn.rowcount
+    return changed
+
+
+#: What deleting events removes, by table, and the column naming the event.
+_EVENT_ROWS = (
+    ("events", "event_nid"), ("event_json", "event_nid"), ("event_edges", "event_nid"),
+    ("event_auth_edges", "event_nid"), ("redactions", "redaction_event_nid"),
+)
+
+
+def delete_events_txn(txn: Transaction, nids: Sequence[int], counts: dict[str, int]) -> None:
+    """Delete the events ``nids``: their rows, bytes, prev and auth edges
+    and redaction rows; ``counts`` gains the rows deleted per table."""
+    for part in chunks(sorted(nids)):
+        marks = ", ".join("?" for _ in part)
+        for table, column in _EVENT_ROWS:
+            txn.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", list(part))
+            counts[table] = counts.get(table, 0) + max(txn.rowcount, 0)
+
+
 # ---------------------------------------------------------------------- the events and backfill streams
 
 # The page of events is an index range scan on events alone that stops

@@ -191,3 +191,31 @@ def rooms_of_user_txn(txn: Transaction, user_id: str, membership: int) -> list[s
         f" {join_rooms('r', 'm.room_nid')} WHERE u.user_id = ? AND m.membership = ?",
         (user_id, membership),
     ).fetchall()]
+
+
+# ---------------------------------------------------------------------- purging (roomstore.events.purge)
+
+
+def replace_backward_extremities_txn(txn: Transaction, room_nid: int, nids: set[int]) -> int:
+    """The room's backward extremities become ``nids``; returns how many rows were deleted."""
+    old = set(extremity_nids_txn(txn, room_nid, "backward"))
+    gone = sorted(old - nids)
+    _delete_pairs(txn, "backward_extremities", ("room_nid", "event_nid"), [(room_nid, n) for n in gone])
+    txn.insert_many(
+        "backward_extremities", ("room_nid", "event_nid"), [(room_nid, n) for n in sorted(nids - old)],
+        on_conflict="ON CONFLICT DO NOTHING",
+    )
+    return len(gone)
+
+
+#: A room's rows in the tables of this module, by the column naming the room.
+_ROOM_TABLES = ("forward_extremities", "backward_extremities", "current_state", "current_state_deltas",
+                "current_memberships")
+
+
+def delete_room_txn(txn: Transaction, room_nid: int, counts: dict[str, int]) -> None:
+    """Delete every row of the room in this module's tables; ``counts``
+    gains the rows deleted per table."""
+    for table in _ROOM_TABLES:
+        txn.execute(f"DELETE FROM {table} WHERE room_nid = ?", (room_nid,))
+        counts[table] = counts.get(table, 0) + max(txn.rowcount, 0)
