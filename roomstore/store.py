@@ -12,7 +12,7 @@ offers async methods. Everything that touches the database runs through
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import attrs
 from twisted.internet import defer
@@ -33,11 +33,14 @@ from roomstore.events.writer_process import WriterProcess
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader
+from roomstore.events.tables.client_txns import event_id_for_txn_txn
+from roomstore.events.user_rooms import RoomMembership, check_memberships, rooms_by_membership_txn
 from roomstore.events.stream_pages import (
     backfill_page_txn, events_page_txn, invalidations_page_txn, stream_page_txn, stream_text_txn,
 )
 from roomstore.pdu.signatures import VerifyKeys
-from roomstore.events.timeline import RecentResult, SyncResult, TimelineReader
+from roomstore.events.sync import SyncReader, SyncResult
+from roomstore.events.timeline import RecentResult, TimelineReader
 from roomstore.state.groups import (
     COMPACTION_LOCK_NAME,
     COMPACTION_LOCK_TIMEOUT_S,
@@ -47,9 +50,8 @@ from roomstore.state.groups import (
 from roomstore.storage.database import Database
 from roomstore.storage.interning import Interners, room_ids_txn
 from roomstore.storage.stats import table_stats_txn
-from roomstore.storage.writer_lock import WriterLock
 from roomstore.store_config import StoreConfig
-from roomstore.streams.builtin import open_builtin_generators
+from roomstore.store_opening import open_database
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.id_generators import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
@@ -95,6 +97,7 @@ class RoomStore:
             db, self.interners, self.positions, self.reader, self.room_changes, self.membership_changes
         )
         self.pagination = Paginator(self.timeline)
+        self.syncs = SyncReader(self.timeline)
         self.federation = FederationReader(db, self.interners, self.reader)
         #: What each change drops from this process's caches (replication
         #: applies a worker's rows through it too).
@@ -133,41 +136,16 @@ class RoomStore:
         config = config or StoreConfig()
         if config.writer_process and config.writes_anything():
             return await cls._open_beside_writer(database, config, reactor, clock, create)
-        if isinstance(database, str):
-            # A read-only store's connections cannot write: it never creates
-            # or migrates the schema, and refuses a database without one.
-            db = Database.from_url(database, reactor, create and not config.read_only, read_only=config.read_only)
-            owns_db = True
-        else:
-            db, owns_db = database, False
-        writer_lock = None
-        try:
-            if config.writes_anything():
-                # Before anything is written or recovered: recovery assumes
-                # no other live process is this instance.
-                writer_lock = await WriterLock.acquire(db, config.instance_name)
-            if config.read_only:
-                version = await db.check_schema(config.embedder_schemas)
-            else:
-                version = await db.prepare(embedder_schemas=config.embedder_schemas)
-            generators = await open_builtin_generators(
-                db, config.instance_name, config.stream_writers, read_only=config.read_only
-            )
-        except BaseException:
-            if writer_lock is not None:
-                await writer_lock.release()
-            if owns_db:
-                await db.close()
-            raise
-        store = cls(db, config, generators, clock)
-        store.schema_version = version
-        store._owns_db = owns_db
-        store._writer_lock = writer_lock
+        opened = await open_database(database, config, reactor, create)
+        store = cls(opened.db, config, opened.generators, clock)
+        store.schema_version = opened.schema_version
+        store._owns_db = opened.owns_db
+        store._writer_lock = writer_lock = opened.writer_lock
         if writer_lock is not None:
             # A database restart frees a session lock: take it again, or stop.
             writer_lock.watch(store.clock)
         if not config.read_only:
-            await db.run_interaction("register_instance", register_instance_txn, config.instance_name)
+            await store.db.run_interaction("register_instance", register_instance_txn, config.instance_name)
         store._censor_job = None
         if config.censor_interval_ms is not None:
             store._censor_job = store.censor
@@ -441,6 +419,21 @@ class RoomStore:
     async def get_rooms_for_user(self, user_id: str) -> frozenset[str]:
         return await self.reader.get_rooms_for_user(user_id)
 
+    async def get_rooms_for_user_by_membership(
+        self, user_id: str, memberships: Collection[str]
+    ) -> list[RoomMembership]:
+        """The user's current membership of each room where it is one of
+        ``memberships``, out-of-band (outlier) invites included
+        (``roomstore.events.user_rooms``); ``ValueError`` for an unknown one."""
+        asked = check_memberships(memberships)
+        return await self.db.run_interaction(
+            "get_rooms_for_user_by_membership", rooms_by_membership_txn, self.interners, user_id, asked
+        )
+
+    async def get_event_id_for_txn(self, user_id: str, device_id: str, txn_id: str) -> str | None:
+        """The event persisted with ``ClientTxn(user_id, device_id, txn_id)``, None if none was."""
+        return await self.db.run_interaction("get_event_id_for_txn", event_id_for_txn_txn, user_id, device_id, txn_id)
+
     async def get_users_in_room(self, room_id: str) -> list[str]:
         return await self.db.run_interaction("get_users_in_room", self.reader.users_in_room_txn, room_id)
 
@@ -539,11 +532,15 @@ class RoomStore:
     # --- timeline and federation reads (roomstore.events.timeline, .federation)
     # Thin async wrappers; contracts and SQL in those modules.
 
-    async def sync(self, user_id: str, since: str | None, initial_limit: int = 10) -> SyncResult:
-        """New visible events in the user's rooms since a stream token, and the
-        user's own membership events in any room; ``since=None``: an initial
+    async def sync(
+        self, user_id: str, since: str | None, initial_limit: int = 10, limit: int | None = None,
+        full_state: bool = False,
+    ) -> SyncResult:
+        """New visible events in the user's rooms since a stream token (the
+        newest ``limit`` a room, None: all), each room's ``RoomTimeline``, and
+        the user's own membership events in any room; ``since=None``: an initial
         sync, the newest ``initial_limit`` visible events of each joined room."""
-        return await self.timeline.sync(user_id, since, initial_limit)
+        return await self.syncs.sync(user_id, since, initial_limit, limit, full_state)
 
     async def recent(self, user_id: str, rooms: int, events: int, from_cursor: str | None = None) -> RecentResult:
         """The newest ``events`` visible events of the user's ``rooms`` most

@@ -1,8 +1,9 @@
 """A batch to persist, as given and as validated: the value classes and the
 steps before any transaction (room versions, parsing, ordering).
 
-``EventToPersist``, ``StateDelta`` and ``PersistedEvent`` are the public face
-of ``RoomStore.persist_events`` (re-exported by ``roomstore.events.persist``);
+``EventToPersist``, ``ClientTxn``, ``StateDelta`` and ``PersistedEvent`` are the
+public face of ``RoomStore.persist_events`` (re-exported by
+``roomstore.events.persist``);
 ``prepare_events`` validates a batch on the reactor, ``order_batch`` puts each
 event after its prev events in the batch.
 """
@@ -32,6 +33,22 @@ class StateDelta:
 
 
 @attrs.frozen
+class ClientTxn:
+    """The client transaction an event was sent in (``PUT
+    /rooms/{roomId}/send/{eventType}/{txnId}``): recorded with the event so
+    that a retried request finds the event it made
+    (``RoomStore.get_event_id_for_txn``)."""
+
+    user_id: str = attrs.field(validator=attrs.validators.instance_of(str))
+    device_id: str = attrs.field(validator=attrs.validators.instance_of(str))
+    txn_id: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+    def __reduce__(self):
+        # Pickled with its event (validation workers, the writer process).
+        return ClientTxn, (self.user_id, self.device_id, self.txn_id)
+
+
+@attrs.frozen
 class EventToPersist:
     """One event of a batch, as a homeserver hands it over.
 
@@ -47,6 +64,10 @@ class EventToPersist:
     rejected for that reason unchecked. ``auth_checked``: the event's source
     checked it already (an import from a homeserver's database): stored as
     given, unchecked. Set it only for such a source.
+
+    ``client_txn``: the client transaction the event was sent in, recorded
+    with it in the same database transaction (``roomstore.events.client_txns``
+    says what happens when that transaction already names another event).
     """
 
     raw: bytes
@@ -56,13 +77,16 @@ class EventToPersist:
     backfilled: bool = False
     state_before: Mapping[StateKey, str] | StateDelta | None = None
     auth_checked: bool = False
+    client_txn: ClientTxn | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(ClientTxn))
+    )
 
     def __reduce__(self):
         # Pickled (to a validation worker) through its constructor, not
         # attrs' slotted __getstate__, which is Python.
         return EventToPersist, (
             self.raw, self.room_version, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
-            self.auth_checked,
+            self.auth_checked, self.client_txn,
         )
 
 
@@ -90,6 +114,10 @@ class PersistedEvent:
     #: Accepted, but it failed the room's current state as it arrived: not
     #: served in timelines, no extremity (of this write, as ``rejected_reason``).
     soft_failed: bool = False
+    #: The event was given with a ``client_txn`` already recorded for this
+    #: other event: the event is stored, the record left as it was (a
+    #: retried request; answer it with this ID). None otherwise.
+    existing_txn_event_id: str | None = None
 
     def __reduce__(self):
         # Pickled (a writer process's replies) through its constructor, not
@@ -97,7 +125,7 @@ class PersistedEvent:
         return PersistedEvent, (
             self.event_id, self.room_id, self.stream_ordering, self.topological_ordering, self.state_group_before,
             self.state_group, self.already_persisted, self.content_hash_mismatch, self.signatures_checked,
-            self.rejected_reason, self.soft_failed,
+            self.rejected_reason, self.soft_failed, self.existing_txn_event_id,
         )
 
     @property
@@ -128,6 +156,8 @@ class PreparedEvent:
     #: it, not against the room's current state (the write decides it:
     #: ``roomstore.events.auth_checks``).
     soft_failed: bool = False
+    #: The client transaction it was sent in (``EventToPersist.client_txn``).
+    client_txn: ClientTxn | None = None
     event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
 
     def __reduce__(self):
@@ -136,6 +166,7 @@ class PreparedEvent:
         return PreparedEvent, (
             self.pdu, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
             self.content_hash_mismatch, self.signatures_checked, self.auth_checked, self.soft_failed,
+            self.client_txn,
         )
 
 
@@ -212,7 +243,7 @@ def prepare_events(
         prepared.append(
             PreparedEvent(
                 pdu, item.outlier, item.rejected_reason, item.backfilled, item.state_before, mismatch, signed,
-                item.auth_checked,
+                item.auth_checked, client_txn=item.client_txn,
             )
         )
     return prepared

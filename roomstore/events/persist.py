@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 from roomstore.events.batch import (
+    ClientTxn,
     EventToPersist,
     PersistedEvent,
     PreparedEvent,
@@ -31,6 +32,7 @@ from roomstore.events.batch import (
     order_batch,
 )
 from roomstore.events.auth_checks import checked_event, prefetch_auth_events
+from roomstore.events.client_txns import record_client_txns
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import RoomEnds, note_activity, update_current_state, update_extremities
 from roomstore.events.redaction_authority import redaction_authorised
@@ -64,6 +66,7 @@ from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, 
 
 __all__ = [
     "BatchOutcome",
+    "ClientTxn",
     "EVENT_REFUSALS",
     "EventPersister",
     "EventToPersist",
@@ -372,6 +375,7 @@ class _BatchWriter:
         room_nids = self._intern_names(new_events)
         ordering = self._orderings(new_events, stream_ids, backfill_ids)
         rows = self._event_rows(new_events, room_nids, ordering, results)
+        record_client_txns(self, new_events, room_nids, results)
         redacted_targets = self._write_rows(new_events, rows)
         current_state_rooms = self._update_rooms(new_events, room_nids, ordering)
         self.group_writes.flush(txn)

@@ -55,6 +55,7 @@ from roomstore.storage.interning import (
     Interners, current_state_group_txn, delete_event_ids_txn, delete_room_txn, lock_room_txn,
 )
 from roomstore.streams.id_generators import persist_positions_txn, reserve_in_transaction
+from roomstore.events.tables.client_txns import delete_event_txns_txn, delete_room_txns_txn
 from roomstore.visibility.memberships import delete_room_memberships_txn
 from roomstore.visibility.snapshots import delete_room_visibility_txn
 
@@ -184,6 +185,7 @@ class Purger:
         doomed -= kept
         counts: dict[str, int] = {}
         event_tables.delete_events_txn(txn, sorted(doomed), counts)
+        counts["client_txn_ids"] = delete_event_txns_txn(txn, sorted(doomed))
         outliers = [c.event_nid for c in candidates if c.event_nid in kept and not c.outlier and c.event_nid not in forward]
         made = event_tables.make_outliers_txn(txn, outliers)
         # Backward extremities: what the remaining timeline names but does not hold.
@@ -237,6 +239,7 @@ class Purger:
         event_tables.delete_events_txn(txn, nids, counts)
         room_state.delete_room_txn(txn, room_nid, counts)
         counts["room_memberships"] = delete_room_memberships_txn(txn, room_nid)
+        counts["client_txn_ids"] = delete_room_txns_txn(txn, [room_nid])
         delete_room_visibility_txn(txn, room_nid, counts)
         counts["event_ids"] = delete_event_ids_txn(txn, sorted(named - event_tables.referenced_nids_txn(txn, named)))
         counts["rooms"] = delete_room_txn(txn, room_nid)

@@ -1,5 +1,6 @@
-"""Timeline reads: sync, recent, visibility checks (pagination is
-``roomstore.events.pagination``, which uses this module's pieces).
+"""Timeline reads: recent, visibility checks, and the pieces sync
+(``roomstore.events.sync``) and pagination (``roomstore.events.pagination``)
+compose.
 
 ``TimelineReader`` serves the reads a client makes of a room's timeline
 (the federation walks are ``roomstore.events.federation``). Every read is
@@ -30,8 +31,8 @@ Orders and tokens (see ``roomstore.events.tokens``):
   (stream orderings are), so ``(topo, stream - 1)`` is the position just
   before ``(topo, stream)``: pages neither repeat nor skip events.
 
-Who calls it: ``RoomStore``'s thin wrappers (``sync``, ``recent``,
-``is_visible``) and ``Paginator``.
+Who calls it: ``RoomStore``'s thin wrappers (``recent``, ``is_visible``),
+``SyncReader`` and ``Paginator``.
 """
 
 from __future__ import annotations
@@ -57,76 +58,24 @@ from roomstore.events.tables.events import (
     served_joins,
     visible_flag_txn,
 )
-from roomstore.events.tables.room_state import current_memberships_as, joined_room_nids_sql
+from roomstore.events.tables.room_state import current_memberships_as
 from roomstore.events.tokens import InvalidToken
 from roomstore.storage.database import Database, Transaction
-from roomstore.storage.interning import Interners, event_id_sql, join_rooms, room_nids_sql
+from roomstore.storage.interning import Interners, event_id_sql, join_rooms
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.visibility.rules import MEMBERSHIP_CODES
-from roomstore.visibility.memberships import left_rooms_sql, left_upto_sql, own_membership_events_sql
 from roomstore.visibility.snapshots import visible_params, visible_sql
 
-__all__ = ["InvalidToken", "RecentResult", "SyncResult", "TimelineReader"]
+__all__ = ["InvalidToken", "RecentResult", "TimelineReader"]
 
 JOIN = MEMBERSHIP_CODES["join"]
-INVITE = MEMBERSHIP_CODES["invite"]
-LEAVE = MEMBERSHIP_CODES["leave"]
-BAN = MEMBERSHIP_CODES["ban"]
 MEMBER = "m.room.member"
-
-#: Sync passes the changed rooms by ID in the statement up to this many;
-#: beyond it (or when the change cache cannot tell) it selects the user's
-#: joined rooms in SQL instead, so the statement stays small.
-MAX_ROOMS_IN_STATEMENT = 1000
 
 #: Below every stream ordering (backfilled events have negative ones).
 LOWEST_STREAM = -(2**63)
 
 
 # ---------------------------------------------------------------------- results
-
-
-@attrs.frozen
-class SyncResult:
-    """What changed for a user between two stream positions.
-
-    ``next_token``: the stream token to pass as ``since`` next time (never
-    behind the ``since`` given). ``rooms``: room ID -> visible events in
-    stream order, for the rooms the user is joined to that have new events,
-    and for rooms the user left, was kicked or banned from in the window (up
-    to and including that membership event); on an initial sync (``since``
-    None) every joined room with its newest visible events, oldest first
-    (an empty list when the user may see none). ``membership_events``: every
-    one of the user's own membership events in the window, in any room and
-    in stream order, whatever the history visibility (invites to rooms they
-    never joined, kicks, bans, leaves, joins); outliers included, since an
-    invite from another server arrives as one. ``joined``: the rooms the user
-    is joined to now.
-    """
-
-    next_token: str
-    rooms: dict[str, list[dict]]
-    membership_events: list[dict]
-    joined: frozenset[str]
-
-    @property
-    def invited(self) -> dict[str, dict]:
-        """Room ID -> invite, for rooms whose newest membership here is an invite."""
-        return self._newest_with({"invite"})
-
-    @property
-    def left(self) -> dict[str, dict]:
-        """Room ID -> leave or ban, for rooms whose newest membership here is one."""
-        return self._newest_with({"leave", "ban"})
-
-    def _newest_with(self, memberships: set[str]) -> dict[str, dict]:
-        newest: dict[str, dict] = {}
-        for event in self.membership_events:
-            newest[event["room_id"]] = event
-        return {
-            room_id: event for room_id, event in newest.items()
-            if (event.get("content") or {}).get("membership") in memberships
-        }
 
 
 @attrs.frozen
@@ -221,58 +170,6 @@ class Viewer:
             self.user_nid if self.user_nid is not None else -1,
             self.member_key_nid if self.member_key_nid is not None else -1,
         )
-
-
-def _sync_candidates(
-    user_nid: int,
-    rooms: list[str] | None,
-    memberships: bool,
-    lower: tuple[int, dict[str, int]],
-    upper: tuple[int, dict[str, int]],
-    window: tuple[str, list],
-) -> tuple[list[str], list]:
-    """Sync's candidate rows ``(event_nid, tl, own)`` as SELECTs to UNION,
-    and their parameters: new events of the rooms (``rooms``, or the joined
-    rooms in SQL when None), and with ``memberships`` the rooms left in the
-    window and the user's own membership events. ``window``: the per-writer
-    stream window on ``e`` (SQL, parameters)."""
-    window_sql, window_params = window
-    # The membership tables carry no instance name: bound them by the
-    # widest window; the exact per-writer window applies to `e`.
-    low_any = min([lower[0], *lower[1].values()])
-    high_any = max([upper[0], *upper[1].values()])
-    candidates: list[str] = []
-    params: list = []
-    if rooms is None:
-        room_sql = f"e.room_nid IN ({joined_room_nids_sql('cm')})"
-        room_params: list = [user_nid, JOIN]
-    elif rooms:
-        room_sql = f"e.room_nid IN ({room_nids_sql('rr', len(rooms))})"
-        room_params = list(rooms)
-    else:
-        room_sql, room_params = "", []
-    if room_sql:
-        candidates.append(
-            f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events_as('e')}"
-            f" WHERE {room_sql} AND {window_sql}"
-        )
-        params += room_params + window_params
-    if memberships:
-        # Rooms the user left (or was kicked or banned from) in the
-        # window: their timeline up to that event, like Synapse's "leave"
-        # section; the visibility filter does the rest.
-        candidates.append(
-            f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events_as('e')}"
-            f" WHERE {left_rooms_sql('e')}"
-            f" AND {left_upto_sql('e')}"
-            f" AND {window_sql}"
-        )
-        params += [user_nid, LEAVE, BAN, low_any, high_any, user_nid, LEAVE, BAN, low_any, high_any]
-        params += window_params
-        # The user's own membership events anywhere, always delivered.
-        candidates.append(own_membership_events_sql())
-        params += [user_nid, low_any, high_any]
-    return candidates, params
 
 
 def _recent_sql(high_sql: str, cursor_sql: str) -> str:
@@ -381,101 +278,6 @@ class TimelineReader:
             key = (MEMBER, viewer.user_id)
             key_nid = self.interners.state_keys.lookup(txn, [key]).get(key)
         return Viewer(viewer.user_id, user_nid, key_nid)
-
-    # ------------------------------------------------------------------ sync
-
-    async def sync(self, user_id: str, since: str | None, initial_limit: int = 10) -> SyncResult:
-        """New events for ``user_id`` after ``since`` up to now; see ``SyncResult``.
-        ``since`` None: an initial sync, the newest ``initial_limit`` visible
-        events of each joined room (``recent``'s one statement).
-
-        Database cost: none when the change caches show that neither the
-        user's joined rooms (the cached rooms-for-user) nor the user's
-        memberships changed after ``since``; otherwise exactly one statement,
-        however many rooms changed. (Cold caches cost their own lookups: the
-        rooms-for-user, the viewer's nids, the instances map.)
-
-        Raises ``InvalidToken`` for a malformed token, a topological token,
-        one naming an unknown writer instance, or one ahead of the stream
-        (after a bounded wait on a worker: see ``ReadPositions.reach``).
-        """
-        since_token = None if since is None else self.positions.parse_stream_token(since)
-        await self.positions.ensure_instances(since_token)
-        if since_token is not None:
-            await self.positions.reach(since_token)
-        now = self.positions.now()
-        joined = await self.events.get_rooms_for_user(user_id)
-        if since_token is None:
-            # Initial sync: the newest events of every joined room, and the
-            # position they were read at to sync on from.
-            newest = await self.recent(user_id, max(len(joined), 1), initial_limit)
-            rooms = {room_id: [] for room_id in sorted(joined)}
-            rooms.update((room_id, events) for room_id, events in newest.rooms if room_id in rooms)
-            return SyncResult(newest.token, rooms, [], joined)
-        next_token = since_token.copy_and_advance(now)
-        since_pos = since_token.stream  # the change caches are linear: the minimum is conservative
-        changed = self.room_changes.get_entities_changed(joined, since_pos)
-        memberships_changed = self.membership_changes.has_entity_changed(user_id, since_pos)
-        if changed is not None and not changed and not memberships_changed:
-            return SyncResult(next_token.to_string(), {}, [], joined)
-        if changed is None or len(changed) > MAX_ROOMS_IN_STATEMENT:
-            rooms = None  # all joined rooms, selected in SQL
-        else:
-            rooms = sorted(changed)
-        rows = await self.db.run_interaction(
-            "sync", self._sync_txn, self.cached_viewer(user_id), rooms, memberships_changed,
-            self.positions.per_writer(since_token), self.positions.per_writer(now),
-        )
-        timelines: dict[str, list[dict]] = {}
-        membership_events: list[dict] = []
-        for row in rows:
-            event = event_from_row(row)
-            in_timeline, is_own = row[EVENT_COLUMN_COUNT], row[EVENT_COLUMN_COUNT + 1]
-            if in_timeline:
-                timelines.setdefault(row[2], []).append(event)
-            if is_own:
-                membership_events.append(event)
-        return SyncResult(next_token.to_string(), timelines, membership_events, joined)
-
-    def _sync_txn(
-        self,
-        txn: Transaction,
-        viewer: Viewer,
-        rooms: list[str] | None,
-        memberships: bool,
-        lower: tuple[int, dict[str, int]],
-        upper: tuple[int, dict[str, int]],
-    ) -> list[tuple]:
-        """Sync's one statement: the candidate events (``_sync_candidates``),
-        then their served columns, visibility and own-membership flags."""
-        viewer = self.viewer_txn(txn, viewer)
-        if viewer.user_nid is None:
-            return []  # never a member of anything, never sent anything
-        low_sql, low_params = stream_bound_sql("e", ">", lower[0], lower[1])
-        high_sql, high_params = stream_bound_sql("e", "<=", upper[0], upper[1])
-        window = f"{low_sql} AND {high_sql}", low_params + high_params
-        candidates, params = _sync_candidates(viewer.user_nid, rooms, memberships, lower, upper, window)
-        if not candidates:
-            return []
-        vis, _ = visible_sql("e")
-        sql = f"""
-            SELECT * FROM (
-                SELECT {EVENT_COLUMNS},
-                    CASE WHEN f.tl = 1 AND e.outlier = ? AND {vis} THEN 1 ELSE 0 END AS in_timeline,
-                    f.own AS is_own
-                FROM (
-                    SELECT u.event_nid AS event_nid, MAX(u.tl) AS tl, MAX(u.own) AS own
-                    FROM ({" UNION ALL ".join(candidates)}) AS u
-                    GROUP BY u.event_nid
-                ) AS f
-                {join_events("e", "e.event_nid = f.event_nid")}
-                {EVENT_JOINS}
-                WHERE e.rejected_reason IS NULL AND NOT e.soft_failed AND {low_sql} AND {high_sql}
-            ) AS x
-            WHERE x.in_timeline = 1 OR x.is_own = 1
-            ORDER BY x.stream"""
-        all_params = [False, *viewer.params(), *params, *low_params, *high_params]
-        return txn.execute(sql, all_params).fetchall()
 
     # ------------------------------------------------------------------ recent
 

@@ -20,7 +20,7 @@ from roomstore.storage.transaction import Transaction
 log = Logger()
 
 #: The schema version this code reads and writes.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: The schema files ship inside the package (package data), so an installed
 #: roomstore finds them with no environment variable; ROOMSTORE_SCHEMA_DIR

@@ -19,7 +19,7 @@ STATS_TABLES = (
     "visibility_branches", "visibility_branch_ancestors", "visibility_memberships", "stream_positions",
     "cache_invalidations", "instances", "maintenance_locks", "state_compaction_runs", "state_compaction_rooms",
     "state_compaction_chunks", "state_compaction_staged_groups", "state_compaction_staged_deltas",
-    "embedder_schema_versions",
+    "embedder_schema_versions", "client_txn_ids",
 )
 
 

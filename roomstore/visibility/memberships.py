@@ -24,6 +24,7 @@ __all__ = [
     "left_upto_sql",
     "membership_codes_txn",
     "membership_of_sql",
+    "newest_memberships_sql",
     "own_membership_events_sql",
 ]
 
@@ -102,3 +103,16 @@ def delete_room_memberships_txn(txn: Transaction, room_nid: int) -> int:
     """Delete the room's membership rows (a purged room); how many there were."""
     txn.execute("DELETE FROM room_memberships WHERE room_nid = ?", (room_nid,))
     return max(txn.rowcount, 0)
+
+
+def newest_memberships_sql() -> str:
+    """A subquery: per room, the user's newest membership event there
+    (binds the user nid), as ``(room_nid, membership, event_nid,
+    stream_ordering)``; outliers (invites from rooms this server is not in)
+    included, as ``room_memberships`` holds them."""
+    return (
+        "SELECT nm.room_nid AS room_nid, nm.membership AS membership, nm.event_nid AS event_nid,"
+        " nm.stream_ordering AS stream_ordering FROM room_memberships AS nm"
+        " WHERE nm.user_nid = ? AND nm.stream_ordering = (SELECT MAX(nx.stream_ordering) FROM room_memberships AS nx"
+        "   WHERE nx.room_nid = nm.room_nid AND nx.user_nid = nm.user_nid)"
+    )

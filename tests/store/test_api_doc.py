@@ -173,6 +173,56 @@ class ApiDocTests:
         self.assertIn("asyncio.run(", program)
         await self.run_documented_program(program)
 
+    async def test_a_client_server_front(self):
+        [source] = python_blocks("## A client-server front")
+        namespace: dict = {}
+        exec(compile(source, "docs/api.md", "exec"), namespace)
+        send, sync_rooms = namespace["send"], namespace["sync_rooms"]
+        alice, bob = "@alice:example.org", "@bob:example.org"
+        store = await RoomStore.open(self.new_database_url())
+        self.addCleanup(store.close)
+        room = RoomBuilder(room_id="!front:example.org")
+        await store.persist_events([room.to_persist(e) for e in (
+            room.create(), room.join(alice), room.join_rules(), room.history_visibility("shared"),
+            room.member(bob, "invite", sender=alice),
+        )])
+        initial = await sync_rooms(store, bob, None)
+        self.assertEqual(list(initial["rooms"]["invite"]), [room.room_id])
+        self.assertEqual(initial["rooms"]["join"], {})
+        await store.persist_events([room.to_persist(room.join(bob))])
+        sent = []
+        for i in range(15):
+            built = room.message(bob, f"m{i}")
+            self.assertEqual(await send(store, built.raw, "10", bob, "DEV", f"t{i}"), built.event_id)
+            sent.append(built.event_id)
+        retry = room.message(bob, "m3 again", set_leaves=False)
+        self.assertEqual(await send(store, retry.raw, "10", bob, "DEV", "t3"), sent[3])
+        self.assertIsNone(await store.get_event(retry.event_id))  # caught by the look-up: never stored
+
+        async def not_yet(*args):  # a racing request: the look-up came before the first one's write
+            return None
+
+        store.get_event_id_for_txn = not_yet
+        racing = room.message(bob, "m4 racing")
+        self.assertEqual(await send(store, racing.raw, "10", bob, "DEV", "t4"), sent[4])
+        del store.get_event_id_for_txn
+
+        later = await sync_rooms(store, bob, initial["next_batch"], limit=5)
+        joined = later["rooms"]["join"][room.room_id]
+        timeline = joined["timeline"]
+        self.assertTrue(timeline["limited"])
+        self.assertEqual([e["event_id"] for e in timeline["events"]], [*sent[-4:], racing.event_id])
+        self.assertIn("age", timeline["events"][0]["unsigned"])
+        served, token = [], timeline["prev_batch"]
+        while True:
+            page = await store.paginate(room.room_id, bob, token, "b", 6)
+            if page.next_token is None:
+                break
+            served += [e["event_id"] for e in page.events]
+            token = page.next_token
+        self.assertEqual(served[:11], sent[-5::-1])  # every message before the timeline, newest first, once
+        self.assertEqual(len(served), len(set(served)))
+        self.assertEqual(later["rooms"]["invite"], {})
 
 @on_both_engines
 class PurgingExampleTests:

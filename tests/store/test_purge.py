@@ -9,8 +9,10 @@ any table of the schema, another room is untouched, also while it is written.
 
 from __future__ import annotations
 
+import attrs
 from twisted.internet import defer
 
+from roomstore.events.batch import ClientTxn
 from roomstore.events.caches import HISTORY_PURGED, ROOM_PURGED
 from roomstore.storage.stats import STATS_TABLES
 from roomstore.store import RoomStore, StoreConfig
@@ -289,8 +291,12 @@ class PurgeRoomTests:
         store = await self.open_store()
         doomed, doomed_events, _, _ = build_room("!doomed:example.org")
         other, other_events, _, _ = build_room("!other:example.org", messages=12)
-        await store.persist_events([doomed.to_persist(e) for e in doomed_events])
+        to_persist = [doomed.to_persist(e) for e in doomed_events]
+        # Its last message sent by a client, whose transaction goes with the room.
+        to_persist[-1] = attrs.evolve(to_persist[-1], client_txn=ClientTxn(ALICE, "DEVICE", "txn1"))
+        await store.persist_events(to_persist)
         await store.persist_events([other.to_persist(e) for e in other_events])
+        self.assertEqual(await store.get_event_id_for_txn(ALICE, "DEVICE", "txn1"), doomed_events[-1].event_id)
         other_ids = [e.event_id for e in other_events]
         other_state = await store.get_state_ids_for_events(other_ids)
         doomed_current = await store.get_current_state_ids(doomed.room_id)
@@ -302,6 +308,8 @@ class PurgeRoomTests:
         self.assertEqual(await self.rows_left(store, doomed.room_id, of), {})
         self.assertEqual(result.rows_deleted["events"], len(doomed_events))
         self.assertEqual(result.rows_deleted["rooms"], 1)
+        self.assertEqual(result.rows_deleted["client_txn_ids"], 1)
+        self.assertIsNone(await store.get_event_id_for_txn(ALICE, "DEVICE", "txn1"))
         self.assertEqual(result.state_groups_deleted, len(of["groups"]))
         self.assertEqual(await store.get_room_ids(), [other.room_id])
         self.assertEqual(await store.get_event(doomed_events[-1].event_id), None)

@@ -191,11 +191,8 @@ class SyncTests(SyncHelpers):
             {r: ids(evs) for r, evs in result.rooms.items()}, {r: [e.event_id for e in evs] for r, evs in sent.items()}
         )
 
-        # Still one statement when Bob's own membership changed too (a new
-        # room joined, one left) on top of the changed rooms.
-        fresh = await self.new_room(store, "fresh")
-        join = fresh.join(BOB)
-        await self.persist(store, fresh, join)
+        # Still one statement when Bob's own membership changed too (a
+        # room left) on top of the changed rooms.
         leave = rooms[4].member(BOB, "leave")
         await self.persist(store, rooms[4], leave)
         await store.get_rooms_for_user(BOB)  # the membership change dropped it; warm again
@@ -203,8 +200,22 @@ class SyncTests(SyncHelpers):
         result = await store.sync(BOB, token)
         self.assertEqual(store.db.query_count - queries, 1)
         self.assertEqual(calls, ["sync"])
-        self.assertEqual(ids(result.membership_events), [join.event_id, leave.event_id])
+        self.assertEqual(ids(result.membership_events), [leave.event_id])
+        self.assertEqual(set(result.rooms), set(sent) | {rooms[4].room_id})
+
+        # A room joined in the window comes with its state: one transaction more.
+        fresh = await self.new_room(store, "fresh")
+        join = fresh.join(BOB)
+        await self.persist(store, fresh, join)
+        await store.get_rooms_for_user(BOB)
+        queries, calls[:] = await self.settle(store), []
+        result = await store.sync(BOB, token)
+        self.assertEqual(calls, ["sync", "sync_state"])
+        self.assertEqual(ids(result.membership_events), [leave.event_id, join.event_id])
         self.assertEqual(set(result.rooms), set(sent) | {fresh.room_id, rooms[4].room_id})
+        # The room is younger than the token: its whole state is in the timeline, none in the block.
+        self.assertEqual(len(result.timelines[fresh.room_id].events), 5)
+        self.assertEqual(result.timelines[fresh.room_id].state, [])
 
     async def test_change_cache_that_cannot_tell_still_one_statement(self):
         store = await self.open_store(config=StoreConfig(change_cache_size=1))

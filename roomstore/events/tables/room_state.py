@@ -184,6 +184,16 @@ def member_nids_txn(txn: Transaction, room_nid: int, membership: int) -> list[in
     ).fetchall()]
 
 
+def memberships_of_user_txn(txn: Transaction, user_nid: int) -> list[tuple[str, int, str, int]]:
+    """``(room_id, membership code, event_id, stream_ordering)`` of every
+    room where the user has a membership in the current state."""
+    return txn.execute(
+        f"SELECT r.room_id, m.membership, {event_id_sql('m.event_nid')}, m.stream_ordering"
+        f" FROM current_memberships AS m {join_rooms('r', 'm.room_nid')} WHERE m.user_nid = ?",
+        (user_nid,),
+    ).fetchall()
+
+
 def rooms_of_user_txn(txn: Transaction, user_id: str, membership: int) -> list[str]:
     """The room IDs where ``user_id`` has ``membership`` now."""
     return [r[0] for r in txn.execute(
