@@ -17,7 +17,7 @@ from typing import Callable
 
 from twisted.internet import defer, task
 
-from roomstore import cli_purge, cli_synapse
+from roomstore import cli_homeserver, cli_purge, cli_synapse
 from roomstore.cli_common import CliError, emit
 from roomstore.cli_import import import_file
 
@@ -491,6 +491,7 @@ COMMANDS: dict[str, Callable] = {
     "generate-sample": cmd_generate_sample,
     "serve": cmd_serve,
     "follow": cmd_follow,
+    "homeserver": cli_homeserver.cmd_homeserver,
 }
 
 
@@ -542,6 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
                    " rediss:// for TLS) to live followers")
     p.add_argument("--server-name", default="localhost", help="the homeserver's name: the Redis channel")
     cli_synapse.add_parsers(add)
+    cli_homeserver.add_parsers(add)
     add_redis_tls(p)
     p = add("state", "the state at an event")
     p.add_argument("event_id", help="the event whose state to show")

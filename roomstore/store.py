@@ -8,6 +8,10 @@ offers async methods. Everything that touches the database runs through
     store = await RoomStore.open("sqlite:///var/roomstore.db")
     results = await store.persist_events([EventToPersist(raw_bytes, "10")])
     event = await store.get_event(results[0].event_id)
+
+The values an embedder hands it are importable from here too, with it:
+``StoreConfig``, ``EventToPersist`` and ``ClientTxn`` (the homeserver in
+``roomstore.homeserver`` imports nothing else of the store).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import attrs
 from twisted.internet import defer
 
 from roomstore.events.batch import (
-    EventToPersist, PersistedEvent, first_copies, orphan_rooms, results_in_order,
+    ClientTxn, EventToPersist, PersistedEvent, first_copies, orphan_rooms, results_in_order,
 )
 from roomstore.events.batch_rooms import BatchRooms
 from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations

@@ -14,8 +14,10 @@ Checked on the real tree:
 
 - no import cycle between modules (each cycle is reported as a path);
 - the store (``events``, ``state``, ``visibility``, ``storage``, ``streams``
-  and ``roomstore/store.py``) never imports ``replication``, ``compaction``
-  or ``synapse_db`` (the Synapse database reader);
+  and ``roomstore/store.py``) never imports ``replication``, ``compaction``,
+  ``synapse_db`` (the Synapse database reader) or ``homeserver``;
+- the homeserver imports only the store's public face and ``roomstore.pdu``,
+  and nothing but the command line imports it;
 - ``storage`` imports nothing else of roomstore, and ``streams``, ``state``
   and ``visibility`` import only ``storage``;
 - no module over 700 lines;
@@ -56,7 +58,15 @@ MAX_LINES = 700
 STORE = ("roomstore.events", "roomstore.state", "roomstore.visibility", "roomstore.storage",
          "roomstore.streams", "roomstore.store")
 #: What sits above the store.
-ABOVE_STORE = ("roomstore.replication", "roomstore.compaction", "roomstore.synapse_db")
+ABOVE_STORE = ("roomstore.replication", "roomstore.compaction", "roomstore.synapse_db", "roomstore.homeserver")
+#: The homeserver (issue 41) is an embedder like any other: of roomstore it may import only the store's public
+#: face (``RoomStore``, ``StoreConfig``, ``EventToPersist`` from ``roomstore.store``; the ``roomstore.events`` and
+#: ``roomstore.storage`` packages' exported names; embedder schemas) and the pure ``roomstore.pdu``.
+HOMESERVER = "roomstore.homeserver"
+HOMESERVER_MAY_IMPORT = ("roomstore.homeserver", "roomstore.store", "roomstore.pdu", "roomstore.storage.embedder_schema")
+HOMESERVER_MAY_IMPORT_PACKAGES = ("roomstore.events", "roomstore.storage")
+#: Schema directories whose tables need an owner: the store's, and the homeserver's embedder schema.
+SCHEMA_DIRS = ("schema", "homeserver/schema")
 #: Modules whose SQL runs against a Synapse database: its tables (events, state_groups, ...) are not ours.
 SYNAPSE_SQL = ("roomstore/synapse_db/source.py", "roomstore/compaction/synapse_sql.py")
 #: Calls whose first string argument is a table name.
@@ -379,6 +389,22 @@ class RoomstoreShapeTests(unittest.TestCase):
                 + "\n  ".join(wrong)
             )
 
+    def test_homeserver_uses_the_public_face_only(self):
+        self.assertIn(HOMESERVER, self.graph, "the homeserver package roomstore.homeserver is missing")
+
+        def allowed(name: str) -> bool:
+            return name in HOMESERVER_MAY_IMPORT_PACKAGES or any(
+                name == a or name.startswith(a + ".") for a in HOMESERVER_MAY_IMPORT)
+
+        wrong = forbidden_imports(self.graph, [HOMESERVER], sorted(m for m in self.graph if m != PACKAGE and not allowed(m)))
+        if wrong:
+            self.fail("the homeserver imports the store's internals (use RoomStore's public face):\n  "
+                      + "\n  ".join(wrong))
+        users = sorted(m for m in self.graph if not (m == HOMESERVER or m.startswith(HOMESERVER + "."))
+                       and m != PACKAGE and not m.startswith("roomstore.cli"))
+        wrong = forbidden_imports(self.graph, users, [HOMESERVER])
+        self.assertEqual(wrong, [], "only the command line may import the homeserver")
+
     def test_foundation_imports_only_what_is_beneath_it(self):
         # storage is the bottom; streams, state and visibility stand on it alone.
         beneath = {
@@ -405,8 +431,9 @@ class RoomstoreShapeTests(unittest.TestCase):
 
     def test_every_table_has_a_documented_owner(self):
         doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-        tables = schema_tables(ROOT / PACKAGE / "schema")
+        tables = set().union(*(schema_tables(ROOT / PACKAGE / d) for d in SCHEMA_DIRS))
         self.assertGreater(len(tables), 10)
+        self.assertIn("hs_users", tables)
         owners = documented_owners(doc)
         missing = sorted(tables - set(owners))
         self.assertEqual(missing, [], "tables of roomstore/schema/ with no row in docs/architecture.md's owner table")
