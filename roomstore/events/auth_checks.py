@@ -48,9 +48,12 @@ CREATE = ("m.room.create", "")
 def prefetch_auth_events(w: Any, new_events: list[PreparedEvent]) -> None:
     """Read every stored auth event the batch's events cite, in one go, so
     that the checks below find them in the write's event source."""
-    wanted = {a for ev in new_events if _to_check(ev) for a in ev.pdu.auth_chain_event_ids}
+    source = w.event_source
+    wanted = {a for ev in new_events if _to_check(ev) for a in ev.pdu.auth_chain_event_ids} - w.pending_events.keys()
+    if source.cache is not None:  # what the cache holds is at hand already
+        wanted = {event_id for event_id in wanted if event_id not in source.cache}
     if wanted:
-        w.event_source.get_events(wanted - w.pending_events.keys())
+        source.get_events(wanted)
 
 
 def checked_event(w: Any, index: int, ev: PreparedEvent, new_events: list[PreparedEvent],
