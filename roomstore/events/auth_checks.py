@@ -56,6 +56,19 @@ def prefetch_auth_events(w: Any, new_events: list[PreparedEvent]) -> None:
         source.get_events(wanted)
 
 
+def remember_after_commit(w: Any, new_events: list[PreparedEvent]) -> None:
+    """Once the batch commits, its state events join the parsed-events
+    cache, rejected or not as the checks left them: auth events are state
+    events, so the next batches' checks find theirs without a read."""
+    w.txn.call_after(_remember_state_events, w.p.parsed_events, new_events)
+
+
+def _remember_state_events(cache: Any, new_events: list[PreparedEvent]) -> None:
+    for ev in new_events:
+        if ev.pdu.state_key is not None:
+            cache.set(ev.event_id, (ev.pdu, ev.rejected_reason is not None))
+
+
 def checked_event(w: Any, index: int, ev: PreparedEvent, new_events: list[PreparedEvent],
                   group_before: int | None, room_nid: int | None = None) -> PreparedEvent:
     """``ev`` (``new_events[index]``) after the checks: itself, or where they
