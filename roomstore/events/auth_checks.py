@@ -48,9 +48,25 @@ CREATE = ("m.room.create", "")
 def prefetch_auth_events(w: Any, new_events: list[PreparedEvent]) -> None:
     """Read every stored auth event the batch's events cite, in one go, so
     that the checks below find them in the write's event source."""
-    wanted = {a for ev in new_events if _to_check(ev) for a in ev.pdu.auth_chain_event_ids}
+    source = w.event_source
+    wanted = {a for ev in new_events if _to_check(ev) for a in ev.pdu.auth_chain_event_ids} - w.pending_events.keys()
+    if source.cache is not None:  # what the cache holds is at hand already
+        wanted = {event_id for event_id in wanted if event_id not in source.cache}
     if wanted:
-        w.event_source.get_events(wanted - w.pending_events.keys())
+        source.get_events(wanted)
+
+
+def remember_after_commit(w: Any, new_events: list[PreparedEvent]) -> None:
+    """Once the batch commits, its state events join the parsed-events
+    cache, rejected or not as the checks left them: auth events are state
+    events, so the next batches' checks find theirs without a read."""
+    w.txn.call_after(_remember_state_events, w.p.parsed_events, new_events)
+
+
+def _remember_state_events(cache: Any, new_events: list[PreparedEvent]) -> None:
+    for ev in new_events:
+        if ev.pdu.state_key is not None:
+            cache.set(ev.event_id, (ev.pdu, ev.rejected_reason is not None))
 
 
 def checked_event(w: Any, index: int, ev: PreparedEvent, new_events: list[PreparedEvent],

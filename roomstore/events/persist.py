@@ -31,7 +31,7 @@ from roomstore.events.batch import (
     StateKey,
     order_batch,
 )
-from roomstore.events.auth_checks import checked_event, prefetch_auth_events
+from roomstore.events.auth_checks import checked_event, prefetch_auth_events, remember_after_commit
 from roomstore.events.client_txns import record_client_txns
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.current_state import RoomEnds, note_activity, update_current_state, update_extremities
@@ -492,6 +492,7 @@ class _BatchWriter:
         groups_after: dict[int, int | None] = {n: r.state_group for n, r in known.items() if not r.outlier}
         rows = _Rows()
         prefetch_auth_events(self, new_events)
+        remember_after_commit(self, new_events)
         # Locals: this loop runs once per event of every batch.
         key_nids, user_nids, now_ms = self.key_nids, self.user_nids, self.now_ms
         instance_name = self.p.instance_name

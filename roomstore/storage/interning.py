@@ -29,22 +29,29 @@ class LruCache:
         self.max_size = max_size
         self._data: OrderedDict = OrderedDict()
 
+    # get and set tolerate another thread's pop or clear between their
+    # steps: a writer's caches are filled after commit on the reactor thread
+    # (``call_after``) while its database thread reads them.
+
     def get(self, key: Hashable, default=None):
         try:
             value = self._data[key]
+            self._data.move_to_end(key)
         except KeyError:
             return default
-        self._data.move_to_end(key)
         return value
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data
 
     def set(self, key: Hashable, value) -> None:
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.max_size:
-            self._data.popitem(last=False)
+        try:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_size:
+                self._data.popitem(last=False)
+        except KeyError:
+            pass  # emptied meanwhile: nothing left to trim
 
     def pop(self, key: Hashable, default=None):
         return self._data.pop(key, default)
