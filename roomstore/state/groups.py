@@ -24,7 +24,7 @@ groups are committed (groups never change content, only representation).
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Awaitable, Callable, Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Mapping, cast
 
 import attrs
 from twisted.internet.task import deferLater
@@ -57,7 +57,7 @@ def _without_removals(state: dict[int, int | None]) -> dict[int, int]:
     """``state`` without the keys a nearest row removed (None events)."""
     if None in state.values():
         return {key: event for key, event in state.items() if event is not None}
-    return state
+    return cast(dict[int, int], state)  # no None among its values: checked above
 
 
 def fold_packed_state(rows: list[tuple], unpack: Callable[[object], list]) -> dict[int, int]:
@@ -66,7 +66,7 @@ def fold_packed_state(rows: list[tuple], unpack: Callable[[object], list]) -> di
     nearer one overwriting its keys (its packed rows, or its one row when
     ``packed`` is NULL); then removals (None events) dropped."""
     rows.sort(key=_HOPS, reverse=True)
-    state: dict[int, int] = {}
+    state: dict[int, int | None] = {}
     update = state.update
     for _, key, event, packed in rows:
         if packed is None:
@@ -190,7 +190,9 @@ class StateGroupStore:
         if parent is not None and parent_chain_length is None:
             parent_chain_length = self.chain_length(txn, parent)
         group = tables.next_group_ids_txn(txn, writes.expected if writes else 1)
-        if parent is None or parent_chain_length + 1 > self.max_chain_length:
+        prev: int | None
+        rows: Mapping[int, int | None]
+        if parent is None or parent_chain_length is None or parent_chain_length + 1 > self.max_chain_length:
             prev, length, rows = None, 0, state
         else:
             prev, length, rows = parent, parent_chain_length + 1, delta
