@@ -116,6 +116,8 @@ class EventPersister:
         self.room_versions = LruCache(100_000)
         #: Stored events parsed for the auth checks and state resolution, across batches.
         self.parsed_events = ParsedEventCache()
+        #: Auth-event checks passed, by what decides them (``auth_checks._decided_by``).
+        self.passed_auth_checks = LruCache(20_000)
         self.state_groups = state_groups
         self.visibility = visibility
         self.instance_name = instance_name
@@ -211,12 +213,20 @@ class _BatchWriter:
         self._event_source: TransactionEventSource | None = None
         #: The rooms' forward extremities as the batch moves them (soft failure's current state).
         self.ends = RoomEnds(txn)
+        #: (room version, sender) -> the auth checks' keys of its events but members (``auth_checks``).
+        self.auth_keys_of_sender: dict[tuple[str, str], dict[int, StateKey]] = {}
 
     # ---------------------------------------------------------------- helpers
 
     def full_state(self, group: int | None) -> dict[int, int]:
         if group is not None and group in self.pending:
             return dict(self.pending[group].state)
+        return self.p.state_groups.get_state(self.txn, group)
+
+    def state_view(self, group: int | None) -> Mapping[int, int]:
+        """``full_state`` to read only: a group of this batch is not copied."""
+        if group is not None and group in self.pending:
+            return self.pending[group].state
         return self.p.state_groups.get_state(self.txn, group)
 
     @property
@@ -530,7 +540,7 @@ class _BatchWriter:
                 ))
                 rows.membership_users[state_key] = max(rows.membership_users.get(state_key, stream), stream)
             if pdu.redacts and pdu.type == "m.room.redaction" and effective:
-                authorised = redaction_authorised(self, ev, group_before, new_events)
+                authorised = redaction_authorised(self, ev, group_before)
                 rows.redactions.append((event_nid, nid[pdu.redacts], now_ms, authorised))
             if not ev.outlier:
                 room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)

@@ -15,50 +15,44 @@ is stored and served as an event, never applied.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from roomstore.events.batch import PreparedEvent
-from roomstore.events.tables.events import json_txn
 from roomstore.pdu.auth_levels import named_level, user_level
-from roomstore.pdu.parsing import ParsedPdu, stored_pdu
-from roomstore.pdu.room_versions import RoomVersion
+from roomstore.pdu.parsing import ParsedPdu
 
 CREATE = ("m.room.create", "")
 POWER_LEVELS = ("m.room.power_levels", "")
 
 
-def redaction_authorised(w: Any, ev: PreparedEvent, group_before: int | None, batch: Sequence[PreparedEvent]) -> bool:
+def redaction_authorised(w: Any, ev: PreparedEvent, group_before: int | None) -> bool:
     """``redactions.authorised`` of the redaction ``ev`` (``w``: the batch
-    writer of ``roomstore.events.persist``, for its state and transaction;
-    ``batch``: the events written with it, not yet in the tables)."""
+    writer of ``roomstore.events.persist``, for its state, its transaction
+    and the batch's events, not yet in the tables)."""
     pdu = ev.pdu
     if pdu.room_version.event_id_in_pdu and _server(pdu.event_id) == _server(pdu.redacts or ""):
         return True
     if group_before is None:  # an outlier, or nothing before it: no power to read
         return False
-    state = w.full_state(group_before)
+    state = w.state_view(group_before)
     keys = w.p.interners.state_keys.lookup(w.txn, [CREATE, POWER_LEVELS])
-    in_batch = {w.event_nids[e.event_id]: e.pdu for e in batch}
+    create_nid, levels_nid = state.get(keys.get(CREATE)), state.get(keys.get(POWER_LEVELS))
+    events = _events(w, [nid for nid in (create_nid, levels_nid) if nid is not None])
     version = pdu.room_version
-    create = _event(w, state.get(keys.get(CREATE)), in_batch, version)
+    create = events.get(create_nid)
     if create is None:
         return False
-    levels = _event(w, state.get(keys.get(POWER_LEVELS)), in_batch, version)
+    levels = events.get(levels_nid)
     # As the auth rules read levels (a v12 creator's is infinite; defaults as Synapse's).
     return user_level(version, create, levels, pdu.sender) >= named_level(version, levels, "redact")
 
 
-def _event(w: Any, nid: int | None, in_batch: Mapping[int, ParsedPdu], version: RoomVersion) -> ParsedPdu | None:
-    """The state event ``nid``: from the batch, or read back from its stored bytes."""
-    if nid is None:
-        return None
-    if nid in in_batch:
-        return in_batch[nid]
-    raw = json_txn(w.txn, nid)
-    if raw is None:
-        return None
-    event_id = w.p.interners.events.resolve(w.txn, [nid])[nid]
-    return stored_pdu(bytes(raw), version, event_id)
+def _events(w: Any, nids: list[int]) -> dict[int, ParsedPdu]:
+    """State events by nid, through the write's event source: the batch's
+    own, then the parsed-events cache, then one read of the rest."""
+    names = w.p.interners.events.resolve(w.txn, nids)
+    found = w.event_source.get_events(names.values())
+    return {nid: found[name] for nid, name in names.items() if name in found}
 
 
 def _server(event_id: str) -> str | None:

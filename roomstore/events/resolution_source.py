@@ -8,10 +8,11 @@ thread, in its transaction, so they see exactly what the write sees.
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterable, Mapping, Sequence
 
 from roomstore.events.batch import PreparedEvent
-from roomstore.events.tables.events import auth_chain_masks_txn, auth_chain_nids_txn, auth_edges_txn, served_rows_txn
+from roomstore.events.tables.events import auth_chain_masks_txn, auth_edges_txn, served_rows_txn
 from roomstore.pdu.parsing import ParsedPdu, stored_pdu
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
 from roomstore.resolution import conflicted_subgraph, resolve_state
@@ -29,10 +30,48 @@ class ParsedEventCache(LruCache):
     across transactions: event ID -> (``ParsedPdu``, rejected). A stored
     event's fields the rules read never change (censoring a redacted event
     keeps them: the redaction algorithm keeps what authorization needs), nor
-    does its rejection; a purge of events must drop them here too."""
+    does its rejection; a purge of events must drop them here too, and
+    ``clear`` does, with their auth edges (``auth_edges``)."""
 
     def __init__(self, max_size: int = 20_000) -> None:
         super().__init__(max_size)
+        self.auth_edges = AuthEdgeCache()
+
+    def clear(self) -> None:
+        super().clear()
+        self.auth_edges.clear()
+
+
+class AuthEdgeCache:
+    """Stored events' auth edges, event nid -> its auth events' nids, across
+    transactions, so that the auth chain walks of resolution run in memory:
+    a big room's chains are most of its events, and one recursive query of
+    them costs PostgreSQL more than the resolution itself.
+
+    An event's auth edges are written with it and never change; only an
+    event with edges is kept (one without may be an auth event not stored
+    yet, whose edges come with it later). Bounded: past ``max_size`` the
+    older half goes (dicts keep insertion order)."""
+
+    def __init__(self, max_size: int = 500_000) -> None:
+        self.max_size = max_size
+        self._edges: dict[int, tuple[int, ...]] = {}
+
+    def edges_of(self, txn: Transaction, nids: Iterable[int]) -> Mapping[int, tuple[int, ...]]:
+        """A mapping holding the edges of every stored one of ``nids`` that
+        has any (and maybe others): read from ``event_auth_edges`` once."""
+        edges = self._edges
+        missing = [nid for nid in nids if nid not in edges]
+        if missing:
+            found = auth_edges_txn(txn, missing)
+            if len(edges) + len(found) > self.max_size:
+                for nid in list(itertools.islice(edges, len(edges) // 2)):
+                    del edges[nid]
+            edges.update((nid, tuple(auths)) for nid, auths in found.items())
+        return edges
+
+    def clear(self) -> None:
+        self._edges.clear()
 
 
 class TransactionEventSource:
@@ -128,9 +167,32 @@ class TransactionEventSource:
             masks[key] = masks.get(key, 0) | mask
             if event_id in nids:
                 start[nids[event_id]] = mask
-        for nid, mask in auth_chain_masks_txn(self.txn, start).items():
+        for nid, mask in self._stored_masks(start).items():
             masks[nid] = masks.get(nid, 0) | mask
         return self._named({key for key, mask in masks.items() if mask != full})
+
+    def _stored_masks(self, start: Mapping[int, int]) -> dict[int, int]:
+        """``auth_chain_masks_txn``'s answer (nid -> the OR of the masks of
+        the ``start`` events whose auth chain holds it), walked in memory
+        over the cache's auth edges where there is a cache: a level of the
+        chains a read of the edges it lacks. Only bits new to an event are
+        pushed on, so each (event, bit) is walked once, cycles included."""
+        if self.cache is None:
+            return auth_chain_masks_txn(self.txn, start)
+        found: dict[int, int] = {}
+        frontier = dict(start)
+        while frontier:
+            edges = self.cache.auth_edges.edges_of(self.txn, frontier)
+            following: dict[int, int] = {}
+            for nid, bits in frontier.items():
+                for auth_nid in edges.get(nid, ()):
+                    had = found.get(auth_nid, 0)
+                    new = bits & ~had
+                    if new:
+                        found[auth_nid] = had | new
+                        following[auth_nid] = following.get(auth_nid, 0) | new
+            frontier = following
+        return found
 
     def _named(self, keys: set) -> set[str]:
         """Event IDs of nids and IDs (an event without a nid is its ID)."""
@@ -161,22 +223,24 @@ class TransactionEventSource:
         closure = self._closure(conflicted)
         stored = [n for n in closure if isinstance(n, int)]
         names = self.interners.events.resolve(self.txn, stored)
-        edges = {names[n]: [names[a] for a in auths if a in names] for n, auths in auth_edges_txn(self.txn, stored).items()
-                 if n in names}
+        stored_edges = self.cache.auth_edges.edges_of(self.txn, stored) if self.cache is not None else \
+            auth_edges_txn(self.txn, stored)
+        edges = {names[n]: [names[a] for a in stored_edges[n] if a in names] for n in stored
+                 if n in names and n in stored_edges}
         for event_id, ev in self.pending.items():
             edges[event_id] = list(ev.pdu.auth_chain_event_ids)
         return conflicted_subgraph(conflicted, lambda event_id: edges.get(event_id, ()))
 
     def _closure(self, start: Iterable[str]) -> set:
         """``start`` and its auth chain: the batch's events by ID (walked in
-        memory), stored ones by nid (``auth_chain_nids_txn``), unknown ones
+        memory), stored ones by nid (``_stored_masks``), unknown ones
         by ID."""
         masks: dict = {}
         stored: dict[str, int] = {}
         self._walk_pending(start, 1, masks, stored)
         nids = self.interners.events.lookup(self.txn, stored)
         closure = set(masks) | {e for e in stored if e not in nids} | set(nids.values())
-        return closure | auth_chain_nids_txn(self.txn, nids.values())
+        return closure | set(self._stored_masks(dict.fromkeys(nids.values(), 1)))
 
 
 def resolve_interned(w, room_version, states: Sequence[Mapping[int, int]]) -> dict[int, int]:

@@ -1,9 +1,12 @@
 """Sending and redacting: ``PUT /rooms/{id}/send/{type}/{txnId}``,
 ``PUT /rooms/{id}/redact/{eventId}/{txnId}`` and ``GET /rooms/{id}/event/{id}``.
 
-A transaction ID is the device's: the same (user, device, txn ID) again
-returns the event the first request made, and makes none (the spec's
-idempotency). Redaction transaction IDs are a namespace of their own."""
+A transaction ID is the device's, for one endpoint: the same request path
+(room, event type or redacted event, txn ID) from the same user and device
+again returns the event the first request made, and makes none (the spec's
+idempotency, scoped to the path as Synapse scopes it). The store's
+``ClientTxn.txn_id`` is that path, so a client reusing a txn ID in another
+room or for a redaction gets a new event."""
 
 from __future__ import annotations
 
@@ -26,18 +29,17 @@ class Sending:
         router.add("GET", "/rooms/{roomId}/event/{eventId}", self.get_event)
 
     async def send(self, request: ClientRequest) -> dict:
-        user = request.user
-        txn = ClientTxn(user.user_id, user.device_id, request.params["txnId"])
-        event_id = await self._events.send(request.params["roomId"], user.user_id, request.params["eventType"],
-                                           request.body, client_txn=txn)
+        user, room_id, event_type = request.user, request.params["roomId"], request.params["eventType"]
+        txn = ClientTxn(user.user_id, user.device_id, f"send/{room_id}/{event_type}/{request.params['txnId']}")
+        event_id = await self._events.send(room_id, user.user_id, event_type, request.body, client_txn=txn)
         return {"event_id": event_id}
 
     async def redact(self, request: ClientRequest) -> dict:
-        user = request.user
-        txn = ClientTxn(user.user_id, user.device_id, "redact/" + request.params["txnId"])
+        user, room_id, target = request.user, request.params["roomId"], request.params["eventId"]
+        txn = ClientTxn(user.user_id, user.device_id, f"redact/{room_id}/{target}/{request.params['txnId']}")
         content = {"reason": request.body["reason"]} if isinstance(request.body.get("reason"), str) else {}
-        event_id = await self._events.send(request.params["roomId"], user.user_id, "m.room.redaction", content,
-                                           redacts=request.params["eventId"], client_txn=txn)
+        event_id = await self._events.send(room_id, user.user_id, "m.room.redaction", content, redacts=target,
+                                           client_txn=txn)
         return {"event_id": event_id}
 
     async def get_event(self, request: ClientRequest) -> dict:

@@ -92,16 +92,30 @@ def _content(event: ParsedPdu | None) -> Mapping[str, Any]:
 
 def _read(room_version: RoomVersion, holder: Any, key: str, default: int | None) -> int | None:
     """``holder[key]`` as a level, or ``default`` when absent or unreadable."""
-    if not isinstance(holder, Mapping) or key not in holder:
+    # ``type(..) is dict`` first: typing's isinstance is slow, and parsed JSON is dicts.
+    if not (type(holder) is dict or isinstance(holder, Mapping)) or key not in holder:
         return default
     level = parse_level(room_version, holder[key], lenient=True)
     return default if level is None else level
 
 
+#: Creators by create event: every check reads them, of few rooms at a
+#: time. Keyed by the event's ID and bytes (bytes cache their hash), so two
+#: events claiming one v1/v2 ID cannot share an entry.
+_CREATORS: dict[tuple[str, str, bytes], frozenset[str]] = {}
+_CREATORS_KEPT = 1024
+
+
 def creators_of(room_version: RoomVersion, create: ParsedPdu) -> frozenset[str]:
     """The room's creators: v12 the create event's sender and its
     ``additional_creators``; v11 its sender; v1-v10 ``content.creator``."""
-    return room_creators(room_version, create.event_dict)
+    key = (room_version.identifier, create.event_id, create.raw)
+    creators = _CREATORS.get(key)
+    if creators is None:
+        if len(_CREATORS) >= _CREATORS_KEPT:
+            _CREATORS.clear()
+        creators = _CREATORS[key] = room_creators(room_version, create.event_dict)
+    return creators
 
 
 def user_level(

@@ -23,6 +23,8 @@ Readings where the spec leaves room (each as Synapse reads it unless said):
 
 from __future__ import annotations
 
+import functools
+import types
 from typing import Any, Iterator, Mapping
 
 from signedjson.key import decode_verify_key_bytes
@@ -37,13 +39,19 @@ __all__ = ["check_member_event"]
 
 def _numbers(state: RoomState, top: int) -> Mapping[str, str]:
     """The rule number of each membership's rule in this room version."""
-    shift = 1 if state.room_version.restricted_join_rule else 0
+    version = state.room_version
+    return _numbering(version.restricted_join_rule, version.knock_join_rule, top)
+
+
+@functools.lru_cache(maxsize=None)  # a handful of combinations, read by every member event
+def _numbering(restricted: bool, knock: bool, top: int) -> Mapping[str, str]:
+    shift = 1 if restricted else 0
     names = ("join", "invite", "leave", "ban", "knock")
     numbers = {name: f"{top}.{2 + shift + i}" for i, name in enumerate(names)}
     numbers["signed"] = f"{top}.2"
-    kinds = len(names) if state.room_version.knock_join_rule else len(names) - 1
+    kinds = len(names) if knock else len(names) - 1
     numbers["unknown"] = f"{top}.{2 + shift + kinds}"
-    return numbers
+    return types.MappingProxyType(numbers)
 
 
 def check_member_event(state: RoomState, event: ParsedPdu, top: int) -> None:
@@ -51,8 +59,9 @@ def check_member_event(state: RoomState, event: ParsedPdu, top: int) -> None:
     numbers = _numbers(state, top)
     if event.state_key is None or event.membership is None:
         raise AuthError(f"rule {top}.1: a member event needs a state_key and content.membership")
-    authoriser = event.content.get("join_authorised_via_users_server")
-    if state.room_version.restricted_join_rule and "join_authorised_via_users_server" in event.content:
+    if (state.room_version.restricted_join_rule and event.may_hold_key("join_authorised_via_users_server")
+            and "join_authorised_via_users_server" in event.content):
+        authoriser = event.content["join_authorised_via_users_server"]
         signatures = event.event_dict.get("signatures")
         if not isinstance(authoriser, str) or server_of(authoriser) not in (signatures or {}):
             raise AuthError(f"rule {numbers['signed']}: not signed by the server of "
@@ -114,7 +123,7 @@ def _check_restricted_join(state: RoomState, event: ParsedPdu, n: str) -> None:
 def _check_invite(state: RoomState, event: ParsedPdu, n: str) -> None:
     """``membership`` is ``invite``."""
     target = event.state_key
-    if "third_party_invite" in event.content:
+    if event.may_hold_key("third_party_invite") and "third_party_invite" in event.content:
         _check_third_party_invite(state, event, f"{n}.1")
         return
     if state.membership(event.sender) != "join":

@@ -96,7 +96,23 @@ def auth_types_for_event(room_version: RoomVersion, event: ParsedPdu) -> set[Sta
     an event's ``auth_events`` may cite (:func:`auth_types_for`)."""
     if event.is_create:
         return set()
-    return auth_types_for(room_version, event.type, event.sender, event.state_key, event.content)
+    return auth_types_for(room_version, event.type, event.sender, event.state_key, _selecting_content(event))
+
+
+#: The content keys of a member event that the selection reads beside
+#: ``membership``.
+_RARE_MEMBER_KEYS = ("third_party_invite", "join_authorised_via_users_server")
+
+
+def _selecting_content(event: ParsedPdu) -> Mapping[str, Any]:
+    """What of ``event.content`` the selection reads, without decoding it
+    where it cannot matter: only member events' content matters, and of
+    it beside the parsed ``membership`` only keys most never hold."""
+    if event.type != "m.room.member":
+        return {}
+    if any(event.may_hold_key(key) for key in _RARE_MEMBER_KEYS):
+        return event.content
+    return {"membership": event.membership}
 
 
 def auth_types_for(
@@ -141,6 +157,7 @@ def check_auth_events_shape(
     event: ParsedPdu,
     auth_events: Mapping[str, ParsedPdu],
     rejected: Container[str] = (),
+    selection: set[StateKey] | None = None,
 ) -> dict[StateKey, ParsedPdu]:
     """Rule 2 (v1-v11; 3 in v12): the event's ``auth_events``, by ID in
     ``auth_events`` (more events may be there), are each known, in the
@@ -151,12 +168,13 @@ def check_auth_events_shape(
 
     Returns the auth events as a state map, the create event included.
     Raises AuthError.  For the create event: an empty map, whatever it cites
-    (rule 1 allows or rejects it before this rule).
+    (rule 1 allows or rejects it before this rule). ``selection``: the
+    event's :func:`auth_types_for_event`, where the caller has it already.
     """
     n = _rule(room_version, "auth_events")
     if event.is_create:
         return {}  # rule 1 decides a create event: this rule is never reached
-    allowed = auth_types_for_event(room_version, event)
+    allowed = auth_types_for_event(room_version, event) if selection is None else selection
     state: dict[StateKey, ParsedPdu] = {}
     for auth_id in event.auth_event_ids:
         auth_event = auth_events.get(auth_id)

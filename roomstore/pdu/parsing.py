@@ -201,6 +201,13 @@ class ParsedPdu:
             self.room_version.identifier, self.raw, self.has_floats,
         )
 
+    def may_hold_key(self, key: str) -> bool:
+        """False when the JSON certainly holds no key ``key`` (ASCII) at any
+        depth: its bytes spell it nowhere, and no ``\\u`` escape could.
+        Lets a reader of one rare key skip decoding ``content``."""
+        raw = self.raw
+        return key.encode("ascii") in raw or b"\\u" in raw
+
     @property
     def is_state(self) -> bool:
         """True for state events (those with a ``state_key``)."""

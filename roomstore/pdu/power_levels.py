@@ -64,7 +64,7 @@ def user_power_level(
     if power_levels is None:
         return 100 if user_id in creators else 0
     users = power_levels.get("users")
-    level = users.get(user_id) if isinstance(users, Mapping) else None
+    level = users.get(user_id) if type(users) is dict or isinstance(users, Mapping) else None
     if level is None:
         level = power_levels.get("users_default", 0)
     return 0 if level is None else int(level)

@@ -34,6 +34,8 @@ class RoomTests(HomeserverMixin):
         self.assertEqual(await alice.send(room, "txn1", "hello again?"), first)  # a retried txnId: the same event
         other = await bob.send(room, "txn1", "hi")  # another user's txnId of the same name: a new event
         self.assertNotEqual(other, first)
+        elsewhere = (await alice.ok("POST", "/createRoom", {}))["room_id"]
+        self.assertNotEqual(await alice.send(elsewhere, "txn1", "hello"), first)  # a txnId is per room (path)
 
         await alice.ok("PUT", f"/rooms/{room}/state/m.room.topic/", {"topic": "green"})
         self.assertEqual(await bob.ok("GET", f"/rooms/{room}/state/m.room.topic/"), {"topic": "green"})

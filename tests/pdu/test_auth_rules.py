@@ -13,12 +13,15 @@ auth events' shape passed).
 from __future__ import annotations
 
 import base64
+import json
 
 from signedjson.key import generate_signing_key, get_verify_key
 from signedjson.sign import sign_json
 from twisted.trial import unittest
 
-from roomstore.pdu.auth_rules import AuthError, check_auth_events_shape, check_event_auth
+from roomstore.pdu.auth_rules import AuthError, auth_types_for_event, check_auth_events_shape, check_event_auth
+from roomstore.pdu.parsing import parse_pdu
+from roomstore.pdu.room_versions import get_room_version
 from tests.pdu.rooms import ALICE, BOB, CAROL, DAVE, EVE, Oracle, Room
 
 VERSIONS = ("1", "3", "6", "8", "10", "11", "12")
@@ -554,3 +557,31 @@ class OtherEventTests(OracleCase):
             self.verdict(room, room.member(DAVE, "join", apply=False), False)
             self.verdict(room, room.member(BOB, "join", apply=False), True)
         self.each(VERSIONS, case)
+
+
+class RareKeySkipTests(unittest.TestCase):
+    """The selection and the member rules skip decoding ``content`` where its
+    bytes cannot hold a rare key; a key spelled with ``\\u`` escapes still counts."""
+
+    def invite_with(self, spelled: str):
+        room, key, token = third_party_room("10")
+        good = {"third_party_invite": {"display_name": "c", "signed": signed_bundle(key, CAROL, token)}}
+        pdu = room.member(CAROL, "invite", ALICE, apply=False, content=good)
+        raw = json.dumps(pdu.event_dict).replace('"third_party_invite"', spelled, 1).encode()
+        return room, parse_pdu(raw, get_room_version("10"))
+
+    def test_escaped_key_is_read(self):
+        for spelled in ('"third_party_invite"', '"\\u0074hird_party_invite"'):
+            room, pdu = self.invite_with(spelled)
+            self.assertTrue(pdu.may_hold_key("third_party_invite"))
+            self.assertIn(("m.room.third_party_invite", "tok"), auth_types_for_event(pdu.room_version, pdu))
+
+    def test_absent_key_is_known_absent(self):
+        room = Room("10").standard("invite", members=[BOB])
+        pdu = room.member(CAROL, "invite", ALICE, apply=False)
+        self.assertFalse(pdu.may_hold_key("third_party_invite"))
+        self.assertEqual(
+            auth_types_for_event(pdu.room_version, pdu),
+            {("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.member", ALICE),
+             ("m.room.member", CAROL), ("m.room.join_rules", "")},
+        )

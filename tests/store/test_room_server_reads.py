@@ -57,6 +57,29 @@ class RoomServerReadTests:
         self.patch(resolution_source, "MAX_MASKED_SETS", 2)
         self.assertEqual(await store.get_auth_chain_difference(three), ids(topic_a, topic_b, join_b))
 
+    async def test_the_cached_walk_answers_as_the_recursive_query(self):
+        """Resolution's walk of stored chains over the auth edge cache gives
+        what one recursive query gives, cold and warm, and a cleared cache
+        (a purge) is read again."""
+        store = await self.open_store()
+        room, (create, join_a, levels, join_b, topic_a, topic_b) = await self.room_with_auth(store)
+        cache = store.persister.parsed_events
+        cache.clear()
+
+        def walks(txn):
+            nids = store.interners.events.lookup(txn, [topic_a.event_id, topic_b.event_id, join_b.event_id])
+            start = {nids[topic_a.event_id]: 1, nids[topic_b.event_id]: 2, nids[join_b.event_id]: 4}
+            cached = resolution_source.TransactionEventSource(txn, store.interners, {}, cache)
+            plain = resolution_source.TransactionEventSource(txn, store.interners, {})
+            return plain._stored_masks(start), cached._stored_masks(start), cached._stored_masks(start)
+
+        expected, cold, warm = await store.db.run_interaction("walks", walks)
+        self.assertEqual(cold, expected)
+        self.assertEqual(warm, expected)
+        self.assertTrue(cache.auth_edges._edges)
+        cache.clear()
+        self.assertFalse(cache.auth_edges._edges)
+
     async def test_state_for_many_events(self):
         store = await self.open_store()
         room, built = await self.room_with_auth(store)
