@@ -371,11 +371,12 @@ class RoomStore:
         (``NotFoundError`` for one not stored, or an outlier)."""
         return await self.db.run_interaction("get_topological_token", self.reader.topological_token_txn, event_id)
 
-    async def format_client_events(self, events: Sequence[dict], now_ms: int | None = None) -> list[dict]:
-        """Served events in the client-server API's format, ``age`` at ``now_ms`` (default: the store's clock),
-        ``prev_content`` from the state before each (``roomstore.events.client_format``)."""
+    async def format_client_events(self, events: Sequence[dict], now_ms: int | None = None,
+                                   sent_by: tuple[str, str] | None = None) -> list[dict]:
+        """Served events in the client-server API's format (``roomstore.events.client_format``): ``age`` at
+        ``now_ms`` (default: the store's clock), ``transaction_id`` for the device ``sent_by`` (user, device)."""
         now_ms = self._now_ms() if now_ms is None else now_ms
-        return await format_client_events(self.reader, self.db, events, now_ms)
+        return await format_client_events(self.reader, self.db, events, now_ms, sent_by)
 
     async def get_event_json_bytes(self, event_id: str) -> bytes | None:
         return await self.db.run_interaction("get_event_json_bytes", self.reader.json_bytes_txn, event_id)

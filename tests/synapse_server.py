@@ -116,8 +116,9 @@ def _pg_database(pg_url: str) -> tuple[dict, str]:
     return {"name": "psycopg2", "args": args}, url
 
 
-def start(pg_url: str | None = None, timeout: float = 90.0) -> str:
-    """Start a Synapse in a fresh folder; return the folder."""
+def start(pg_url: str | None = None, timeout: float = 90.0, extra_config: dict | None = None) -> str:
+    """Start a Synapse in a fresh folder; return the folder. ``extra_config``:
+    top-level options added to (or replacing) the tests' configuration."""
     if not os.path.exists(SYNAPSE_PYTHON):
         raise RuntimeError(f"no Synapse virtualenv at {SYNAPSE_PYTHON} (run bin/setup)")
     folder = tempfile.mkdtemp(prefix="roomstore-synapse.")
@@ -127,7 +128,7 @@ def start(pg_url: str | None = None, timeout: float = 90.0) -> str:
     else:
         db_path = os.path.join(folder, "homeserver.db")
         database, db_url = {"name": "sqlite3", "args": {"database": db_path}}, db_path
-    config = _config(folder, port, database)
+    config = {**_config(folder, port, database), **(extra_config or {})}
     with open(os.path.join(folder, "log.yaml"), "w") as f:
         f.write(_LOG_CONFIG.replace("LOGFILE", os.path.join(folder, "homeserver.log")))
     config_path = os.path.join(folder, "homeserver.yaml")

@@ -19,8 +19,10 @@ as the client-server specification's ClientEvent says:
   content as served, pruned if it is redacted; left out for a redacted
   event, as a redaction drops it); of what the PDU's ``unsigned`` held only
   the stripped state an invite or knock carries (``invite_room_state``,
-  ``knock_room_state``). ``transaction_id`` is the caller's to add, for the
-  device that sent the event.
+  ``knock_room_state``); and ``transaction_id`` when the caller names the
+  device the events go to (``sent_by``) and that device sent the event with
+  a ``ClientTxn``: the spec gives the sender's device its transaction ID, so
+  a client matches the event to the one it is sending (its local echo).
 
 ``client_event`` is the pure step, given the replaced state event;
 ``format_client_events`` (``RoomStore.format_client_events``) finds those
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from roomstore.events.tables.client_txns import txn_ids_of_events_txn
 from roomstore.pdu.redaction_algorithm import copy_json
 
 __all__ = ["FEDERATION_KEYS", "KEPT_UNSIGNED_KEYS", "client_event", "format_client_events"]
@@ -68,12 +71,14 @@ def client_event(event: Mapping[str, Any], now_ms: int, *, replaced_event: Mappi
     return result
 
 
-async def format_client_events(reader: Any, db: Any, events: Sequence[Mapping[str, Any]], now_ms: int) -> list[dict]:
+async def format_client_events(reader: Any, db: Any, events: Sequence[Mapping[str, Any]], now_ms: int,
+                               sent_by: tuple[str, str] | None = None) -> list[dict]:
     """``client_event`` of each of ``events``, in order, the replaced state
     event of each state event found in the state before it
     (``reader.replaced_state_txn``; an outlier, or an event the store does
     not hold, has none). ``reader``: the store's ``EventReader``; ``db``: its
-    database."""
+    database. ``sent_by``: ``(user_id, device_id)`` of the device the events
+    are for, whose transaction IDs are added."""
     wanted = [
         (event["event_id"], event["type"], event["state_key"]) for event in events
         if isinstance(event.get("state_key"), str) and isinstance(event.get("type"), str)
@@ -83,7 +88,22 @@ async def format_client_events(reader: Any, db: Any, events: Sequence[Mapping[st
     if wanted:
         replaced = await db.run_interaction("replaced_state", reader.replaced_state_txn, wanted)
     previous = await reader.get_events(sorted(set(replaced.values()))) if replaced else {}
-    return [
-        client_event(event, now_ms, replaced_event=previous.get(replaced.get(event.get("event_id"), "")))
-        for event in events
-    ]
+    txn_ids = await _txn_ids(db, events, sent_by) if sent_by is not None else {}
+    formatted = []
+    for event in events:
+        result = client_event(event, now_ms, replaced_event=previous.get(replaced.get(event.get("event_id"), "")))
+        if event.get("event_id") in txn_ids:
+            result["unsigned"]["transaction_id"] = txn_ids[event["event_id"]]
+        formatted.append(result)
+    return formatted
+
+
+async def _txn_ids(db: Any, events: Sequence[Mapping[str, Any]], sent_by: tuple[str, str]) -> dict[str, str]:
+    """Event ID -> txn ID of the events ``sent_by``'s device sent; no
+    database read when none of them is that user's."""
+    user_id, device_id = sent_by
+    mine = [event["event_id"] for event in events
+            if event.get("sender") == user_id and isinstance(event.get("event_id"), str)]
+    if not mine:
+        return {}
+    return await db.run_interaction("txn_ids_of_events", txn_ids_of_events_txn, user_id, device_id, mine)

@@ -77,7 +77,7 @@ class History:
         start = request.arg("from")
         events, end = await self._page(room_id, user_id, start, direction, limit, self._filter(request),
                                        request.arg("to"))
-        body = {"chunk": await format_for_client(self._store, events),
+        body = {"chunk": await format_for_client(self._store, events, request.user),
                 "start": start or self._store.get_current_token()}
         if end is not None and events:
             body["end"] = end
@@ -96,7 +96,7 @@ class History:
         before = [e for e in before if e["event_id"] != event_id][:limit]
         after, end = (await self._page(room_id, user_id, after_event, "f", limit, event_filter)) if limit else ([], None)
         state_ids = await state_for_user(self._store, room_id, user_id)
-        fmt = functools.partial(format_for_client, self._store)
+        fmt = functools.partial(format_for_client, self._store, requester=request.user)
         return {
             "event": (await fmt([event]))[0], "events_before": await fmt(before), "events_after": await fmt(after),
             "start": start or after_event, "end": end or after_event,

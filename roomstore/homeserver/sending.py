@@ -5,8 +5,8 @@ A transaction ID is the device's, for one endpoint: the same request path
 (room, event type or redacted event, txn ID) from the same user and device
 again returns the event the first request made, and makes none (the spec's
 idempotency, scoped to the path as Synapse scopes it). The store's
-``ClientTxn.txn_id`` is that path, so a client reusing a txn ID in another
-room or for a redaction gets a new event."""
+``ClientTxn.txn_id`` is that path (``txn_ids.py``), so a client reusing a
+txn ID in another room or for a redaction gets a new event."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from roomstore.homeserver.client_events import format_for_client
 from roomstore.homeserver.errors import not_found
 from roomstore.homeserver.events import EventCreator
 from roomstore.homeserver.http import ClientRequest, Router
+from roomstore.homeserver.txn_ids import redact_key, send_key
 from roomstore.store import ClientTxn
 
 __all__ = ["Sending"]
@@ -30,13 +31,13 @@ class Sending:
 
     async def send(self, request: ClientRequest) -> dict:
         user, room_id, event_type = request.user, request.params["roomId"], request.params["eventType"]
-        txn = ClientTxn(user.user_id, user.device_id, f"send/{room_id}/{event_type}/{request.params['txnId']}")
+        txn = ClientTxn(user.user_id, user.device_id, send_key(room_id, event_type, request.params["txnId"]))
         event_id = await self._events.send(room_id, user.user_id, event_type, request.body, client_txn=txn)
         return {"event_id": event_id}
 
     async def redact(self, request: ClientRequest) -> dict:
         user, room_id, target = request.user, request.params["roomId"], request.params["eventId"]
-        txn = ClientTxn(user.user_id, user.device_id, f"redact/{room_id}/{target}/{request.params['txnId']}")
+        txn = ClientTxn(user.user_id, user.device_id, redact_key(room_id, target, request.params["txnId"]))
         content = {"reason": request.body["reason"]} if isinstance(request.body.get("reason"), str) else {}
         event_id = await self._events.send(room_id, user.user_id, "m.room.redaction", content, redacts=target,
                                            client_txn=txn)
@@ -48,5 +49,5 @@ class Sending:
         if event is None or event.get("room_id") != request.params["roomId"] \
                 or not await store.is_visible(request.user.user_id, event_id):
             raise not_found("Event not found.")
-        [formatted] = await format_for_client(store, [event])
+        [formatted] = await format_for_client(store, [event], request.user)
         return formatted

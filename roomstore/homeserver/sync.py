@@ -57,15 +57,15 @@ class SyncHandler:
         request.http.notifyFinish().addBoth(gone.append)  # the client gave up: stop waiting for it
         while True:
             seen = self._notifier.position
-            body, empty = await self._sync_once(user_id, since, sync_filter, full_state)
+            body, empty = await self._sync_once(request.user, since, sync_filter, full_state)
             remaining = deadline - self._clock.seconds()
             if not empty or since is None or full_state or remaining <= 0 or gone:
                 return body
             await self._notifier.wait_for_change(seen, remaining)
 
-    async def _sync_once(self, user_id: str, since: str | None, sync_filter: SyncFilter,
+    async def _sync_once(self, requester, since: str | None, sync_filter: SyncFilter,
                          full_state: bool) -> tuple[dict, bool]:
-        store = self._store
+        store, user_id = self._store, requester.user_id
         limit = sync_filter.timeline_limit
         result = await store.sync(user_id, since, initial_limit=limit, limit=limit, full_state=full_state)
         body = _empty_body(result.next_token)
@@ -74,7 +74,7 @@ class SyncHandler:
         for room_id, timeline in sorted(result.timelines.items()):
             if not sync_filter.rooms.allows_room(room_id):
                 continue
-            section = await self._room_section(timeline, sync_filter)
+            section = await self._room_section(timeline, sync_filter, requester)
             if room_id in result.joined:
                 section.update(ephemeral={"events": []}, summary={},
                                unread_notifications={"highlight_count": 0, "notification_count": 0})
@@ -96,9 +96,9 @@ class SyncHandler:
         invites = await events_in_order(self._store, [membership.event_id for membership in pending])
         return {event["room_id"]: event for event in invites}
 
-    async def _room_section(self, timeline, sync_filter: SyncFilter) -> dict:
+    async def _room_section(self, timeline, sync_filter: SyncFilter, requester) -> dict:
         events = sync_filter.timeline.apply(timeline.events)
-        formatted = {"events": await format_for_client(self._store, events), "limited": timeline.limited}
+        formatted = {"events": await format_for_client(self._store, events, requester), "limited": timeline.limited}
         if timeline.prev_batch is not None:
             formatted["prev_batch"] = timeline.prev_batch
         return {"timeline": formatted, "state": {"events": await format_for_client(self._store, timeline.state)},

@@ -8,7 +8,7 @@ import json
 from twisted.internet import defer
 
 from tests.db import on_both_engines
-from tests.homeserver.harness import HomeserverMixin, monotonic, sleep
+from tests.homeserver.harness import HomeserverMixin, monotonic, quote, sleep
 
 
 @on_both_engines
@@ -84,3 +84,38 @@ class SyncTests(HomeserverMixin):
         self.assertIn("m.room.create", {e["type"] for e in state})
         full = await bob.ok("GET", "/sync", query={"since": joined["next_batch"], "full_state": "true"})
         self.assertIn("m.room.create", {e["type"] for e in full["rooms"]["join"][room]["state"]["events"]})
+
+
+@on_both_engines
+class TransactionIdTests(HomeserverMixin):
+    async def test_the_sending_device_alone_gets_its_txn_ids_back(self):
+        """``unsigned.transaction_id``: the client's own txnId, on the events
+        its device sent (sync, /messages, /context, /event), for no one else."""
+        await self.start_homeserver()
+        alice, bob = await self.register("alice"), await self.register("bob")
+        room = (await alice.ok("POST", "/createRoom", {"preset": "public_chat"}))["room_id"]
+        await bob.ok("POST", f"/join/{room}", {})
+        message = await alice.send(room, quote("a/slash"), "hello")  # a txnId may hold anything, a slash too
+        redaction = (await alice.ok("PUT", f"/rooms/{room}/redact/{message}/r1", {}))["event_id"]
+        login = await alice.ok("POST", "/login", {"type": "m.login.password", "password": "secret",
+                                                 "identifier": {"type": "m.id.user", "user": "alice"}})
+        laptop = type(alice)(alice.base, login["access_token"], alice.user_id)
+
+        def txn_ids(events):
+            return {e["event_id"]: e["unsigned"]["transaction_id"] for e in events
+                    if "transaction_id" in e.get("unsigned", {})}
+
+        synced = await alice.ok("GET", "/sync")
+        self.assertEqual(txn_ids(synced["rooms"]["join"][room]["timeline"]["events"]),
+                         {message: "a/slash", redaction: "r1"})
+        page = await alice.ok("GET", f"/rooms/{room}/messages", query={"dir": "b"})
+        self.assertEqual(txn_ids(page["chunk"]), {message: "a/slash", redaction: "r1"})
+        context = await alice.ok("GET", f"/rooms/{room}/context/{redaction}")
+        self.assertEqual(context["event"]["unsigned"]["transaction_id"], "r1")
+        event = await alice.ok("GET", f"/rooms/{room}/event/{message}")
+        self.assertEqual(event["unsigned"]["transaction_id"], "a/slash")
+        for other in (bob, laptop):  # another user; the same user on another device
+            self.assertEqual(txn_ids((await other.ok("GET", "/sync"))["rooms"]["join"][room]["timeline"]["events"]),
+                             {})
+            self.assertEqual(txn_ids((await other.ok("GET", f"/rooms/{room}/messages", query={"dir": "b"}))["chunk"]),
+                             {})

@@ -81,6 +81,27 @@ class ClientTxnTests(Helpers):
         self.assertIsNotNone(result.rejected_reason)
         self.assertIsNone(await store.get_event_id_for_txn(BOB, "D", "t"))
 
+    async def test_the_sending_device_gets_its_transaction_id_in_the_client_format(self):
+        store = await self.open_store()
+        room = await self.new_room(store, "echo")
+        mine, other_device, untracked = room.message(ALICE, "a"), room.message(ALICE, "b"), room.message(ALICE, "c")
+        await store.persist_events([
+            room.to_persist(mine, client_txn=ClientTxn(ALICE, "PHONE", "t1")),
+            room.to_persist(other_device, client_txn=ClientTxn(ALICE, "LAPTOP", "t2")),
+            room.to_persist(untracked),
+        ])
+        served = await store.get_events([e.event_id for e in (mine, other_device, untracked)])
+        events = [served[e.event_id] for e in (mine, other_device, untracked)]
+        txn_ids = lambda formatted: [e["unsigned"].get("transaction_id") for e in formatted]  # noqa: E731
+        self.assertEqual(txn_ids(await store.format_client_events(events, 0, sent_by=(ALICE, "PHONE"))),
+                         ["t1", None, None])
+        self.assertEqual(txn_ids(await store.format_client_events(events, 0, sent_by=(ALICE, "LAPTOP"))),
+                         [None, "t2", None])
+        # Another user, or no device named: nobody's transaction IDs.
+        self.assertEqual(txn_ids(await store.format_client_events(events, 0, sent_by=(BOB, "PHONE"))), [None] * 3)
+        self.assertEqual(txn_ids(await store.format_client_events(events, 0)), [None] * 3)
+        self.assertNotIn("transaction_id", served[mine.event_id].get("unsigned", {}))  # the served event untouched
+
     async def test_rows_are_deletable_by_room(self):
         store = await self.open_store()
         kept, purged = await self.new_room(store, "kept"), await self.new_room(store, "purged")

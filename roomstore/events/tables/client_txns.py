@@ -5,7 +5,9 @@ One row per ``(user_nid, device_id, txn_id)``: the event persisted with that
 ``EventToPersist.client_txn`` (schema version 10), its room (a purge deletes
 a room's rows by it) and when it was recorded. Written by the persister's
 batch (``roomstore.events.client_txns`` decides what), read by
-``RoomStore.get_event_id_for_txn``.
+``RoomStore.get_event_id_for_txn`` and, the other way (event to txn ID, for
+the client format's ``unsigned.transaction_id``), by
+``roomstore.events.client_format``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from roomstore.storage.interning import chunks, join_event_ids, join_users
 #: A client transaction as the table keys it: (user nid, device ID, txn ID).
 TxnKey = tuple[int, str, str]
 
-__all__ = ["TxnKey", "delete_event_txns_txn", "delete_room_txns_txn", "event_id_for_txn_txn", "event_nids_of_txns_txn", "queue_txns"]
+__all__ = ["TxnKey", "delete_event_txns_txn", "delete_room_txns_txn", "event_id_for_txn_txn", "event_nids_of_txns_txn",
+           "queue_txns", "txn_ids_of_events_txn"]
 
 
 def event_nids_of_txns_txn(txn: Transaction, keys: Iterable[TxnKey]) -> dict[TxnKey, int]:
@@ -53,6 +56,22 @@ def event_id_for_txn_txn(txn: Transaction, user_id: str, device_id: str, txn_id:
         (user_id, device_id, txn_id),
     ).fetchone()
     return None if row is None else row[0]
+
+
+def txn_ids_of_events_txn(txn: Transaction, user_id: str, device_id: str, event_ids: Iterable[str]) -> dict[str, str]:
+    """Event ID -> txn ID, for those of ``event_ids`` recorded with a
+    transaction of this user's device."""
+    found: dict[str, str] = {}
+    for part in chunks(sorted(set(event_ids))):
+        marks = ", ".join("?" for _ in part)
+        rows = txn.execute(
+            f"SELECT i.event_id, c.txn_id FROM client_txn_ids AS c {join_users('u', 'c.user_nid')}"
+            f" {join_event_ids('i', 'c.event_nid')}"
+            f" WHERE u.user_id = ? AND c.device_id = ? AND i.event_id IN ({marks})",
+            (user_id, device_id, *part),
+        ).fetchall()
+        found.update(rows)
+    return found
 
 
 def delete_room_txns_txn(txn: Transaction, room_nids: Sequence[int]) -> int:
