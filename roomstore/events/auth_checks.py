@@ -107,7 +107,7 @@ def soft_fails(w: Any, ev: PreparedEvent, room_nid: int, group_before: int | Non
     current = resolve_interned(w, ev.pdu.room_version, states)
     entries = {key: current[nid] for nid, key in key_nids.items() if nid in current}
     try:
-        check_event_auth(ev.pdu.room_version, ev.pdu, _state_events(w, entries))
+        check_event_auth(ev.pdu.room_version, ev.pdu, state_events(w, entries))
     except AuthError:
         return True
     return False
@@ -153,7 +153,7 @@ def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None,
             return None
         if _same_events(w, auth_state, state_auth):
             return None
-        check_event_auth(version, pdu, _state_events(w, state_auth))
+        check_event_auth(version, pdu, state_events(w, state_auth))
     except AuthError as exc:
         return f"auth: {exc}"
     return None
@@ -245,8 +245,9 @@ def _cites_exactly(w: Any, cited_ids: tuple[str, ...], state_auth: Mapping[tuple
     return {nids.get(event_id) for event_id in cited_ids} == set(state_auth.values())
 
 
-def _state_events(w: Any, state_auth: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], ParsedPdu]:
-    """The state's auth entries as parsed events, for ``check_event_auth``."""
+def state_events(w: Any, state_auth: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], ParsedPdu]:
+    """State entries (key -> event nid) as parsed events: the batch's own, the
+    parsed-events cache, then one read of the rest."""
     names = w.p.interners.events.resolve(w.txn, list(set(state_auth.values())))
     events = w.event_source.get_events(names.values())
     return {key: events[names[nid]] for key, nid in state_auth.items() if names.get(nid) in events}

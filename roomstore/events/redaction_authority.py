@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from roomstore.events.auth_checks import state_events
 from roomstore.events.batch import PreparedEvent
 from roomstore.pdu.auth_levels import named_level, user_level
-from roomstore.pdu.parsing import ParsedPdu
 
 CREATE = ("m.room.create", "")
 POWER_LEVELS = ("m.room.power_levels", "")
@@ -36,23 +36,15 @@ def redaction_authorised(w: Any, ev: PreparedEvent, group_before: int | None) ->
         return False
     state = w.state_view(group_before)
     keys = w.p.interners.state_keys.lookup(w.txn, [CREATE, POWER_LEVELS])
-    create_nid, levels_nid = state.get(keys.get(CREATE)), state.get(keys.get(POWER_LEVELS))
-    events = _events(w, [nid for nid in (create_nid, levels_nid) if nid is not None])
+    entries = {key: state[keys[key]] for key in (CREATE, POWER_LEVELS) if key in keys and keys[key] in state}
+    events = state_events(w, entries)
     version = pdu.room_version
-    create = events.get(create_nid)
+    create = events.get(CREATE)
     if create is None:
         return False
-    levels = events.get(levels_nid)
+    levels = events.get(POWER_LEVELS)
     # As the auth rules read levels (a v12 creator's is infinite; defaults as Synapse's).
     return user_level(version, create, levels, pdu.sender) >= named_level(version, levels, "redact")
-
-
-def _events(w: Any, nids: list[int]) -> dict[int, ParsedPdu]:
-    """State events by nid, through the write's event source: the batch's
-    own, then the parsed-events cache, then one read of the rest."""
-    names = w.p.interners.events.resolve(w.txn, nids)
-    found = w.event_source.get_events(names.values())
-    return {nid: found[name] for nid, name in names.items() if name in found}
 
 
 def _server(event_id: str) -> str | None:
