@@ -33,20 +33,14 @@ def bench_databases() -> list[tuple[str, Callable[[], str]]]:
         counter = [0]
 
         def pg_url() -> str:
-            import psycopg2
-
             counter[0] += 1
             name = f"rs_bench_{os.getpid()}_{counter[0]}"
-            conn = psycopg2.connect(admin)
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-            conn.close()
-            parsed = urllib.parse.urlsplit(admin)
+            url = new_postgres_database(admin, name)
             if via == "socket":
+                parsed = urllib.parse.urlsplit(admin)
                 query = urllib.parse.urlencode({"host": socket_dir, "port": parsed.port})
                 return urllib.parse.urlunsplit((parsed.scheme, f"{parsed.username}@", "/" + name, query, ""))
-            return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "/" + name, "", ""))
+            return url
 
         result.append(("postgres", pg_url))
     else:
@@ -83,3 +77,17 @@ class Timer:
 
     def __exit__(self, *exc) -> None:
         self.seconds = time.perf_counter() - self.start
+
+
+def new_postgres_database(admin: str, name: str) -> str:
+    """Create the database ``name`` on the server of the admin URL ``admin``;
+    its URL (over TCP, as ``admin``)."""
+    import psycopg2
+
+    conn = psycopg2.connect(admin)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    conn.close()
+    parsed = urllib.parse.urlsplit(admin)
+    return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "/" + name, "", ""))

@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402  (matrix-nio's dependency, in the test extra)
 
-from bench._common import print_table  # noqa: E402
+from bench._common import new_postgres_database, print_table  # noqa: E402
 from tests import synapse_server  # noqa: E402
 
 SERVER_NAME = "bench.local"
@@ -324,16 +324,7 @@ def fresh_db_url(engine: str, pg: str | None) -> str:
         import tempfile
 
         return f"sqlite:///{tempfile.mkdtemp(prefix='roomstore-bench-hs-')}/hs.db"
-    import psycopg2
-
-    name = f"rs_bench_hs_{os.getpid()}"
-    conn = psycopg2.connect(pg)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-    conn.close()
-    parsed = urllib.parse.urlsplit(pg)
-    return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "/" + name, "", ""))
+    return new_postgres_database(pg, f"rs_bench_hs_{os.getpid()}")
 
 
 def report(results, args) -> None:
