@@ -7,7 +7,7 @@ import statistics
 import tempfile
 import time
 import urllib.parse
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def bench_databases() -> list[tuple[str, Callable[[], str]]]:
@@ -71,7 +71,7 @@ def _fmt(value: object) -> str:
 
 
 class Timer:
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         self.start = time.perf_counter()
         return self
 

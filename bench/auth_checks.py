@@ -50,9 +50,21 @@ def main() -> None:
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="roomstore-bench-auth-")
     path = os.path.join(directory, "history.jsonl")
-    subprocess.run([ROOMSTORE, "generate-sample", path, "--rooms", str(args.rooms),
-                    "--events-per-room", str(args.events_per_room), "--seed", "7"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            ROOMSTORE,
+            "generate-sample",
+            path,
+            "--rooms",
+            str(args.rooms),
+            "--events-per-room",
+            str(args.events_per_room),
+            "--seed",
+            "7",
+        ],
+        check=True,
+        capture_output=True,
+    )
     with open(path, encoding="utf-8") as handle:
         events = sum(1 for _ in handle)
     print(f"history: {events:,} events in {args.rooms} rooms ({path}); {args.runs} rounds, turns alternate")
@@ -65,10 +77,19 @@ def main() -> None:
                 summary = run_import(path, new_url(), trust)
                 rates[trust].append(summary["imported"] / summary["seconds"])
         checked, unchecked = statistics.median(rates[False]), statistics.median(rates[True])
-        rows.append((engine, checked, unchecked, checked / unchecked,
-                     " ".join(f"{r:,.0f}" for r in rates[False]), " ".join(f"{r:,.0f}" for r in rates[True])))
-    print_table(["engine", "checked ev/s", "unchecked ev/s", "checked/unchecked", "checked runs", "unchecked runs"],
-                rows)
+        rows.append(
+            (
+                engine,
+                checked,
+                unchecked,
+                checked / unchecked,
+                " ".join(f"{r:,.0f}" for r in rates[False]),
+                " ".join(f"{r:,.0f}" for r in rates[True]),
+            )
+        )
+    print_table(
+        ["engine", "checked ev/s", "unchecked ev/s", "checked/unchecked", "checked runs", "unchecked runs"], rows
+    )
     print("goal (issue 39): the checks cost at most 15%: checked/unchecked >= 0.85")
 
 

@@ -31,14 +31,13 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._common import print_table  # noqa: E402
-from roomstore.compaction import chain_depths, levels_hop_bound, verify  # noqa: E402
 from bench.dataset import (  # noqa: E402
     load_dataset,
     prepare_roomstore_schema,
@@ -48,6 +47,7 @@ from bench.dataset import (  # noqa: E402
     room_entries,
     room_positions,
 )
+from roomstore.compaction import chain_depths, levels_hop_bound, verify  # noqa: E402
 
 COMPRESSOR_VERSION = "0.1.2"  # 0.1.4 on PyPI is an empty wheel
 LEVELS = "100,50,25"
@@ -84,7 +84,7 @@ def create_database(admin: str, name: str, template: str = "template0") -> str:
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, "/" + name, "", ""))
 
 
-def table_figures(url: str, rows_table: str, tables: List[str], full: bool) -> Tuple[int, int]:
+def table_figures(url: str, rows_table: str, tables: list[str], full: bool) -> tuple[int, int]:
     """(rows of ``rows_table``, bytes of ``tables`` with indexes) after VACUUM (FULL)."""
     import psycopg2
 
@@ -107,7 +107,7 @@ OURS_TABLES = ["state_group_deltas", "state_groups"]
 THEIR_TABLES = ["state_groups_state", "state_group_edges", "state_groups"]
 
 
-def check_all(info, read_room: Callable[[int], list]) -> Tuple[int, int, int]:
+def check_all(info, read_room: Callable[[int], list]) -> tuple[int, int, int]:
     """(mismatched groups, rooms with mismatches, longest chain) over every room."""
     mismatched = rooms_bad = longest = 0
     positions = room_positions(info.spec)
@@ -121,10 +121,20 @@ def check_all(info, read_room: Callable[[int], list]) -> Tuple[int, int, int]:
     return mismatched, rooms_bad, longest
 
 
-def run_ours(url: str, work: str, extra: List[str]) -> Tuple[float, Dict]:
+def run_ours(url: str, work: str, extra: list[str]) -> tuple[float, dict]:
     summary = os.path.join(work, "summary.json")
-    cmd = [str(ROOT / "bin" / "roomstore-compact"), "--master", "local[*]", "--db", url,
-           "--levels", LEVELS, "--summary-json", summary, *extra]
+    cmd = [
+        str(ROOT / "bin" / "roomstore-compact"),
+        "--master",
+        "local[*]",
+        "--db",
+        url,
+        "--levels",
+        LEVELS,
+        "--summary-json",
+        summary,
+        *extra,
+    ]
     log_path = os.path.join(work, "job.log")
     start = time.perf_counter()
     with open(log_path, "w") as log:
@@ -136,7 +146,7 @@ def run_ours(url: str, work: str, extra: List[str]) -> Tuple[float, Dict]:
     return seconds, json.loads(Path(summary).read_text())
 
 
-def run_theirs(compressor, url: str, chunk_size: int, work: str) -> Tuple[float, int]:
+def run_theirs(compressor, url: str, chunk_size: int, work: str) -> tuple[float, int]:
     """Wall time, and how many chunks it skipped ("tried to increase the
     number of rows"), which it reports one line each on stderr."""
     log_path = os.path.join(work, "compressor.log")
@@ -161,8 +171,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=("tiny", "small", "large"), default="small")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--chunk-groups", type=int, default=10_000,
-                        help="our --chunk-groups, and the compressor's chunk_size (default 10000)")
+    parser.add_argument(
+        "--chunk-groups",
+        type=int,
+        default=10_000,
+        help="our --chunk-groups, and the compressor's chunk_size (default 10000)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the two databases")
     args = parser.parse_args(argv)
     admin = os.environ.get("ROOMSTORE_BENCH_POSTGRES")
@@ -203,26 +217,53 @@ def main(argv=None) -> None:
         rows = []
         for name, before, after, seconds, (bad, bad_rooms, longest) in (
             ("roomstore Spark job", ours_before, ours_after, ours_seconds, ours_check),
-            (f"synapse_auto_compressor {COMPRESSOR_VERSION}", theirs_before, theirs_after, theirs_seconds,
-             theirs_check),
+            (
+                f"synapse_auto_compressor {COMPRESSOR_VERSION}",
+                theirs_before,
+                theirs_after,
+                theirs_seconds,
+                theirs_check,
+            ),
         ):
-            rows.append([
-                name, before[0], after[0], f"{after[0] / before[0]:.3f}", f"{before[1] / mib:.1f}",
-                f"{after[1] / mib:.1f}", f"{seconds:.1f}", bad, longest,
-            ])
+            rows.append(
+                [
+                    name,
+                    before[0],
+                    after[0],
+                    f"{after[0] / before[0]:.3f}",
+                    f"{before[1] / mib:.1f}",
+                    f"{after[1] / mib:.1f}",
+                    f"{seconds:.1f}",
+                    bad,
+                    longest,
+                ]
+            )
         print()
         print_table(
-            ["tool", "rows before", "rows after", "after/before", "MiB before", "MiB after", "wall s",
-             "mismatched groups", "max hops"],
+            [
+                "tool",
+                "rows before",
+                "rows after",
+                "after/before",
+                "MiB before",
+                "MiB after",
+                "wall s",
+                "mismatched groups",
+                "max hops",
+            ],
             rows,
         )
         print()
-        print(f"levels {LEVELS} (hop bound {levels_hop_bound([int(x) for x in LEVELS.split(',')])});"
-              f" rows: delta rows (state_group_deltas / state_groups_state); MiB: all state tables with"
-              " indexes, after VACUUM FULL ANALYZE")
-        print(f"rows after, ours / theirs: {ours_after[0] / theirs_after[0]:.3f}"
-              f" ({'<=' if ours_after[0] <= theirs_after[0] else '>'} theirs);"
-              f" wall time, ours / theirs: {ours_seconds / theirs_seconds:.2f}")
+        print(
+            f"levels {LEVELS} (hop bound {levels_hop_bound([int(x) for x in LEVELS.split(',')])});"
+            f" rows: delta rows (state_group_deltas / state_groups_state); MiB: all state tables with"
+            " indexes, after VACUUM FULL ANALYZE"
+        )
+        print(
+            f"rows after, ours / theirs: {ours_after[0] / theirs_after[0]:.3f}"
+            f" ({'<=' if ours_after[0] <= theirs_after[0] else '>'} theirs);"
+            f" wall time, ours / theirs: {ours_seconds / theirs_seconds:.2f}"
+        )
         timings = summary.get("timings_s", {})
         print(
             f"our job's own figures: {summary['totals']['rooms']} rooms, {timings.get('read_and_plan', 0):.1f}s"
@@ -230,8 +271,10 @@ def main(argv=None) -> None:
             f" driver; the rest of the wall time is spark-submit/JVM start-up"
         )
         if ours_check[0] or theirs_check[0]:
-            print(f"MISMATCHES: ours {ours_check[0]} group(s) in {ours_check[1]} room(s);"
-                  f" theirs {theirs_check[0]} group(s) in {theirs_check[1]} room(s)")
+            print(
+                f"MISMATCHES: ours {ours_check[0]} group(s) in {ours_check[1]} room(s);"
+                f" theirs {theirs_check[0]} group(s) in {theirs_check[1]} room(s)"
+            )
     finally:
         if not args.keep:
             import psycopg2
@@ -241,9 +284,7 @@ def main(argv=None) -> None:
             with conn.cursor() as cur:
                 for url in (ours, theirs):
                     name = urllib.parse.urlsplit(url).path.lstrip("/")
-                    cur.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
-                    )
+                    cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
                     cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
             conn.close()
         else:

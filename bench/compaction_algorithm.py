@@ -19,7 +19,7 @@ import argparse
 import random
 import statistics
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import attrs
 
@@ -55,7 +55,7 @@ class RoomSpec:
     removal_rate: float  # chance a group also removes a non-member key
 
 
-SIZES: Dict[str, List[RoomSpec]] = {
+SIZES: dict[str, list[RoomSpec]] = {
     "small": [
         RoomSpec("bridged", 12_000, 5_000, 60, 0.35, 0.02, 0.01, 0.001),
         RoomSpec("federated", 10_000, 4_000, 40, 0.20, 0.05, 0.05, 0.002),
@@ -77,18 +77,18 @@ class _Room:
         self.rng = rng
         self.next_group = first_group
         self.next_event = first_group * 10
-        self.groups: List[StateGroupEntry] = []
-        self.states: Dict[int, Dict[int, int]] = {}  # live branch tips only
-        self.depth: Dict[int, int] = {}
+        self.groups: list[StateGroupEntry] = []
+        self.states: dict[int, dict[int, int]] = {}  # live branch tips only
+        self.depth: dict[int, int] = {}
 
     def _event(self) -> int:
         self.next_event += 1
         return self.next_event
 
-    def _change(self, state: Dict[int, int]) -> Dict[int, Optional[int]]:
+    def _change(self, state: dict[int, int]) -> dict[int, int | None]:
         """One state event (plus, rarely, a removal) against ``state``."""
         spec, rng = self.spec, self.rng
-        change: Dict[int, Optional[int]] = {}
+        change: dict[int, int | None] = {}
         if rng.random() < spec.other_share:
             change[rng.randrange(1, 40)] = self._event()  # topic, power levels...
         else:
@@ -103,9 +103,7 @@ class _Room:
                 change[rng.choice(removable)] = None
         return change
 
-    def persist(
-        self, parent: Optional[int], change: Dict[int, Optional[int]], *, last_use: bool
-    ) -> int:
+    def persist(self, parent: int | None, change: dict[int, int | None], *, last_use: bool) -> int:
         """Store a new group for ``parent``'s state plus ``change``.
 
         ``last_use`` says nothing else will extend ``parent``, so its state
@@ -114,7 +112,7 @@ class _Room:
         group = self.next_group
         self.next_group += 1
         if parent is None:
-            state: Dict[int, int] = {}
+            state: dict[int, int] = {}
         elif last_use:
             state = self.states.pop(parent)
         else:
@@ -133,7 +131,7 @@ class _Room:
         self.states[group] = state
         return group
 
-    def generate(self) -> List[StateGroupEntry]:
+    def generate(self) -> list[StateGroupEntry]:
         spec, rng = self.spec, self.rng
         create = {0: self._event()}
         for key in range(1, 8):  # power levels, join rules, name, topic...
@@ -155,9 +153,7 @@ class _Room:
             tip = tips[side]
             # The fork point is shared by both branches until both moved on.
             shared = tip == base and tips[1 - side] == base
-            tips[side] = self.persist(
-                tip, self._change(self.states[tip]), last_use=not shared
-            )
+            tips[side] = self.persist(tip, self._change(self.states[tip]), last_use=not shared)
         # State resolution: the merged state is stored as a delta against one tip.
         ours, theirs = self.states[tips[0]], self.states[tips[1]]
         merged = {k: v for k, v in theirs.items() if ours.get(k) != v}
@@ -166,7 +162,7 @@ class _Room:
         return merge
 
 
-def generate_rooms(size: str, seed: int = 42) -> List[Tuple[str, List[StateGroupEntry]]]:
+def generate_rooms(size: str, seed: int = 42) -> list[tuple[str, list[StateGroupEntry]]]:
     """The rooms for ``size``; deterministic for a given seed."""
     rng = random.Random(seed)
     rooms = []
@@ -188,9 +184,9 @@ class Result:
     max_hops: int = 0
     seconds: float = 0.0
     mismatches: int = 0
-    rooms: Dict[str, "Result"] = attrs.Factory(dict)
+    rooms: dict[str, Result] = attrs.Factory(dict)
 
-    def add(self, other: "Result") -> None:
+    def add(self, other: Result) -> None:
         self.rows_before += other.rows_before
         self.rows_after += other.rows_after
         self.max_hops = max(self.max_hops, other.max_hops)
@@ -198,7 +194,7 @@ class Result:
         self.mismatches += other.mismatches
 
 
-def run(size: str, repeats: int, window: int, levels: Sequence[int]) -> List[Result]:
+def run(size: str, repeats: int, window: int, levels: Sequence[int]) -> list[Result]:
     t0 = time.perf_counter()
     rooms = generate_rooms(size)
     print(
@@ -216,7 +212,7 @@ def run(size: str, repeats: int, window: int, levels: Sequence[int]) -> List[Res
         result = Result(name)
         for room, groups in rooms:
             timings = []
-            plan: Optional[CompactionPlan] = None
+            plan: CompactionPlan | None = None
             for _ in range(repeats):
                 start = time.perf_counter()
                 plan = compress(groups)
@@ -236,7 +232,7 @@ def run(size: str, repeats: int, window: int, levels: Sequence[int]) -> List[Res
     return results
 
 
-def print_table(results: List[Result], per_room: bool = True) -> None:
+def print_table(results: list[Result], per_room: bool = True) -> None:
     header = (
         f"{'strategy':<18}{'rows before':>13}{'rows after':>12}"
         f"{'ratio':>8}{'max hops':>10}{'wall time':>11}{'verify':>8}"
@@ -264,7 +260,7 @@ def print_table(results: List[Result], per_room: bool = True) -> None:
                 line(f"{r.strategy} {room}", rr)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--repeats", type=int, default=3)

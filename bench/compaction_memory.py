@@ -29,7 +29,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -65,8 +64,8 @@ def huge_room(groups: int) -> RoomShape:
 # peak memory of process trees, from /proc
 
 
-def _children() -> Dict[int, List[int]]:
-    tree: Dict[int, List[int]] = {}
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -80,7 +79,7 @@ def _children() -> Dict[int, List[int]]:
     return tree
 
 
-def _descendants(roots: List[int]) -> List[int]:
+def _descendants(roots: list[int]) -> list[int]:
     tree = _children()
     out, todo = [], list(roots)
     while todo:
@@ -117,7 +116,7 @@ class PeakSampler:
     def __init__(self, roots, interval: float = 0.2) -> None:
         self.roots = roots
         self.interval = interval
-        self.peaks: Dict[int, Tuple[str, int]] = {}  # pid -> (role, peak bytes)
+        self.peaks: dict[int, tuple[str, int]] = {}  # pid -> (role, peak bytes)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -143,7 +142,7 @@ class PeakSampler:
             self._sample()
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "PeakSampler":
+    def __enter__(self) -> PeakSampler:
         self._thread.start()
         return self
 
@@ -151,9 +150,9 @@ class PeakSampler:
         self._stop.set()
         self._thread.join()
 
-    def by_role(self) -> Dict[str, Tuple[int, int]]:
+    def by_role(self) -> dict[str, tuple[int, int]]:
         """role -> (processes seen, largest peak RSS in bytes)."""
-        out: Dict[str, Tuple[int, int]] = {}
+        out: dict[str, tuple[int, int]] = {}
         for role, peak in self.peaks.values():
             count, top = out.get(role, (0, 0))
             out[role] = (count + 1, max(top, peak))
@@ -164,13 +163,33 @@ class PeakSampler:
 # the two tools
 
 
-def run_ours(url: str, cluster: SparkCluster, memory: str, chunk_groups: int, work: str, target: str = "--db",
-             extra: Tuple[str, ...] = ()):
+def run_ours(
+    url: str,
+    cluster: SparkCluster,
+    memory: str,
+    chunk_groups: int,
+    work: str,
+    target: str = "--db",
+    extra: tuple[str, ...] = (),
+):
     """(wall seconds, role -> (processes, peak bytes)) of the job on the cluster; ``target``: ``--db`` or
     ``--synapse``; ``extra``: more job options (``--summary-json PATH``)."""
     log_path = os.path.join(work, "job.log")
-    cmd = [str(ROOT / "bin" / "roomstore-compact"), "--master", cluster.url, *cluster.submit_options(memory),
-           "--driver-memory", memory, target, url, "--levels", LEVELS, "--chunk-groups", str(chunk_groups), *extra]
+    cmd = [
+        str(ROOT / "bin" / "roomstore-compact"),
+        "--master",
+        cluster.url,
+        *cluster.submit_options(memory),
+        "--driver-memory",
+        memory,
+        target,
+        url,
+        "--levels",
+        LEVELS,
+        "--chunk-groups",
+        str(chunk_groups),
+        *extra,
+    ]
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     with open(log_path, "w") as log:
         start = time.perf_counter()
@@ -184,14 +203,17 @@ def run_ours(url: str, cluster: SparkCluster, memory: str, chunk_groups: int, wo
     return seconds, sampler.by_role()
 
 
-def run_theirs(url: str, chunk_size: int, work: str) -> Tuple[float, int]:
+def run_theirs(url: str, chunk_size: int, work: str) -> tuple[float, int]:
     """(wall seconds, peak RSS bytes) of synapse_auto_compressor in a child process."""
-    code = ("import sys, synapse_auto_compressor as c;"
-            " c.compress_state_events_table(sys.argv[1], int(sys.argv[2]), sys.argv[3], 10**9)")
+    code = (
+        "import sys, synapse_auto_compressor as c;"
+        " c.compress_state_events_table(sys.argv[1], int(sys.argv[2]), sys.argv[3], 10**9)"
+    )
     with open(os.path.join(work, "compressor.log"), "w") as log:
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", code, url, str(chunk_size), LEVELS], stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, url, str(chunk_size), LEVELS], stdout=log, stderr=subprocess.STDOUT
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.perf_counter() - start
@@ -204,10 +226,13 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups", default="26000,50500,95000",
-                        help="state groups of the room, one size per comma (default: ~1M, 2.5M, 5.2M rows)")
+    parser.add_argument(
+        "--groups",
+        default="26000,50500,95000",
+        help="state groups of the room, one size per comma (default: ~1M, 2.5M, 5.2M rows)",
+    )
     parser.add_argument("--memory", default="1g", help="driver and executor memory (default 1g)")
     parser.add_argument("--chunk-groups", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
@@ -217,12 +242,15 @@ def main(argv: Optional[List[str]] = None) -> None:
         raise SystemExit("needs PostgreSQL: run through bench/with-postgres (sets ROOMSTORE_BENCH_POSTGRES)")
     ensure_compressor()
     rows_out = []
-    roles_seen: List[str] = []
-    per_size: List[Tuple[int, Dict[str, Tuple[int, int]]]] = []
+    roles_seen: list[str] = []
+    per_size: list[tuple[int, dict[str, tuple[int, int]]]] = []
     print(f"load average at start: {load_average()} ({os.cpu_count()} cores)", flush=True)
     with SparkCluster(workers=1, cores=2, memory=args.memory) as cluster:
-        print(f"Spark standalone cluster at {cluster.url} (1 worker, 2 cores, {args.memory}); "
-              f"executor Python {cluster.python}", flush=True)
+        print(
+            f"Spark standalone cluster at {cluster.url} (1 worker, 2 cores, {args.memory}); "
+            f"executor Python {cluster.python}",
+            flush=True,
+        )
         for n, groups in enumerate(int(g) for g in args.groups.split(",")):
             work = tempfile.mkdtemp(prefix="roomstore-bench-memory-")
             ours = create_database(admin, f"rs_bench_memory_{os.getpid()}_{n}")
@@ -231,46 +259,87 @@ def main(argv: Optional[List[str]] = None) -> None:
             prepare_synapse_schema(theirs)
             t = time.perf_counter()
             info = load_dataset(roomstore_url=ours, synapse_url=theirs, seed=args.seed, shapes=[huge_room(groups)])
-            print(f"room of {info.state_groups:,} groups, {info.rows:,} state rows: loaded into both databases in"
-                  f" {time.perf_counter() - t:.0f}s", flush=True)
+            print(
+                f"room of {info.state_groups:,} groups, {info.rows:,} state rows: loaded into both databases in"
+                f" {time.perf_counter() - t:.0f}s",
+                flush=True,
+            )
             before = table_figures(ours, "state_group_deltas", ["state_group_deltas", "state_groups"], full=False)
             load_ours = load_average()
             ours_s, roles = run_ours(ours, cluster, args.memory, args.chunk_groups, work)
             print(f"  roomstore job: {ours_s:.0f}s; load average before {load_ours}", flush=True)
             load_theirs = load_average()
             theirs_s, theirs_peak = run_theirs(theirs, args.chunk_groups, work)
-            print(f"  synapse_auto_compressor: {theirs_s:.0f}s, peak RSS {theirs_peak / MIB:.0f} MiB;"
-                  f" load average before {load_theirs}", flush=True)
+            print(
+                f"  synapse_auto_compressor: {theirs_s:.0f}s, peak RSS {theirs_peak / MIB:.0f} MiB;"
+                f" load average before {load_theirs}",
+                flush=True,
+            )
             after_ours = table_figures(ours, "state_group_deltas", ["state_group_deltas"], full=False)[0]
             after_theirs = table_figures(theirs, "state_groups_state", ["state_groups_state"], full=False)[0]
             ours_bad = check_all(info, lambda i: read_roomstore_room(ours, info.rooms[i][1]))
             theirs_bad = check_all(info, lambda i: read_synapse_room(theirs, info.rooms[i][0], info.key_ids))
-            print(f"  verified all {info.state_groups:,} groups: mismatched ours {ours_bad[0]}, theirs"
-                  f" {theirs_bad[0]}; max hops ours {ours_bad[2]}, theirs {theirs_bad[2]}", flush=True)
+            print(
+                f"  verified all {info.state_groups:,} groups: mismatched ours {ours_bad[0]}, theirs"
+                f" {theirs_bad[0]}; max hops ours {ours_bad[2]}, theirs {theirs_bad[2]}",
+                flush=True,
+            )
             for role in roles:
                 if role not in roles_seen:
                     roles_seen.append(role)
             per_size.append((info.rows, roles))
-            print("  peak RSS MiB by role: " + ", ".join(
-                f"{role} {peak / MIB:.0f} ({count})" for role, (count, peak) in sorted(roles.items())), flush=True)
-            rows_out.append([
-                f"{info.rows:,}", f"{info.state_groups:,}", before[0], after_ours, after_theirs,
-                f"{ours_s:.0f}", f"{theirs_s:.0f}", f"{max(p for _, p in roles.values()) / MIB:.0f}",
-                f"{theirs_peak / MIB:.0f}", f"{ours_bad[0]} / {theirs_bad[0]}",
-            ])
+            print(
+                "  peak RSS MiB by role: "
+                + ", ".join(f"{role} {peak / MIB:.0f} ({count})" for role, (count, peak) in sorted(roles.items())),
+                flush=True,
+            )
+            rows_out.append(
+                [
+                    f"{info.rows:,}",
+                    f"{info.state_groups:,}",
+                    before[0],
+                    after_ours,
+                    after_theirs,
+                    f"{ours_s:.0f}",
+                    f"{theirs_s:.0f}",
+                    f"{max(p for _, p in roles.values()) / MIB:.0f}",
+                    f"{theirs_peak / MIB:.0f}",
+                    f"{ours_bad[0]} / {theirs_bad[0]}",
+                ]
+            )
             for url in (ours, theirs):
                 drop(admin, url)
     print()
-    print(f"driver and executor memory {args.memory}, --chunk-groups {args.chunk_groups}, levels {LEVELS};"
-          f" synapse_auto_compressor {COMPRESSOR_VERSION} with chunk_size {args.chunk_groups}")
+    print(
+        f"driver and executor memory {args.memory}, --chunk-groups {args.chunk_groups}, levels {LEVELS};"
+        f" synapse_auto_compressor {COMPRESSOR_VERSION} with chunk_size {args.chunk_groups}"
+    )
     print()
-    print_table(["room rows", "groups", "rows before", "after: ours", "after: theirs", "ours s", "theirs s",
-                 "ours peak MiB (largest process)", "theirs peak MiB", "mismatched ours / theirs"], rows_out)
+    print_table(
+        [
+            "room rows",
+            "groups",
+            "rows before",
+            "after: ours",
+            "after: theirs",
+            "ours s",
+            "theirs s",
+            "ours peak MiB (largest process)",
+            "theirs peak MiB",
+            "mismatched ours / theirs",
+        ],
+        rows_out,
+    )
     print()
     print("peak RSS (VmHWM) by process role, MiB (largest process of the role; processes seen):")
-    print_table(["role"] + [f"{rows:,} rows" for rows, _ in per_size],
-                [[role] + [f"{roles[role][1] / MIB:.0f} ({roles[role][0]})" if role in roles else "-"
-                           for _, roles in per_size] for role in roles_seen])
+    print_table(
+        ["role"] + [f"{rows:,} rows" for rows, _ in per_size],
+        [
+            [role]
+            + [f"{roles[role][1] / MIB:.0f} ({roles[role][0]})" if role in roles else "-" for _, roles in per_size]
+            for role in roles_seen
+        ],
+    )
     print(f"load average at end: {load_average()}")
 
 

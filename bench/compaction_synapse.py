@@ -38,7 +38,6 @@ import tempfile
 import time
 import urllib.parse
 from pathlib import Path
-from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -53,8 +52,8 @@ from bench.compaction import (  # noqa: E402
     table_figures,
 )
 from bench.compaction_memory import drop, huge_room, load_average, run_ours, run_theirs  # noqa: E402
-from bench.import_synapse import synapse_schema_database  # noqa: E402
 from bench.dataset import RoomShape, load_dataset, read_synapse_room  # noqa: E402
+from bench.import_synapse import synapse_schema_database  # noqa: E402
 from tests.compaction.spark_cluster import SparkCluster  # noqa: E402
 
 MIB = 1024 * 1024
@@ -91,8 +90,11 @@ def compare(admin: str, label: str, shapes, seed: int, cluster: SparkCluster, me
     started = time.perf_counter()
     info = load_dataset(synapse_url=template, seed=seed, shapes=shapes)
     info.key_ids = KeyIds()  # only Synapse's tables were written: no interned ids to reuse
-    print(f"{label}: {len(info.rooms):,} room(s), {info.state_groups:,} groups, {info.rows:,} state rows, loaded into a"
-          f" Synapse-made database in {time.perf_counter() - started:.0f}s", flush=True)
+    print(
+        f"{label}: {len(info.rooms):,} room(s), {info.state_groups:,} groups, {info.rows:,} state rows, loaded into a"
+        f" Synapse-made database in {time.perf_counter() - started:.0f}s",
+        flush=True,
+    )
     template_name = urllib.parse.urlsplit(template).path.lstrip("/")
     ours = create_database(admin, f"rs_bench_syn_ours_{tag}", template_name)
     theirs = create_database(admin, f"rs_bench_syn_theirs_{tag}", template_name)
@@ -101,32 +103,53 @@ def compare(admin: str, label: str, shapes, seed: int, cluster: SparkCluster, me
         edges_before = edge_count(template)
         load_ours = load_average()
         summary = os.path.join(work, "summary.json")
-        ours_s, roles = run_ours(ours, cluster, memory, chunk_groups, work, target="--synapse",
-                                 extra=("--summary-json", summary))
+        ours_s, roles = run_ours(
+            ours, cluster, memory, chunk_groups, work, target="--synapse", extra=("--summary-json", summary)
+        )
         ours_peak = max(peak for _, peak in roles.values())
-        print(f"  roomstore-compact --synapse: {ours_s:.0f}s, largest process {ours_peak / MIB:.0f} MiB"
-              f" (load before {load_ours})", flush=True)
+        print(
+            f"  roomstore-compact --synapse: {ours_s:.0f}s, largest process {ours_peak / MIB:.0f} MiB"
+            f" (load before {load_ours})",
+            flush=True,
+        )
         timings = json.loads(Path(summary).read_text())["timings_s"]
         print("  the job's phases (timings_s): " + ", ".join(f"{k} {v}" for k, v in timings.items()), flush=True)
-        print("  peak RSS MiB by role: " + ", ".join(
-            f"{role} {peak / MIB:.0f} ({count})" for role, (count, peak) in sorted(roles.items())), flush=True)
+        print(
+            "  peak RSS MiB by role: "
+            + ", ".join(f"{role} {peak / MIB:.0f} ({count})" for role, (count, peak) in sorted(roles.items())),
+            flush=True,
+        )
         load_theirs = load_average()
         theirs_s, theirs_peak = run_theirs(theirs, chunk_groups, work)
-        print(f"  synapse_auto_compressor: {theirs_s:.0f}s, peak RSS {theirs_peak / MIB:.0f} MiB"
-              f" (load before {load_theirs})", flush=True)
+        print(
+            f"  synapse_auto_compressor: {theirs_s:.0f}s, peak RSS {theirs_peak / MIB:.0f} MiB"
+            f" (load before {load_theirs})",
+            flush=True,
+        )
         ours_after = table_figures(ours, "state_groups_state", SYNAPSE_TABLES, full=True)
         theirs_after = table_figures(theirs, "state_groups_state", SYNAPSE_TABLES, full=True)
         ours_bad = check_all(info, lambda i: read_synapse_room(ours, info.rooms[i][0], info.key_ids))
         theirs_bad = check_all(info, lambda i: read_synapse_room(theirs, info.rooms[i][0], info.key_ids))
-        print(f"  verified all {info.state_groups:,} groups against the generator: mismatched ours {ours_bad[0]},"
-              f" theirs {theirs_bad[0]}", flush=True)
+        print(
+            f"  verified all {info.state_groups:,} groups against the generator: mismatched ours {ours_bad[0]},"
+            f" theirs {theirs_bad[0]}",
+            flush=True,
+        )
         return [
-            label, f"{info.rows:,}", rows_before[0],
-            ours_after[0], theirs_after[0], f"{ours_after[0] / theirs_after[0]:.2f}x",
+            label,
+            f"{info.rows:,}",
+            rows_before[0],
+            ours_after[0],
+            theirs_after[0],
+            f"{ours_after[0] / theirs_after[0]:.2f}x",
             f"{edges_before:,} / {edge_count(ours):,} / {edge_count(theirs):,}",
             f"{rows_before[1] / MIB:.0f} / {ours_after[1] / MIB:.0f} / {theirs_after[1] / MIB:.0f}",
-            f"{ours_s:.0f}", f"{theirs_s:.0f}", f"{ours_s / theirs_s:.2f}x",
-            f"{ours_peak / MIB:.0f}", f"{theirs_peak / MIB:.0f}", f"{ours_bad[0]} / {theirs_bad[0]}",
+            f"{ours_s:.0f}",
+            f"{theirs_s:.0f}",
+            f"{ours_s / theirs_s:.2f}x",
+            f"{ours_peak / MIB:.0f}",
+            f"{theirs_peak / MIB:.0f}",
+            f"{ours_bad[0]} / {theirs_bad[0]}",
         ]
     finally:
         for url in (ours, theirs, template):
@@ -142,8 +165,12 @@ def explain_slow(admin: str, ms: int) -> str:
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute("LOAD 'auto_explain'")  # its settings are known to ALTER SYSTEM once loaded
-        for setting, value in (("session_preload_libraries", "auto_explain"), ("auto_explain.log_min_duration", ms),
-                               ("auto_explain.log_analyze", "on"), ("auto_explain.log_nested_statements", "on")):
+        for setting, value in (
+            ("session_preload_libraries", "auto_explain"),
+            ("auto_explain.log_min_duration", ms),
+            ("auto_explain.log_analyze", "on"),
+            ("auto_explain.log_nested_statements", "on"),
+        ):
             cur.execute(f"ALTER SYSTEM SET {setting} = %s", (str(value),))
         cur.execute("SELECT pg_reload_conf()")
         cur.execute("SHOW data_directory")
@@ -152,8 +179,17 @@ def explain_slow(admin: str, ms: int) -> str:
     return str(Path(data).parent / "server.log")
 
 
-def profile_ours(admin: str, label: str, shapes, seed: int, cluster: SparkCluster, memory: str, chunk_groups: int,
-                 runs: int, explain_ms: int = 0) -> None:
+def profile_ours(
+    admin: str,
+    label: str,
+    shapes,
+    seed: int,
+    cluster: SparkCluster,
+    memory: str,
+    chunk_groups: int,
+    runs: int,
+    explain_ms: int = 0,
+) -> None:
     """Exploring: fill once, then ours alone ``runs`` times, each on a fresh copy; each run's wall time, the job's
     phase timings (its summary's ``timings_s``), rows after and mismatches. No auto-compressor, no table."""
     tag = f"{os.getpid()}_profile"
@@ -162,8 +198,11 @@ def profile_ours(admin: str, label: str, shapes, seed: int, cluster: SparkCluste
     started = time.perf_counter()
     info = load_dataset(synapse_url=template, seed=seed, shapes=shapes)
     info.key_ids = KeyIds()
-    print(f"{label}: {len(info.rooms):,} room(s), {info.state_groups:,} groups, {info.rows:,} state rows, loaded in"
-          f" {time.perf_counter() - started:.0f}s", flush=True)
+    print(
+        f"{label}: {len(info.rooms):,} room(s), {info.state_groups:,} groups, {info.rows:,} state rows, loaded in"
+        f" {time.perf_counter() - started:.0f}s",
+        flush=True,
+    )
     template_name = urllib.parse.urlsplit(template).path.lstrip("/")
     server_log = explain_slow(admin, explain_ms) if explain_ms else None
     try:
@@ -171,13 +210,17 @@ def profile_ours(admin: str, label: str, shapes, seed: int, cluster: SparkCluste
             ours = create_database(admin, f"rs_bench_syn_ours_{tag}", template_name)
             summary = os.path.join(work, f"summary{run}.json")
             load = load_average()
-            seconds, roles = run_ours(ours, cluster, memory, chunk_groups, work, target="--synapse",
-                                      extra=("--summary-json", summary))
+            seconds, roles = run_ours(
+                ours, cluster, memory, chunk_groups, work, target="--synapse", extra=("--summary-json", summary)
+            )
             timings = json.loads(Path(summary).read_text())["timings_s"]
             rows = table_figures(ours, "state_groups_state", SYNAPSE_TABLES, full=False)[0]
             bad = check_all(info, lambda i: read_synapse_room(ours, info.rooms[i][0], info.key_ids))
-            print(f"  run {run + 1}: {seconds:.1f}s (load before {load}), rows after {rows:,}, mismatched {bad[0]},"
-                  f" largest process {max(p for _, p in roles.values()) / MIB:.0f} MiB", flush=True)
+            print(
+                f"  run {run + 1}: {seconds:.1f}s (load before {load}), rows after {rows:,}, mismatched {bad[0]},"
+                f" largest process {max(p for _, p in roles.values()) / MIB:.0f} MiB",
+                flush=True,
+            )
             print("    timings_s: " + ", ".join(f"{k} {v}" for k, v in timings.items()), flush=True)
             drop(admin, ours)
             if server_log:
@@ -189,19 +232,32 @@ def profile_ours(admin: str, label: str, shapes, seed: int, cluster: SparkCluste
         drop(admin, template)
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="room,rooms", help="room (one large room per --groups), rooms (1,000)")
-    parser.add_argument("--groups", default="26000,50500,95000",
-                        help="state groups of the one room, a size per comma (default: ~1M, 2.5M, 5.2M rows)")
+    parser.add_argument(
+        "--groups",
+        default="26000,50500,95000",
+        help="state groups of the one room, a size per comma (default: ~1M, 2.5M, 5.2M rows)",
+    )
     parser.add_argument("--memory", default="1g", help="driver and executor memory (default 1g)")
     parser.add_argument("--chunk-groups", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--ours-only", type=int, default=0, metavar="N",
-                        help="exploring: fill each workload once and run only ours N times on fresh copies,"
-                             " printing the job's phase timings (no auto-compressor, no table)")
-    parser.add_argument("--explain-ms", type=int, default=0, metavar="MS",
-                        help="with --ours-only: log the plans of statements slower than MS (auto_explain)")
+    parser.add_argument(
+        "--ours-only",
+        type=int,
+        default=0,
+        metavar="N",
+        help="exploring: fill each workload once and run only ours N times on fresh copies,"
+        " printing the job's phase timings (no auto-compressor, no table)",
+    )
+    parser.add_argument(
+        "--explain-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="with --ours-only: log the plans of statements slower than MS (auto_explain)",
+    )
     args = parser.parse_args(argv)
     admin = os.environ.get("ROOMSTORE_BENCH_POSTGRES")
     if not admin:
@@ -217,24 +273,57 @@ def main(argv: Optional[List[str]] = None) -> None:
         if args.ours_only:
             for workload in workloads:
                 shapes = list(MIXED_ROOMS) if workload == "rooms" else [huge_room(int(args.groups.split(",")[0]))]
-                profile_ours(admin, workload, shapes, args.seed, cluster, args.memory, args.chunk_groups,
-                             args.ours_only, args.explain_ms)
+                profile_ours(
+                    admin,
+                    workload,
+                    shapes,
+                    args.seed,
+                    cluster,
+                    args.memory,
+                    args.chunk_groups,
+                    args.ours_only,
+                    args.explain_ms,
+                )
             return
         if "room" in workloads:
             for groups in (int(g) for g in args.groups.split(",")):
-                rows.append(compare(admin, f"one room, {groups:,} groups", [huge_room(groups)], args.seed, cluster,
-                                    args.memory, args.chunk_groups))
+                rows.append(
+                    compare(
+                        admin,
+                        f"one room, {groups:,} groups",
+                        [huge_room(groups)],
+                        args.seed,
+                        cluster,
+                        args.memory,
+                        args.chunk_groups,
+                    )
+                )
         if "rooms" in workloads:
-            rows.append(compare(admin, "1,000 rooms", list(MIXED_ROOMS), args.seed, cluster, args.memory,
-                                args.chunk_groups))
+            rows.append(
+                compare(admin, "1,000 rooms", list(MIXED_ROOMS), args.seed, cluster, args.memory, args.chunk_groups)
+            )
     print()
-    print(f"driver and executor memory {args.memory}, --chunk-groups {args.chunk_groups}, levels {LEVELS};"
-          f" synapse_auto_compressor {COMPRESSOR_VERSION} with chunk_size {args.chunk_groups}")
+    print(
+        f"driver and executor memory {args.memory}, --chunk-groups {args.chunk_groups}, levels {LEVELS};"
+        f" synapse_auto_compressor {COMPRESSOR_VERSION} with chunk_size {args.chunk_groups}"
+    )
     print_table(
-        ["workload", "state rows", "rows before", "rows after: ours", "theirs", "rows ours/theirs (goal <= 1.0x)",
-         "edges before / ours / theirs", "MiB before / ours / theirs", "ours s", "theirs s",
-         "time ours/theirs (goal <= 0.5x)", "ours peak MiB (largest process)", "theirs peak MiB",
-         "mismatched ours / theirs"],
+        [
+            "workload",
+            "state rows",
+            "rows before",
+            "rows after: ours",
+            "theirs",
+            "rows ours/theirs (goal <= 1.0x)",
+            "edges before / ours / theirs",
+            "MiB before / ours / theirs",
+            "ours s",
+            "theirs s",
+            "time ours/theirs (goal <= 0.5x)",
+            "ours peak MiB (largest process)",
+            "theirs peak MiB",
+            "mismatched ours / theirs",
+        ],
         rows,
     )
     print(f"load average at end: {load_average()}")

@@ -77,8 +77,9 @@ def main() -> None:
     cores = usable_cores()
     if cores < 2:
         sys.exit("core_contention: this process may use one core only; nothing to compare")
-    print(f"bench/core_contention.py: {cores} usable cores, {args.rounds} rounds, load average "
-          f"{os.getloadavg()[0]:.2f}")
+    print(
+        f"bench/core_contention.py: {cores} usable cores, {args.rounds} rounds, load average {os.getloadavg()[0]:.2f}"
+    )
     rows = []
     with multiprocessing.get_context("spawn").Pool(cores) as pool:
         for name, job in JOBS.items():

@@ -28,12 +28,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import random
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 
-from roomstore.compaction.sql import ANY_GROUP, ROOM_DELTAS, ROOM_GROUPS
 from roomstore.compaction.model import StateGroupEntry
+from roomstore.compaction.sql import ANY_GROUP, ROOM_DELTAS, ROOM_GROUPS
 from roomstore.state.group_tables import (
     MAX_STATE_GROUP,
     bulk_insert_groups,
@@ -44,7 +45,7 @@ from roomstore.storage.database import Transaction
 from roomstore.storage.engines import Engine, engine_from_url
 from roomstore.storage.schema import prepare_database
 
-Key = Tuple[str, str]  # (type, state_key)
+Key = tuple[str, str]  # (type, state_key)
 
 #: Synapse's MAX_STATE_DELTA_HOPS, and the store's default.
 PERSIST_MAX_CHAIN = 100
@@ -80,7 +81,7 @@ class RoomShape:
     fork_rate: float  # chance a step opens two concurrent branches
 
 
-SIZES: Dict[str, Tuple[RoomShape, ...]] = {
+SIZES: dict[str, tuple[RoomShape, ...]] = {
     # Tests: a few seconds to load, still with forks and snapshots.
     "tiny": (
         RoomShape("dm", 6, 30, 6, 2, 0.3, 0.15, 0.05),
@@ -123,21 +124,21 @@ def member_key(user: int) -> Key:
 class DatasetSpec:
     """Which rooms, in what order their groups were created, and the id bases."""
 
-    shapes: Tuple[RoomShape, ...]
+    shapes: tuple[RoomShape, ...]
     seed: int
     max_chain_length: int
     first_group: int
     first_event: int
 
-    def rooms(self) -> List[Tuple[RoomShape, int]]:
+    def rooms(self) -> list[tuple[RoomShape, int]]:
         out = []
         for shape in self.shapes:
             out += [(shape, i) for i in range(shape.count)]
         return out
 
-    def schedule(self) -> List[int]:
+    def schedule(self) -> list[int]:
         """Room index of each group position (interleaved rooms)."""
-        order: List[int] = []
+        order: list[int] = []
         for index, (shape, _) in enumerate(self.rooms()):
             order += [index] * shape.groups
         random.Random(self.seed).shuffle(order)
@@ -153,10 +154,10 @@ class _RoomSim:
         self.max_chain = spec.max_chain_length
         # Users of this room come from a shared pool, so rooms share members.
         self.user_base = index * 7919 + len(shape.name) * 104729
-        self.states: Dict[int, Dict[Key, int]] = {}  # live tips only
-        self.depth: Dict[int, int] = {}
-        self.head: Optional[int] = None
-        self.fork: Optional[Dict[str, Any]] = None
+        self.states: dict[int, dict[Key, int]] = {}  # live tips only
+        self.depth: dict[int, int] = {}
+        self.head: int | None = None
+        self.fork: dict[str, Any] | None = None
 
     def _user(self) -> int:
         s, rng = self.shape, self.rng
@@ -166,26 +167,33 @@ class _RoomSim:
             u = rng.randrange(max(1, s.users))
         return (self.user_base + u) % 1_000_003
 
-    def _change(self, event: int) -> Dict[Key, int]:
+    def _change(self, event: int) -> dict[Key, int]:
         if self.rng.random() < self.shape.other_share:
             return {self.rng.choice(_OTHER_KEYS): event}
         return {member_key(self._user()): event}
 
-    def _store(self, group: int, parent: Optional[int], state: Dict[Key, int], change: Mapping[Key, int]):
+    def _store(self, group: int, parent: int | None, state: dict[Key, int], change: Mapping[Key, int]):
         if parent is None or self.depth[parent] + 1 > self.max_chain:
             self.depth[group] = 0
             return None, 0, dict(state)
         self.depth[group] = self.depth[parent] + 1
         return parent, self.depth[group], dict(change)
 
-    def step(self, group: int, events: int) -> Tuple[Optional[int], int, Dict[Key, int]]:
+    def step(self, group: int, events: int) -> tuple[int | None, int, dict[Key, int]]:
         """Make group ``group`` (``events``: its first event nid); returns
         ``(prev_group, chain_length, delta)``."""
         rng = self.rng
         if self.head is None:
             state = {("m.room.create", ""): events}
-            for j, key in enumerate((("m.room.power_levels", ""), ("m.room.join_rules", ""),
-                                     ("m.room.history_visibility", ""), member_key(self.user_base % 1_000_003)), 1):
+            for j, key in enumerate(
+                (
+                    ("m.room.power_levels", ""),
+                    ("m.room.join_rules", ""),
+                    ("m.room.history_visibility", ""),
+                    member_key(self.user_base % 1_000_003),
+                ),
+                1,
+            ):
                 state[key] = events + j
             prev, length, delta = self._store(group, None, state, state)
             self.states[group] = state
@@ -234,7 +242,7 @@ class GeneratedGroup:
     state_group: int
     event_nid: int  # the event that made it
     events_used: int  # event nids event_nid.. it introduced (a room's first group sets several keys)
-    prev_group: Optional[int]
+    prev_group: int | None
     chain_length: int
     delta: Mapping[Key, int]
 
@@ -246,31 +254,31 @@ def make_spec(
     max_chain_length: int = PERSIST_MAX_CHAIN,
     first_group: int = 1,
     first_event: int = 1,
-    shapes: Optional[Sequence[RoomShape]] = None,
+    shapes: Sequence[RoomShape] | None = None,
 ) -> DatasetSpec:
     return DatasetSpec(tuple(shapes or SIZES[size]), seed, max_chain_length, first_group, first_event)
 
 
-def room_positions(spec: DatasetSpec) -> List[List[int]]:
+def room_positions(spec: DatasetSpec) -> list[list[int]]:
     """For each room, the schedule positions of its groups (compute once,
     then regenerate rooms one by one with :func:`room_entries`)."""
-    positions: List[List[int]] = [[] for _ in spec.rooms()]
+    positions: list[list[int]] = [[] for _ in spec.rooms()]
     for position, room_index in enumerate(spec.schedule()):
         positions[room_index].append(position)
     return positions
 
 
 def generate(
-    spec: DatasetSpec, only_room: Optional[int] = None, positions: Optional[Sequence[int]] = None
+    spec: DatasetSpec, only_room: int | None = None, positions: Sequence[int] | None = None
 ) -> Iterator[GeneratedGroup]:
     """The dataset's groups in id order (or only those of room ``only_room``,
     whose schedule positions may be given to save replaying the schedule)."""
     rooms = spec.rooms()
-    sims: Dict[int, _RoomSim] = {}
+    sims: dict[int, _RoomSim] = {}
     if only_room is not None:
         if positions is None:
             positions = [p for p, r in enumerate(spec.schedule()) if r == only_room]
-        schedule: Iterator[Tuple[int, int]] = ((p, only_room) for p in positions)
+        schedule: Iterator[tuple[int, int]] = ((p, only_room) for p in positions)
     else:
         schedule = enumerate(spec.schedule())
     for position, room_index in schedule:
@@ -286,8 +294,8 @@ def generate(
 
 
 def room_entries(
-    spec: DatasetSpec, room_index: int, key_ids: Mapping[Key, int], positions: Optional[Sequence[int]] = None
-) -> List[StateGroupEntry]:
+    spec: DatasetSpec, room_index: int, key_ids: Mapping[Key, int], positions: Sequence[int] | None = None
+) -> list[StateGroupEntry]:
     """Room ``room_index``'s groups as generated, with interned key ids (for
     :func:`roomstore.compaction.verify`); ``positions`` from :func:`room_positions`."""
     return [
@@ -302,6 +310,7 @@ def room_entries(
 
 def prepare_roomstore_schema(url: str) -> None:
     """Create (or upgrade) roomstore's schema without a reactor."""
+
     class _Quiet:
         def _count_query(self) -> None:
             pass
@@ -352,16 +361,16 @@ class _Sink:
         self.engine = engine
         self.conn = engine.connect()
         self.flush_rows = flush_rows
-        self.buffers: Dict[Tuple[str, str], List[tuple]] = {}
-        self.groups: List[tuple] = []
-        self.deltas: List[tuple] = []
+        self.buffers: dict[tuple[str, str], list[tuple]] = {}
+        self.groups: list[tuple] = []
+        self.deltas: list[tuple] = []
         self.pending = 0
 
     def add(self, table: str, columns: str, row: tuple) -> None:
         self.buffers.setdefault((table, columns), []).append(row)
         self._added(1)
 
-    def add_group(self, row: tuple, deltas: List[tuple]) -> None:
+    def add_group(self, row: tuple, deltas: list[tuple]) -> None:
         """One roomstore state group: :func:`roomstore.state.groups.group_rows`' rows."""
         self.groups.append(row)
         self.deltas.extend(deltas)
@@ -397,8 +406,8 @@ class DatasetInfo:
     """What :func:`load_dataset` wrote."""
 
     spec: DatasetSpec
-    rooms: List[Tuple[str, int]]  # (room_id, room_nid) by room index
-    key_ids: Dict[Key, int]
+    rooms: list[tuple[str, int]]  # (room_id, room_nid) by room index
+    key_ids: dict[Key, int]
     state_groups: int = 0
     rows: int = 0
     first_group: int = 0
@@ -420,7 +429,7 @@ class _Next:
     event: int = 1
     key: int = 1
     room: int = 1
-    key_ids: Dict[Key, int] = attrs.Factory(dict)
+    key_ids: dict[Key, int] = attrs.Factory(dict)
 
 
 def _next_ids(ours: _Sink) -> _Next:
@@ -462,7 +471,8 @@ def _add_synapse_group(theirs: _Sink, g: GeneratedGroup, room_id: str) -> None:
         theirs.add("state_group_edges", "state_group, prev_state_group", (g.state_group, g.prev_group))
     for (etype, skey), ev in g.delta.items():
         theirs.add(
-            "state_groups_state", "state_group, room_id, type, state_key, event_id",
+            "state_groups_state",
+            "state_group, room_id, type, state_key, event_id",
             (g.state_group, room_id, etype, skey, event_id_for(ev)),
         )
 
@@ -480,11 +490,11 @@ def _close_roomstore(ours: _Sink) -> None:
 def load_dataset(
     size: str = "small",
     *,
-    roomstore_url: Optional[str] = None,
-    synapse_url: Optional[str] = None,
+    roomstore_url: str | None = None,
+    synapse_url: str | None = None,
     seed: int = 1,
     max_chain_length: int = PERSIST_MAX_CHAIN,
-    shapes: Optional[Sequence[RoomShape]] = None,
+    shapes: Sequence[RoomShape] | None = None,
 ) -> DatasetInfo:
     """Generate a dataset and write it into roomstore's tables and/or Synapse's.
 
@@ -495,8 +505,9 @@ def load_dataset(
     """
     ours = _Sink(engine_from_url(roomstore_url)) if roomstore_url is not None else None
     ids = _next_ids(ours) if ours is not None else _Next()
-    spec = make_spec(size, seed, max_chain_length=max_chain_length, first_group=ids.group,
-                     first_event=ids.event, shapes=shapes)
+    spec = make_spec(
+        size, seed, max_chain_length=max_chain_length, first_group=ids.group, first_event=ids.event, shapes=shapes
+    )
     rooms = [(room_id_for(shape, i), ids.room + n) for n, (shape, i) in enumerate(spec.rooms())]
     info = DatasetInfo(spec, rooms, ids.key_ids, first_group=ids.group)
     theirs = _Sink(engine_from_url(synapse_url)) if synapse_url is not None else None
@@ -522,7 +533,7 @@ def load_dataset(
     return info
 
 
-def read_roomstore_room(url: str, room_nid: int) -> List[StateGroupEntry]:
+def read_roomstore_room(url: str, room_nid: int) -> list[StateGroupEntry]:
     """A room's groups as stored in roomstore's tables now."""
     engine = engine_from_url(url)
     conn = engine.connect()
@@ -532,7 +543,7 @@ def read_roomstore_room(url: str, room_nid: int) -> List[StateGroupEntry]:
         cur.execute(q(ROOM_GROUPS), (room_nid, ANY_GROUP))
         prevs = {g: p for g, p, _ in cur.fetchall()}
         cur.execute(q(ROOM_DELTAS), (room_nid, ANY_GROUP))
-        deltas: Dict[int, Dict[int, Optional[int]]] = {g: {} for g in prevs}
+        deltas: dict[int, dict[int, int | None]] = {g: {} for g in prevs}
         for g, k, e in cur.fetchall():
             deltas[g][k] = e
         conn.commit()
@@ -541,7 +552,7 @@ def read_roomstore_room(url: str, room_nid: int) -> List[StateGroupEntry]:
     return [StateGroupEntry(g, prevs[g], deltas[g]) for g in sorted(prevs)]
 
 
-def read_synapse_room(url: str, room_id: str, key_ids: Mapping[Key, int]) -> List[StateGroupEntry]:
+def read_synapse_room(url: str, room_id: str, key_ids: Mapping[Key, int]) -> list[StateGroupEntry]:
     """A room's groups as stored in Synapse's tables now, in roomstore's key ids."""
     engine = engine_from_url(url)
     conn = engine.connect()
@@ -562,7 +573,7 @@ def read_synapse_room(url: str, room_id: str, key_ids: Mapping[Key, int]) -> Lis
             ),
             (room_id,),
         )
-        deltas: Dict[int, Dict[int, Optional[int]]] = {g: {} for g in prevs}
+        deltas: dict[int, dict[int, int | None]] = {g: {} for g in prevs}
         for g, t, s, e in cur.fetchall():
             deltas.setdefault(g, {})[key_ids[(t, s)]] = event_nid_of(e)
         conn.commit()

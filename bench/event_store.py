@@ -87,18 +87,35 @@ from twisted.internet import defer, task
 from bench._common import bench_databases, print_table
 from roomstore.events.batch import prepare_events
 from roomstore.storage.database import Database
-from roomstore.store import RoomStore, StoreConfig
 from roomstore.storage.interning import chunks
+from roomstore.store import RoomStore, StoreConfig
 from tests.store.builder import RoomBuilder, fake_event_id
 
 BATCH = 100
-VISIBILITY_TABLES = ("visibility_snapshots", "visibility_branches", "visibility_branch_ancestors", "visibility_memberships")
+VISIBILITY_TABLES = (
+    "visibility_snapshots",
+    "visibility_branches",
+    "visibility_branch_ancestors",
+    "visibility_memberships",
+)
 SIZES = {
     # (a) events per run, runs; (b) runs; (c) members, messages
-    "small": {"persist_events": 2_000, "runs": 3, "lookup_runs": 5, "members": 10_000, "messages": 10_000,
-              "lateness_events": 10_000},
-    "large": {"persist_events": 10_000, "runs": 5, "lookup_runs": 9, "members": 10_000, "messages": 10_000,
-              "lateness_events": 50_000},
+    "small": {
+        "persist_events": 2_000,
+        "runs": 3,
+        "lookup_runs": 5,
+        "members": 10_000,
+        "messages": 10_000,
+        "lateness_events": 10_000,
+    },
+    "large": {
+        "persist_events": 10_000,
+        "runs": 5,
+        "lookup_runs": 9,
+        "members": 10_000,
+        "messages": 10_000,
+        "lateness_events": 50_000,
+    },
 }
 
 
@@ -109,7 +126,9 @@ WRITER = {"in_flight": 1, "validation_processes": None, "writer_process": False}
 async def open_writer(url: str) -> RoomStore:
     """A store for (a) and (f), with ``--validation-processes`` if given (an
     older checkout, without that setting, takes the default only)."""
-    settings = {} if WRITER["validation_processes"] is None else {"validation_processes": WRITER["validation_processes"]}
+    settings = (
+        {} if WRITER["validation_processes"] is None else {"validation_processes": WRITER["validation_processes"]}
+    )
     if WRITER["writer_process"]:
         settings["writer_process"] = True
     return await RoomStore.open(url, StoreConfig(**settings)) if settings else await RoomStore.open(url)
@@ -152,17 +171,24 @@ def table_bytes_txn(txn, tables, main_forks: bool = False) -> int:
     forks, which autovacuum adds at its own moments whatever the rows.
     """
     if txn.engine.name == "postgres" and main_forks:
-        return sum(txn.select_one_value(
-            "SELECT pg_relation_size(?) + COALESCE((SELECT SUM(pg_relation_size(indexrelid)) FROM pg_index"
-            " WHERE indrelid = CAST(? AS regclass)), 0)", (t, t)
-        ) for t in tables)
+        return sum(
+            txn.select_one_value(
+                "SELECT pg_relation_size(?) + COALESCE((SELECT SUM(pg_relation_size(indexrelid)) FROM pg_index"
+                " WHERE indrelid = CAST(? AS regclass)), 0)",
+                (t, t),
+            )
+            for t in tables
+        )
     if txn.engine.name == "postgres":
         return sum(txn.select_one_value("SELECT pg_total_relation_size(?)", (t,)) for t in tables)
     total = 0
     for table in tables:
-        names = [r[0] for r in txn.execute(
-            "SELECT name FROM sqlite_master WHERE tbl_name = ? AND type IN ('table', 'index')", (table,)
-        ).fetchall()]
+        names = [
+            r[0]
+            for r in txn.execute(
+                "SELECT name FROM sqlite_master WHERE tbl_name = ? AND type IN ('table', 'index')", (table,)
+            ).fetchall()
+        ]
         marks = ", ".join("?" for _ in names)
         total += txn.select_one_value(f"SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN ({marks})", names)
     return total
@@ -211,6 +237,7 @@ def _copy_tables_txn(txn, tables) -> None:
 
 def _rows_by_batch_txn(txn, first_stream: int):
     """The rows persist_events wrote for the timed events, grouped as they were batched."""
+
     def grouped(sql):
         out: dict[int, list] = {}
         for row in txn.execute(sql, (first_stream,)).fetchall():
@@ -229,9 +256,12 @@ def _rows_by_batch_txn(txn, first_stream: int):
     if txn.engine.name == "sqlite":
         event_columns = [r[1] for r in txn.execute("PRAGMA table_info(events)").fetchall()]
     else:
-        event_columns = [r[0] for r in txn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'events' ORDER BY ordinal_position"
-        ).fetchall()]
+        event_columns = [
+            r[0]
+            for r in txn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'events' ORDER BY ordinal_position"
+            ).fetchall()
+        ]
     return event_columns, [(events[i], json_rows[i], edges.get(i, [])) for i in sorted(events)]
 
 
@@ -244,10 +274,28 @@ def _raw_insert_txn(txn, event_columns, batch) -> None:
 
 #: Every table a batch writes to (the second raw baseline re-inserts all of it).
 WRITTEN_TABLES = (
-    "rooms", "event_ids", "users", "state_keys", "events", "event_json", "event_edges", "event_auth_edges",
-    "forward_extremities", "backward_extremities", "state_groups", "state_group_deltas", "current_state",
-    "current_state_deltas", "room_memberships", "current_memberships", "redactions", "visibility_snapshots",
-    "visibility_branches", "visibility_branch_ancestors", "visibility_memberships", "cache_invalidations",
+    "rooms",
+    "event_ids",
+    "users",
+    "state_keys",
+    "events",
+    "event_json",
+    "event_edges",
+    "event_auth_edges",
+    "forward_extremities",
+    "backward_extremities",
+    "state_groups",
+    "state_group_deltas",
+    "current_state",
+    "current_state_deltas",
+    "room_memberships",
+    "current_memberships",
+    "redactions",
+    "visibility_snapshots",
+    "visibility_branches",
+    "visibility_branch_ancestors",
+    "visibility_memberships",
+    "cache_invalidations",
 )
 
 
@@ -264,24 +312,27 @@ def _new_rows_txn(txn) -> dict[str, tuple[list[str], list[tuple]]]:
         if txn.engine.name == "sqlite":
             columns = [r[1] for r in txn.execute(f"PRAGMA table_info({table})").fetchall()]
         else:
-            columns = [r[0] for r in txn.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
-                (table,),
-            ).fetchall()]
+            columns = [
+                r[0]
+                for r in txn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
+                    (table,),
+                ).fetchall()
+            ]
         out[table] = (columns, [tuple(r) for r in cursor_rows])
     return out
 
 
 def _raw_insert_all_txn(txn, rows_by_table, part: int, parts: int, queue: bool = False) -> None:
     for table, (columns, rows) in rows_by_table.items():
-        share = rows[part * len(rows) // parts:(part + 1) * len(rows) // parts]
+        share = rows[part * len(rows) // parts : (part + 1) * len(rows) // parts]
         txn.insert_many(f"raw_{table}", columns, share, queue=queue)
 
 
 def _copy_all_txn(txn, rows_by_table, part: int, parts: int) -> None:
     """The database's fastest bulk path: COPY per table on PostgreSQL, one executemany per table on SQLite."""
     for table, (columns, rows) in rows_by_table.items():
-        txn.copy_rows(f"raw_{table}", columns, rows[part * len(rows) // parts:(part + 1) * len(rows) // parts])
+        txn.copy_rows(f"raw_{table}", columns, rows[part * len(rows) // parts : (part + 1) * len(rows) // parts])
 
 
 async def persist_run(url: str, setup, events) -> tuple[float, float, float, int, float]:
@@ -314,7 +365,10 @@ async def persist_run(url: str, setup, events) -> tuple[float, float, float, int
         new_rows = await db.run_interaction("new_rows", _new_rows_txn)
         others = [t for t in WRITTEN_TABLES if t not in ("events", "event_json", "event_edges")]
         await db.run_interaction("copy_all", _copy_tables_txn, others)
-        await db.run_interaction("truncate_raw", lambda t: [t.execute(f"DELETE FROM raw_{n}") for n in ("events", "event_json", "event_edges")])
+        await db.run_interaction(
+            "truncate_raw",
+            lambda t: [t.execute(f"DELETE FROM raw_{n}") for n in ("events", "event_json", "event_edges")],
+        )
         parts = len(batches)
         start = time.perf_counter()
         for part in range(parts):
@@ -322,13 +376,17 @@ async def persist_run(url: str, setup, events) -> tuple[float, float, float, int
         raw_all_rate = len(events) / (time.perf_counter() - start)
         # Once more with every table's INSERT sent in one round trip, as
         # persist_events sends its writes (Transaction.queue; PostgreSQL only).
-        await db.run_interaction("truncate_raw_all", lambda t: [t.execute(f"DELETE FROM raw_{n}") for n in WRITTEN_TABLES])
+        await db.run_interaction(
+            "truncate_raw_all", lambda t: [t.execute(f"DELETE FROM raw_{n}") for n in WRITTEN_TABLES]
+        )
         start = time.perf_counter()
         for part in range(parts):
             await db.run_interaction("raw_insert_all", _raw_insert_all_txn, new_rows, part, parts, True)
         raw_queued_rate = len(events) / (time.perf_counter() - start)
         # And with the engine's bulk load (Transaction.copy_rows: COPY on PostgreSQL).
-        await db.run_interaction("truncate_raw_all", lambda t: [t.execute(f"DELETE FROM raw_{n}") for n in WRITTEN_TABLES])
+        await db.run_interaction(
+            "truncate_raw_all", lambda t: [t.execute(f"DELETE FROM raw_{n}") for n in WRITTEN_TABLES]
+        )
         start = time.perf_counter()
         for part in range(parts):
             await db.run_interaction("copy_all", _copy_all_txn, new_rows, part, parts)
@@ -361,8 +419,17 @@ async def section_a(engines, size) -> None:
         copy = statistics.median(s[5] for s in samples)
         # The fastest of the ways to bulk-write the same rows, per run, then the median.
         fastest = statistics.median(max(s[2], s[4], s[5]) for s in samples)
-        results[engine] = (persist, raw, persist / raw, raw_all, persist / raw_all, samples[0][3], raw_queued,
-                           copy, fastest)
+        results[engine] = (
+            persist,
+            raw,
+            persist / raw,
+            raw_all,
+            persist / raw_all,
+            samples[0][3],
+            raw_queued,
+            copy,
+            fastest,
+        )
     validation = statistics.median(validation_rate(room, events) for _ in range(runs))
     names = [e for e, _ in engines]
     print(f"\n(a) persist throughput: {n:,} events in batches of {BATCH}, median of {runs} runs")
@@ -379,7 +446,10 @@ async def section_a(engines, size) -> None:
             ["ratio persist/raw-all-rows-one-round-trip", *[f"{results[e][0] / results[e][6]:.2f}x" for e in names]],
             ["bulk load of every row (COPY; SQLite: executemany)", *[results[e][7] for e in names]],
             ["fastest bulk path (best of the three, per run)", *[results[e][8] for e in names]],
-            ["ratio persist/fastest bulk path (goal >= 0.5x)", *[f"{results[e][0] / results[e][8]:.2f}x" for e in names]],
+            [
+                "ratio persist/fastest bulk path (goal >= 0.5x)",
+                *[f"{results[e][0] / results[e][8]:.2f}x" for e in names],
+            ],
             ["validation alone (prepare_events, CPU)", *[validation for _ in names]],
         ],
     )
@@ -404,10 +474,14 @@ async def build_long_chain(url: str, entries: int = 10_000, hops: int = 100):
     for part in chunks(topics, BATCH):
         await store.persist_events([room.to_persist(e) for e in part])
     last = topics[-1].event_id
-    info = await store.db.run_interaction("chain", lambda t: t.execute(
-        "SELECT g.chain_length FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid"
-        " JOIN state_groups AS g ON g.state_group = e.state_group WHERE i.event_id = ?", (last,)
-    ).fetchone())
+    info = await store.db.run_interaction(
+        "chain",
+        lambda t: t.execute(
+            "SELECT g.chain_length FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid"
+            " JOIN state_groups AS g ON g.state_group = e.state_group WHERE i.event_id = ?",
+            (last,),
+        ).fetchone(),
+    )
     assert info[0] == hops, info
     return store, big.event_id, last
 
@@ -449,6 +523,7 @@ async def section_b(engines, size) -> None:
 
 async def visibility_sizes(store: RoomStore) -> dict[str, tuple[int, int, int]]:
     """table -> (rows, bytes, bytes of the main forks)."""
+
     async def one(table):
         rows = await store.db.run_interaction("count", count_txn, table)
         size = await store.db.run_interaction("bytes", table_bytes_txn, [table])
@@ -526,6 +601,7 @@ async def section_c_d(engines, size) -> None:
     table_rows = []
     for table in VISIBILITY_TABLES:
         table_rows.append([f"{table} rows", *[vis[e][1][table][0] for e in names]])
+
     def sums(sizes):
         return tuple(sum(v[i] for v in sizes.values()) for i in range(3))
 
@@ -663,8 +739,10 @@ async def section_f(reactor, engines, size) -> None:
     for engine, new_url in engines:
         columns[engine] = [await lateness_run(reactor, new_url(), setup, events) for _ in range(runs)]
     med = lambda samples, key: statistics.median(s[key] for s in samples)  # noqa: E731
-    print(f"\n(f) reactor lateness during an import of {n:,} events in batches of {BATCH} (probe every 1 ms),"
-          f" median of {runs} runs")
+    print(
+        f"\n(f) reactor lateness during an import of {n:,} events in batches of {BATCH} (probe every 1 ms),"
+        f" median of {runs} runs"
+    )
     print_table(
         ["lateness", *columns],
         [
@@ -683,11 +761,13 @@ async def main(reactor, args) -> None:
         size["runs"] = size["lookup_runs"] = args.runs
     engines = bench_databases()
     started = time.perf_counter()
-    print(f"bench/event_store.py --size {args.size}: engines {', '.join(e for e, _ in engines)}; writer: "
-          f"{WRITER['in_flight']} call(s) in flight, validation_processes="
-          f"{'default' if WRITER['validation_processes'] is None else WRITER['validation_processes']}, "
-          f"{'in a writer process' if WRITER['writer_process'] else 'in process'}, "
-          f"switch interval {sys.getswitchinterval() * 1000:g} ms; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"bench/event_store.py --size {args.size}: engines {', '.join(e for e, _ in engines)}; writer: "
+        f"{WRITER['in_flight']} call(s) in flight, validation_processes="
+        f"{'default' if WRITER['validation_processes'] is None else WRITER['validation_processes']}, "
+        f"{'in a writer process' if WRITER['writer_process'] else 'in process'}, "
+        f"switch interval {sys.getswitchinterval() * 1000:g} ms; load average {os.getloadavg()[0]:.2f}"
+    )
     if "a" in args.sections:
         await section_a(engines, size)
     if "b" in args.sections:
@@ -706,19 +786,35 @@ if __name__ == "__main__":
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--runs", type=int, default=0, help="override the number of timed runs (>= 3)")
     parser.add_argument("--sections", default="abcdef", help="which sections to run, e.g. 'a' (default: all)")
-    parser.add_argument("--in-flight", type=int, default=1,
-                        help="(a), (f): persist_events calls in flight at once (default 1: each awaited)")
-    parser.add_argument("--validation-processes", type=int, default=None,
-                        help="(a), (f): StoreConfig.validation_processes (default: the store's own default)")
-    parser.add_argument("--writer-process", action="store_true",
-                        help="(a), (f): StoreConfig.writer_process (the writes in a child process)")
-    parser.add_argument("--switch-interval-ms", type=float, default=None,
-                        help="sys.setswitchinterval for the run, in ms (default: the interpreter's, 5 ms)")
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=1,
+        help="(a), (f): persist_events calls in flight at once (default 1: each awaited)",
+    )
+    parser.add_argument(
+        "--validation-processes",
+        type=int,
+        default=None,
+        help="(a), (f): StoreConfig.validation_processes (default: the store's own default)",
+    )
+    parser.add_argument(
+        "--writer-process",
+        action="store_true",
+        help="(a), (f): StoreConfig.writer_process (the writes in a child process)",
+    )
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for the run, in ms (default: the interpreter's, 5 ms)",
+    )
     args = parser.parse_args()
     if args.in_flight < 1:
         parser.error("--in-flight must be at least 1")
-    WRITER.update(in_flight=args.in_flight, validation_processes=args.validation_processes,
-                  writer_process=args.writer_process)
+    WRITER.update(
+        in_flight=args.in_flight, validation_processes=args.validation_processes, writer_process=args.writer_process
+    )
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     if not set(args.sections) <= set("abcdef"):

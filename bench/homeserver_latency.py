@@ -81,7 +81,8 @@ class Client:
     def __init__(self, base: str, user_id: str, token: str):
         self.base, self.user_id, self.token = base, user_id, token
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=4), headers={"Authorization": f"Bearer {token}"},
+            connector=aiohttp.TCPConnector(limit=4),
+            headers={"Authorization": f"Bearer {token}"},
             timeout=aiohttp.ClientTimeout(total=LONG_POLL_MS / 1000 + 60),
         )
 
@@ -105,14 +106,30 @@ def room_path(room_id: str) -> str:
 
 # ---------------------------------------------------------------- the servers
 
+
 class Roomstore:
     name = "roomstore"
 
     def __init__(self, db_url: str):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "roomstore.cli", "homeserver", "--db", db_url, "--server-name", SERVER_NAME,
-             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "roomstore.cli",
+                "homeserver",
+                "--db",
+                db_url,
+                "--server-name",
+                SERVER_NAME,
+                "--port",
+                "0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=ROOT,
         )
         line = self.proc.stdout.readline()
         if not line:
@@ -121,9 +138,14 @@ class Roomstore:
 
     async def register(self, localpart: str) -> Client:
         async with aiohttp.ClientSession() as session:
-            async with session.post(self.base + "/_matrix/client/v3/register", json={
-                "username": localpart, "password": "pw-" + localpart, "auth": {"type": "m.login.dummy"},
-            }) as response:
+            async with session.post(
+                self.base + "/_matrix/client/v3/register",
+                json={
+                    "username": localpart,
+                    "password": "pw-" + localpart,
+                    "auth": {"type": "m.login.dummy"},
+                },
+            ) as response:
                 answer = await response.json()
         return Client(self.base, answer["user_id"], answer["access_token"])
 
@@ -153,6 +175,7 @@ class Synapse:
 
 # ---------------------------------------------------------------- the world
 
+
 class World:
     """A server's users and rooms: ``members[room]`` (user indexes, the creator first)."""
 
@@ -172,8 +195,9 @@ async def build_world(server, args, rng: random.Random) -> World:
         made = []
         for _ in range(creator, args.rooms, args.users):
             invitees = [(creator + k) % args.users for k in (1, 2) if (creator + k) % args.users != creator]
-            answer, _ = await clients[creator].call("POST", "/createRoom", {
-                "preset": "private_chat", "invite": [clients[i].user_id for i in invitees]})
+            answer, _ = await clients[creator].call(
+                "POST", "/createRoom", {"preset": "private_chat", "invite": [clients[i].user_id for i in invitees]}
+            )
             made.append((answer["room_id"], [creator, *invitees]))
         return made
 
@@ -195,22 +219,32 @@ async def build_world(server, args, rng: random.Random) -> World:
         mine = world.rooms_of[user]
         for n in range(args.messages * len(mine) // 3):
             room = rng.choice(mine)
-            await clients[user].call("PUT", f"{room_path(room)}/send/m.room.message/w{n}",
-                                     {"msgtype": "m.text", "body": f"message {n} from user {user}"})
+            await clients[user].call(
+                "PUT",
+                f"{room_path(room)}/send/m.room.message/w{n}",
+                {"msgtype": "m.text", "body": f"message {n} from user {user}"},
+            )
 
     await asyncio.gather(*(chat(user) for user in range(args.users)))
-    print(f"{server.name}: {args.users} users, {len(members)} rooms, ~{args.messages} messages a room "
-          f"in {time.monotonic() - started:.0f} s", flush=True)
+    print(
+        f"{server.name}: {args.users} users, {len(members)} rooms, ~{args.messages} messages a room "
+        f"in {time.monotonic() - started:.0f} s",
+        flush=True,
+    )
     return world
 
 
 # ---------------------------------------------------------------- the phases
 
+
 async def initial_syncs(world: World, args, rng: random.Random) -> tuple[list[float], int, float]:
     """(latencies, requests, wall seconds)."""
+
     async def one_user(client: Client) -> list[float]:
-        return [(await client.call("GET", "/sync", query={"timeout": "0", "filter": SYNC_FILTER}))[1]
-                for _ in range(args.requests)]
+        return [
+            (await client.call("GET", "/sync", query={"timeout": "0", "filter": SYNC_FILTER}))[1]
+            for _ in range(args.requests)
+        ]
 
     started = time.perf_counter()
     per_user = await asyncio.gather(*(one_user(c) for c in world.clients))
@@ -226,8 +260,9 @@ async def messages_pages(world: World, args, rng: random.Random) -> tuple[list[f
             page, first = await client.call("GET", path, query={"dir": "b", "limit": "20"})
             samples.append(first)
             if page.get("end"):
-                samples.append((await client.call("GET", path, query={"dir": "b", "limit": "20",
-                                                                      "from": page["end"]}))[1])
+                samples.append(
+                    (await client.call("GET", path, query={"dir": "b", "limit": "20", "from": page["end"]}))[1]
+                )
         return samples
 
     started = time.perf_counter()
@@ -245,16 +280,18 @@ async def long_polls(world: World, args, rng: random.Random) -> tuple[list[float
     async def poller(index: int, since: str) -> None:
         client = world.clients[index]
         while not stop.is_set():
-            body, _ = await client.call("GET", "/sync", query={
-                "since": since, "timeout": str(LONG_POLL_MS), "filter": SYNC_FILTER})
+            body, _ = await client.call(
+                "GET", "/sync", query={"since": since, "timeout": str(LONG_POLL_MS), "filter": SYNC_FILTER}
+            )
             now = time.perf_counter()
             since = body["next_batch"]
             for room in body.get("rooms", {}).get("join", {}).values():
                 for event in room.get("timeline", {}).get("events", []):
                     seen.setdefault(event["event_id"], {}).setdefault(index, now)
 
-    starts = await asyncio.gather(*(c.call("GET", "/sync", query={"timeout": "0", "filter": SYNC_FILTER})
-                                    for c in world.clients))
+    starts = await asyncio.gather(
+        *(c.call("GET", "/sync", query={"timeout": "0", "filter": SYNC_FILTER}) for c in world.clients)
+    )
     pollers = [asyncio.ensure_future(poller(i, body["next_batch"])) for i, (body, _) in enumerate(starts)]
     await asyncio.sleep(0.5)  # every long-poll waiting
     expected: dict[str, list[int]] = {}
@@ -265,8 +302,10 @@ async def long_polls(world: World, args, rng: random.Random) -> tuple[list[float
         creator = world.members[room][0]
         t0 = time.perf_counter()
         answer, _ = await world.clients[creator].call(
-            "PUT", f"{room_path(room)}/send/m.room.message/wake-{time.monotonic_ns()}-{n}",
-            {"msgtype": "m.text", "body": f"wake {n}"})
+            "PUT",
+            f"{room_path(room)}/send/m.room.message/wake-{time.monotonic_ns()}-{n}",
+            {"msgtype": "m.text", "body": f"wake {n}"},
+        )
         sent_at[answer["event_id"]], expected[answer["event_id"]] = t0, world.members[room]
         await asyncio.sleep(max(0.0, t0 + 1 / args.send_rate - time.perf_counter()))
     deadline = time.perf_counter() + 10
@@ -305,7 +344,7 @@ async def run(args) -> None:
         results: dict[tuple[str, str], tuple[list[float], int, float]] = {}
         for phase, measure in PHASES:
             for turn in range(args.rounds):
-                for world in (worlds if turn % 2 == 0 else worlds[::-1]):
+                for world in worlds if turn % 2 == 0 else worlds[::-1]:
                     samples, count, wall = await measure(world, args, rng)
                     old = results.get((phase, world.server.name), ([], 0, 0.0))
                     results[(phase, world.server.name)] = (old[0] + samples, old[1] + count, old[2] + wall)
@@ -337,8 +376,10 @@ def report(results, args) -> None:
         unit = "deliveries/s" if phase.startswith("incremental") else "requests/s"
         a, b = ours[1] / ours[2], theirs[1] / theirs[2]
         rows.append([phase, unit, a, b, f"{a / b:.2f}x"])
-    print(f"\n{args.users} clients, {args.rooms} rooms, {args.engine}, {args.rounds} turns each "
-          f"(ratio: roomstore / synapse; goal p99 <= 0.5x)")
+    print(
+        f"\n{args.users} clients, {args.rooms} rooms, {args.engine}, {args.rounds} turns each "
+        f"(ratio: roomstore / synapse; goal p99 <= 0.5x)"
+    )
     print_table(["phase", "metric", "roomstore", "synapse 1.163.2", "ratio"], rows)
 
 

@@ -116,11 +116,23 @@ class SynapseLayout:
                 group = before
             after[event_id] = group
             self.stream += 1
-            self.rows["events"].append((
-                self.stream, event["depth"], event_id, event["type"], room_id, False, False, event["depth"],
-                event["origin_server_ts"], event["origin_server_ts"], event["sender"], "master",
-                event.get("state_key"),
-            ))
+            self.rows["events"].append(
+                (
+                    self.stream,
+                    event["depth"],
+                    event_id,
+                    event["type"],
+                    room_id,
+                    False,
+                    False,
+                    event["depth"],
+                    event["origin_server_ts"],
+                    event["origin_server_ts"],
+                    event["sender"],
+                    "master",
+                    event.get("state_key"),
+                )
+            )
             self.rows["event_json"].append((event_id, room_id, "{}", json.dumps(event, separators=(",", ":")), 3))
             self.rows["event_to_state_groups"].append((event_id, group))
             self.rows["event_edges"].extend((event_id, p, room_id, False) for p in event["prev_events"])
@@ -137,7 +149,7 @@ class SynapseLayout:
         columns = {
             "rooms": "room_id, is_public, creator, room_version",
             "events": "stream_ordering, topological_ordering, event_id, type, room_id, processed, outlier, depth,"
-                      " origin_server_ts, received_ts, sender, instance_name, state_key",
+            " origin_server_ts, received_ts, sender, instance_name, state_key",
             "event_json": "event_id, room_id, internal_metadata, json, format_version",
             "event_to_state_groups": "event_id, state_group",
             "event_edges": "event_id, prev_event_id, room_id, is_state",
@@ -195,7 +207,9 @@ def run_measured(args: list[str]) -> tuple[float, int, list[dict]]:
     hwm = tempfile.NamedTemporaryFile(prefix="roomstore-hwm-", delete=False).name
     env = {**os.environ, "PYTHONPATH": ROOT, "ROOMSTORE_BENCH_HWM_FILE": hwm}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", _MEASURED_CLI, *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURED_CLI, *args], capture_output=True, text=True, env=env, cwd=ROOT
+    )
     wall = time.monotonic() - started
     if proc.returncode != 0:
         raise SystemExit(f"roomstore {args[0]} failed: {proc.stderr.strip()[-500:]}")
@@ -216,12 +230,16 @@ def main() -> None:
     args = parser.parse_args()
     admin = os.environ.get("ROOMSTORE_BENCH_POSTGRES")
     if not admin:
-        raise SystemExit("needs PostgreSQL for Synapse's database: bench/with-postgres .venv/bin/python bench/import_synapse.py")
+        raise SystemExit(
+            "needs PostgreSQL for Synapse's database: bench/with-postgres .venv/bin/python bench/import_synapse.py"
+        )
     os.chdir(ROOT)
     fractions = sorted(float(f) for f in args.growth.split(","))
     sizes = sorted({max(EVENTS_PER_ROOM, int(args.events * f)) for f in fractions})
 
-    print(f"Generating {args.events:,} events and writing Synapse databases of {', '.join(f'{s:,}' for s in sizes)} events ...")
+    print(
+        f"Generating {args.events:,} events and writing Synapse databases of {', '.join(f'{s:,}' for s in sizes)} events ..."
+    )
     started = time.monotonic()
     rooms = list(generated_rooms(args.events))
     synapse_dbs = {}
@@ -268,7 +286,15 @@ def compare(args, engines, largest_url: str, largest_count: int) -> None:
             for command in ("import-synapse", "import"):
                 target = new_url()
                 if command == "import-synapse":
-                    cmd = ["import-synapse", "--from", largest_url, "--db", target, "--batch-size", str(args.batch_size)]
+                    cmd = [
+                        "import-synapse",
+                        "--from",
+                        largest_url,
+                        "--db",
+                        target,
+                        "--batch-size",
+                        str(args.batch_size),
+                    ]
                 else:
                     cmd = ["import", lines_path, "--db", target, "--batch-size", str(args.batch_size)]
                 wall, rss, out = run_measured(cmd)
@@ -278,8 +304,17 @@ def compare(args, engines, largest_url: str, largest_count: int) -> None:
         for command, runs in samples.items():
             walls = [w for w, _, _ in runs]
             stored = runs[0][2]
-            rows.append((engine, command, stored, statistics.median(walls), stored / statistics.median(walls),
-                         statistics.median(r for _, r, _ in runs) / 1024, ", ".join(f"{w:.1f}" for w in walls)))
+            rows.append(
+                (
+                    engine,
+                    command,
+                    stored,
+                    statistics.median(walls),
+                    stored / statistics.median(walls),
+                    statistics.median(r for _, r, _ in runs) / 1024,
+                    ", ".join(f"{w:.1f}" for w in walls),
+                )
+            )
         ratio = (rows[-2][4]) / rows[-1][4]
         rows.append((engine, "ratio import-synapse / import", "", "", ratio, "", ""))
     print(f"\nImport of {largest_count:,} events: medians of {args.runs} runs, the two commands taking turns")
@@ -292,12 +327,23 @@ def growth(args, engine_and_url, sizes, synapse_dbs) -> None:
     engine, new_url = engine_and_url
     for size in sizes:
         url, count = synapse_dbs[size]
-        wall, rss, out = run_measured(["import-synapse", "--from", url, "--db", new_url(),
-                                       "--batch-size", str(args.batch_size)])
-        growth.append((f"{count:,}", out[-1]["events"], out[-1]["states_from_synapse"], wall, out[-1]["events"] / wall,
-                       rss / 1024))
+        wall, rss, out = run_measured(
+            ["import-synapse", "--from", url, "--db", new_url(), "--batch-size", str(args.batch_size)]
+        )
+        growth.append(
+            (
+                f"{count:,}",
+                out[-1]["events"],
+                out[-1]["states_from_synapse"],
+                wall,
+                out[-1]["events"] / wall,
+                rss / 1024,
+            )
+        )
     print(f"\nimport-synapse's peak RSS as the Synapse database grows ({engine})")
-    print_table(["Synapse events", "events stored", "states from Synapse", "wall s", "events/s", "peak RSS MiB"], growth)
+    print_table(
+        ["Synapse events", "events stored", "states from Synapse", "wall s", "events/s", "peak RSS MiB"], growth
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from twisted.internet import defer, task  # noqa: E402
 
 from bench._common import bench_databases, print_table  # noqa: E402
 from bench.event_store import persist_workload  # noqa: E402
-from roomstore.store import RoomStore  # noqa: E402
 from roomstore.storage.interning import chunks  # noqa: E402
+from roomstore.store import RoomStore  # noqa: E402
 
 BATCH = 100
 #: The indexes of delta 4/01.
@@ -68,8 +68,7 @@ async def main(reactor, args) -> None:
         none = statistics.median(rates["none"])
         for name, _ in variants:
             median = statistics.median(rates[name])
-            rows.append([engine, name, median, f"{median / none:.3f}",
-                         " ".join(f"{r:,.0f}" for r in rates[name])])
+            rows.append([engine, name, median, f"{median / none:.3f}", " ".join(f"{r:,.0f}" for r in rates[name])])
         print(f"  {engine} done", flush=True)
     print()
     print_table(["engine", "delta 4/01 indexes", "events/s (median)", "/ none", "each round"], rows)

@@ -140,10 +140,13 @@ async def main(reactor, argv: list[str]) -> None:
             await store.close()
             precheck.may_fail_txn = counter._may_fail
         trials = f"{counter.trials} of {counter.batches} prechecked batches"
-    print(f"events/s through persist_events: linear room of {args.events} events in batches of 100;"
-          f" the bundled sample through the importer. Medians of {args.runs} runs")
+    print(
+        f"events/s through persist_events: linear room of {args.events} events in batches of 100;"
+        f" the bundled sample through the importer. Medians of {args.runs} runs"
+    )
     print_table(
-        ["engine", "workload", *VARIANTS, "precheck/look-up only", "precheck/none"], rows,
+        ["engine", "workload", *VARIANTS, "precheck/look-up only", "precheck/none"],
+        rows,
     )
     print(f"\nimporting the bundled sample had a trial run in {trials} (last engine)\n")
     print_table(["engine", "variant", "token after import", "after re-import"], token_rows)

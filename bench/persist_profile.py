@@ -30,8 +30,8 @@ from twisted.internet import defer, task
 
 from bench._common import bench_databases
 from bench.event_store import BATCH, persist_workload
-from roomstore.store import RoomStore
 from roomstore.storage.interning import chunks
+from roomstore.store import RoomStore
 
 
 def _per_thread_profiled(fn, profilers: list, lock: threading.Lock):
@@ -79,7 +79,11 @@ def _merged(profilers: list):
 
 def _top(profiler_or_stats, top: int, sort: str) -> str:
     out = io.StringIO()
-    stats = profiler_or_stats if isinstance(profiler_or_stats, pstats.Stats) else pstats.Stats(profiler_or_stats, stream=out)
+    stats = (
+        profiler_or_stats
+        if isinstance(profiler_or_stats, pstats.Stats)
+        else pstats.Stats(profiler_or_stats, stream=out)
+    )
     stats.stream = out
     stats.sort_stats(sort).print_stats(top)
     text = out.getvalue()
@@ -106,8 +110,10 @@ async def profile_engine(engine: str, url: str, events, setup, top: int) -> None
         cpu = time.process_time() - cpu0
     finally:
         await store.close()
-    print(f"\n=== {engine}: {len(events):,} events, {len(events) / wall:,.0f} events/s under the profilers"
-          f" (wall {wall:.2f} s, process CPU {cpu:.2f} s)")
+    print(
+        f"\n=== {engine}: {len(events):,} events, {len(events) / wall:,.0f} events/s under the profilers"
+        f" (wall {wall:.2f} s, process CPU {cpu:.2f} s)"
+    )
     print(f"--- reactor thread, by own time (top {top})")
     print(_top(reactor_profiler, top, "tottime"))
     print(f"--- reactor thread, by cumulative time (top {top})")

@@ -36,8 +36,8 @@ from twisted.internet import defer, task  # noqa: E402
 
 from bench._common import bench_databases, print_table  # noqa: E402
 from bench.timeline_reads import LONG, VIEWER, build_long_rooms, build_pagination_rooms, build_recent_rooms, persist_all  # noqa: E402
-from roomstore.store import RoomStore  # noqa: E402
 from roomstore.storage.transaction import Transaction  # noqa: E402
+from roomstore.store import RoomStore  # noqa: E402
 from tests.store.builder import RoomBuilder  # noqa: E402
 
 
@@ -120,22 +120,29 @@ async def main(reactor, runs: int) -> None:
             return await store.paginate(room_id, VIEWER, token, "b", 10)
 
         cases = []
-        for label, room_id in (("page 1, fully visible", full), ("page 1, 1% room", late), ("page 1, 20 events", small.room_id)):
+        for label, room_id in (
+            ("page 1, fully visible", full),
+            ("page 1, 1% room", late),
+            ("page 1, 20 events", small.room_id),
+        ):
             cases.append((label, await captured(lambda r=room_id: store.paginate(r, VIEWER, None, "b", 10))))
         for label, room_id in (("page 6, fully visible", full), ("page 6, 1% room", late)):
             cases.append((label, await captured(lambda r=room_id: sixth_page(r))))
-        for label, user in (("recent, 1 room", "@one:example.org"), ("recent, 2,000 rooms", "@many:example.org"),
-                            ("recent, 20 long rooms", LONG)):
+        for label, user in (
+            ("recent, 1 room", "@one:example.org"),
+            ("recent, 2,000 rooms", "@many:example.org"),
+            ("recent, 20 long rooms", LONG),
+        ):
             cases.append((label, await captured(lambda u=user: store.recent(u, 20, 10))))
         rows = []
         for label, (sql, args) in cases:
             rows.append([label, *await store.db.run_interaction("measure", measure_txn, sql, args, runs)])
     finally:
         await store.close()
-    print(f"\nms per execution, median of {runs} in one transaction (client wall); exec: EXPLAIN ANALYZE's"
-          " Execution Time")
-    print_table(["statement", "plain", "custom", "generic", "auto", "auto chose", "custom exec", "generic exec"],
-                rows)
+    print(
+        f"\nms per execution, median of {runs} in one transaction (client wall); exec: EXPLAIN ANALYZE's Execution Time"
+    )
+    print_table(["statement", "plain", "custom", "generic", "auto", "auto chose", "custom exec", "generic exec"], rows)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from twisted.internet import defer, task  # noqa: E402
 
 from bench._common import bench_databases, print_table  # noqa: E402
-from roomstore.store import RoomStore  # noqa: E402
 from roomstore.storage.interning import chunks  # noqa: E402
+from roomstore.store import RoomStore  # noqa: E402
 from tests.store.builder import RoomBuilder  # noqa: E402
 
 PAGE = 100
@@ -83,8 +83,10 @@ async def main(reactor, args) -> None:
                 rows.append([engine + label, plain, redacted, redacted / plain])
         finally:
             await store.close()
-    print(f"paginate(dir=b, limit={PAGE}) over a room of {args.events:,} events; ms per page, median of"
-          f" {args.runs} walks; the redacted room has every other message redacted")
+    print(
+        f"paginate(dir=b, limit={PAGE}) over a room of {args.events:,} events; ms per page, median of"
+        f" {args.runs} walks; the redacted room has every other message redacted"
+    )
     print_table(["engine", "plain ms/page", "redacted ms/page", "ratio (goal <= 5)"], rows)
 
 

@@ -174,7 +174,7 @@ def history(rooms: int, events: int):
             else:
                 built.append(room.message(users[n % len(users)], f"message {n} in room {r}"))
         for start in range(0, len(built), 50):
-            yield [room.to_persist(e) for e in built[start:start + 50]]
+            yield [room.to_persist(e) for e in built[start : start + 50]]
 
 
 async def start_server(reactor, url: str, **kw):
@@ -259,9 +259,13 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
         handler = Handler(store)
         connected = []
         connected_cpu = []
-        handler.on_connected = lambda: (connected.append(time.perf_counter()), connected_cpu.append(time.process_time()))
-        factory = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor,
-                                           config=ReplicationConfig(page_size=page_size))
+        handler.on_connected = lambda: (
+            connected.append(time.perf_counter()),
+            connected_cpu.append(time.process_time()),
+        )
+        factory = ReplicationClientFactory(
+            handler, "bench-worker", "bench", clock=reactor, config=ReplicationConfig(page_size=page_size)
+        )
         for stream in STREAMS:
             factory.positions.set(stream, "master", 0)
         # Reads (dataReceived calls) and wake-ups, from the connection on.
@@ -311,17 +315,32 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(profile_path)
-        rdata = REGISTRY.get_sample_value("roomstore_replication_commands_received_total",
-                                          {"side": "client", "command": "RDATA"}) or 0.0
+        rdata = (
+            REGISTRY.get_sample_value(
+                "roomstore_replication_commands_received_total", {"side": "client", "command": "RDATA"}
+            )
+            or 0.0
+        )
         received = REGISTRY.get_sample_value("roomstore_replication_received_bytes_total", {"side": "client"}) or 0.0
         factory.stop()
         live = first_row and os.environ.get("BENCH_LIVE")
         start, cpu_start = (first_row[0], first_cpu[0]) if live else (connected[0], connected_cpu[0])
         # Live: from the first row's read on (that read included).
         wakeups_from, reads_from = (wakeups_at_start[0][0] - 1, wakeups_at_start[0][1] - 1) if live else (0, 0)
-        print(json.dumps({"seconds": done - start, "cpu": cpu_done - cpu_start, "rdata": rdata, **counts,
-                          "reads": reads[0] - reads_from, "bytes": received,
-                          "wakeups": wakeups_done[0] - wakeups_from}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "seconds": done - start,
+                    "cpu": cpu_done - cpu_start,
+                    "rdata": rdata,
+                    **counts,
+                    "reads": reads[0] - reads_from,
+                    "bytes": received,
+                    "wakeups": wakeups_done[0] - wakeups_from,
+                }
+            ),
+            flush=True,
+        )
     except BaseException:
         import traceback
 
@@ -332,8 +351,17 @@ async def worker_main(reactor, url: str, port: int, targets: dict | None, page_s
         await store.close()
 
 
-async def throughput(reactor, engine: str, new_url, events: int, runs: int, page_sizes, profile: bool = False,
-                     profiles: list | None = None, read_aheads=(2,)) -> list[list]:
+async def throughput(
+    reactor,
+    engine: str,
+    new_url,
+    events: int,
+    runs: int,
+    page_sizes,
+    profile: bool = False,
+    profiles: list | None = None,
+    read_aheads=(2,),
+) -> list[list]:
     """Catch-up from token 0, per page size and ``read_ahead`` (the server's
     config, changed between runs of one server): the settings of one page
     size take turns run by run, so the load of the machine falls on each alike."""
@@ -350,8 +378,11 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
             started = time.perf_counter()
             for batch in history(20, events):
                 await server.store.persist_events(batch)
-            print(f"  ({engine}: persisted {server.store.events_stream.get_current_token()} events "
-                  f"in {time.perf_counter() - started:.1f}s)", file=sys.stderr)
+            print(
+                f"  ({engine}: persisted {server.store.events_stream.get_current_token()} events "
+                f"in {time.perf_counter() - started:.1f}s)",
+                file=sys.stderr,
+            )
         targets = {s: server.store.generators[s].get_current_token() for s in ("events", "caches")}
         samples: dict[int, list] = {ahead: [] for ahead in read_aheads}
         for run in range(runs + (1 if profile else 0)):
@@ -369,8 +400,15 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
                     env["BENCH_PROFILE"] = worker_stats
                     server_profiler = cProfile.Profile(time.process_time)
                     server_profiler.enable()
-                argv = [sys.executable, os.path.abspath(__file__), "--worker", url,
-                        str(server.port.getHost().port), json.dumps(targets), str(page_size)]
+                argv = [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--worker",
+                    url,
+                    str(server.port.getHost().port),
+                    json.dumps(targets),
+                    str(page_size),
+                ]
                 server_cpu = time.process_time()
                 server_wakeups = wakeups[0]
                 proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
@@ -379,28 +417,46 @@ async def throughput(reactor, engine: str, new_url, events: int, runs: int, page
                 server_wakeups = wakeups[0] - server_wakeups
                 if server_profiler is not None:
                     server_profiler.disable()
-                    profiles.append((f"{engine}, page size {page_size}, read-ahead {read_ahead}, catch-up",
-                                     server_profiler, worker_stats))
+                    profiles.append(
+                        (
+                            f"{engine}, page size {page_size}, read-ahead {read_ahead}, catch-up",
+                            server_profiler,
+                            worker_stats,
+                        )
+                    )
                     proc.stdout.read()
                     continue
                 out = proc.stdout.read().decode().strip().splitlines()
                 if proc.returncode != 0 or not out:
                     raise RuntimeError(f"worker failed ({proc.returncode})")
-                samples[read_ahead].append({**json.loads(out[-1]), "server_cpu": server_cpu,
-                                            "server_wakeups": server_wakeups})
+                samples[read_ahead].append(
+                    {**json.loads(out[-1]), "server_cpu": server_cpu, "server_wakeups": server_wakeups}
+                )
         await server.stopService()
         for read_ahead, got in samples.items():
             rates = sorted(s["rdata"] / s["seconds"] for s in got)
             sample = got[0]
-            rows.append([engine, page_size, read_ahead, targets["events"], int(sample["rdata"]), sample["tokens"],
-                         statistics.median(s["seconds"] for s in got), statistics.median(rates), rates[0],
-                         rates[-1], statistics.median(s["tokens"] / s["seconds"] for s in got),
-                         statistics.median(s["rdata"] / s["cpu"] for s in got),
-                         statistics.median(s["rdata"] / s["server_cpu"] for s in got),
-                         statistics.median(s["reads"] for s in got),
-                         statistics.median(s["bytes"] / s["reads"] / 1024 for s in got),
-                         statistics.median(s["wakeups"] for s in got),
-                         statistics.median(s["server_wakeups"] for s in got)])
+            rows.append(
+                [
+                    engine,
+                    page_size,
+                    read_ahead,
+                    targets["events"],
+                    int(sample["rdata"]),
+                    sample["tokens"],
+                    statistics.median(s["seconds"] for s in got),
+                    statistics.median(rates),
+                    rates[0],
+                    rates[-1],
+                    statistics.median(s["tokens"] / s["seconds"] for s in got),
+                    statistics.median(s["rdata"] / s["cpu"] for s in got),
+                    statistics.median(s["rdata"] / s["server_cpu"] for s in got),
+                    statistics.median(s["reads"] for s in got),
+                    statistics.median(s["bytes"] / s["reads"] / 1024 for s in got),
+                    statistics.median(s["wakeups"] for s in got),
+                    statistics.median(s["server_wakeups"] for s in got),
+                ]
+            )
     return rows
 
 
@@ -468,8 +524,8 @@ def parse_section(rows: list, count: int, runs: int) -> float | None:
         wall = dict.fromkeys(rates, 0.0)
         cpu = dict.fromkeys(rates, 0.0)
         for index, start in enumerate(range(0, len(lines), chunk)):
-            part = lines[start:start + chunk]
-            for name, parse in parsers[::1 if index % 2 == 0 else -1]:
+            part = lines[start : start + chunk]
+            for name, parse in parsers[:: 1 if index % 2 == 0 else -1]:
                 gc.collect()
                 started, started_cpu = time.perf_counter(), time.thread_time()
                 for line in part:
@@ -481,8 +537,16 @@ def parse_section(rows: list, count: int, runs: int) -> float | None:
             cpu_rates[name].append(len(lines) / cpu[name])
     table = []
     for name, samples in rates.items():
-        table.append([name, len(lines), statistics.median(samples), min(samples), max(samples),
-                      statistics.median(cpu_rates[name])])
+        table.append(
+            [
+                name,
+                len(lines),
+                statistics.median(samples),
+                min(samples),
+                max(samples),
+                statistics.median(cpu_rates[name]),
+            ]
+        )
     headers = ["parser", "lines", "median lines/s", "min", "max", "median lines/CPU s"]
     if len(parsers) == 2:
         for label, source in (("wall", rates), ("CPU", cpu_rates)):
@@ -500,8 +564,10 @@ def parse_section(rows: list, count: int, runs: int) -> float | None:
             parse(line)
         profiler.disable()
         print_profile(f"{name} parse_command_from_line, {len(lines)} lines", profiler, top=8)
-    print("  (cProfile does not time the C JSON scanner roomstore calls directly: it is in _rdata's own time; "
-          "Synapse's goes through json.decoder's decode/raw_decode)")
+    print(
+        "  (cProfile does not time the C JSON scanner roomstore calls directly: it is in _rdata's own time; "
+        "Synapse's goes through json.decoder's decode/raw_decode)"
+    )
     return statistics.median(rates["synapse 1.163"]) if "synapse 1.163" in rates else None
 
 
@@ -558,8 +624,7 @@ async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_
 
     url = new_url()
     store = await RoomStore.open(url, reactor=reactor)
-    worker = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}),
-                                  reactor=reactor)
+    worker = await RoomStore.open(url, StoreConfig("bench-worker", {s: ["master"] for s in STREAMS}), reactor=reactor)
     try:
         for batch in history(20, events):
             await store.persist_events(batch)
@@ -606,8 +671,9 @@ async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_
             feed = protocol.session.feed
             started = now()
             for start, updates, upto, limited in pages:
-                protocol.send_rows("events", "master", feed._page_commands(stream, "master", start, updates, upto,
-                                                                          limited))
+                protocol.send_rows(
+                    "events", "master", feed._page_commands(stream, "master", start, updates, upto, limited)
+                )
             timed("server: RDATA lines encoded and written", rows, started)
             protocol.connectionLost(None)
             # 3. The whole server side: REPLICATE events 0 into a discarding
@@ -622,7 +688,8 @@ async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_
             protocol.connectionLost(None)
             # 4. The worker: bytes in, parsed and applied to a worker store.
             data = b"".join(
-                (line + "\n").encode() for line in rdata_lines_of([(t, r) for u in row_pages for t, r in u], rows))
+                (line + "\n").encode() for line in rdata_lines_of([(t, r) for u in row_pages for t, r in u], rows)
+            )
             handler = StoreReplicationHandler(worker)
             client = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor, config=config)
             client.positions.set("events", "master", 0)
@@ -631,7 +698,7 @@ async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_
             client_protocol.dataReceived(b"SERVER bench\n")
             started = now()
             for offset in range(0, len(data), 1 << 16):
-                client_protocol.dataReceived(data[offset:offset + (1 << 16)])
+                client_protocol.dataReceived(data[offset : offset + (1 << 16)])
             timed("worker: lines read, parsed and applied", rows, started)
             if client.positions.get("events", "master") != current:
                 raise RuntimeError("the worker did not apply every row")
@@ -640,8 +707,10 @@ async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_
     finally:
         await worker.close()
         await store.close()
-    return [[engine, name, lines_of[name], statistics.median(w for w, _ in got), statistics.median(c for _, c in got)]
-            for name, got in timings.items()]
+    return [
+        [engine, name, lines_of[name], statistics.median(w for w, _ in got), statistics.median(c for _, c in got)]
+        for name, got in timings.items()
+    ]
 
 
 # ---------------------------------------------------------------- 3. live traffic
@@ -694,8 +763,9 @@ async def live_run(reactor, url: str, events: int, page_size: int, burst: bool, 
     config = StoreConfig() if processes is None else StoreConfig(validation_processes=processes)
     config = attrs.evolve(config, writer_process=LIVE_WRITER["writer_process"])
     store = await RoomStore.open(url, config, reactor=reactor)
-    factory = ReplicationServerFactory("bench", store_stream_registry(store), reactor,
-                                       ReplicationConfig(page_size=page_size))
+    factory = ReplicationServerFactory(
+        "bench", store_stream_registry(store), reactor, ReplicationConfig(page_size=page_size)
+    )
     held: set[str] = set()
     gate = [not burst]
 
@@ -707,10 +777,10 @@ async def live_run(reactor, url: str, events: int, page_size: int, burst: bool, 
 
     stop_wiring = wire_server(store, notify)
     port = reactor.listenTCP(0, factory, interface="127.0.0.1")
-    argv = [sys.executable, os.path.abspath(__file__), "--worker", url, str(port.getHost().port), "-",
-            str(page_size)]
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=dict(os.environ, PYTHONPATH=REPO, BENCH_LIVE="1"))
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", url, str(port.getHost().port), "-", str(page_size)]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=REPO, BENCH_LIVE="1")
+    )
     from twisted.internet import threads
 
     ready = await threads.deferToThread(proc.stdout.readline)
@@ -758,13 +828,23 @@ async def live(reactor, engine: str, new_url, events: int, runs: int, page_size:
     rows = []
     for label, got in samples.items():
         rates = sorted(s["rdata"] / s["seconds"] for s in got)
-        rows.append([engine, label, page_size, got[0]["events"], int(got[0]["rdata"]),
-                     statistics.median(s["events"] / s["write_s"] for s in got),
-                     statistics.median(rates), rates[0], rates[-1],
-                     statistics.median(s["rdata"] / s["cpu"] for s in got),
-                     statistics.median(s["reads"] for s in got),
-                     statistics.median(s["rdata"] / s["reads"] for s in got),
-                     statistics.median(s["wakeups"] for s in got)])
+        rows.append(
+            [
+                engine,
+                label,
+                page_size,
+                got[0]["events"],
+                int(got[0]["rdata"]),
+                statistics.median(s["events"] / s["write_s"] for s in got),
+                statistics.median(rates),
+                rates[0],
+                rates[-1],
+                statistics.median(s["rdata"] / s["cpu"] for s in got),
+                statistics.median(s["reads"] for s in got),
+                statistics.median(s["rdata"] / s["reads"] for s in got),
+                statistics.median(s["wakeups"] for s in got),
+            ]
+        )
     return rows
 
 
@@ -802,8 +882,9 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
         # transport reads the database in pages of the same size.
         page_size = ReplicationConfig().page_size
         if transport == "tcp":
-            factory = ReplicationClientFactory(handler, "bench-worker", "bench", clock=reactor,
-                                               config=ReplicationConfig(page_size=page_size))
+            factory = ReplicationClientFactory(
+                handler, "bench-worker", "bench", clock=reactor, config=ReplicationConfig(page_size=page_size)
+            )
             factory.positions = positions
             reactor.connectTCP("127.0.0.1", int(address), factory)
             stop = factory.stop
@@ -811,15 +892,23 @@ async def transport_worker_main(reactor, url: str, transport: str, address: str,
         else:
             from roomstore.replication.redis import RedisReplication, parse_redis_url
 
-            redis = RedisReplication(store, parse_redis_url(address), "bench", reactor=reactor, handler=handler,
-                                     positions=positions, page_size=page_size)
+            redis = RedisReplication(
+                store,
+                parse_redis_url(address),
+                "bench",
+                reactor=reactor,
+                handler=handler,
+                positions=positions,
+                page_size=page_size,
+            )
             redis.start()
             await redis.when_ready()
             print("READY", flush=True)
             stop = redis.stop
             metric = ("roomstore_replication_redis_received_total", {"command": "RDATA"})
         done = await until(
-            reactor, lambda: all((positions.get(s, "master") or 0) >= t for s, t in targets.items()), 600, "catch-up")
+            reactor, lambda: all((positions.get(s, "master") or 0) >= t for s, t in targets.items()), 600, "catch-up"
+        )
         rdata = REGISTRY.get_sample_value(*metric) or 0.0
         result = stop()
         if isinstance(result, defer.Deferred) or hasattr(result, "__await__"):
@@ -834,8 +923,9 @@ async def transports(reactor, new_url, events: int, runs: int) -> list[list]:
     from roomstore.replication.redis import RedisReplication, parse_redis_url
 
     redis_dir = None
-    out = subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "start"], capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [os.path.join(REPO, "bin", "redis-test-server"), "start"], capture_output=True, text=True, check=True
+    ).stdout.split()
     redis_url, redis_dir = out[0], out[1]
     try:
         url = new_url()
@@ -848,8 +938,15 @@ async def transports(reactor, new_url, events: int, runs: int) -> list[list]:
         for _ in range(runs):
             for transport in ("tcp", "redis"):
                 address = str(server.port.getHost().port) if transport == "tcp" else redis_url
-                argv = [sys.executable, os.path.abspath(__file__), "--transport-worker", url, transport, address,
-                        json.dumps(targets)]
+                argv = [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--transport-worker",
+                    url,
+                    transport,
+                    address,
+                    json.dumps(targets),
+                ]
                 proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, text=True)
                 publisher = None
                 if transport == "redis":
@@ -859,8 +956,14 @@ async def transports(reactor, new_url, events: int, runs: int) -> list[list]:
                     line = await threads.deferToThread(proc.stdout.readline)
                     if line.strip() != "READY":
                         raise RuntimeError(f"redis worker did not start: {line!r}")
-                    publisher = RedisReplication(server.store, parse_redis_url(redis_url), "bench", reactor=reactor,
-                                                 page_size=500, replay_from={s: 0 for s in STREAMS})
+                    publisher = RedisReplication(
+                        server.store,
+                        parse_redis_url(redis_url),
+                        "bench",
+                        reactor=reactor,
+                        page_size=500,
+                        replay_from={s: 0 for s in STREAMS},
+                    )
                     publisher.start()
                 await exited(proc)
                 lines = proc.stdout.read().strip().splitlines()
@@ -877,9 +980,20 @@ async def transports(reactor, new_url, events: int, runs: int) -> list[list]:
     medians = {t: statistics.median(s["seconds"] for s in got) for t, got in samples.items()}
     for transport, got in samples.items():
         rates = sorted(s["rows"] / s["seconds"] for s in got)
-        rows.append([transport, targets["events"], int(got[0]["rdata"]), int(got[0]["rows"]), medians[transport],
-                     f"{medians[transport] / medians['tcp']:.2f}x", statistics.median(rates), rates[0], rates[-1],
-                     statistics.median(s["rows"] / s["cpu"] for s in got)])
+        rows.append(
+            [
+                transport,
+                targets["events"],
+                int(got[0]["rdata"]),
+                int(got[0]["rows"]),
+                medians[transport],
+                f"{medians[transport] / medians['tcp']:.2f}x",
+                statistics.median(rates),
+                rates[0],
+                rates[-1],
+                statistics.median(s["rows"] / s["cpu"] for s in got),
+            ]
+        )
     return rows
 
 
@@ -891,16 +1005,16 @@ async def redis_publish(reactor, new_url, events: int, runs: int) -> list[list]:
     from roomstore.replication.redis import RedisReplication, parse_redis_url
     from roomstore.store import RoomStore, StoreConfig
 
-    out = subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "start"], capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [os.path.join(REPO, "bin", "redis-test-server"), "start"], capture_output=True, text=True, check=True
+    ).stdout.split()
     redis_url, redis_dir = out[0], out[1]
     try:
         store = await RoomStore.open(new_url(), StoreConfig("master"), reactor=reactor)
         try:
             for batch in history(20, events):
                 await store.persist_events(batch)
-            publisher = RedisReplication(store, parse_redis_url(redis_url), "benchpub", reactor=reactor,
-                                         page_size=500)
+            publisher = RedisReplication(store, parse_redis_url(redis_url), "benchpub", reactor=reactor, page_size=500)
             publisher.start()
             await publisher.when_ready()
             await publisher.flush()
@@ -1054,13 +1168,19 @@ async def congestion_run(reactor, url: str, events: int, max_pending: int | None
     await sleep(reactor, 0.3)
     sample()
     result = {
-        "max_pending": max_pending, "events": persisted, "write_s": written_s, "healthy_lag_s": healthy_lag,
+        "max_pending": max_pending,
+        "events": persisted,
+        "write_s": written_s,
+        "healthy_lag_s": healthy_lag,
         "rss_growth_kib": peak["rss"] - baseline_rss,
     }
     if slow is not None:
         result.update(
-            peak_pending=pending.peak, pending_kib=pending.peak * pending.line_bytes / 1024,
-            peak_buffer_kib=peak["buffer"] / 1024, dropped_at=dropped_at, target=target,
+            peak_pending=pending.peak,
+            pending_kib=pending.peak * pending.line_bytes / 1024,
+            peak_buffer_kib=peak["buffer"] / 1024,
+            dropped_at=dropped_at,
+            target=target,
             congestion_drops=metrics.CONGESTION_DISCONNECTS._value.get() - drops_before,
             cursor=slow_conn.session.feed.position("events", "master") if dropped_at is None else None,
         )
@@ -1084,8 +1204,18 @@ async def congestion_run(reactor, url: str, events: int, max_pending: int | None
 async def congestion(reactor, new_url, events: int, settings) -> list[list]:
     rows = []
     control = await congestion_run(reactor, new_url(), events, None)
-    rows.append(["(no slow client)", "-", "-", "-", control["rss_growth_kib"] / 1024, "-",
-                 f"{control['healthy_lag_s']:.2f}", "-"])
+    rows.append(
+        [
+            "(no slow client)",
+            "-",
+            "-",
+            "-",
+            control["rss_growth_kib"] / 1024,
+            "-",
+            f"{control['healthy_lag_s']:.2f}",
+            "-",
+        ]
+    )
     for max_pending in settings:
         r = await congestion_run(reactor, new_url(), events, max_pending)
         if r["dropped_at"] is None:
@@ -1096,8 +1226,18 @@ async def congestion(reactor, new_url, events: int, settings) -> list[list]:
             why = "too many pending commands" if r["congestion_drops"] else "closed"
             fate = f"dropped ({why}) at {seconds:.1f}s, {persisted} events in"
             catch_up = "-"
-        rows.append([max_pending, r["peak_pending"], f"{r['pending_kib']:.0f}", f"{r['peak_buffer_kib']:.0f}",
-                     r["rss_growth_kib"] / 1024, fate, f"{r['healthy_lag_s']:.2f}", catch_up])
+        rows.append(
+            [
+                max_pending,
+                r["peak_pending"],
+                f"{r['pending_kib']:.0f}",
+                f"{r['peak_buffer_kib']:.0f}",
+                r["rss_growth_kib"] / 1024,
+                fate,
+                f"{r['healthy_lag_s']:.2f}",
+                catch_up,
+            ]
+        )
     return rows
 
 
@@ -1123,21 +1263,51 @@ async def main(reactor, args) -> None:
     profiles: list = []
     synapse_rate = None
     if "parse" in args.sections:
-        print(f"\n0. Parsing: parse_command_from_line on the same {args.parse_lines:,} events RDATA lines (the rows "
-              f"EventsStream sends for {args.events:,} persisted events, repeated with later tokens); interleaved "
-              f"runs, median of {args.runs}\n")
-        synapse_rate = parse_section(await parse_rows(reactor, databases[0][1], args.events), args.parse_lines,
-                                     max(args.runs, 5))
+        print(
+            f"\n0. Parsing: parse_command_from_line on the same {args.parse_lines:,} events RDATA lines (the rows "
+            f"EventsStream sends for {args.events:,} persisted events, repeated with later tokens); interleaved "
+            f"runs, median of {args.runs}\n"
+        )
+        synapse_rate = parse_section(
+            await parse_rows(reactor, databases[0][1], args.events), args.parse_lines, max(args.runs, 5)
+        )
     if "catchup" in args.sections:
-        print(f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
-              f"loopback TCP (database pages, RDATA, parse, apply); median of {args.runs} runs\n")
+        print(
+            f"\n1. Catch-up throughput: {args.events} events replayed from token 0 to a worker process over "
+            f"loopback TCP (database pages, RDATA, parse, apply); median of {args.runs} runs\n"
+        )
         rows = []
         for engine, new_url in databases:
-            rows += await throughput(reactor, engine, new_url, args.events, args.runs, args.page_sizes,
-                                     args.profile, profiles, args.read_ahead)
-        headers = ["engine", "page size", "read-ahead", "events", "RDATA lines", "tokens", "median s", "median lines/s",
-                   "min lines/s", "max lines/s", "median tokens/s", "lines/worker CPU s", "lines/server CPU s",
-                   "worker reads", "KiB/read", "worker wake-ups", "server wake-ups"]
+            rows += await throughput(
+                reactor,
+                engine,
+                new_url,
+                args.events,
+                args.runs,
+                args.page_sizes,
+                args.profile,
+                profiles,
+                args.read_ahead,
+            )
+        headers = [
+            "engine",
+            "page size",
+            "read-ahead",
+            "events",
+            "RDATA lines",
+            "tokens",
+            "median s",
+            "median lines/s",
+            "min lines/s",
+            "max lines/s",
+            "median tokens/s",
+            "lines/worker CPU s",
+            "lines/server CPU s",
+            "worker reads",
+            "KiB/read",
+            "worker wake-ups",
+            "server wake-ups",
+        ]
         if synapse_rate:
             # The goal's ratio: catch-up at the worker over Synapse's parser
             # alone on the same lines (section 0 of this run).
@@ -1145,52 +1315,97 @@ async def main(reactor, args) -> None:
             for row in rows:
                 row.insert(8, f"{row[7] / synapse_rate:.2f}x")
         print_table(headers, rows)
-        print("  (lines/s: wall clock at the worker; lines per CPU second of the worker process and of the "
-              "server process (its database threads included; PostgreSQL's own process not), which the load "
-              "of other processes on the machine does not inflate; reads: the worker's dataReceived calls; "
-              "wake-ups: reactor iterations of each process from the connection to the end)")
+        print(
+            "  (lines/s: wall clock at the worker; lines per CPU second of the worker process and of the "
+            "server process (its database threads included; PostgreSQL's own process not), which the load "
+            "of other processes on the machine does not inflate; reads: the worker's dataReceived calls; "
+            "wake-ups: reactor iterations of each process from the connection to the end)"
+        )
         for title, server_profile, worker_stats in profiles:
             print_profile(f"server ({title})", server_profile)
             print_profile(f"worker ({title})", worker_stats)
     if "live" in args.sections:
-        print(f"\n3. Live traffic: a worker process connected and caught up while the writer (this process) persists "
-              f"{args.events} events in batches of 50 ({LIVE_WRITER['in_flight']} call(s) in flight, "
-              f"validation_processes={LIVE_WRITER['validation_processes']}"
-              f"{', in a writer process' if LIVE_WRITER['writer_process'] else ''}); RDATA lines/s at the worker from its first row to the writer's "
-              f"positions, parse and apply included; median of {args.runs} runs\n")
+        print(
+            f"\n3. Live traffic: a worker process connected and caught up while the writer (this process) persists "
+            f"{args.events} events in batches of 50 ({LIVE_WRITER['in_flight']} call(s) in flight, "
+            f"validation_processes={LIVE_WRITER['validation_processes']}"
+            f"{', in a writer process' if LIVE_WRITER['writer_process'] else ''}); RDATA lines/s at the worker from its first row to the writer's "
+            f"positions, parse and apply included; median of {args.runs} runs\n"
+        )
         rows = []
         for engine, new_url in databases:
             rows += await live(reactor, engine, new_url, args.events, args.runs, max(args.page_sizes))
-        print_table(["engine", "writer, rows told", "page size", "rows written", "RDATA lines",
-                     "writer rows/s", "median lines/s", "min lines/s", "max lines/s", "lines/worker CPU s",
-                      "worker reads", "lines/read", "worker wake-ups"], rows)
-        print("  (events, as written: persisted events, the worker cannot get rows faster than the writer validates "
-              "and commits them; burst: the same events, the server told once they are all written, through the "
-              "same live connection; caches bulk writer: N cache invalidations, one row per stream ID, 1,000 IDs "
-              "reserved and committed per transaction as fast as the writer can, the server told as each commit "
-              "completes: live traffic bounded by allocation and commit, not by event validation)")
+        print_table(
+            [
+                "engine",
+                "writer, rows told",
+                "page size",
+                "rows written",
+                "RDATA lines",
+                "writer rows/s",
+                "median lines/s",
+                "min lines/s",
+                "max lines/s",
+                "lines/worker CPU s",
+                "worker reads",
+                "lines/read",
+                "worker wake-ups",
+            ],
+            rows,
+        )
+        print(
+            "  (events, as written: persisted events, the worker cannot get rows faster than the writer validates "
+            "and commits them; burst: the same events, the server told once they are all written, through the "
+            "same live connection; caches bulk writer: N cache invalidations, one row per stream ID, 1,000 IDs "
+            "reserved and committed per transaction as fast as the writer can, the server told as each commit "
+            "completes: live traffic bounded by allocation and commit, not by event validation)"
+        )
     if "breakdown" in args.sections:
-        print(f"\n5. Breakdown: each stage of a catch-up alone, in one process, on {args.events} persisted events "
-              f"(page size {max(args.page_sizes)}); median of {args.runs} runs\n")
+        print(
+            f"\n5. Breakdown: each stage of a catch-up alone, in one process, on {args.events} persisted events "
+            f"(page size {max(args.page_sizes)}); median of {args.runs} runs\n"
+        )
         rows = []
         for engine, new_url in databases:
             rows += await breakdown(reactor, engine, new_url, args.events, args.runs, max(args.page_sizes))
         print_table(["engine", "stage", "lines", "median lines/s", "median lines/CPU s"], rows)
-        print("  (CPU: this process, database threads included, PostgreSQL's own processes not; end to end the "
-              "server's stages and the worker's run in two processes, side by side)")
+        print(
+            "  (CPU: this process, database threads included, PostgreSQL's own processes not; end to end the "
+            "server's stages and the worker's run in two processes, side by side)"
+        )
     if "transports" in args.sections:
-        print(f"\n4. Redis vs direct TCP: {args.events} persisted events from token 0 to a worker process, "
-              f"the same worker and workload over each transport; median of {args.runs} runs, alternating\n")
+        print(
+            f"\n4. Redis vs direct TCP: {args.events} persisted events from token 0 to a worker process, "
+            f"the same worker and workload over each transport; median of {args.runs} runs, alternating\n"
+        )
         rows = []
         for engine, new_url in databases:
             rows += [[engine, *row] for row in await transports(reactor, new_url, args.events, args.runs)]
-        print_table(["engine", "transport", "events", "RDATA lines", "rows applied", "median s", "s / TCP's",
-                     "median rows/s", "min rows/s", "max rows/s", "rows/worker CPU s"], rows)
-        print("  (rows applied: by the worker, from RDATA lines or read from the database; a Redis worker fills what "
-              "it missed from the shared database itself, as it does for the rows a writer persisted before it "
-              "connected: RDATA lines count only the rows that came over Redis)")
-        print(f"\n4b. Publishing on Redis: a writer's announcer sends its {args.events} events' rows from token 0 "
-              f"(pages of 500) until Redis acknowledged every line; median of {args.runs} runs\n")
+        print_table(
+            [
+                "engine",
+                "transport",
+                "events",
+                "RDATA lines",
+                "rows applied",
+                "median s",
+                "s / TCP's",
+                "median rows/s",
+                "min rows/s",
+                "max rows/s",
+                "rows/worker CPU s",
+            ],
+            rows,
+        )
+        print(
+            "  (rows applied: by the worker, from RDATA lines or read from the database; a Redis worker fills what "
+            "it missed from the shared database itself, as it does for the rows a writer persisted before it "
+            "connected: RDATA lines count only the rows that came over Redis)"
+        )
+        print(
+            f"\n4b. Publishing on Redis: a writer's announcer sends its {args.events} events' rows from token 0 "
+            f"(pages of 500) until Redis acknowledged every line; median of {args.runs} runs\n"
+        )
         rows = []
         for engine, new_url in databases:
             rows += [[engine, *row] for row in await redis_publish(reactor, new_url, args.events, args.runs)]
@@ -1199,24 +1414,42 @@ async def main(reactor, args) -> None:
         return
 
     engine, new_url = databases[-1]
-    print(f"\n2. Congestion ({engine}): the writer persists {args.congestion_events} events; a client that never "
-          "reads (but PINGs) is connected next to a healthy worker\n")
-    print_table(["max_pending_commands", "peak pending", "pending KiB", "peak transport buffer KiB",
-                 "server peak RSS growth MiB", "slow client", "healthy worker lag s", "slow catch-up s"],
-                await congestion(reactor, new_url, args.congestion_events, args.max_pending))
-    print("\n(pending KiB: peak pending commands x their mean line length; RSS growth is against the server's RSS "
-          "when the writes start, and includes the writer's own caches: compare with the first row)")
+    print(
+        f"\n2. Congestion ({engine}): the writer persists {args.congestion_events} events; a client that never "
+        "reads (but PINGs) is connected next to a healthy worker\n"
+    )
+    print_table(
+        [
+            "max_pending_commands",
+            "peak pending",
+            "pending KiB",
+            "peak transport buffer KiB",
+            "server peak RSS growth MiB",
+            "slow client",
+            "healthy worker lag s",
+            "slow catch-up s",
+        ],
+        await congestion(reactor, new_url, args.congestion_events, args.max_pending),
+    )
+    print(
+        "\n(pending KiB: peak pending commands x their mean line length; RSS growth is against the server's RSS "
+        "when the writes start, and includes the writer's own caches: compare with the first row)"
+    )
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--transport-worker":
         _, _, url, transport, address, targets = sys.argv
-        task.react(lambda r: defer.ensureDeferred(transport_worker_main(r, url, transport, address,
-                                                                        json.loads(targets))))
+        task.react(
+            lambda r: defer.ensureDeferred(transport_worker_main(r, url, transport, address, json.loads(targets)))
+        )
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         _, _, url, port, targets, page_size = sys.argv
-        task.react(lambda r: defer.ensureDeferred(
-            worker_main(r, url, int(port), None if targets == "-" else json.loads(targets), int(page_size))))
+        task.react(
+            lambda r: defer.ensureDeferred(
+                worker_main(r, url, int(port), None if targets == "-" else json.loads(targets), int(page_size))
+            )
+        )
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
@@ -1224,25 +1457,50 @@ if __name__ == "__main__":
     parser.add_argument("--max-pending", type=int, nargs="+", default=[50, 1_000, 10_000])
     parser.add_argument("--page-sizes", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--parse-lines", type=int, default=200_000)
-    parser.add_argument("--read-ahead", type=int, nargs="+", default=[2],
-                        help="the server's read_ahead settings for catch-up, taking turns run by run (e.g. 1 2 4)")
-    parser.add_argument("--profile", action="store_true",
-                        help="one more run per setting, profiled on both sides (not counted in the figures); "
-                             "catch-up profiles count CPU time (a loaded machine does not inflate them; the "
-                             "server's database thread falls in its reactor's poll)")
-    parser.add_argument("--sections", nargs="+", default=["parse", "catchup", "live", "breakdown", "transports",
-                                                          "congestion"],
-                        choices=["parse", "catchup", "live", "breakdown", "transports", "congestion"])
+    parser.add_argument(
+        "--read-ahead",
+        type=int,
+        nargs="+",
+        default=[2],
+        help="the server's read_ahead settings for catch-up, taking turns run by run (e.g. 1 2 4)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more run per setting, profiled on both sides (not counted in the figures); "
+        "catch-up profiles count CPU time (a loaded machine does not inflate them; the "
+        "server's database thread falls in its reactor's poll)",
+    )
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        default=["parse", "catchup", "live", "breakdown", "transports", "congestion"],
+        choices=["parse", "catchup", "live", "breakdown", "transports", "congestion"],
+    )
     parser.add_argument("--transports-only", action="store_true", help="only section 4 (Redis vs TCP)")
-    parser.add_argument("--writer-in-flight", type=int, default=1,
-                        help="3: persist_events calls the live event writer keeps in flight (default 1)")
-    parser.add_argument("--writer-validation-processes", type=int, default=None,
-                        help="3: the live writer store's validation_processes (default: the store's own)")
-    parser.add_argument("--writer-process", action="store_true",
-                        help="3: the live writer store's writes in a child process (StoreConfig.writer_process)")
+    parser.add_argument(
+        "--writer-in-flight",
+        type=int,
+        default=1,
+        help="3: persist_events calls the live event writer keeps in flight (default 1)",
+    )
+    parser.add_argument(
+        "--writer-validation-processes",
+        type=int,
+        default=None,
+        help="3: the live writer store's validation_processes (default: the store's own)",
+    )
+    parser.add_argument(
+        "--writer-process",
+        action="store_true",
+        help="3: the live writer store's writes in a child process (StoreConfig.writer_process)",
+    )
     args = parser.parse_args()
-    LIVE_WRITER.update(in_flight=args.writer_in_flight, validation_processes=args.writer_validation_processes,
-                       writer_process=args.writer_process)
+    LIVE_WRITER.update(
+        in_flight=args.writer_in_flight,
+        validation_processes=args.writer_validation_processes,
+        writer_process=args.writer_process,
+    )
     if args.transports_only:
         args.sections = ["transports"]
     task.react(lambda r: defer.ensureDeferred(main(r, args)))

@@ -55,8 +55,11 @@ def build_fork(version: str, members: int, conflicted: int):
         for user in changed:
             room.member(user, "join", content={"displayname": f"{user} {tag}"})
         if levels:
-            room.power_levels({room.creator: 100} if not room.room_version.creators_have_infinite_power else {},
-                              users_default=0, state_default=50)
+            room.power_levels(
+                {room.creator: 100} if not room.room_version.creators_have_infinite_power else {},
+                users_default=0,
+                state_default=50,
+            )
         return {key: pdu.event_id for key, pdu in room.state.items()}
 
     return room, branch("a", False), branch("b", True)
@@ -90,7 +93,7 @@ async def open_in_store(reactor, url: str, room):
     store = await RoomStore.open(url, reactor=reactor)
     events = list(room.events.values())
     for start in range(0, len(events), 500):
-        await store.persist_events([EventToPersist(e.raw, room.version) for e in events[start:start + 500]])
+        await store.persist_events([EventToPersist(e.raw, room.version) for e in events[start : start + 500]])
     # The persists parsed the events: start cold, as a store that never read them.
     store.persister.parsed_events.clear()
 
@@ -117,13 +120,19 @@ async def main(reactor, args) -> None:
     started = time.perf_counter()
     room, a, b = build_fork(args.version, args.members, args.conflicted)
     state_sets = [a, b]
-    print(f"room version {args.version}: {len(room.events):,} events, "
-          f"{sum(1 for k in set(a) | set(b) if a.get(k) != b.get(k)):,} conflicted keys "
-          f"(built in {time.perf_counter() - started:.1f} s)", flush=True)
+    print(
+        f"room version {args.version}: {len(room.events):,} events, "
+        f"{sum(1 for k in set(a) | set(b) if a.get(k) != b.get(k)):,} conflicted keys "
+        f"(built in {time.perf_counter() - started:.1f} s)",
+        flush=True,
+    )
     theirs_fn, pure_fn = synapse_resolver(room, state_sets), ours_pure(room, state_sets)
     wanted = args.engines.split(",")
-    stores = [(engine, *await open_in_store(reactor, new_url(), room))
-              for engine, new_url in bench_databases() if engine in wanted]
+    stores = [
+        (engine, *await open_in_store(reactor, new_url(), room))
+        for engine, new_url in bench_databases()
+        if engine in wanted
+    ]
     times: dict[str, list[float]] = {"theirs": [], "pure": [], **{e: [] for e, _, _ in stores}}
     cold: dict[str, float] = {}
     try:
@@ -144,13 +153,25 @@ async def main(reactor, args) -> None:
         for _, store, _ in stores:
             await store.close()
     base = statistics.median(times["theirs"][1:])
-    rows = [("Synapse resolve_events_with_store (memory)", base, 1.0),
-            ("ours, pure (memory)", statistics.median(times["pure"][1:]), statistics.median(times["pure"][1:]) / base)]
+    rows = [
+        ("Synapse resolve_events_with_store (memory)", base, 1.0),
+        ("ours, pure (memory)", statistics.median(times["pure"][1:]), statistics.median(times["pure"][1:]) / base),
+    ]
     for engine, _, _ in stores:
-        rows.append((f"ours, in the store ({engine}), first run: events parsed from the database", cold[engine],
-                     cold[engine] / base))
-        rows.append((f"ours, in the store ({engine}), later runs: parsed events cached", statistics.median(times[engine]),
-                     statistics.median(times[engine]) / base))
+        rows.append(
+            (
+                f"ours, in the store ({engine}), first run: events parsed from the database",
+                cold[engine],
+                cold[engine] / base,
+            )
+        )
+        rows.append(
+            (
+                f"ours, in the store ({engine}), later runs: parsed events cached",
+                statistics.median(times[engine]),
+                statistics.median(times[engine]) / base,
+            )
+        )
     print(f"medians of {args.runs} rounds after a first (Synapse and pure: its first round left out too)")
     print_table(["resolver", "median s", "x Synapse"], [(n, f"{s:.3f}", f"{r:.2f}x") for n, s, r in rows])
 

@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 from twisted.internet import defer, task  # noqa: E402
 
 from bench._common import bench_databases, print_table  # noqa: E402
-from bench.event_store import build_long_chain  # noqa: E402
 from bench.dataset import load_dataset  # noqa: E402
+from bench.event_store import build_long_chain  # noqa: E402
 
 SYNAPSE_VERSION = "1.163.2"
 
@@ -72,8 +72,9 @@ def ensure_synapse():
         return importlib.import_module("synapse.storage.databases.state.bg_updates")
     except ImportError:
         print(f"installing matrix-synapse=={SYNAPSE_VERSION} into {sys.prefix} ...", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", f"matrix-synapse=={SYNAPSE_VERSION}"],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", f"matrix-synapse=={SYNAPSE_VERSION}"], check=True
+        )
         importlib.invalidate_caches()
         prepare_synapse()
         return importlib.import_module("synapse.storage.databases.state.bg_updates")
@@ -136,8 +137,9 @@ class SynapseCaller:
     def txn(self, txn, group: int):
         # Synapse wraps the DB-API cursor itself (``txn._cursor``: the store's
         # cursor of this transaction); it converts ``?`` for psycopg2 itself.
-        wrapped = self.LoggingTransaction(txn=txn._cursor, name="bench_state", server_name="bench",
-                                          database_engine=self.engine)
+        wrapped = self.LoggingTransaction(
+            txn=txn._cursor, name="bench_state", server_name="bench", database_engine=self.engine
+        )
         start = time.perf_counter()
         result = self.function(self.store, wrapped, [group])
         return time.perf_counter() - start, dict(result[group])
@@ -169,15 +171,20 @@ async def measure(store, synapse: SynapseCaller, groups, runs: int):
         for group in groups:
             turn += 1
             results = {}
-            for name in names[turn % 3:] + names[:turn % 3]:
+            for name in names[turn % 3 :] + names[: turn % 3]:
                 elapsed, results[name] = await calls[name](group)
                 times[name].append(elapsed * 1000)
             state, expected = results["named"], results["theirs"]
             if state != expected:
-                raise SystemExit(f"group {group}: our state differs from Synapse's ({len(state)} vs"
-                                 f" {len(expected)} entries)")
-    return (statistics.median(times["ids"]), statistics.median(times["named"]), statistics.median(times["theirs"]),
-            len(expected))
+                raise SystemExit(
+                    f"group {group}: our state differs from Synapse's ({len(state)} vs {len(expected)} entries)"
+                )
+    return (
+        statistics.median(times["ids"]),
+        statistics.median(times["named"]),
+        statistics.median(times["theirs"]),
+        len(expected),
+    )
 
 
 def profile_txn(txn, store, groups, repeat: int) -> str:
@@ -199,15 +206,25 @@ async def main(reactor, args) -> None:
     engines = bench_databases()
     rows = []
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    print(f"bench/state_vs_synapse.py: engines {', '.join(e for e, _ in engines)}; load average {load}"
-          f" ({__import__('os').cpu_count()} cores)", flush=True)
+    print(
+        f"bench/state_vs_synapse.py: engines {', '.join(e for e, _ in engines)}; load average {load}"
+        f" ({__import__('os').cpu_count()} cores)",
+        flush=True,
+    )
     for engine, new_url in engines:
         url = new_url()
         store, _big, last = await build_long_chain(url)
         try:
-            long_group = (await store.db.run_interaction("group", lambda t: t.execute(
-                "SELECT e.state_group FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid"
-                " WHERE i.event_id = ?", (last,)).fetchone()))[0]
+            long_group = (
+                await store.db.run_interaction(
+                    "group",
+                    lambda t: t.execute(
+                        "SELECT e.state_group FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid"
+                        " WHERE i.event_id = ?",
+                        (last,),
+                    ).fetchone(),
+                )
+            )[0]
             info = load_dataset("small", roomstore_url=url, seed=1)
             await store.db.run_interaction("synapse_tables", copy_to_synapse_tables_txn)
             if engine == "postgres":
@@ -217,26 +234,39 @@ async def main(reactor, args) -> None:
             synapse = SynapseCaller(engine, url)
             rng = random.Random(7)
             sample = sorted(rng.sample(range(info.first_group, info.last_group + 1), args.groups))
-            for case, groups, runs in (("10,000 entries, end of a 100-hop chain", [long_group], args.chain_runs),
-                                       (f"{args.groups:,} random groups of 46,000 (per group)", sample, args.runs)):
+            for case, groups, runs in (
+                ("10,000 entries, end of a 100-hop chain", [long_group], args.chain_runs),
+                (f"{args.groups:,} random groups of 46,000 (per group)", sample, args.runs),
+            ):
                 # Warm the interners (as a running server's are) and the
                 # database's caches for this case, then time it.
                 await measure(store, synapse, groups, 1)
                 ids, named, theirs, _ = await measure(store, synapse, groups, runs)
                 if args.profile:
-                    report = await store.db.run_interaction("profile", profile_txn, store, groups,
-                                                            max(1, 20 // len(groups)))
+                    report = await store.db.run_interaction(
+                        "profile", profile_txn, store, groups, max(1, 20 // len(groups))
+                    )
                     print(f"  cProfile of our named read, {engine}, {case}:")
-                    print("\n".join("    " + line for line in report.splitlines()
-                                    if line.strip() and not line.lstrip().startswith(("Ordered", "List"))), flush=True)
+                    print(
+                        "\n".join(
+                            "    " + line
+                            for line in report.splitlines()
+                            if line.strip() and not line.lstrip().startswith(("Ordered", "List"))
+                        ),
+                        flush=True,
+                    )
                 rows.append([engine, case, ids, named, theirs, f"{named / theirs:.2f}", f"{ids / theirs:.2f}"])
-                print(f"  {engine}: {case}: ours {named:.3f} ms ({ids:.3f} ms as ids), Synapse {theirs:.3f} ms",
-                      flush=True)
+                print(
+                    f"  {engine}: {case}: ours {named:.3f} ms ({ids:.3f} ms as ids), Synapse {theirs:.3f} ms",
+                    flush=True,
+                )
         finally:
             await store.close()
     print()
-    print(f"median ms per group; {args.chain_runs} run(s) of the chain case, {args.runs} of the random groups, after"
-          " one warm-up run; every result checked equal")
+    print(
+        f"median ms per group; {args.chain_runs} run(s) of the chain case, {args.runs} of the random groups, after"
+        " one warm-up run; every result checked equal"
+    )
     print_table(["engine", "case", "ours (ids)", "ours (names)", "Synapse", "ours/Synapse", "ids/Synapse"], rows)
     print(f"load average at end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 

@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from twisted.internet import defer, task  # noqa: E402
 
 from bench._common import bench_databases, print_table  # noqa: E402
-from roomstore.store import RoomStore  # noqa: E402
 from roomstore.storage.interning import chunks  # noqa: E402
+from roomstore.store import RoomStore  # noqa: E402
 from tests.store.builder import RoomBuilder  # noqa: E402
 
 BATCH = 100
@@ -64,8 +64,12 @@ async def persist_all(store: RoomStore, room: RoomBuilder, events) -> None:
 async def build_pagination_rooms(store: RoomStore) -> tuple[str, str, int]:
     """(the 1% room, the fully visible room, events the viewer may see in the 1% room)."""
     late = RoomBuilder("!late:example.org")
-    events = [late.create(), late.join(late.creator), late.history_visibility("joined"),
-              late.join("@other:example.org")]
+    events = [
+        late.create(),
+        late.join(late.creator),
+        late.history_visibility("joined"),
+        late.join("@other:example.org"),
+    ]
     while len(events) < ROOM_EVENTS - 100:
         events.append(late.message(late.creator if len(events) % 2 else "@other:example.org", f"m{len(events)}"))
     events.append(late.join(VIEWER))
@@ -144,20 +148,43 @@ async def section_p(engines, runs: int, limit: int) -> None:
             late_pages = [statistics.median(v) for _, v in sorted(late_by_page.items())]
             full_page_medians = [statistics.median(v) for _, v in sorted(full_by_page.items())]
             slowest = max(range(len(late_pages)), key=late_pages.__getitem__)
-            rows.append([engine, f"{len(late_sizes)} ({'/'.join(map(str, late_sizes))})",
-                         max(late_statements), max(fstatements), late_median, full_median,
-                         f"{late_median / full_median:.2f}", f"{late_pages[slowest]:.3g} (page {slowest + 1})",
-                         max(full_page_medians), f"{late_pages[slowest] / full_median:.2f}"])
+            rows.append(
+                [
+                    engine,
+                    f"{len(late_sizes)} ({'/'.join(map(str, late_sizes))})",
+                    max(late_statements),
+                    max(fstatements),
+                    late_median,
+                    full_median,
+                    f"{late_median / full_median:.2f}",
+                    f"{late_pages[slowest]:.3g} (page {slowest + 1})",
+                    max(full_page_medians),
+                    f"{late_pages[slowest] / full_median:.2f}",
+                ]
+            )
             print(f"  {engine}: 1% room, median ms of each page: {' '.join(f'{x:.2f}' for x in late_pages)}")
-            print(f"  {engine}: 1% room {late_median:.2f} ms/page, fully visible {full_median:.2f} ms/page",
-                  flush=True)
+            print(f"  {engine}: 1% room {late_median:.2f} ms/page, fully visible {full_median:.2f} ms/page", flush=True)
         finally:
             await store.close()
-    print(f"\n(p) back-pagination, limit {limit}, a 10,000-event room where the viewer may see 1% ({100} events)"
-          f" (and the room's first 3) vs one they may see whole; median ms per page over the pages of {runs} walks")
-    print_table(["engine", "pages (events each)", "statements/page (1%)", "statements/page (full)",
-                 "1% ms/page", "full ms/page", "1% / full", "1% slowest page ms", "full slowest page ms",
-                 "1% slowest / full"], rows)
+    print(
+        f"\n(p) back-pagination, limit {limit}, a 10,000-event room where the viewer may see 1% ({100} events)"
+        f" (and the room's first 3) vs one they may see whole; median ms per page over the pages of {runs} walks"
+    )
+    print_table(
+        [
+            "engine",
+            "pages (events each)",
+            "statements/page (1%)",
+            "statements/page (full)",
+            "1% ms/page",
+            "full ms/page",
+            "1% / full",
+            "1% slowest page ms",
+            "full slowest page ms",
+            "1% slowest / full",
+        ],
+        rows,
+    )
 
 
 async def build_recent_rooms(store: RoomStore, rooms: int) -> None:
@@ -212,8 +239,11 @@ async def section_r(engines, runs: int, rooms: int, long_messages: int) -> None:
             start = time.perf_counter()
             await build_recent_rooms(store, rooms)
             await build_long_rooms(store, 20, long_messages)
-            print(f"  {engine}: {rooms:,} rooms and 20 of {long_messages:,} messages persisted"
-                  f" in {time.perf_counter() - start:.0f}s", flush=True)
+            print(
+                f"  {engine}: {rooms:,} rooms and 20 of {long_messages:,} messages persisted"
+                f" in {time.perf_counter() - start:.0f}s",
+                flush=True,
+            )
             users = ("@one:example.org", "@many:example.org", LONG)
             times: dict[str, list[float]] = {u: [] for u in users}
             cpu: dict[str, list[float]] = {u: [] for u in users}
@@ -238,7 +268,9 @@ async def section_r(engines, runs: int, rooms: int, long_messages: int) -> None:
                         statements[user].append(store.db.query_count - before)
                         expected_rooms = 1 if user.startswith("@one") else 20
                         assert len(result.rooms) == expected_rooms, (user, len(result.rooms))
-                        assert all(0 < len(events) <= 10 for _, events in result.rooms), [len(e) for _, e in result.rooms]
+                        assert all(0 < len(events) <= 10 for _, events in result.rooms), [
+                            len(e) for _, e in result.rooms
+                        ]
                     # The same with the event cache emptied before each call
                     # (every event's bytes parsed again).
                     for _ in range(3):
@@ -246,33 +278,75 @@ async def section_r(engines, runs: int, rooms: int, long_messages: int) -> None:
                         c0 = time.process_time()
                         await store.recent(user, 20, 10)
                         cold[user].append((time.process_time() - c0) * 1000)
-            figures = {u: (statistics.median(times[u]), max(statements[u]), statistics.median(cpu[u]),
-                           statistics.median(cold[u])) for u in users}
+            figures = {
+                u: (
+                    statistics.median(times[u]),
+                    max(statements[u]),
+                    statistics.median(cpu[u]),
+                    statistics.median(cold[u]),
+                )
+                for u in users
+            }
             plan = await store.db.run_interaction("explain", explain_txn, store, "@many:example.org")
             print(f"\n  {engine}: plan of recent()'s statement for the user in {rooms:,} rooms:")
             for line in plan:
                 print(f"    {line}")
             one, many, long = figures["@one:example.org"], figures["@many:example.org"], figures[LONG]
-            rows.append([engine, one[1], many[1], one[0], many[0], f"{many[0] / one[0]:.1f}",
-                         one[2], many[2], f"{many[2] / one[2]:.1f}", one[3], many[3], f"{many[3] / one[3]:.1f}"])
+            rows.append(
+                [
+                    engine,
+                    one[1],
+                    many[1],
+                    one[0],
+                    many[0],
+                    f"{many[0] / one[0]:.1f}",
+                    one[2],
+                    many[2],
+                    f"{many[2] / one[2]:.1f}",
+                    one[3],
+                    many[3],
+                    f"{many[3] / one[3]:.1f}",
+                ]
+            )
             long_rows.append([engine, long[1], long[0], f"{long[0] / one[0]:.1f}", long[2], f"{long[2] / one[2]:.1f}"])
         finally:
             await store.close()
-    print(f"\n(r) recent(user, rooms=20, events=10): a user in 1 room vs a user in {rooms:,} rooms,"
-          f" median of {runs * 5} calls each ({runs} alternating blocks of 5, after one uncounted call);"
-          f" cold: median of {runs * 3} calls, each after emptying the event cache")
-    print_table(["engine", "statements (1 room)", f"statements ({rooms:,} rooms)", "1 room ms",
-                 f"{rooms:,} rooms ms", "ratio", "1 room CPU ms", f"{rooms:,} rooms CPU ms", "CPU ratio",
-                 "cold 1 room CPU ms", f"cold {rooms:,} rooms CPU ms", "cold CPU ratio"], rows)
-    print(f"\n(r) the same call for a user in 20 rooms of {long_messages:,} messages each (ratios to the user in 1 room)")
+    print(
+        f"\n(r) recent(user, rooms=20, events=10): a user in 1 room vs a user in {rooms:,} rooms,"
+        f" median of {runs * 5} calls each ({runs} alternating blocks of 5, after one uncounted call);"
+        f" cold: median of {runs * 3} calls, each after emptying the event cache"
+    )
+    print_table(
+        [
+            "engine",
+            "statements (1 room)",
+            f"statements ({rooms:,} rooms)",
+            "1 room ms",
+            f"{rooms:,} rooms ms",
+            "ratio",
+            "1 room CPU ms",
+            f"{rooms:,} rooms CPU ms",
+            "CPU ratio",
+            "cold 1 room CPU ms",
+            f"cold {rooms:,} rooms CPU ms",
+            "cold CPU ratio",
+        ],
+        rows,
+    )
+    print(
+        f"\n(r) the same call for a user in 20 rooms of {long_messages:,} messages each (ratios to the user in 1 room)"
+    )
     print_table(["engine", "statements", "long rooms ms", "ratio", "long rooms CPU ms", "CPU ratio"], long_rows)
 
 
 async def main(reactor, args) -> None:
     engines = bench_databases()
     started = time.perf_counter()
-    print(f"bench/timeline_reads.py: engines {', '.join(e for e, _ in engines)}; load average {load_average()}"
-          f" ({os.cpu_count()} cores)", flush=True)
+    print(
+        f"bench/timeline_reads.py: engines {', '.join(e for e, _ in engines)}; load average {load_average()}"
+        f" ({os.cpu_count()} cores)",
+        flush=True,
+    )
     if "p" in args.sections:
         await section_p(engines, args.runs, args.limit)
     if "r" in args.sections:
@@ -285,8 +359,12 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--limit", type=int, default=10, help="page size of (p) (default 10)")
     parser.add_argument("--rooms", type=int, default=2000, help="rooms of the busy user in (r) (default 2000)")
-    parser.add_argument("--long-messages", type=int, default=500,
-                        help="messages in each of the 20 rooms of the third user of (r) (default 500)")
+    parser.add_argument(
+        "--long-messages",
+        type=int,
+        default=500,
+        help="messages in each of the 20 rooms of the third user of (r) (default 500)",
+    )
     parser.add_argument("--sections", default="pr")
     args = parser.parse_args()
     if args.runs < 3:

@@ -88,11 +88,20 @@ async def main(reactor, args) -> None:
         base = statistics.median(results[("psycopg2's BEGIN", kind)][1])
         for name in pools:
             inner, whole = results[(name, kind)]
-            rows.append([kind, name, f"{statistics.median(inner):.3f}", f"{statistics.median(whole):.3f}",
-                         f"{statistics.median(whole) / base:.2f}"])
+            rows.append(
+                [
+                    kind,
+                    name,
+                    f"{statistics.median(inner):.3f}",
+                    f"{statistics.median(whole):.3f}",
+                    f"{statistics.median(whole) / base:.2f}",
+                ]
+            )
     print()
-    print(f"median ms over {args.rounds} rounds x {args.interactions} interactions per pool and kind (after a warm-up"
-          " round); the pools take turns going first")
+    print(
+        f"median ms over {args.rounds} rounds x {args.interactions} interactions per pool and kind (after a warm-up"
+        " round); the pools take turns going first"
+    )
     print_table(["interaction", "pool", "first statement", "whole interaction", "whole vs psycopg2's"], rows)
     print(f"load average at end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     await ours.close()

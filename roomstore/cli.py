@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from twisted.internet import defer, task
 
@@ -25,8 +25,14 @@ DEFAULT_DB = "sqlite:///var/roomstore.db"
 SAMPLE_PATH = os.path.join(os.path.dirname(__file__), "data", "sample-rooms.jsonl")
 
 
-async def open_store(reactor, args, create: bool = False, read_only: bool = False, validation_processes: int = 0,
-                     server_name: str | None = None):
+async def open_store(
+    reactor,
+    args,
+    create: bool = False,
+    read_only: bool = False,
+    validation_processes: int = 0,
+    server_name: str | None = None,
+):
     """The store at ``--db``. Only commands that write (``create=True``)
     create a missing SQLite file: for the others it is a mistyped path.
     ``read_only`` (the read commands): no writer lock, so it runs beside a
@@ -37,8 +43,11 @@ async def open_store(reactor, args, create: bool = False, read_only: bool = Fals
     if not read_only:
         check_multi_writer(writers, args)
     config = StoreConfig(
-        instance_name=args.instance, stream_writers=writers, read_only=read_only,
-        validation_processes=validation_processes, server_name=server_name,
+        instance_name=args.instance,
+        stream_writers=writers,
+        read_only=read_only,
+        validation_processes=validation_processes,
+        server_name=server_name,
     )
     return await RoomStore.open(args.db, config, reactor=reactor, create=create)
 
@@ -91,8 +100,10 @@ def check_multi_writer(writers: dict[str, list[str]], args) -> None:
     shared = {name: names for name, names in writers.items() if len(names) > 1}
     if shared and not getattr(args, "redis", None):
         name, names = next(iter(sorted(shared.items())))
-        raise CliError(f"stream {name} has writers {','.join(names)}: a multi-writer deployment needs"
-                       " PostgreSQL and --redis URL, so that writers and readers hear each other")
+        raise CliError(
+            f"stream {name} has writers {','.join(names)}: a multi-writer deployment needs"
+            " PostgreSQL and --redis URL, so that writers and readers hear each other"
+        )
 
 
 def stream_writers(args) -> dict[str, list[str]]:
@@ -160,16 +171,25 @@ async def cmd_import(reactor, args) -> int:
         started = time.monotonic()
         try:
             await import_file(
-                store, args.file, args.batch_size, args.progress, args.strict, verify_keys, summary,
-                in_flight=args.in_flight, trust_source=args.trust_source,
+                store,
+                args.file,
+                args.batch_size,
+                args.progress,
+                args.strict,
+                verify_keys,
+                summary,
+                in_flight=args.in_flight,
+                trust_source=args.trust_source,
             )
         except StorageFullError as exc:
             # What committed stays (each batch is one transaction); the same
             # import run again skips it as already present.
             emit(dict(summary, complete=False))
-            raise CliError(f"stopped at line {summary.get('next_line')}: {exc}; {summary['imported']} events"
-                           " were imported before it and are stored: free space and run the same import again"
-                           " (what is stored is skipped)") from None
+            raise CliError(
+                f"stopped at line {summary.get('next_line')}: {exc}; {summary['imported']} events"
+                " were imported before it and are stored: free space and run the same import again"
+                " (what is stored is skipped)"
+            ) from None
         if redis is not None:
             await flush_redis(reactor, redis, args)
         summary["seconds"] = round(time.monotonic() - started, 3)
@@ -187,8 +207,12 @@ def redis_tls(args):
     from roomstore.replication.tls import redis_client_tls
 
     try:
-        return redis_client_tls(getattr(args, "redis", None), getattr(args, "redis_ca", None),
-                                getattr(args, "redis_cert", None), getattr(args, "redis_key", None))
+        return redis_client_tls(
+            getattr(args, "redis", None),
+            getattr(args, "redis_ca", None),
+            getattr(args, "redis_cert", None),
+            getattr(args, "redis_key", None),
+        )
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -212,8 +236,9 @@ async def connect_redis(reactor, store, args, timeout: float = 15.0):
             timer.cancel()
             raise CliError(str(exc)) from None
         tls = " (TLS: does its certificate match the host and --redis-ca?)" if redis.tls is not None else ""
-        raise CliError(f"cannot reach Redis at {shown_url(args.redis)} within {timeout:.0f}s:"
-                       f" is redis-server running there?{tls}") from None
+        raise CliError(
+            f"cannot reach Redis at {shown_url(args.redis)} within {timeout:.0f}s: is redis-server running there?{tls}"
+        ) from None
     timer.cancel()
     return redis
 
@@ -228,9 +253,11 @@ async def flush_redis(reactor, redis, args, timeout: float = 60.0) -> None:
         await flushed
         timer.cancel()
     except defer.CancelledError:
-        sys.stderr.write(f"roomstore import: Redis at {shown_url(args.redis)} unreachable for {timeout:.0f}s: the rows are"
-                         f" stored, but followers see them only once instance {args.instance!r} is heard again"
-                         " (its next start) or they restart\n")
+        sys.stderr.write(
+            f"roomstore import: Redis at {shown_url(args.redis)} unreachable for {timeout:.0f}s: the rows are"
+            f" stored, but followers see them only once instance {args.instance!r} is heard again"
+            " (its next start) or they restart\n"
+        )
 
 
 # ---------------------------------------------------------------------- reads
@@ -318,23 +345,50 @@ async def cmd_demo(reactor, args) -> int:
         room_id = (await store.get_room_ids())[0]
         create_id = (await store.get_current_state_ids(room_id, [("m.room.create", "")]))[("m.room.create", "")]
         creator = (await store.get_event(create_id))["sender"]
-        emit({"demo": "current state", "room_id": room_id, "room_version": await store.get_room_version(room_id),
-              "state": state_as_json(await store.get_current_state_ids(room_id, [("m.room.topic", ""), ("m.room.history_visibility", "")]))})
+        emit(
+            {
+                "demo": "current state",
+                "room_id": room_id,
+                "room_version": await store.get_room_version(room_id),
+                "state": state_as_json(
+                    await store.get_current_state_ids(
+                        room_id, [("m.room.topic", ""), ("m.room.history_visibility", "")]
+                    )
+                ),
+            }
+        )
         extremities = await store.get_forward_extremities(room_id)
         state = await store.get_state_ids(extremities[0], before=True)
         emit({"demo": "state before a forward extremity", "event_id": extremities[0], "entries": len(state)})
         users = await store.get_users_in_room(room_id)
         emit({"demo": "users in room", "room_id": room_id, "joined": len(users)})
         page = await store.paginate(room_id, creator, None, "b", 5)
-        emit({"demo": "messages (newest 5)", "user": creator,
-              "events": [(e["event_id"], e["type"]) for e in page.events], "next_token": page.next_token})
+        emit(
+            {
+                "demo": "messages (newest 5)",
+                "user": creator,
+                "events": [(e["event_id"], e["type"]) for e in page.events],
+                "next_token": page.next_token,
+            }
+        )
         recent = await store.recent(creator, 3, 2, None)
-        emit({"demo": "recent (2 events in 3 rooms)", "user": creator,
-              "rooms": [(r, [e["event_id"] for e in evs]) for r, evs in recent.rooms]})
+        emit(
+            {
+                "demo": "recent (2 events in 3 rooms)",
+                "user": creator,
+                "rooms": [(r, [e["event_id"] for e in evs]) for r, evs in recent.rooms],
+            }
+        )
         sync = await store.sync(creator, "s0")
-        emit({"demo": "sync since s0", "user": creator,
-              "rooms": {r: len(evs) for r, evs in sync.rooms.items()},
-              "membership_changes": len(sync.membership_events), "next_token": sync.next_token})
+        emit(
+            {
+                "demo": "sync since s0",
+                "user": creator,
+                "rooms": {r: len(evs) for r, evs in sync.rooms.items()},
+                "membership_changes": len(sync.membership_events),
+                "next_token": sync.next_token,
+            }
+        )
         for row in await store.table_stats():
             if row["table"] in ("events", "state_group_deltas", "visibility_memberships", "redactions"):
                 emit({"demo": "stats", **row})
@@ -366,7 +420,6 @@ async def cmd_serve(reactor, args) -> int:
     """Serve the store's streams to workers over TCP replication, until stopped."""
     from roomstore.replication import ReplicationConfig
     from roomstore.replication.service import ReplicationServerService, read_secret_file, run_service
-
     from roomstore.replication.tls import TLSConfigError
 
     try:
@@ -389,7 +442,8 @@ async def cmd_serve(reactor, args) -> int:
             redis_tls=redis_tls(args),
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
-            config=ReplicationConfig() if args.max_line_length is None
+            config=ReplicationConfig()
+            if args.max_line_length is None
             else ReplicationConfig(max_line_length=args.max_line_length),
             reactor=reactor,
         )
@@ -398,11 +452,21 @@ async def cmd_serve(reactor, args) -> int:
 
     def started() -> None:
         address = service.port.getHost()
-        serving = {"host": address.host, "port": address.port, "server_name": args.server_name,
-                   "secret": bool(secret), "tls": service.tls is not None}
+        serving = {
+            "host": address.host,
+            "port": address.port,
+            "server_name": args.server_name,
+            "secret": bool(secret),
+            "tls": service.tls is not None,
+        }
         if service.metrics_port_listener is not None:
             serving["metrics_port"] = service.metrics_port_listener.getHost().port
-        emit({"serving": serving, "positions": {n: service.store.stream(n).get_positions() for n in service.store.stream_names}})
+        emit(
+            {
+                "serving": serving,
+                "positions": {n: service.store.stream(n).get_positions() for n in service.store.stream_names},
+            }
+        )
 
     from twisted.internet.error import CannotListenError
 
@@ -437,11 +501,17 @@ async def cmd_follow(reactor, args) -> int:
     def print_rows(stream: str, instance: str, token: int, rows: list) -> None:
         # All rows of a token in one write, flushed before the worker saves
         # its position: a killed worker never saved a token it did not print.
-        sys.stdout.write("".join(
-            json.dumps({"stream": stream, "instance": instance, "token": token, "row": row},
-                       sort_keys=True, ensure_ascii=False) + "\n"
-            for row in rows
-        ))
+        sys.stdout.write(
+            "".join(
+                json.dumps(
+                    {"stream": stream, "instance": instance, "token": token, "row": row},
+                    sort_keys=True,
+                    ensure_ascii=False,
+                )
+                + "\n"
+                for row in rows
+            )
+        )
         sys.stdout.flush()
 
     service = FollowerService(
@@ -465,8 +535,12 @@ async def cmd_follow(reactor, args) -> int:
         resume: dict[str, dict[str, int]] = {}
         for (stream, instance), token in sorted(service.resumed_from.items()):
             resume.setdefault(stream, {})[instance] = token
-        following = {"following": shown_url(args.redis) if args.redis else f"{host}:{port}", "name": args.name,
-                     "resume": resume, "tls": tls is not None or bool(args.redis and args.redis.startswith("rediss:"))}
+        following = {
+            "following": shown_url(args.redis) if args.redis else f"{host}:{port}",
+            "name": args.name,
+            "resume": resume,
+            "tls": tls is not None or bool(args.redis and args.redis.startswith("rediss:")),
+        }
         if service.metrics_port_listener is not None:
             following["metrics_port"] = service.metrics_port_listener.getHost().port
         emit(following)
@@ -503,44 +577,76 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--db", default=DEFAULT_DB, help=f"database URL (default {DEFAULT_DB})")
         p.add_argument("--instance", default="master", help="this process's instance name")
-        p.add_argument("--stream-writers", action="append", metavar="STREAM=NAME[,NAME...]",
-                       help="the writer instances of a stream (repeatable; default: --instance writes every stream)")
+        p.add_argument(
+            "--stream-writers",
+            action="append",
+            metavar="STREAM=NAME[,NAME...]",
+            help="the writer instances of a stream (repeatable; default: --instance writes every stream)",
+        )
         p.add_argument("-v", "--verbose", action="store_true", help="log at info level to stderr")
         return p
 
     def add_redis_tls(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--redis-ca", metavar="FILE", help="with --redis rediss://...: trust this CA (PEM;"
-                       " default: the system's)")
+        p.add_argument(
+            "--redis-ca", metavar="FILE", help="with --redis rediss://...: trust this CA (PEM; default: the system's)"
+        )
         p.add_argument("--redis-cert", metavar="FILE", help="with rediss://: a client certificate (PEM)")
         p.add_argument("--redis-key", metavar="FILE", help="the private key of --redis-cert (PEM)")
 
     add("init", "create or upgrade the schema; print schema version and stream positions")
     p = add("import", "import events from a JSON-lines file")
-    p.add_argument("file", help="JSON lines: one event a line, a bare PDU or {\"room_version\": ..., \"event\": {...}}")
-    p.add_argument("--batch-size", type=at_least(1), default=100, metavar="N",
-                   help="events per persist_events call, stored whole or not at all (default 100; the store may"
-                        " commit several in one transaction)")
-    p.add_argument("--in-flight", type=at_least(1), default=8, metavar="N",
-                   help="batches handed to the store at once: it validates the next while it writes, and commits"
-                        " several in one transaction (default 8; 1: one batch at a time)")
-    p.add_argument("--validation-processes", type=at_least(0, also=("auto",)), default="auto", metavar="N",
-                   help="validate events in N worker processes, on other cores; 0: on a thread of this process"
-                        f" (default auto: 1 for a file of {AUTO_WORKER_LINES:,} lines or more on two cores or more,"
-                        " else 0; a worker takes about half a second to start)")
-    p.add_argument("--strict", action="store_true",
-                   help="refuse an event whose content hash does not match (default: store it redacted);"
-                        " exit 1 if any event failed")
-    p.add_argument("--trust-source", action="store_true",
-                   help="store the events unchecked against their rooms' authorization rules: only for a file from a"
-                        " server that checked them (default: an event breaking the rules is stored rejected and"
-                        " reported)")
-    p.add_argument("--keys", metavar="FILE",
-                   help="check signatures against these verify keys: a JSON object, server name -> {\"ed25519:ID\":"
-                        " \"<unpadded base64 public key>\"} (or the server's /_matrix/key/v2/server response);"
-                        " a bad signature refuses the event; without it signatures are not checked")
+    p.add_argument("file", help='JSON lines: one event a line, a bare PDU or {"room_version": ..., "event": {...}}')
+    p.add_argument(
+        "--batch-size",
+        type=at_least(1),
+        default=100,
+        metavar="N",
+        help="events per persist_events call, stored whole or not at all (default 100; the store may"
+        " commit several in one transaction)",
+    )
+    p.add_argument(
+        "--in-flight",
+        type=at_least(1),
+        default=8,
+        metavar="N",
+        help="batches handed to the store at once: it validates the next while it writes, and commits"
+        " several in one transaction (default 8; 1: one batch at a time)",
+    )
+    p.add_argument(
+        "--validation-processes",
+        type=at_least(0, also=("auto",)),
+        default="auto",
+        metavar="N",
+        help="validate events in N worker processes, on other cores; 0: on a thread of this process"
+        f" (default auto: 1 for a file of {AUTO_WORKER_LINES:,} lines or more on two cores or more,"
+        " else 0; a worker takes about half a second to start)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse an event whose content hash does not match (default: store it redacted);"
+        " exit 1 if any event failed",
+    )
+    p.add_argument(
+        "--trust-source",
+        action="store_true",
+        help="store the events unchecked against their rooms' authorization rules: only for a file from a"
+        " server that checked them (default: an event breaking the rules is stored rejected and"
+        " reported)",
+    )
+    p.add_argument(
+        "--keys",
+        metavar="FILE",
+        help='check signatures against these verify keys: a JSON object, server name -> {"ed25519:ID":'
+        ' "<unpadded base64 public key>"} (or the server\'s /_matrix/key/v2/server response);'
+        " a bad signature refuses the event; without it signatures are not checked",
+    )
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
-    p.add_argument("--redis", help="announce the imported rows on this Redis (redis://[:PASSWORD@]host:port;"
-                   " rediss:// for TLS) to live followers")
+    p.add_argument(
+        "--redis",
+        help="announce the imported rows on this Redis (redis://[:PASSWORD@]host:port;"
+        " rediss:// for TLS) to live followers",
+    )
     p.add_argument("--server-name", default="localhost", help="the homeserver's name: the Redis channel")
     cli_synapse.add_parsers(add)
     cli_homeserver.add_parsers(add)
@@ -551,14 +657,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("messages", "a page of a room's timeline as a user sees it")
     p.add_argument("room_id", help="the room to page through")
     p.add_argument("--user", required=True, help="the user the page is shown to (history visibility applies)")
-    p.add_argument("--from", dest="from_token", default=None,
-                   help="a t<topo>-<stream> or stream token to start from (default: the newest end for b, the start for f)")
+    p.add_argument(
+        "--from",
+        dest="from_token",
+        default=None,
+        help="a t<topo>-<stream> or stream token to start from (default: the newest end for b, the start for f)",
+    )
     p.add_argument("--dir", choices=["b", "f"], default="b", help="b: backwards, newest first (default); f: forwards")
     p.add_argument("--limit", type=int, default=10, help="events per page (default 10)")
     p = add("sync", "new events for a user since a token; without --since an initial sync")
     p.add_argument("--user", required=True, help="the syncing user")
-    p.add_argument("--since", default=None,
-                   help="a next_token from an earlier sync (default: an initial sync, the newest events of each room)")
+    p.add_argument(
+        "--since",
+        default=None,
+        help="a next_token from an earlier sync (default: an initial sync, the newest events of each room)",
+    )
     p.add_argument("--limit", type=int, default=10, help="events per room on an initial sync (default 10)")
     p = add("recent", "the newest events in a user's most recently active rooms")
     p.add_argument("--user", required=True, help="the user whose joined rooms to show")
@@ -568,7 +681,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("stats", "rows and bytes per table")
     cli_purge.add_parsers(add)
     p = add("demo", "the main job: import the bundled sample and show the reads")
-    p.add_argument("--sample", default=SAMPLE_PATH, help="the JSON-lines history to import (default: the bundled sample)")
+    p.add_argument(
+        "--sample", default=SAMPLE_PATH, help="the JSON-lines history to import (default: the bundled sample)"
+    )
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p = add("generate-sample", "write a generated sample history (JSON lines)")
     p.add_argument("output", help="the JSON-lines file to write")
@@ -581,29 +696,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-name", default="localhost", help="the name sent to workers in SERVER")
     p.add_argument("--secret-file", help="require AUTH with the secret on this file's first line")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on /metrics")
-    p.add_argument("--redis", help="also replicate over this Redis (redis://[:PASSWORD@]host:port; rediss:// for TLS),"
-                   " channel --server-name")
+    p.add_argument(
+        "--redis",
+        help="also replicate over this Redis (redis://[:PASSWORD@]host:port; rediss:// for TLS), channel --server-name",
+    )
     add_redis_tls(p)
     p.add_argument("--tls-cert", metavar="FILE", help="serve over TLS with this certificate (PEM; with --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
-    p.add_argument("--max-line-length", type=int, default=None, metavar="BYTES",
-                   help="longest replication line sent or accepted, in bytes (default 16384, Synapse's limit;"
-                        " a longer cache invalidation is split over several lines)")
+    p.add_argument(
+        "--max-line-length",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="longest replication line sent or accepted, in bytes (default 16384, Synapse's limit;"
+        " a longer cache invalidation is split over several lines)",
+    )
     p = add("follow", "follow a replication server into a worker store, printing applied rows (runs until stopped)")
     p.add_argument("--server", help="the replication server, HOST:PORT (or --redis)")
-    p.add_argument("--redis", help="follow every writer over this Redis (redis://[:PASSWORD@]host:port;"
-                   " rediss:// for TLS), channel --server-name")
+    p.add_argument(
+        "--redis",
+        help="follow every writer over this Redis (redis://[:PASSWORD@]host:port;"
+        " rediss:// for TLS), channel --server-name",
+    )
     add_redis_tls(p)
     p.add_argument("--tls-ca", metavar="FILE", help="connect to --server over TLS, trusting this CA (PEM)")
     p.add_argument("--name", default="worker1", help="this worker's instance name (--instance is not used)")
     p.add_argument("--writer", default="master", help="the instance writing the streams (default master)")
-    p.add_argument("--server-name", default=None,
-                   help="refuse a server that names itself otherwise; with --redis, the channel (default localhost)")
+    p.add_argument(
+        "--server-name",
+        default=None,
+        help="refuse a server that names itself otherwise; with --redis, the channel (default localhost)",
+    )
     p.add_argument("--secret-file", help="send AUTH with the secret on this file's first line")
     p.add_argument("--positions-file", help="save positions here after each token; resume from it on start")
     p.add_argument("--quiet", action="store_true", help="do not print applied rows")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics (positions applied per writer, Redis state) on 127.0.0.1")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics (positions applied per writer, Redis state) on 127.0.0.1",
+    )
     return parser
 
 
@@ -649,8 +781,9 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 # Anything else still gets one line; -v shows the traceback.
                 reason = " ".join(str(exc).split()) or "no message"
-                sys.stderr.write(f"roomstore {args.command}: {type(exc).__name__}: {reason}"
-                                 " (run again with -v for the traceback)\n")
+                sys.stderr.write(
+                    f"roomstore {args.command}: {type(exc).__name__}: {reason} (run again with -v for the traceback)\n"
+                )
                 code = 1
         if code:
             raise SystemExit(code)  # react() exits with a SystemExit's code

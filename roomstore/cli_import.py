@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -107,14 +107,27 @@ _log = Logger()
 #: What stops an import whole: the database, the disk or the process, never
 #: one event (every other error is the failure of the events that met it).
 STOPS_IMPORT = (
-    DatabaseConfigError, DatabaseUnavailableError, StorageFullError, SchemaError, WriterProcessLost,
-    OSError, MemoryError, defer.CancelledError,
+    DatabaseConfigError,
+    DatabaseUnavailableError,
+    StorageFullError,
+    SchemaError,
+    WriterProcessLost,
+    OSError,
+    MemoryError,
+    defer.CancelledError,
 )
 
 
 async def import_file(
-    store, path: str, batch_size: int = 100, progress: bool = False, strict: bool = False, verify_keys=None,
-    summary: dict | None = None, in_flight: int = 1, trust_source: bool = False,
+    store,
+    path: str,
+    batch_size: int = 100,
+    progress: bool = False,
+    strict: bool = False,
+    verify_keys=None,
+    summary: dict | None = None,
+    in_flight: int = 1,
+    trust_source: bool = False,
 ) -> dict:
     """Import a JSON-lines file in batches; a failing batch is retried event by
     event so one unresolvable event is reported and the rest imported.
@@ -200,8 +213,14 @@ async def import_file(
             if result.content_hash_mismatch:
                 if not result.already_persisted:
                     summary["redacted_content_hash_mismatch"] += 1
-                emit({"line": number, "event_id": result.event_id, "error": "content hash mismatch",
-                      "stored": "an earlier copy" if result.already_persisted else "redacted"})
+                emit(
+                    {
+                        "line": number,
+                        "event_id": result.event_id,
+                        "error": "content hash mismatch",
+                        "stored": "an earlier copy" if result.already_persisted else "redacted",
+                    }
+                )
             unchecked += not result.signatures_checked
             if result.rejected_reason is not None:
                 summary["rejected"] += 1
@@ -231,6 +250,8 @@ async def import_file(
     if verify_keys is None:
         summary["signatures"] = "not checked: no --keys file given"
     else:
-        summary["signatures"] = {"checked": summary["imported"] + summary["already_present"] - unchecked,
-                                 "unchecked_no_key": unchecked}
+        summary["signatures"] = {
+            "checked": summary["imported"] + summary["already_present"] - unchecked,
+            "unchecked_no_key": unchecked,
+        }
     return summary

@@ -12,12 +12,22 @@ def add_parsers(add) -> None:
     """Add the two commands through ``cli``'s ``add(name, help)``."""
     p = add("purge-history", "delete a room's events before a point, keeping what the room still needs")
     p.add_argument("room_id", help="the room whose history to purge")
-    p.add_argument("--before", required=True, metavar="TOKEN",
-                   help="a t<topo>-<stream> token (the event it follows goes too) or a stream token")
-    p.add_argument("--server-name", default=None,
-                   help="this homeserver's name: its users' events are kept (default: none is local)")
-    p.add_argument("--delete-local-events", action="store_true",
-                   help="delete the events of --server-name's users too (default: kept as outliers)")
+    p.add_argument(
+        "--before",
+        required=True,
+        metavar="TOKEN",
+        help="a t<topo>-<stream> token (the event it follows goes too) or a stream token",
+    )
+    p.add_argument(
+        "--server-name",
+        default=None,
+        help="this homeserver's name: its users' events are kept (default: none is local)",
+    )
+    p.add_argument(
+        "--delete-local-events",
+        action="store_true",
+        help="delete the events of --server-name's users too (default: kept as outliers)",
+    )
     p = add("purge-room", "delete every row of a room")
     p.add_argument("room_id", help="the room to delete")
 

@@ -10,16 +10,28 @@ from roomstore.cli_common import CliError, emit
 def add_parsers(add) -> None:
     """Add the two commands through ``cli``'s ``add(name, help)``."""
     p = add("import-synapse", "import the rooms of a Synapse database (read only; safe while Synapse runs)")
-    p.add_argument("--from", dest="source", required=True, metavar="URL",
-                   help="Synapse's database: sqlite:///path/homeserver.db (or a plain path) or postgresql://...")
+    p.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="URL",
+        help="Synapse's database: sqlite:///path/homeserver.db (or a plain path) or postgresql://...",
+    )
     p.add_argument("--rooms", help="comma-separated room IDs to import (default: every room)")
     p.add_argument("--batch-size", type=int, default=500, help="events persisted per transaction (default 500)")
-    p.add_argument("--trust-source", action="store_true",
-                   help="store the events as Synapse judged them, unchecked against the rooms' authorization rules"
-                        " (default: checked; an event breaking them is stored rejected and counted)")
+    p.add_argument(
+        "--trust-source",
+        action="store_true",
+        help="store the events as Synapse judged them, unchecked against the rooms' authorization rules"
+        " (default: checked; an event breaking them is stored rejected and counted)",
+    )
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
-    p = add("verify-synapse", "check the store's state and redactions against a Synapse database; exit 1 on a difference")
-    p.add_argument("--from", dest="source", required=True, metavar="URL", help="Synapse's database, as for import-synapse")
+    p = add(
+        "verify-synapse", "check the store's state and redactions against a Synapse database; exit 1 on a difference"
+    )
+    p.add_argument(
+        "--from", dest="source", required=True, metavar="URL", help="Synapse's database, as for import-synapse"
+    )
     p.add_argument("--rooms", help="comma-separated room IDs to check (default: every room)")
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import attrs
 
@@ -182,7 +183,11 @@ class RoomGraphBuilder:
         return built
 
     def auth_events_for(
-        self, event_type: str, sender: str, state_key: str | None = None, content: dict | None = None,
+        self,
+        event_type: str,
+        sender: str,
+        state_key: str | None = None,
+        content: dict | None = None,
         prev: Sequence[str] | None = None,
     ) -> list:
         """The ``auth_events`` :meth:`build` would cite for an event with

@@ -16,13 +16,18 @@ The values an embedder hands it are importable from here too, with it:
 
 from __future__ import annotations
 
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 from twisted.internet import defer
 
 from roomstore.events.batch import (
-    ClientTxn, EventToPersist, PersistedEvent, first_copies, orphan_rooms, results_in_order,
+    EventToPersist,
+    PersistedEvent,
+    first_copies,
+    orphan_rooms,
+    results_in_order,
 )
 from roomstore.events.batch_rooms import BatchRooms
 from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations
@@ -31,20 +36,24 @@ from roomstore.events.client_format import format_client_events
 from roomstore.events.federation import FederationReader
 from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
-from roomstore.events.purge import PurgeResult, Purger
 from roomstore.events.pipeline import BatchValidator, WriteTurns, write_in_group
-from roomstore.events.writer_process import WriterProcess
 from roomstore.events.precheck import precheck_txn
+from roomstore.events.purge import Purger, PurgeResult
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader
-from roomstore.events.tables.client_txns import event_id_for_txn_txn
-from roomstore.events.user_rooms import RoomMembership, check_memberships, rooms_by_membership_txn
 from roomstore.events.stream_pages import (
-    backfill_page_txn, events_page_txn, invalidations_page_txn, stream_page_txn, stream_text_txn,
+    backfill_page_txn,
+    events_page_txn,
+    invalidations_page_txn,
+    stream_page_txn,
+    stream_text_txn,
 )
-from roomstore.pdu.signatures import VerifyKeys
 from roomstore.events.sync import SyncReader, SyncResult
+from roomstore.events.tables.client_txns import event_id_for_txn_txn
 from roomstore.events.timeline import RecentResult, TimelineReader
+from roomstore.events.user_rooms import RoomMembership, check_memberships, rooms_by_membership_txn
+from roomstore.events.writer_process import WriterProcess
+from roomstore.pdu.signatures import VerifyKeys
 from roomstore.state.groups import (
     COMPACTION_LOCK_NAME,
     COMPACTION_LOCK_TIMEOUT_S,
@@ -94,9 +103,7 @@ class RoomStore:
         self.room_changes = StreamChangeCache("room_events", position, config.change_cache_size)
         self.membership_changes = StreamChangeCache("user_memberships", position, config.change_cache_size)
         self.reader = EventReader(db, self.interners, self.state_groups, self.events_stream, config.event_cache_size)
-        self.positions = ReadPositions(
-            db, self.events_stream, config.instance_name, config.token_wait_ms, self.clock
-        )
+        self.positions = ReadPositions(db, self.events_stream, config.instance_name, config.token_wait_ms, self.clock)
         self.timeline = TimelineReader(
             db, self.interners, self.positions, self.reader, self.room_changes, self.membership_changes
         )
@@ -105,11 +112,25 @@ class RoomStore:
         self.federation = FederationReader(db, self.interners, self.reader)
         #: What each change drops from this process's caches (replication
         #: applies a worker's rows through it too).
-        self.caches = StoreCaches(self.reader, self.room_changes, self.membership_changes, self.persister.parsed_events,
-                                  self.persister.room_versions)
-        self.purger = Purger(db, self.interners, self.state_groups, self.positions, self.caches, (
-            self.events_stream, self.backfill_stream, self.caches_stream), config.instance_name, config.server_name,
-            self.clock, self._now_ms)
+        self.caches = StoreCaches(
+            self.reader,
+            self.room_changes,
+            self.membership_changes,
+            self.persister.parsed_events,
+            self.persister.room_versions,
+        )
+        self.purger = Purger(
+            db,
+            self.interners,
+            self.state_groups,
+            self.positions,
+            self.caches,
+            (self.events_stream, self.backfill_stream, self.caches_stream),
+            config.instance_name,
+            config.server_name,
+            self.clock,
+            self._now_ms,
+        )
         self.censor = RedactionCensor(
             db, self.interners, self.caches.event_changed, config.redaction_retention_ms, self.clock
         )
@@ -126,7 +147,7 @@ class RoomStore:
         reactor: Any = None,
         clock: Any = None,
         create: bool = True,
-    ) -> "RoomStore":
+    ) -> RoomStore:
         """Open (and migrate) the database, recover stream positions.
 
         ``clock`` drives periodic jobs and the wait for a token ahead of this
@@ -159,7 +180,7 @@ class RoomStore:
         return store
 
     @classmethod
-    async def _open_beside_writer(cls, database, config: StoreConfig, reactor, clock, create: bool) -> "RoomStore":
+    async def _open_beside_writer(cls, database, config: StoreConfig, reactor, clock, create: bool) -> RoomStore:
         """``writer_process``: a child process opens the database as the
         writer (creating, migrating it); this one opens it read-only and
         learns the child's commits from its replies."""
@@ -175,7 +196,7 @@ class RoomStore:
         writer.follow(store._after_persist, store.generators)
         return store
 
-    def writer_lock_lost(self) -> "defer.Deferred | None":
+    def writer_lock_lost(self) -> defer.Deferred | None:
         """Fires with a ``WriterLockLost`` (its result, not an error) if this
         writer's lock went with a database session and another process took
         it; None for a process that holds no lock (read-only, SQLite in memory)."""
@@ -236,8 +257,11 @@ class RoomStore:
             return []
         if self._writer_process is not None:
             return await self._writer_process.call(
-                "persist_events", list(events), resolved_current_state,
-                refuse_hash_mismatch=refuse_hash_mismatch, verify_keys=verify_keys,
+                "persist_events",
+                list(events),
+                resolved_current_state,
+                refuse_hash_mismatch=refuse_hash_mismatch,
+                verify_keys=verify_keys,
             )
         self.check_writer_lock()
         turn = self._write_turns.take()
@@ -338,8 +362,12 @@ class RoomStore:
             return await self._writer_process.call("invalidate_cache", cache_name, keys)
         async with self.caches_stream.get_next() as stream_id:
             await self.db.run_interaction(
-                "invalidate_cache", write_cache_invalidations, stream_id, self.instance_name,
-                [(cache_name, None if keys is None else list(keys))], self._now_ms(),
+                "invalidate_cache",
+                write_cache_invalidations,
+                stream_id,
+                self.instance_name,
+                [(cache_name, None if keys is None else list(keys))],
+                self._now_ms(),
             )
         return stream_id
 
@@ -371,8 +399,9 @@ class RoomStore:
         (``NotFoundError`` for one not stored, or an outlier)."""
         return await self.db.run_interaction("get_topological_token", self.reader.topological_token_txn, event_id)
 
-    async def format_client_events(self, events: Sequence[dict], now_ms: int | None = None,
-                                   sent_by: tuple[str, str] | None = None) -> list[dict]:
+    async def format_client_events(
+        self, events: Sequence[dict], now_ms: int | None = None, sent_by: tuple[str, str] | None = None
+    ) -> list[dict]:
         """Served events in the client-server API's format (``roomstore.events.client_format``): ``age`` at
         ``now_ms`` (default: the store's clock), ``transaction_id`` for the device ``sent_by`` (user, device)."""
         now_ms = self._now_ms() if now_ms is None else now_ms
@@ -419,7 +448,9 @@ class RoomStore:
         return await self.db.run_interaction("get_forward_extremities", self.reader.extremities_txn, room_id, "forward")
 
     async def get_backward_extremities(self, room_id: str) -> list[str]:
-        return await self.db.run_interaction("get_backward_extremities", self.reader.extremities_txn, room_id, "backward")
+        return await self.db.run_interaction(
+            "get_backward_extremities", self.reader.extremities_txn, room_id, "backward"
+        )
 
     async def get_rooms_for_user(self, user_id: str) -> frozenset[str]:
         return await self.reader.get_rooms_for_user(user_id)
@@ -538,7 +569,11 @@ class RoomStore:
     # Thin async wrappers; contracts and SQL in those modules.
 
     async def sync(
-        self, user_id: str, since: str | None, initial_limit: int = 10, limit: int | None = None,
+        self,
+        user_id: str,
+        since: str | None,
+        initial_limit: int = 10,
+        limit: int | None = None,
         full_state: bool = False,
     ) -> SyncResult:
         """New visible events in the user's rooms since a stream token (the
@@ -588,15 +623,23 @@ class RoomStore:
             "replication_events", events_page_txn, self.interners, instance, from_token, upto, limit
         )
 
-    async def read_events_stream_rows(self, instance: str, from_token: int, upto: int, limit: int,
-                                      encoded: bool = False):
+    async def read_events_stream_rows(
+        self, instance: str, from_token: int, upto: int, limit: int, encoded: bool = False
+    ):
         """``(rows, more)``: ``read_events_stream``'s page as the rows
         replication sends, ``(token, row)`` in token order, events and state
         changes together, each row as its JSON text with ``encoded``
         (``roomstore.events.stream_rows`` says how)."""
         return await self.db.run_interaction(
-            "replication_events", stream_page_txn, self.interners, live=True, instance=instance,
-            from_token=from_token, upto=upto, limit=limit, encoded=encoded,
+            "replication_events",
+            stream_page_txn,
+            self.interners,
+            live=True,
+            instance=instance,
+            from_token=from_token,
+            upto=upto,
+            limit=limit,
+            encoded=encoded,
         )
 
     async def read_backfill_stream(self, instance: str, from_token: int, upto: int, limit: int):
@@ -606,23 +649,37 @@ class RoomStore:
             "replication_backfill", backfill_page_txn, self.interners, instance, from_token, upto, limit
         )
 
-    async def read_backfill_stream_rows(self, instance: str, from_token: int, upto: int, limit: int,
-                                        encoded: bool = False):
+    async def read_backfill_stream_rows(
+        self, instance: str, from_token: int, upto: int, limit: int, encoded: bool = False
+    ):
         """``(rows, more)``: ``read_backfill_stream``'s page as the rows
         replication sends, ``(token, row)``, as JSON text with ``encoded``."""
         return await self.db.run_interaction(
-            "replication_backfill", stream_page_txn, self.interners, live=False, instance=instance,
-            from_token=from_token, upto=upto, limit=limit, encoded=encoded,
+            "replication_backfill",
+            stream_page_txn,
+            self.interners,
+            live=False,
+            instance=instance,
+            from_token=from_token,
+            upto=upto,
+            limit=limit,
+            encoded=encoded,
         )
 
-    async def read_stream_lines(self, stream: str, instance: str, from_token: int, upto: int, limit: int,
-                                prefix: str):
+    async def read_stream_lines(self, stream: str, instance: str, from_token: int, upto: int, limit: int, prefix: str):
         """A page of the events (or ``backfill``) stream as the text of its
         RDATA lines, or None where SQLite wrote characters it leaves as they
         are: ``roomstore.events.stream_rows.stream_text_txn`` says what."""
         return await self.db.run_interaction(
-            "replication_lines", stream_text_txn, self.interners, live=stream == "events", instance=instance,
-            from_token=from_token, upto=upto, limit=limit, prefix=prefix,
+            "replication_lines",
+            stream_text_txn,
+            self.interners,
+            live=stream == "events",
+            instance=instance,
+            from_token=from_token,
+            upto=upto,
+            limit=limit,
+            prefix=prefix,
         )
 
     async def read_caches_stream(self, instance: str, from_token: int, upto: int, limit: int):
@@ -632,8 +689,9 @@ class RoomStore:
             "replication_caches", invalidations_page_txn, instance, from_token, upto, limit
         )
 
-    def replicated_event(self, token: int, room_id: str, event_type: str, state_key: str | None,
-                         redacts: str | None) -> None:
+    def replicated_event(
+        self, token: int, room_id: str, event_type: str, state_key: str | None, redacts: str | None
+    ) -> None:
         """Another process stored a live event at ``token`` of the events
         stream: drop what it changes from this process's caches."""
         self.caches.room_changed(room_id, token)
@@ -649,8 +707,9 @@ class RoomStore:
         once: the same caches dropped, each room's and member's change
         recorded once, at its newest token."""
         rooms = {room_id: token for token, room_id, _, _, _ in events}
-        members = {key: token for token, _, event_type, key, _ in events
-                   if event_type == "m.room.member" and key is not None}
+        members = {
+            key: token for token, _, event_type, key, _ in events if event_type == "m.room.member" and key is not None
+        }
         for token, event_type, key in state:
             if event_type == "m.room.member" and members.get(key, -1) < token:
                 members[key] = token
@@ -697,4 +756,3 @@ class RoomStore:
     async def table_stats(self) -> list[dict]:
         """``{"table", "rows", "bytes"}`` of every table of the schema."""
         return await self.db.run_interaction("stats", table_stats_txn)
-

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -82,5 +82,6 @@ class StoreConfig:
         """Whether this process is a writer of any built-in stream."""
         if self.read_only:
             return False
-        return any(self.instance_name in self.stream_writers.get(name, [self.instance_name]) for name in BUILTIN_STREAMS)
-
+        return any(
+            self.instance_name in self.stream_writers.get(name, [self.instance_name]) for name in BUILTIN_STREAMS
+        )

@@ -33,15 +33,24 @@ class Options(usage.Options):
         ["server-name", None, "localhost", "the name sent to workers in SERVER"],
         ["secret-file", None, None, "require AUTH with the secret on this file's first line"],
         ["metrics-port", None, None, "serve Prometheus metrics on /metrics at this port", int],
-        ["redis", None, None, "also replicate over this Redis (redis://[:PASSWORD@]host:port, rediss:// for TLS),"
-                              " channel --server-name"],
+        [
+            "redis",
+            None,
+            None,
+            "also replicate over this Redis (redis://[:PASSWORD@]host:port, rediss:// for TLS), channel --server-name",
+        ],
         ["redis-ca", None, None, "with a rediss:// URL: trust this CA (PEM; default: the system's)"],
         ["redis-cert", None, None, "with a rediss:// URL: a client certificate (PEM)"],
         ["redis-key", None, None, "the private key of --redis-cert (PEM)"],
         ["tls-cert", None, None, "serve replication over TLS with this certificate (PEM; with --tls-key)"],
         ["tls-key", None, None, "the private key of --tls-cert (PEM)"],
-        ["max-line-length", None, None,
-         "longest replication line sent or accepted, in bytes (default 16384, Synapse's limit)", _positive_bytes],
+        [
+            "max-line-length",
+            None,
+            None,
+            "longest replication line sent or accepted, in bytes (default 16384, Synapse's limit)",
+            _positive_bytes,
+        ],
     ]
 
     def __init__(self) -> None:
@@ -72,10 +81,19 @@ class RoomstoreServiceMaker:
             raise usage.UsageError(f"--secret-file: {exc}") from None
         length = options["max-line-length"]
         try:
-            store_config = serve_store_config(SimpleNamespace(
-                instance=options["instance"], stream_writers=options["stream-writers"], redis=options["redis"]))
-            tls = redis_tls(SimpleNamespace(redis=options["redis"], redis_ca=options["redis-ca"],
-                                            redis_cert=options["redis-cert"], redis_key=options["redis-key"]))
+            store_config = serve_store_config(
+                SimpleNamespace(
+                    instance=options["instance"], stream_writers=options["stream-writers"], redis=options["redis"]
+                )
+            )
+            tls = redis_tls(
+                SimpleNamespace(
+                    redis=options["redis"],
+                    redis_ca=options["redis-ca"],
+                    redis_cert=options["redis-cert"],
+                    redis_key=options["redis-key"],
+                )
+            )
             service = ReplicationServerService(
                 options["db"],
                 port=options["replication-port"],

@@ -84,9 +84,7 @@ def drop_postgres_database(url: str) -> None:
     conn = _admin_connect()
     try:
         with conn.cursor() as cur:
-            cur.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
-            )
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
             cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
     finally:
         conn.close()
@@ -166,10 +164,14 @@ def refresh_sole_delta_sql(groups_sql: str) -> str:
     """An UPDATE setting ``state_groups.sole_*`` of the groups ``groups_sql``
     selects from their rows, for tests that write the tables by hand (the
     store's writers set the columns as they write the rows)."""
-    only = ("(SELECT CASE WHEN COUNT(*) = 1 THEN MAX(d.{column}) END FROM state_group_deltas AS d"
-            " WHERE d.state_group = state_groups.state_group)")
-    return (f"UPDATE state_groups SET sole_type_key_nid = {only.format(column='type_key_nid')},"
-            f" sole_event_nid = {only.format(column='event_nid')} WHERE state_group IN ({groups_sql})")
+    only = (
+        "(SELECT CASE WHEN COUNT(*) = 1 THEN MAX(d.{column}) END FROM state_group_deltas AS d"
+        " WHERE d.state_group = state_groups.state_group)"
+    )
+    return (
+        f"UPDATE state_groups SET sole_type_key_nid = {only.format(column='type_key_nid')},"
+        f" sole_event_nid = {only.format(column='event_nid')} WHERE state_group IN ({groups_sql})"
+    )
 
 
 def sole_delta_mismatches_txn(txn) -> list[int]:

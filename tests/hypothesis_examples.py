@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,16 +21,22 @@ from twisted.internet import defer, reactor, threads
 from twisted.internet.threads import blockingCallFromThread
 
 
-async def run_examples(test: Any, example: Callable[..., Awaitable[None]], strategies: list,
-                       max_examples: int, budget_seconds: float) -> int:
+async def run_examples(
+    test: Any, example: Callable[..., Awaitable[None]], strategies: list, max_examples: int, budget_seconds: float
+) -> int:
     """Run ``example(*drawn)`` for the values Hypothesis draws from
     ``strategies``; return how many examples ran."""
     tried: list[int] = [0]
     first_failure: list[str] = []
     started = time.monotonic()
 
-    @settings(max_examples=max_examples, deadline=None, database=None, report_multiple_bugs=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.tuples(*strategies))
     def check(drawn):
         if time.monotonic() - started > budget_seconds:

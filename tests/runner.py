@@ -16,10 +16,27 @@ import subprocess
 import sys
 
 #: trial options whose value may come as the next argument.
-VALUE_OPTIONS = frozenset({
-    "--debugger", "--jobs", "-j", "--logfile", "-l", "--order", "-o", "--reactor", "-r", "--recursionlimit",
-    "--reporter", "--tbformat", "--temp-directory", "--testmodule", "--without-module", "--random", "-z",
-})
+VALUE_OPTIONS = frozenset(
+    {
+        "--debugger",
+        "--jobs",
+        "-j",
+        "--logfile",
+        "-l",
+        "--order",
+        "-o",
+        "--reactor",
+        "-r",
+        "--recursionlimit",
+        "--reporter",
+        "--tbformat",
+        "--temp-directory",
+        "--testmodule",
+        "--without-module",
+        "--random",
+        "-z",
+    }
+)
 
 
 def with_default_tests(args: list[str]) -> list[str]:

@@ -62,10 +62,16 @@ def _config(folder: str, port: int, database: dict) -> dict:
     return {
         "server_name": SERVER_NAME,
         "pid_file": os.path.join(folder, "homeserver.pid"),
-        "listeners": [{
-            "port": port, "bind_addresses": ["127.0.0.1"], "type": "http", "tls": False, "x_forwarded": False,
-            "resources": [{"names": ["client"], "compress": False}],
-        }],
+        "listeners": [
+            {
+                "port": port,
+                "bind_addresses": ["127.0.0.1"],
+                "type": "http",
+                "tls": False,
+                "x_forwarded": False,
+                "resources": [{"names": ["client"], "compress": False}],
+            }
+        ],
         "database": database,
         "log_config": os.path.join(folder, "log.yaml"),
         "media_store_path": os.path.join(folder, "media"),
@@ -110,8 +116,14 @@ def _pg_database(pg_url: str) -> tuple[dict, str]:
         cur.execute(f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'")
     conn.close()
     parts = urllib.parse.urlsplit(pg_url)
-    args = {"user": parts.username or "postgres", "host": parts.hostname, "port": parts.port or 5432,
-            "database": name, "cp_min": 1, "cp_max": 5}
+    args = {
+        "user": parts.username or "postgres",
+        "host": parts.hostname,
+        "port": parts.port or 5432,
+        "database": name,
+        "cp_min": 1,
+        "cp_max": 5,
+    }
     url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/" + name, "", ""))
     return {"name": "psycopg2", "args": args}, url
 
@@ -134,14 +146,19 @@ def start(pg_url: str | None = None, timeout: float = 90.0, extra_config: dict |
     config_path = os.path.join(folder, "homeserver.yaml")
     with open(config_path, "w") as f:
         json.dump(config, f, indent=1)
-    keys = subprocess.run([*_run_command(folder), "--generate-keys"], capture_output=True, cwd=folder,
-                          env=_synapse_env())
+    keys = subprocess.run(
+        [*_run_command(folder), "--generate-keys"], capture_output=True, cwd=folder, env=_synapse_env()
+    )
     if keys.returncode:
         tail = (keys.stderr or keys.stdout).decode("utf-8", "replace").strip().splitlines()[-3:]
         raise RuntimeError(f"Synapse --generate-keys failed ({keys.returncode}): {' / '.join(tail)}")
-    info = {"base_url": f"http://127.0.0.1:{port}", "server_name": SERVER_NAME,
-            "shared_secret": config["registration_shared_secret"], "database": db_url,
-            "engine": "postgresql" if pg_url else "sqlite"}
+    info = {
+        "base_url": f"http://127.0.0.1:{port}",
+        "server_name": SERVER_NAME,
+        "shared_secret": config["registration_shared_secret"],
+        "database": db_url,
+        "engine": "postgresql" if pg_url else "sqlite",
+    }
     _launch(folder, info, timeout)
     return folder
 
@@ -170,8 +187,14 @@ def _run_command(folder: str) -> list[str]:
 def _launch(folder: str, info: dict, timeout: float) -> None:
     """Run Synapse from ``folder`` until its client API answers; record its pid in server.json."""
     log = open(os.path.join(folder, "stdout.log"), "ab")
-    proc = subprocess.Popen(_run_command(folder), stdout=log, stderr=subprocess.STDOUT, cwd=folder,
-                            start_new_session=True, env=_synapse_env())
+    proc = subprocess.Popen(
+        _run_command(folder),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=folder,
+        start_new_session=True,
+        env=_synapse_env(),
+    )
     base_url = info["base_url"]
     deadline = time.monotonic() + timeout
     while True:
@@ -251,7 +274,7 @@ class SynapseServer:
         self.engine: str = info["engine"]
 
     @classmethod
-    def from_env(cls, variable: str) -> "SynapseServer":
+    def from_env(cls, variable: str) -> SynapseServer:
         folder = os.environ.get(variable)
         if not folder or not os.path.exists(os.path.join(folder, "server.json")):
             raise RuntimeError(f"{variable} names no running Synapse: run the tests with bin/test, which starts it")
@@ -262,8 +285,9 @@ class SynapseServer:
         """Synapse's database as ``import-synapse --from`` takes it."""
         return self.database if self.engine == "postgresql" else "sqlite:///" + self.database
 
-    def request(self, method: str, path: str, body: Any = None, token: str | None = None,
-                query: dict | None = None) -> dict:
+    def request(
+        self, method: str, path: str, body: Any = None, token: str | None = None, query: dict | None = None
+    ) -> dict:
         url = self.base_url + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(url, data=data, method=method)
@@ -281,16 +305,25 @@ class SynapseServer:
                 payload = {"body": raw.decode("utf-8", "replace")}
             raise SynapseError(err.code, payload, f"{method} {path}") from None
 
-    def register(self, localpart: str, admin: bool = False) -> "SynapseUser":
+    def register(self, localpart: str, admin: bool = False) -> SynapseUser:
         """Register a user through the shared-secret admin API; log them in."""
         nonce = self.request("GET", "/_synapse/admin/v1/register")["nonce"]
         password = "pw-" + localpart
         mac = hmac.new(self.shared_secret.encode(), digestmod=hashlib.sha1)
-        mac.update(b"\x00".join([nonce.encode(), localpart.encode(), password.encode(),
-                                 b"admin" if admin else b"notadmin"]))
-        result = self.request("POST", "/_synapse/admin/v1/register", {
-            "nonce": nonce, "username": localpart, "password": password, "admin": admin, "mac": mac.hexdigest(),
-        })
+        mac.update(
+            b"\x00".join([nonce.encode(), localpart.encode(), password.encode(), b"admin" if admin else b"notadmin"])
+        )
+        result = self.request(
+            "POST",
+            "/_synapse/admin/v1/register",
+            {
+                "nonce": nonce,
+                "username": localpart,
+                "password": password,
+                "admin": admin,
+                "mac": mac.hexdigest(),
+            },
+        )
         return SynapseUser(self, result["user_id"], result["access_token"])
 
 
@@ -347,7 +380,9 @@ class SynapseUser:
 
     def redact(self, room_id: str, event_id: str, reason: str = "redacted") -> str:
         self._txn += 1
-        path = f"{self._room(room_id)}/redact/{urllib.parse.quote(event_id, safe='')}/r{self._txn}-{time.monotonic_ns()}"
+        path = (
+            f"{self._room(room_id)}/redact/{urllib.parse.quote(event_id, safe='')}/r{self._txn}-{time.monotonic_ns()}"
+        )
         return self._call("PUT", path, {"reason": reason})["event_id"]
 
     def messages_back(self, room_id: str, page: int = 50) -> list[str] | SynapseError:
@@ -369,7 +404,7 @@ class SynapseUser:
             query = {"dir": "b", "limit": page, "from": result["end"]}
 
 
-def exclusive(server: "SynapseServer"):
+def exclusive(server: SynapseServer):
     """A lock file held while a test writes to this Synapse or needs nobody
     else to (the compaction tests compare its whole state tables before and
     after): tests in other trial workers that take it wait. Returns the open

@@ -46,8 +46,8 @@ from __future__ import annotations
 import ast
 import re
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from twisted.trial import unittest
 
@@ -55,15 +55,26 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "roomstore"
 MAX_LINES = 700
 #: The store: what a homeserver embeds. It must not know its users.
-STORE = ("roomstore.events", "roomstore.state", "roomstore.visibility", "roomstore.storage",
-         "roomstore.streams", "roomstore.store")
+STORE = (
+    "roomstore.events",
+    "roomstore.state",
+    "roomstore.visibility",
+    "roomstore.storage",
+    "roomstore.streams",
+    "roomstore.store",
+)
 #: What sits above the store.
 ABOVE_STORE = ("roomstore.replication", "roomstore.compaction", "roomstore.synapse_db", "roomstore.homeserver")
 #: The homeserver (issue 41) is an embedder like any other: of roomstore it may import only the store's public
 #: face (``RoomStore``, ``StoreConfig``, ``EventToPersist`` from ``roomstore.store``; the ``roomstore.events`` and
 #: ``roomstore.storage`` packages' exported names; embedder schemas) and the pure ``roomstore.pdu``.
 HOMESERVER = "roomstore.homeserver"
-HOMESERVER_MAY_IMPORT = ("roomstore.homeserver", "roomstore.store", "roomstore.pdu", "roomstore.storage.embedder_schema")
+HOMESERVER_MAY_IMPORT = (
+    "roomstore.homeserver",
+    "roomstore.store",
+    "roomstore.pdu",
+    "roomstore.storage.embedder_schema",
+)
 HOMESERVER_MAY_IMPORT_PACKAGES = ("roomstore.events", "roomstore.storage")
 #: Schema directories whose tables need an owner: the store's, and the homeserver's embedder schema.
 SCHEMA_DIRS = ("schema", "homeserver/schema")
@@ -229,17 +240,15 @@ def describe_cycles(graph: dict[str, dict[str, int]]) -> list[str]:
     lines = []
     for component in strongly_connected(graph):
         path = cycle_path(graph, component)
-        steps = " -> ".join(
-            f"{a} (line {graph[a][b]})" for a, b in zip(path, path[1:])
-        ) + f" -> {path[-1]}"
-        extra = f"; {len(component)} modules in this knot: {', '.join(component)}" if len(component) > len(path) - 1 else ""
+        steps = " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(path, path[1:])) + f" -> {path[-1]}"
+        extra = (
+            f"; {len(component)} modules in this knot: {', '.join(component)}" if len(component) > len(path) - 1 else ""
+        )
         lines.append(steps + extra)
     return lines
 
 
-def forbidden_imports(
-    graph: dict[str, dict[str, int]], lower: Iterable[str], upper: Iterable[str]
-) -> list[str]:
+def forbidden_imports(graph: dict[str, dict[str, int]], lower: Iterable[str], upper: Iterable[str]) -> list[str]:
     """``module (line N) imports target`` for every module under ``lower`` importing under ``upper``."""
 
     def under(name: str, roots: Iterable[str]) -> bool:
@@ -248,8 +257,10 @@ def forbidden_imports(
     lower, upper = tuple(lower), tuple(upper)
     return [
         f"{module} (line {line}) imports {target}"
-        for module in sorted(graph) if under(module, lower)
-        for target, line in sorted(graph[module].items()) if under(target, upper)
+        for module in sorted(graph)
+        if under(module, lower)
+        for target, line in sorted(graph[module].items())
+        if under(target, upper)
     ]
 
 
@@ -319,8 +330,9 @@ def table_mentions(path: Path, tables: set[str]) -> list[tuple[str, int]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
-            found += [(name.lower(), node.lineno) for name in _TABLE_AFTER.findall(node.value)
-                      if name.lower() in tables]
+            found += [
+                (name.lower(), node.lineno) for name in _TABLE_AFTER.findall(node.value) if name.lower() in tables
+            ]
         elif isinstance(node, ast.Call) and _call_name(node) in TABLE_CALLS:
             first = next((a for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)), None)
             if first is not None and first.value in tables:
@@ -329,10 +341,13 @@ def table_mentions(path: Path, tables: set[str]) -> list[tuple[str, int]]:
 
 
 def foreign_table_mentions(
-    root: Path, package: str, owners: dict[str, str], exempt: Iterable[str] = (),
+    root: Path,
+    package: str,
+    owners: dict[str, str],
+    exempt: Iterable[str] = (),
     second_homes: dict[str, str] | None = None,
 ) -> list[str]:
-    """"path:line names table (owner: module)" for every mention of a table in SQL outside its owner (and
+    """ "path:line names table (owner: module)" for every mention of a table in SQL outside its owner (and
     outside its second home in ``second_homes``, table -> module, if it has one)."""
     tables = set(owners)
     second_homes = second_homes or {}
@@ -348,15 +363,17 @@ def foreign_table_mentions(
 
 
 def redefinitions(package_dir: Path, package: str) -> list[str]:
-    """"path:line name (first defined at line N)" for each top-level def or class defined again in its module."""
+    """ "path:line name (first defined at line N)" for each top-level def or class defined again in its module."""
     found = []
     for path in sorted(module_files(package_dir, package).values()):
         seen: dict[str, int] = {}
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 if node.name in seen:
-                    found.append(f"{path.relative_to(package_dir.parent)}:{node.lineno} {node.name}"
-                                 f" (first defined at line {seen[node.name]})")
+                    found.append(
+                        f"{path.relative_to(package_dir.parent)}:{node.lineno} {node.name}"
+                        f" (first defined at line {seen[node.name]})"
+                    )
                 seen.setdefault(node.name, node.lineno)
     return found
 
@@ -394,14 +411,23 @@ class RoomstoreShapeTests(unittest.TestCase):
 
         def allowed(name: str) -> bool:
             return name in HOMESERVER_MAY_IMPORT_PACKAGES or any(
-                name == a or name.startswith(a + ".") for a in HOMESERVER_MAY_IMPORT)
+                name == a or name.startswith(a + ".") for a in HOMESERVER_MAY_IMPORT
+            )
 
-        wrong = forbidden_imports(self.graph, [HOMESERVER], sorted(m for m in self.graph if m != PACKAGE and not allowed(m)))
+        wrong = forbidden_imports(
+            self.graph, [HOMESERVER], sorted(m for m in self.graph if m != PACKAGE and not allowed(m))
+        )
         if wrong:
-            self.fail("the homeserver imports the store's internals (use RoomStore's public face):\n  "
-                      + "\n  ".join(wrong))
-        users = sorted(m for m in self.graph if not (m == HOMESERVER or m.startswith(HOMESERVER + "."))
-                       and m != PACKAGE and not m.startswith("roomstore.cli"))
+            self.fail(
+                "the homeserver imports the store's internals (use RoomStore's public face):\n  " + "\n  ".join(wrong)
+            )
+        users = sorted(
+            m
+            for m in self.graph
+            if not (m == HOMESERVER or m.startswith(HOMESERVER + "."))
+            and m != PACKAGE
+            and not m.startswith("roomstore.cli")
+        )
         wrong = forbidden_imports(self.graph, users, [HOMESERVER])
         self.assertEqual(wrong, [], "only the command line may import the homeserver")
 
@@ -470,7 +496,9 @@ class RoomstoreShapeTests(unittest.TestCase):
 
     def test_pure_pdu_code_imports_nothing_else_of_roomstore(self):
         self.assertIn("roomstore.pdu", self.graph, "the pure PDU package roomstore.pdu is missing")
-        others = sorted({m for m in self.graph if m != PACKAGE and not (m == "roomstore.pdu" or m.startswith("roomstore.pdu."))})
+        others = sorted(
+            {m for m in self.graph if m != PACKAGE and not (m == "roomstore.pdu" or m.startswith("roomstore.pdu."))}
+        )
         wrong = forbidden_imports(self.graph, ["roomstore.pdu"], others)
         if wrong:
             self.fail("the pure PDU package imports the rest of roomstore:\n  " + "\n  ".join(wrong))
@@ -478,8 +506,9 @@ class RoomstoreShapeTests(unittest.TestCase):
     def test_state_resolution_imports_only_pdu(self):
         self.assertIn("roomstore.resolution", self.graph, "the pure package roomstore.resolution is missing")
         allowed = ("roomstore.resolution", "roomstore.pdu")
-        others = sorted({m for m in self.graph if m != PACKAGE
-                         and not any(m == a or m.startswith(a + ".") for a in allowed)})
+        others = sorted(
+            {m for m in self.graph if m != PACKAGE and not any(m == a or m.startswith(a + ".") for a in allowed)}
+        )
         wrong = forbidden_imports(self.graph, ["roomstore.resolution"], others)
         if wrong:
             self.fail("state resolution imports more of roomstore than roomstore.pdu:\n  " + "\n  ".join(wrong))
@@ -502,13 +531,15 @@ class CheckerTests(unittest.TestCase):
     def test_cycle_through_every_import_form(self):
         # a -> b (relative, at the top), b -> c (inside a function),
         # c -> a (absolute, under TYPE_CHECKING): a cycle of three.
-        root = self.make_package({
-            "a.py": "from . import b\n",
-            "b.py": "def later():\n    from pkg.sub import c\n    return c\n",
-            "sub/__init__.py": "",
-            "sub/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n",
-            "d.py": "import pkg.a\n",  # into the cycle, not part of it
-        })
+        root = self.make_package(
+            {
+                "a.py": "from . import b\n",
+                "b.py": "def later():\n    from pkg.sub import c\n    return c\n",
+                "sub/__init__.py": "",
+                "sub/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n",
+                "d.py": "import pkg.a\n",  # into the cycle, not part of it
+            }
+        )
         graph = import_graph(root, "pkg")
         self.assertEqual(graph["pkg.a"], {"pkg.b": 1})
         self.assertEqual(graph["pkg.b"], {"pkg.sub.c": 2})
@@ -520,42 +551,52 @@ class CheckerTests(unittest.TestCase):
         )
 
     def test_two_module_cycle_with_relative_parent_import(self):
-        root = self.make_package({
-            "store.py": "from pkg.events.reads import Reader\n",
-            "events/__init__.py": "",
-            "events/reads.py": "from ..store import Store\n",
-        })
+        root = self.make_package(
+            {
+                "store.py": "from pkg.events.reads import Reader\n",
+                "events/__init__.py": "",
+                "events/reads.py": "from ..store import Store\n",
+            }
+        )
         graph = import_graph(root, "pkg")
-        self.assertEqual(describe_cycles(graph), ["pkg.events.reads (line 1) -> pkg.store (line 1) -> pkg.events.reads"])
+        self.assertEqual(
+            describe_cycles(graph), ["pkg.events.reads (line 1) -> pkg.store (line 1) -> pkg.events.reads"]
+        )
 
     def test_knot_larger_than_its_shortest_cycle(self):
-        root = self.make_package({
-            "a.py": "import pkg.b\nimport pkg.c\n",
-            "b.py": "import pkg.a\n",
-            "c.py": "import pkg.a\n",
-        })
+        root = self.make_package(
+            {
+                "a.py": "import pkg.b\nimport pkg.c\n",
+                "b.py": "import pkg.a\n",
+                "c.py": "import pkg.a\n",
+            }
+        )
         (line,) = describe_cycles(import_graph(root, "pkg"))
         self.assertEqual(line, "pkg.a (line 1) -> pkg.b (line 1) -> pkg.a; 3 modules in this knot: pkg.a, pkg.b, pkg.c")
 
     def test_no_cycle(self):
         # A package re-exporting its module, imported by its siblings: no cycle.
-        root = self.make_package({
-            "__init__.py": "from pkg.low import thing\n",
-            "low.py": "thing = 1\n",
-            "high.py": "from pkg import thing\nfrom pkg.low import thing as again\nimport os, json\n",
-        })
+        root = self.make_package(
+            {
+                "__init__.py": "from pkg.low import thing\n",
+                "low.py": "thing = 1\n",
+                "high.py": "from pkg import thing\nfrom pkg.low import thing as again\nimport os, json\n",
+            }
+        )
         graph = import_graph(root, "pkg")
         self.assertEqual(graph["pkg.high"], {"pkg": 1, "pkg.low": 2})
         self.assertEqual(describe_cycles(graph), [])
 
     def test_forbidden_imports(self):
-        root = self.make_package({
-            "store/__init__.py": "",
-            "store/db.py": "x = 1\n",
-            "store/reads.py": "import pkg.store.db\n\ndef f():\n    from pkg.replication import wire\n",
-            "replication/__init__.py": "",
-            "replication/wire.py": "from pkg.store import db\n",
-        })
+        root = self.make_package(
+            {
+                "store/__init__.py": "",
+                "store/db.py": "x = 1\n",
+                "store/reads.py": "import pkg.store.db\n\ndef f():\n    from pkg.replication import wire\n",
+                "replication/__init__.py": "",
+                "replication/wire.py": "from pkg.store import db\n",
+            }
+        )
         graph = import_graph(root, "pkg")
         self.assertEqual(
             forbidden_imports(graph, ["pkg.store"], ["pkg.replication"]),
@@ -583,19 +624,21 @@ class CheckerTests(unittest.TestCase):
         self.assertEqual(documented_owners(doc), {"one": "pkg/a.py", "two": "pkg/b.py"})
 
     def test_table_mentions_outside_their_owner(self):
-        root = self.make_package({
-            "owner.py": 'READ = "SELECT a FROM one JOIN two USING (a)"\n',
-            "other.py": (
-                '"""Reads FROM one, in a docstring: not SQL."""\n'
-                'def f(txn, t):\n'
-                '    """INSERT INTO one: a docstring."""\n'
-                '    txn.execute(f"UPDATE two SET a = {t} WHERE a IN (SELECT a FROM one)")\n'
-                '    txn.insert_many("one", ("a",), [])\n'
-                '    log("read from one")  # prose in lower case\n'
-                '    return Interner("three", "nid", ["x"], 1)\n'
-            ),
-            "synapse.py": 'Q = "SELECT * FROM one"\n',
-        })
+        root = self.make_package(
+            {
+                "owner.py": 'READ = "SELECT a FROM one JOIN two USING (a)"\n',
+                "other.py": (
+                    '"""Reads FROM one, in a docstring: not SQL."""\n'
+                    "def f(txn, t):\n"
+                    '    """INSERT INTO one: a docstring."""\n'
+                    '    txn.execute(f"UPDATE two SET a = {t} WHERE a IN (SELECT a FROM one)")\n'
+                    '    txn.insert_many("one", ("a",), [])\n'
+                    '    log("read from one")  # prose in lower case\n'
+                    '    return Interner("three", "nid", ["x"], 1)\n'
+                ),
+                "synapse.py": 'Q = "SELECT * FROM one"\n',
+            }
+        )
         owners = {"one": "pkg/owner.py", "two": "pkg/owner.py", "three": "pkg/owner.py"}
         self.assertEqual(
             foreign_table_mentions(root.parent, "pkg", owners, ["pkg/synapse.py"]),
@@ -606,8 +649,10 @@ class CheckerTests(unittest.TestCase):
                 "pkg/other.py:7 names three (owner: pkg/owner.py)",
             ],
         )
-        self.assertEqual(foreign_table_mentions(root.parent, "pkg", {**owners, "one": "pkg/other.py"}, ["pkg/synapse.py"])[:1],
-                         ["pkg/other.py:4 names two (owner: pkg/owner.py)"])
+        self.assertEqual(
+            foreign_table_mentions(root.parent, "pkg", {**owners, "one": "pkg/other.py"}, ["pkg/synapse.py"])[:1],
+            ["pkg/other.py:4 names two (owner: pkg/owner.py)"],
+        )
         # A second home lets that module name that table, and no other: other.py may name two, not one.
         self.assertEqual(
             foreign_table_mentions(root.parent, "pkg", owners, ["pkg/synapse.py"], {"two": "pkg/other.py"}),
@@ -619,9 +664,11 @@ class CheckerTests(unittest.TestCase):
         )
 
     def test_redefinitions(self):
-        root = self.make_package({
-            "a.py": "def f(x):\n    return x\n\nclass C:\n    def m(self): ...\n    def m(self): ...\n\n"
-                    "def f(x, y):\n    return y\n",
-            "b.py": "def g(): ...\n",
-        })
+        root = self.make_package(
+            {
+                "a.py": "def f(x):\n    return x\n\nclass C:\n    def m(self): ...\n    def m(self): ...\n\n"
+                "def f(x, y):\n    return y\n",
+                "b.py": "def g(): ...\n",
+            }
+        )
         self.assertEqual(redefinitions(root, "pkg"), ["pkg/a.py:8 f (first defined at line 1)"])

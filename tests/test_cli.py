@@ -91,7 +91,6 @@ class CliTests:
         code, out, err = await self.cli("state", "--db", url, "--before", join_id)
         self.assertEqual({(s["type"], s["state_key"]) for s in out[0]["state"]}, {("m.room.create", "")})
 
-
     async def test_import_in_flight_and_validation_processes(self):
         """The pipelined import (the default, 8 batches in flight; and with a
         validation process) reports and stores what one batch at a time does."""
@@ -110,8 +109,11 @@ class CliTests:
             # Rows per transaction, not per event, differ with group commit:
             # the invalidations, and current state deltas (a group's one
             # change where batch by batch each step is a row).
-            rows = {row["table"]: row["rows"] for row in stats
-                    if row["table"] not in ("cache_invalidations", "current_state_deltas")}
+            rows = {
+                row["table"]: row["rows"]
+                for row in stats
+                if row["table"] not in ("cache_invalidations", "current_state_deltas")
+            }
             outcomes.append((out[:-1], summary, rows))
         self.assertEqual(outcomes[0][1]["failed"], 0)
         self.assertEqual(outcomes[1], outcomes[0])
@@ -122,7 +124,8 @@ class CliTests:
         self.assertEqual(code, 2)
         self.assertIn("--in-flight: 0 is below 1: give 1 or more", err)
         code, out, err = await self.cli(
-            "import", SAMPLE_PATH, "--db", self.new_database_url(), "--validation-processes", "many")
+            "import", SAMPLE_PATH, "--db", self.new_database_url(), "--validation-processes", "many"
+        )
         self.assertEqual(code, 2)
         self.assertIn("--validation-processes: 'many' is not a whole number", err)
         code, out, err = await self.cli("import", SAMPLE_PATH, "--db", self.new_database_url(), "--batch-size", "0")
@@ -139,10 +142,18 @@ class DemoTests:
         summary = next(o for o in out if "import" in o)
         self.assertEqual((summary["imported"], summary["failed"]), (4004, 0))
         shown = {o["demo"] for o in out if "demo" in o}
-        self.assertEqual(shown, {
-            "current state", "state before a forward extremity", "users in room", "messages (newest 5)",
-            "recent (2 events in 3 rooms)", "sync since s0", "stats",
-        })
+        self.assertEqual(
+            shown,
+            {
+                "current state",
+                "state before a forward extremity",
+                "users in room",
+                "messages (newest 5)",
+                "recent (2 events in 3 rooms)",
+                "sync since s0",
+                "stats",
+            },
+        )
         page = next(o for o in out if o.get("demo") == "messages (newest 5)")
         self.assertEqual(len(page["events"]), 5)
         sync = next(o for o in out if o.get("demo") == "sync since s0")
@@ -160,6 +171,8 @@ class CliErrorTests:
         code, out, err = await threads.deferToThread(run_cli, "init", "--db", "mysql://nope/x")
         self.assertEqual(code, 2)
         self.assertIn("unsupported database scheme", err)
-        code, out, err = await threads.deferToThread(run_cli, "import", "/nonexistent.jsonl", "--db", self.new_database_url())
+        code, out, err = await threads.deferToThread(
+            run_cli, "import", "/nonexistent.jsonl", "--db", self.new_database_url()
+        )
         self.assertEqual(code, 2)
         self.assertIn("no such file", err)

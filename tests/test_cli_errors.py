@@ -35,8 +35,9 @@ COMMANDS = {
 
 def run(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout,
-                          cwd=tempfile.mkdtemp(prefix="roomstore-errors-"))
+    return subprocess.run(
+        argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=tempfile.mkdtemp(prefix="roomstore-errors-")
+    )
 
 
 def roomstore(*args: str) -> subprocess.CompletedProcess:
@@ -111,8 +112,14 @@ class ClosedPipeTests(unittest.TestCase):
             read_end, write_end = os.pipe()
             os.close(read_end)  # the reader is gone before anything is written
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-            proc = subprocess.run([sys.executable, "-m", "roomstore.cli", "stats", "--db", url], stdout=write_end,
-                                  stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+            proc = subprocess.run(
+                [sys.executable, "-m", "roomstore.cli", "stats", "--db", url],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                timeout=120,
+            )
             os.close(write_end)
             return proc.returncode, proc.stderr
 

@@ -60,7 +60,10 @@ class NewUserCliTests:
         # Spaces after separators, keys out of canonical order: not what a
         # compact re-serialisation would give.
         spaced = [json.dumps(e.event, separators=(", ", ": ")) for e in (create, join)]
-        lines = [f'{{"room_version" : "10",  "event" : {spaced[0]} }}', f'{{"event": {spaced[1]}, "room_version": "10"}}']
+        lines = [
+            f'{{"room_version" : "10",  "event" : {spaced[0]} }}',
+            f'{{"event": {spaced[1]}, "room_version": "10"}}',
+        ]
         url = self.new_database_url()
         code, out, err = await self.cli("import", write_lines(lines), "--db", url)
         self.assertEqual(code, 0, err)
@@ -125,8 +128,11 @@ class MissingDatabaseTests(unittest.TestCase):
         path = os.path.join(base, "typo", "roomstore.db")
         url = f"sqlite:///{path}"
         for args in (
-            ["stats"], ["state", "$" + "A" * 43], ["messages", "!r:example.org", "--user", ALICE],
-            ["sync", "--user", ALICE], ["recent", "--user", ALICE],
+            ["stats"],
+            ["state", "$" + "A" * 43],
+            ["messages", "!r:example.org", "--user", ALICE],
+            ["sync", "--user", ALICE],
+            ["recent", "--user", ALICE],
         ):
             code, out, err = run_cli(*args, "--db", url)
             self.assertEqual(code, 2, (args, err))
@@ -139,7 +145,9 @@ class MissingDatabaseTests(unittest.TestCase):
         url = f"sqlite:///{base}/typo/roomstore.db"
         proc = subprocess.run(
             [os.path.join(ROOT, "bin", "roomstore-compact"), "--db", url, "--dry-run"],
-            capture_output=True, text=True, timeout=300,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertIn("does not exist", proc.stderr)
@@ -179,9 +187,20 @@ class ReadableErrorTests(unittest.TestCase):
         marker = f"replication connection to 127.0.0.1:{port} failed"
         with tempfile.TemporaryFile(mode="w+") as stderr:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "roomstore.cli", "follow", "--db", f"sqlite:///{base}/w.db",
-                 "--server", f"127.0.0.1:{port}"],
-                stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=env,
+                [
+                    sys.executable,
+                    "-m",
+                    "roomstore.cli",
+                    "follow",
+                    "--db",
+                    f"sqlite:///{base}/w.db",
+                    "--server",
+                    f"127.0.0.1:{port}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                text=True,
+                env=env,
             )
             try:
                 # Retries come about 0.5 s, then 1.4 s, then 3.7 s apart.

@@ -76,8 +76,9 @@ class ContentHashCliTests:
             line = next(text for number, text in enumerate(src, start=1) if number == target)
         obj = json.loads(line)
         room_id = obj.get("event", obj)["room_id"]  # a message: it names its room
-        code, out, err = await self.cli("messages", room_id, "--user", "@user0:example.org", "--limit", "200",
-                                        "--db", url)
+        code, out, err = await self.cli(
+            "messages", room_id, "--user", "@user0:example.org", "--limit", "200", "--db", url
+        )
         self.assertEqual(code, 0, err)
         served = {e["event_id"]: e for e in out if "event_id" in e}
         self.assertEqual(served[event_id]["content"], {})  # never the tampered body
@@ -208,14 +209,16 @@ class ReadOnlyAndBadLineTests:
     async def test_read_commands_on_a_database_without_schema_create_nothing(self):
         url = self.new_database_url()
         if url.startswith("sqlite"):
-            open(url[len("sqlite:///"):], "wb").close()
+            open(url[len("sqlite:///") :], "wb").close()
         for command, extra in READ_COMMANDS.items():
             code, out, err = await self.cli(command, *extra, "--db", url)
             self.assertEqual(code, 2, err)
             self.assertIn("has no roomstore schema", err)
         db = await self.make_database(url, prepare=False)
-        tables = await db.run_interaction("tables", lambda t: t.engine.table_exists(t._cursor, "events")
-                                          or t.engine.table_exists(t._cursor, "schema_version"))
+        tables = await db.run_interaction(
+            "tables",
+            lambda t: t.engine.table_exists(t._cursor, "events") or t.engine.table_exists(t._cursor, "schema_version"),
+        )
         await db.close()
         self.assertFalse(tables)
 
@@ -228,8 +231,14 @@ class ReadOnlyAndBadLineTests:
         good = lines[:10]
         damaged = os.path.join(directory, "damaged.jsonl")
         with open(damaged, "wb") as handle:
-            handle.write(b"\n".join(good[:5] + [b"\xff\xfe not utf-8", b'{"room_version": 10, "event": {}}']
-                                    + good[5:] + [lines[10][: len(lines[10]) // 2]]))
+            handle.write(
+                b"\n".join(
+                    good[:5]
+                    + [b"\xff\xfe not utf-8", b'{"room_version": 10, "event": {}}']
+                    + good[5:]
+                    + [lines[10][: len(lines[10]) // 2]]
+                )
+            )
         url = self.new_database_url()
         code, out, err = await self.cli("import", damaged, "--db", url)
         self.assertEqual(code, 0, err)

@@ -56,23 +56,41 @@ class OwnPostgres:
     """A PostgreSQL of this test's own (``bin/pg-test-server``), which it may restart."""
 
     def __init__(self, test) -> None:
-        out = subprocess.run([os.path.join(REPO, "bin", "pg-test-server"), "start"], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, check=True, timeout=120)
+        out = subprocess.run(
+            [os.path.join(REPO, "bin", "pg-test-server"), "start"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            check=True,
+            timeout=120,
+        )
         self.admin_url, self.dir = out.stdout.decode().split()
-        test.addCleanup(subprocess.run, [os.path.join(REPO, "bin", "pg-test-server"), "stop", self.dir],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        test.addCleanup(
+            subprocess.run,
+            [os.path.join(REPO, "bin", "pg-test-server"), "stop", self.dir],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+        )
         # bin/pg-test-server runs with fsync and synchronous_commit off: a
         # crash there loses commits it acknowledged. Durable, as a deployment is.
         port = urllib.parse.urlsplit(self.admin_url).port
         self._pg_ctl("-m fast -w stop")
-        self._pg_ctl(f"-w -t 60 -o \"-k '{self.dir}' -p {port} -c listen_addresses=127.0.0.1"
-                     f" -c max_connections=200\" start")
+        self._pg_ctl(
+            f"-w -t 60 -o \"-k '{self.dir}' -p {port} -c listen_addresses=127.0.0.1 -c max_connections=200\" start"
+        )
 
     def _pg_ctl(self, args: str) -> None:
         command = f"'{_pg_bindir()}/pg_ctl' -D '{self.dir}/data' -l '{self.dir}/server.log' {args}"
         argv = ["su", "-s", "/bin/sh", "postgres", "-c", command] if os.getuid() == 0 else ["sh", "-c", command]
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                       check=True, timeout=120)
+        subprocess.run(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            check=True,
+            timeout=120,
+        )
 
     def database_url(self, name: str) -> str:
         self.admin(f'CREATE DATABASE "{name}"')
@@ -91,8 +109,10 @@ class OwnPostgres:
 
     def terminate_all(self) -> int:
         """``pg_terminate_backend`` of every client backend but this one; how many."""
-        rows = self.admin("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                          " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+        rows = self.admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
         return len(rows)
 
 
@@ -126,8 +146,9 @@ class DatabaseRestartsTest(unittest.TestCase):
         def spawn(argv: list[str], name: str) -> tuple[subprocess.Popen, str]:
             out = os.path.join(directory, name)
             with open(out, "wb") as stdout, open(out + ".err", "wb") as stderr:
-                proc = subprocess.Popen([sys.executable, "-m", "roomstore.cli", *argv], stdout=stdout,
-                                        stderr=stderr, env=env)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "roomstore.cli", *argv], stdout=stdout, stderr=stderr, env=env
+                )
             processes.append(proc)
             return proc, out
 
@@ -152,8 +173,7 @@ class DatabaseRestartsTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, open(out + ".err").read())
         base_top = pg.query(url, "SELECT MAX(stream_ordering) FROM events")[0][0]
 
-        serve, serve_out = spawn(["serve", "--instance", "w1", "--replication-port", "0", "-v", *common],
-                                 "serve.out")
+        serve, serve_out = spawn(["serve", "--instance", "w1", "--replication-port", "0", "-v", *common], "serve.out")
         wait_for(lambda: os.path.getsize(serve_out) > 0 or serve.poll() is not None, 60, "serve to start")
         self.assertIsNone(serve.poll(), open(serve_out + ".err").read())
         followers = {}
@@ -165,14 +185,22 @@ class DatabaseRestartsTest(unittest.TestCase):
 
         importer, import_out = spawn(["import", big, "--instance", "w2", "--batch-size", "5", *common], "w2.out")
         # The faults start once the import is writing.
-        wait_for(lambda: pg.query(url, "SELECT MAX(stream_ordering) FROM events")[0][0] > base_top
-                 or importer.poll() is not None, 120, "the import to write")
+        wait_for(
+            lambda: (
+                pg.query(url, "SELECT MAX(stream_ordering) FROM events")[0][0] > base_top or importer.poll() is not None
+            ),
+            120,
+            "the import to write",
+        )
 
         reads = {"ok": 0, "one_line_errors": 0}
         read_failures: list[str] = []
         reader: tuple[subprocess.Popen, str] | None = None
-        read_commands = [["stats"], ["sync", "--user", "@alice:example.org", "--limit", "3"],
-                         ["messages", "!e2e0:example.org", "--user", "@alice:example.org", "--limit", "5"]]
+        read_commands = [
+            ["stats"],
+            ["sync", "--user", "@alice:example.org", "--limit", "3"],
+            ["messages", "!e2e0:example.org", "--user", "@alice:example.org", "--limit", "5"],
+        ]
 
         def poll_reader(block: bool = False) -> None:
             nonlocal reader
@@ -215,18 +243,24 @@ class DatabaseRestartsTest(unittest.TestCase):
         summary = json.loads(open(import_out).read().strip().splitlines()[-1])
 
         # Every event once.
-        rows = pg.query(url, "SELECT i.event_id, COUNT(*) FROM events AS e JOIN event_ids AS i"
-                             " ON i.event_nid = e.event_nid GROUP BY i.event_id")
+        rows = pg.query(
+            url,
+            "SELECT i.event_id, COUNT(*) FROM events AS e JOIN event_ids AS i"
+            " ON i.event_nid = e.event_nid GROUP BY i.event_id",
+        )
         stored = {event_id: count for event_id, count in rows}
         lost = len(expected_ids - set(stored))
         duplicated = sum(count - 1 for count in stored.values()) + len(set(stored) - expected_ids)
         orderings = pg.query(url, "SELECT COUNT(*), COUNT(DISTINCT stream_ordering) FROM events")[0]
-        print(f"\ndatabase faults: restarts survived {faults['restarts']}, backends terminated"
-              f" {faults['terminations']} times; events written {len(stored)} (expected {len(expected_ids)});"
-              f" lost {lost}; duplicated {duplicated}; import summary {summary};"
-              f" reads ok {reads['ok']}, one-line errors {reads['one_line_errors']}")
-        self.assertEqual(during_import, FAULTS, "the import ended before the faults did: raise"
-                                                " ROOMSTORE_DB_FAULT_CHUNKS")
+        print(
+            f"\ndatabase faults: restarts survived {faults['restarts']}, backends terminated"
+            f" {faults['terminations']} times; events written {len(stored)} (expected {len(expected_ids)});"
+            f" lost {lost}; duplicated {duplicated}; import summary {summary};"
+            f" reads ok {reads['ok']}, one-line errors {reads['one_line_errors']}"
+        )
+        self.assertEqual(
+            during_import, FAULTS, "the import ended before the faults did: raise ROOMSTORE_DB_FAULT_CHUNKS"
+        )
         self.assertEqual(lost, 0)
         self.assertEqual(duplicated, 0)
         self.assertEqual(orderings[0], orderings[1], "a stream ordering used twice")
@@ -236,15 +270,23 @@ class DatabaseRestartsTest(unittest.TestCase):
         newest_w2 = pg.query(url, "SELECT MAX(stream_ordering) FROM events WHERE instance_name = 'w2'")[0][0]
 
         def positions() -> dict:
-            return dict(pg.query(url, "SELECT instance_name, stream_id FROM stream_positions"
-                                      " WHERE stream_name = 'events'"))
+            return dict(
+                pg.query(url, "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = 'events'")
+            )
 
-        wait_for(lambda: all(positions().get(w, 0) >= newest_w2 for w in WRITERS), 60,
-                 f"both writers' persisted events positions to reach {newest_w2}: {positions()}")
+        wait_for(
+            lambda: all(positions().get(w, 0) >= newest_w2 for w in WRITERS),
+            60,
+            f"both writers' persisted events positions to reach {newest_w2}: {positions()}",
+        )
 
         # Every follower applied every event row of w2 after the base exactly once.
-        wanted = {token for (token,) in pg.query(
-            url, f"SELECT stream_ordering FROM events WHERE instance_name = 'w2' AND stream_ordering > {base_top}")}
+        wanted = {
+            token
+            for (token,) in pg.query(
+                url, f"SELECT stream_ordering FROM events WHERE instance_name = 'w2' AND stream_ordering > {base_top}"
+            )
+        }
 
         def applied(out: str) -> dict[int, int]:
             counts: dict[int, int] = {}
@@ -255,8 +297,7 @@ class DatabaseRestartsTest(unittest.TestCase):
             return counts
 
         for name, (proc, out) in followers.items():
-            wait_for(lambda: set(applied(out)) >= wanted or proc.poll() is not None, 120,
-                     f"{name} to apply every row")
+            wait_for(lambda: set(applied(out)) >= wanted or proc.poll() is not None, 120, f"{name} to apply every row")
             counts = applied(out)
             self.assertIsNone(proc.poll(), f"{name} exited: {open(out + '.err').read()[-2000:]}")
             self.assertEqual(sorted(wanted - set(counts)), [], f"{name} missed rows")
@@ -274,6 +315,8 @@ class DatabaseRestartsTest(unittest.TestCase):
             self.assertNotIn("Traceback", err, what)
         for name, (proc, out) in followers.items():
             self.assertNotIn("Traceback", open(out + ".err").read(), name)
-        print(f"serve: {outage_lines} outage lines, {serve_err.count('taken again')} writer lock re-takes;"
-              f" import: {import_err.count('lost the database connection')} outage lines,"
-              f" {import_err.count('taken again')} re-takes")
+        print(
+            f"serve: {outage_lines} outage lines, {serve_err.count('taken again')} writer lock re-takes;"
+            f" import: {import_err.count('lost the database connection')} outage lines,"
+            f" {import_err.count('taken again')} re-takes"
+        )

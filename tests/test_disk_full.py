@@ -21,8 +21,8 @@ from twisted.internet import threads
 from twisted.trial import unittest
 
 from roomstore.cli_import import read_import_lines
-from roomstore.pdu.room_versions import get_room_version
 from roomstore.pdu.parsing import parse_pdu
+from roomstore.pdu.room_versions import get_room_version
 from roomstore.store import RoomStore, StoreConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,10 +30,12 @@ SAMPLE = os.path.join(ROOT, "roomstore", "data", "sample-rooms.jsonl")
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"]
-                                              if os.environ.get("PYTHONPATH") else ""))
-    return subprocess.run([sys.executable, "-m", "roomstore.cli", *argv], capture_output=True, text=True,
-                          env=env, timeout=300)
+    env = dict(
+        os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "roomstore.cli", *argv], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 class TmpfsMixin:
@@ -60,8 +62,12 @@ def _stored(path: str) -> tuple[str, list[str]]:
     conn = sqlite3.connect(path)
     try:
         check = conn.execute("PRAGMA integrity_check").fetchone()[0]
-        ids = [row[0] for row in conn.execute(
-            "SELECT i.event_id FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid")]
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "SELECT i.event_id FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid"
+            )
+        ]
         return check, ids
     finally:
         conn.close()
@@ -89,8 +95,11 @@ class DiskFullImportTests(TmpfsMixin, unittest.TestCase):
         errors = first.stderr.strip().splitlines()
         self.assertEqual(len(errors), 1, first.stderr)  # one line, no traceback
         self.assertNotIn("Traceback", first.stderr)
-        self.assertRegex(errors[0], r"^roomstore import: stopped at line \d+: sqlite:///.* is out of space "
-                                    r"\(database or disk is full\); \d+ events were imported before it")
+        self.assertRegex(
+            errors[0],
+            r"^roomstore import: stopped at line \d+: sqlite:///.* is out of space "
+            r"\(database or disk is full\); \d+ events were imported before it",
+        )
         self.assertIn("free space and run the same import again", errors[0])
         summary = json.loads(first.stdout.strip().splitlines()[-1])
         self.assertEqual(summary["complete"], False)

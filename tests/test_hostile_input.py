@@ -147,8 +147,14 @@ class ImportedEventsTests(ImportCaseMixin, unittest.TestCase):
         # KeyError in the precheck stopped the import, and refused events took stream positions.
         room = new_room("1")
         stored = room.leaves[0]
-        room.build("m.room.message", ALICE, {"body": "self"}, prev=["$self:example.org", stored],
-                   extra={"event_id": "$self:example.org"}, set_leaves=False)
+        room.build(
+            "m.room.message",
+            ALICE,
+            {"body": "self"},
+            prev=["$self:example.org", stored],
+            extra={"event_id": "$self:example.org"},
+            set_leaves=False,
+        )
         room.message(ALICE, "after", prev=[stored])
         reports, summary = await self.import_case(lines_of(room))
         self.assert_refused(reports, 4, "cites itself in 'prev_events'")
@@ -159,8 +165,14 @@ class ImportedEventsTests(ImportCaseMixin, unittest.TestCase):
         room = new_room("1")
         stored = room.leaves[0]
         for name, other in (("A", "B"), ("B", "A")):
-            room.build("m.room.message", ALICE, {"body": name}, prev=[f"${other}:example.org", stored],
-                       extra={"event_id": f"${name}:example.org"}, set_leaves=False)
+            room.build(
+                "m.room.message",
+                ALICE,
+                {"body": name},
+                prev=[f"${other}:example.org", stored],
+                extra={"event_id": f"${name}:example.org"},
+                set_leaves=False,
+            )
         room.message(ALICE, "after", prev=[stored])
         reports, summary = await self.import_case(lines_of(room))
         for line in (4, 5):

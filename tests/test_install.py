@@ -35,10 +35,16 @@ def installed_venv() -> str:
             atexit.register(shutil.rmtree, base, True)
             source = os.path.join(base, "src")
             # The project's files as git sees them (tracked, or new and not ignored).
-            listed = subprocess.run(
-                ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                cwd=ROOT, capture_output=True, check=True,
-            ).stdout.decode().split("\0")
+            listed = (
+                subprocess.run(
+                    ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                    cwd=ROOT,
+                    capture_output=True,
+                    check=True,
+                )
+                .stdout.decode()
+                .split("\0")
+            )
             for name in filter(None, listed):
                 if os.path.isfile(os.path.join(ROOT, name)):
                     os.makedirs(os.path.dirname(os.path.join(source, name)), exist_ok=True)
@@ -47,7 +53,10 @@ def installed_venv() -> str:
             subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=120, env=clean_env())
             proc = subprocess.run(
                 [os.path.join(venv, "bin", "pip"), "install", "-q", "--disable-pip-version-check", source],
-                capture_output=True, text=True, timeout=600, env=clean_env(),
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env=clean_env(),
             )
             if proc.returncode:
                 raise AssertionError(f"pip install failed:\n{proc.stdout}\n{proc.stderr}")
@@ -67,7 +76,11 @@ def run_installed(venv: str, *args: str) -> subprocess.CompletedProcess:
     cwd = tempfile.mkdtemp(prefix="roomstore-cwd-")
     try:
         return subprocess.run(
-            [os.path.join(venv, "bin", "roomstore"), *args], capture_output=True, text=True, env=env, cwd=cwd,
+            [os.path.join(venv, "bin", "roomstore"), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=cwd,
             timeout=120,
         )
     finally:
@@ -80,7 +93,10 @@ class InstalledPackageTests:
         venv = await threads.deferToThread(installed_venv)
         where = subprocess.run(
             [os.path.join(venv, "bin", "python"), "-c", "import roomstore; print(roomstore.__file__)"],
-            capture_output=True, text=True, cwd=venv, env=clean_env(),
+            capture_output=True,
+            text=True,
+            cwd=venv,
+            env=clean_env(),
         )
         self.assertTrue(where.stdout.strip().startswith(venv), where.stdout + where.stderr)
         url = self.new_database_url()

@@ -54,7 +54,6 @@ class ReadmeTests(unittest.TestCase):
             self.assertNotIn(gone, self.readme)
 
 
-
 def first_ten_minutes() -> str:
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     section = text.split("\n## First ten minutes\n", 1)[1].split("\n## ", 1)[0]
@@ -70,8 +69,9 @@ class FirstTenMinutesTests(unittest.TestCase):
             os.remove(leftover)  # a fresh start, as for a new user
         # Nothing of this process's environment: no venv, no PYTHONPATH, a bare PATH.
         env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
-        proc = subprocess.run(["bash", "-e", "-c", block], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run(
+            ["bash", "-e", "-c", block], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr)
         lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
         summary = next(o for o in lines if "imported" in o)
@@ -80,6 +80,11 @@ class FirstTenMinutesTests(unittest.TestCase):
         self.assertEqual(tables["events"], 4004)
         state = next(o for o in lines if "state" in o and "before" in o)
         self.assertEqual([s["type"] for s in state["state"]], ["m.room.create"])
-        self.assertEqual(len([o for o in lines if o.get("room_id") == "!u6Uu_jrNs3kpjRg4NAqo3yLO4rCli2DeRapcDvlG24o" and "type" in o]), 3)
+        self.assertEqual(
+            len(
+                [o for o in lines if o.get("room_id") == "!u6Uu_jrNs3kpjRg4NAqo3yLO4rCli2DeRapcDvlG24o" and "type" in o]
+            ),
+            3,
+        )
         self.assertTrue(any("next_token" in o for o in lines))
         self.assertEqual(proc.stderr, "")

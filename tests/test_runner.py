@@ -18,7 +18,9 @@ class RunnerTests(unittest.TestCase):
     def test_options_alone_select_the_whole_suite(self):
         self.assertEqual(with_default_tests([]), ["tests"])
         self.assertEqual(with_default_tests(["--reporter=timing"]), ["--reporter=timing", "tests"])
-        self.assertEqual(with_default_tests(["--reporter", "timing", "-j", "2"]), ["--reporter", "timing", "-j", "2", "tests"])
+        self.assertEqual(
+            with_default_tests(["--reporter", "timing", "-j", "2"]), ["--reporter", "timing", "-j", "2", "tests"]
+        )
         self.assertEqual(with_default_tests(["-z", "7", "tests.streams"]), ["-z", "7", "tests.streams"])
         self.assertEqual(with_default_tests(["--testmodule=roomstore/cli.py"]), ["--testmodule=roomstore/cli.py"])
 
@@ -32,8 +34,11 @@ class RunnerTests(unittest.TestCase):
     async def test_a_selection_of_no_tests_fails(self):
         # tests.db holds helpers and no tests: trial -j would hang on it.
         proc = await threads.deferToThread(
-            subprocess.run, [os.path.join(ROOT, "bin", "test"), "tests.db"],
-            capture_output=True, text=True, timeout=300,
+            subprocess.run,
+            [os.path.join(ROOT, "bin", "test"), "tests.db"],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         self.assertNotEqual(proc.returncode, 0, proc.stdout)
         self.assertTrue(proc.stdout.strip(), proc.stderr[-3000:])
@@ -42,8 +47,11 @@ class RunnerTests(unittest.TestCase):
     async def test_options_alone_run_tests(self):
         # --dry-run keeps this quick: the whole suite is selected, none run.
         proc = await threads.deferToThread(
-            subprocess.run, [os.path.join(ROOT, "bin", "test"), "--reporter=timing", "--dry-run"],
-            capture_output=True, text=True, timeout=300,
+            subprocess.run,
+            [os.path.join(ROOT, "bin", "test"), "--reporter=timing", "--dry-run"],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         self.assertTrue(proc.stdout.strip(), proc.stderr[-3000:])
         last = proc.stdout.strip().splitlines()[-1]

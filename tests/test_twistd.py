@@ -41,8 +41,9 @@ class PluginOptionsTests(unittest.TestCase):
 
     def test_max_line_length_reaches_the_service(self):
         options = Options()
-        options.parseOptions(["--db", "sqlite:///nowhere.db", "--max-line-length", "100",
-                              "--stream-writers", "events=master"])
+        options.parseOptions(
+            ["--db", "sqlite:///nowhere.db", "--max-line-length", "100", "--stream-writers", "events=master"]
+        )
         service = serviceMaker.makeService(options)
         self.assertEqual(service.config.max_line_length, 100)
         self.assertEqual(dict(service.store_config.stream_writers), {"events": ["master"]})
@@ -53,8 +54,14 @@ class PluginOptionsTests(unittest.TestCase):
 
 
 def twistd(venv: str, *args: str, cwd: str) -> subprocess.CompletedProcess:
-    return subprocess.run([os.path.join(venv, "bin", "twistd"), *args], capture_output=True, text=True,
-                          env=clean_env(), cwd=cwd, timeout=120)
+    return subprocess.run(
+        [os.path.join(venv, "bin", "twistd"), *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 @on_both_engines
@@ -64,8 +71,15 @@ class InstalledPluginTests:
 
     async def test_twistd_roomstore_from_a_non_editable_install(self):
         venv = await threads.deferToThread(installed_venv)
-        plugin = os.path.join(venv, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages",
-                              "twisted", "plugins", "roomstore_plugin.py")
+        plugin = os.path.join(
+            venv,
+            "lib",
+            f"python{sys.version_info[0]}.{sys.version_info[1]}",
+            "site-packages",
+            "twisted",
+            "plugins",
+            "roomstore_plugin.py",
+        )
         self.assertTrue(os.path.isfile(plugin), plugin)  # installed, not found through the checkout
         cwd = tempfile.mkdtemp(prefix="roomstore-twistd-")
         self.addCleanup(shutil.rmtree, cwd, True)
@@ -84,9 +98,23 @@ class InstalledPluginTests:
 
     def run_until_listening(self, venv: str, cwd: str, url: str) -> None:
         proc = subprocess.Popen(
-            [os.path.join(venv, "bin", "twistd"), "-n", "--pidfile=", "roomstore", "--db", url,
-             "--replication-port", "0", "--max-line-length", "4096"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=cwd,
+            [
+                os.path.join(venv, "bin", "twistd"),
+                "-n",
+                "--pidfile=",
+                "roomstore",
+                "--db",
+                url,
+                "--replication-port",
+                "0",
+                "--max-line-length",
+                "4096",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=clean_env(),
+            cwd=cwd,
         )
         try:
             deadline = time.monotonic() + 60

@@ -46,19 +46,7 @@ predecessor's diff plus its own delta.
 from __future__ import annotations
 
 from collections import deque
-from typing import (
-    Callable,
-    Deque,
-    Dict,
-    Iterable,
-    Iterator,
-    List,
-    Mapping,
-    Optional,
-    Sequence,
-    Set,
-    Tuple,
-)
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
@@ -107,7 +95,7 @@ __all__ = [
 ]
 
 #: The level sizes rust-synapse-compress-state uses by default.
-DEFAULT_LEVELS: Tuple[int, ...] = (100, 50, 25)
+DEFAULT_LEVELS: tuple[int, ...] = (100, 50, 25)
 #: How many recent groups smart considers as bases (the pool also always holds
 #: the level heads). Per-group cost is linear in it.
 DEFAULT_WINDOW = 32
@@ -119,7 +107,7 @@ STRATEGIES = ("levels", "smart")
 
 #: ``resolve_state(group_id)`` returns the *original* full state of a group
 #: the compactor no longer holds, or ``None`` if it is unknown (purged).
-StateResolver = Callable[[int], Optional[Mapping[int, int]]]
+StateResolver = Callable[[int], Mapping[int, int] | None]
 
 
 def levels_hop_bound(levels: Sequence[int]) -> int:
@@ -140,9 +128,9 @@ class _Levels:
             raise ValueError(f"levels must be positive chain lengths, got {sizes!r}")
         self.sizes = tuple(int(s) for s in sizes)
         self.lengths = [0] * len(self.sizes)
-        self.heads: List[Optional[int]] = [None] * len(self.sizes)
+        self.heads: list[int | None] = [None] * len(self.sizes)
 
-    def place(self, group_id: int) -> Tuple[Optional[int], int, List[int]]:
+    def place(self, group_id: int) -> tuple[int | None, int, list[int]]:
         """Append ``group_id``.
 
         Returns its levels predecessor, its *reach* (how many more hops the
@@ -151,7 +139,7 @@ class _Levels:
         ``sizes[i] - n`` more groups and, below each, full chains on every
         lower level: reach = ``sizes[i] - n + sum(sizes[j] - 1 for j < i)``.
         """
-        replaced: List[int] = []
+        replaced: list[int] = []
         below = 0  # sum(sizes[j] - 1) over the full levels passed so far
         for i, size in enumerate(self.sizes):
             old = self.heads[i]
@@ -225,9 +213,9 @@ class StreamingCompactor:
         strategy: str = "smart",
         *,
         levels: Sequence[int] = DEFAULT_LEVELS,
-        max_hops: Optional[int] = None,
+        max_hops: int | None = None,
         window: int = DEFAULT_WINDOW,
-        resolve_state: Optional[StateResolver] = None,
+        resolve_state: StateResolver | None = None,
         allow_removals: bool = True,
         retired: int = DEFAULT_RETIRED,
     ) -> None:
@@ -244,8 +232,7 @@ class StreamingCompactor:
             raise ValueError("max_hops must not be negative")
         if strategy == "levels" and max_hops < bound:
             raise ValueError(
-                f"levels {self._levels.sizes} build chains of up to {bound} hops, "
-                f"more than max_hops={max_hops}"
+                f"levels {self._levels.sizes} build chains of up to {bound} hops, more than max_hops={max_hops}"
             )
         self.max_hops = max_hops
         self._window = window
@@ -253,26 +240,26 @@ class StreamingCompactor:
         self._allow_removals = allow_removals
 
         # The anchor: full state of the last group processed (or empty).
-        self._anchor: Dict[int, int] = {}
+        self._anchor: dict[int, int] = {}
         # The pool: group id -> {key: that group's value, None if absent} on
         # exactly the keys where it differs from the anchor.
-        self._diffs: Dict[int, Dict[int, Optional[int]]] = {}
-        self._depth: Dict[int, int] = {}  # chain length under the new plan
+        self._diffs: dict[int, dict[int, int | None]] = {}
+        self._depth: dict[int, int] = {}  # chain length under the new plan
         # Per pool member: how many keys it holds that the anchor lacks (a
         # delta against it would have to remove them), kept up to date by
         # _advance_anchor so the check costs nothing per candidate.
-        self._absent: Dict[int, int] = {}
-        self._recent: Deque[int] = deque()
+        self._absent: dict[int, int] = {}
+        self._recent: deque[int] = deque()
         # Past heads of the upper levels (1..): the bases the levels chain
         # walks back through; kept so a group whose levels base needs a
         # removal can fall back to one of them rather than a snapshot.
-        self._retired: List[Deque[int]] = [deque() for _ in self._levels.sizes[1:]]
+        self._retired: list[deque[int]] = [deque() for _ in self._levels.sizes[1:]]
         self._retire = retired
-        self._last_id: Optional[int] = None
+        self._last_id: int | None = None
 
         # Per-chunk lookups, dropped at the end of each feed().
-        self._chunk: Dict[int, StateGroupEntry] = {}
-        self._unresolved: Dict[int, int] = {}
+        self._chunk: dict[int, StateGroupEntry] = {}
+        self._unresolved: dict[int, int] = {}
 
         self.rows_before = 0
         self.rows_after = 0
@@ -282,7 +269,7 @@ class StreamingCompactor:
     # -- public -----------------------------------------------------------
 
     @property
-    def carried_groups(self) -> Tuple[int, ...]:
+    def carried_groups(self) -> tuple[int, ...]:
         """Ids of the groups whose diffs are held between chunks (bounded)."""
         return tuple(sorted(self._diffs))
 
@@ -307,16 +294,13 @@ class StreamingCompactor:
         last = self._last_id
         for entry in entries:
             if last is not None and entry.group_id <= last:
-                raise ValueError(
-                    f"state groups must be fed in ascending id order: "
-                    f"{entry.group_id} after {last}"
-                )
+                raise ValueError(f"state groups must be fed in ascending id order: {entry.group_id} after {last}")
             last = entry.group_id
         self._last_id = last
         self._chunk = {e.group_id: e for e in entries}
         self._unresolved = {}
-        out: List[PlanEntry] = []
-        missing: Dict[int, int] = {}
+        out: list[PlanEntry] = []
+        missing: dict[int, int] = {}
         rows_before = rows_after = 0
         chunk_depth = 0
         try:
@@ -344,9 +328,7 @@ class StreamingCompactor:
 
     # -- internals ----------------------------------------------------------
 
-    def _process(
-        self, entry: StateGroupEntry, missing: Dict[int, int]
-    ) -> Tuple[PlanEntry, int]:
+    def _process(self, entry: StateGroupEntry, missing: dict[int, int]) -> tuple[PlanEntry, int]:
         """Plan one group; returns its entry and its new depth (0 if unknown)."""
         group_id = entry.group_id
         changes = self._changes_from_anchor(entry, missing)
@@ -370,7 +352,7 @@ class StreamingCompactor:
             new_prev = self._best_base(group_id, entry.prev_group, budget)
 
         if new_prev is None:
-            delta: Dict[int, Optional[int]] = dict(self._anchor)
+            delta: dict[int, int | None] = dict(self._anchor)
             depth = 0
         else:
             anchor = self._anchor
@@ -388,9 +370,9 @@ class StreamingCompactor:
     def _best_base(
         self,
         group_id: int,
-        orig_prev: Optional[int],
+        orig_prev: int | None,
         budget: int,
-    ) -> Optional[int]:
+    ) -> int | None:
         """Smart's choice: the base with depth < ``budget`` giving the smallest delta.
 
         Ties prefer keeping the stored predecessor (no write), then the
@@ -401,7 +383,7 @@ class StreamingCompactor:
         """
         # Sort keys: (delta rows, rewrites?, depth, -recency). A snapshot has
         # depth "-1": at equal cost it is the best foundation.
-        best: Optional[int] = None
+        best: int | None = None
         best_key = (len(self._anchor), orig_prev is not None, -1, 0)
         depth = self._depth
         absent = None if self._allow_removals else self._absent
@@ -417,7 +399,7 @@ class StreamingCompactor:
                 best, best_key = cand, key
         return best
 
-    def _advance_anchor(self, group_id: int, changes: Dict[int, Optional[int]]) -> None:
+    def _advance_anchor(self, group_id: int, changes: dict[int, int | None]) -> None:
         """Make ``group_id`` (= anchor + ``changes``) the new anchor."""
         anchor = self._anchor
         if changes:
@@ -446,7 +428,7 @@ class StreamingCompactor:
     def _evict(self, replaced: Sequence[int]) -> None:
         """Drop groups that are neither recent, a level head nor a kept past head."""
         heads = self._levels.heads
-        dropped: List[int] = []
+        dropped: list[int] = []
         if self._retire:
             for level, old in enumerate(replaced[1:]):
                 kept = self._retired[level]
@@ -475,9 +457,7 @@ class StreamingCompactor:
             del self._depth[group_id]
             del self._absent[group_id]
 
-    def _changes_from_anchor(
-        self, entry: StateGroupEntry, missing: Dict[int, int]
-    ) -> Optional[Dict[int, Optional[int]]]:
+    def _changes_from_anchor(self, entry: StateGroupEntry, missing: dict[int, int]) -> dict[int, int | None] | None:
         """The keys (and new values, ``None`` = absent) where ``entry``'s full
         state differs from the anchor's; ``None`` if its state is unknowable.
         """
@@ -492,9 +472,9 @@ class StreamingCompactor:
 
         # Walk back through this chunk's raw rows to something we know.
         path = [entry]
-        seen: Set[int] = {entry.group_id}
-        overlay: Optional[Dict[int, Optional[int]]] = None
-        full: Optional[Dict[int, int]] = None
+        seen: set[int] = {entry.group_id}
+        overlay: dict[int, int | None] | None = None
+        full: dict[int, int] | None = None
         cur = prev
         while True:
             if cur is None:
@@ -509,7 +489,7 @@ class StreamingCompactor:
                 if raw is not None:
                     if cur in seen:
                         ids = [e.group_id for e in path]
-                        raise PredecessorCycleError(ids[ids.index(cur):] + [cur])
+                        raise PredecessorCycleError(ids[ids.index(cur) :] + [cur])
                     seen.add(cur)
                     path.append(raw)
                     cur = raw.prev_group
@@ -531,9 +511,7 @@ class StreamingCompactor:
         assert full is not None
         for node in reversed(path):
             apply_delta(full, node.delta)
-        changes: Dict[int, Optional[int]] = {
-            k: v for k, v in full.items() if anchor.get(k) != v
-        }
+        changes: dict[int, int | None] = {k: v for k, v in full.items() if anchor.get(k) != v}
         for key in anchor:
             if key not in full:
                 changes[key] = None
@@ -543,7 +521,7 @@ class StreamingCompactor:
 # -- one-shot helpers --------------------------------------------------------
 
 
-def _sorted_entries(groups: GroupsInput) -> List[StateGroupEntry]:
+def _sorted_entries(groups: GroupsInput) -> list[StateGroupEntry]:
     return sorted(as_entries(groups), key=lambda e: e.group_id)
 
 
@@ -562,14 +540,12 @@ def compress_levels(
     unchanged. ``window`` only affects speed (recent groups held for resolving
     forks), never the plan.
     """
-    return StreamingCompactor("levels", levels=levels, window=window).feed(
-        _sorted_entries(groups)
-    )
+    return StreamingCompactor("levels", levels=levels, window=window).feed(_sorted_entries(groups))
 
 
 def compress_smart(
     groups: GroupsInput,
-    max_hops: Optional[int] = None,
+    max_hops: int | None = None,
     window: int = DEFAULT_WINDOW,
     *,
     levels: Sequence[int] = DEFAULT_LEVELS,
@@ -584,9 +560,7 @@ def compress_smart(
     ``max_hops >= levels_hop_bound(levels)`` the plan never has more rows than
     :func:`compress_levels` with the same levels, for any group.
     """
-    return StreamingCompactor(
-        "smart", levels=levels, max_hops=max_hops, window=window
-    ).feed(_sorted_entries(groups))
+    return StreamingCompactor("smart", levels=levels, max_hops=max_hops, window=window).feed(_sorted_entries(groups))
 
 
 def compress_chunks(
@@ -594,9 +568,9 @@ def compress_chunks(
     strategy: str = "smart",
     *,
     levels: Sequence[int] = DEFAULT_LEVELS,
-    max_hops: Optional[int] = None,
+    max_hops: int | None = None,
     window: int = DEFAULT_WINDOW,
-    resolve_state: Optional[StateResolver] = None,
+    resolve_state: StateResolver | None = None,
 ) -> Iterator[CompactionPlan]:
     """Compact one room given as ascending-id chunks; yields one plan per chunk.
 
@@ -641,7 +615,7 @@ class RoomCompaction:
         return self.rows_before - self.rows_after
 
     @property
-    def writes(self) -> Tuple[PlanEntry, ...]:
+    def writes(self) -> tuple[PlanEntry, ...]:
         """Entries to write: the changed ones, or none when skipping."""
         return () if self.action == "skip" else self.plan.changed_entries
 
@@ -651,7 +625,7 @@ def compress_room(
     strategy: str = "auto",
     *,
     levels: Sequence[int] = DEFAULT_LEVELS,
-    max_hops: Optional[int] = None,
+    max_hops: int | None = None,
     window: int = DEFAULT_WINDOW,
     min_saving: int = 1,
 ) -> RoomCompaction:
@@ -674,10 +648,7 @@ def compress_room(
         names = [s for s in STRATEGIES if s != "levels" or levels_hop_bound(levels) <= limit]
     else:
         names = [strategy]
-    plans = [
-        StreamingCompactor(name, levels=levels, max_hops=limit, window=window).feed(entries)
-        for name in names
-    ]
+    plans = [StreamingCompactor(name, levels=levels, max_hops=limit, window=window).feed(entries) for name in names]
     plan = min(plans, key=lambda p: (p.rows_after, len(p.changed_entries)))
     worth_it = plan.saving >= min_saving and any(e.changed for e in plan.entries)
     return RoomCompaction(
@@ -688,4 +659,3 @@ def compress_room(
         rows_after=plan.rows_after,
         max_hops=plan.max_depth,
     )
-

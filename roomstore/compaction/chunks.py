@@ -14,7 +14,8 @@ attrs and numpy: the executors load it from the ``--py-files`` zip.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -28,13 +29,10 @@ _MUL = 1_000_033
 _EVENT_MOD = 1_000_033
 
 #: SQL for :func:`row_checksum` over ``state_group_deltas AS d``.
-CHECKSUM_SQL = (
-    f"((CAST(d.type_key_nid AS BIGINT) % {_KEY_MOD}) * {_MUL}"
-    f" + COALESCE(d.event_nid, 0) % {_EVENT_MOD})"
-)
+CHECKSUM_SQL = f"((CAST(d.type_key_nid AS BIGINT) % {_KEY_MOD}) * {_MUL} + COALESCE(d.event_nid, 0) % {_EVENT_MOD})"
 
 
-def row_checksum(type_key_nid: int, event_nid: Optional[int]) -> int:
+def row_checksum(type_key_nid: int, event_nid: int | None) -> int:
     """The checksum of one delta row (``None`` event: a tombstone)."""
     return (type_key_nid % _KEY_MOD) * _MUL + (event_nid or 0) % _EVENT_MOD
 
@@ -100,8 +98,8 @@ class ChunkResult:
     chain_updates: int
     max_depth: int
     boundary: int
-    missing: Dict[int, int]
-    mismatched: List[int]
+    missing: dict[int, int]
+    mismatched: list[int]
     groups: np.ndarray
     refs: np.ndarray
     deltas: np.ndarray

@@ -13,7 +13,7 @@ read-only once built.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Tuple, Union
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 #: key id -> event id, or ``None`` for "removed relative to the predecessor".
-Delta = Mapping[int, Optional[int]]
+Delta = Mapping[int, int | None]
 
 
 @attrs.frozen(hash=False)
@@ -44,7 +44,7 @@ class StateGroupEntry:
     """
 
     group_id: int
-    prev_group: Optional[int]
+    prev_group: int | None
     delta: Delta
 
 
@@ -59,7 +59,7 @@ class PlanEntry:
     """
 
     group_id: int
-    prev_group: Optional[int]
+    prev_group: int | None
     delta: Delta
     changed: bool
 
@@ -88,7 +88,7 @@ class CompactionPlan:
     """
 
     strategy: str
-    entries: Tuple[PlanEntry, ...]
+    entries: tuple[PlanEntry, ...]
     missing: Mapping[int, int]
     rows_before: int
     rows_after: int
@@ -100,11 +100,11 @@ class CompactionPlan:
         return self.rows_before - self.rows_after
 
     @property
-    def changed_entries(self) -> Tuple[PlanEntry, ...]:
+    def changed_entries(self) -> tuple[PlanEntry, ...]:
         """Only the entries that differ from what is stored (what to write)."""
         return tuple(e for e in self.entries if e.changed)
 
-    def as_groups(self) -> Tuple[StateGroupEntry, ...]:
+    def as_groups(self) -> tuple[StateGroupEntry, ...]:
         """The groups as they will be stored once the plan is applied."""
         return tuple(e.as_input() for e in self.entries)
 
@@ -130,17 +130,12 @@ class PredecessorCycleError(StateResolutionError):
 
     def __init__(self, cycle: Iterable[int]) -> None:
         self.cycle = tuple(cycle)
-        super().__init__(
-            "state group predecessor cycle: "
-            + " -> ".join(str(g) for g in self.cycle)
-        )
+        super().__init__("state group predecessor cycle: " + " -> ".join(str(g) for g in self.cycle))
 
 
 #: What the public functions accept as "groups": entries, or plain
 #: ``(group_id, prev_group, delta)`` tuples (e.g. straight from a DB cursor).
-GroupsInput = Iterable[
-    Union[StateGroupEntry, PlanEntry, Tuple[int, Optional[int], Delta]]
-]
+GroupsInput = Iterable[StateGroupEntry | PlanEntry | tuple[int, int | None, Delta]]
 
 
 def as_entries(groups: GroupsInput) -> list[StateGroupEntry]:

@@ -54,7 +54,8 @@ def chunk_starts(groups: str, linked: str, where: str, chunk_groups: int) -> str
     """``(room_nid, state_group)``: the first group of each chunk after a room's first."""
     n = int(chunk_groups)
     return (
-        _numbered(groups, linked, where) + f" SELECT room_nid, state_group FROM numbered WHERE pos > 0 AND pos % {n} = 0"
+        _numbered(groups, linked, where)
+        + f" SELECT room_nid, state_group FROM numbered WHERE pos > 0 AND pos % {n} = 0"
         " ORDER BY room_nid, state_group"
     )
 

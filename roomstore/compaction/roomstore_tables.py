@@ -10,7 +10,8 @@ for the store's reads.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,16 @@ from roomstore.storage.schema import SCHEMA_VERSION, SchemaTooNewError
 LOCK_NAME = COMPACTION_LOCK_NAME
 
 #: The columns of the rows fed to the executors, in order.
-_COLUMNS = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "chain_length", "type_key_nid", "event_nid"]
+_COLUMNS = [
+    "room_nid",
+    "sort_id",
+    "kind",
+    "state_group",
+    "prev_state_group",
+    "chain_length",
+    "type_key_nid",
+    "event_nid",
+]
 
 
 class SchemaTooOldError(RuntimeError):
@@ -52,7 +62,7 @@ class RoomstoreTables(StateTables):
 
     def __init__(self) -> None:
         #: No step of the swap is timed apart: the writer's timings say it all.
-        self.step_times: Dict[str, float] = {}
+        self.step_times: dict[str, float] = {}
 
     def check_schema(self, db: JobDatabase) -> int:
         """The schema version; raises :class:`SchemaTooOldError` below 2,
@@ -79,48 +89,76 @@ class RoomstoreTables(StateTables):
         """No condition: every run reads every selected room."""
         return ""
 
-    def skipped_at_start(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
+    def skipped_at_start(self, db: JobDatabase, snapshot_max: int, where: str) -> dict[str, int]:
         """Nothing counted: the summary's "left alone" figures are the Synapse layout's."""
         return {}
 
-    def skipped_at_end(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
+    def skipped_at_end(self, db: JobDatabase, snapshot_max: int, where: str) -> dict[str, int]:
         return {}
 
     # -- Spark ---------------------------------------------------------------
 
     def input_rows(
-        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partition: Tuple[int, int, int],
-        needs: Sequence[BoundaryNeed], boundary_ids: Sequence[int],
+        self,
+        spark: Any,
+        source: JdbcSource,
+        snapshot_max: int,
+        where: str,
+        partition: tuple[int, int, int],
+        needs: Sequence[BoundaryNeed],
+        boundary_ids: Sequence[int],
     ) -> Any:
         from pyspark.sql import functions as F
 
         groups = source.read(
-            spark, sql.jdbc_groups(snapshot_max, where),
-            "state_group LONG, room_nid LONG, prev_state_group LONG, chain_length LONG", partition,
+            spark,
+            sql.jdbc_groups(snapshot_max, where),
+            "state_group LONG, room_nid LONG, prev_state_group LONG, chain_length LONG",
+            partition,
         )
         deltas = source.read(
-            spark, sql.jdbc_deltas(snapshot_max, where), "state_group LONG, type_key_nid LONG, event_nid LONG", partition
+            spark,
+            sql.jdbc_deltas(snapshot_max, where),
+            "state_group LONG, type_key_nid LONG, event_nid LONG",
+            partition,
         )
         rows = groups.join(deltas, "state_group", "left").select(
-            "room_nid", F.col("state_group").alias("sort_id"), F.lit(1).cast("long").alias("kind"), "state_group",
-            "prev_state_group", "chain_length", "type_key_nid", "event_nid",
+            "room_nid",
+            F.col("state_group").alias("sort_id"),
+            F.lit(1).cast("long").alias("kind"),
+            "state_group",
+            "prev_state_group",
+            "chain_length",
+            "type_key_nid",
+            "event_nid",
         )
         if boundary_ids:
             boundary = boundary_rows(
-                spark, source, needs, boundary_ids, full_state_sql,
-                "boundary_group LONG, type_key_nid LONG, event_nid LONG", _COLUMNS,
+                spark,
+                source,
+                needs,
+                boundary_ids,
+                full_state_sql,
+                "boundary_group LONG, type_key_nid LONG, event_nid LONG",
+                _COLUMNS,
             )
             rows = rows.select(*_COLUMNS).unionByName(boundary)
         return rows
 
-    def room_sizes(self, db: JobDatabase, snapshot_max: int, where: str) -> Optional[List[RoomSize]]:
+    def room_sizes(self, db: JobDatabase, snapshot_max: int, where: str) -> list[RoomSize] | None:
         """None: the rows are shuffled by room (:meth:`input_rows`), no ordered read."""
         return None
 
     def ordered_input(
-        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partitions: int,
-        needs: Sequence[BoundaryNeed], sizes: Sequence[RoomSize],
-    ) -> List[Callable[[], Any]]:
+        self,
+        spark: Any,
+        source: JdbcSource,
+        snapshot_max: int,
+        where: str,
+        partitions: int,
+        needs: Sequence[BoundaryNeed],
+        sizes: Sequence[RoomSize],
+    ) -> list[Callable[[], Any]]:
         raise NotImplementedError("roomstore's tables have no ordered read (room_sizes is None)")
 
     def sort_columns(self) -> Sequence[str]:
@@ -135,9 +173,16 @@ class RoomstoreTables(StateTables):
 
     def staged_chunk(self, row: Any, room_nid: int) -> StagedChunk:
         chunk = ChunkResult(
-            first_group=row["first_group"], last_group=row["last_group"], state_groups=row["state_groups"],
-            rows_before=row["rows_before"], rows_after=row["rows_after"], rewritten=row["rewritten"],
-            chain_updates=row["chain_updates"], max_depth=row["max_depth"], boundary=row["boundary"], missing={},
+            first_group=row["first_group"],
+            last_group=row["last_group"],
+            state_groups=row["state_groups"],
+            rows_before=row["rows_before"],
+            rows_after=row["rows_after"],
+            rewritten=row["rewritten"],
+            chain_updates=row["chain_updates"],
+            max_depth=row["max_depth"],
+            boundary=row["boundary"],
+            missing={},
             mismatched=[],
             groups=np.frombuffer(row["groups_blob"], dtype="<i8").reshape(-1, 7),
             refs=np.frombuffer(row["refs_blob"], dtype="<i8"),
@@ -155,7 +200,7 @@ class RoomstoreTables(StateTables):
 
     def swap(
         self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool
-    ) -> Tuple[Optional[Changed], int, int]:
+    ) -> tuple[Changed | None, int, int]:
         # 2. Row-lock the chunk's groups and the groups it builds on, so a
         # concurrent deletion either finishes first (and the re-check below
         # sees it) or waits for this swap. SQLite: BEGIN IMMEDIATE already
@@ -168,7 +213,14 @@ class RoomstoreTables(StateTables):
         cur.execute(q(sql.SWAP_RECHECK), key + key)
         changed = cur.fetchall()
         if changed:
-            return [(g, is_ref, "no longer exists" if gone else "changed since it was read") for g, is_ref, gone in changed], 0, 0
+            return (
+                [
+                    (g, is_ref, "no longer exists" if gone else "changed since it was read")
+                    for g, is_ref, gone in changed
+                ],
+                0,
+                0,
+            )
         # 4. Replace the rewritten groups' rows.
         cur.execute(q(sql.SWAP_DELETE_DELTAS), key)
         deleted = cur.rowcount
@@ -186,7 +238,7 @@ class RoomstoreTables(StateTables):
 
 def read_room_chunks(
     writer: Any, room_nid: int, snapshot_max: int, chunk_groups: int
-) -> Iterator[Dict[str, np.ndarray]]:
+) -> Iterator[dict[str, np.ndarray]]:
     """The chunks of one room exactly as the Spark job feeds them, read with
     plain SQL through ``writer`` (a reference for tests and debugging).
     """
@@ -198,19 +250,19 @@ def read_room_chunks(
     where = f"room_nid = {int(room_nid)}"
     starts_by_room, links = writer.chunk_layout(snapshot_max, chunk_groups, where)
     starts = starts_by_room.get(room_nid, [])
-    need: Dict[int, List[int]] = {}
+    need: dict[int, list[int]] = {}
     for _, chunk, prev in links:
         need.setdefault(chunk, []).append(prev)
-    states: Dict[int, List[Tuple[int, int]]] = {}
+    states: dict[int, list[tuple[int, int]]] = {}
     all_prevs = sorted({p for prevs in need.values() for p in prevs})
     if all_prevs:
         for g, k, e in db.query(full_state_sql(all_prevs)):
             states.setdefault(g, []).append((-1 if k is None else k, -1 if e is None else e))
     groups = db.query(sql.ROOM_GROUPS, (room_nid, snapshot_max))
-    deltas: Dict[int, List[Tuple[int, Optional[int]]]] = {}
+    deltas: dict[int, list[tuple[int, int | None]]] = {}
     for g, k, e in db.query(sql.ROOM_DELTAS, (room_nid, snapshot_max)):
         deltas.setdefault(g, []).append((k, e))
-    rows: List[Tuple[int, ...]] = []
+    rows: list[tuple[int, ...]] = []
     for chunk, prevs in need.items():
         sort_id = 0 if chunk == 0 else starts[chunk - 1]
         for g in sorted(set(prevs)):

@@ -29,8 +29,8 @@ parameters, so those statements inline integers too).
 from __future__ import annotations
 
 from roomstore.compaction import plan_sql
-from roomstore.compaction.tables import JobStatements
 from roomstore.compaction.chunks import CHECKSUM_SQL
+from roomstore.compaction.tables import JobStatements
 from roomstore.state.group_tables import MAX_STATE_GROUP, delete_deltas_of, sole_deltas_sql
 from roomstore.storage.interning import room_ids_and_nids_sql, room_ids_of_sql
 from roomstore.storage.maintenance_locks import (
@@ -232,9 +232,7 @@ SWAP_INSERT_DELTAS = f"INSERT INTO state_group_deltas (state_group, type_key_nid
 SWAP_UPDATE_GROUPS = (
     "UPDATE state_groups SET prev_state_group = s.new_prev, chain_length = s.new_chain_length,"
     " sole_type_key_nid = a.sole_type_key_nid, sole_event_nid = a.sole_event_nid"
-    f" FROM {_STAGED_AS} LEFT JOIN ("
-    + sole_deltas_sql(_NEW_ROWS)
-    + ") AS a ON a.state_group = s.state_group"
+    f" FROM {_STAGED_AS} LEFT JOIN (" + sole_deltas_sql(_NEW_ROWS) + ") AS a ON a.state_group = s.state_group"
     f" WHERE {_STAGED_KEY} AND s.is_ref = 0 AND s.rewrite = 1"
     " AND s.state_group = state_groups.state_group"
 )

@@ -8,7 +8,7 @@ Python's recursion limit) and independent of the compaction strategies, so
 from __future__ import annotations
 
 from collections import Counter
-from typing import Dict, Iterable, List, Mapping, Optional, Union
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -33,7 +33,7 @@ __all__ = [
     "verify",
 ]
 
-State = Dict[int, int]
+State = dict[int, int]
 
 
 @attrs.frozen(hash=False)
@@ -46,28 +46,26 @@ class PartialStates:
             chain reaches (a purged group, or one outside the input).
     """
 
-    states: Dict[int, State]
-    missing: Dict[int, int]
+    states: dict[int, State]
+    missing: dict[int, int]
 
 
-def _index(groups: GroupsInput) -> Dict[int, StateGroupEntry]:
+def _index(groups: GroupsInput) -> dict[int, StateGroupEntry]:
     return {e.group_id: e for e in as_entries(groups)}
 
 
-def _resolve_all(
-    by_id: Mapping[int, StateGroupEntry], *, strict: bool
-) -> PartialStates:
-    states: Dict[int, State] = {}
-    missing: Dict[int, int] = {}
+def _resolve_all(by_id: Mapping[int, StateGroupEntry], *, strict: bool) -> PartialStates:
+    states: dict[int, State] = {}
+    missing: dict[int, int] = {}
     for start in by_id:
         if start in states or start in missing:
             continue
         # Walk up to something already known (or a root), remembering the way.
-        path: List[int] = []
+        path: list[int] = []
         on_path: set[int] = set()
-        cur: Optional[int] = start
+        cur: int | None = start
         base: State = {}
-        blocked_by: Optional[int] = None
+        blocked_by: int | None = None
         while cur is not None:
             if cur in states:
                 base = states[cur]
@@ -80,7 +78,7 @@ def _resolve_all(
                 blocked_by = cur
                 break
             if cur in on_path:
-                raise PredecessorCycleError(path[path.index(cur):] + [cur])
+                raise PredecessorCycleError(path[path.index(cur) :] + [cur])
             path.append(cur)
             on_path.add(cur)
             cur = entry.prev_group
@@ -97,7 +95,7 @@ def _resolve_all(
     return PartialStates(states=states, missing=missing)
 
 
-def full_states(groups: GroupsInput) -> Dict[int, State]:
+def full_states(groups: GroupsInput) -> dict[int, State]:
     """Full state of every group: ``{group_id: {key: event_id}}``.
 
     Memoised, so each group costs one copy of its state plus its delta; this
@@ -121,7 +119,7 @@ def full_states_partial(groups: GroupsInput) -> PartialStates:
     return _resolve_all(_index(groups), strict=False)
 
 
-def chain_depths(groups: GroupsInput) -> Dict[int, int]:
+def chain_depths(groups: GroupsInput) -> dict[int, int]:
     """Hops from each group to the end of its predecessor chain.
 
     A snapshot (no predecessor) has depth 0. A link to a group absent from
@@ -129,11 +127,11 @@ def chain_depths(groups: GroupsInput) -> Dict[int, int]:
     a lower bound. Raises :class:`PredecessorCycleError` on cycles.
     """
     by_id = _index(groups)
-    depth: Dict[int, int] = {}
+    depth: dict[int, int] = {}
     for start in by_id:
-        path: List[int] = []
+        path: list[int] = []
         on_path: set[int] = set()
-        cur: Optional[int] = start
+        cur: int | None = start
         base = -1  # depth of whatever lies above the top of `path`
         while cur is not None:
             if cur in depth:
@@ -144,7 +142,7 @@ def chain_depths(groups: GroupsInput) -> Dict[int, int]:
                 base = 0  # the dangling group itself: one hop to reach it
                 break
             if cur in on_path:
-                raise PredecessorCycleError(path[path.index(cur):] + [cur])
+                raise PredecessorCycleError(path[path.index(cur) :] + [cur])
             path.append(cur)
             on_path.add(cur)
             cur = entry.prev_group
@@ -154,7 +152,7 @@ def chain_depths(groups: GroupsInput) -> Dict[int, int]:
     return depth
 
 
-def max_hops(groups: Union[CompactionPlan, GroupsInput]) -> int:
+def max_hops(groups: CompactionPlan | GroupsInput) -> int:
     """The longest predecessor chain, in hops, over ``groups`` (0 if empty).
 
     Accepts a :class:`CompactionPlan` (its entries are measured afresh, not
@@ -187,8 +185,8 @@ class _Replayer:
         for entry in by_id.values():
             if entry.prev_group is not None:
                 self._uses[entry.prev_group] += 1
-        self._memo: Dict[int, State] = {}
-        self._blocked: Dict[int, int] = {}
+        self._memo: dict[int, State] = {}
+        self._blocked: dict[int, int] = {}
 
     def _take(self, group_id: int) -> State:
         """Consume one use of a memoised state; returns a dict we may mutate."""
@@ -197,16 +195,16 @@ class _Replayer:
             return self._memo.pop(group_id)
         return dict(self._memo[group_id])
 
-    def state(self, group_id: int) -> Optional[State]:
+    def state(self, group_id: int) -> State | None:
         """The full state of ``group_id`` (read-only), or ``None`` if unresolvable."""
-        path: List[int] = []
+        path: list[int] = []
         on_path: set[int] = set()
-        cur: Optional[int] = group_id
+        cur: int | None = group_id
         while cur is not None and cur not in self._memo:
             entry = self._by_id.get(cur)
             cyclic = cur in on_path
             if cyclic and self._raise_on_cycle:
-                raise PredecessorCycleError(path[path.index(cur):] + [cur])
+                raise PredecessorCycleError(path[path.index(cur) :] + [cur])
             if cyclic or cur in self._blocked or entry is None:
                 blocked_by = self._blocked.get(cur, cur)
                 for node in path:
@@ -229,9 +227,7 @@ class _Replayer:
                 del self._memo[group_id]
 
 
-def verify(
-    original_groups: GroupsInput, plan: Union[CompactionPlan, GroupsInput]
-) -> List[int]:
+def verify(original_groups: GroupsInput, plan: CompactionPlan | GroupsInput) -> list[int]:
     """Check a plan against the original groups, exactly.
 
     Returns the sorted ids of every group whose full state under ``plan``

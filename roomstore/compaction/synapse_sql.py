@@ -21,7 +21,7 @@ placeholders; the ``where`` arguments are conditions on ``{col}`` =
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from collections.abc import Sequence
 
 from roomstore.compaction import plan_sql
 from roomstore.compaction.tables import JobStatements
@@ -47,7 +47,10 @@ CHECKSUM_SQL = "(hashtextextended(d.type || chr(1) || d.state_key || chr(1) || d
 
 #: Synapse's tables the job needs (a database without them is not Synapse's, or too old).
 REQUIRED_TABLES = (
-    "state_groups", "state_group_edges", "state_groups_state", "state_groups_pending_deletion",
+    "state_groups",
+    "state_group_edges",
+    "state_groups_state",
+    "state_groups_pending_deletion",
     "state_groups_persisting",
 )
 TABLES_PRESENT = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename IN ({})"
@@ -112,10 +115,14 @@ ROOM_NID_COLLISIONS = f"SELECT COUNT(DISTINCT room_id), COUNT(DISTINCT {room_nid
 #: snapshot_max of the last finished run that did. Reruns skip the others.
 ROOMS_CHANGED_SINCE_DONE = (
     "{col} NOT IN (SELECT d.room_nid FROM (SELECT r.room_nid, MAX(u.snapshot_max) AS snap FROM "
-    + PREFIX + "rooms r JOIN " + PREFIX + "runs u ON u.run_id = r.run_id WHERE u.finished_ts IS NOT NULL"
+    + PREFIX
+    + "rooms r JOIN "
+    + PREFIX
+    + "runs u ON u.run_id = r.run_id WHERE u.finished_ts IS NOT NULL"
     " AND r.status IN ('written', 'unchanged', 'below_min_saving') GROUP BY r.room_nid) d"
     " WHERE NOT EXISTS (SELECT 1 FROM state_groups sg WHERE sg.id > d.snap AND "
-    + room_nid("sg.room_id") + " = d.room_nid))"
+    + room_nid("sg.room_id")
+    + " = d.room_nid))"
 )
 
 
@@ -146,7 +153,10 @@ def room_sizes(where: str = "") -> str:
 
 
 def jdbc_ordered_rows(
-    snapshot_max: int, where: str, first_groups: Sequence[int], needs: Sequence[Tuple[int, int, int]],
+    snapshot_max: int,
+    where: str,
+    first_groups: Sequence[int],
+    needs: Sequence[tuple[int, int, int]],
     boundary_ids: Sequence[int],
 ) -> str:
     """The rows of the rooms whose groups ``first_groups`` are (one group per
@@ -217,7 +227,9 @@ PERSISTING = (
     f"SELECT COUNT(*) FROM (SELECT sg.id, {room_nid('sg.room_id')} AS room_nid FROM state_groups sg"
     " WHERE sg.id <= ? AND EXISTS (SELECT 1 FROM state_groups_persisting p WHERE p.state_group = sg.id)) g"
 )
-CREATED_AFTER = f"SELECT COUNT(*) FROM (SELECT sg.id, {room_nid('sg.room_id')} AS room_nid FROM state_groups sg WHERE sg.id > ?) g"
+CREATED_AFTER = (
+    f"SELECT COUNT(*) FROM (SELECT sg.id, {room_nid('sg.room_id')} AS room_nid FROM state_groups sg WHERE sg.id > ?) g"
+)
 
 # ---------------------------------------------------------------------------
 # the job's own tables (created on the first run that writes)
@@ -249,9 +261,7 @@ OWN_TABLES = "SELECT COUNT(*) FROM pg_tables WHERE schemaname = current_schema()
 # the lock row
 
 LOCK_SELECT = f"SELECT holder, acquired_ts, heartbeat_ts FROM {PREFIX}lock WHERE lock_name = ?"
-LOCK_INSERT = (
-    f"INSERT INTO {PREFIX}lock (lock_name, holder, acquired_ts, heartbeat_ts) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
+LOCK_INSERT = f"INSERT INTO {PREFIX}lock (lock_name, holder, acquired_ts, heartbeat_ts) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
 LOCK_TAKE = f"UPDATE {PREFIX}lock SET holder = ?, acquired_ts = ?, heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"
 LOCK_HEARTBEAT = f"UPDATE {PREFIX}lock SET heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"
 LOCK_RELEASE = f"DELETE FROM {PREFIX}lock WHERE lock_name = ? AND holder = ?"
@@ -263,7 +273,9 @@ LOCK_RELEASE_HINT = f"DELETE FROM {PREFIX}lock WHERE lock_name = 'state_compacti
 RUN_UNFINISHED = (
     f"SELECT run_id, snapshot_max, options FROM {PREFIX}runs WHERE finished_ts IS NULL ORDER BY run_id DESC LIMIT 1"
 )
-RUN_INSERT = f"INSERT INTO {PREFIX}runs (snapshot_max, holder, options, started_ts) VALUES (?, ?, ?, ?) RETURNING run_id"
+RUN_INSERT = (
+    f"INSERT INTO {PREFIX}runs (snapshot_max, holder, options, started_ts) VALUES (?, ?, ?, ?) RETURNING run_id"
+)
 RUN_TAKE_OVER = f"UPDATE {PREFIX}runs SET holder = ? WHERE run_id = ?"
 RUN_FINISH = f"UPDATE {PREFIX}runs SET finished_ts = ? WHERE run_id = ?"
 RUN_ROOMS = (
@@ -297,8 +309,16 @@ STAGED_DELTAS = PREFIX + "staged_deltas"
 #: Fresh planner statistics for the staging tables (PostgreSQL; before a large chunk's swap).
 ANALYZE_STAGING = tuple(f"ANALYZE {table}" for table in (STAGED_GROUPS, STAGED_DELTAS))
 STAGED_GROUP_COLUMNS = (
-    "run_id", "room_nid", "first_group", "state_group", "is_ref", "old_prev", "old_rows", "old_checksum",
-    "new_prev", "rewrite",
+    "run_id",
+    "room_nid",
+    "first_group",
+    "state_group",
+    "is_ref",
+    "old_prev",
+    "old_rows",
+    "old_checksum",
+    "new_prev",
+    "rewrite",
 )
 STAGED_DELTA_COLUMNS = ("run_id", "room_nid", "first_group", "state_group", "type", "state_key", "event_id")
 

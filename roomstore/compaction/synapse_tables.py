@@ -10,7 +10,8 @@ docs/compaction.md ("Compacting a Synapse database").
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -30,7 +31,17 @@ from roomstore.compaction.tables import (
 )
 
 LOCK_NAME = "state_compaction"
-_COLUMNS = ["room_nid", "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id", "row_checksum"]
+_COLUMNS = [
+    "room_nid",
+    "sort_id",
+    "kind",
+    "state_group",
+    "prev_state_group",
+    "type",
+    "state_key",
+    "event_id",
+    "row_checksum",
+]
 
 
 _ORDERED_SCHEMA = (
@@ -40,8 +51,8 @@ _ORDERED_SCHEMA = (
 
 
 def room_partitions(
-    sizes: Sequence[Tuple[int, int, int]], partitions: int, first_share: float = 1.0
-) -> List[List[Tuple[int, int]]]:
+    sizes: Sequence[tuple[int, int, int]], partitions: int, first_share: float = 1.0
+) -> list[list[tuple[int, int]]]:
     """``(room_nid, first group, groups)`` of every room cut into at most
     about ``partitions`` lists of ``(room_nid, first group)`` with about the
     same number of groups each, in the order given; a room with more groups
@@ -49,8 +60,8 @@ def room_partitions(
     of a share (the job's first results come sooner, so its writes start)."""
     total = sum(n for _, _, n in sizes)
     share = max(1, -(-total // max(1, partitions)))
-    out: List[List[Tuple[int, int]]] = []
-    current: List[Tuple[int, int]] = []
+    out: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
     filled = 0
     for nid, first, n in sizes:
         if current and filled + n > (share if out else max(1, int(share * first_share))):
@@ -76,7 +87,7 @@ class SynapseTables(StateTables):
 
     def __init__(self) -> None:
         #: Seconds spent in the swap's steps (the run summary's ``timings_s``).
-        self.step_times: Dict[str, float] = {}
+        self.step_times: dict[str, float] = {}
 
     def check_schema(self, db: JobDatabase) -> None:
         if db.engine.name != "postgres":
@@ -110,51 +121,76 @@ class SynapseTables(StateTables):
             return ""
         return sql.ROOMS_CHANGED_SINCE_DONE
 
-    def skipped_at_start(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
+    def skipped_at_start(self, db: JobDatabase, snapshot_max: int, where: str) -> dict[str, int]:
         extra = f" WHERE {where}" if where else ""
         return {
             "pending_deletion": db.query(sql.PENDING_DELETION + extra, (snapshot_max,))[0][0],
             "being_persisted": db.query(sql.PERSISTING + extra, (snapshot_max,))[0][0],
         }
 
-    def skipped_at_end(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
+    def skipped_at_end(self, db: JobDatabase, snapshot_max: int, where: str) -> dict[str, int]:
         extra = f" WHERE {where}" if where else ""
         return {"created_after_start": db.query(sql.CREATED_AFTER + extra, (snapshot_max,))[0][0]}
 
     # -- Spark ---------------------------------------------------------------
 
     def input_rows(
-        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partition: Tuple[int, int, int],
-        needs: Sequence[BoundaryNeed], boundary_ids: Sequence[int],
+        self,
+        spark: Any,
+        source: JdbcSource,
+        snapshot_max: int,
+        where: str,
+        partition: tuple[int, int, int],
+        needs: Sequence[BoundaryNeed],
+        boundary_ids: Sequence[int],
     ) -> Any:
         from pyspark.sql import functions as F
 
         rows = source.read(
-            spark, sql.jdbc_group_rows(snapshot_max, where),
+            spark,
+            sql.jdbc_group_rows(snapshot_max, where),
             "state_group LONG, room_nid LONG, prev_state_group LONG, type STRING, state_key STRING, event_id STRING,"
             " row_checksum LONG",
             partition,
         )
         out = rows.select(
-            "room_nid", F.col("state_group").alias("sort_id"), F.lit(1).cast("long").alias("kind"), "state_group",
-            "prev_state_group", "type", "state_key", "event_id", "row_checksum",
+            "room_nid",
+            F.col("state_group").alias("sort_id"),
+            F.lit(1).cast("long").alias("kind"),
+            "state_group",
+            "prev_state_group",
+            "type",
+            "state_key",
+            "event_id",
+            "row_checksum",
         )
         if boundary_ids:
             boundary = boundary_rows(
-                spark, source, needs, boundary_ids, sql.full_states,
-                "boundary_group LONG, type STRING, state_key STRING, event_id STRING", _COLUMNS,
+                spark,
+                source,
+                needs,
+                boundary_ids,
+                sql.full_states,
+                "boundary_group LONG, type STRING, state_key STRING, event_id STRING",
+                _COLUMNS,
             )
             out = out.select(*_COLUMNS).unionByName(boundary)
         return out
 
-    def room_sizes(self, db: JobDatabase, snapshot_max: int, where: str) -> Optional[List[RoomSize]]:
+    def room_sizes(self, db: JobDatabase, snapshot_max: int, where: str) -> list[RoomSize] | None:
         cond = where.format(col="room_nid") if where else ""
         return [(int(nid), int(first), int(n)) for nid, first, n in db.query(sql.room_sizes(cond), (snapshot_max,))]
 
     def ordered_input(
-        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partitions: int,
-        needs: Sequence[BoundaryNeed], sizes: Sequence[RoomSize],
-    ) -> List[Callable[[], Any]]:
+        self,
+        spark: Any,
+        source: JdbcSource,
+        snapshot_max: int,
+        where: str,
+        partitions: int,
+        needs: Sequence[BoundaryNeed],
+        sizes: Sequence[RoomSize],
+    ) -> list[Callable[[], Any]]:
         """One JDBC read per partition of whole rooms (about the same number
         of groups each, a room larger than that alone), PostgreSQL sorting
         each room's rows (:func:`synapse_sql.jdbc_ordered_rows`): no shuffle,
@@ -163,7 +199,7 @@ class SynapseTables(StateTables):
 
         source = self.read_source(source)
 
-        def frame(rooms: List[Tuple[int, int]]):
+        def frame(rooms: list[tuple[int, int]]):
             nids = {nid for nid, _ in rooms}
             part_needs = [n for n in needs if n[0] in nids]
             table = sql.jdbc_ordered_rows(
@@ -200,12 +236,18 @@ class SynapseTables(StateTables):
 
         groups = np.frombuffer(row["groups_blob"], dtype="<i8").reshape(-1, 7).tolist()
         return StagedChunk(
-            room_nid=room_nid, first_group=row["first_group"], last_group=row["last_group"],
-            groups=[(g, None if op < 0 else op, rows, ck, None if np_ < 0 else np_, chain, rw)
-                    for g, op, rows, ck, np_, chain, rw in groups],
+            room_nid=room_nid,
+            first_group=row["first_group"],
+            last_group=row["last_group"],
+            groups=[
+                (g, None if op < 0 else op, rows, ck, None if np_ < 0 else np_, chain, rw)
+                for g, op, rows, ck, np_, chain, rw in groups
+            ],
             refs=np.frombuffer(row["refs_blob"], dtype="<i8").tolist(),
             deltas=decode_deltas(row["deltas_blob"]),
-            rows_before=row["rows_before"], rows_after=row["rows_after"], groups_rewritten=row["rewritten"],
+            rows_before=row["rows_before"],
+            rows_after=row["rows_after"],
+            groups_rewritten=row["rewritten"],
         )
 
     def stage(self, db: JobDatabase, cur: Any, key: ChunkKey, chunk: StagedChunk) -> None:
@@ -230,7 +272,7 @@ class SynapseTables(StateTables):
 
     def swap(
         self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool
-    ) -> Tuple[Optional[Changed], int, int]:
+    ) -> tuple[Changed | None, int, int]:
         """Inside the writer's transaction (after its lock-row check):
 
         1. ``SELECT ... FOR NO KEY UPDATE`` the groups whose edges the swap
@@ -271,7 +313,9 @@ class SynapseTables(StateTables):
             # swap stays (the lock row's heartbeat does).
             cur.execute("ROLLBACK TO SAVEPOINT swap_rows")
             return [(g, 0, "changed since it was read") for g in changed_rows], 0, 0
-        cur.execute("; ".join(q(t) for t in (sql.SWAP_DELETE_EDGES, sql.SWAP_INSERT_EDGES, sql.SWAP_INSERT_ROWS)), key * 3)
+        cur.execute(
+            "; ".join(q(t) for t in (sql.SWAP_DELETE_EDGES, sql.SWAP_INSERT_EDGES, sql.SWAP_INSERT_ROWS)), key * 3
+        )
         inserted = cur.rowcount
         add_step_time(self.step_times, "swap_insert", t)
         return None, deleted, inserted

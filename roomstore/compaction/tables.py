@@ -29,7 +29,8 @@ interned room id; for Synapse a hash of the room ID computed in SQL).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 
@@ -40,13 +41,13 @@ from roomstore.storage.engines import Engine
 #: ``q(text)``: a statement in the connection's placeholder style.
 Convert = Callable[[str], str]
 #: A staged chunk's key: ``(run_id, room_nid, first_group)``.
-ChunkKey = Tuple[int, int, int]
+ChunkKey = tuple[int, int, int]
 #: ``(room_nid, sort_id, boundary group)``: a chunk (the room's rows from ``sort_id`` on) needs the group's state.
-BoundaryNeed = Tuple[int, int, int]
+BoundaryNeed = tuple[int, int, int]
 #: ``(room_nid, first group, groups)`` of a room.
-RoomSize = Tuple[int, int, int]
+RoomSize = tuple[int, int, int]
 #: What a swap found changed since the read: ``(group, is_ref, reason)`` each.
-Changed = List[Tuple[int, int, str]]
+Changed = list[tuple[int, int, str]]
 
 
 class JobDatabase(Protocol):
@@ -114,9 +115,9 @@ class JobStatements:
     chunk_upsert: str
 
     #: ``delete_staging(*columns)``: deleting both staging tables' rows matching the columns.
-    delete_staging: Callable[..., Tuple[str, ...]]
+    delete_staging: Callable[..., tuple[str, ...]]
     #: Fresh planner statistics for the staging tables (PostgreSQL; before a large chunk's swap).
-    analyze_staging: Tuple[str, ...]
+    analyze_staging: tuple[str, ...]
 
 
 class StateTables(Protocol):
@@ -133,11 +134,11 @@ class StateTables(Protocol):
     #: The statements the writer runs by step (see :class:`JobStatements`).
     statements: JobStatements
     #: Seconds spent in the layout's own steps of the swaps (the run summary's ``timings_s``).
-    step_times: Dict[str, float]
+    step_times: dict[str, float]
 
     # -- the database --------------------------------------------------------
 
-    def check_schema(self, db: JobDatabase) -> Optional[int]:
+    def check_schema(self, db: JobDatabase) -> int | None:
         """Raise with a one-line message if the database cannot be compacted;
         the schema version where the layout has one."""
         ...
@@ -151,19 +152,25 @@ class StateTables(Protocol):
         earlier finished runs compacted and that have no group since, or ""."""
         ...
 
-    def skipped_at_start(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
+    def skipped_at_start(self, db: JobDatabase, snapshot_max: int, where: str) -> dict[str, int]:
         """Groups the run leaves alone from the start, counted for the summary."""
         ...
 
-    def skipped_at_end(self, db: JobDatabase, snapshot_max: int, where: str) -> Dict[str, int]:
+    def skipped_at_end(self, db: JobDatabase, snapshot_max: int, where: str) -> dict[str, int]:
         """Groups left alone that the end of the run can count (created after the start)."""
         ...
 
     # -- Spark ---------------------------------------------------------------
 
     def input_rows(
-        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partition: Tuple[int, int, int],
-        needs: Sequence[BoundaryNeed], boundary_ids: Sequence[int],
+        self,
+        spark: Any,
+        source: JdbcSource,
+        snapshot_max: int,
+        where: str,
+        partition: tuple[int, int, int],
+        needs: Sequence[BoundaryNeed],
+        boundary_ids: Sequence[int],
     ) -> Any:
         """The Spark frame of rows fed to :meth:`room_function`: one row per
         delta row of a group up to ``snapshot_max`` (a group without rows:
@@ -171,16 +178,22 @@ class StateTables(Protocol):
         with the columns the room function expects."""
         ...
 
-    def room_sizes(self, db: JobDatabase, snapshot_max: int, where: str) -> Optional[List[RoomSize]]:
+    def room_sizes(self, db: JobDatabase, snapshot_max: int, where: str) -> list[RoomSize] | None:
         """``(room_nid, first group, groups)`` of every selected room with
         groups up to ``snapshot_max``, for :meth:`ordered_input`; None: this
         layout has no ordered read."""
         ...
 
     def ordered_input(
-        self, spark: Any, source: JdbcSource, snapshot_max: int, where: str, partitions: int,
-        needs: Sequence[BoundaryNeed], sizes: Sequence[RoomSize],
-    ) -> List[Callable[[], Any]]:
+        self,
+        spark: Any,
+        source: JdbcSource,
+        snapshot_max: int,
+        where: str,
+        partitions: int,
+        needs: Sequence[BoundaryNeed],
+        sizes: Sequence[RoomSize],
+    ) -> list[Callable[[], Any]]:
         """The same rows as :meth:`input_rows`, as one-partition frames
         (each made when its function is called), each holding whole rooms,
         each room's rows together and in :meth:`sort_columns` order (the
@@ -209,7 +222,7 @@ class StateTables(Protocol):
 
     def swap(
         self, cur: Any, q: Convert, key: ChunkKey, for_update: str, chain_changed: bool
-    ) -> Tuple[Optional[Changed], int, int]:
+    ) -> tuple[Changed | None, int, int]:
         """Lock, re-check and replace one staged chunk inside the caller's transaction.
 
         Returns ``(changed, deleted, inserted)``: ``changed`` lists
@@ -225,8 +238,13 @@ BOUNDARY_GROUPS_PER_READ = 2000
 
 
 def boundary_rows(
-    spark: Any, source: JdbcSource, needs: Sequence[BoundaryNeed], boundary_ids: Sequence[int],
-    states_sql: Callable[[Sequence[int]], str], states_schema: str, columns: Sequence[str],
+    spark: Any,
+    source: JdbcSource,
+    needs: Sequence[BoundaryNeed],
+    boundary_ids: Sequence[int],
+    states_sql: Callable[[Sequence[int]], str],
+    states_schema: str,
+    columns: Sequence[str],
 ) -> Any:
     """The boundary-state rows (``kind`` 0) of a layout's input frame, in ``columns`` order: every
     chunk that needs a boundary group's state (``needs``: room, sort id, boundary group) gets the
@@ -239,24 +257,33 @@ def boundary_rows(
     placed = spark.createDataFrame(list(needs), "room_nid long, sort_id long, boundary_group long")
     states = None
     for start in range(0, len(boundary_ids), BOUNDARY_GROUPS_PER_READ):
-        ids = boundary_ids[start:start + BOUNDARY_GROUPS_PER_READ]
+        ids = boundary_ids[start : start + BOUNDARY_GROUPS_PER_READ]
         part = source.read(spark, f"({states_sql(ids)}) AS boundary", states_schema)
         states = part if states is None else states.unionByName(part)
     if states is None:
         raise ValueError("no boundary groups")
     state_columns = set(states.columns) - {"boundary_group"}
     placed_columns = {
-        "room_nid": F.col("room_nid"), "sort_id": F.col("sort_id"), "kind": F.lit(0).cast("long"),
+        "room_nid": F.col("room_nid"),
+        "sort_id": F.col("sort_id"),
+        "kind": F.lit(0).cast("long"),
         "state_group": F.col("boundary_group"),
     }
-    return placed.join(states, "boundary_group").select(*[
-        (placed_columns[c] if c in placed_columns else F.col(c) if c in state_columns else F.lit(None).cast("long"))
-        .alias(c)
-        for c in columns
-    ])
+    return placed.join(states, "boundary_group").select(
+        *[
+            (
+                placed_columns[c]
+                if c in placed_columns
+                else F.col(c)
+                if c in state_columns
+                else F.lit(None).cast("long")
+            ).alias(c)
+            for c in columns
+        ]
+    )
 
 
-def add_step_time(times: Dict[str, float], name: str, since: float) -> float:
+def add_step_time(times: dict[str, float], name: str, since: float) -> float:
     """Account the seconds since ``since`` (``time.monotonic()``) to
     ``times[name]`` (a run summary's ``timings_s``); returns now."""
     now = time.monotonic()

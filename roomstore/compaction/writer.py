@@ -51,7 +51,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -72,6 +73,7 @@ SWAP_ATTEMPTS = 6
 #: A staged chunk of at least this many rows (groups, references and delta
 #: rows) has the staging tables analysed before its swap (PostgreSQL).
 ANALYZE_STAGED_ROWS = 1000
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -133,7 +135,7 @@ class RunState:
     already swapped in rooms not finished.
     """
 
-    run_id: Optional[int]
+    run_id: int | None
     snapshot_max: int
     resumed: bool = False
     done_rooms: dict = attrs.Factory(dict)
@@ -183,9 +185,7 @@ class _Connection:
     def run(self, fn: Callable[[Any], Any], attempts: int = SWAP_ATTEMPTS) -> Any:
         """``fn(cursor)`` in one transaction, retried on serialisation failures
         (and :class:`RetryTransaction`)."""
-        return run_transaction(
-            self.engine, lambda: self.conn, fn, attempts=attempts, backoff_s=0.01, max_backoff_s=1.0
-        )
+        return run_transaction(self.engine, lambda: self.conn, fn, attempts=attempts, backoff_s=0.01, max_backoff_s=1.0)
 
     def query(self, text: str, args: Sequence = ()) -> list:
         def fn(cur):
@@ -215,10 +215,10 @@ class CompactionWriter:
         db_url: str,
         *,
         tables: StateTables,
-        holder: Optional[str] = None,
+        holder: str | None = None,
         stale_after_s: float = DEFAULT_STALE_LOCK_SECONDS,
         heartbeat_s: float = DEFAULT_HEARTBEAT_SECONDS,
-        before_commit: Optional[Callable[[Any, int, int], None]] = None,
+        before_commit: Callable[[Any, int, int], None] | None = None,
     ) -> None:
         self.db_url = db_url
         #: The layout's tables and statements.
@@ -235,11 +235,11 @@ class CompactionWriter:
         self.has_lock = False
         self._lock_lost = threading.Event()
         self._stop_heartbeat = threading.Event()
-        self._heartbeat_thread: Optional[threading.Thread] = None
+        self._heartbeat_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------- queries
 
-    def check_schema(self) -> Optional[int]:
+    def check_schema(self) -> int | None:
         """Raises with a one-line message if the database cannot be compacted
         (:meth:`StateTables.check_schema`)."""
         return self.tables.check_schema(self.db)
@@ -247,7 +247,7 @@ class CompactionWriter:
     def max_state_group(self) -> int:
         return self.db.query(self.statements.max_state_group)[0][0]
 
-    def group_bounds(self, snapshot_max: int, where: str = "") -> tuple[Optional[int], Optional[int], int]:
+    def group_bounds(self, snapshot_max: int, where: str = "") -> tuple[int | None, int | None, int]:
         """MIN, MAX and COUNT of state groups up to ``snapshot_max`` (plus ``where``)."""
         row = self.db.query(self.statements.group_bounds(where), (snapshot_max,))[0]
         return row[0], row[1], row[2]
@@ -347,7 +347,7 @@ class CompactionWriter:
         self._lock_lost.clear()
         self._start_heartbeat()
 
-    def heartbeat(self, db: Optional[_Connection] = None) -> bool:
+    def heartbeat(self, db: _Connection | None = None) -> bool:
         """Refresh our heartbeat; False (and the lock marked lost) if not ours any more."""
         db = db or self.db
 
@@ -423,10 +423,10 @@ class CompactionWriter:
         run_id, snapshot, old_opts = rows[0]
         state = RunState(run_id=run_id, snapshot_max=snapshot, resumed=True)
         if old_opts != opts:
-            state.warnings.append(
-                f"resuming run {run_id} started with options {old_opts}; continuing with {opts}"
-            )
-        for nid, status, groups, before, after, rewritten, detail in self.db.query(self.statements.run_rooms, (run_id,)):
+            state.warnings.append(f"resuming run {run_id} started with options {old_opts}; continuing with {opts}")
+        for nid, status, groups, before, after, rewritten, detail in self.db.query(
+            self.statements.run_rooms, (run_id,)
+        ):
             state.done_rooms[nid] = RoomOutcome(nid, status, groups, before, after, rewritten, detail or "")
         gone_rooms = [r[0] for r in self.db.query(self.statements.run_rooms_gone, (run_id, snapshot))]
         for nid in gone_rooms:
@@ -435,7 +435,9 @@ class CompactionWriter:
                 " (purged since): skipped"
             )
             state.done_rooms.pop(nid, None)
-        for nid, first, last, before, after, rewritten, first_ok, last_ok in self.db.query(self.statements.run_chunks, (run_id,)):
+        for nid, first, last, before, after, rewritten, first_ok, last_ok in self.db.query(
+            self.statements.run_chunks, (run_id,)
+        ):
             if nid in state.done_rooms:
                 continue
             if not first_ok or not last_ok:
@@ -519,7 +521,7 @@ class CompactionWriter:
         room_nid: int,
         first_group: int,
         chunk_stats: tuple[int, int, int, int],
-        room_outcome: Optional[RoomOutcome] = None,
+        room_outcome: RoomOutcome | None = None,
         chain_changed: bool = True,
     ) -> SwapResult:
         """Swap one staged chunk in, in one transaction (see the module docstring).
@@ -577,17 +579,29 @@ class CompactionWriter:
             return
 
         def txn(cur):
-            self._execute_all(cur, [self._room_row(run.run_id, outcome, now_ms())] + [
-                (statement, (run.run_id, outcome.room_nid)) for statement in self.statements.delete_staging("run_id", "room_nid")
-            ])
+            self._execute_all(
+                cur,
+                [self._room_row(run.run_id, outcome, now_ms())]
+                + [
+                    (statement, (run.run_id, outcome.room_nid))
+                    for statement in self.statements.delete_staging("run_id", "room_nid")
+                ],
+            )
 
         self.db.run(txn)
 
     def _room_row(self, run_id: int, o: RoomOutcome, now: int) -> tuple:
         """The statement recording a room's outcome, with its arguments."""
         return self.statements.room_insert, (
-            run_id, o.room_nid, o.status, o.state_groups, o.rows_before, o.rows_after, o.groups_rewritten,
-            o.detail or None, now,
+            run_id,
+            o.room_nid,
+            o.status,
+            o.state_groups,
+            o.rows_before,
+            o.rows_after,
+            o.groups_rewritten,
+            o.detail or None,
+            now,
         )
 
     def _insert_room(self, cur, run_id: int, o: RoomOutcome, now: int) -> None:

@@ -1,7 +1,19 @@
+from roomstore.events.tokens import (
+    InvalidToken,
+    StreamToken,
+    TopologicalToken,
+    parse_token,
+)
 from roomstore.pdu.hashing import (
     compute_content_hash,
     compute_event_id,
     compute_reference_hash,
+)
+from roomstore.pdu.parsing import (
+    MAX_PDU_SIZE,
+    InvalidEventError,
+    ParsedPdu,
+    parse_pdu,
 )
 from roomstore.pdu.redaction_algorithm import prune_event_dict, redacted_copy, redacts_of
 from roomstore.pdu.room_versions import (
@@ -11,18 +23,6 @@ from roomstore.pdu.room_versions import (
     RoomVersions,
     UnknownRoomVersion,
     get_room_version,
-)
-from roomstore.events.tokens import (
-    InvalidToken,
-    StreamToken,
-    TopologicalToken,
-    parse_token,
-)
-from roomstore.pdu.parsing import (
-    MAX_PDU_SIZE,
-    InvalidEventError,
-    ParsedPdu,
-    parse_pdu,
 )
 
 __all__ = [

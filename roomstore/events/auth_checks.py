@@ -32,7 +32,8 @@ differ (a fork, or an event citing stale auth events).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -69,8 +70,14 @@ def _remember_state_events(cache: Any, new_events: list[PreparedEvent]) -> None:
             cache.set(ev.event_id, (ev.pdu, ev.rejected_reason is not None))
 
 
-def checked_event(w: Any, index: int, ev: PreparedEvent, new_events: list[PreparedEvent],
-                  group_before: int | None, room_nid: int | None = None) -> PreparedEvent:
+def checked_event(
+    w: Any,
+    index: int,
+    ev: PreparedEvent,
+    new_events: list[PreparedEvent],
+    group_before: int | None,
+    room_nid: int | None = None,
+) -> PreparedEvent:
     """``ev`` (``new_events[index]``) after the checks: itself, or where they
     reject or soft-fail it a copy saying so, put in its place in
     ``new_events`` and the batch's events, which the write's later steps read."""
@@ -84,8 +91,9 @@ def checked_event(w: Any, index: int, ev: PreparedEvent, new_events: list[Prepar
     return ev
 
 
-def soft_fails(w: Any, ev: PreparedEvent, room_nid: int, group_before: int | None,
-               key_nids: Mapping[int, tuple[str, str]]) -> bool:
+def soft_fails(
+    w: Any, ev: PreparedEvent, room_nid: int, group_before: int | None, key_nids: Mapping[int, tuple[str, str]]
+) -> bool:
     """Whether a live graph event the rules allow fails them against the
     room's current state as it arrives: the state of the room's forward
     extremities (``w.ends``, kept up to date through the batch) and of
@@ -113,8 +121,9 @@ def soft_fails(w: Any, ev: PreparedEvent, room_nid: int, group_before: int | Non
     return False
 
 
-def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None,
-                 key_nids: Mapping[int, tuple[str, str]]) -> str | None:
+def rejection_of(
+    w: Any, ev: PreparedEvent, group_before: int | None, key_nids: Mapping[int, tuple[str, str]]
+) -> str | None:
     """Why ``ev`` is rejected (its ``rejected_reason``), or None when the
     rules allow it. ``w``: the batch writer (``roomstore.events.persist``);
     ``group_before``: the state group before a graph event (None for an
@@ -162,9 +171,15 @@ def rejection_of(w: Any, ev: PreparedEvent, group_before: int | None,
 #: Types whose rules read the event's content or ID (or that a v1/v2
 #: redaction's do). The rules read nothing else of any other event than its
 #: room, type, sender, state key and auth events.
-_CONTENT_RULED = frozenset({
-    "m.room.create", "m.room.member", "m.room.power_levels", "m.room.aliases", "m.room.redaction",
-})
+_CONTENT_RULED = frozenset(
+    {
+        "m.room.create",
+        "m.room.member",
+        "m.room.power_levels",
+        "m.room.aliases",
+        "m.room.redaction",
+    }
+)
 
 
 def _decided_by(pdu: ParsedPdu) -> tuple | None:
@@ -211,8 +226,9 @@ def _agree_at(states: list[Mapping[int, int]], key_nids: Mapping[int, Any]) -> b
     return True
 
 
-def _state_auth_entries(w: Any, key_nids: Mapping[int, tuple[str, str]],
-                        group_before: int | None) -> dict[tuple[str, str], int]:
+def _state_auth_entries(
+    w: Any, key_nids: Mapping[int, tuple[str, str]], group_before: int | None
+) -> dict[tuple[str, str], int]:
     """The state before an event at the keys the rules read for it
     (``key_nids``): key -> event nid."""
     if group_before is None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
 from roomstore.pdu.content_hash import checked_pdu
+from roomstore.pdu.parsing import MAX_JSON_NESTING, MAX_PDU_SIZE, InvalidEventError, ParsedPdu, parse_pdu
 from roomstore.pdu.room_versions import get_room_version
 from roomstore.pdu.signatures import VerifyKeys, signatures_checked
-from roomstore.pdu.parsing import MAX_JSON_NESTING, MAX_PDU_SIZE, InvalidEventError, ParsedPdu, parse_pdu
 
 StateKey = tuple[str, str]
 
@@ -85,8 +85,14 @@ class EventToPersist:
         # Pickled (to a validation worker) through its constructor, not
         # attrs' slotted __getstate__, which is Python.
         return EventToPersist, (
-            self.raw, self.room_version, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
-            self.auth_checked, self.client_txn,
+            self.raw,
+            self.room_version,
+            self.outlier,
+            self.rejected_reason,
+            self.backfilled,
+            self.state_before,
+            self.auth_checked,
+            self.client_txn,
         )
 
 
@@ -123,9 +129,18 @@ class PersistedEvent:
         # Pickled (a writer process's replies) through its constructor, not
         # attrs' slotted __getstate__, which is Python.
         return PersistedEvent, (
-            self.event_id, self.room_id, self.stream_ordering, self.topological_ordering, self.state_group_before,
-            self.state_group, self.already_persisted, self.content_hash_mismatch, self.signatures_checked,
-            self.rejected_reason, self.soft_failed, self.existing_txn_event_id,
+            self.event_id,
+            self.room_id,
+            self.stream_ordering,
+            self.topological_ordering,
+            self.state_group_before,
+            self.state_group,
+            self.already_persisted,
+            self.content_hash_mismatch,
+            self.signatures_checked,
+            self.rejected_reason,
+            self.soft_failed,
+            self.existing_txn_event_id,
         )
 
     @property
@@ -164,8 +179,15 @@ class PreparedEvent:
         # Unpickled by its constructor: attrs' own __setstate__ for slotted
         # classes is Python, and was half of a validation reply's unpickling.
         return PreparedEvent, (
-            self.pdu, self.outlier, self.rejected_reason, self.backfilled, self.state_before,
-            self.content_hash_mismatch, self.signatures_checked, self.auth_checked, self.soft_failed,
+            self.pdu,
+            self.outlier,
+            self.rejected_reason,
+            self.backfilled,
+            self.state_before,
+            self.content_hash_mismatch,
+            self.signatures_checked,
+            self.auth_checked,
+            self.soft_failed,
             self.client_txn,
         )
 
@@ -242,8 +264,15 @@ def prepare_events(
             versions[pdu.room_id] = version_id
         prepared.append(
             PreparedEvent(
-                pdu, item.outlier, item.rejected_reason, item.backfilled, item.state_before, mismatch, signed,
-                item.auth_checked, client_txn=item.client_txn,
+                pdu,
+                item.outlier,
+                item.rejected_reason,
+                item.backfilled,
+                item.state_before,
+                mismatch,
+                signed,
+                item.auth_checked,
+                client_txn=item.client_txn,
             )
         )
     return prepared
@@ -253,7 +282,9 @@ def is_orphan(ev: PreparedEvent) -> bool:
     """A live event with nothing to hang it on: not a create event, no prev
     events, no state given. It may only start a room it is the create of."""
     return (
-        not ev.outlier and not ev.pdu.prev_event_ids and ev.state_before is None
+        not ev.outlier
+        and not ev.pdu.prev_event_ids
+        and ev.state_before is None
         and not (ev.pdu.type == "m.room.create" and ev.pdu.state_key == "")
     )
 
@@ -262,8 +293,9 @@ def orphan_rooms(prepared: Sequence[PreparedEvent], known_versions: Mapping[str,
     """Rooms of the batch's orphans (``is_orphan``) whose create event is
     neither in the batch nor among ``known_versions``: to be looked up."""
     created = {ev.pdu.room_id for ev in prepared if ev.pdu.type == "m.room.create" and ev.pdu.state_key == ""}
-    return sorted({ev.pdu.room_id for ev in prepared if is_orphan(ev) and ev.pdu.room_id not in created}
-                  - set(known_versions))
+    return sorted(
+        {ev.pdu.room_id for ev in prepared if is_orphan(ev) and ev.pdu.room_id not in created} - set(known_versions)
+    )
 
 
 def first_copies(prepared: Sequence[PreparedEvent]) -> dict[str, int]:
@@ -340,7 +372,7 @@ def order_batch(batch: Sequence[PreparedEvent]) -> list[PreparedEvent]:
                 prev = by_id.get(prev_id)
                 if prev is not None and prev_id in visiting:
                     cycle = [item.event_id for item, _ in stack]
-                    raise PrevEventsCycle(cycle[cycle.index(prev_id):])
+                    raise PrevEventsCycle(cycle[cycle.index(prev_id) :])
                 if prev is not None and prev_id not in placed:
                     visiting.add(prev_id)
                     stack.append((prev, iter(prev.pdu.prev_event_ids)))

@@ -5,7 +5,8 @@ create event. ``RoomStore.persist_events`` asks; the versions are cached
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from roomstore.events.batch import EventToPersist, PreparedEvent, is_orphan, peek_room_version
 from roomstore.pdu.parsing import InvalidEventError

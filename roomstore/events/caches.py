@@ -21,7 +21,8 @@ Cache names are Synapse's, as they cross the wire in the caches stream.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from roomstore.events.reads import EventReader
 from roomstore.storage.database import Transaction
@@ -82,7 +83,6 @@ def write_cache_invalidations(
     )
 
 
-
 _INVALIDATION_ROWS = (
     "SELECT stream_id, cache_name, keys, invalidation_ts FROM cache_invalidations"
     " WHERE instance_name = ? AND stream_id > ? AND stream_id <= ?"
@@ -102,6 +102,7 @@ def invalidation_rows_txn(
         return txn.execute(_INVALIDATION_ROWS, (instance_name, from_id, upto)).fetchall()
     return txn.execute(_INVALIDATION_ROWS + " LIMIT ?", (instance_name, from_id, upto, limit)).fetchall()
 
+
 class StoreCaches:
     """One process's caches of the store, and what each change drops.
 
@@ -111,8 +112,14 @@ class StoreCaches:
     the change caches of rooms and of users' memberships.
     """
 
-    def __init__(self, reader: EventReader, room_changes: StreamChangeCache, membership_changes: StreamChangeCache,
-                 parsed_events: LruCache | None = None, room_versions: LruCache | None = None):
+    def __init__(
+        self,
+        reader: EventReader,
+        room_changes: StreamChangeCache,
+        membership_changes: StreamChangeCache,
+        parsed_events: LruCache | None = None,
+        room_versions: LruCache | None = None,
+    ):
         self.reader = reader
         #: The writer's room ID -> version cache (the persister's), where there is one.
         self.room_versions = room_versions

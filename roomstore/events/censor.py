@@ -31,14 +31,15 @@ is set, both through the store's ``RedactionCensor``.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from canonicaljson import encode_canonical_json
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.events.tables.events import due_for_censoring_txn, mark_censored_txn, replace_json_txn
+from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.room_versions import get_room_version
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners
@@ -126,7 +127,11 @@ class RedactionCensor:
         total = 0
         while True:
             handled, censored = await self.db.run_interaction(
-                "censor_expired_redactions", censor_batch_txn, self.interners, self.invalidate_event, cutoff,
+                "censor_expired_redactions",
+                censor_batch_txn,
+                self.interners,
+                self.invalidate_event,
+                cutoff,
                 BATCH_SIZE,
             )
             total += censored

@@ -34,7 +34,8 @@ may be the cache's own.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from roomstore.events.tables.client_txns import txn_ids_of_events_txn
 from roomstore.pdu.redaction_algorithm import copy_json
@@ -71,8 +72,9 @@ def client_event(event: Mapping[str, Any], now_ms: int, *, replaced_event: Mappi
     return result
 
 
-async def format_client_events(reader: Any, db: Any, events: Sequence[Mapping[str, Any]], now_ms: int,
-                               sent_by: tuple[str, str] | None = None) -> list[dict]:
+async def format_client_events(
+    reader: Any, db: Any, events: Sequence[Mapping[str, Any]], now_ms: int, sent_by: tuple[str, str] | None = None
+) -> list[dict]:
     """``client_event`` of each of ``events``, in order, the replaced state
     event of each state event found in the state before it
     (``reader.replaced_state_txn``; an outlier, or an event the store does
@@ -80,8 +82,10 @@ async def format_client_events(reader: Any, db: Any, events: Sequence[Mapping[st
     database. ``sent_by``: ``(user_id, device_id)`` of the device the events
     are for, whose transaction IDs are added."""
     wanted = [
-        (event["event_id"], event["type"], event["state_key"]) for event in events
-        if isinstance(event.get("state_key"), str) and isinstance(event.get("type"), str)
+        (event["event_id"], event["type"], event["state_key"])
+        for event in events
+        if isinstance(event.get("state_key"), str)
+        and isinstance(event.get("type"), str)
         and isinstance(event.get("event_id"), str)
     ]
     replaced: dict[str, str] = {}
@@ -102,8 +106,11 @@ async def _txn_ids(db: Any, events: Sequence[Mapping[str, Any]], sent_by: tuple[
     """Event ID -> txn ID of the events ``sent_by``'s device sent; no
     database read when none of them is that user's."""
     user_id, device_id = sent_by
-    mine = [event["event_id"] for event in events
-            if event.get("sender") == user_id and isinstance(event.get("event_id"), str)]
+    mine = [
+        event["event_id"]
+        for event in events
+        if event.get("sender") == user_id and isinstance(event.get("event_id"), str)
+    ]
     if not mine:
         return {}
     return await db.run_interaction("txn_ids_of_events", txn_ids_of_events_txn, user_id, device_id, mine)

@@ -22,7 +22,8 @@ Who calls it: ``roomstore.events.persist``'s batch writer.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -58,8 +59,11 @@ def record_client_txns(
     # A key recorded before (or by a racing writer) keeps its event.
     queue_txns(writer.txn, list(rows.values()))
     owners = event_nids_of_txns_txn(writer.txn, rows)
-    others = {event_id: owners[key] for event_id, key in keys.items()
-              if owners.get(key, writer.event_nids[event_id]) != writer.event_nids[event_id]}
+    others = {
+        event_id: owners[key]
+        for event_id, key in keys.items()
+        if owners.get(key, writer.event_nids[event_id]) != writer.event_nids[event_id]
+    }
     if not others:
         return
     names = writer.p.interners.events.resolve(writer.txn, set(others.values()))

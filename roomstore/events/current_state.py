@@ -10,11 +10,11 @@ interned maps, its pending state groups and its helpers.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from roomstore.events.batch import PreparedEvent
 from roomstore.events.resolution_source import resolve_interned
-from roomstore.state.deltas import state_diff
 from roomstore.events.tables.events import pointed_at_txn
 from roomstore.events.tables.room_state import (
     current_and_forward_groups_txn,
@@ -23,6 +23,7 @@ from roomstore.events.tables.room_state import (
     queue_extremity_changes,
     queue_membership_changes,
 )
+from roomstore.state.deltas import state_diff
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import queue_activity, queue_current_state_group
 from roomstore.visibility.rules import NO_MEMBERSHIP_CODE
@@ -54,8 +55,9 @@ class RoomEnds:
                 self._move(ends, prevs, event_nid, group_after)
         return ends
 
-    def advance(self, ev: PreparedEvent, room_nid: int, event_nid: int, group_after: int | None,
-                event_nids: Mapping[str, int]) -> None:
+    def advance(
+        self, ev: PreparedEvent, room_nid: int, event_nid: int, group_after: int | None, event_nids: Mapping[str, int]
+    ) -> None:
         """A live, accepted graph event replaces its prev events among the room's ends."""
         if ev.backfilled or ev.rejected_reason or ev.soft_failed:
             return
@@ -175,8 +177,15 @@ def _update_current_memberships(w: Any, room_nid: int, changed: set[int], new_st
     for k in member_changes:
         if k in new_state:
             event = new_state[k]
-            rows.append((room_nid, w.user_nids[w.key_names[k][1]],
-                         w.membership_of_event.get(event, NO_MEMBERSHIP_CODE), event, position))
+            rows.append(
+                (
+                    room_nid,
+                    w.user_nids[w.key_names[k][1]],
+                    w.membership_of_event.get(event, NO_MEMBERSHIP_CODE),
+                    event,
+                    position,
+                )
+            )
     queue_membership_changes(w.txn, gone, sorted(rows))
 
 

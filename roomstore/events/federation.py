@@ -13,7 +13,7 @@ Who calls it: ``RoomStore.backfill`` and ``RoomStore.get_missing_events``.
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -128,7 +128,7 @@ class FederationReader:
                     candidates -= 1
         return self._events_in_order(txn, walk, result)
 
-    def _events_in_order(self, txn: Transaction, walk: "_GraphWalk", nids: list[int]) -> list[dict]:
+    def _events_in_order(self, txn: Transaction, walk: _GraphWalk, nids: list[int]) -> list[dict]:
         if not nids:
             return []
         ids = self.interners.events.resolve(txn, nids)

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import attrs
 
+from roomstore.events.tables.events import events_as, join_events
 from roomstore.events.timeline import (
     EVENT_COLUMNS,
     EVENT_JOINS,
     TimelineReader,
-    stream_bound_sql,
-    event_from_row,
     Viewer,
+    event_from_row,
+    stream_bound_sql,
 )
-from roomstore.events.tables.events import events_as, join_events
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
 from roomstore.visibility.snapshots import snapshot_upto_sql, visible_sql
@@ -99,8 +99,15 @@ class Paginator:
         now = positions.per_writer(positions.now())
         stream_start = positions.per_writer(start) if isinstance(start, StreamToken) else None
         rows = await self.timeline.db.run_interaction(
-            "paginate", self._paginate_txn, room_id, self.timeline.cached_viewer(user_id),
-            start if isinstance(start, TopologicalToken) else None, stream_start, direction, limit, now,
+            "paginate",
+            self._paginate_txn,
+            room_id,
+            self.timeline.cached_viewer(user_id),
+            start if isinstance(start, TopologicalToken) else None,
+            stream_start,
+            direction,
+            limit,
+            now,
         )
         events = [event_from_row(row) for row in rows]
         if not rows:
@@ -137,11 +144,23 @@ class Paginator:
         own_key = viewer.member_key_nid if viewer.member_key_nid is not None else -1
         search_params = [False, *high_params, limit]
         params = [
-            room_nid, *key, window - 1,  # edge
-            room_nid, False, *high_params, *key, *viewer.params(), limit,  # hit
-            room_nid, user_nid, user_nid, room_nid, limit,  # seen
+            room_nid,
+            *key,
+            window - 1,  # edge
+            room_nid,
+            False,
+            *high_params,
+            *key,
+            *viewer.params(),
+            limit,  # hit
+            room_nid,
+            user_nid,
+            user_nid,
+            room_nid,
+            limit,  # seen
             *search_params,  # more, by visibility_before
-            own_key, *search_params,  # more, by visibility_after
+            own_key,
+            *search_params,  # more, by visibility_after
             limit,  # page: more
             limit,
         ]

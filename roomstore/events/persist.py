@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 from collections import abc
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
+from roomstore.events.auth_checks import checked_event, prefetch_auth_events, remember_after_commit
 from roomstore.events.batch import (
     ClientTxn,
     EventToPersist,
@@ -31,20 +33,19 @@ from roomstore.events.batch import (
     StateKey,
     order_batch,
 )
-from roomstore.events.auth_checks import checked_event, prefetch_auth_events, remember_after_commit
-from roomstore.events.client_txns import record_client_txns
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
+from roomstore.events.client_txns import record_client_txns
 from roomstore.events.current_state import RoomEnds, note_activity, update_current_state, update_extremities
 from roomstore.events.redaction_authority import redaction_authorised
 from roomstore.events.resolution_source import ParsedEventCache, TransactionEventSource, resolve_interned
 from roomstore.events.tables.events import (
+    StoredEvent,
     history_visibility_json_txn,
     insert_edges,
     insert_event_json,
     insert_events,
     insert_redactions,
     queue_flag_redacted,
-    StoredEvent,
     stored_before_txn,
     unflagged_targets_txn,
 )
@@ -60,8 +61,8 @@ from roomstore.storage.interning import (
     queue_room_version,
     room_versions_txn,
 )
-from roomstore.visibility.rules import NO_MEMBERSHIP_CODE, membership_code, visibility_code
 from roomstore.visibility.memberships import insert_memberships, membership_codes_txn
+from roomstore.visibility.rules import NO_MEMBERSHIP_CODE, membership_code, visibility_code
 from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, VisibilityWrites, snapshot_facts_sql
 
 __all__ = [
@@ -135,7 +136,7 @@ class EventPersister:
         resolved_current_state: Mapping[str, Mapping[StateKey, str]] | None = None,
         cache_stream_id: int | None = None,
         now_ms: int | None = None,
-    ) -> "BatchOutcome":
+    ) -> BatchOutcome:
         # Event IDs this transaction interned count as naming no stored event
         # (``fresh_nids``): true only of the transaction's one batch.
         written = txn.memo.setdefault(EventPersister, {})
@@ -286,7 +287,9 @@ class _BatchWriter:
 
     def load_event_facts(self, event_nids) -> None:
         """Membership / history visibility codes of stored state events."""
-        missing = [n for n in set(event_nids) if n not in self.membership_of_event and n not in self.visibility_of_event]
+        missing = [
+            n for n in set(event_nids) if n not in self.membership_of_event and n not in self.visibility_of_event
+        ]
         if not missing:
             return
         for part in chunks(missing):
@@ -323,7 +326,9 @@ class _BatchWriter:
             # No parent: a fresh snapshot lists every member.
             state = {k: v for k, v in delta.items() if v is not None}
             changes, visibility = self.visibility_changes(state, full=True)
-            snapshot = self.p.visibility.snapshot_for(self.txn, room_nid, None, changes, visibility, self.visibility_writes)
+            snapshot = self.p.visibility.snapshot_for(
+                self.txn, room_nid, None, changes, visibility, self.visibility_writes
+            )
             parent_length = None
         else:
             changes, visibility = self.visibility_changes(delta, full=False)
@@ -349,18 +354,24 @@ class _BatchWriter:
         changes = {}
         for key, event in member_keys.items():
             user = self.user_nids[self.key_names[key][1]]
-            changes[user] = NO_MEMBERSHIP_CODE if event is None else self.membership_of_event.get(event, NO_MEMBERSHIP_CODE)
+            changes[user] = (
+                NO_MEMBERSHIP_CODE if event is None else self.membership_of_event.get(event, NO_MEMBERSHIP_CODE)
+            )
         visibility = None
         if hv_key is not None and hv_key in delta:
             event = delta[hv_key]
-            visibility = DEFAULT_VISIBILITY if event is None else self.visibility_of_event.get(event, DEFAULT_VISIBILITY)
+            visibility = (
+                DEFAULT_VISIBILITY if event is None else self.visibility_of_event.get(event, DEFAULT_VISIBILITY)
+            )
         elif full:
             visibility = DEFAULT_VISIBILITY
         return changes, visibility
 
     # ---------------------------------------------------------------- the batch
 
-    def run(self, batch: Sequence[PreparedEvent], stream_ids: Sequence[int], backfill_ids: Sequence[int]) -> BatchOutcome:
+    def run(
+        self, batch: Sequence[PreparedEvent], stream_ids: Sequence[int], backfill_ids: Sequence[int]
+    ) -> BatchOutcome:
         """The batch in named steps: intern its IDs, report what is stored
         already, intern the names of the rest, give them stream orderings,
         build and write their rows, then the rooms' ends and current state."""
@@ -380,9 +391,15 @@ class _BatchWriter:
         current_state_rooms = self._update_rooms(new_events, room_nids, ordering)
         self.group_writes.flush(txn)
         self.visibility_writes.flush(txn)
-        redacted_ids = set(self.p.interners.events.resolve(txn, redacted_targets).values()) if redacted_targets else set()
+        redacted_ids = (
+            set(self.p.interners.events.resolve(txn, redacted_targets).values()) if redacted_targets else set()
+        )
         return BatchOutcome(
-            results, rows.room_positions, rows.membership_users, current_state_rooms, redacted_ids,
+            results,
+            rows.room_positions,
+            rows.membership_users,
+            current_state_rooms,
+            redacted_ids,
             [ev.event_id for ev in new_events],
         )
 
@@ -416,8 +433,13 @@ class _BatchWriter:
             row = stored.get(nid[ev.event_id])
             if row is not None:
                 results[ev.event_id] = PersistedEvent(
-                    ev.event_id, ev.pdu.room_id, row.stream_ordering, row.topological_ordering,
-                    row.state_group_before, row.state_group, already_persisted=True,
+                    ev.event_id,
+                    ev.pdu.room_id,
+                    row.stream_ordering,
+                    row.topological_ordering,
+                    row.state_group_before,
+                    row.state_group,
+                    already_persisted=True,
                 )
         return results, new_events
 
@@ -482,7 +504,7 @@ class _BatchWriter:
         room_nids: Mapping[str, int],
         ordering: Mapping[str, int],
         results: dict[str, PersistedEvent],
-    ) -> "_Rows":
+    ) -> _Rows:
         """The rows of the new events (their state groups and snapshots made
         on the way), each event's result added to ``results``."""
         nid = self.event_nids
@@ -520,12 +542,30 @@ class _BatchWriter:
 
             state_key = pdu.state_key
             type_key = key_nids[(pdu.type, state_key)] if state_key is not None else None
-            add_event((
-                event_nid, room_nid, pdu.type, type_key, user_nids[pdu.sender], pdu.depth, pdu.depth,
-                stream, instance_name, pdu.origin_server_ts, now_ms, ev.outlier,
-                ev.rejected_reason, ev.backfilled, False, group_before, group_after,
-                visibility_before, visibility_after, ev.soft_failed,
-            ))
+            add_event(
+                (
+                    event_nid,
+                    room_nid,
+                    pdu.type,
+                    type_key,
+                    user_nids[pdu.sender],
+                    pdu.depth,
+                    pdu.depth,
+                    stream,
+                    instance_name,
+                    pdu.origin_server_ts,
+                    now_ms,
+                    ev.outlier,
+                    ev.rejected_reason,
+                    ev.backfilled,
+                    False,
+                    group_before,
+                    group_after,
+                    visibility_before,
+                    visibility_after,
+                    ev.soft_failed,
+                )
+            )
             add_json((event_nid, pdu.room_version.identifier, pdu.raw, ev.content_hash_mismatch))
             prev_ids = pdu.prev_event_ids
             if len(prev_ids) == 1:
@@ -535,10 +575,16 @@ class _BatchWriter:
             # With v12's implied create event: the auth chain's edges, as Synapse's event_auth.
             auth.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
             if pdu.type == MEMBER and state_key is not None and effective:
-                rows.memberships.append((
-                    event_nid, room_nid, user_nids[state_key], user_nids[pdu.sender],
-                    membership_code(pdu.membership), stream,
-                ))
+                rows.memberships.append(
+                    (
+                        event_nid,
+                        room_nid,
+                        user_nids[state_key],
+                        user_nids[pdu.sender],
+                        membership_code(pdu.membership),
+                        stream,
+                    )
+                )
                 rows.membership_users[state_key] = max(rows.membership_users.get(state_key, stream), stream)
             if pdu.redacts and pdu.type == "m.room.redaction" and effective:
                 authorised = redaction_authorised(self, ev, group_before)
@@ -546,13 +592,24 @@ class _BatchWriter:
             if not ev.outlier:
                 room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)
             results[event_id] = PersistedEvent(
-                event_id, pdu.room_id, stream, pdu.depth, group_before, group_after,
-                rejected_reason=ev.rejected_reason, soft_failed=ev.soft_failed,
+                event_id,
+                pdu.room_id,
+                stream,
+                pdu.depth,
+                group_before,
+                group_after,
+                rejected_reason=ev.rejected_reason,
+                soft_failed=ev.soft_failed,
             )
         return rows
 
     def _groups_of(
-        self, index: int, ev: PreparedEvent, event_nid: int, room_nid: int, groups_after: Mapping[int, int | None],
+        self,
+        index: int,
+        ev: PreparedEvent,
+        event_nid: int,
+        room_nid: int,
+        groups_after: Mapping[int, int | None],
         new_events: list[PreparedEvent],
     ) -> tuple[int | None, int | None, int | None, int | None, PreparedEvent]:
         """(state group before, after, visibility snapshot before, after, the
@@ -563,7 +620,9 @@ class _BatchWriter:
         pdu = ev.pdu
         if group_before is None:
             # The room's first event: state before it is empty.
-            visibility_before = self.p.visibility.snapshot_for(self.txn, room_nid, None, {}, None, self.visibility_writes)
+            visibility_before = self.p.visibility.snapshot_for(
+                self.txn, room_nid, None, {}, None, self.visibility_writes
+            )
         else:
             visibility_before = self.snapshot_of(group_before)
         group_after = group_before
@@ -577,7 +636,7 @@ class _BatchWriter:
                 visibility_after = self.snapshot_of(group_after)
         return group_before, group_after, visibility_before, visibility_after, ev
 
-    def _write_rows(self, new_events: Sequence[PreparedEvent], rows: "_Rows") -> set[int]:
+    def _write_rows(self, new_events: Sequence[PreparedEvent], rows: _Rows) -> set[int]:
         """The rows written through their tables' owners; returns the
         targets newly flagged redacted."""
         txn = self.txn
@@ -596,10 +655,14 @@ class _BatchWriter:
         touched; returns the rooms whose current state changed."""
         rooms_touched = {room_nids[ev.pdu.room_id] for ev in new_events if not ev.outlier}
         update_extremities(self, new_events, rooms_touched)
-        live_rooms = {room_nids[ev.pdu.room_id]: ev.pdu.room_id for ev in new_events if not ev.outlier and not ev.backfilled}
+        live_rooms = {
+            room_nids[ev.pdu.room_id]: ev.pdu.room_id for ev in new_events if not ev.outlier and not ev.backfilled
+        }
         current_state_rooms = set()
         for room_nid, room_id in live_rooms.items():
-            position = max(ordering[ev.event_id] for ev in new_events if ev.pdu.room_id == room_id and not ev.backfilled)
+            position = max(
+                ordering[ev.event_id] for ev in new_events if ev.pdu.room_id == room_id and not ev.backfilled
+            )
             if update_current_state(self, room_nid, room_id, position):
                 current_state_rooms.add(room_id)
         note_activity(self.txn, new_events, room_nids, ordering)
@@ -645,7 +708,9 @@ class _BatchWriter:
                 return group
         prev_groups = [groups_after.get(nid[p], "missing") for p in prev_event_ids]
         if isinstance(given, StateDelta):
-            if given.base_state_group not in self.pending and not self.p.state_groups.group_exists(self.txn, given.base_state_group):
+            if given.base_state_group not in self.pending and not self.p.state_groups.group_exists(
+                self.txn, given.base_state_group
+            ):
                 raise MissingStateError(f"state_before of {ev.event_id}: unknown state group {given.base_state_group}")
             delta = {self.key_nids[k]: nid[e] for k, e in given.changes.items()}
             if not delta:

@@ -26,7 +26,8 @@ import pickle
 import subprocess
 import sys
 import threading
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from twisted.internet import defer, threads
 from twisted.python.failure import Failure
@@ -110,7 +111,7 @@ class BatchValidator:
             return await self._on_thread(prepare_events, events, *args, PAUSE_EVERY)
         parts = min(self._processes, len(events) // MIN_CHUNK) if self_contained else 1
         bounds = [len(events) * i // parts for i in range(parts + 1)]
-        chunks = [list(events[bounds[i]:bounds[i + 1]]) for i in range(parts)]
+        chunks = [list(events[bounds[i] : bounds[i + 1]]) for i in range(parts)]
         return await self._on_thread(self._in_processes, chunks, args)
 
     async def start(self) -> None:
@@ -120,7 +121,7 @@ class BatchValidator:
         if self._processes > 0 and not self._closed:
             await self._on_thread(self._spawn_workers, self._processes)
 
-    def _spawn_workers(self, count: int) -> list["_Worker"]:
+    def _spawn_workers(self, count: int) -> list[_Worker]:
         """(On a validator's thread.) Live workers topped up to ``count``; the first ``count``."""
         with self._workers_lock:
             self._workers = [w for w in self._workers if w.alive()]
@@ -203,7 +204,7 @@ class _Worker:
         self._read = 0  # replies read (or found missing)
 
     @classmethod
-    def spawn(cls) -> "_Worker":
+    def spawn(cls) -> _Worker:
         """A started worker, once it has said it is ready (its interpreter
         up, its imports done: about half a second, spent here rather than
         inside the first batch). One that dies first is returned dead: its
@@ -288,7 +289,7 @@ class WriteTurns:
         #: Turns not done yet, in call order.
         self._open: list[_Turn] = []
 
-    def take(self) -> "_Turn":
+    def take(self) -> _Turn:
         mine: defer.Deferred = defer.Deferred()
         turn = _Turn(self, self._last, mine)
         self._last = mine
@@ -347,7 +348,7 @@ class _Turn:
         validating, or writing alone): a batch never overtakes one before it."""
         turns = self._turns._open
         taken: list[Offer] = []
-        for later in turns[turns.index(self) + 1:]:
+        for later in turns[turns.index(self) + 1 :]:
             offer = later.offer
             if offer is None or offer.taken or len(offer.prepared) > room:
                 break
@@ -408,9 +409,9 @@ async def write_in_group(
         raise
     start = len(groups[0])
     for offer, group in zip(followers, groups[1:]):
-        offer.outcome.callback(results[start:start + len(group)])
+        offer.outcome.callback(results[start : start + len(group)])
         start += len(group)
-    return results[:len(groups[0])]
+    return results[: len(groups[0])]
 
 
 def _fail_waiting(followers: list[Offer], failure: Failure) -> None:

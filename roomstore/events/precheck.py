@@ -11,17 +11,19 @@ stream IDs.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from roomstore.events.batch import PersistedEvent, PreparedEvent, StateDelta, StateKey, order_batch
 from roomstore.events.persist import EventPersister
+from roomstore.events.tables.events import rooms_and_types_txn, stored_before_txn, stored_events_txn
 from roomstore.pdu.parsing import InvalidEventError, create_event_id_of
 from roomstore.storage.database import Transaction
-from roomstore.events.tables.events import rooms_and_types_txn, stored_before_txn, stored_events_txn
 from roomstore.storage.interning import Interners, chunks, rooms_and_versions_txn
 
 
-def stored_results_txn(txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]) -> dict[str, PersistedEvent]:
+def stored_results_txn(
+    txn: Transaction, interners: Interners, events: Sequence[PreparedEvent]
+) -> dict[str, PersistedEvent]:
     """``already_persisted`` results for those of ``events`` stored before,
     by event ID (asked before any stream ID is reserved).
 
@@ -43,8 +45,13 @@ def stored_results_txn(txn: Transaction, interners: Interners, events: Sequence[
     for nid, row in stored_events_txn(txn, by_nid).items():
         event_id = by_nid[nid]
         found[event_id] = PersistedEvent(
-            event_id, rooms[event_id], row.stream_ordering, row.topological_ordering, row.state_group_before,
-            row.state_group, already_persisted=True,
+            event_id,
+            rooms[event_id],
+            row.stream_ordering,
+            row.topological_ordering,
+            row.state_group_before,
+            row.state_group,
+            already_persisted=True,
         )
     return found
 

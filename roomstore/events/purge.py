@@ -36,7 +36,8 @@ call: the tables' owners, the state groups, the streams.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -45,17 +46,24 @@ from roomstore.events.pagination import newest_key_at_txn
 from roomstore.events.read_positions import ReadPositions
 from roomstore.events.tables import events as event_tables
 from roomstore.events.tables import room_state
+from roomstore.events.tables.client_txns import delete_event_txns_txn, delete_room_txns_txn
 from roomstore.events.tokens import TopologicalToken
-from roomstore.state.groups import (
-    StateGroupStore, compaction_lock_txn, delete_groups_txn, run_when_unlocked,
-)
 from roomstore.state.group_tables import room_group_links_txn
+from roomstore.state.groups import (
+    StateGroupStore,
+    compaction_lock_txn,
+    delete_groups_txn,
+    run_when_unlocked,
+)
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import (
-    Interners, current_state_group_txn, delete_event_ids_txn, delete_room_txn, lock_room_txn,
+    Interners,
+    current_state_group_txn,
+    delete_event_ids_txn,
+    delete_room_txn,
+    lock_room_txn,
 )
 from roomstore.streams.id_generators import persist_positions_txn, reserve_in_transaction
-from roomstore.events.tables.client_txns import delete_event_txns_txn, delete_room_txns_txn
 from roomstore.visibility.memberships import delete_room_memberships_txn
 from roomstore.visibility.snapshots import delete_room_visibility_txn
 
@@ -85,8 +93,10 @@ class PurgeResult:
     def as_json(self) -> dict:
         """The result as one JSON object (the command line prints it)."""
         return {
-            "room_id": self.room_id, "rows_deleted": dict(sorted(self.rows_deleted.items())),
-            "state_groups_deleted": self.state_groups_deleted, "events_made_outliers": self.events_made_outliers,
+            "room_id": self.room_id,
+            "rows_deleted": dict(sorted(self.rows_deleted.items())),
+            "state_groups_deleted": self.state_groups_deleted,
+            "events_made_outliers": self.events_made_outliers,
         }
 
 
@@ -111,8 +121,14 @@ class Purger:
     clock: Any
     now_ms: Callable[[], int]
 
-    async def purge_history(self, room_id: str, before_token: str, delete_local_events: bool = False,
-                            lock_timeout_s: float = 600.0, poll_interval_s: float = 1.0) -> PurgeResult:
+    async def purge_history(
+        self,
+        room_id: str,
+        before_token: str,
+        delete_local_events: bool = False,
+        lock_timeout_s: float = 600.0,
+        poll_interval_s: float = 1.0,
+    ) -> PurgeResult:
         """Delete the room's events at or before ``before_token``: a
         ``t<topo>-<stream>`` token (``get_topological_token(e)`` is the
         position just after ``e``: ``e`` goes too) or a stream token (the
@@ -126,11 +142,13 @@ class Purger:
             await self.positions.ensure_instances(token)
             await self.positions.reach(token)
             target = ("s", self.positions.per_writer(token))
-        return await self._run("purge_history", self._history_txn, room_id, (target, delete_local_events),
-                               lock_timeout_s, poll_interval_s)
+        return await self._run(
+            "purge_history", self._history_txn, room_id, (target, delete_local_events), lock_timeout_s, poll_interval_s
+        )
 
-    async def purge_room(self, room_id: str, lock_timeout_s: float = 600.0,
-                         poll_interval_s: float = 1.0) -> PurgeResult:
+    async def purge_room(
+        self, room_id: str, lock_timeout_s: float = 600.0, poll_interval_s: float = 1.0
+    ) -> PurgeResult:
         """Delete every row of the room (the module docstring says which)."""
         return await self._run("purge_room", self._room_txn, room_id, (), lock_timeout_s, poll_interval_s)
 
@@ -148,10 +166,21 @@ class Purger:
                     self.caches.purged([room_id], whole_room=cache_name == ROOM_PURGED)
             return outcome
 
-        return await run_when_unlocked(attempt, timeout_s, poll_s, self.clock, self.now_ms, f"state groups of {room_id}")
+        return await run_when_unlocked(
+            attempt, timeout_s, poll_s, self.clock, self.now_ms, f"state groups of {room_id}"
+        )
 
-    def _in_transaction(self, txn: Transaction, take, body_txn, room_id: str, args: tuple, cache_name: str,
-                        timeout_s: float, now_ms: int) -> tuple:
+    def _in_transaction(
+        self,
+        txn: Transaction,
+        take,
+        body_txn,
+        room_id: str,
+        args: tuple,
+        cache_name: str,
+        timeout_s: float,
+        now_ms: int,
+    ) -> tuple:
         """The room's row taken, the compaction lock asked, the purge, and
         (if it deleted anything) its caches-stream row and stream positions."""
         room_nid = self.interners.rooms.lookup(txn, [room_id]).get(room_id)
@@ -162,16 +191,23 @@ class Purger:
             return lock
         result = body_txn(txn, room_id, room_nid, *args)
         if result.changed:
-            (stream_id,), = take([1])
+            ((stream_id,),) = take([1])
             write_cache_invalidations(txn, stream_id, self.instance_name, [(cache_name, [room_id])], now_ms)
-            persist_positions_txn(txn, [(gen, gen.get_current_token_for_writer(self.instance_name))
-                                        for gen in self.streams[:2] if gen.is_writer])
+            persist_positions_txn(
+                txn,
+                [
+                    (gen, gen.get_current_token_for_writer(self.instance_name))
+                    for gen in self.streams[:2]
+                    if gen.is_writer
+                ],
+            )
         return ("done", result, lock[1])
 
     # ------------------------------------------------------------------ history
 
-    def _history_txn(self, txn: Transaction, room_id: str, room_nid: int, target: tuple,
-                     delete_local_events: bool) -> PurgeResult:
+    def _history_txn(
+        self, txn: Transaction, room_id: str, room_nid: int, target: tuple, delete_local_events: bool
+    ) -> PurgeResult:
         kind, where = target
         key = where if kind == "t" else newest_key_at_txn(txn, room_nid, where)
         candidates = [] if key is None else event_tables.events_upto_txn(txn, room_nid, tuple(key))
@@ -186,7 +222,9 @@ class Purger:
         counts: dict[str, int] = {}
         event_tables.delete_events_txn(txn, sorted(doomed), counts)
         counts["client_txn_ids"] = delete_event_txns_txn(txn, sorted(doomed))
-        outliers = [c.event_nid for c in candidates if c.event_nid in kept and not c.outlier and c.event_nid not in forward]
+        outliers = [
+            c.event_nid for c in candidates if c.event_nid in kept and not c.outlier and c.event_nid not in forward
+        ]
         made = event_tables.make_outliers_txn(txn, outliers)
         # Backward extremities: what the remaining timeline names but does not hold.
         graph, prevs = event_tables.graph_and_prevs_txn(txn, room_nid)
@@ -203,15 +241,21 @@ class Purger:
         """The senders among ``sender_nids`` on ``server_name``."""
         if self.server_name is None:
             return set()
-        return {nid for nid, user_id in self.interners.users.resolve(txn, sender_nids).items()
-                if user_id.partition(":")[2] == self.server_name}
+        return {
+            nid
+            for nid, user_id in self.interners.users.resolve(txn, sender_nids).items()
+            if user_id.partition(":")[2] == self.server_name
+        }
 
     def _needed_redactions(self, txn: Transaction, room_nid: int, doomed: set[int]) -> set[int]:
         """The redactions among ``doomed`` whose target, in the room, stays."""
         targets = event_tables.redaction_targets_txn(txn, doomed)
         stored = event_tables.stored_events_txn(txn, set(targets.values()) - doomed)
-        return {redaction for redaction, target in targets.items()
-                if target not in doomed and target in stored and stored[target].room_nid == room_nid}
+        return {
+            redaction
+            for redaction, target in targets.items()
+            if target not in doomed and target in stored and stored[target].room_nid == room_nid
+        }
 
     def _delete_unused_groups(self, txn: Transaction, room_nid: int, counts: dict[str, int]) -> int:
         """Delete the room's state groups that neither a stored event nor the

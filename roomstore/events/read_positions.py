@@ -61,9 +61,7 @@ class ReadPositions:
         positions = self.events_stream.get_positions()
         linear = min(positions.values())
         wanted_names = [n for n, p in positions.items() if p > linear and n not in self._instance_ids]
-        wanted_ids = [] if token is None else [
-            i for i, _ in token.instance_positions if i not in self._instance_names
-        ]
+        wanted_ids = [] if token is None else [i for i, _ in token.instance_positions if i not in self._instance_names]
         if wanted_names or wanted_ids:
             rows = await self.db.run_interaction("timeline_instances", instances_txn)
             for instance_id, name in rows:
@@ -83,7 +81,8 @@ class ReadPositions:
         positions = self.events_stream.get_positions()
         linear = min(positions.values())
         ahead = {
-            self._instance_ids[name]: pos for name, pos in positions.items()
+            self._instance_ids[name]: pos
+            for name, pos in positions.items()
             if pos > linear and name in self._instance_ids
         }
         return StreamToken.create(linear, ahead)
@@ -104,11 +103,14 @@ class ReadPositions:
         writer reached it.
         """
         if isinstance(token, TopologicalToken):
+
             def reached(now: StreamToken) -> bool:
                 return token.stream <= now.get_max_stream_pos()
         else:
+
             def reached(now: StreamToken) -> bool:
                 return token.is_before_or_eq(now)
+
         now = self.now()
         if reached(now):
             return

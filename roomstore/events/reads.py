@@ -12,13 +12,12 @@ them in the same room is stored.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
-from roomstore.pdu.hashing import add_derived_ids
-from roomstore.pdu.redaction_algorithm import redacted_copy
-from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
+from roomstore.events.resolution_source import TransactionEventSource
 from roomstore.events.tables.events import (
     auth_chain_nids_txn,
     json_txn,
@@ -29,13 +28,17 @@ from roomstore.events.tables.events import (
 )
 from roomstore.events.tables.room_state import (
     EXTREMITY_TABLES,
-    current_state_txn as current_state_rows_txn,
     extremity_nids_txn,
     member_nids_txn,
     rooms_of_user_txn,
 )
-from roomstore.events.resolution_source import TransactionEventSource
+from roomstore.events.tables.room_state import (
+    current_state_txn as current_state_rows_txn,
+)
 from roomstore.events.tokens import StreamToken, TopologicalToken
+from roomstore.pdu.hashing import add_derived_ids
+from roomstore.pdu.redaction_algorithm import redacted_copy
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
 from roomstore.state.groups import StateGroupNotFound, StateGroupStore
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.errors import NotFoundError
@@ -160,7 +163,11 @@ class EventReader:
         return result
 
     def events_txn(
-        self, txn: Transaction, event_ids: Sequence[str], redact: bool = True, allow_rejected: bool = True,
+        self,
+        txn: Transaction,
+        event_ids: Sequence[str],
+        redact: bool = True,
+        allow_rejected: bool = True,
         rejected_found: set | None = None,
     ) -> dict[str, dict]:
         """Served events by ID; rejected ones left out unless ``allow_rejected``
@@ -185,12 +192,14 @@ class EventReader:
             self._apply_redactions(txn, result, by_nid, redacted)
         return result
 
-    def flags_txn(self, txn: Transaction, event_ids: Sequence[str]) -> dict[str, "EventFlags"]:
+    def flags_txn(self, txn: Transaction, event_ids: Sequence[str]) -> dict[str, EventFlags]:
         """The stored flags of those of ``event_ids`` that are stored (no JSON read)."""
         nids = self.interners.events.lookup(txn, event_ids)
         by_nid = {n: e for e, n in nids.items()}
         return {
-            by_nid[nid]: EventFlags(row.outlier, row.rejected_reason, row.redacted, row.stream_ordering, row.soft_failed)
+            by_nid[nid]: EventFlags(
+                row.outlier, row.rejected_reason, row.redacted, row.stream_ordering, row.soft_failed
+            )
             for nid, row in stored_events_txn(txn, by_nid).items()
         }
 
@@ -291,10 +300,12 @@ class EventReader:
         rows = stored_events_txn(txn, nids.values())
         group_of = {
             event_id: (row.state_group_before if before else row.state_group)
-            for event_id, nid in nids.items() if (row := rows.get(nid)) is not None and not row.outlier
+            for event_id, nid in nids.items()
+            if (row := rows.get(nid)) is not None and not row.outlier
         }
-        named = {group: self._named_state(txn, self.state_groups.get_state(txn, group))
-                 for group in set(group_of.values())}
+        named = {
+            group: self._named_state(txn, self.state_groups.get_state(txn, group)) for group in set(group_of.values())
+        }
         return {event_id: dict(named[group]) for event_id, group in group_of.items()}
 
     # ------------------------------------------------------------------ auth chains

@@ -9,7 +9,7 @@ thread, in its transaction, so they see exactly what the write sees.
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from roomstore.events.batch import PreparedEvent
 from roomstore.events.tables.events import auth_chain_masks_txn, auth_edges_txn, served_rows_txn
@@ -18,7 +18,6 @@ from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
 from roomstore.resolution import conflicted_subgraph, resolve_state
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners, LruCache, chunks
-
 
 #: State sets one masked walk takes (a bit each in a 64-bit integer); more
 #: are walked a set at a time.
@@ -83,8 +82,13 @@ class TransactionEventSource:
     ``cache`` across transactions where given (``ParsedEventCache``).
     """
 
-    def __init__(self, txn: Transaction, interners: Interners, pending: Mapping[str, PreparedEvent],
-                 cache: "ParsedEventCache | None" = None) -> None:
+    def __init__(
+        self,
+        txn: Transaction,
+        interners: Interners,
+        pending: Mapping[str, PreparedEvent],
+        cache: ParsedEventCache | None = None,
+    ) -> None:
         self.txn = txn
         self.interners = interners
         self.pending = pending
@@ -107,7 +111,9 @@ class TransactionEventSource:
                     event_id = by_nid[nid]
                     room_version = KNOWN_ROOM_VERSIONS.get(version)
                     try:
-                        self._parsed[event_id] = stored_pdu(bytes(raw), room_version, event_id) if room_version else None
+                        self._parsed[event_id] = (
+                            stored_pdu(bytes(raw), room_version, event_id) if room_version else None
+                        )
                     except (ValueError, KeyError, TypeError, IndexError):
                         continue  # not a PDU now (a tampered database): unknown to the resolution
                     if rejected is not None:
@@ -137,7 +143,8 @@ class TransactionEventSource:
 
     def rejected(self, event_ids: Iterable[str]) -> set[str]:
         return {
-            e for e in event_ids
+            e
+            for e in event_ids
             if e in self._rejected or (e in self.pending and self.pending[e].rejected_reason is not None)
         }
 
@@ -223,10 +230,16 @@ class TransactionEventSource:
         closure = self._closure(conflicted)
         stored = [n for n in closure if isinstance(n, int)]
         names = self.interners.events.resolve(self.txn, stored)
-        stored_edges = self.cache.auth_edges.edges_of(self.txn, stored) if self.cache is not None else \
-            auth_edges_txn(self.txn, stored)
-        edges = {names[n]: [names[a] for a in stored_edges[n] if a in names] for n in stored
-                 if n in names and n in stored_edges}
+        stored_edges = (
+            self.cache.auth_edges.edges_of(self.txn, stored)
+            if self.cache is not None
+            else auth_edges_txn(self.txn, stored)
+        )
+        edges = {
+            names[n]: [names[a] for a in stored_edges[n] if a in names]
+            for n in stored
+            if n in names and n in stored_edges
+        }
         for event_id, ev in self.pending.items():
             edges[event_id] = list(ev.pdu.auth_chain_event_ids)
         return conflicted_subgraph(conflicted, lambda event_id: edges.get(event_id, ()))

@@ -31,8 +31,9 @@ def events_page_txn(
     ``state``: the current-state changes ``(token, room_id, type, state_key,
     event_id or None)`` up to the last event's token if ``more``, else up to
     ``upto``."""
-    page, more = stream_page_txn(txn, interners, live=True, instance=instance, from_token=from_token, upto=upto,
-                                 limit=limit)
+    page, more = stream_page_txn(
+        txn, interners, live=True, instance=instance, from_token=from_token, upto=upto, limit=limit
+    )
     events = [(token, *fields[:5], *fields[6:]) for token, (kind, fields) in page if kind == "ev"]
     state = [(token, *fields) for token, (kind, fields) in page if kind == "state"]
     return events, state, more
@@ -44,8 +45,9 @@ def backfill_page_txn(
     """``(events, more)``: ``(token, event_id, room_id, type, state_key,
     redacts)`` of backfilled events (tokens are the positive form of their
     stream orderings), in token order, at most ``limit``."""
-    page, more = stream_page_txn(txn, interners, live=False, instance=instance, from_token=from_token, upto=upto,
-                                 limit=limit)
+    page, more = stream_page_txn(
+        txn, interners, live=False, instance=instance, from_token=from_token, upto=upto, limit=limit
+    )
     return [(token, *fields[:5]) for token, fields in page], more
 
 

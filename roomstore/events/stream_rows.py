@@ -87,7 +87,8 @@ def _statements(engine, live: bool, encoded: bool) -> tuple[str, ...]:
             statements = (event_stream_rows_sql(live, join_ids=True), *([STATE_STREAM_ROWS] * live))
         elif live and encoded:
             statements = (
-                f"SELECT * FROM ({LIVE_EVENT_NID_STREAM_ROWS}) AS page_events UNION ALL {STATE_NID_STREAM_ROWS}",)
+                f"SELECT * FROM ({LIVE_EVENT_NID_STREAM_ROWS}) AS page_events UNION ALL {STATE_NID_STREAM_ROWS}",
+            )
         elif encoded:
             statements = (BACKFILL_EVENT_NID_STREAM_ROWS,)
         elif live:
@@ -98,8 +99,9 @@ def _statements(engine, live: bool, encoded: bool) -> tuple[str, ...]:
     return statements
 
 
-def _page_rows_txn(txn: Transaction, live: bool, instance: str, from_token: int, upto: int,
-                   limit: int, encoded: bool) -> tuple[list[tuple], bool]:
+def _page_rows_txn(
+    txn: Transaction, live: bool, instance: str, from_token: int, upto: int, limit: int, encoded: bool
+) -> tuple[list[tuple], bool]:
     """The page's raw rows (the statements' columns), sorted and cut, and
     ``more``; read window by window until ``limit + 1`` events are seen."""
     statements = _statements(txn.engine, live, encoded)
@@ -126,12 +128,19 @@ def _page_rows_txn(txn: Transaction, live: bool, instance: str, from_token: int,
     if more:
         # One event per token: the page ends with the `limit`th event's token.
         bound = [row[0] for row in rows if row[1] == 0][limit - 1]
-        del rows[bisect.bisect_right(rows, bound, key=_token):]
+        del rows[bisect.bisect_right(rows, bound, key=_token) :]
     return rows, more
 
 
 def stream_page_txn(
-    txn: Transaction, interners: Interners, *, live: bool, instance: str, from_token: int, upto: int, limit: int,
+    txn: Transaction,
+    interners: Interners,
+    *,
+    live: bool,
+    instance: str,
+    from_token: int,
+    upto: int,
+    limit: int,
     encoded: bool = False,
 ) -> tuple[list[tuple], bool]:
     """``(rows, more)``: ``(token, row)`` of ``instance``'s live events and
@@ -149,8 +158,17 @@ def stream_page_txn(
         return _stream_page(txn, interners, live, instance, from_token, upto, limit, encoded)
 
 
-def _stream_page(txn: Transaction, interners: Interners, live: bool, instance: str, from_token: int, upto: int,
-                 limit: int, encoded: bool, prefix: str | None = None) -> tuple[list[tuple] | tuple, bool]:
+def _stream_page(
+    txn: Transaction,
+    interners: Interners,
+    live: bool,
+    instance: str,
+    from_token: int,
+    upto: int,
+    limit: int,
+    encoded: bool,
+    prefix: str | None = None,
+) -> tuple[list[tuple] | tuple, bool]:
     """``stream_page_txn``'s page; with ``prefix`` (not in process), as
     ``stream_text_txn``'s lines instead of rows (``(text, count, first,
     last, longest)``; rows with no page: ``[]``)."""
@@ -159,8 +177,10 @@ def _stream_page(txn: Transaction, interners: Interners, live: bool, instance: s
         page = [(row[0], row[4]) for row in rows]
         text = "".join([row for _, row in page])
         if not text.isascii() or "\x7f" in text:
-            page = [(token, row if row.isascii() and "\x7f" not in row else _ascii_json(json.loads(row)))
-                    for token, row in page]
+            page = [
+                (token, row if row.isascii() and "\x7f" not in row else _ascii_json(json.loads(row)))
+                for token, row in page
+            ]
         return page, more
     rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, encoded)
     if not rows:
@@ -190,12 +210,39 @@ def _stream_page(txn: Transaction, interners: Interners, live: bool, instance: s
             ], more
         membership = MEMBERSHIP_BY_CODE.get
         return [
-            (token, ("ev", (event_id, rooms[room], event_type, None if key is None else keys[key][1], redacts, None,
-                            membership(code), bool(rejected), bool(outlier))))
-            if kind == 0 else
-            (token, ("state", (rooms[room], state_type, state_key, event_id)))
-            for (token, kind, state_type, state_key, _, room, event_type, key, redacts, code, rejected, outlier),
-            event_id in zip(rows, ids)
+            (
+                token,
+                (
+                    "ev",
+                    (
+                        event_id,
+                        rooms[room],
+                        event_type,
+                        None if key is None else keys[key][1],
+                        redacts,
+                        None,
+                        membership(code),
+                        bool(rejected),
+                        bool(outlier),
+                    ),
+                ),
+            )
+            if kind == 0
+            else (token, ("state", (rooms[room], state_type, state_key, event_id)))
+            for (
+                token,
+                kind,
+                state_type,
+                state_key,
+                _,
+                room,
+                event_type,
+                key,
+                redacts,
+                code,
+                rejected,
+                outlier,
+            ), event_id in zip(rows, ids)
         ], more
     # The JSON text of each row, from its fields: a room's, a state key's,
     # an event type's and a membership's text once a page.
@@ -205,22 +252,34 @@ def _stream_page(txn: Transaction, interners: Interners, live: bool, instance: s
     type_json = {event_type: quote(event_type) for event_type in {row[6] for row in rows if row[1] == 0}}
     if not live:
         texts = [
-            f'[{quote(event_id)},{room_json[room]},{type_json[event_type]},'
-            f'{"null" if key is None else key_json[key]},{"null" if redacts is None else quote(redacts)},null]'
+            f"[{quote(event_id)},{room_json[room]},{type_json[event_type]},"
+            f"{'null' if key is None else key_json[key]},{'null' if redacts is None else quote(redacts)},null]"
             for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids)
         ]
     else:
         membership_json = _MEMBERSHIP_JSON.get
         texts = [
             f'["ev",[{quote(event_id)},{room_json[room]},{type_json[event_type]},'
-            f'{"null" if key is None else key_json[key]},{"null" if redacts is None else quote(redacts)},null,'
-            f'{membership_json(code, "null")},{"true" if rejected else "false"},'
-            f'{"true" if outlier else "false"}]]'
-            if kind == 0 else
-            f'["state",[{room_json[room]},{quote(state_type)},{quote(state_key)},'
-            f'{"null" if event_id is None else quote(event_id)}]]'
-            for (token, kind, state_type, state_key, _, room, event_type, key, redacts, code, rejected, outlier),
-            event_id in zip(rows, ids)
+            f"{'null' if key is None else key_json[key]},{'null' if redacts is None else quote(redacts)},null,"
+            f"{membership_json(code, 'null')},{'true' if rejected else 'false'},"
+            f"{'true' if outlier else 'false'}]]"
+            if kind == 0
+            else f'["state",[{room_json[room]},{quote(state_type)},{quote(state_key)},'
+            f"{'null' if event_id is None else quote(event_id)}]]"
+            for (
+                token,
+                kind,
+                state_type,
+                state_key,
+                _,
+                room,
+                event_type,
+                key,
+                redacts,
+                code,
+                rejected,
+                outlier,
+            ), event_id in zip(rows, ids)
         ]
     tokens = [row[0] for row in rows]
     if prefix is None:
@@ -238,7 +297,14 @@ _TEXT_STATEMENTS: dict[tuple, tuple] = {}
 
 
 def stream_text_txn(
-    txn: Transaction, interners: Interners, *, live: bool, instance: str, from_token: int, upto: int, limit: int,
+    txn: Transaction,
+    interners: Interners,
+    *,
+    live: bool,
+    instance: str,
+    from_token: int,
+    upto: int,
+    limit: int,
     prefix: str,
 ) -> tuple[tuple, int, bool] | None:
     """A page of ``instance``'s live events and their current-state changes
@@ -270,15 +336,18 @@ def stream_text_txn(
     statements = _TEXT_STATEMENTS.get((engine.name, live))
     if statements is None:
         statements = _TEXT_STATEMENTS[(engine.name, live)] = (
-            event_page_bound_sql(live), event_json_stream_rows_sql(engine, live, lines=True),
-            state_json_stream_rows_sql(engine) if live else None)
+            event_page_bound_sql(live),
+            event_json_stream_rows_sql(engine, live, lines=True),
+            state_json_stream_rows_sql(engine) if live else None,
+        )
     bound_sql, lines_sql, state_sql = statements
     with collector_paused():
         bound = txn.execute(bound_sql, (instance, from_token, upto, limit - 1), prepare=True).fetchall()
         limited = len(bound) == 2
         end = bound[0][0] if limited else upto
         text, count, first, last, longest = txn.execute(
-            lines_sql, (prefix, instance, from_token, end), prepare=True).fetchone()
+            lines_sql, (prefix, instance, from_token, end), prepare=True
+        ).fetchone()
         state = txn.execute(state_sql, (instance, from_token, end), prepare=True).fetchall() if live else ()
         if state:
             if text is None:
@@ -300,7 +369,7 @@ def stream_text_txn(
                         return None  # a state change at a token with no event: never written so
                 line_end = text.find("\n", at)
                 line_end = len(text) if line_end < 0 else line_end
-                batch_line = f"{prefix}batch{text[at + len(line) - 1:line_end]}"
+                batch_line = f"{prefix}batch{text[at + len(line) - 1 : line_end]}"
                 state_lines = [f"{prefix}batch {row}" for row in json_rows]
                 state_lines[-1] = f"{prefix}{token} {json_rows[-1]}"
                 longest = max(longest, len(batch_line), *map(len, state_lines))

@@ -93,7 +93,8 @@ class SyncResult:
         for event in self.membership_events:
             newest[event["room_id"]] = event
         return {
-            room_id: event for room_id, event in newest.items()
+            room_id: event
+            for room_id, event in newest.items()
             if (event.get("content") or {}).get("membership") in memberships
         }
 
@@ -134,8 +135,7 @@ def _sync_candidates(
     events = events_as("e")
     if room_sql:
         candidates.append(
-            f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events}"
-            f" WHERE {room_sql} AND {window_sql}"
+            f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events} WHERE {room_sql} AND {window_sql}"
         )
         params += room_params + window_params
     if memberships:
@@ -198,7 +198,11 @@ class SyncReader:
     timeline: TimelineReader
 
     async def sync(
-        self, user_id: str, since: str | None, initial_limit: int = 10, limit: int | None = None,
+        self,
+        user_id: str,
+        since: str | None,
+        initial_limit: int = 10,
+        limit: int | None = None,
         full_state: bool = False,
     ) -> SyncResult:
         """New events for ``user_id`` after ``since`` up to now; see ``SyncResult``.
@@ -243,8 +247,13 @@ class SyncReader:
         rows = []
         if changed is None or changed or memberships_changed:
             rows = await self.timeline.db.run_interaction(
-                "sync", self._sync_txn, self.timeline.cached_viewer(user_id), rooms, memberships_changed,
-                positions.per_writer(since_token), positions.per_writer(now),
+                "sync",
+                self._sync_txn,
+                self.timeline.cached_viewer(user_id),
+                rooms,
+                memberships_changed,
+                positions.per_writer(since_token),
+                positions.per_writer(now),
                 NO_LIMIT if limit is None else limit + 1,
             )
         window: dict[str, list[dict]] = {room_id: [] for room_id in (sorted(joined) if full_state else ())}
@@ -259,7 +268,8 @@ class SyncReader:
             if is_own:
                 membership_events.append(event)
         newly_joined = {
-            event["room_id"] for event in membership_events
+            event["room_id"]
+            for event in membership_events
             if event.get("state_key") == user_id and (event.get("content") or {}).get("membership") == "join"
         }
         plans = {
@@ -307,4 +317,3 @@ class SyncReader:
         sql = _sync_sql(candidates, low_sql, high_sql)
         all_params = [False, *viewer.params(), *params, *low_params, *high_params, per_room, per_room]
         return txn.execute(sql, all_params).fetchall()
-

@@ -18,7 +18,7 @@ Who calls it: ``roomstore.events.sync``.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import attrs
 
@@ -81,12 +81,15 @@ def plan_state(room_id: str, window: list[dict], limit: int | None, full: bool) 
     state block: ``full`` (an initial sync, ``full_state``, newly joined),
     else the changes when events were left out, else none."""
     limited = limit is not None and len(window) > limit
-    events = window[len(window) - limit:] if limited else list(window)
+    events = window[len(window) - limit :] if limited else list(window)
     return TimelinePlan(room_id, events, limited, FULL if full else CHANGES if limited else NONE)
 
 
 async def room_timelines(
-    timeline: TimelineReader, plans: Mapping[str, TimelinePlan], empty_token: str, since: StreamToken | None,
+    timeline: TimelineReader,
+    plans: Mapping[str, TimelinePlan],
+    empty_token: str,
+    since: StreamToken | None,
     known_keys: Mapping[str, tuple[int, int]] | None = None,
 ) -> dict[str, RoomTimeline]:
     """Each plan's ``RoomTimeline``: one transaction for the keys and state
@@ -121,7 +124,10 @@ async def room_timelines(
 
 
 def _keys_and_state_txn(
-    txn: Transaction, timeline: TimelineReader, plans: list[TimelinePlan], unknown: list[str],
+    txn: Transaction,
+    timeline: TimelineReader,
+    plans: list[TimelinePlan],
+    unknown: list[str],
     since: tuple[int, dict[str, int]] | None,
 ) -> tuple[dict[str, tuple[int, int]], dict[str, StateIds]]:
     """``(event ID -> (topological, stream) key of the ``unknown`` events,
@@ -129,8 +135,11 @@ def _keys_and_state_txn(
     reader, interners = timeline.events, timeline.interners
     nids = interners.events.lookup(txn, unknown) if unknown else {}
     rows = stored_events_txn(txn, nids.values()) if nids else {}
-    keys = {event_id: (row.topological_ordering, row.stream_ordering)
-            for event_id, nid in nids.items() if (row := rows.get(nid)) is not None}
+    keys = {
+        event_id: (row.topological_ordering, row.stream_ordering)
+        for event_id, nid in nids.items()
+        if (row := rows.get(nid)) is not None
+    }
     needing = [plan for plan in plans if plan.block != NONE]
     firsts = {plan.room_id: plan.events[0]["event_id"] for plan in needing if plan.events}
     before = reader.state_ids_for_events_txn(txn, list(firsts.values()), True) if firsts else {}
@@ -152,7 +161,10 @@ def _keys_and_state_txn(
 
 
 def _events_at_txn(
-    txn: Transaction, timeline: TimelineReader, room_ids: list[str], since: tuple[int, dict[str, int]],
+    txn: Transaction,
+    timeline: TimelineReader,
+    room_ids: list[str],
+    since: tuple[int, dict[str, int]],
 ) -> dict[str, str]:
     """Room ID -> its newest timeline event (no outlier, not rejected, not
     soft-failed) at or before the stream position ``since``: the state

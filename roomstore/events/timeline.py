@@ -39,15 +39,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
-from roomstore.pdu.hashing import add_derived_ids
 from roomstore.events.read_positions import ReadPositions
 from roomstore.events.reads import EventReader
-from roomstore.pdu.redaction_algorithm import redacted_copy
-from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
 from roomstore.events.tables.events import (
     SERVED_COLUMN_COUNT,
     SERVED_COLUMNS,
@@ -60,6 +57,9 @@ from roomstore.events.tables.events import (
 )
 from roomstore.events.tables.room_state import current_memberships_as
 from roomstore.events.tokens import InvalidToken
+from roomstore.pdu.hashing import add_derived_ids
+from roomstore.pdu.redaction_algorithm import redacted_copy
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners, event_id_sql, join_rooms
 from roomstore.streams.change_cache import StreamChangeCache
@@ -313,7 +313,13 @@ class TimelineReader:
             after = (int(match.group(1)), int(match.group(2)))
         generation = self.events.events_generation
         rows = await self.db.run_interaction(
-            "recent", self._recent_txn, self.cached_viewer(user_id), rooms, events, after, self.positions.per_writer(pinned)
+            "recent",
+            self._recent_txn,
+            self.cached_viewer(user_id),
+            rooms,
+            events,
+            after,
+            self.positions.per_writer(pinned),
         )
         pages: list[tuple[str, list[dict]]] = []
         last: tuple[int, int] | None = None
@@ -367,10 +373,23 @@ class TimelineReader:
         sql = _recent_sql(high_sql, cursor_sql)
         offset = max(events - 1, 0)
         params = [
-            min([upper[0], *upper[1].values()]), False, *high_params, viewer.user_nid, JOIN,
-            *cursor_params, rooms + 1,
-            offset, False, *high_params, *viewer.params(), offset, rooms if events else 0,
-            LOWEST_STREAM, False, *high_params, *viewer.params(),
+            min([upper[0], *upper[1].values()]),
+            False,
+            *high_params,
+            viewer.user_nid,
+            JOIN,
+            *cursor_params,
+            rooms + 1,
+            offset,
+            False,
+            *high_params,
+            *viewer.params(),
+            offset,
+            rooms if events else 0,
+            LOWEST_STREAM,
+            False,
+            *high_params,
+            *viewer.params(),
         ]
         return txn.execute(sql, params, prepare=True).fetchall()
 
@@ -379,9 +398,7 @@ class TimelineReader:
     async def is_visible(self, user_id: str, event_id: str) -> bool:
         """May ``user_id`` see ``event_id``, by the same SQL predicate the
         timelines use? False for unknown, outlier and rejected events."""
-        return await self.db.run_interaction(
-            "is_visible", self._is_visible_txn, self.cached_viewer(user_id), event_id
-        )
+        return await self.db.run_interaction("is_visible", self._is_visible_txn, self.cached_viewer(user_id), event_id)
 
     def _is_visible_txn(self, txn: Transaction, viewer: Viewer, event_id: str) -> bool:
         viewer = self.viewer_txn(txn, viewer)

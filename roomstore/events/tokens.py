@@ -22,7 +22,8 @@ Positions and instance IDs must fit a signed 64-bit column.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping, Union
+from collections.abc import Iterable, Mapping
+from typing import Union
 
 import attrs
 
@@ -67,13 +68,11 @@ def _check_position(name: str, value: object, *, allow_negative: bool = False) -
         raise InvalidToken(f"{name} {value} is outside [{low}, {MAX_POSITION}]")
 
 
-def _validate_stream(instance: "StreamToken", attribute: object, value: int) -> None:
+def _validate_stream(instance: StreamToken, attribute: object, value: int) -> None:
     _check_position("stream", value)
 
 
-def _validate_positions(
-    instance: "StreamToken", attribute: object, value: tuple[tuple[int, int], ...]
-) -> None:
+def _validate_positions(instance: StreamToken, attribute: object, value: tuple[tuple[int, int], ...]) -> None:
     if not isinstance(value, tuple):
         raise InvalidToken("instance_positions must be a tuple of (instance_id, pos)")
     previous = -1
@@ -110,16 +109,14 @@ class StreamToken:
     #: Minimum position: every writer has persisted everything up to here.
     stream: int = attrs.field(validator=_validate_stream)
     #: ``(instance_id, position)`` for writers ahead of ``stream``.
-    instance_positions: tuple[tuple[int, int], ...] = attrs.field(
-        default=(), validator=_validate_positions
-    )
+    instance_positions: tuple[tuple[int, int], ...] = attrs.field(default=(), validator=_validate_positions)
 
     @classmethod
     def create(
         cls,
         stream: int,
         positions: Mapping[int, int] | Iterable[tuple[int, int]] = (),
-    ) -> "StreamToken":
+    ) -> StreamToken:
         """Build a token, dropping writers not ahead of ``stream`` and sorting.
 
         Raises:
@@ -138,7 +135,7 @@ class StreamToken:
         return cls(stream, ahead)
 
     @classmethod
-    def parse(cls, token: str) -> "StreamToken":
+    def parse(cls, token: str) -> StreamToken:
         """Parse an ``s...`` or ``m...`` token.
 
         Raises:
@@ -165,9 +162,7 @@ class StreamToken:
             entry_match = _M_ENTRY.fullmatch(entry)
             if not entry_match:
                 raise InvalidToken(f"{token!r}: bad writer entry {entry!r}")
-            positions.append(
-                (_to_int(entry_match.group(1), token), _to_int(entry_match.group(2), token))
-            )
+            positions.append((_to_int(entry_match.group(1), token), _to_int(entry_match.group(2), token)))
         try:
             return cls(_to_int(head_match.group(1), token), tuple(positions))
         except InvalidToken as e:
@@ -191,7 +186,7 @@ class StreamToken:
         """The furthest position any writer has reached."""
         return max((p for _, p in self.instance_positions), default=self.stream)
 
-    def is_before_or_eq(self, other: "StreamToken") -> bool:
+    def is_before_or_eq(self, other: StreamToken) -> bool:
         """True if every writer's position here is <= its position in ``other``.
 
         This is a partial order: two tokens may each be ahead on some writer,
@@ -202,30 +197,22 @@ class StreamToken:
         if self.stream > other.stream:
             return False
         # Writers unlisted here sit at self.stream <= other.stream <= theirs.
-        return all(
-            pos <= other.get_stream_pos_for_instance(i)
-            for i, pos in self.instance_positions
-        )
+        return all(pos <= other.get_stream_pos_for_instance(i) for i, pos in self.instance_positions)
 
-    def copy_and_advance(self, other: "StreamToken") -> "StreamToken":
+    def copy_and_advance(self, other: StreamToken) -> StreamToken:
         """Return the pointwise maximum of ``self`` and ``other``."""
         if not isinstance(other, StreamToken):
             raise TypeError(f"cannot combine StreamToken with {type(other).__name__}")
-        instances = {i for i, _ in self.instance_positions} | {
-            i for i, _ in other.instance_positions
-        }
-        merged = {
-            i: max(self.get_stream_pos_for_instance(i), other.get_stream_pos_for_instance(i))
-            for i in instances
-        }
+        instances = {i for i, _ in self.instance_positions} | {i for i, _ in other.instance_positions}
+        merged = {i: max(self.get_stream_pos_for_instance(i), other.get_stream_pos_for_instance(i)) for i in instances}
         return StreamToken.create(max(self.stream, other.stream), merged)
 
 
-def _validate_topological(instance: "TopologicalToken", attribute: object, value: int) -> None:
+def _validate_topological(instance: TopologicalToken, attribute: object, value: int) -> None:
     _check_position("topological", value)
 
 
-def _validate_topo_stream(instance: "TopologicalToken", attribute: object, value: int) -> None:
+def _validate_topo_stream(instance: TopologicalToken, attribute: object, value: int) -> None:
     # Backfilled events get negative stream orderings, so allow them here.
     _check_position("stream", value, allow_negative=True)
 
@@ -242,7 +229,7 @@ class TopologicalToken:
     stream: int = attrs.field(validator=_validate_topo_stream)
 
     @classmethod
-    def parse(cls, token: str) -> "TopologicalToken":
+    def parse(cls, token: str) -> TopologicalToken:
         """Parse a ``t<topological>-<stream>`` token.
 
         Raises:
@@ -263,7 +250,7 @@ class TopologicalToken:
         """``(topological, stream)``, the sort key."""
         return (self.topological, self.stream)
 
-    def is_before_or_eq(self, other: "TopologicalToken") -> bool:
+    def is_before_or_eq(self, other: TopologicalToken) -> bool:
         """True if ``self`` sorts at or before ``other`` (a total order)."""
         if not isinstance(other, TopologicalToken):
             raise TypeError(f"cannot compare TopologicalToken with {type(other).__name__}")

@@ -15,7 +15,7 @@ Who calls it: ``RoomStore.get_rooms_for_user_by_membership``.
 
 from __future__ import annotations
 
-from typing import Collection
+from collections.abc import Collection
 
 import attrs
 
@@ -59,8 +59,9 @@ def rooms_by_membership_txn(
     user_nid = interners.users.lookup(txn, [user_id]).get(user_id)
     if user_nid is None or not memberships:
         return []
-    current = {room_id: (code, event_id, stream) for room_id, code, event_id, stream
-               in memberships_of_user_txn(txn, user_nid)}
+    current = {
+        room_id: (code, event_id, stream) for room_id, code, event_id, stream in memberships_of_user_txn(txn, user_nid)
+    }
     outliers = txn.execute(
         f"SELECT r.room_id, m.membership, i.event_id, m.stream_ordering FROM ({newest_memberships_sql()}) AS m"
         f" {join_events('e', 'e.event_nid = m.event_nid')} {join_rooms('r', 'm.room_nid')}"

@@ -49,7 +49,7 @@ class FrameReader:
             end = start + HEADER.size + length
             if len(buffer) < end:
                 break
-            objects.append(pickle.loads(memoryview(buffer)[start + HEADER.size:end]))
+            objects.append(pickle.loads(memoryview(buffer)[start + HEADER.size : end]))
             start = end
         del buffer[:start]
         return objects

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from twisted.internet import defer, protocol
 from twisted.logger import Logger
@@ -45,8 +46,14 @@ log = Logger()
 __all__ = ["FORWARDED", "WriterProcess", "WriterProcessLost"]
 
 #: The store methods a writer process runs for its parent.
-FORWARDED = ("persist_events", "invalidate_cache", "censor_expired_redactions", "delete_state_groups",
-             "purge_history", "purge_room")
+FORWARDED = (
+    "persist_events",
+    "invalidate_cache",
+    "censor_expired_redactions",
+    "delete_state_groups",
+    "purge_history",
+    "purge_room",
+)
 
 
 class WriterProcessLost(RuntimeError):
@@ -58,7 +65,7 @@ class WriterProcessLost(RuntimeError):
 class _Frames(protocol.ProcessProtocol):
     """Splits the child's stdout into frames; tells its owner of each and of the end."""
 
-    def __init__(self, owner: "WriterProcess"):
+    def __init__(self, owner: WriterProcess):
         self.owner = owner
         self._frames = FrameReader()
 
@@ -91,7 +98,7 @@ class WriterProcess:
         self._ended_d: defer.Deferred = defer.Deferred()
 
     @classmethod
-    async def start(cls, reactor: Any, url: str, config_fields: dict, create: bool = True) -> "WriterProcess":
+    async def start(cls, reactor: Any, url: str, config_fields: dict, create: bool = True) -> WriterProcess:
         """Start the child and wait until it holds the store open as the
         writer (``RoomStore.open(url, StoreConfig(**config_fields), create=create)``).
         Raises what opening the store raised in the child (the writer lock

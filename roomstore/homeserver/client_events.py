@@ -9,7 +9,7 @@ by it (matrix-js-sdk warns without it and guesses by event ID)."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from roomstore.homeserver.txn_ids import client_txn_id
 

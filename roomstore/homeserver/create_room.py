@@ -36,11 +36,24 @@ def power_levels(creator: str, room_version: str, trusted: list[str], override: 
     """The preset's power levels; a version 12 room lists no creator in ``users``."""
     users = {} if room_version == "12" else {creator: 100, **{user: 100 for user in trusted}}
     content: dict[str, Any] = {
-        "users": users, "users_default": 0, "events_default": 0, "state_default": 50,
-        "ban": 50, "kick": 50, "redact": 50, "invite": 0,
-        "events": {"m.room.name": 50, "m.room.power_levels": 100, "m.room.history_visibility": 100,
-                   "m.room.canonical_alias": 50, "m.room.avatar": 50, "m.room.tombstone": 100,
-                   "m.room.server_acl": 100, "m.room.encryption": 100},
+        "users": users,
+        "users_default": 0,
+        "events_default": 0,
+        "state_default": 50,
+        "ban": 50,
+        "kick": 50,
+        "redact": 50,
+        "invite": 0,
+        "events": {
+            "m.room.name": 50,
+            "m.room.power_levels": 100,
+            "m.room.history_visibility": 100,
+            "m.room.canonical_alias": 50,
+            "m.room.avatar": 50,
+            "m.room.tombstone": 100,
+            "m.room.server_acl": 100,
+            "m.room.encryption": 100,
+        },
         "notifications": {"room": 50},
     }
     content.update(override)
@@ -59,16 +72,22 @@ def _invitees(body: dict, server_name: str) -> list[str]:
 
 def initial_state_events(body: dict, preset: dict) -> list[tuple[str, str, dict]]:
     """``(type, state_key, content)`` of the state after the power levels."""
-    events = [("m.room.join_rules", "", {"join_rule": preset["join_rule"]}),
-              ("m.room.history_visibility", "", {"history_visibility": preset["history"]})]
+    events = [
+        ("m.room.join_rules", "", {"join_rule": preset["join_rule"]}),
+        ("m.room.history_visibility", "", {"history_visibility": preset["history"]}),
+    ]
     if preset["guests"]:
         events.append(("m.room.guest_access", "", {"guest_access": preset["guests"]}))
     initial = body.get("initial_state", [])
     if not isinstance(initial, list):
         raise bad_json("initial_state must be a list")
     for item in initial:
-        if not isinstance(item, dict) or not isinstance(item.get("type"), str) \
-                or not isinstance(item.get("content"), dict) or not isinstance(item.get("state_key", ""), str):
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("type"), str)
+            or not isinstance(item.get("content"), dict)
+            or not isinstance(item.get("state_key", ""), str)
+        ):
             raise bad_json("each initial_state event needs a type, a content object and a string state_key")
         events.append((item["type"], item.get("state_key", ""), item["content"]))
     for key, event_type in (("name", "m.room.name"), ("topic", "m.room.topic")):
@@ -109,11 +128,20 @@ class RoomCreator:
         if version == "12" and trusted:
             create_content["additional_creators"] = trusted
         join = {"membership": "join", **await self._profile_of(user)}
-        plan = [("m.room.create", "", create_content), ("m.room.member", user, join),
-                ("m.room.power_levels", "", power_levels(user, version, trusted, override)),
-                *initial_state_events(body, _PRESETS[preset_name]),
-                *[("m.room.member", invitee, {"membership": "invite", **({"is_direct": True}
-                   if body.get("is_direct") else {})}) for invitee in invitees]]
+        plan = [
+            ("m.room.create", "", create_content),
+            ("m.room.member", user, join),
+            ("m.room.power_levels", "", power_levels(user, version, trusted, override)),
+            *initial_state_events(body, _PRESETS[preset_name]),
+            *[
+                (
+                    "m.room.member",
+                    invitee,
+                    {"membership": "invite", **({"is_direct": True} if body.get("is_direct") else {})},
+                )
+                for invitee in invitees
+            ],
+        ]
         built = self._build_chain(version, user, plan)
         await self._events.persist(built, version)
         return {"room_id": built[0].room_id}
@@ -125,8 +153,9 @@ class RoomCreator:
         built = []
         for depth, (event_type, state_key, content) in enumerate(plan, start=1):
             auth = local_auth_events(version, state, event_type, sender, state_key, content)
-            event = self._events.build(version, room_id, sender, event_type, content, state_key,
-                                       built[-1:], auth, depth)
+            event = self._events.build(
+                version, room_id, sender, event_type, content, state_key, built[-1:], auth, depth
+            )
             room_id = event.room_id
             state[(event_type, state_key)] = event.event_id
             built.append(event)

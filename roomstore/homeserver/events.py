@@ -13,7 +13,8 @@ time (a lock per room), so this server never forks its own rooms.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from twisted.internet import defer
 
@@ -37,8 +38,14 @@ async def events_in_order(store, event_ids) -> list[dict]:
     return [found[event_id] for event_id in event_ids if event_id in found]
 
 
-def local_auth_events(room_version: str, state: Mapping[tuple[str, str], str], event_type: str, sender: str,
-                      state_key: str | None, content: Mapping[str, Any]) -> list[str]:
+def local_auth_events(
+    room_version: str,
+    state: Mapping[tuple[str, str], str],
+    event_type: str,
+    sender: str,
+    state_key: str | None,
+    content: Mapping[str, Any],
+) -> list[str]:
     """The auth events of an event about to be built, from a state map."""
     wanted = auth_types_for(get_room_version(room_version), event_type, sender, state_key, content)
     return [state[key] for key in sorted(wanted) if key in state]
@@ -70,12 +77,33 @@ class EventCreator:
             raise not_found(f"Unknown room {room_id}")
         return version
 
-    def build(self, room_version: str, room_id: str | None, sender: str, event_type: str, content: Mapping,
-              state_key: str | None, prev_events: Sequence, auth_events: Sequence, depth: int,
-              redacts: str | None = None) -> BuiltPdu:
-        return build_event(room_version, room_id=room_id, sender=sender, type=event_type, content=content,
-                           state_key=state_key, prev_events=prev_events, auth_events=auth_events, depth=depth,
-                           origin_server_ts=self.now_ms(), signing_key=self.signing_key, redacts=redacts)
+    def build(
+        self,
+        room_version: str,
+        room_id: str | None,
+        sender: str,
+        event_type: str,
+        content: Mapping,
+        state_key: str | None,
+        prev_events: Sequence,
+        auth_events: Sequence,
+        depth: int,
+        redacts: str | None = None,
+    ) -> BuiltPdu:
+        return build_event(
+            room_version,
+            room_id=room_id,
+            sender=sender,
+            type=event_type,
+            content=content,
+            state_key=state_key,
+            prev_events=prev_events,
+            auth_events=auth_events,
+            depth=depth,
+            origin_server_ts=self.now_ms(),
+            signing_key=self.signing_key,
+            redacts=redacts,
+        )
 
     async def persist(self, built: Sequence[BuiltPdu], room_version: str) -> list:
         """Store events built here; 403 for the first one the rules reject."""
@@ -84,8 +112,16 @@ class EventCreator:
         _refuse_rejected(results)
         return results
 
-    async def send(self, room_id: str, sender: str, event_type: str, content: Mapping, state_key: str | None = None,
-                   redacts: str | None = None, client_txn: ClientTxn | None = None) -> str:
+    async def send(
+        self,
+        room_id: str,
+        sender: str,
+        event_type: str,
+        content: Mapping,
+        state_key: str | None = None,
+        redacts: str | None = None,
+        client_txn: ClientTxn | None = None,
+    ) -> str:
         """Build and store one event in ``room_id``; its event ID. With
         ``client_txn`` (user, device, txn ID) a retry returns the first event."""
         if not isinstance(content, dict):
@@ -96,7 +132,8 @@ class EventCreator:
         try:
             if client_txn is not None:
                 earlier = await self.store.get_event_id_for_txn(
-                    client_txn.user_id, client_txn.device_id, client_txn.txn_id)
+                    client_txn.user_id, client_txn.device_id, client_txn.txn_id
+                )
                 if earlier is not None:
                     return earlier  # a retry: the event the first request made
             prev_ids = (await self.store.get_forward_extremities(room_id))[-MAX_PREV_EVENTS:]
@@ -104,8 +141,18 @@ class EventCreator:
             depth = max((event.get("depth", 0) for event in prevs), default=0) + 1
             wanted = auth_types_for(get_room_version(version), event_type, sender, state_key, content)
             state = await self.store.get_current_state_ids(room_id, types=sorted(wanted))
-            built = self.build(version, room_id, sender, event_type, content, state_key, prev_ids,
-                               [state[key] for key in sorted(wanted) if key in state], depth, redacts)
+            built = self.build(
+                version,
+                room_id,
+                sender,
+                event_type,
+                content,
+                state_key,
+                prev_ids,
+                [state[key] for key in sorted(wanted) if key in state],
+                depth,
+                redacts,
+            )
             # The store records the transaction with the event, in the transaction that stores it.
             [result] = await self.store.persist_events([EventToPersist(built.raw, version, client_txn=client_txn)])
             self._notifier.notify()

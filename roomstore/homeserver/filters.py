@@ -47,7 +47,7 @@ class EventFilter:
     limit: int | None = None
 
     @classmethod
-    def from_json(cls, data) -> "EventFilter":
+    def from_json(cls, data) -> EventFilter:
         if data is None:
             return cls()
         if not isinstance(data, dict):
@@ -55,9 +55,15 @@ class EventFilter:
         limit = data.get("limit")
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
             raise bad_json("limit must be a non-negative integer")
-        return cls(_strings(data.get("types"), "types"), _strings(data.get("not_types"), "not_types") or (),
-                   _strings(data.get("senders"), "senders"), _strings(data.get("not_senders"), "not_senders") or (),
-                   _strings(data.get("rooms"), "rooms"), _strings(data.get("not_rooms"), "not_rooms") or (), limit)
+        return cls(
+            _strings(data.get("types"), "types"),
+            _strings(data.get("not_types"), "not_types") or (),
+            _strings(data.get("senders"), "senders"),
+            _strings(data.get("not_senders"), "not_senders") or (),
+            _strings(data.get("rooms"), "rooms"),
+            _strings(data.get("not_rooms"), "not_rooms") or (),
+            limit,
+        )
 
     def allows_room(self, room_id: str) -> bool:
         return room_id not in self.not_rooms and (self.rooms is None or room_id in self.rooms)
@@ -87,16 +93,19 @@ class SyncFilter:
         return DEFAULT_TIMELINE_LIMIT if self.timeline.limit is None else self.timeline.limit
 
     @classmethod
-    def from_json(cls, data) -> "SyncFilter":
+    def from_json(cls, data) -> SyncFilter:
         if not isinstance(data, dict):
             raise bad_json("a filter must be a JSON object")
         room = data.get("room") or {}
         if not isinstance(room, dict):
             raise bad_json("filter.room must be an object")
-        return cls(EventFilter.from_json(room.get("timeline")),
-                   EventFilter(rooms=_strings(room.get("rooms"), "rooms"),
-                               not_rooms=_strings(room.get("not_rooms"), "not_rooms") or ()),
-                   bool(room.get("include_leave", False)))
+        return cls(
+            EventFilter.from_json(room.get("timeline")),
+            EventFilter(
+                rooms=_strings(room.get("rooms"), "rooms"), not_rooms=_strings(room.get("not_rooms"), "not_rooms") or ()
+            ),
+            bool(room.get("include_leave", False)),
+        )
 
 
 def parse_json_param(text: str, name: str):
@@ -124,15 +133,17 @@ class Filters:
     async def create(self, request: ClientRequest) -> dict:
         user_id = self._own(request)
         SyncFilter.from_json(request.body)  # refuse what /sync would refuse
-        filter_id = await self._db.run_interaction("hs_add_filter", filter_table.add_filter_txn, user_id,
-                                                   json.dumps(request.body))
+        filter_id = await self._db.run_interaction(
+            "hs_add_filter", filter_table.add_filter_txn, user_id, json.dumps(request.body)
+        )
         return {"filter_id": str(filter_id)}
 
     async def _load(self, user_id: str, filter_id: str) -> dict:
         stored = None
         if filter_id.isdigit():
-            stored = await self._db.run_interaction("hs_get_filter", filter_table.get_filter_txn, user_id,
-                                                    int(filter_id))
+            stored = await self._db.run_interaction(
+                "hs_get_filter", filter_table.get_filter_txn, user_id, int(filter_id)
+            )
         if stored is None:
             raise not_found(f"No filter {filter_id!r}")
         return json.loads(stored)

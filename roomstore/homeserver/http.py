@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import re
 import urllib.parse
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import attrs
 from twisted.internet import defer
@@ -33,8 +34,13 @@ __all__ = ["ClientRequest", "ClientResource", "Requester", "Router"]
 log = Logger()
 
 #: Longest first: ``/_matrix/client`` itself is the prefix of ``/versions``.
-PREFIXES = ("/_matrix/client/v3", "/_matrix/client/r0", "/_matrix/client/unstable", "/_matrix/client/v1",
-            "/_matrix/client")
+PREFIXES = (
+    "/_matrix/client/v3",
+    "/_matrix/client/r0",
+    "/_matrix/client/unstable",
+    "/_matrix/client/v1",
+    "/_matrix/client",
+)
 _SEGMENT = re.compile(r"\{([A-Za-z_]+)\}")
 
 
@@ -96,8 +102,7 @@ class Router:
 
     def add(self, method: str, path: str, handler: Handler, authenticated: bool = True) -> None:
         regex = "".join(
-            f"(?P<{part}>[^/]+)" if i % 2 else re.escape(part)
-            for i, part in enumerate(_SEGMENT.split(path))
+            f"(?P<{part}>[^/]+)" if i % 2 else re.escape(part) for i, part in enumerate(_SEGMENT.split(path))
         )
         self._routes.append(Route(method, re.compile(regex + "/?"), handler, authenticated))
 
@@ -180,7 +185,7 @@ class ClientResource(resource.Resource):
         prefix = next((p for p in PREFIXES if path == p or path.startswith(p + "/")), None)
         if prefix is None:
             raise MatrixError(404, "M_UNRECOGNIZED", "Unrecognized request")
-        route, params = self._router.match(request.method.decode("ascii", "replace"), path[len(prefix):])
+        route, params = self._router.match(request.method.decode("ascii", "replace"), path[len(prefix) :])
         requester = None
         if route.authenticated:
             token = access_token(request)
@@ -188,8 +193,9 @@ class ClientResource(resource.Resource):
                 raise MatrixError(401, "M_MISSING_TOKEN", "Missing access token")
             requester = await self._authenticate(token)
         body = _body(request) if request.method in (b"POST", b"PUT") else {}
-        query = {k.decode("utf-8", "replace"): [v.decode("utf-8", "replace") for v in vs]
-                 for k, vs in request.args.items()}
+        query = {
+            k.decode("utf-8", "replace"): [v.decode("utf-8", "replace") for v in vs] for k, vs in request.args.items()
+        }
         result = await route.handler(ClientRequest(params, query, body, requester, request))
         return result if isinstance(result, tuple) else (200, result)
 

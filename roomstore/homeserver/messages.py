@@ -39,8 +39,16 @@ class History:
         text = request.arg("filter")
         return EventFilter() if text is None else EventFilter.from_json(parse_json_param(text, "filter"))
 
-    async def _page(self, room_id: str, user_id: str, start: str | None, direction: str, limit: int,
-                    event_filter: EventFilter, stop_before: str | None = None) -> tuple[list[dict], str | None]:
+    async def _page(
+        self,
+        room_id: str,
+        user_id: str,
+        start: str | None,
+        direction: str,
+        limit: int,
+        event_filter: EventFilter,
+        stop_before: str | None = None,
+    ) -> tuple[list[dict], str | None]:
         """At most ``limit`` events passing the filter, and the token after the last read."""
         chosen: list[dict] = []
         token = start
@@ -75,10 +83,13 @@ class History:
             raise MatrixError(400, "M_INVALID_PARAM", "dir must be 'b' or 'f'")
         limit = min(max(request.int_arg("limit", 10), 1), MAX_LIMIT)
         start = request.arg("from")
-        events, end = await self._page(room_id, user_id, start, direction, limit, self._filter(request),
-                                       request.arg("to"))
-        body = {"chunk": await format_for_client(self._store, events, request.user),
-                "start": start or self._store.get_current_token()}
+        events, end = await self._page(
+            room_id, user_id, start, direction, limit, self._filter(request), request.arg("to")
+        )
+        body = {
+            "chunk": await format_for_client(self._store, events, request.user),
+            "start": start or self._store.get_current_token(),
+        }
         if end is not None and events:
             body["end"] = end
         return body
@@ -94,12 +105,16 @@ class History:
         # Backwards from just after the event serves it first: one more, then drop it.
         before, start = await self._page(room_id, user_id, after_event, "b", limit + 1, event_filter)
         before = [e for e in before if e["event_id"] != event_id][:limit]
-        after, end = (await self._page(room_id, user_id, after_event, "f", limit, event_filter)) if limit else ([], None)
+        after, end = (
+            (await self._page(room_id, user_id, after_event, "f", limit, event_filter)) if limit else ([], None)
+        )
         state_ids = await state_for_user(self._store, room_id, user_id)
         fmt = functools.partial(format_for_client, self._store, requester=request.user)
         return {
-            "event": (await fmt([event]))[0], "events_before": await fmt(before), "events_after": await fmt(after),
-            "start": start or after_event, "end": end or after_event,
+            "event": (await fmt([event]))[0],
+            "events_before": await fmt(before),
+            "events_after": await fmt(after),
+            "start": start or after_event,
+            "end": end or after_event,
             "state": await fmt(await events_in_order(self._store, state_ids.values())),
         }
-

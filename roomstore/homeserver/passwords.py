@@ -11,7 +11,7 @@ import os
 
 __all__ = ["hash_password", "check_password"]
 
-_N, _R, _P = 2 ** 14, 8, 1
+_N, _R, _P = 2**14, 8, 1
 
 
 def _b64(data: bytes) -> str:
@@ -31,8 +31,9 @@ def check_password(password: str, stored: str) -> bool:
         if scheme != "scrypt":
             return False
         expected = base64.b64decode(digest)
-        actual = hashlib.scrypt(password.encode("utf-8"), salt=base64.b64decode(salt), n=int(n), r=int(r),
-                                p=int(p), dklen=len(expected))
+        actual = hashlib.scrypt(
+            password.encode("utf-8"), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p), dklen=len(expected)
+        )
     except ValueError:
         return False
     return hmac.compare_digest(actual, expected)

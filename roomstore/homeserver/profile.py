@@ -49,6 +49,7 @@ class Profiles:
             if field not in profile:
                 raise not_found(f"The user has no {field}")
             return {field: profile[field]}
+
         return get
 
     def _setter(self, field: str):
@@ -62,13 +63,15 @@ class Profiles:
             await self.set_field(user_id, field, value)
             await self._update_member_events(user_id)
             return {}
+
         return put
 
     async def _update_member_events(self, user_id: str) -> None:
         profile = await self.profile_of(user_id)
         for room_id in sorted(await self._events.store.get_rooms_for_user(user_id)):
             try:
-                await self._events.send(room_id, user_id, "m.room.member", {"membership": "join", **profile},
-                                        state_key=user_id)
+                await self._events.send(
+                    room_id, user_id, "m.room.member", {"membership": "join", **profile}, state_key=user_id
+                )
             except MatrixError as exc:  # a room whose rules refuse it keeps the old name
                 log.warn("profile change not copied to {room}: {error}", room=room_id, error=exc.error)

@@ -30,36 +30,60 @@ def default_rules(user_id: str) -> dict:
     override = [
         _rule(".m.rule.master", [], [], enabled=False),
         _rule(".m.rule.suppress_notices", [_event_match("content.msgtype", "m.notice")], []),
-        _rule(".m.rule.invite_for_me", [_event_match("type", "m.room.member"),
-                                        _event_match("content.membership", "invite"),
-                                        _event_match("state_key", user_id)],
-              ["notify", {"set_tweak": "sound", "value": "default"}]),
+        _rule(
+            ".m.rule.invite_for_me",
+            [
+                _event_match("type", "m.room.member"),
+                _event_match("content.membership", "invite"),
+                _event_match("state_key", user_id),
+            ],
+            ["notify", {"set_tweak": "sound", "value": "default"}],
+        ),
         _rule(".m.rule.member_event", [_event_match("type", "m.room.member")], []),
-        _rule(".m.rule.is_user_mention", [{"kind": "event_property_contains", "key": "content.m\\.mentions.user_ids",
-                                           "value": user_id}], [*_NOTIFY_SOUND, _HIGHLIGHT]),
+        _rule(
+            ".m.rule.is_user_mention",
+            [{"kind": "event_property_contains", "key": "content.m\\.mentions.user_ids", "value": user_id}],
+            [*_NOTIFY_SOUND, _HIGHLIGHT],
+        ),
         _rule(".m.rule.contains_display_name", [{"kind": "contains_display_name"}], [*_NOTIFY_SOUND, _HIGHLIGHT]),
-        _rule(".m.rule.is_room_mention", [_exact("content.m\\.mentions.room", True),
-                                          {"kind": "sender_notification_permission", "key": "room"}],
-              ["notify", _HIGHLIGHT]),
-        _rule(".m.rule.roomnotif", [{"kind": "sender_notification_permission", "key": "room"},
-                                    _event_match("content.body", "@room")], ["notify", _HIGHLIGHT]),
-        _rule(".m.rule.tombstone", [_event_match("type", "m.room.tombstone"), _event_match("state_key", "")],
-              ["notify", _HIGHLIGHT]),
+        _rule(
+            ".m.rule.is_room_mention",
+            [_exact("content.m\\.mentions.room", True), {"kind": "sender_notification_permission", "key": "room"}],
+            ["notify", _HIGHLIGHT],
+        ),
+        _rule(
+            ".m.rule.roomnotif",
+            [{"kind": "sender_notification_permission", "key": "room"}, _event_match("content.body", "@room")],
+            ["notify", _HIGHLIGHT],
+        ),
+        _rule(
+            ".m.rule.tombstone",
+            [_event_match("type", "m.room.tombstone"), _event_match("state_key", "")],
+            ["notify", _HIGHLIGHT],
+        ),
         _rule(".m.rule.reaction", [_event_match("type", "m.reaction")], []),
-        _rule(".m.rule.room.server_acl", [_event_match("type", "m.room.server_acl"), _event_match("state_key", "")],
-              []),
+        _rule(
+            ".m.rule.room.server_acl", [_event_match("type", "m.room.server_acl"), _event_match("state_key", "")], []
+        ),
         _rule(".m.rule.suppress_edits", [_exact("content.m\\.relates_to.rel_type", "m.replace")], []),
     ]
     content = [
         {**_rule(".m.rule.contains_user_name", [], [*_NOTIFY_SOUND, _HIGHLIGHT]), "pattern": localpart},
     ]
     underride = [
-        _rule(".m.rule.call", [_event_match("type", "m.call.invite")],
-              ["notify", {"set_tweak": "sound", "value": "ring"}]),
-        _rule(".m.rule.encrypted_room_one_to_one", [{"kind": "room_member_count", "is": "2"},
-                                                    _event_match("type", "m.room.encrypted")], _NOTIFY_SOUND),
-        _rule(".m.rule.room_one_to_one", [{"kind": "room_member_count", "is": "2"},
-                                          _event_match("type", "m.room.message")], _NOTIFY_SOUND),
+        _rule(
+            ".m.rule.call", [_event_match("type", "m.call.invite")], ["notify", {"set_tweak": "sound", "value": "ring"}]
+        ),
+        _rule(
+            ".m.rule.encrypted_room_one_to_one",
+            [{"kind": "room_member_count", "is": "2"}, _event_match("type", "m.room.encrypted")],
+            _NOTIFY_SOUND,
+        ),
+        _rule(
+            ".m.rule.room_one_to_one",
+            [{"kind": "room_member_count", "is": "2"}, _event_match("type", "m.room.message")],
+            _NOTIFY_SOUND,
+        ),
         _rule(".m.rule.message", [_event_match("type", "m.room.message")], ["notify"]),
         _rule(".m.rule.encrypted", [_event_match("type", "m.room.encrypted")], ["notify"]),
     ]

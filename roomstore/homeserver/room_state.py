@@ -67,7 +67,10 @@ class RoomState:
 
     async def put_state(self, request: ClientRequest) -> dict:
         event_id = await self._events.send(
-            request.params["roomId"], request.user.user_id, request.params["eventType"], request.body,
+            request.params["roomId"],
+            request.user.user_id,
+            request.params["eventType"],
+            request.body,
             state_key=request.params.get("stateKey", ""),
         )
         return {"event_id": event_id}
@@ -75,14 +78,23 @@ class RoomState:
     async def members(self, request: ClientRequest) -> dict:
         events = await self._state_events(request, lambda key: key[0] == "m.room.member")
         wanted, unwanted = request.arg("membership"), request.arg("not_membership")
-        events = [e for e in events
-                  if (wanted is None or e["content"].get("membership") == wanted)
-                  and (unwanted is None or e["content"].get("membership") != unwanted)]
+        events = [
+            e
+            for e in events
+            if (wanted is None or e["content"].get("membership") == wanted)
+            and (unwanted is None or e["content"].get("membership") != unwanted)
+        ]
         return {"chunk": await format_for_client(self._store, events)}
 
     async def joined_members(self, request: ClientRequest) -> dict:
         events = await self._state_events(request, lambda key: key[0] == "m.room.member")
-        return {"joined": {
-            e["state_key"]: {"display_name": e["content"].get("displayname"), "avatar_url": e["content"].get("avatar_url")}
-            for e in events if e["content"].get("membership") == "join"
-        }}
+        return {
+            "joined": {
+                e["state_key"]: {
+                    "display_name": e["content"].get("displayname"),
+                    "avatar_url": e["content"].get("avatar_url"),
+                }
+                for e in events
+                if e["content"].get("membership") == "join"
+            }
+        }

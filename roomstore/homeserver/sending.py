@@ -39,15 +39,19 @@ class Sending:
         user, room_id, target = request.user, request.params["roomId"], request.params["eventId"]
         txn = ClientTxn(user.user_id, user.device_id, redact_key(room_id, target, request.params["txnId"]))
         content = {"reason": request.body["reason"]} if isinstance(request.body.get("reason"), str) else {}
-        event_id = await self._events.send(room_id, user.user_id, "m.room.redaction", content, redacts=target,
-                                           client_txn=txn)
+        event_id = await self._events.send(
+            room_id, user.user_id, "m.room.redaction", content, redacts=target, client_txn=txn
+        )
         return {"event_id": event_id}
 
     async def get_event(self, request: ClientRequest) -> dict:
         store, event_id = self._events.store, request.params["eventId"]
         event = await store.get_event(event_id)
-        if event is None or event.get("room_id") != request.params["roomId"] \
-                or not await store.is_visible(request.user.user_id, event_id):
+        if (
+            event is None
+            or event.get("room_id") != request.params["roomId"]
+            or not await store.is_visible(request.user.user_id, event_id)
+        ):
             raise not_found("Event not found.")
         [formatted] = await format_for_client(store, [event], request.user)
         return formatted

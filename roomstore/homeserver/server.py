@@ -43,7 +43,10 @@ async def _signing_key(store, server_name: str):
     """The server's key from the database; made and stored at the first start."""
     fresh = generate_signing_key("a_" + secrets.token_hex(2))
     key_id, key_base64 = await store.db.run_interaction(
-        "hs_signing_key", get_or_add_signing_key_txn, server_name, f"ed25519:{fresh.version}",
+        "hs_signing_key",
+        get_or_add_signing_key_txn,
+        server_name,
+        f"ed25519:{fresh.version}",
         encode_signing_key_base64(fresh),
     )
     return decode_signing_key_base64("ed25519", key_id.partition(":")[2], key_base64)
@@ -59,20 +62,41 @@ class Homeserver:
         store.add_invalidation_hook(self.notifier.notify)
         self.events = EventCreator(store, server_name, signing_key, reactor, self.notifier)
         profiles = Profiles(store.db, self.events)
-        self.accounts = Accounts(store.db, server_name, reactor, registration_open,
-                                 on_register=lambda user, name: profiles.set_field(user, "displayname", name))
+        self.accounts = Accounts(
+            store.db,
+            server_name,
+            reactor,
+            registration_open,
+            on_register=lambda user, name: profiles.set_field(user, "displayname", name),
+        )
         filters = Filters(store.db)
         router = Router()
-        for part in (self.accounts, profiles, filters, ServerInfo(), PushRules(),
-                     RoomCreator(self.events, profiles.profile_of), Memberships(self.events, profiles.profile_of),
-                     RoomState(self.events), Sending(self.events), History(store),
-                     SyncHandler(store, filters, self.notifier, reactor)):
+        for part in (
+            self.accounts,
+            profiles,
+            filters,
+            ServerInfo(),
+            PushRules(),
+            RoomCreator(self.events, profiles.profile_of),
+            Memberships(self.events, profiles.profile_of),
+            RoomState(self.events),
+            Sending(self.events),
+            History(store),
+            SyncHandler(store, filters, self.notifier, reactor),
+        ):
             part.register_routes(router)
         self.resource = site_root(ClientResource(router, self.accounts.authenticate))
 
     @classmethod
-    async def open(cls, db_url: str, server_name: str, *, registration_open: bool = True, reactor=None,
-                   instance_name: str = "master") -> "Homeserver":
+    async def open(
+        cls,
+        db_url: str,
+        server_name: str,
+        *,
+        registration_open: bool = True,
+        reactor=None,
+        instance_name: str = "master",
+    ) -> Homeserver:
         if reactor is None:
             from twisted.internet import reactor
         config = StoreConfig(instance_name=instance_name, server_name=server_name, embedder_schemas=[HOMESERVER_SCHEMA])

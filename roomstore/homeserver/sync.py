@@ -22,8 +22,15 @@ from roomstore.homeserver.notifier import Notifier
 __all__ = ["SyncHandler"]
 
 #: The state an invitee sees of the room before joining (the spec's recommendation).
-STRIPPED_STATE_TYPES = ("m.room.create", "m.room.join_rules", "m.room.name", "m.room.canonical_alias",
-                        "m.room.avatar", "m.room.encryption", "m.room.topic")
+STRIPPED_STATE_TYPES = (
+    "m.room.create",
+    "m.room.join_rules",
+    "m.room.name",
+    "m.room.canonical_alias",
+    "m.room.avatar",
+    "m.room.encryption",
+    "m.room.topic",
+)
 MAX_TIMEOUT_MS = 5 * 60 * 1000
 
 
@@ -31,8 +38,11 @@ def _empty_body(next_batch: str) -> dict:
     return {
         "next_batch": next_batch,
         "rooms": {"join": {}, "invite": {}, "leave": {}, "knock": {}},
-        "account_data": {"events": []}, "presence": {"events": []}, "to_device": {"events": []},
-        "device_lists": {"changed": [], "left": []}, "device_one_time_keys_count": {},
+        "account_data": {"events": []},
+        "presence": {"events": []},
+        "to_device": {"events": []},
+        "device_lists": {"changed": [], "left": []},
+        "device_one_time_keys_count": {},
     }
 
 
@@ -63,8 +73,9 @@ class SyncHandler:
                 return body
             await self._notifier.wait_for_change(seen, remaining)
 
-    async def _sync_once(self, requester, since: str | None, sync_filter: SyncFilter,
-                         full_state: bool) -> tuple[dict, bool]:
+    async def _sync_once(
+        self, requester, since: str | None, sync_filter: SyncFilter, full_state: bool
+    ) -> tuple[dict, bool]:
         store, user_id = self._store, requester.user_id
         limit = sync_filter.timeline_limit
         result = await store.sync(user_id, since, initial_limit=limit, limit=limit, full_state=full_state)
@@ -76,8 +87,11 @@ class SyncHandler:
                 continue
             section = await self._room_section(timeline, sync_filter, requester)
             if room_id in result.joined:
-                section.update(ephemeral={"events": []}, summary={},
-                               unread_notifications={"highlight_count": 0, "notification_count": 0})
+                section.update(
+                    ephemeral={"events": []},
+                    summary={},
+                    unread_notifications={"highlight_count": 0, "notification_count": 0},
+                )
                 rooms["join"][room_id] = section
             elif room_id in left and (since is not None or sync_filter.include_leave):
                 rooms["leave"][room_id] = section
@@ -101,8 +115,11 @@ class SyncHandler:
         formatted = {"events": await format_for_client(self._store, events, requester), "limited": timeline.limited}
         if timeline.prev_batch is not None:
             formatted["prev_batch"] = timeline.prev_batch
-        return {"timeline": formatted, "state": {"events": await format_for_client(self._store, timeline.state)},
-                "account_data": {"events": []}}
+        return {
+            "timeline": formatted,
+            "state": {"events": await format_for_client(self._store, timeline.state)},
+            "account_data": {"events": []},
+        }
 
     async def _stripped_state(self, room_id: str, invite: dict) -> list[dict]:
         ids = await self._store.get_current_state_ids(room_id, types=[(t, "") for t in STRIPPED_STATE_TYPES])

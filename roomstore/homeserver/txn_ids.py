@@ -11,7 +11,8 @@ The spec gives the sending device its ``txnId`` again in the event's
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["client_txn_id", "redact_key", "send_key"]
 
@@ -33,4 +34,4 @@ def client_txn_id(event: Mapping[str, Any], key: str) -> str | None:
         prefix = redact_key(str(room_id), str(redacts), "")
     else:
         prefix = send_key(str(room_id), str(event_type), "")
-    return key[len(prefix):] if key.startswith(prefix) and len(key) > len(prefix) else None
+    return key[len(prefix) :] if key.startswith(prefix) and len(key) > len(prefix) else None

@@ -10,8 +10,7 @@ from roomstore.homeserver.http import ClientRequest, Router
 
 __all__ = ["ServerInfo"]
 
-SPEC_VERSIONS = ("r0.6.1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5", "v1.6", "v1.7", "v1.8", "v1.9", "v1.10",
-                 "v1.11")
+SPEC_VERSIONS = ("r0.6.1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5", "v1.6", "v1.7", "v1.8", "v1.9", "v1.10", "v1.11")
 
 
 class ServerInfo:
@@ -30,14 +29,18 @@ class ServerInfo:
         return {"versions": list(SPEC_VERSIONS), "unstable_features": {}}
 
     async def capabilities(self, request: ClientRequest) -> dict:
-        return {"capabilities": {
-            "m.room_versions": {"default": DEFAULT_ROOM_VERSION,
-                                "available": {version: "stable" for version in SUPPORTED_ROOM_VERSIONS}},
-            "m.change_password": {"enabled": False},
-            "m.set_displayname": {"enabled": True},
-            "m.set_avatar_url": {"enabled": True},
-            "m.3pid_changes": {"enabled": False},
-        }}
+        return {
+            "capabilities": {
+                "m.room_versions": {
+                    "default": DEFAULT_ROOM_VERSION,
+                    "available": {version: "stable" for version in SUPPORTED_ROOM_VERSIONS},
+                },
+                "m.change_password": {"enabled": False},
+                "m.set_displayname": {"enabled": True},
+                "m.set_avatar_url": {"enabled": True},
+                "m.3pid_changes": {"enabled": False},
+            }
+        }
 
     async def keys_upload(self, request: ClientRequest) -> dict:
         return {"one_time_key_counts": {}}

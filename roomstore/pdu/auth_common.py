@@ -8,7 +8,7 @@ the room state as they read it, and the identifier checks.
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from roomstore.pdu import auth_levels
 from roomstore.pdu.parsing import MAX_IDENTIFIER_BYTES, ParsedPdu

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from roomstore.pdu.parsing import ParsedPdu
 from roomstore.pdu.power_levels import CREATOR_POWER_LEVEL, room_creators
@@ -118,9 +119,7 @@ def creators_of(room_version: RoomVersion, create: ParsedPdu) -> frozenset[str]:
     return creators
 
 
-def user_level(
-    room_version: RoomVersion, create: ParsedPdu, power_levels: ParsedPdu | None, user_id: str
-) -> Level:
+def user_level(room_version: RoomVersion, create: ParsedPdu, power_levels: ParsedPdu | None, user_id: str) -> Level:
     """``user_id``'s power level given the room's create and power levels events."""
     if room_version.creators_have_infinite_power and user_id in creators_of(room_version, create):
         return CREATOR_POWER_LEVEL

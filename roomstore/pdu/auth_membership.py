@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from signedjson.key import decode_verify_key_bytes
 from signedjson.sign import SignatureVerifyException, verify_signed_json
@@ -43,7 +44,7 @@ def _numbers(state: RoomState, top: int) -> Mapping[str, str]:
     return _numbering(version.restricted_join_rule, version.knock_join_rule, top)
 
 
-@functools.lru_cache(maxsize=None)  # a handful of combinations, read by every member event
+@functools.cache  # a handful of combinations, read by every member event
 def _numbering(restricted: bool, knock: bool, top: int) -> Mapping[str, str]:
     shift = 1 if restricted else 0
     names = ("join", "invite", "leave", "ban", "knock")
@@ -59,13 +60,17 @@ def check_member_event(state: RoomState, event: ParsedPdu, top: int) -> None:
     numbers = _numbers(state, top)
     if event.state_key is None or event.membership is None:
         raise AuthError(f"rule {top}.1: a member event needs a state_key and content.membership")
-    if (state.room_version.restricted_join_rule and event.may_hold_key("join_authorised_via_users_server")
-            and "join_authorised_via_users_server" in event.content):
+    if (
+        state.room_version.restricted_join_rule
+        and event.may_hold_key("join_authorised_via_users_server")
+        and "join_authorised_via_users_server" in event.content
+    ):
         authoriser = event.content["join_authorised_via_users_server"]
         signatures = event.event_dict.get("signatures")
         if not isinstance(authoriser, str) or server_of(authoriser) not in (signatures or {}):
-            raise AuthError(f"rule {numbers['signed']}: not signed by the server of "
-                            f"join_authorised_via_users_server {authoriser!r}")
+            raise AuthError(
+                f"rule {numbers['signed']}: not signed by the server of join_authorised_via_users_server {authoriser!r}"
+            )
     membership = event.membership
     if membership == "join":
         _check_join(state, event, numbers["join"])
@@ -84,8 +89,11 @@ def check_member_event(state: RoomState, event: ParsedPdu, top: int) -> None:
 def _check_join(state: RoomState, event: ParsedPdu, n: str) -> None:
     """``membership`` is ``join``."""
     version = state.room_version
-    if (len(event.prev_event_ids) == 1 and event.prev_event_ids[0] == state.create.event_id
-            and event.state_key == state.creator()):
+    if (
+        len(event.prev_event_ids) == 1
+        and event.prev_event_ids[0] == state.create.event_id
+        and event.state_key == state.creator()
+    ):
         return  # n.1: the creator's first join
     if event.sender != event.state_key:
         raise AuthError(f"rule {n}.2: {event.sender} cannot join {event.state_key} to the room")
@@ -98,7 +106,8 @@ def _check_join(state: RoomState, event: ParsedPdu, n: str) -> None:
             return
         raise AuthError(f"rule {n}.4: join rule {rule!r} and {event.sender} is not invited")
     restricted = (rule == "restricted" and version.restricted_join_rule) or (
-        rule == "knock_restricted" and version.knock_restricted_join_rule)
+        rule == "knock_restricted" and version.knock_restricted_join_rule
+    )
     if restricted:
         _check_restricted_join(state, event, f"{n}.5")
         return

@@ -58,11 +58,19 @@ events in ``roomstore.pdu.auth_membership``.  Here:
 
 from __future__ import annotations
 
-from typing import Any, Container, Mapping
+from collections.abc import Container, Mapping
+from typing import Any
 
 from roomstore.pdu import auth_levels
 from roomstore.pdu.auth_common import (
-    CREATE, JOIN_RULES, POWER_LEVELS, AuthError, RoomState, StateKey, is_user_id_shaped, is_valid_user_id,
+    CREATE,
+    JOIN_RULES,
+    POWER_LEVELS,
+    AuthError,
+    RoomState,
+    StateKey,
+    is_user_id_shaped,
+    is_valid_user_id,
     server_of,
 )
 from roomstore.pdu.auth_membership import check_member_event
@@ -77,8 +85,18 @@ _NAMED_LEVELS = ("users_default", "events_default", "state_default", "ban", "red
 
 def _rule(room_version: RoomVersion, name: str) -> int:
     """The number of a top-level rule in ``room_version``'s list (see the module docstring)."""
-    v12 = {"create": 1, "room_id": 2, "auth_events": 3, "federate": 4, "member": 5, "joined": 6,
-           "third_party_invite": 7, "required": 8, "state_key": 9, "power_levels": 10}
+    v12 = {
+        "create": 1,
+        "room_id": 2,
+        "auth_events": 3,
+        "federate": 4,
+        "member": 5,
+        "joined": 6,
+        "third_party_invite": 7,
+        "required": 8,
+        "state_key": 9,
+        "power_levels": 10,
+    }
     number = v12[name]
     if room_version.room_id_is_create_hash or name == "create":
         return number
@@ -194,8 +212,9 @@ def check_auth_events_shape(
     return state
 
 
-def _check_one_auth_event(event: ParsedPdu, auth_event: ParsedPdu, key: tuple, state: Mapping,
-                          allowed: set, rejected: Container[str], n: int) -> None:
+def _check_one_auth_event(
+    event: ParsedPdu, auth_event: ParsedPdu, key: tuple, state: Mapping, allowed: set, rejected: Container[str], n: int
+) -> None:
     """Rules n.1 (duplicates), n.2 (selection), n.3 (rejected), n.5 (room) for one auth event."""
     if auth_event.room_id != event.room_id:
         raise AuthError(f"rule {n}.5: auth event {auth_event.event_id} is in room {auth_event.room_id}")
@@ -229,8 +248,9 @@ def check_event_auth(room_version: RoomVersion, event: ParsedPdu, auth_state: Ma
         raise AuthError(f"rule 2: room ID {event.room_id} is not the create event {create.event_id}'s")
     state = RoomState(room_version, auth_state)
     if create.content.get("m.federate", True) is False and server_of(event.sender) != server_of(create.sender):
-        raise AuthError(f"rule {_rule(room_version, 'federate')}: the room is not federated "
-                        f"and {event.sender} is of another server")
+        raise AuthError(
+            f"rule {_rule(room_version, 'federate')}: the room is not federated and {event.sender} is of another server"
+        )
     if event.type == "m.room.aliases" and room_version.special_case_aliases_auth:
         _check_aliases(event)
         return
@@ -281,13 +301,15 @@ def _check_power(state: RoomState, event: ParsedPdu) -> None:
     level = state.level_of(event.sender)
     if event.type == "m.room.third_party_invite":
         if level < state.named("invite"):
-            raise AuthError(f"rule {_rule(version, 'third_party_invite')}.1: "
-                            f"{event.sender}'s power is below the invite level")
+            raise AuthError(
+                f"rule {_rule(version, 'third_party_invite')}.1: {event.sender}'s power is below the invite level"
+            )
         return
     required = auth_levels.required_level(version, state.power_levels, event)
     if required > level:
-        raise AuthError(f"rule {_rule(version, 'required')}: {event.type} needs power {required}, "
-                        f"{event.sender} has {level}")
+        raise AuthError(
+            f"rule {_rule(version, 'required')}: {event.type} needs power {required}, {event.sender} has {level}"
+        )
     if event.state_key is not None and event.state_key.startswith("@") and event.state_key != event.sender:
         raise AuthError(f"rule {_rule(version, 'state_key')}: state_key {event.state_key!r} is another user's")
 
@@ -323,8 +345,10 @@ def _check_power_levels(state: RoomState, event: ParsedPdu) -> None:
     for name in _NAMED_LEVELS:
         before, after = old["named"].get(name), new["named"].get(name)
         if before != after and (_above(before, sender_level) or _above(after, sender_level)):
-            raise AuthError(f"rule {n}.{subrule + 1}: {event.sender} may not change {name} "
-                            f"from {before} to {after} with power {sender_level}")
+            raise AuthError(
+                f"rule {n}.{subrule + 1}: {event.sender} may not change {name} "
+                f"from {before} to {after} with power {sender_level}"
+            )
     groups = ("events", "notifications") if version.limit_notifications_power_levels else ("events",)
     for group in groups:
         _check_changes(old[group], new[group], sender_level, f"rule {n}.{subrule + 2}", group)
@@ -333,26 +357,30 @@ def _check_power_levels(state: RoomState, event: ParsedPdu) -> None:
         if before == after:
             continue
         if user != event.sender and before is not None and before >= sender_level:
-            raise AuthError(f"rule {n}.{subrule + 4}: {event.sender} may not change the level of {user} "
-                            f"({before}), not below their own ({sender_level})")
+            raise AuthError(
+                f"rule {n}.{subrule + 4}: {event.sender} may not change the level of {user} "
+                f"({before}), not below their own ({sender_level})"
+            )
         if _above(after, sender_level):
-            raise AuthError(f"rule {n}.{subrule + 5}: {event.sender} may not give {user} {after}, "
-                            f"above their own power {sender_level}")
+            raise AuthError(
+                f"rule {n}.{subrule + 5}: {event.sender} may not give {user} {after}, "
+                f"above their own power {sender_level}"
+            )
 
 
 def _above(level: int | None, sender_level: auth_levels.Level) -> bool:
     return level is not None and level > sender_level
 
 
-def _check_changes(before_map: Mapping[str, int], after_map: Mapping[str, int], sender_level, rule: str,
-                   group: str) -> None:
+def _check_changes(
+    before_map: Mapping[str, int], after_map: Mapping[str, int], sender_level, rule: str, group: str
+) -> None:
     """Rules 10.7/10.8 (v12): entries of ``events`` or ``notifications``
     changed or removed must not be above the sender, nor added or changed to be."""
     for key in sorted(set(before_map) | set(after_map)):
         before, after = before_map.get(key), after_map.get(key)
         if before != after and (_above(before, sender_level) or _above(after, sender_level)):
-            raise AuthError(f"{rule}: {group}.{key} may not change from {before} to {after} "
-                            f"with power {sender_level}")
+            raise AuthError(f"{rule}: {group}.{key} may not change from {before} to {after} with power {sender_level}")
 
 
 def _readable_levels(version: RoomVersion, event: ParsedPdu, n: int) -> dict:
@@ -364,8 +392,10 @@ def _readable_levels(version: RoomVersion, event: ParsedPdu, n: int) -> dict:
         raise AuthError(f"rule {n}.{3 if version.enforce_int_power_levels else 1}: users is not an object")
     for user, value in users.items():
         if not is_user_id_shaped(user) or auth_levels.parse_level(version, value) is None:
-            raise AuthError(f"rule {n}.{3 if version.enforce_int_power_levels else 1}: "
-                            f"users.{user} = {value!r} is not a user ID with a level")
+            raise AuthError(
+                f"rule {n}.{3 if version.enforce_int_power_levels else 1}: "
+                f"users.{user} = {value!r} is not a user ID with a level"
+            )
     for name in _NAMED_LEVELS:
         if name in content and auth_levels.parse_level(version, content[name]) is None:
             raise AuthError(f"rule {n}.1: {name} = {content[name]!r} is not a power level")
@@ -373,8 +403,7 @@ def _readable_levels(version: RoomVersion, event: ParsedPdu, n: int) -> dict:
         if group not in content:
             continue
         values = content[group]
-        if not isinstance(values, Mapping) or any(auth_levels.parse_level(version, v) is None
-                                                  for v in values.values()):
+        if not isinstance(values, Mapping) or any(auth_levels.parse_level(version, v) is None for v in values.values()):
             raise AuthError(f"rule {n}.2: {group} is not an object of power levels")
     return _levels(version, content)
 
@@ -389,5 +418,9 @@ def _levels(version: RoomVersion, content: Mapping) -> dict:
         return {key: value for key, value in values.items() if value is not None}
 
     named = read({name: content[name] for name in _NAMED_LEVELS if name in content})
-    return {"named": named, "users": read(content.get("users")), "events": read(content.get("events")),
-            "notifications": read(content.get("notifications"))}
+    return {
+        "named": named,
+        "users": read(content.get("users")),
+        "events": read(content.get("events")),
+        "notifications": read(content.get("notifications")),
+    }

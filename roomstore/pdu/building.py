@@ -35,7 +35,8 @@ every persisted event passes, so a :class:`BuiltPdu` is one the store accepts
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
 
 import attrs
 from signedjson.sign import sign_json
@@ -165,7 +166,9 @@ def build_event(
         # The spec's default is "1"; the store files the room under the version it is given.
         raise EventBuildError(
             f"content.room_version {content.get('room_version', '1 (by default)')!r} of a create event built "
-            f"as room version {version.identifier}", "content")
+            f"as room version {version.identifier}",
+            "content",
+        )
     if unsigned is not None and not isinstance(unsigned, Mapping):
         raise EventBuildError(f"unsigned must be a JSON object (a mapping), got {_kind(unsigned)}", "unsigned")
     key_id = _key_id(signing_key)
@@ -192,14 +195,18 @@ def build_event(
         if any(cited == implied for cited in event["auth_events"]):
             raise EventBuildError(
                 f"auth_events lists the room's create event {implied}: room version "
-                f"{version.identifier} implies it and forbids listing it", "auth_events")
+                f"{version.identifier} implies it and forbids listing it",
+                "auth_events",
+            )
 
     if version.event_id_in_pdu:
         event["event_id"] = _chosen_event_id(version, event, event_id, server)
     elif event_id is not None:
         raise EventBuildError(
             f"event_id is given, but room version {version.identifier} names events by their "
-            "reference hash (only versions 1 and 2 carry a chosen ID)", "event_id")
+            "reference hash (only versions 1 and 2 carry a chosen ID)",
+            "event_id",
+        )
 
     event["hashes"] = {"sha256": compute_content_hash(event)}
     signed = sign_json(prune_event_dict(version, event), server, signing_key)
@@ -241,7 +248,9 @@ def _key_id(signing_key: object) -> str:
     if not (isinstance(alg, str) and isinstance(key_version, str) and callable(getattr(signing_key, "sign", None))):
         raise EventBuildError(
             "signing_key must be a signedjson signing key (signedjson.key.generate_signing_key(version)), "
-            f"got {_kind(signing_key)}", "signing_key")
+            f"got {_kind(signing_key)}",
+            "signing_key",
+        )
     return f"{alg}:{key_version}"
 
 
@@ -253,17 +262,23 @@ def _checked_room_id(version: RoomVersion, room_id: object, is_create: bool) -> 
             if room_id is not None:
                 raise EventBuildError(
                     f"a room version {v} create event carries no room_id (the room ID is '!' + its "
-                    f"hash): pass room_id=None, got {room_id!r}", "room_id")
+                    f"hash): pass room_id=None, got {room_id!r}",
+                    "room_id",
+                )
             return None
         if room_id is None:
             raise EventBuildError(
                 f"room_id is None: a room version {v} room's ID is '!' + its create event's hash; "
-                "build the create event first and pass its BuiltPdu.room_id", "room_id")
+                "build the create event first and pass its BuiltPdu.room_id",
+                "room_id",
+            )
         _check_str("room_id", room_id)
         if not is_valid_event_id(version, create_event_id_of(room_id)) or not room_id.startswith("!"):
             raise EventBuildError(
                 f"room_id {room_id!r} is not a room version {v} room ID ('!' + the create event's hash, "
-                "43 URL-safe base64 characters): pass the create event's BuiltPdu.room_id", "room_id")
+                "43 URL-safe base64 characters): pass the create event's BuiltPdu.room_id",
+                "room_id",
+            )
         return room_id
     if room_id is None:
         raise EventBuildError(f"room_id is None: room version {v} events carry their room's ID", "room_id")
@@ -279,19 +294,24 @@ def _ref_id(version: RoomVersion, room_id: str | None, where: str, ref: object) 
         if ref.room_version != version:
             raise EventBuildError(
                 f"{where}: event {ref.event_id} is a room version {ref.room_version.identifier} event, "
-                f"this is room version {v}", where.split("[")[0])
+                f"this is room version {v}",
+                where.split("[")[0],
+            )
         if room_id is not None and ref.room_id != room_id:
             raise EventBuildError(
-                f"{where}: event {ref.event_id} is in room {ref.room_id}, not {room_id}", where.split("[")[0])
+                f"{where}: event {ref.event_id} is in room {ref.room_id}, not {room_id}", where.split("[")[0]
+            )
         return ref.event_id
     if not is_valid_event_id(version, ref):
-        raise EventBuildError(f"{where}: {ref!r} is not a room version {v} event ID (or a BuiltPdu)",
-                              where.split("[")[0])
+        raise EventBuildError(
+            f"{where}: {ref!r} is not a room version {v} event ID (or a BuiltPdu)", where.split("[")[0]
+        )
     return ref  # type: ignore[return-value]  # is_valid_event_id: a str
 
 
-def _citations(version: RoomVersion, room_id: str | None, name: str, refs: object,
-               reference_hashes: Mapping[str, str] | None) -> list[Any]:
+def _citations(
+    version: RoomVersion, room_id: str | None, name: str, refs: object, reference_hashes: Mapping[str, str] | None
+) -> list[Any]:
     """``prev_events``/``auth_events`` in the version's format."""
     if isinstance(refs, (str, bytes, BuiltPdu)) or not isinstance(refs, Sequence):
         raise EventBuildError(f"{name} must be a list of event IDs or BuiltPdus, got {_kind(refs)}", name)
@@ -308,7 +328,9 @@ def _citations(version: RoomVersion, room_id: str | None, name: str, refs: objec
             if not isinstance(reference_hash, str):
                 raise EventBuildError(
                     f"{name}[{index}]: room version {version.identifier} cites {event_id} with its reference "
-                    "hash: pass its BuiltPdu, or the hash in reference_hashes", name)
+                    "hash: pass its BuiltPdu, or the hash in reference_hashes",
+                    name,
+                )
         cited.append([event_id, {"sha256": reference_hash}])
     return cited
 
@@ -321,8 +343,9 @@ def _place_redacts(version: RoomVersion, event: dict[str, Any], redacts: object)
             raise EventBuildError("an m.room.redaction needs redacts= (the event it redacts)", "redacts")
         return
     if not is_redaction:
-        raise EventBuildError(f"redacts is given for an event of type {event['type']!r}: only "
-                              "m.room.redaction events redact", "redacts")
+        raise EventBuildError(
+            f"redacts is given for an event of type {event['type']!r}: only m.room.redaction events redact", "redacts"
+        )
     target = _ref_id(version, event.get("room_id"), "redacts", redacts)
     if not version.redacts_in_content:
         event["redacts"] = target
@@ -340,14 +363,15 @@ def _chosen_event_id(version: RoomVersion, event: dict[str, Any], event_id: str 
         return f"${localpart}:{server}"
     if not is_valid_event_id(version, event_id):
         raise EventBuildError(
-            f"event_id {event_id!r} is not a room version {version.identifier} event ID ('$opaque:server')",
-            "event_id")
+            f"event_id {event_id!r} is not a room version {version.identifier} event ID ('$opaque:server')", "event_id"
+        )
     if event_id.split(":", 1)[1] != server:
         raise EventBuildError(
             f"event_id {event_id!r} names another server than the sender's ({server}), which signs it: "
-            "receivers would want that server's signature too", "event_id")
+            "receivers would want that server's signature too",
+            "event_id",
+        )
     return event_id
 
 
 _URLSAFE = str.maketrans("+/", "-_")
-

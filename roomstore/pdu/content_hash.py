@@ -25,8 +25,8 @@ from __future__ import annotations
 from canonicaljson import encode_canonical_json
 
 from roomstore.pdu.hashing import compute_content_hash
-from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.parsing import InvalidEventError, ParsedPdu, parse_pdu
+from roomstore.pdu.redaction_algorithm import prune_event_dict
 
 __all__ = ["ContentHashMismatch", "checked_pdu", "content_hash_matches"]
 
@@ -59,6 +59,7 @@ def checked_pdu(pdu: ParsedPdu, refuse: bool = False) -> tuple[ParsedPdu, bool]:
     redacted = encode_canonical_json(prune_event_dict(pdu.room_version, pdu.event_dict))
     stored = parse_pdu(redacted, pdu.room_version)
     if stored.event_id != pdu.event_id:  # the redaction algorithm is idempotent: never expected
-        raise InvalidEventError(f"event {pdu.event_id}: content hash mismatch, and its redacted form"
-                                f" has another ID ({stored.event_id})")
+        raise InvalidEventError(
+            f"event {pdu.event_id}: content hash mismatch, and its redacted form has another ID ({stored.event_id})"
+        )
     return stored, True

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import binascii
 import hashlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from roomstore.pdu.canonical import canonical_json
 from roomstore.pdu.redaction_algorithm import prune_event_dict
@@ -50,17 +51,11 @@ def compute_content_hash(event_dict: Mapping[str, Any], *, floats: bool = True) 
     modified. ``floats=False``: ``event_dict`` holds no float (see
     ``canonical_json``).
     """
-    stripped = {
-        k: v
-        for k, v in event_dict.items()
-        if k not in ("unsigned", "signatures", "hashes")
-    }
+    stripped = {k: v for k, v in event_dict.items() if k not in ("unsigned", "signatures", "hashes")}
     return unpadded_base64(hashlib.sha256(canonical_json(stripped, floats=floats)).digest())
 
 
-def compute_reference_hash(
-    room_version: RoomVersion, event_dict: Mapping[str, Any], *, floats: bool = True
-) -> bytes:
+def compute_reference_hash(room_version: RoomVersion, event_dict: Mapping[str, Any], *, floats: bool = True) -> bytes:
     """Return the 32-byte sha256 reference hash of ``event_dict``."""
     # Only serialised, never kept: no need to deep-copy what survives.
     redacted = prune_event_dict(room_version, event_dict, deep_copy=False)
@@ -81,8 +76,7 @@ def compute_event_id(room_version: RoomVersion, event_dict: Mapping[str, Any], *
     fmt = room_version.event_id_format
     if fmt is EventIdFormat.V1_V2:
         raise ValueError(
-            f"room version {room_version.identifier} carries event IDs in the PDU; "
-            "they cannot be computed"
+            f"room version {room_version.identifier} carries event IDs in the PDU; they cannot be computed"
         )
     digest = compute_reference_hash(room_version, event_dict, floats=floats)
     return "$" + unpadded_base64(digest, urlsafe=fmt is EventIdFormat.V4_PLUS)

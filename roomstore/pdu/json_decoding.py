@@ -61,15 +61,11 @@ def decoded_event(raw: bytes, room_version: RoomVersion) -> tuple[dict, bool]:
     if not isinstance(raw, bytes):
         raise TypeError(f"raw must be bytes, not {type(raw).__name__}")
     if len(raw) > MAX_PDU_SIZE:
-        raise InvalidEventError(
-            f"PDU is {len(raw)} bytes; the limit is {MAX_PDU_SIZE} bytes"
-        )
+        raise InvalidEventError(f"PDU is {len(raw)} bytes; the limit is {MAX_PDU_SIZE} bytes")
     try:
         text = raw.decode("utf-8", errors="strict")
     except UnicodeDecodeError as e:
-        raise InvalidEventError(
-            f"PDU is not valid UTF-8: invalid byte(s) at offset {e.start}"
-        ) from None
+        raise InvalidEventError(f"PDU is not valid UTF-8: invalid byte(s) at offset {e.start}") from None
 
     event, suspects = _load_json(text, room_version.strict_canonicaljson)
     # Each opening bracket is at most one level: only a text with more than
@@ -77,9 +73,7 @@ def decoded_event(raw: bytes, room_version: RoomVersion) -> tuple[dict, bool]:
     if text.count("{") + text.count("[") > MAX_JSON_NESTING:
         depth = nesting_depth(event)
         if depth > MAX_JSON_NESTING:
-            raise InvalidEventError(
-                f"PDU JSON is nested {depth} levels deep; the limit is {MAX_JSON_NESTING}"
-            )
+            raise InvalidEventError(f"PDU JSON is nested {depth} levels deep; the limit is {MAX_JSON_NESTING}")
     if suspects or ("\\u" in text and _SURROGATE_ESCAPE.search(text)):
         # Something the parser saw may be invalid: walk every value for the
         # exact error. Otherwise no value can be (see _load_json).
@@ -94,8 +88,7 @@ def decoded_event(raw: bytes, room_version: RoomVersion) -> tuple[dict, bool]:
             raise InvalidEventError("PDU JSON is nested too deeply") from None
         if canonical_size > MAX_PDU_SIZE:
             raise InvalidEventError(
-                f"PDU is {canonical_size} bytes as canonical JSON; "
-                f"the limit is {MAX_PDU_SIZE} bytes"
+                f"PDU is {canonical_size} bytes as canonical JSON; the limit is {MAX_PDU_SIZE} bytes"
             )
     return event, bool(suspects & _FLOAT_SEEN)
 
@@ -148,7 +141,9 @@ class _ParseState(threading.local):
         )
         # Strict room versions: each integer's range looked at.
         self.checking_ints = json.JSONDecoder(
-            object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant, parse_float=_on_float,
+            object_pairs_hook=_reject_duplicates,
+            parse_constant=_reject_constant,
+            parse_float=_on_float,
             parse_int=_on_int,
         )
 
@@ -180,7 +175,9 @@ def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
     state.suspects = 0
     decoder = state.checking_ints if strict_ints else state.plain
     if text.startswith("\ufeff"):  # json.loads says so; JSONDecoder.decode would only say "Expecting value"
-        raise InvalidEventError("PDU is not valid JSON: it begins with a byte order mark (U+FEFF); send the JSON without it")
+        raise InvalidEventError(
+            "PDU is not valid JSON: it begins with a byte order mark (U+FEFF); send the JSON without it"
+        )
     try:
         value = decoder.decode(text)
     except InvalidEventError:
@@ -192,9 +189,7 @@ def _load_json(text: str, strict_ints: bool) -> tuple[dict[str, Any], int]:
     except ValueError as e:  # e.g. integers longer than int_max_str_digits
         raise InvalidEventError(f"PDU is not valid JSON: {e}") from None
     if not isinstance(value, dict):
-        raise InvalidEventError(
-            f"PDU must be a JSON object, got {json_type_name(value)}"
-        )
+        raise InvalidEventError(f"PDU must be a JSON object, got {json_type_name(value)}")
     return value, state.suspects
 
 
@@ -235,8 +230,7 @@ def _check_json_values(event: dict[str, Any], room_version: RoomVersion) -> None
                 )
             if strict:
                 raise InvalidEventError(
-                    f"floats are not allowed in room version {room_version.identifier} "
-                    f"(found {value!r} at {path!r})",
+                    f"floats are not allowed in room version {room_version.identifier} (found {value!r} at {path!r})",
                     path,
                 )
 
@@ -245,9 +239,7 @@ def _check_string(value: str, path: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidEventError(
-            f"string at {path!r} contains an unpaired UTF-16 surrogate escape", path
-        ) from None
+        raise InvalidEventError(f"string at {path!r} contains an unpaired UTF-16 surrogate escape", path) from None
 
 
 def json_type_name(value: object) -> str:

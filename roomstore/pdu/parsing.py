@@ -65,7 +65,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -196,9 +197,20 @@ class ParsedPdu:
         # most of the pickle and of the receiver's work, which seldom needs
         # them; the room version by its identifier.
         return _unpickled_pdu, (
-            self.event_id, self.room_id, self.sender, self.type, self.state_key, self.depth,
-            self.origin_server_ts, self.prev_event_ids, self.auth_event_ids, self.redacts, self.membership,
-            self.room_version.identifier, self.raw, self.has_floats,
+            self.event_id,
+            self.room_id,
+            self.sender,
+            self.type,
+            self.state_key,
+            self.depth,
+            self.origin_server_ts,
+            self.prev_event_ids,
+            self.auth_event_ids,
+            self.redacts,
+            self.membership,
+            self.room_version.identifier,
+            self.raw,
+            self.has_floats,
         )
 
     def may_hold_key(self, key: str) -> bool:
@@ -228,12 +240,40 @@ class ParsedPdu:
         return self.auth_event_ids
 
 
-def _unpickled_pdu(event_id, room_id, sender, event_type, state_key, depth, origin_server_ts, prev_event_ids,
-                   auth_event_ids, redacts, membership, room_version_id, raw, has_floats) -> ParsedPdu:
+def _unpickled_pdu(
+    event_id,
+    room_id,
+    sender,
+    event_type,
+    state_key,
+    depth,
+    origin_server_ts,
+    prev_event_ids,
+    auth_event_ids,
+    redacts,
+    membership,
+    room_version_id,
+    raw,
+    has_floats,
+) -> ParsedPdu:
     """``ParsedPdu.__reduce__``'s inverse (the dicts decoded when first asked for)."""
     return ParsedPdu(
-        event_id, room_id, sender, event_type, state_key, depth, origin_server_ts, prev_event_ids, auth_event_ids,
-        redacts, membership, get_room_version(room_version_id), raw, None, None, has_floats,
+        event_id,
+        room_id,
+        sender,
+        event_type,
+        state_key,
+        depth,
+        origin_server_ts,
+        prev_event_ids,
+        auth_event_ids,
+        redacts,
+        membership,
+        get_room_version(room_version_id),
+        raw,
+        None,
+        None,
+        has_floats,
     )
 
 
@@ -251,11 +291,21 @@ def stored_pdu(raw: bytes, room_version: RoomVersion, event_id: str) -> ParsedPd
     content = event["content"]
     room_id = event.get("room_id") or room_id_of_create(event_id)
     return ParsedPdu(
-        event_id, room_id, event["sender"], event_type, event.get("state_key"), event["depth"],
-        event["origin_server_ts"], prevs, auths,
+        event_id,
+        room_id,
+        event["sender"],
+        event_type,
+        event.get("state_key"),
+        event["depth"],
+        event["origin_server_ts"],
+        prevs,
+        auths,
         redacts_of(room_version, event) if event_type == "m.room.redaction" else None,
         content.get("membership") if event_type == "m.room.member" else None,
-        room_version, raw, content, event,
+        room_version,
+        raw,
+        content,
+        event,
     )
 
 
@@ -322,9 +372,7 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
         )
     depth = _require_int(event, "depth")
     if not 0 <= depth <= MAX_DEPTH:
-        raise InvalidEventError(
-            f"'depth' must be between 0 and {MAX_DEPTH}, got {depth}", "depth"
-        )
+        raise InvalidEventError(f"'depth' must be between 0 and {MAX_DEPTH}, got {depth}", "depth")
     prev_event_ids = _event_references(event, "prev_events", room_version)
     auth_event_ids = _event_references(event, "auth_events", room_version)
     if room_id is not None and hashed_room_id and create_event_id_of(room_id) in auth_event_ids:
@@ -396,8 +444,7 @@ def _event_id_of(event: dict, room_version: RoomVersion, has_floats: bool) -> st
         event_id = event["event_id"]
         if not is_valid_event_id(room_version, event_id):
             raise InvalidEventError(
-                f"'event_id' {event_id!r} is not a room version "
-                f"{room_version.identifier} event ID ('$opaque:server')",
+                f"'event_id' {event_id!r} is not a room version {room_version.identifier} event ID ('$opaque:server')",
                 "event_id",
             )
     else:
@@ -421,9 +468,7 @@ def _membership_and_redacts(event: dict, room_version: RoomVersion) -> tuple[str
     membership = None
     if event_type == "m.room.member":
         if "state_key" not in event:
-            raise InvalidEventError(
-                "m.room.member events must have a 'state_key'", "state_key"
-            )
+            raise InvalidEventError("m.room.member events must have a 'state_key'", "state_key")
         membership = content.get("membership")
         if not isinstance(membership, str):
             raise _wrong_type("content.membership", "a string", membership)
@@ -440,9 +485,7 @@ def _membership_and_redacts(event: dict, room_version: RoomVersion) -> tuple[str
 
 
 def _wrong_type(field: str, expected: str, value: object) -> InvalidEventError:
-    return InvalidEventError(
-        f"{field!r} must be {expected}, got {json_type_name(value)}", field
-    )
+    return InvalidEventError(f"{field!r} must be {expected}, got {json_type_name(value)}", field)
 
 
 def _require_identifier(event: Mapping[str, Any], key: str, sigil: str = "") -> str:
@@ -451,13 +494,9 @@ def _require_identifier(event: Mapping[str, Any], key: str, sigil: str = "") -> 
         raise _wrong_type(key, "a string", value)
     # A character is at most 4 bytes: only a long string needs encoding.
     if len(value) * 4 > MAX_IDENTIFIER_BYTES and len(value.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
-        raise InvalidEventError(
-            f"{key!r} is longer than {MAX_IDENTIFIER_BYTES} bytes", key
-        )
+        raise InvalidEventError(f"{key!r} is longer than {MAX_IDENTIFIER_BYTES} bytes", key)
     if sigil and not (value.startswith(sigil) and ":" in value[1:]):
-        raise InvalidEventError(
-            f"{key!r} must look like '{sigil}localpart:server', got {value!r}", key
-        )
+        raise InvalidEventError(f"{key!r} must look like '{sigil}localpart:server', got {value!r}", key)
     return value
 
 
@@ -469,9 +508,7 @@ def _require_int(event: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def _event_references(
-    event: Mapping[str, Any], key: str, room_version: RoomVersion
-) -> tuple[str, ...]:
+def _event_references(event: Mapping[str, Any], key: str, room_version: RoomVersion) -> tuple[str, ...]:
     """Validate ``prev_events``/``auth_events`` and return the event IDs."""
     value = event[key]
     if not isinstance(value, list):
@@ -491,8 +528,7 @@ def _event_references(
         # v1/v2: [event_id, {"sha256": reference hash}]
         if not (isinstance(item, list) and len(item) == 2):
             raise InvalidEventError(
-                f"{path!r} must be an [event_id, hashes] pair in room version "
-                f"{room_version.identifier}",
+                f"{path!r} must be an [event_id, hashes] pair in room version {room_version.identifier}",
                 path,
             )
         event_id, hashes = item

@@ -18,7 +18,8 @@ power levels exist; with none, the creator has 100 and everyone else 0.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from roomstore.pdu.room_versions import RoomVersion
 

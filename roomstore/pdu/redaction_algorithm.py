@@ -12,7 +12,8 @@ Two entry points:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from roomstore.pdu.room_versions import RoomVersion
 
@@ -117,9 +118,7 @@ def prune_event_dict(
     copy_json = _copy_json if deep_copy else _share
     top_level_keys = room_version.redaction_top_level_keys
     if deep_copy:
-        pruned: dict[str, Any] = {
-            key: copy_json(value) for key, value in event_dict.items() if key in top_level_keys
-        }
+        pruned: dict[str, Any] = {key: copy_json(value) for key, value in event_dict.items() if key in top_level_keys}
     else:  # the reference hash of every event stored: no call per key
         pruned = {key: value for key, value in event_dict.items() if key in top_level_keys}
 
@@ -132,20 +131,13 @@ def prune_event_dict(
     if event_type == "m.room.create" and room_version.redaction_create_keeps_all_content:
         new_content = copy_json(content)
     else:
-        kept = (
-            room_version.preserved_content_keys(event_type)
-            if isinstance(event_type, str)
-            else frozenset()
-        )
+        kept = room_version.preserved_content_keys(event_type) if isinstance(event_type, str) else frozenset()
         if deep_copy:
             new_content = {k: copy_json(v) for k, v in content.items() if k in kept}
         else:
             new_content = {k: v for k, v in content.items() if k in kept}
 
-    if (
-        event_type == "m.room.member"
-        and room_version.redaction_keeps_third_party_invite_signed
-    ):
+    if event_type == "m.room.member" and room_version.redaction_keeps_third_party_invite_signed:
         # v11: "it allows the `signed` key of the `third_party_invite` key"; and
         # "The third_party_invite key ... will only contain the signed key after
         # redaction".  Like Synapse, an object `third_party_invite` without
@@ -199,15 +191,12 @@ def redacted_copy(
     """
     if redaction_event_dict.get("type") != "m.room.redaction":
         raise ValueError(
-            "redaction_event_dict must be an m.room.redaction event, got type "
-            f"{redaction_event_dict.get('type')!r}"
+            f"redaction_event_dict must be an m.room.redaction event, got type {redaction_event_dict.get('type')!r}"
         )
     room_id = event_dict.get("room_id")
     redaction_room_id = redaction_event_dict.get("room_id")
     if room_id is not None and redaction_room_id is not None and room_id != redaction_room_id:
-        raise ValueError(
-            f"redaction is in room {redaction_room_id!r} but the event is in {room_id!r}"
-        )
+        raise ValueError(f"redaction is in room {redaction_room_id!r} but the event is in {room_id!r}")
     target = redacts_of(room_version, redaction_event_dict)
     event_id = event_dict.get("event_id")
     if target is not None and event_id is not None and target != event_id:
@@ -217,9 +206,7 @@ def redacted_copy(
     old_unsigned = event_dict.get("unsigned")
     unsigned: dict[str, Any] = {}
     if isinstance(old_unsigned, Mapping):
-        unsigned = {
-            k: copy_json(v) for k, v in old_unsigned.items() if k in KEPT_UNSIGNED_KEYS
-        }
+        unsigned = {k: copy_json(v) for k, v in old_unsigned.items() if k in KEPT_UNSIGNED_KEYS}
     unsigned["redacted_because"] = copy_json(redaction_event_dict)
     redacted["unsigned"] = unsigned
     return redacted

@@ -42,7 +42,7 @@ Redaction changes by version, as the spec states them:
 from __future__ import annotations
 
 import enum
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -79,9 +79,7 @@ class UnknownRoomVersion(ValueError):
     def __init__(self, identifier: object) -> None:
         self.identifier = identifier
         known = ", ".join(KNOWN_ROOM_VERSIONS)
-        super().__init__(
-            f"Unknown room version {identifier!r}; known room versions are: {known}"
-        )
+        super().__init__(f"Unknown room version {identifier!r}; known room versions are: {known}")
 
 
 # Keys kept at the top level of an event by the redaction algorithm.

@@ -26,14 +26,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 from signedjson.key import decode_verify_key_bytes
 from signedjson.sign import SignatureVerifyException, verify_signed_json
 
-from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.parsing import InvalidEventError, ParsedPdu
+from roomstore.pdu.redaction_algorithm import prune_event_dict
 
 __all__ = ["InvalidSignature", "KeysFileError", "VerifyKeys", "load_verify_keys", "signatures_checked"]
 
@@ -53,14 +54,16 @@ class VerifyKeys:
     servers: Mapping[str, Mapping[str, Any]]
 
     @classmethod
-    def from_json(cls, obj: Any, where: str = "keys") -> "VerifyKeys":
+    def from_json(cls, obj: Any, where: str = "keys") -> VerifyKeys:
         if not isinstance(obj, dict):
             raise KeysFileError(f"{where}: must be a JSON object of server name -> verify keys")
         servers: dict[str, dict[str, Any]] = {}
         for server, keys in obj.items():
             if isinstance(keys, dict) and ("verify_keys" in keys or "old_verify_keys" in keys):
-                listed = {**_response_keys(keys.get("old_verify_keys"), f"{where}: {server}.old_verify_keys"),
-                          **_response_keys(keys.get("verify_keys"), f"{where}: {server}.verify_keys")}
+                listed = {
+                    **_response_keys(keys.get("old_verify_keys"), f"{where}: {server}.old_verify_keys"),
+                    **_response_keys(keys.get("verify_keys"), f"{where}: {server}.verify_keys"),
+                }
             elif isinstance(keys, dict):
                 listed = keys
             else:
@@ -68,7 +71,7 @@ class VerifyKeys:
             servers[server] = {}
             for key_id, key in listed.items():
                 if not isinstance(key, str) or ":" not in key_id:
-                    raise KeysFileError(f"{where}: {server}: {key_id}: want \"ed25519:ID\": \"<unpadded base64 key>\"")
+                    raise KeysFileError(f'{where}: {server}: {key_id}: want "ed25519:ID": "<unpadded base64 key>"')
                 try:
                     servers[server][key_id] = decode_verify_key_bytes(key_id, decode_base64(key))
                 except Exception as exc:  # bad base64, unknown algorithm, wrong length
@@ -92,7 +95,7 @@ def _response_keys(keys: Any, where: str) -> dict[str, Any]:
     if keys is None:
         return {}
     if not isinstance(keys, dict) or not all(isinstance(v, dict) and "key" in v for v in keys.values()):
-        raise KeysFileError(f"{where}: want {{\"ed25519:ID\": {{\"key\": \"<unpadded base64 key>\"}}}}")
+        raise KeysFileError(f'{where}: want {{"ed25519:ID": {{"key": "<unpadded base64 key>"}}}}')
     return {key_id: value["key"] for key_id, value in keys.items()}
 
 

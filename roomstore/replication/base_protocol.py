@@ -11,7 +11,8 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import deque
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import attrs
 from twisted.internet import defer
@@ -366,7 +367,8 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             length = len(line) if line.isascii() else len(line.encode("utf-8"))
             if length > limit:
                 self._refuse_long_line(
-                    _rdata_command(stream_name, instance_name, item) if type(item) is tuple else item, length,
+                    _rdata_command(stream_name, instance_name, item) if type(item) is tuple else item,
+                    length,
                 )
                 continue
             lines.append(line)
@@ -573,9 +575,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         try:
             result = handler(cmd)
         except CloseConnection as e:
-            self.log.warn(
-                "[{conn_id}] closing: {text}", conn_id=self.conn_id, text=str(e)
-            )
+            self.log.warn("[{conn_id}] closing: {text}", conn_id=self.conn_id, text=str(e))
             self.close_with_error(str(e))
             return
         except Exception:
@@ -664,8 +664,9 @@ class BaseReplicationProtocol(LineOnlyReceiver):
 def _rdata_command(stream_name: str, instance_name: str, item: tuple) -> RdataCommand:
     """The RDATA command of a ``send_rows`` item."""
     token, row, row_json = item
-    return RdataCommand.from_encoded(stream_name, instance_name, token,
-                                     decode_row(row_json) if row is None else row, row_json)
+    return RdataCommand.from_encoded(
+        stream_name, instance_name, token, decode_row(row_json) if row is None else row, row_json
+    )
 
 
 def _one_line(message: str) -> str:

@@ -40,7 +40,7 @@ __all__ = ["ReplicationClientFactory", "ReplicationClientHandler"]
 class _ClientSession:
     """Glue between one ClientReplicationProtocol and its factory."""
 
-    def __init__(self, factory: "ReplicationClientFactory", conn: ClientReplicationProtocol) -> None:
+    def __init__(self, factory: ReplicationClientFactory, conn: ClientReplicationProtocol) -> None:
         self._factory = factory
         self._conn = conn
         config = factory.config
@@ -101,8 +101,10 @@ def _describe(reason: Failure) -> str:
         # pyOpenSSL's errors carry [(library, function, reason), ...].
         parts = error.args[0] if error.args and isinstance(error.args[0], list) else []
         details = "; ".join(str(p[-1]) if isinstance(p, tuple) else str(p) for p in parts) or str(error)
-        return (f"TLS handshake failed ({details}): is --tls-ca the CA that signed the server's certificate,"
-                " and is the --server host a name on it?")
+        return (
+            f"TLS handshake failed ({details}): is --tls-ca the CA that signed the server's certificate,"
+            " and is the --server host a name on it?"
+        )
     return reason.getErrorMessage()
 
 
@@ -189,9 +191,11 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         if self.continueTrying:
             self.log.warn(
                 "replication connection to {where} {what}: {reason}; retrying in {delay:.1f}s (retry {n})",
-                where=where, what=what, reason=_describe(self._lost_reason if what == "lost" and self._lost_reason
-                                                         is not None else reason),
-                delay=self.delay, n=self.retries,
+                where=where,
+                what=what,
+                reason=_describe(self._lost_reason if what == "lost" and self._lost_reason is not None else reason),
+                delay=self.delay,
+                n=self.retries,
             )
 
     def _connection_lost(self, conn: ClientReplicationProtocol) -> None:
@@ -206,9 +210,7 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         conn.send_command(cmd)
         return True
 
-    def send_user_sync(
-        self, user_id: str, is_syncing: bool, last_sync_ms: int, device_id: str | None = None
-    ) -> bool:
+    def send_user_sync(self, user_id: str, is_syncing: bool, last_sync_ms: int, device_id: str | None = None) -> bool:
         return self.send_command(UserSyncCommand(self.client_name, user_id, device_id, is_syncing, last_sync_ms))
 
     def send_user_ip(

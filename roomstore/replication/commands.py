@@ -35,8 +35,9 @@ Wire formats follow matrix-synapse 1.163's ``synapse.replication.tcp.commands``
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 
@@ -262,12 +263,10 @@ class ReplicateCommand(Command):
         return self.stream_name is not None
 
     @classmethod
-    def from_line(cls, args: str) -> "ReplicateCommand":
+    def from_line(cls, args: str) -> ReplicateCommand:
         if args == "":
             return cls()
-        stream_name, token_text = _split_words(
-            args, 2, "nothing or <stream_name> <token>"
-        )
+        stream_name, token_text = _split_words(args, 2, "nothing or <stream_name> <token>")
         if token_text in ("NOW", "now"):
             return _construct(cls, stream_name, None)
         return _construct(cls, stream_name, _parse_token(token_text, "token"))
@@ -296,7 +295,7 @@ class PositionCommand(Command):
     new_token: int = attrs.field(validator=_check_token)
 
     @classmethod
-    def from_line(cls, args: str) -> "PositionCommand":
+    def from_line(cls, args: str) -> PositionCommand:
         stream_name, instance_name, prev, new = _split_words(
             args, 4, "<stream_name> <instance_name> <prev_token> <new_token>"
         )
@@ -347,19 +346,16 @@ class RdataCommand(Command):
         return self.token is None
 
     @classmethod
-    def from_line(cls, args: str) -> "RdataCommand":
+    def from_line(cls, args: str) -> RdataCommand:
         parts = args.split(" ", 3)
         if len(parts) != 4:
-            raise CommandParseError(
-                "expected <stream_name> <instance_name> <token> <row_json>, "
-                f"got {describe(args)}"
-            )
+            raise CommandParseError(f"expected <stream_name> <instance_name> <token> <row_json>, got {describe(args)}")
         return _rdata(*parts)
 
     @classmethod
     def from_encoded(
         cls, stream_name: str, instance_name: str, token: int | None, row: Any, row_json: str
-    ) -> "RdataCommand":
+    ) -> RdataCommand:
         """A command for ``row`` already encoded as ``row_json`` (which must be
         ``encode_row(row)``): what a server builds for every row it sends,
         without encoding twice. Names and token are checked as by the
@@ -482,7 +478,7 @@ class UserSyncCommand(Command):
             _check_word(self, attribute, value)
 
     @classmethod
-    def from_line(cls, args: str) -> "UserSyncCommand":
+    def from_line(cls, args: str) -> UserSyncCommand:
         words = args.split(" ")
         if len(words) == 5 and all(words):
             instance_id, user_id, device_id, state, last_sync_ms = words
@@ -492,8 +488,7 @@ class UserSyncCommand(Command):
             device = None
         else:
             raise CommandParseError(
-                "expected <instance_id> <user_id> [<device_id>] <start|end> <last_sync_ms>, "
-                f"got {describe(args)}"
+                f"expected <instance_id> <user_id> [<device_id>] <start|end> <last_sync_ms>, got {describe(args)}"
             )
         if state == "start":
             is_syncing = True
@@ -501,9 +496,7 @@ class UserSyncCommand(Command):
             is_syncing = False
         else:
             raise CommandParseError(f"USER_SYNC state must be start or end, got {describe(state)}")
-        return _construct(
-            cls, instance_id, user_id, device, is_syncing, _parse_token(last_sync_ms, "last_sync_ms")
-        )
+        return _construct(cls, instance_id, user_id, device, is_syncing, _parse_token(last_sync_ms, "last_sync_ms"))
 
     def to_line(self) -> str:
         state = "start" if self.is_syncing else "end"
@@ -528,7 +521,7 @@ class UserIpCommand(Command):
     last_seen: int = attrs.field(validator=_check_token)
 
     @classmethod
-    def from_line(cls, args: str) -> "UserIpCommand":
+    def from_line(cls, args: str) -> UserIpCommand:
         user_id, _, rest = args.partition(" ")
         usage = "<user_id> [access_token, ip, user_agent, device_id, last_seen]"
         if not rest:
@@ -555,7 +548,7 @@ class LockReleasedCommand(Command):
     lock_key: str = attrs.field(validator=_check_json_string)
 
     @classmethod
-    def from_line(cls, args: str) -> "LockReleasedCommand":
+    def from_line(cls, args: str) -> LockReleasedCommand:
         fields = _json_list(args, 3, '["<instance_name>", "<lock_name>", "<lock_key>"]')
         return _construct(cls, *fields)
 
@@ -603,7 +596,7 @@ class FederationAckCommand(Command):
     token: int = attrs.field(validator=_check_token)
 
     @classmethod
-    def from_line(cls, args: str) -> "FederationAckCommand":
+    def from_line(cls, args: str) -> FederationAckCommand:
         instance_name, token = _split_words(args, 2, "<instance_name> <token>")
         return _construct(cls, instance_name, _parse_token(token, "token"))
 
@@ -637,9 +630,7 @@ COMMAND_TYPES: Mapping[str, type[Command]] = MappingProxyType(
 )
 
 #: Names of the commands a server may send (so a client may receive).
-SERVER_SENT_COMMANDS = frozenset(
-    {"SERVER", "RDATA", "POSITION", "ERROR", "PING", "REMOTE_SERVER_UP", "LOCK_RELEASED"}
-)
+SERVER_SENT_COMMANDS = frozenset({"SERVER", "RDATA", "POSITION", "ERROR", "PING", "REMOTE_SERVER_UP", "LOCK_RELEASED"})
 
 #: Names of the commands a client may send (so a server may receive).
 CLIENT_SENT_COMMANDS = frozenset(

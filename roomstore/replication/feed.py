@@ -43,7 +43,8 @@ clock (1 s, doubling to 60 s while it keeps failing).
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 from twisted.internet import defer
@@ -134,7 +135,7 @@ class _Read:
     result: defer.Deferred
 
 
-def _drop_all(reads: "deque[_Read]") -> None:
+def _drop_all(reads: deque[_Read]) -> None:
     """Forget pages read ahead that will not be sent (their failures, if
     any, are not errors: the loop that needs those rows reads them again)."""
     while reads:
@@ -198,8 +199,10 @@ def _page_text(updates: list[tuple[int, str]], start: int, upto: int, prefix: st
     line_tokens = _line_tokens(updates, start, upto)
     if line_tokens is None:
         return None
-    lines = [f"{prefix}{'batch' if token is None else token} {row_json}"
-             for token, (_, row_json) in zip(line_tokens, updates)]
+    lines = [
+        f"{prefix}{'batch' if token is None else token} {row_json}"
+        for token, (_, row_json) in zip(line_tokens, updates)
+    ]
     if max(map(len, lines)) > limit:
         return None
     lines.append("")
@@ -272,9 +275,7 @@ class ConnectionFeed:
         ``ALL`` names every stream. Raises UnknownStreamError for a stream
         that does not exist, before changing anything.
         """
-        if cmd.stream_name is None or (
-            cmd.stream_name == ALL_STREAMS and ALL_STREAMS not in self._streams
-        ):
+        if cmd.stream_name is None or (cmd.stream_name == ALL_STREAMS and ALL_STREAMS not in self._streams):
             streams = list(self._streams)
         else:
             streams = [self._streams.get(cmd.stream_name)]
@@ -462,8 +463,13 @@ class ConnectionFeed:
                     if text_page is not None:
                         # Lines the stream made: sent as they are if they
                         # keep what the loop promises, else row by row.
-                        if (send_text is not None and start < text_page.first and text_page.last <= upto
-                                and text_page.longest <= self._max_line_length and text_page.text.isascii()):
+                        if (
+                            send_text is not None
+                            and start < text_page.first
+                            and text_page.last <= upto
+                            and text_page.longest <= self._max_line_length
+                            and text_page.text.isascii()
+                        ):
                             text = text_page.text
                         else:
                             updates = _text_rows(text_page, prefix)
@@ -499,9 +505,7 @@ class ConnectionFeed:
                 cursor.last_sent = upto
 
             if self._conn.is_open and (cursor.want_position or cursor.last_told != cursor.last_sent):
-                self._conn.send_command(
-                    PositionCommand(stream.name, writer, cursor.last_told, cursor.last_sent)
-                )
+                self._conn.send_command(PositionCommand(stream.name, writer, cursor.last_told, cursor.last_sent))
                 cursor.last_told = cursor.last_sent
                 cursor.want_position = False
         finally:
@@ -517,8 +521,7 @@ class ConnectionFeed:
         last = items[-1]
         return last[0] if type(last) is tuple else last.new_token
 
-    def _read(self, stream: Stream, writer: str, start: int, target: int, generation: int,
-              span: int | None) -> _Read:
+    def _read(self, stream: Stream, writer: str, start: int, target: int, generation: int, span: int | None) -> _Read:
         """Start reading the page after ``start``, up to ``target`` or, once
         a ``span`` is known, the next ``span`` tokens."""
         end = target if span is None else min(target, start + span)
@@ -527,8 +530,9 @@ class ConnectionFeed:
     def _get_page(self, stream: Stream, writer: str, start: int, end: int) -> defer.Deferred:
         """Read the page after ``start``, up to ``end``: ``get_rdata_page``
         (its lines, where the stream makes them)."""
-        return defer.ensureDeferred(stream.get_rdata_page(
-            writer, start, end, self._page_size, f"RDATA {stream.name} {writer} "))
+        return defer.ensureDeferred(
+            stream.get_rdata_page(writer, start, end, self._page_size, f"RDATA {stream.name} {writer} ")
+        )
 
     def _page_commands(
         self,
@@ -551,7 +555,7 @@ class ConnectionFeed:
             )
         # Bytes of a line besides the row: "RDATA <stream> <writer> <token> ".
         # Rows are ASCII JSON, so their length in characters is in bytes.
-        room = self._max_line_length - len(f"RDATA {stream_name} {writer} ".encode("utf-8")) - 1
+        room = self._max_line_length - len(f"RDATA {stream_name} {writer} ".encode()) - 1
         items = _plain_page(updates, start, upto, room - _MAX_TOKEN_DIGITS)
         if items is not None:
             return items

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import inspect
 from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -39,7 +40,6 @@ from roomstore.replication.metrics import APPLIED_POSITION, child
 from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.stream_sources import Stream, StreamRow, UnknownStreamError
 from roomstore.storage.collector import collector_paused
-
 
 __all__ = ["StreamFollower", "StreamPositions"]
 
@@ -124,7 +124,7 @@ class StreamFollower:
 
     def __init__(
         self,
-        handler: "ReplicationClientHandler",
+        handler: ReplicationClientHandler,
         positions: StreamPositions,
         *,
         page_size: int = 100,
@@ -250,15 +250,22 @@ class StreamFollower:
         if self._stopped:
             return
         apply_rows = getattr(self._handler, "on_rdata_rows", None)
-        if apply_rows is None or stream_name in self._draining or tokens[-1] is None or (
-                self._batches and (stream_name, instance_name) in self._batches) or (
-                stream_name not in self._handler.streams):
+        if (
+            apply_rows is None
+            or stream_name in self._draining
+            or tokens[-1] is None
+            or (self._batches and (stream_name, instance_name) in self._batches)
+            or (stream_name not in self._handler.streams)
+        ):
             self._rdata_part(stream_name, instance_name, tokens, rows)
             return
         numbers = [token for token in tokens if token is not None] if None in tokens else tokens
         position = self._positions.get(stream_name, instance_name)
-        if (sorted(set(numbers)) != numbers or (position is not None and numbers[0] <= position)
-                or len(tokens) - len(numbers) > self._max_batch_rows):
+        if (
+            sorted(set(numbers)) != numbers
+            or (position is not None and numbers[0] <= position)
+            or len(tokens) - len(numbers) > self._max_batch_rows
+        ):
             self._rdata_part(stream_name, instance_name, tokens, rows)
             return
         try:
@@ -297,18 +304,18 @@ class StreamFollower:
             # have come in an earlier read); rows after the last token's
             # line wait for theirs.
             ends = [index for index, token in enumerate(tokens) if token is not None]
-            updates = [(tokens[end], rows[start + 1:end + 1]) for start, end in zip([-1, *ends], ends)]
+            updates = [(tokens[end], rows[start + 1 : end + 1]) for start, end in zip([-1, *ends], ends)]
             if ends:
                 if held:
                     updates[0] = (updates[0][0], held + updates[0][1])
-                waiting = rows[ends[-1] + 1:]
+                waiting = rows[ends[-1] + 1 :]
             else:
                 waiting = held + rows if held else rows
             most = self._max_batch_rows
             too_long = [index for index, (_, batch) in enumerate(updates) if len(batch) > most + 1]
             if too_long or len(waiting) > most:
                 # As line by line: what came before the row too many is applied.
-                self._deliver(stream_name, instance_name, updates[:too_long[0]] if too_long else updates)
+                self._deliver(stream_name, instance_name, updates[: too_long[0]] if too_long else updates)
                 raise CloseConnection(f"batch for {stream_name} longer than {most} rows")
             if waiting:
                 self._batches[key] = waiting
@@ -495,8 +502,7 @@ class StreamFollower:
                     # order: get_updates' contract), freed once applied.
                     with collector_paused():
                         last = updates[-1][0]
-                        apply_rows(stream.name, writer, [token for token, _ in updates],
-                                   [row for _, row in updates])
+                        apply_rows(stream.name, writer, [token for token, _ in updates], [row for _, row in updates])
                         del updates
                     self._positions.set(stream.name, writer, last)
                     continue

@@ -6,7 +6,8 @@ Its own module so that both the client (which calls it) and the follower
 
 from __future__ import annotations
 
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
 from roomstore.replication.stream_sources import StreamRegistry
 
@@ -25,9 +26,7 @@ class ReplicationClientHandler:
     def __init__(self, streams: StreamRegistry) -> None:
         self.streams = streams
 
-    def on_rdata(
-        self, stream_name: str, instance_name: str, token: int, rows: list[Any]
-    ) -> Awaitable[None] | None:
+    def on_rdata(self, stream_name: str, instance_name: str, token: int, rows: list[Any]) -> Awaitable[None] | None:
         """All rows of ``stream_name`` written by ``instance_name`` at ``token``
         (one call per token, never part of a batch)."""
         return None

@@ -72,8 +72,7 @@ CONGESTION_DISCONNECTS = Counter(
 )
 AUTH_FAILURES = Counter(
     "roomstore_replication_auth_failures",
-    "Server connections closed for failing the shared-secret check, by reason"
-    " (wrong_secret, no_auth, timeout)",
+    "Server connections closed for failing the shared-secret check, by reason (wrong_secret, no_auth, timeout)",
     ["reason"],
 )
 

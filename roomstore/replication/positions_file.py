@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -73,8 +74,12 @@ class PositionsFileWriter:
     as it was; the next ``update`` or ``flush`` writes the newest positions.
     """
 
-    def __init__(self, path: str, run_in_thread: Callable[..., defer.Deferred],
-                 save: Callable[[str, Positions], None] = save_positions) -> None:
+    def __init__(
+        self,
+        path: str,
+        run_in_thread: Callable[..., defer.Deferred],
+        save: Callable[[str, Positions], None] = save_positions,
+    ) -> None:
         self.path = path
         self._run = run_in_thread
         self._save = save
@@ -118,8 +123,11 @@ class PositionsFileWriter:
     def _written(self, result: Any, snapshot: dict) -> None:
         self._in_flight = None
         if isinstance(result, Failure):
-            log.warn("could not save positions to {path}: {error}; the previous file stays, the next update"
-                     " tries again", path=self.path, error=result.getErrorMessage())
+            log.warn(
+                "could not save positions to {path}: {error}; the previous file stays, the next update tries again",
+                path=self.path,
+                error=result.getErrorMessage(),
+            )
         else:
             self._saved = snapshot
             if self._newest is not snapshot and self._newest != snapshot:

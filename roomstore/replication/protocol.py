@@ -67,7 +67,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -179,7 +180,7 @@ class ServerReplicationProtocol(BaseReplicationProtocol):
         self,
         server_name: str,
         clock: IReactorTime,
-        session_factory: Callable[["ServerReplicationProtocol"], ServerSession],
+        session_factory: Callable[[ServerReplicationProtocol], ServerSession],
         config: ReplicationConfig = ReplicationConfig(),
         secret: str | None = None,
     ) -> None:
@@ -247,7 +248,9 @@ class ServerReplicationProtocol(BaseReplicationProtocol):
 
     def on_NAME(self, cmd: NameCommand) -> None:
         if self.peer_name != cmd.client_name:
-            self.log.info("[{conn_id}] client calls itself {name}", conn_id=self.conn_id, name=describe(cmd.client_name))
+            self.log.info(
+                "[{conn_id}] client calls itself {name}", conn_id=self.conn_id, name=describe(cmd.client_name)
+            )
         self.peer_name = cmd.client_name
 
     def on_REPLICATE(self, cmd: ReplicateCommand) -> None:
@@ -292,7 +295,7 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
         client_name: str,
         expected_server_name: str | None,
         clock: IReactorTime,
-        session_factory: Callable[["ClientReplicationProtocol"], ClientSession],
+        session_factory: Callable[[ClientReplicationProtocol], ClientSession],
         config: ReplicationConfig = ReplicationConfig(),
         secret: str | None = None,
     ) -> None:
@@ -322,7 +325,7 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
             end = data.rfind(self.delimiter)
             block = data[:end] if end >= 0 else b""
             lines = block.split(self.delimiter) if end >= 0 else []
-            self._buffer = data[end + 1:]
+            self._buffer = data[end + 1 :]
             del data
             if lines and max(map(len, lines)) <= self.MAX_LENGTH:
                 if block.startswith(b"RDATA ") and block.count(b"\nRDATA ") == len(lines) - 1:
@@ -419,9 +422,7 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
                 got=describe(cmd.server_name),
                 expected=describe(expected),
             )
-            self.close_with_error(
-                f"wrong server name: expected {describe(expected)}, got {describe(cmd.server_name)}"
-            )
+            self.close_with_error(f"wrong server name: expected {describe(expected)}, got {describe(cmd.server_name)}")
             return
         self.peer_name = cmd.server_name
         self.session.on_server_verified()

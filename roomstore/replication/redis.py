@@ -43,7 +43,8 @@ reader's time per line in ``bench/replication.py``).
 from __future__ import annotations
 
 import urllib.parse
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import txredisapi
@@ -66,8 +67,8 @@ from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.store_handler import StoreReplicationHandler
 from roomstore.replication.store_sources import STORE_STREAMS, wire_server
 from roomstore.replication.tls import ClientTLS
-from roomstore.storage.collector import collector_paused
 from roomstore.replication.wire import encode_fast
+from roomstore.storage.collector import collector_paused
 
 __all__ = ["RedisAddress", "RedisRefused", "RedisReplication", "parse_redis_url", "shown_url"]
 
@@ -185,9 +186,10 @@ class _Publisher(_Reporting, txredisapi.RedisFactory):
     protocol = _PublisherProtocol
     role = "publish"
 
-    def __init__(self, owner: "RedisReplication", address: RedisAddress):
-        txredisapi.RedisFactory.__init__(self, address.describe(), address.dbid, 1, isLazy=True,
-                                         password=address.password, convertNumbers=False)
+    def __init__(self, owner: RedisReplication, address: RedisAddress):
+        txredisapi.RedisFactory.__init__(
+            self, address.describe(), address.dbid, 1, isLazy=True, password=address.password, convertNumbers=False
+        )
         self.owner = owner
         self.deferred.addErrback(lambda f: None)  # a refusal is reported through the owner
 
@@ -203,9 +205,10 @@ class _Subscriber(_Reporting, txredisapi.SubscriberFactory):
     protocol = _SubscriberProtocol
     role = "subscribe"
 
-    def __init__(self, owner: "RedisReplication", address: RedisAddress):
-        txredisapi.RedisFactory.__init__(self, address.describe(), address.dbid, 1, isLazy=True,
-                                         password=address.password, convertNumbers=False)
+    def __init__(self, owner: RedisReplication, address: RedisAddress):
+        txredisapi.RedisFactory.__init__(
+            self, address.describe(), address.dbid, 1, isLazy=True, password=address.password, convertNumbers=False
+        )
         self.owner = owner
         self.deferred.addErrback(lambda f: None)  # a refusal is reported through the owner
 
@@ -223,8 +226,10 @@ def _rdata_lines(stream_name: str, instance_name: str, updates: list[tuple[int, 
     tokens = [token for token, _ in updates]
     following = tokens[1:]
     following.append(None)
-    return [f"{prefix}{'batch' if token == after else token} {row_json}"
-            for token, after, row_json in zip(tokens, following, encoded)]
+    return [
+        f"{prefix}{'batch' if token == after else token} {row_json}"
+        for token, after, row_json in zip(tokens, following, encoded)
+    ]
 
 
 def _drop_read(ahead: tuple[int, defer.Deferred] | None) -> None:
@@ -286,12 +291,14 @@ class RedisReplication:
         # applied: 2 reads in flight (on a one-connection pool, SQLite's, the
         # second waits for the first and is then read, without the GIL,
         # while the reactor applies the first).
-        self.follower = StreamFollower(self.handler, positions, page_size=page_size, follow_moves_back=False,
-                                       read_ahead=2)
+        self.follower = StreamFollower(
+            self.handler, positions, page_size=page_size, follow_moves_back=False, read_ahead=2
+        )
         #: Streams this process writes, and the last token announced in each.
         self.own_streams = [n for n in STORE_STREAMS if store.stream(n).is_writer]
-        self._announced = {n: store.stream(n).get_current_token_for_writer(self.instance_name)
-                           for n in self.own_streams}
+        self._announced = {
+            n: store.stream(n).get_current_token_for_writer(self.instance_name) for n in self.own_streams
+        }
         self._replay = dict(replay_from or {})
         self._announcing: set[str] = set()
         self._announce_again: set[str] = set()
@@ -323,8 +330,12 @@ class RedisReplication:
                 endpoint = _TLSEndpoint(endpoint, options)
             factory.startConnecting(endpoint)
         self._unwire = wire_server(self.store, self._stream_advanced)
-        log.info("redis replication: {instance} on {address}, channel {channel}", instance=self.instance_name,
-                 address=self.address.describe(), channel=self.channel)
+        log.info(
+            "redis replication: {instance} on {address}, channel {channel}",
+            instance=self.instance_name,
+            address=self.address.describe(),
+            channel=self.channel,
+        )
 
     def when_ready(self) -> defer.Deferred:
         """Fires once both connections are up and REPLICATE went out; fails
@@ -344,9 +355,12 @@ class RedisReplication:
             if not self.ready:
                 await self.when_ready()
                 continue
-            pending = [n for n in self.own_streams
-                       if self._announced[n] < self.store.stream(n).get_current_token_for_writer(self.instance_name)
-                       or n in self._announcing]
+            pending = [
+                n
+                for n in self.own_streams
+                if self._announced[n] < self.store.stream(n).get_current_token_for_writer(self.instance_name)
+                or n in self._announcing
+            ]
             if not pending:
                 return
             for name in pending:
@@ -397,8 +411,10 @@ class RedisReplication:
         if self.refused is not None:
             return
         reason = why.removeprefix("Redis error: ")
-        self.refused = (f"Redis at {self.address.describe()} refused the connection ({reason});"
-                        " check the password in the URL (redis://:PASSWORD@host:port)")
+        self.refused = (
+            f"Redis at {self.address.describe()} refused the connection ({reason});"
+            " check the password in the URL (redis://:PASSWORD@host:port)"
+        )
         waiters, self._ready_waiters = self._ready_waiters, []
         if not waiters:  # a waiter (the import command) says it itself, once
             log.error("redis replication: {reason}", reason=self.refused)
@@ -433,7 +449,8 @@ class RedisReplication:
         self.follower.drop_partial_batches()
         self._publish(ReplicateCommand())
         defer.ensureDeferred(self._catch_up_from_database()).addErrback(
-            lambda f: log.failure("redis replication: catching up from the database failed", f))
+            lambda f: log.failure("redis replication: catching up from the database failed", f)
+        )
         for name in self.own_streams:
             if name in self._replay:
                 self._announced[name] = self._replay.pop(name)
@@ -448,8 +465,9 @@ class RedisReplication:
 
     def _set_ready(self, ready: bool) -> None:
         if self.ready and not ready and not self._stopped:
-            log.warn("redis replication: lost the connection to {address}; reconnecting",
-                     address=self.address.describe())
+            log.warn(
+                "redis replication: lost the connection to {address}; reconnecting", address=self.address.describe()
+            )
         self.ready = ready
 
     # ------------------------------------------------------------------ publishing
@@ -493,7 +511,8 @@ class RedisReplication:
             return
         self._announcing.add(name)
         defer.ensureDeferred(self._announce(name)).addErrback(
-            lambda f: log.failure("redis replication: announcing {stream} failed", f, stream=name))
+            lambda f: log.failure("redis replication: announcing {stream} failed", f, stream=name)
+        )
 
     async def _announce(self, name: str) -> None:
         """Publish our rows of ``name`` from the last announced token to our position.
@@ -515,16 +534,19 @@ class RedisReplication:
                         read = ahead[1]
                     else:
                         _drop_read(ahead)
-                        read = defer.ensureDeferred(stream.get_updates(self.instance_name, start, target,
-                                                                       self.page_size))
+                        read = defer.ensureDeferred(
+                            stream.get_updates(self.instance_name, start, target, self.page_size)
+                        )
                     ahead = None
                     updates, upto, limited = await read
                     if not self.ready or self._announced[name] != start:
                         break  # a POSITION at our position went out meanwhile (connect, REPLICATE): it covers these
                     if limited and upto < target:
                         # The next page is read while this one goes out.
-                        ahead = (upto, defer.ensureDeferred(stream.get_updates(self.instance_name, upto, target,
-                                                                               self.page_size)))
+                        ahead = (
+                            upto,
+                            defer.ensureDeferred(stream.get_updates(self.instance_name, upto, target, self.page_size)),
+                        )
                     sent = self._publish_page(name, updates, start, upto)
                     self._announced[name] = upto
                     # Back-pressure: at most two pages unacknowledged.

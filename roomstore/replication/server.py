@@ -11,7 +11,8 @@ that decides what that connection is sent.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IAddress, IReactorTime
@@ -41,11 +42,14 @@ _NOTIFICATION_COMMANDS = frozenset(CLIENT_SENT_COMMANDS - {"AUTH", "NAME", "REPL
 class _ServerSession:
     """Glue between one ServerReplicationProtocol and its factory."""
 
-    def __init__(self, factory: "ReplicationServerFactory", conn: ServerReplicationProtocol) -> None:
+    def __init__(self, factory: ReplicationServerFactory, conn: ServerReplicationProtocol) -> None:
         self._factory = factory
         self._conn = conn
         self.feed = ConnectionFeed(
-            conn, factory.streams, factory.config.page_size, factory.config.max_line_length,
+            conn,
+            factory.streams,
+            factory.config.page_size,
+            factory.config.max_line_length,
             factory.config.read_ahead,
         )
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 from twisted.application.service import Service
@@ -49,8 +50,8 @@ from roomstore.replication.server import ReplicationServerFactory
 from roomstore.replication.store_handler import StoreReplicationHandler
 from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry, wire_server
 from roomstore.replication.tls import ClientTLS, TLSConfigError, check_bind_protected, server_tls
-from roomstore.store import RoomStore, StoreConfig
 from roomstore.storage.collector import freeze_startup_objects
+from roomstore.store import RoomStore, StoreConfig
 
 __all__ = [
     "DEFAULT_BIND",
@@ -104,7 +105,7 @@ def parse_host_port(value: str, default_port: int = DEFAULT_REPLICATION_PORT) ->
         raise ValueError(f"bad port in {value!r}") from None
 
 
-async def run_service(reactor: Any, service: "_AsyncService", started: Callable[[], None] | None = None) -> None:
+async def run_service(reactor: Any, service: _AsyncService, started: Callable[[], None] | None = None) -> None:
     """Start ``service``, call ``started()``, and run until the reactor stops
     (SIGINT/SIGTERM); the service is stopped before the reactor goes, so
     connections and the store are closed. If start-up fails, what it opened
@@ -283,8 +284,11 @@ class ReplicationServerService(_AsyncService):
     async def _start(self) -> None:
         self.store = await RoomStore.open(self.database, self.store_config, reactor=self.reactor)
         self.factory = ReplicationServerFactory(
-            self.server_name, store_stream_registry(self.store), self.reactor,
-            fit_read_ahead(self.config, self.store.max_connections), secret=self.secret,
+            self.server_name,
+            store_stream_registry(self.store),
+            self.reactor,
+            fit_read_ahead(self.config, self.store.max_connections),
+            secret=self.secret,
         )
         self._unwire = wire_server(self.store, self.factory.notify_new_rows)
         if self.redis_url is not None:
@@ -409,8 +413,11 @@ class FollowerService(_AsyncService):
         self.database = database
         self.redis_url = redis_url
         self.redis: Any = None
-        self.stream_writers = {n: list(stream_writers.get(n, [writer])) for n in STORE_STREAMS} \
-            if stream_writers else {n: [writer] for n in STORE_STREAMS}
+        self.stream_writers = (
+            {n: list(stream_writers.get(n, [writer])) for n in STORE_STREAMS}
+            if stream_writers
+            else {n: [writer] for n in STORE_STREAMS}
+        )
         self.host = host
         self.server_port = port
         self.instance_name = name
@@ -434,7 +441,8 @@ class FollowerService(_AsyncService):
         self.handler = _FollowerHandler(self.store, self._applied, self._moved)
         if self.positions_file:
             self._positions_writer = PositionsFileWriter(
-                self.positions_file, self.run_in_thread or reactor_threads(self.reactor))
+                self.positions_file, self.run_in_thread or reactor_threads(self.reactor)
+            )
         if self.metrics_listen_port is not None:
             self.metrics_port_listener = _listen_metrics(self.reactor, self.metrics_listen_port, DEFAULT_BIND)
         if self.redis_url is not None:
@@ -480,8 +488,13 @@ class FollowerService(_AsyncService):
         for (stream, instance), token in self._resume_positions().items():
             tracked.set(stream, instance, token)
         self.redis = RedisReplication(
-            self.store, parse_redis_url(self.redis_url), self.expected_server_name or "localhost",
-            reactor=self.reactor, handler=self.handler, positions=tracked, page_size=self.config.page_size,
+            self.store,
+            parse_redis_url(self.redis_url),
+            self.expected_server_name or "localhost",
+            reactor=self.reactor,
+            handler=self.handler,
+            positions=tracked,
+            page_size=self.config.page_size,
             tls=self.tls,
         )
         self.redis.start()
@@ -502,8 +515,13 @@ class FollowerService(_AsyncService):
     def _moved(self, stream: str, instance: str, token: int) -> None:
         if self._positions.get((stream, instance)) == token:
             return
-        log.info("position {stream} {instance} {token} linear={linear}", stream=stream, instance=instance,
-                 token=token, linear=self.store.stream(stream).get_current_token())
+        log.info(
+            "position {stream} {instance} {token} linear={linear}",
+            stream=stream,
+            instance=instance,
+            token=token,
+            linear=self.store.stream(stream).get_current_token(),
+        )
         self._positions[(stream, instance)] = token
         if self._positions_writer is not None:
             self._positions_writer.update(self._positions)

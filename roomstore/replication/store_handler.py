@@ -10,7 +10,8 @@ what each stream's rows hold).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from roomstore.replication.client import ReplicationClientHandler
 from roomstore.replication.follower import StreamPositions
@@ -83,12 +84,16 @@ class StoreReplicationHandler(ReplicationClientHandler):
         ``on_applied``, advanced to each token in turn and ``on_applied``
         called after each."""
         if stream_name == "events":
-            events = [(token, data[1], data[2], data[3], data[4])
-                      for token, rows in updates for kind, data in rows if kind == "ev"]
+            events = [
+                (token, data[1], data[2], data[3], data[4])
+                for token, rows in updates
+                for kind, data in rows
+                if kind == "ev"
+            ]
             others = [(token, kind, data) for token, rows in updates for kind, data in rows if kind != "ev"]
-            self.store.replicated_events(events, [
-                (token, data[1], data[2]) for token, kind, data in others if kind == "state"
-            ])
+            self.store.replicated_events(
+                events, [(token, data[1], data[2]) for token, kind, data in others if kind == "state"]
+            )
             for token, kind, data in others:
                 if kind == "state-all":
                     self.store.replicated_state_reset(token, data[0])
@@ -127,8 +132,11 @@ class StoreReplicationHandler(ReplicationClientHandler):
                 tokens = _filled(tokens)
             store = self.store
             rooms = {data[1]: token for token, (kind, data) in zip(tokens, rows) if kind == "ev"}
-            members = {data[3]: token for token, (kind, data) in zip(tokens, rows)
-                       if kind == "ev" and data[2] == "m.room.member" and data[3] is not None}
+            members = {
+                data[3]: token
+                for token, (kind, data) in zip(tokens, rows)
+                if kind == "ev" and data[2] == "m.room.member" and data[3] is not None
+            }
             redacted = [data[4] for kind, data in rows if kind == "ev" and data[4]]
             others = [(token, kind, data) for token, (kind, data) in zip(tokens, rows) if kind != "ev"]
             for token, kind, data in others:

@@ -37,7 +37,8 @@ Rows are Synapse's (matrix-synapse 1.163, ``synapse.replication.tcp.streams``;
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from twisted.logger import Logger
 
@@ -59,9 +60,7 @@ log = Logger()
 STORE_STREAMS = ("events", "backfill", "caches")
 
 
-def _whole_token_page(
-    updates: list[tuple], limit: int, upto: int, bound: int, more: bool
-) -> StreamUpdates:
+def _whole_token_page(updates: list[tuple], limit: int, upto: int, bound: int, more: bool) -> StreamUpdates:
     """Cut ``updates`` (every row with a token in ``(from, bound]``, sorted) to
     at most ``limit`` rows without splitting a token, per the ``Stream`` contract.
 
@@ -127,16 +126,18 @@ class _EventRowsStream(_GeneratorStream):
     async def read_rows(self, instance: str, from_token: int, upto: int, limit: int, encoded: bool):
         raise NotImplementedError
 
-    async def get_encoded_updates(self, instance_name: str, from_token: int, upto_token: int,
-                                  limit: int) -> StreamUpdates:
+    async def get_encoded_updates(
+        self, instance_name: str, from_token: int, upto_token: int, limit: int
+    ) -> StreamUpdates:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if from_token >= upto_token:
             return StreamUpdates([], upto_token, False)
         return await self._page(instance_name, from_token, upto_token, limit, True)
 
-    async def get_rdata_page(self, instance_name: str, from_token: int, upto_token: int, limit: int,
-                             prefix: str) -> StreamUpdates:
+    async def get_rdata_page(
+        self, instance_name: str, from_token: int, upto_token: int, limit: int, prefix: str
+    ) -> StreamUpdates:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if from_token >= upto_token:
@@ -197,11 +198,11 @@ class CachesStream(_GeneratorStream):
         parts: list[tuple] = []
         start = 0
         while start < len(keys):
-            if not fits((cache_name, keys[start:start + 1], ts)):
+            if not fits((cache_name, keys[start : start + 1], ts)):
                 return None
             # Largest end with keys[start:end] fitting: double, then bisect.
             good, step = start + 1, 1
-            while good < len(keys) and fits((cache_name, keys[start:min(good + step, len(keys))], ts)):
+            while good < len(keys) and fits((cache_name, keys[start : min(good + step, len(keys))], ts)):
                 good = min(good + step, len(keys))
                 step *= 2
             bad = min(good + step, len(keys) + 1)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import abc
 import bisect
-from typing import Callable, Iterator, NamedTuple, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import attrs
 
@@ -247,9 +248,7 @@ class InMemoryStream(Stream):
         log = self._logs.get(instance_name)
         return iter(()) if log is None else zip(list(log.tokens), list(log.rows))
 
-    async def get_updates(
-        self, instance_name: str, from_token: int, upto_token: int, limit: int
-    ) -> StreamUpdates:
+    async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> StreamUpdates:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         log = self._logs.get(instance_name)

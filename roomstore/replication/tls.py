@@ -44,7 +44,8 @@ def _private_certificate(cert_file: str, key_file: str) -> Any:
     except Exception as exc:
         raise TLSConfigError(
             f"certificate {cert_file} with key {key_file} cannot be used ({type(exc).__name__}:"
-            f" {exc or 'not PEM, or the key does not match'})") from None
+            f" {exc or 'not PEM, or the key does not match'})"
+        ) from None
 
 
 def server_tls(cert_file: str, key_file: str) -> Any:
@@ -82,8 +83,9 @@ class ClientTLS:
         return optionsForClientTLS(hostname, trustRoot=trust, clientCertificate=client)
 
 
-def redis_client_tls(url: str | None, ca_file: str | None, cert_file: str | None,
-                     key_file: str | None) -> ClientTLS | None:
+def redis_client_tls(
+    url: str | None, ca_file: str | None, cert_file: str | None, key_file: str | None
+) -> ClientTLS | None:
     """The ``ClientTLS`` of the ``--redis-ca``/``--redis-cert``/``--redis-key``
     options (None without them), which need a ``rediss://`` URL."""
     if not (ca_file or cert_file or key_file):
@@ -113,4 +115,5 @@ def check_bind_protected(bind: str, secret: bool, tls: bool) -> None:
         raise TLSConfigError(
             f"refusing to serve replication on {bind}, which is not loopback, to anyone who connects in plaintext:"
             " add --secret-file FILE (workers send it) and --tls-cert FILE --tls-key FILE (workers add --tls-ca),"
-            " or bind 127.0.0.1")
+            " or bind 127.0.0.1"
+        )

@@ -36,7 +36,6 @@ MAX_LINE_LENGTH = 16 * 1024
 _MAX_TOKEN_DIGITS = 20
 
 
-
 class CommandParseError(ValueError):
     """A line, or the arguments of a command, could not be parsed.
 
@@ -316,8 +315,9 @@ def parse_rdata_lines(lines: list[str]) -> tuple[tuple, tuple, list, list] | Non
     numbers = set(token_texts)
     numbers.discard("batch")
     digits = "".join(numbers)
-    if numbers and (not digits.isdigit() or not digits.isascii() or "" in numbers
-                    or max(map(len, numbers)) > _MAX_TOKEN_DIGITS):
+    if numbers and (
+        not digits.isdigit() or not digits.isascii() or "" in numbers or max(map(len, numbers)) > _MAX_TOKEN_DIGITS
+    ):
         return None
     token_of: dict[str, int | None] = {text: int(text) for text in numbers}
     token_of["batch"] = None
@@ -346,8 +346,13 @@ def parse_rdata_run(text: str, count: int) -> tuple[str, str, list, tuple] | Non
     head_end = text.find(" ", text.find(" ", 6) + 1) + 1
     head = text[:head_end]
     separator = "\n" + head
-    if (head_end <= 6 or not text.startswith("RDATA ") or text.count(separator) != count - 1
-            or not text.isascii() or "\r" in text):
+    if (
+        head_end <= 6
+        or not text.startswith("RDATA ")
+        or text.count(separator) != count - 1
+        or not text.isascii()
+        or "\r" in text
+    ):
         return None
     stream_name, _, instance_name = head[6:-1].partition(" ")
     if not (stream_name in _known_words and instance_name in _known_words):

@@ -12,7 +12,7 @@ A state is ``(event type, state key) -> event ID``.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from roomstore.pdu.auth_common import StateKey
 from roomstore.pdu.room_versions import RoomVersion
@@ -21,12 +21,19 @@ from roomstore.resolution.source import EventSource, MemoryEventSource, auth_cha
 from roomstore.resolution.v1 import resolve_v1
 from roomstore.resolution.v2 import resolve_v2
 
-__all__ = ["EventSource", "MemoryEventSource", "ResolutionError", "auth_chain_difference", "conflicted_subgraph",
-           "resolve_state"]
+__all__ = [
+    "EventSource",
+    "MemoryEventSource",
+    "ResolutionError",
+    "auth_chain_difference",
+    "conflicted_subgraph",
+    "resolve_state",
+]
 
 
-def resolve_state(room_version: RoomVersion, state_sets: Sequence[Mapping[StateKey, str]],
-                  source: EventSource) -> dict[StateKey, str]:
+def resolve_state(
+    room_version: RoomVersion, state_sets: Sequence[Mapping[StateKey, str]], source: EventSource
+) -> dict[StateKey, str]:
     """The resolution of ``state_sets`` (the states after each prev event)
     by ``room_version``'s algorithm.  No set: the empty state; one: itself.
 

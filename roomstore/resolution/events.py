@@ -7,7 +7,7 @@ resolve), since its presence means the caller's graph is corrupt.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from roomstore.pdu.auth_common import CREATE, POWER_LEVELS, StateKey
 from roomstore.pdu.auth_levels import Level, user_level
@@ -42,8 +42,10 @@ class EventCache:
             if self.room_id is None:
                 self.room_id = event.room_id
             if event.room_id != self.room_id:
-                raise ResolutionError(f"events of two rooms in one resolution: {event_id} is in room "
-                                      f"{event.room_id}, others in {self.room_id}")
+                raise ResolutionError(
+                    f"events of two rooms in one resolution: {event_id} is in room "
+                    f"{event.room_id}, others in {self.room_id}"
+                )
             self.events[event_id] = event
         self.missing |= wanted - set(found)
         self.rejected_ids |= self.source.rejected(set(found))

@@ -13,7 +13,8 @@ event reachable from them through ``auth_events`` (and, from room version
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from roomstore.pdu.parsing import ParsedPdu
 

@@ -18,7 +18,7 @@ them (its rooms are the ones to converge with):
 from __future__ import annotations
 
 import hashlib
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from roomstore.pdu.auth_common import POWER_LEVELS, AuthError, StateKey
 from roomstore.pdu.auth_rules import auth_types_for_event, check_event_auth
@@ -58,8 +58,11 @@ def resolve_v1(room_version: RoomVersion, state_sets: Sequence[StateMap], source
             if event_id in cache.events:
                 needed |= auth_types_for_event(room_version, cache.events[event_id])
     cache.load(unconflicted[key] for key in needed if key in unconflicted)
-    auth = {key: cache.events[unconflicted[key]] for key in needed
-            if key in unconflicted and unconflicted[key] in cache.events}
+    auth = {
+        key: cache.events[unconflicted[key]]
+        for key in needed
+        if key in unconflicted and unconflicted[key] in cache.events
+    }
     conflicted: dict[StateKey, list[ParsedPdu]] = {}
     for key, ids in conflicted_ids.items():
         events = [cache.events[e] for e in ids if e in cache.events]
@@ -71,8 +74,9 @@ def resolve_v1(room_version: RoomVersion, state_sets: Sequence[StateMap], source
     return {**unconflicted, **{key: event.event_id for key, event in resolved.items()}}
 
 
-def _resolve(room_version: RoomVersion, conflicted: Mapping[StateKey, list[ParsedPdu]],
-             auth: dict[StateKey, ParsedPdu]) -> dict[StateKey, ParsedPdu]:
+def _resolve(
+    room_version: RoomVersion, conflicted: Mapping[StateKey, list[ParsedPdu]], auth: dict[StateKey, ParsedPdu]
+) -> dict[StateKey, ParsedPdu]:
     resolved: dict[StateKey, ParsedPdu] = {}
     if POWER_LEVELS in conflicted:
         resolved[POWER_LEVELS] = _resolve_auth_key(room_version, conflicted[POWER_LEVELS], auth)
@@ -101,8 +105,9 @@ def _allowed(room_version: RoomVersion, event: ParsedPdu, auth: Mapping[StateKey
     return True
 
 
-def _resolve_auth_key(room_version: RoomVersion, events: list[ParsedPdu],
-                      auth: Mapping[StateKey, ParsedPdu]) -> ParsedPdu:
+def _resolve_auth_key(
+    room_version: RoomVersion, events: list[ParsedPdu], auth: Mapping[StateKey, ParsedPdu]
+) -> ParsedPdu:
     """Power levels, join rules or a member key: the chain of allowed replacements."""
     ordered = list(reversed(_order(events)))
     keys = set().union(*(auth_types_for_event(room_version, event) for event in events))
@@ -116,8 +121,9 @@ def _resolve_auth_key(room_version: RoomVersion, events: list[ParsedPdu],
     return taken
 
 
-def _resolve_other_key(room_version: RoomVersion, events: list[ParsedPdu],
-                       auth: Mapping[StateKey, ParsedPdu]) -> ParsedPdu:
+def _resolve_other_key(
+    room_version: RoomVersion, events: list[ParsedPdu], auth: Mapping[StateKey, ParsedPdu]
+) -> ParsedPdu:
     ordered = _order(events)
     for event in ordered:
         if _allowed(room_version, event, auth):

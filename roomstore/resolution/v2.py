@@ -31,7 +31,7 @@ Readings, each as Synapse reads the spec:
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from roomstore.pdu.auth_common import CREATE, POWER_LEVELS, AuthError, StateKey
 from roomstore.pdu.auth_rules import auth_types_for_event, check_event_auth
@@ -39,8 +39,14 @@ from roomstore.pdu.parsing import ParsedPdu
 from roomstore.pdu.room_versions import RoomVersion
 from roomstore.resolution.events import EventCache
 
-__all__ = ["is_power_event", "iterative_auth_checks", "mainline_order", "resolve_v2", "reverse_topological_power_order",
-           "split_conflicts"]
+__all__ = [
+    "is_power_event",
+    "iterative_auth_checks",
+    "mainline_order",
+    "resolve_v2",
+    "reverse_topological_power_order",
+    "split_conflicts",
+]
 
 StateMap = Mapping[StateKey, str]
 
@@ -83,10 +89,17 @@ def resolve_v2(room_version: RoomVersion, state_sets: Sequence[StateMap], source
     cache.load_auth_events(full)
     base = {} if room_version.state_res_v2_1 else dict(unconflicted)
     # The base events the auth checks will read, in one fetch.
-    cache.load({base[key] for event_id in full for key in auth_types_for_event(room_version, cache.events[event_id])
-                if key in base})
-    power = reverse_topological_power_order(room_version, [e for e in full if is_power_event(cache.events[e])],
-                                            full, cache)
+    cache.load(
+        {
+            base[key]
+            for event_id in full
+            for key in auth_types_for_event(room_version, cache.events[event_id])
+            if key in base
+        }
+    )
+    power = reverse_topological_power_order(
+        room_version, [e for e in full if is_power_event(cache.events[e])], full, cache
+    )
     state = iterative_auth_checks(room_version, power, base, cache)
     taken = set(power)
     rest = mainline_order([e for e in full if e not in taken], state.get(POWER_LEVELS), cache)
@@ -95,8 +108,9 @@ def resolve_v2(room_version: RoomVersion, state_sets: Sequence[StateMap], source
     return state
 
 
-def reverse_topological_power_order(room_version: RoomVersion, power_ids: Iterable[str], full: set[str],
-                                    cache: EventCache) -> list[str]:
+def reverse_topological_power_order(
+    room_version: RoomVersion, power_ids: Iterable[str], full: set[str], cache: EventCache
+) -> list[str]:
     """The power events and the events of their auth chains in ``full``,
     earliest first: Kahn's algorithm picking, among the events whose auth
     events are all placed, the sender of highest power, then the lowest
@@ -133,8 +147,9 @@ def reverse_topological_power_order(room_version: RoomVersion, power_ids: Iterab
     return order
 
 
-def iterative_auth_checks(room_version: RoomVersion, event_ids: Sequence[str], base: Mapping[StateKey, str],
-                          cache: EventCache) -> dict[StateKey, str]:
+def iterative_auth_checks(
+    room_version: RoomVersion, event_ids: Sequence[str], base: Mapping[StateKey, str], cache: EventCache
+) -> dict[StateKey, str]:
     """Apply each event in turn to a copy of ``base`` if the auth rules
     allow it against that state, completed by the event's own (not
     rejected) auth events for the keys the state lacks."""

@@ -8,12 +8,12 @@ uses both to rebuild and re-delta groups.
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional
+from collections.abc import Mapping
 
 __all__ = ["apply_delta", "state_diff"]
 
-State = Dict[int, int]
-Delta = Mapping[int, Optional[int]]
+State = dict[int, int]
+Delta = Mapping[int, int | None]
 
 
 def apply_delta(state: State, delta: Delta) -> State:
@@ -29,10 +29,10 @@ def apply_delta(state: State, delta: Delta) -> State:
     return state
 
 
-def state_diff(state: Mapping[int, int], base: Mapping[int, int]) -> Dict[int, Optional[int]]:
+def state_diff(state: Mapping[int, int], base: Mapping[int, int]) -> dict[int, int | None]:
     """``state`` as a delta on ``base`` (None: a key of ``base`` absent from
     ``state``): ``apply_delta(dict(base), state_diff(state, base)) == state``."""
-    diff: Dict[int, Optional[int]] = {k: v for k, v in state.items() if base.get(k) != v}
+    diff: dict[int, int | None] = {k: v for k, v in state.items() if base.get(k) != v}
     for key in base:
         if key not in state:
             diff[key] = None

@@ -19,9 +19,11 @@ Statements use ``?`` placeholders (the engine converts them).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from roomstore.storage.interning import chunks
+
 
 def _marks(part: Sequence[Any]) -> str:
     return ", ".join("?" for _ in part)
@@ -216,8 +218,10 @@ def sole_deltas_sql(rows_sql: str) -> str:
     for a writer that has a set of groups' new rows at hand (the compaction
     swap, from its staging table)."""
     only = "CASE WHEN COUNT(*) = 1 THEN MAX(r.{column}) END AS sole_{column}"
-    return (f"SELECT r.state_group, {only.format(column='type_key_nid')}, {only.format(column='event_nid')}"
-            f" FROM ({rows_sql}) AS r GROUP BY r.state_group")
+    return (
+        f"SELECT r.state_group, {only.format(column='type_key_nid')}, {only.format(column='event_nid')}"
+        f" FROM ({rows_sql}) AS r GROUP BY r.state_group"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -230,8 +234,16 @@ MAX_STATE_GROUP = "SELECT COALESCE(MAX(state_group), 0) FROM state_groups"
 
 #: The columns of a ``state_groups`` row and of a ``state_group_deltas`` row,
 #: in the order of :func:`group_rows`' tuples.
-GROUP_COLUMNS = ("state_group", "room_nid", "event_nid", "prev_state_group", "chain_length", "visibility_snapshot",
-                 "sole_type_key_nid", "sole_event_nid")
+GROUP_COLUMNS = (
+    "state_group",
+    "room_nid",
+    "event_nid",
+    "prev_state_group",
+    "chain_length",
+    "visibility_snapshot",
+    "sole_type_key_nid",
+    "sole_event_nid",
+)
 DELTA_COLUMNS = ("state_group", "type_key_nid", "event_nid")
 
 
@@ -253,8 +265,13 @@ def insert_groups_txn(txn: Any, groups: Sequence[tuple], deltas: Sequence[tuple]
 
 
 def group_rows(
-    state_group: int, room_nid: int, event_nid: int | None, prev_state_group: int | None, chain_length: int,
-    delta: Mapping[int, int | None], visibility_snapshot: int | None = None,
+    state_group: int,
+    room_nid: int,
+    event_nid: int | None,
+    prev_state_group: int | None,
+    chain_length: int,
+    delta: Mapping[int, int | None],
+    visibility_snapshot: int | None = None,
 ) -> tuple[tuple, list[tuple]]:
     """The ``state_groups`` row (with its copy of a one-row delta) and the
     ``state_group_deltas`` rows of one group, in :data:`GROUP_COLUMNS` and
@@ -308,7 +325,9 @@ def rewrite_as_snapshot_txn(txn: Any, state_group: int, state: Mapping[int, int]
     """Store ``state_group`` as a snapshot of ``state`` (its full state)."""
     txn.execute("DELETE FROM state_group_deltas WHERE state_group = ?", (state_group,))
     txn.insert_many(
-        "state_group_deltas", DELTA_COLUMNS, [(state_group, key, event) for key, event in sorted(state.items())],
+        "state_group_deltas",
+        DELTA_COLUMNS,
+        [(state_group, key, event) for key, event in sorted(state.items())],
     )
     txn.execute(
         "UPDATE state_groups SET prev_state_group = NULL, chain_length = 0,"
@@ -336,9 +355,9 @@ def delete_groups_txn(txn: Any, ids: Sequence[int], counts: dict[str, int] | Non
 
 def room_group_links_txn(txn: Any, room_nid: int) -> dict[int, int | None]:
     """group -> its predecessor (None: a snapshot), for every group of the room."""
-    return dict(txn.execute(
-        "SELECT state_group, prev_state_group FROM state_groups WHERE room_nid = ?", (room_nid,)
-    ).fetchall())
+    return dict(
+        txn.execute("SELECT state_group, prev_state_group FROM state_groups WHERE room_nid = ?", (room_nid,)).fetchall()
+    )
 
 
 def delete_deltas_of(groups_sql: str) -> str:

@@ -23,8 +23,9 @@ groups are committed (groups never change content, only representation).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from operator import itemgetter
-from typing import Awaitable, Callable, Iterable, Mapping, cast
+from typing import cast
 
 import attrs
 from twisted.internet.task import deferLater
@@ -114,7 +115,9 @@ class StateGroupStore:
 
     # ------------------------------------------------------------------ reads
 
-    def get_state(self, txn: Transaction, state_group: int | None, pending: Mapping[int, Mapping] | None = None) -> dict[int, int]:
+    def get_state(
+        self, txn: Transaction, state_group: int | None, pending: Mapping[int, Mapping] | None = None
+    ) -> dict[int, int]:
         """The full state of ``state_group`` (None: the empty state).
 
         ``pending`` holds groups created earlier in the same transaction.
@@ -170,7 +173,7 @@ class StateGroupStore:
         delta: Mapping[int, int | None],
         parent_chain_length: int | None = None,
         visibility_snapshot: int | None = None,
-        writes: "StateGroupWrites | None" = None,
+        writes: StateGroupWrites | None = None,
     ) -> NewStateGroup:
         """Make the group ``parent_state + delta``, as a delta on ``parent``,
         or as a snapshot when the chain would grow past the bound.
@@ -304,8 +307,12 @@ def delete_state_groups_txn(
 
 
 async def run_when_unlocked(
-    attempt: Callable[[int], Awaitable[tuple]], timeout_s: float, poll_interval_s: float, clock,
-    now_ms: Callable[[], int], what: str,
+    attempt: Callable[[int], Awaitable[tuple]],
+    timeout_s: float,
+    poll_interval_s: float,
+    clock,
+    now_ms: Callable[[], int],
+    what: str,
 ):
     """``await attempt(now_ms)`` (one transaction) until it is done: it
     returns ``("locked", holder, age_s)`` (``compaction_lock_txn``, having
@@ -318,8 +325,11 @@ async def run_when_unlocked(
         outcome = await attempt(now_ms())
         if outcome[0] == "locked":
             if not waiting_logged:
-                log.info("waiting for state compaction ({holder}) to finish before deleting {what}",
-                         holder=outcome[1], what=what)
+                log.info(
+                    "waiting for state compaction ({holder}) to finish before deleting {what}",
+                    holder=outcome[1],
+                    what=what,
+                )
                 waiting_logged = True
             await deferLater(clock, poll_interval_s, lambda: None)
             continue
@@ -328,17 +338,26 @@ async def run_when_unlocked(
             log.warn(
                 "ignoring stale state compaction lock held by {holder} (last heartbeat {age:.0f}s ago,"
                 " timeout {timeout:.0f}s) to delete {what}",
-                holder=stale[0], age=stale[1], timeout=timeout_s, what=what,
+                holder=stale[0],
+                age=stale[1],
+                timeout=timeout_s,
+                what=what,
             )
         return result
 
 
 async def delete_when_unlocked(
-    db, groups: StateGroupStore, ids: list[int], timeout_s: float, poll_interval_s: float, clock,
+    db,
+    groups: StateGroupStore,
+    ids: list[int],
+    timeout_s: float,
+    poll_interval_s: float,
+    clock,
     now_ms: Callable[[], int],
 ) -> int:
     """``delete_state_groups_txn`` until it deletes (``RoomStore.delete_state_groups``,
     through ``run_when_unlocked``). Returns how many of ``ids`` existed."""
+
     def attempt(now: int):
         return db.run_interaction("delete_state_groups", delete_state_groups_txn, groups, ids, timeout_s, now)
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 __all__ = ["collector_paused", "freeze_startup_objects"]
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from prometheus_client import Counter, Histogram
 from twisted.internet import defer, threads
@@ -135,8 +136,13 @@ class Database:
     """
 
     def __init__(
-        self, engine: Engine, reactor: Any = None, name: str = "db", clock: Any = None,
-        backoff: Backoff = Backoff(), give_up_after_s: float = 60.0,
+        self,
+        engine: Engine,
+        reactor: Any = None,
+        name: str = "db",
+        clock: Any = None,
+        backoff: Backoff = Backoff(),
+        give_up_after_s: float = 60.0,
     ):
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -156,9 +162,7 @@ class Database:
         self._local = threading.local()
         self._connections: list[Any] = []
         self._connections_lock = threading.Lock()
-        self._threadpool = ThreadPool(
-            minthreads=1, maxthreads=engine.max_connections, name=f"roomstore-{name}"
-        )
+        self._threadpool = ThreadPool(minthreads=1, maxthreads=engine.max_connections, name=f"roomstore-{name}")
         self._threadpool.start()
         # A process that stops its reactor without close() must not hang
         # waiting for these threads: stop them with the reactor.
@@ -172,7 +176,7 @@ class Database:
         self._drained: list[defer.Deferred] = []
 
     @classmethod
-    def from_url(cls, url: str, reactor: Any = None, create: bool = True, read_only: bool = False) -> "Database":
+    def from_url(cls, url: str, reactor: Any = None, create: bool = True, read_only: bool = False) -> Database:
         """``create=False``: a SQLite file that does not exist is refused
         (``DatabaseConfigError``) rather than created. ``read_only``:
         connections that cannot write (``engine_from_url``)."""
@@ -238,7 +242,11 @@ class Database:
                 pass
 
     def _run_in_thread(
-        self, description: str, fn: Callable[..., R], args: tuple, kwargs: dict,
+        self,
+        description: str,
+        fn: Callable[..., R],
+        args: tuple,
+        kwargs: dict,
         in_doubt: tuple[str, Any] | None = None,
     ) -> tuple[R, list]:
         def lost(exc: BaseException, conn: Any, committing: bool, xid: str | None = None) -> None:
@@ -253,7 +261,9 @@ class Database:
             # The last attempt's COMMIT went unanswered: did it happen?
             xid, outcome = in_doubt
             status = run_transaction(
-                self.engine, self._get_connection, lambda cur: self.engine.transaction_status(cur, xid),
+                self.engine,
+                self._get_connection,
+                lambda cur: self.engine.transaction_status(cur, xid),
                 on_connection_lost=lambda exc, conn, committing: lost(exc, conn, False),
             )
             if status == "committed":
@@ -262,8 +272,9 @@ class Database:
             if status == "in progress":
                 # The old session is still ending: part of the outage that
                 # left the commit in doubt (an older generation), not a new one.
-                raise ConnectionLost(RuntimeError(f"transaction {xid} still in progress"),
-                                     self.outages.generation - 1, in_doubt)
+                raise ConnectionLost(
+                    RuntimeError(f"transaction {xid} still in progress"), self.outages.generation - 1, in_doubt
+                )
 
         txn_box: list[Transaction] = []
         outcome_box: list[tuple[R, list]] = []
@@ -282,7 +293,8 @@ class Database:
             body,
             on_retry=self._metrics(description).retries.inc,
             on_connection_lost=lambda exc, conn, committing: lost(
-                exc, conn, committing, txn_box[0].xid if txn_box else None),
+                exc, conn, committing, txn_box[0].xid if txn_box else None
+            ),
         )
 
     def _metrics(self, description: str) -> _TransactionMetrics:
@@ -291,14 +303,14 @@ class Database:
         found = self._metrics_by_description.get(description)
         if found is None:
             found = self._metrics_by_description[description] = _TransactionMetrics(
-                transaction_retries.labels(description), transaction_seconds.labels(description),
-                transaction_outcomes.labels(description, "commit"), transaction_outcomes.labels(description, "error"),
+                transaction_retries.labels(description),
+                transaction_seconds.labels(description),
+                transaction_outcomes.labels(description, "commit"),
+                transaction_outcomes.labels(description, "error"),
             )
         return found
 
-    async def run_interaction(
-        self, description: str, fn: Callable[..., R], *args: Any, **kwargs: Any
-    ) -> R:
+    async def run_interaction(self, description: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """Run ``fn(txn, *args, **kwargs)`` in one transaction on a pool thread.
 
         Returns what ``fn`` returns, after running the callbacks registered with
@@ -323,7 +335,13 @@ class Database:
                 attempt += 1
                 try:
                     result, after = await threads.deferToThreadPool(
-                        self.reactor, self._threadpool, self._run_in_thread, description, fn, args, kwargs,
+                        self.reactor,
+                        self._threadpool,
+                        self._run_in_thread,
+                        description,
+                        fn,
+                        args,
+                        kwargs,
                         in_doubt,
                     )
                     break
@@ -335,7 +353,8 @@ class Database:
                     await deferLater(self.outages.clock, delay, lambda: None)
                     if self._closed:
                         raise DatabaseUnavailableError(
-                            f"{self.engine.describe()}: closed while reconnecting ({lost})") from None
+                            f"{self.engine.describe()}: closed while reconnecting ({lost})"
+                        ) from None
             self.outages.committed()
         except BaseException:
             metrics.errors.inc()
@@ -361,7 +380,7 @@ class Database:
 
     def run_interaction_deferred(
         self, description: str, fn: Callable[..., R], *args: Any, **kwargs: Any
-    ) -> "defer.Deferred[R]":
+    ) -> defer.Deferred[R]:
         """``run_interaction`` for callers that want a Deferred."""
         return defer.ensureDeferred(self.run_interaction(description, fn, *args, **kwargs))
 

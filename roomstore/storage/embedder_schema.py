@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import attrs
 
@@ -41,8 +41,8 @@ from roomstore.storage.reconnect import one_line
 from roomstore.storage.schema import (
     SchemaError,
     SchemaTooNewError,
-    _files_for,
     _apply_file,
+    _files_for,
     check_schema_txn,
     prepare_database,
 )
@@ -140,12 +140,14 @@ def _apply_delta(txn: Transaction, schema: EmbedderSchema, version: int, path: P
     except Exception as exc:
         engine = txn.engine
         connection = getattr(txn._cursor, "connection", None)
-        if (isinstance(exc, RetryTransaction) or engine.is_retryable(exc) or engine.is_storage_full(exc)
-                or engine.is_connection_lost(exc, connection)):
+        if (
+            isinstance(exc, RetryTransaction)
+            or engine.is_retryable(exc)
+            or engine.is_storage_full(exc)
+            or engine.is_connection_lost(exc, connection)
+        ):
             raise
-        raise SchemaError(
-            f"embedder schema {schema.name!r} version {version}: {path} failed: {one_line(exc)}"
-        ) from exc
+        raise SchemaError(f"embedder schema {schema.name!r} version {version}: {path} failed: {one_line(exc)}") from exc
 
 
 def _migrate(txn: Transaction, schema: EmbedderSchema, stored: int | None) -> int:

@@ -17,16 +17,15 @@ import os
 import re
 import sqlite3
 import urllib.parse
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
+from roomstore.storage.db_urls import masked_url, normalized_postgres_url
 from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError
 from roomstore.storage.pg_connection import copy_text, is_stale_plan, preparing_connection, xact_status
-from roomstore.storage.db_urls import masked_url, normalized_postgres_url
 from roomstore.storage.sqlite_connection import cannot_open, check_sqlite_file, connect_sqlite
-
-
 
 
 @functools.lru_cache(maxsize=1024)
@@ -116,8 +115,13 @@ class Engine:
         raise NotImplementedError(f"{self.name} does not batch writes")
 
     def insert_rows(
-        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple],
-        on_conflict: str, returning: str,
+        self,
+        cursor: Any,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[tuple],
+        on_conflict: str,
+        returning: str,
     ) -> list[tuple] | None:
         """Insert ``rows`` in as few round trips as this database allows; the
         rows ``returning`` names if given (where ``returns_inserted_rows``)."""
@@ -134,7 +138,6 @@ class Engine:
     def session_connection(self, application_name: str) -> Any:
         """A connection of its own, outside the pool, for session-level locks."""
         raise NotImplementedError(f"{self.name} has no server sessions")
-
 
     def connect(self, pooled: bool = False) -> Any:
         """A new connection. ``pooled``: one of ``Database``'s, whose
@@ -215,6 +218,7 @@ class Engine:
     #: SQL suffix that row-locks what a SELECT returns until commit; "" where a
     #: write transaction already excludes every other writer.
     for_update: str = ""
+
     def bulk_insert(
         self, cursor: Any, table: str, columns: str, rows: Sequence[tuple], text: Callable[[Any], str] = str
     ) -> None:
@@ -277,8 +281,13 @@ class SqliteEngine(Engine):
     single_writer = True
 
     def insert_rows(
-        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple],
-        on_conflict: str, returning: str,
+        self,
+        cursor: Any,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[tuple],
+        on_conflict: str,
+        returning: str,
     ) -> list[tuple] | None:
         # In-process: one executemany costs no round trips.
         marks = ", ".join("?" for _ in columns)
@@ -325,8 +334,10 @@ class SqliteEngine(Engine):
     def json_array_sql(self, items: Sequence[tuple[str, str]]) -> str:
         # SQLite's JSON functions write compact JSON; json('true') is a
         # constant, made once a statement.
-        values = (f"CASE WHEN {expr} THEN json('true') ELSE json('false') END" if kind == "bool" else expr
-                  for kind, expr in items)
+        values = (
+            f"CASE WHEN {expr} THEN json('true') ELSE json('false') END" if kind == "bool" else expr
+            for kind, expr in items
+        )
         return f"json_array({', '.join(values)})"
 
     _SCHEMA_REWRITES = (
@@ -361,14 +372,11 @@ class SqliteEngine(Engine):
         return isinstance(exc, sqlite3.Error) and (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == 13
 
     def table_exists(self, cursor: Any, table: str) -> bool:
-        cursor.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
-        )
+        cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
         return cursor.fetchone() is not None
 
     def describe(self) -> str:
         return f"sqlite:///{self.path}"
-
 
 
 @attrs.define
@@ -411,22 +419,31 @@ class PostgresEngine(Engine):
         one_row = "(" + ", ".join("%s" for _ in columns) + ")"
         head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ".encode()
         return [
-            head + b",".join(cursor.mogrify(one_row, row) for row in rows[start:start + 1000])
+            head
+            + b",".join(cursor.mogrify(one_row, row) for row in rows[start : start + 1000])
             + f" {on_conflict}".encode()
             for start in range(0, len(rows), 1000)
         ]
 
     def insert_rows(
-        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple],
-        on_conflict: str, returning: str,
+        self,
+        cursor: Any,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[tuple],
+        on_conflict: str,
+        returning: str,
     ) -> list[tuple] | None:
         # Multi-row VALUES: psycopg2's executemany would be a round trip per row.
         from psycopg2.extras import execute_values
 
         suffix = f" RETURNING {returning}" if returning else ""
         result = execute_values(
-            cursor, f"INSERT INTO {table} ({', '.join(columns)}) VALUES %s {on_conflict}{suffix}", rows,
-            page_size=1000, fetch=bool(returning),
+            cursor,
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES %s {on_conflict}{suffix}",
+            rows,
+            page_size=1000,
+            fetch=bool(returning),
         )
         return [tuple(r) for r in result] if returning else None
 
@@ -677,4 +694,3 @@ def engine_from_url(url: str, create: bool = True, read_only: bool = False) -> E
                 raise DatabaseConfigError("max_prepared must be 0 (none) or more")
         return engine
     raise DatabaseConfigError(f"unsupported database scheme {scheme!r}: use sqlite or postgresql")
-

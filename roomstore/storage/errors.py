@@ -29,4 +29,3 @@ class NotFoundError(KeyError):
     def __str__(self) -> str:
         # KeyError's own quotes its argument as a key: a message reads better plain.
         return str(self.args[0]) if len(self.args) == 1 else super().__str__()
-

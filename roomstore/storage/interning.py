@@ -12,8 +12,8 @@ never changes meaning, so a cached entry is never stale: the caches
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from operator import itemgetter
-from typing import Hashable, Iterable, Mapping, Sequence
 
 from roomstore.storage.transaction import RetryTransaction, Transaction
 
@@ -291,8 +291,11 @@ class Interner:
             if not missing:
                 return result
             inserted = txn.insert_many(
-                self.table, self.key_columns, [self._as_row(k) for k in missing],
-                on_conflict="ON CONFLICT DO NOTHING", returning=f"{', '.join(self.key_columns)}, {self.nid_column}",
+                self.table,
+                self.key_columns,
+                [self._as_row(k) for k in missing],
+                on_conflict="ON CONFLICT DO NOTHING",
+                returning=f"{', '.join(self.key_columns)}, {self.nid_column}",
             )
             found = {(r[0] if len(self.key_columns) == 1 else tuple(r[:-1])): r[-1] for r in inserted}
             ours = set(found)
@@ -313,7 +316,8 @@ class Interner:
             nids = txn.allocate_ids(self.table, self.nid_column, len(missing))
             found = dict(zip(missing, nids))
             txn.insert_many(
-                self.table, (self.nid_column, *self.key_columns),
+                self.table,
+                (self.nid_column, *self.key_columns),
                 [(n, *self._as_row(k)) for k, n in found.items()],
             )
             ours = set(found)
@@ -326,8 +330,9 @@ class Interner:
         txn.call_after(self._remember, found)
         return result
 
-    def _fetch_keys(self, txn: Transaction, nids: Sequence[int], remember: bool = True,
-                    exact: bool = True) -> dict[int, object]:
+    def _fetch_keys(
+        self, txn: Transaction, nids: Sequence[int], remember: bool = True, exact: bool = True
+    ) -> dict[int, object]:
         """The keys of ``nids`` from the table (learned by the cache after
         commit, with ``remember``). Nids close together (at least half of
         the range between the least and the greatest, as a page of a stream
@@ -469,9 +474,10 @@ def key_nids_of_types_txn(txn: Transaction, types: Sequence[str]) -> list[int]:
     nids: list[int] = []
     for part in chunks(list(types)):
         marks = ", ".join("?" for _ in part)
-        nids += [r[0] for r in txn.execute(
-            f"SELECT type_key_nid FROM state_keys WHERE type IN ({marks})", list(part)
-        ).fetchall()]
+        nids += [
+            r[0]
+            for r in txn.execute(f"SELECT type_key_nid FROM state_keys WHERE type IN ({marks})", list(part)).fetchall()
+        ]
     return nids
 
 

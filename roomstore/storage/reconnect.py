@@ -123,7 +123,9 @@ class Outages:
             log.warn(
                 "{where}: lost the database connection ({cause}); reconnecting with backoff"
                 " (transactions wait up to {limit:.0f} s)",
-                where=self.where, cause=self.cause, limit=self.give_up_after_s,
+                where=self.where,
+                cause=self.cause,
+                limit=self.give_up_after_s,
             )
         if now - self.started >= self.give_up_after_s:
             raise DatabaseUnavailableError(

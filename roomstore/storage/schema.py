@@ -154,10 +154,14 @@ def check_schema_txn(txn: Transaction, target: int | None = None) -> int:
     engine = txn.engine
     where = engine.describe()
     if not engine.table_exists(txn._cursor, "schema_version"):
-        raise SchemaError(f"{where} has no roomstore schema: create it with `roomstore init --db {where}`"
-                          " (read commands write nothing)")
+        raise SchemaError(
+            f"{where} has no roomstore schema: create it with `roomstore init --db {where}`"
+            " (read commands write nothing)"
+        )
     current = _stored_version(txn, target, "upgrade roomstore")
     if current < target:
-        raise SchemaError(f"database schema is version {current}, older than this roomstore's {target}: upgrade it"
-                          f" with `roomstore init --db {where}` (read commands write nothing)")
+        raise SchemaError(
+            f"database schema is version {current}, older than this roomstore's {target}: upgrade it"
+            f" with `roomstore init --db {where}` (read commands write nothing)"
+        )
     return current

@@ -125,8 +125,9 @@ def _connect_read_only(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
         raise DatabaseConfigError("an in-memory SQLite database cannot be opened read-only")
     uri = _read_only_uri(path, "rw")
     try:
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
-                               timeout=busy_timeout_ms / 1000)
+        conn = sqlite3.connect(
+            uri, uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+        )
     except sqlite3.OperationalError as exc:
         raise DatabaseConfigError(f"cannot open the SQLite database {path}: {exc}") from None
     try:

@@ -11,7 +11,8 @@ a transaction (schema migrations, the tables' SQL) needs nothing of the pool.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from roomstore.storage.engines import Engine
 
@@ -57,7 +58,7 @@ class Transaction:
 
     # --- SQL -------------------------------------------------------------
 
-    def execute(self, sql: str, args: Sequence[Any] = (), prepare: bool = False) -> "Transaction":
+    def execute(self, sql: str, args: Sequence[Any] = (), prepare: bool = False) -> Transaction:
         """Run ``sql`` with ``args`` bound to its ``?`` placeholders.
 
         ``prepare=True``, for a hot read whose planning costs more than its

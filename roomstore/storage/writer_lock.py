@@ -39,7 +39,12 @@ from typing import Any
 from twisted.logger import Logger
 
 from roomstore.storage.engines import DatabaseConfigError
-from roomstore.storage.pg_connection import advisory_lock_holder, advisory_unlock, holds_advisory_lock, try_advisory_lock
+from roomstore.storage.pg_connection import (
+    advisory_lock_holder,
+    advisory_unlock,
+    holds_advisory_lock,
+    try_advisory_lock,
+)
 from roomstore.storage.sqlite_connection import cannot_open
 
 __all__ = ["WriterLock", "WriterLockHeld", "WriterLockLost", "writer_lock_key"]
@@ -168,7 +173,7 @@ class WriterLock:
             self.lost.callback(error)
 
     @classmethod
-    async def acquire(cls, db: Any, instance_name: str) -> "WriterLock":
+    async def acquire(cls, db: Any, instance_name: str) -> WriterLock:
         """Take the lock of ``instance_name`` on ``db``'s database, or raise WriterLockHeld."""
         if not db.engine.single_writer:
             conn = await db.run_blocking(_pg_acquire, db.engine, instance_name)
@@ -283,7 +288,7 @@ def _holder_of(application_name: str | None) -> tuple[str, str] | None:
     sets it), or None for a session that is not a roomstore writer's."""
     if not application_name or not application_name.startswith(_APP_PREFIX):
         return None
-    pid, _, host = application_name[len(_APP_PREFIX):].strip().partition("@")
+    pid, _, host = application_name[len(_APP_PREFIX) :].strip().partition("@")
     return pid, host
 
 

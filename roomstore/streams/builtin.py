@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from roomstore.storage.database import Database
 from roomstore.streams.id_generators import BackingTable, StreamIdGenerator
@@ -31,7 +31,11 @@ async def open_builtin_generators(
     generators = {}
     for name, tables in BUILTIN_STREAMS.items():
         generators[name] = await StreamIdGenerator.create(
-            db, name, instance_name, writers=list(writers.get(name, [instance_name])), backing_tables=tables,
+            db,
+            name,
+            instance_name,
+            writers=list(writers.get(name, [instance_name])),
+            backing_tables=tables,
             read_only=read_only,
         )
     return generators

@@ -13,7 +13,7 @@ Who calls it: the store's writers on commit (``entity_has_changed``, through
 from __future__ import annotations
 
 import bisect
-from typing import Collection, Hashable, Iterable
+from collections.abc import Collection, Hashable, Iterable
 
 from prometheus_client import Counter
 

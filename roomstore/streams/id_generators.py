@@ -28,7 +28,7 @@ import bisect
 import contextlib
 import functools
 import threading
-from typing import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 
 import attrs
 from prometheus_client import Gauge
@@ -157,7 +157,7 @@ class StreamIdGenerator:
         backing_tables: Sequence[BackingTable] = (),
         sequence_name: str | None = None,
         read_only: bool = False,
-    ) -> "StreamIdGenerator":
+    ) -> StreamIdGenerator:
         """Build a generator and recover its positions from the database.
 
         ``read_only``: this process reads the stream only (no IDs, no position
@@ -284,8 +284,7 @@ class StreamIdGenerator:
     def _check_reservation(self, n: int) -> None:
         if not self.is_writer:
             raise StreamConfigError(
-                f"{self.instance_name!r} is not a writer of stream {self.stream_name!r} "
-                f"(writers: {list(self.writers)})"
+                f"{self.instance_name!r} is not a writer of stream {self.stream_name!r} (writers: {list(self.writers)})"
             )
         if n < 1:
             raise ValueError("must reserve at least one ID")
@@ -417,10 +416,12 @@ class StreamIdGenerator:
         # newest generator of a stream in a process reports it.
         for writer in self._positions:
             stream_position_gauge.labels(self.stream_name, writer).set_function(
-                functools.partial(self._positions.get, writer, 0))
+                functools.partial(self._positions.get, writer, 0)
+            )
         # The positions alone, not the generator: the registry outlives it.
         stream_linear_position_gauge.labels(self.stream_name).set_function(
-            functools.partial(_linear_position, self._positions))
+            functools.partial(_linear_position, self._positions)
+        )
 
     # ------------------------------------------------------------------ persistence
 
@@ -486,8 +487,7 @@ class StreamIdGenerator:
                     except StorageFullError as exc:
                         # Out of space: the writes of the facts fail too, and
                         # say so; this one loses nothing (see below).
-                        log.info("stream {stream}: could not persist position: {exc}", stream=self.stream_name,
-                                 exc=exc)
+                        log.info("stream {stream}: could not persist position: {exc}", stream=self.stream_name, exc=exc)
                     except Exception:
                         # Recovery at start-up also reads the backing tables, so
                         # a failed write here loses nothing; log and carry on.
@@ -532,7 +532,9 @@ class StreamIdGenerator:
 def _upsert_positions(txn: Transaction, rows: Sequence[tuple[str, str, int]]) -> None:
     # The greatest position wins, so a slow, stale write never moves it back.
     txn.insert_many(
-        "stream_positions", ("stream_name", "instance_name", "stream_id"), rows,
+        "stream_positions",
+        ("stream_name", "instance_name", "stream_id"),
+        rows,
         on_conflict="ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id ="
         " CASE WHEN excluded.stream_id > stream_positions.stream_id"
         " THEN excluded.stream_id ELSE stream_positions.stream_id END",

@@ -21,9 +21,9 @@ events stream does not move for them.
 from __future__ import annotations
 
 import json
-
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -102,8 +102,9 @@ async def import_synapse(
     return summary
 
 
-async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], summary: ImportSummary,
-                       report: Report, trust_source: bool) -> None:
+async def _import_page(
+    store, reader: SynapseReader, page: list[SynapseEvent], summary: ImportSummary, report: Report, trust_source: bool
+) -> None:
     """Persist one page as one batch; when the store refuses the batch, each
     event on its own so one bad event is reported and the rest imported."""
     items = await _to_persist(reader, page, trust_source)
@@ -128,19 +129,38 @@ async def _import_page(store, reader: SynapseReader, page: list[SynapseEvent], s
         ev = by_id[result.event_id]
         if result.content_hash_mismatch:
             summary.redacted_content_hash_mismatch += 1
-            report({"event_id": ev.event_id, "room_id": ev.room_id, "stream_ordering": ev.stream_ordering,
-                    "error": "content hash mismatch", "stored": "redacted"})
+            report(
+                {
+                    "event_id": ev.event_id,
+                    "room_id": ev.room_id,
+                    "stream_ordering": ev.stream_ordering,
+                    "error": "content hash mismatch",
+                    "stored": "redacted",
+                }
+            )
         summary.events += 1
         summary.outliers += ev.outlier
         summary.rejected += result.rejected_reason is not None
         if result.rejected_reason is not None and ev.rejected_reason is None:
-            report({"event_id": ev.event_id, "room_id": ev.room_id, "stream_ordering": ev.stream_ordering,
-                    "rejected": result.rejected_reason, "synapse": "accepted"})
+            report(
+                {
+                    "event_id": ev.event_id,
+                    "room_id": ev.room_id,
+                    "stream_ordering": ev.stream_ordering,
+                    "rejected": result.rejected_reason,
+                    "synapse": "accepted",
+                }
+            )
         summary.backfilled += ev.stream_ordering < 0
 
 
-async def _persist_resolving(store, reader: SynapseReader, events: Sequence[SynapseEvent],
-                             batch: Sequence[EventToPersist], summary: ImportSummary) -> list:
+async def _persist_resolving(
+    store,
+    reader: SynapseReader,
+    events: Sequence[SynapseEvent],
+    batch: Sequence[EventToPersist],
+    summary: ImportSummary,
+) -> list:
     """``persist_events``, with Synapse's current state of each room the
     batch may leave with several forward extremities: the store would
     resolve them itself, and Synapse's answer is the one an import keeps."""
@@ -183,26 +203,40 @@ def _current_states(source: SynapseSource, events: Sequence[SynapseEvent]) -> di
     return {room_id: source.current_state_at(room_id, position) for room_id, position in newest.items()}
 
 
-async def _to_persist(reader: SynapseReader, page: Sequence[SynapseEvent], trust_source: bool = False
-                      ) -> list[tuple[SynapseEvent, EventToPersist]]:
+async def _to_persist(
+    reader: SynapseReader, page: Sequence[SynapseEvent], trust_source: bool = False
+) -> list[tuple[SynapseEvent, EventToPersist]]:
     """(event, ``EventToPersist``) for each event of the page; an event with
     several prev events gets Synapse's state before it where it can be read."""
     wanted = {
-        ev.event_id: ((ev.event_type, ev.state_key) if ev.state_key is not None else None, ev.rejected_reason is not None)
-        for ev in page if not ev.outlier and ev.prev_count > 1
+        ev.event_id: (
+            (ev.event_type, ev.state_key) if ev.state_key is not None else None,
+            ev.rejected_reason is not None,
+        )
+        for ev in page
+        if not ev.outlier and ev.prev_count > 1
     }
     states: Mapping[str, StateMap] = await reader.run(_states_before, reader.source, wanted) if wanted else {}
     return [
-        (ev, EventToPersist(
-            ev.json, ev.room_version, outlier=ev.outlier, rejected_reason=ev.rejected_reason,
-            backfilled=ev.stream_ordering < 0, state_before=states.get(ev.event_id), auth_checked=trust_source,
-        ))
+        (
+            ev,
+            EventToPersist(
+                ev.json,
+                ev.room_version,
+                outlier=ev.outlier,
+                rejected_reason=ev.rejected_reason,
+                backfilled=ev.stream_ordering < 0,
+                state_before=states.get(ev.event_id),
+                auth_checked=trust_source,
+            ),
+        )
         for ev in page
     ]
 
 
-def _states_before(source: SynapseSource, wanted: Mapping[str, tuple[tuple[str, str] | None, bool]]
-                   ) -> dict[str, StateMap]:
+def _states_before(
+    source: SynapseSource, wanted: Mapping[str, tuple[tuple[str, str] | None, bool]]
+) -> dict[str, StateMap]:
     """Synapse's state before each event where it can be read: its state
     group is the state after it; for an accepted state event Synapse stores
     that group as a one-row delta (the event itself) on the group of the
@@ -226,5 +260,12 @@ def _states_before(source: SynapseSource, wanted: Mapping[str, tuple[tuple[str, 
 
 def _skip(summary: ImportSummary, report: Report, ev: SynapseEvent, reason: str, message: str) -> None:
     summary.skipped[reason] = summary.skipped.get(reason, 0) + 1
-    report({"event_id": ev.event_id, "room_id": ev.room_id, "stream_ordering": ev.stream_ordering,
-            "error": reason, "message": message})
+    report(
+        {
+            "event_id": ev.event_id,
+            "room_id": ev.room_id,
+            "stream_ordering": ev.stream_ordering,
+            "error": reason,
+            "message": message,
+        }
+    )

@@ -7,7 +7,8 @@ thread, and the reactor only schedules.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
@@ -25,7 +26,7 @@ class SynapseReader:
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name="synapse-reader")
 
     @classmethod
-    async def open(cls, url: str, reactor: Any) -> "SynapseReader":
+    async def open(cls, url: str, reactor: Any) -> SynapseReader:
         reader = cls(SynapseSource(url), reactor)
         reader._pool.start()
         try:

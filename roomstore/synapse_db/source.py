@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import sqlite3
 import urllib.parse
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
@@ -100,17 +101,22 @@ class SynapseSource:
             import psycopg2
 
             try:
-                conn = psycopg2.connect(normalized_postgres_url(url).geturl(), options="-c default_transaction_read_only=on",
-                                        application_name="roomstore-import-synapse")
+                conn = psycopg2.connect(
+                    normalized_postgres_url(url).geturl(),
+                    options="-c default_transaction_read_only=on",
+                    application_name="roomstore-import-synapse",
+                )
             except DatabaseConfigError as exc:
                 raise SynapseDatabaseError(str(exc)) from None
             except psycopg2.Error as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise SynapseDatabaseError(f"cannot connect to the Synapse database {masked_url(url)}: {first}") from None
+                raise SynapseDatabaseError(
+                    f"cannot connect to the Synapse database {masked_url(url)}: {first}"
+                ) from None
             conn.autocommit = True  # each statement its own short read-only transaction
             self._engine = "postgresql"
         else:
-            path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else url
+            path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else url
             if url.startswith("sqlite:") and not url.startswith("sqlite:///"):
                 raise SynapseDatabaseError(f"{url!r}: write sqlite:///path/to/homeserver.db or a plain path")
             import os
@@ -118,8 +124,7 @@ class SynapseSource:
             if not os.path.isfile(path):
                 raise SynapseDatabaseError(f"no Synapse database at {path}: give the path of its homeserver.db")
             quoted = urllib.parse.quote(os.path.abspath(path))
-            conn = sqlite3.connect(f"file:{quoted}?mode=ro", uri=True, isolation_level=None,
-                                   check_same_thread=False)
+            conn = sqlite3.connect(f"file:{quoted}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA busy_timeout = 10000")  # a live Synapse's write may hold the file briefly
             self._engine = "sqlite"
         self._conn = conn
@@ -205,9 +210,16 @@ class SynapseSource:
         )
         return [
             SynapseEvent(
-                stream_ordering=int(so), event_id=event_id, room_id=room_id, room_version=version or "1",
-                json=raw.encode("utf-8") if isinstance(raw, str) else bytes(raw), outlier=bool(outlier),
-                rejected_reason=reason, event_type=event_type, state_key=state_key, prev_count=int(prevs),
+                stream_ordering=int(so),
+                event_id=event_id,
+                room_id=room_id,
+                room_version=version or "1",
+                json=raw.encode("utf-8") if isinstance(raw, str) else bytes(raw),
+                outlier=bool(outlier),
+                rejected_reason=reason,
+                event_type=event_type,
+                state_key=state_key,
+                prev_count=int(prevs),
             )
             for so, event_id, room_id, version, raw, outlier, reason, event_type, state_key, prevs in rows
         ]
@@ -217,14 +229,17 @@ class SynapseSource:
         redaction event stored in the same room and not rejected."""
         found: set[str] = set()
         for part in _chunks(list(event_ids)):
-            found.update(r for (r,) in self._rows(
-                "SELECT DISTINCT t.event_id FROM redactions AS rd"
-                " JOIN events AS red ON red.event_id = rd.event_id"
-                " JOIN events AS t ON t.event_id = rd.redacts AND t.room_id = red.room_id"
-                " LEFT JOIN rejections AS rj ON rj.event_id = rd.event_id"
-                f" WHERE rj.event_id IS NULL AND rd.redacts IN ({_marks(part)})",
-                part,
-            ))
+            found.update(
+                r
+                for (r,) in self._rows(
+                    "SELECT DISTINCT t.event_id FROM redactions AS rd"
+                    " JOIN events AS red ON red.event_id = rd.event_id"
+                    " JOIN events AS t ON t.event_id = rd.redacts AND t.room_id = red.room_id"
+                    " LEFT JOIN rejections AS rj ON rj.event_id = rd.event_id"
+                    f" WHERE rj.event_id IS NULL AND rd.redacts IN ({_marks(part)})",
+                    part,
+                )
+            )
         return found
 
     # --------------------------------------------------------------- state
@@ -233,9 +248,12 @@ class SynapseSource:
         """The state group after each event (outliers have none)."""
         groups: dict[str, int] = {}
         for part in _chunks(list(event_ids)):
-            groups.update((e, int(g)) for e, g in self._rows(
-                f"SELECT event_id, state_group FROM event_to_state_groups WHERE event_id IN ({_marks(part)})", part
-            ))
+            groups.update(
+                (e, int(g))
+                for e, g in self._rows(
+                    f"SELECT event_id, state_group FROM event_to_state_groups WHERE event_id IN ({_marks(part)})", part
+                )
+            )
         return groups
 
     def group_delta(self, group: int) -> tuple[int | None, StateMap]:
@@ -249,14 +267,17 @@ class SynapseSource:
         row winning for each key (Synapse's own reading of its layout). Two
         statements: the chain (a recursive walk of ``state_group_edges``),
         then every row of its groups."""
-        chain = [int(g) for g, _ in self._rows(
-            "WITH RECURSIVE chain(state_group, hops) AS ("
-            " SELECT CAST(? AS BIGINT), 0"
-            " UNION ALL SELECT e.prev_state_group, c.hops + 1 FROM state_group_edges AS e"
-            " JOIN chain AS c ON e.state_group = c.state_group WHERE c.hops < ?"
-            ") SELECT state_group, hops FROM chain ORDER BY hops",
-            (group, _MAX_HOPS),
-        )]
+        chain = [
+            int(g)
+            for g, _ in self._rows(
+                "WITH RECURSIVE chain(state_group, hops) AS ("
+                " SELECT CAST(? AS BIGINT), 0"
+                " UNION ALL SELECT e.prev_state_group, c.hops + 1 FROM state_group_edges AS e"
+                " JOIN chain AS c ON e.state_group = c.state_group WHERE c.hops < ?"
+                ") SELECT state_group, hops FROM chain ORDER BY hops",
+                (group, _MAX_HOPS),
+            )
+        ]
         if len(chain) > _MAX_HOPS:
             raise SynapseDatabaseError(f"state group {group}'s chain is over {_MAX_HOPS} groups long (a loop?)")
         nearest = {g: hops for hops, g in enumerate(chain)}
@@ -264,7 +285,8 @@ class SynapseSource:
         for part in _chunks(chain):
             for g, event_type, state_key, event_id in self._rows(
                 "SELECT state_group, type, state_key, event_id FROM state_groups_state"
-                f" WHERE state_group IN ({_marks(part)})", part,
+                f" WHERE state_group IN ({_marks(part)})",
+                part,
             ):
                 hops = nearest[int(g)]
                 key = (event_type, state_key)
@@ -291,5 +313,3 @@ class SynapseSource:
 
 def _marks(items: Sequence[Any]) -> str:
     return ", ".join("?" for _ in items)
-
-

@@ -10,7 +10,8 @@ and the store lacks are counted (``not_imported``), not compared.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
@@ -111,8 +112,14 @@ async def verify_synapse(
             summary.events_checked += 1
             if flags[event_id].redacted != (event_id in redacted):
                 summary.redaction_differences += 1
-                differ({"event_id": event_id, "difference": "redaction",
-                        "synapse_redacted": event_id in redacted, "roomstore_redacted": flags[event_id].redacted})
+                differ(
+                    {
+                        "event_id": event_id,
+                        "difference": "redaction",
+                        "synapse_redacted": event_id in redacted,
+                        "roomstore_redacted": flags[event_id].redacted,
+                    }
+                )
             theirs = states.get(event_id)
             if theirs is None or flags[event_id].outlier:
                 continue
@@ -121,8 +128,14 @@ async def verify_synapse(
             if ours != theirs:
                 summary.state_differences += 1
                 keys = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
-                differ({"event_id": event_id, "difference": "state", "keys": [
-                    {"type": t, "state_key": k, "synapse": theirs.get((t, k)), "roomstore": ours.get((t, k))}
-                    for t, k in keys[:10]
-                ]})
+                differ(
+                    {
+                        "event_id": event_id,
+                        "difference": "state",
+                        "keys": [
+                            {"type": t, "state_key": k, "synapse": theirs.get((t, k)), "roomstore": ours.get((t, k))}
+                            for t, k in keys[:10]
+                        ],
+                    }
+                )
     return summary

@@ -8,7 +8,7 @@ caller's); ``membership_codes_txn`` reads the codes of stored events.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from roomstore.storage.database import Transaction
 from roomstore.visibility.rules import MEMBERSHIP_CODES

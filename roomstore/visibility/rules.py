@@ -59,7 +59,8 @@ Where Synapse (``synapse/visibility.py``) gives different answers:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "HistoryVisibility",
@@ -131,9 +132,7 @@ _HISTORY_VISIBILITY_KEY = ("m.room.history_visibility", "")
 
 def membership_code(membership: str | None) -> int:
     """SMALLINT code for ``membership``; :data:`NO_MEMBERSHIP_CODE` if None/unknown."""
-    return MEMBERSHIP_CODES.get(membership, NO_MEMBERSHIP_CODE) if isinstance(
-        membership, str
-    ) else NO_MEMBERSHIP_CODE
+    return MEMBERSHIP_CODES.get(membership, NO_MEMBERSHIP_CODE) if isinstance(membership, str) else NO_MEMBERSHIP_CODE
 
 
 def visibility_code(visibility: object) -> int:
@@ -170,9 +169,7 @@ def membership_in(state: StateMap, user_id: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def allowed_by_rules(
-    visibility: str, membership: str | None, user_joined_after: bool
-) -> bool:
+def allowed_by_rules(visibility: str, membership: str | None, user_joined_after: bool) -> bool:
     """Rules 1-5 of the spec for one (visibility, membership) pair."""
     if visibility == HistoryVisibility.WORLD_READABLE:  # rule 1
         return True
@@ -219,17 +216,13 @@ def is_event_visible(
 
     if event_type == "m.room.history_visibility" and state_key == "":
         # "...if the history_visibility before *or* after the event would allow"
-        return allowed_by_rules(
-            visibility, membership, user_joined_after
-        ) or allowed_by_rules(
+        return allowed_by_rules(visibility, membership, user_joined_after) or allowed_by_rules(
             history_visibility_in(state_after), membership, user_joined_after
         )
 
     if event_type == "m.room.member" and state_key == user_id:
         # "...if their membership before *or* after the event would allow"
-        return allowed_by_rules(
-            visibility, membership, user_joined_after
-        ) or allowed_by_rules(
+        return allowed_by_rules(visibility, membership, user_joined_after) or allowed_by_rules(
             visibility, membership_in(state_after, user_id), user_joined_after
         )
 

@@ -21,7 +21,7 @@ the readers embed ``visible_sql`` in their queries.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from roomstore.storage.database import Transaction
 from roomstore.visibility.memberships import joined_after_sql, last_join_sql
@@ -152,7 +152,7 @@ class VisibilityStore:
         parent_snapshot: int | None,
         membership_changes: Mapping[int, int],
         visibility: int | None,
-        writes: "VisibilityWrites | None" = None,
+        writes: VisibilityWrites | None = None,
     ) -> int:
         """The snapshot of a state derived from ``parent_snapshot``.
 
@@ -255,11 +255,14 @@ class VisibilityWrites:
         """(ancestor, upto seq, depth) of ``branch``, deepest last, itself left out."""
         if branch in self._ancestors:
             return self._ancestors[branch][1:]
-        return [tuple(r) for r in txn.execute(
-            "SELECT ancestor_branch_nid, upto_seq, depth FROM visibility_branch_ancestors"
-            " WHERE branch_nid = ? AND depth > 0 ORDER BY depth",
-            (branch,),
-        ).fetchall()]
+        return [
+            tuple(r)
+            for r in txn.execute(
+                "SELECT ancestor_branch_nid, upto_seq, depth FROM visibility_branch_ancestors"
+                " WHERE branch_nid = ? AND depth > 0 ORDER BY depth",
+                (branch,),
+            ).fetchall()
+        ]
 
     def add_snapshot(
         self, txn: Transaction, room_nid: int, branch: int, seq: int, hv: int, membership_changes: Mapping[int, int]
@@ -275,20 +278,28 @@ class VisibilityWrites:
 
     def flush(self, txn: Transaction) -> None:
         txn.insert_many(
-            "visibility_branches", ("branch_nid", "room_nid", "base_snapshot_nid", "tip_seq"),
-            [(b, room, base, self._tips[b]) for b, (room, base) in sorted(self._new_branches.items())], queue=True,
+            "visibility_branches",
+            ("branch_nid", "room_nid", "base_snapshot_nid", "tip_seq"),
+            [(b, room, base, self._tips[b]) for b, (room, base) in sorted(self._new_branches.items())],
+            queue=True,
         )
         txn.insert_many(
-            "visibility_branch_ancestors", ("branch_nid", "ancestor_branch_nid", "upto_seq", "depth"),
-            [(b, *row) for b in sorted(self._new_branches) for row in self._ancestors[b]], queue=True,
+            "visibility_branch_ancestors",
+            ("branch_nid", "ancestor_branch_nid", "upto_seq", "depth"),
+            [(b, *row) for b in sorted(self._new_branches) for row in self._ancestors[b]],
+            queue=True,
         )
         for branch in sorted(self._moved_tips):
             txn.queue("UPDATE visibility_branches SET tip_seq = ? WHERE branch_nid = ?", (self._tips[branch], branch))
         txn.insert_many(
-            "visibility_snapshots", ("snapshot_nid", "room_nid", "branch_nid", "seq", "history_visibility"),
-            self._snapshot_rows, queue=True,
+            "visibility_snapshots",
+            ("snapshot_nid", "room_nid", "branch_nid", "seq", "history_visibility"),
+            self._snapshot_rows,
+            queue=True,
         )
-        txn.insert_many("visibility_memberships", ("branch_nid", "user_nid", "seq", "membership"), self._membership_rows, queue=True)
+        txn.insert_many(
+            "visibility_memberships", ("branch_nid", "user_nid", "seq", "membership"), self._membership_rows, queue=True
+        )
         self._new_branches, self._moved_tips = {}, set()
         self._ancestors = {}
         self._snapshot_rows, self._membership_rows = [], []

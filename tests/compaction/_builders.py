@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import random
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 from roomstore.compaction.model import PlanEntry, StateGroupEntry
 
 
-def chain(*deltas: Dict[int, Optional[int]], start: int = 1) -> List[StateGroupEntry]:
+def chain(*deltas: dict[int, int | None], start: int = 1) -> list[StateGroupEntry]:
     """A linear chain: the first delta is a snapshot, each next one a delta."""
     groups = []
     for offset, delta in enumerate(deltas):
@@ -27,19 +27,19 @@ def persisted_room(
     fork_rate: float = 0.05,
     removal_rate: float = 0.05,
     start: int = 1,
-) -> List[StateGroupEntry]:
+) -> list[StateGroupEntry]:
     """Groups as a homeserver persists them: a delta against the parent, a
     snapshot once the chain reaches ``snapshot_every`` hops, forks from recent
     groups, occasional key removals (tombstones)."""
     rng = random.Random(seed)
-    groups: List[StateGroupEntry] = []
-    states: Dict[int, Dict[int, int]] = {}
-    depth: Dict[int, int] = {}
-    parent: Optional[int] = None
+    groups: list[StateGroupEntry] = []
+    states: dict[int, dict[int, int]] = {}
+    depth: dict[int, int] = {}
+    parent: int | None = None
     event = 10_000
     for group_id in range(start, start + n):
         state = dict(states[parent]) if parent is not None else {}
-        delta: Dict[int, Optional[int]] = {}
+        delta: dict[int, int | None] = {}
         for _ in range(rng.choice((1, 1, 1, 2, 3))):
             event += 1
             delta[rng.randrange(keys)] = event
@@ -64,9 +64,7 @@ def persisted_room(
     return groups
 
 
-def apply_plan(
-    groups: Sequence[StateGroupEntry], writes: Sequence[PlanEntry]
-) -> List[StateGroupEntry]:
+def apply_plan(groups: Sequence[StateGroupEntry], writes: Sequence[PlanEntry]) -> list[StateGroupEntry]:
     """``groups`` as stored after writing ``writes``."""
     by_id = {g.group_id: g for g in groups}
     for entry in writes:
@@ -74,5 +72,5 @@ def apply_plan(
     return [by_id[k] for k in sorted(by_id)]
 
 
-def chunked(items: Sequence, size: int) -> List[Sequence]:
+def chunked(items: Sequence, size: int) -> list[Sequence]:
     return [items[i : i + size] for i in range(0, len(items), size)]

@@ -26,7 +26,6 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import List, Optional
 
 
 def free_port() -> int:
@@ -52,8 +51,9 @@ def executor_python(directory: str) -> str:
     (target / "executor-deps.pth").write_text(site + "\n")
     python = str(Path(directory) / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    probe = subprocess.run([python, "-c", "import pyspark, pyarrow, roomstore"], cwd=directory, env=env,
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [python, "-c", "import pyspark, pyarrow, roomstore"], cwd=directory, env=env, capture_output=True, text=True
+    )
     if "No module named 'roomstore'" not in probe.stderr:
         raise RuntimeError(f"the executor Python should see pyspark but not roomstore: {probe.stderr!r}")
     return python
@@ -71,8 +71,8 @@ class SparkCluster:
         self.port = free_port()
         self.ui_port = free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
-        self.procs: List[subprocess.Popen] = []
-        self.python: Optional[str] = None
+        self.procs: list[subprocess.Popen] = []
+        self.python: str | None = None
 
     def _env(self) -> dict:
         env = dict(os.environ)
@@ -87,11 +87,15 @@ class SparkCluster:
         env.pop("PYTHONPATH", None)
         return env
 
-    def _launch(self, name: str, args: List[str]) -> subprocess.Popen:
+    def _launch(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(os.path.join(self.directory, f"{name}.log"), "w")
         proc = subprocess.Popen(
             [os.path.join(spark_home(), "bin", "spark-class"), *args],
-            stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=self.directory, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self._env(),
+            cwd=self.directory,
+            start_new_session=True,
         )
         log.close()
         self.procs.append(proc)
@@ -101,7 +105,7 @@ class SparkCluster:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as response:
             return json.load(response)
 
-    def start(self) -> "SparkCluster":
+    def start(self) -> SparkCluster:
         """Start the daemons and wait until every worker has registered; on
         any failure the daemons started so far are stopped."""
         try:
@@ -110,47 +114,76 @@ class SparkCluster:
             self.stop()
             raise
 
-    def _start(self) -> "SparkCluster":
+    def _start(self) -> SparkCluster:
         self.python = executor_python(os.path.join(self.directory, "executor-venv"))
-        self._launch("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                "--port", str(self.port), "--webui-port", str(self.ui_port)])
+        self._launch(
+            "master",
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.ui_port),
+            ],
+        )
         for n in range(self.workers):
             work = os.path.join(self.directory, f"worker{n}")
             os.makedirs(work)
-            self._launch(f"worker{n}", [
-                "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", str(self.cores),
-                "--memory", self.memory, "--work-dir", work, "--webui-port", str(free_port()), self.url,
-            ])
+            self._launch(
+                f"worker{n}",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    str(self.cores),
+                    "--memory",
+                    self.memory,
+                    "--work-dir",
+                    work,
+                    "--webui-port",
+                    str(free_port()),
+                    self.url,
+                ],
+            )
         deadline = time.monotonic() + self.start_timeout
         while True:
             for proc in self.procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"a Spark daemon exited at start-up (exit {proc.returncode}); logs in "
-                                       f"{self.directory}")
+                    raise RuntimeError(
+                        f"a Spark daemon exited at start-up (exit {proc.returncode}); logs in {self.directory}"
+                    )
             try:
                 if self.status().get("aliveworkers") == self.workers:
                     return self
             except (OSError, ValueError):  # not listening yet, or answering before its JSON is ready
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the Spark cluster did not start in {self.start_timeout:.0f}s; logs in "
-                                   f"{self.directory}")
+                raise RuntimeError(
+                    f"the Spark cluster did not start in {self.start_timeout:.0f}s; logs in {self.directory}"
+                )
             time.sleep(0.5)
 
-    def submit_options(self, executor_memory: Optional[str] = None) -> List[str]:
+    def submit_options(self, executor_memory: str | None = None) -> list[str]:
         """``bin/roomstore-compact`` options to run on this cluster."""
         assert self.python is not None, "start the cluster first"
         return [
-            "--executor-memory", executor_memory or self.memory,
-            "--conf", f"spark.pyspark.python={self.python}",
-            "--conf", "spark.driver.host=127.0.0.1",
-            "--conf", "spark.ui.enabled=false",
+            "--executor-memory",
+            executor_memory or self.memory,
+            "--conf",
+            f"spark.pyspark.python={self.python}",
+            "--conf",
+            "spark.driver.host=127.0.0.1",
+            "--conf",
+            "spark.ui.enabled=false",
         ]
 
-    def daemon_pids(self) -> List[int]:
+    def daemon_pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.poll() is None]
 
-    def executor_logs(self) -> List[Path]:
+    def executor_logs(self) -> list[Path]:
         """The ``stderr`` of every executor the workers ran."""
         return sorted(Path(self.directory).glob("worker*/app-*/*/stderr"))
 
@@ -170,7 +203,7 @@ class SparkCluster:
     def cleanup(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def __enter__(self) -> "SparkCluster":
+    def __enter__(self) -> SparkCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -180,14 +180,13 @@ class ChunkTests(TestCase):
         for strategy, one_shot in (("levels", compress_levels), ("smart", compress_smart)):
             whole = one_shot(groups, window=8)
             for size in (1, 37, 500):
-                compactor = StreamingCompactor(
-                    strategy, window=8, resolve_state=states.get
-                )
+                compactor = StreamingCompactor(strategy, window=8, resolve_state=states.get)
                 entries = []
                 for chunk in chunked(groups, size):
                     entries.extend(compactor.feed(chunk).entries)
                     self.assertLessEqual(
-                        len(compactor.carried_groups), 8 + len(DEFAULT_LEVELS) + DEFAULT_RETIRED * (len(DEFAULT_LEVELS) - 1)
+                        len(compactor.carried_groups),
+                        8 + len(DEFAULT_LEVELS) + DEFAULT_RETIRED * (len(DEFAULT_LEVELS) - 1),
                     )
                 self.assertEqual(tuple(entries), whole.entries, (strategy, size))
                 self.assertEqual(compactor.rows_after, whole.rows_after)
@@ -247,9 +246,7 @@ class CompressRoomTests(TestCase):
 
     def test_skip_rather_than_grow(self) -> None:
         # A chain of small deltas that levels would rebase onto bigger ones.
-        groups = [E(1, None, {0: 0})] + [
-            E(i, 1, {i: i}) for i in range(2, 40)
-        ]
+        groups = [E(1, None, {0: 0})] + [E(i, 1, {i: i}) for i in range(2, 40)]
         result = compress_room(groups, "levels", levels=(3,), min_saving=0)
         self.assertGreater(result.rows_after, result.rows_before)
         self.assertEqual(result.action, "skip")
@@ -262,9 +259,7 @@ class CompressRoomTests(TestCase):
 class PackageTests(TestCase):
     def test_import_does_not_pull_in_pyspark(self) -> None:
         code = "import sys, roomstore.compaction; print('pyspark' in sys.modules)"
-        out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True
-        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         self.assertEqual(out.stdout.strip(), "False")
 
 

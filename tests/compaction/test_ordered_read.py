@@ -5,7 +5,6 @@ that runs the room function over such a partition room by room."""
 from __future__ import annotations
 
 import os
-from typing import List
 
 import pyarrow as pa
 from twisted.trial import unittest
@@ -14,7 +13,7 @@ from roomstore.compaction.job.executor import ChunkError, whole_rooms
 from roomstore.compaction.synapse_tables import room_partitions
 
 
-def _batch(nids: List[int], values: List[int]) -> pa.RecordBatch:
+def _batch(nids: list[int], values: list[int]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"room_nid": pa.array(nids, pa.int64()), "v": pa.array(values, pa.int64())})
 
 
@@ -107,13 +106,20 @@ class OrderedSqlTests(unittest.TestCase):
             keys = [(r[1], r[2]) for r in ordered if r[0] == nid]
             self.assertEqual(keys, sorted(keys))
         # The group rows are the shuffled read's rows.
-        groups = pg_query(dsn, "SELECT room_nid, state_group, 1, state_group, prev_state_group, type, state_key,"
-                               " event_id, row_checksum FROM " + sql.jdbc_group_rows(snap, where))
+        groups = pg_query(
+            dsn,
+            "SELECT room_nid, state_group, 1, state_group, prev_state_group, type, state_key,"
+            " event_id, row_checksum FROM " + sql.jdbc_group_rows(snap, where),
+        )
         self.assertEqual(sorted((r for r in ordered if r[2] == 1), key=repr), sorted(groups, key=repr))
         # The boundary rows are each needed group's full state, placed at its chunk.
         states = pg_query(dsn, sql.full_states(boundary))
-        expected = [(room, sort_id, 0, b, None, t, k, e, None)
-                    for room, sort_id, b in needs for bg, t, k, e in states if bg == b]
+        expected = [
+            (room, sort_id, 0, b, None, t, k, e, None)
+            for room, sort_id, b in needs
+            for bg, t, k, e in states
+            if bg == b
+        ]
         self.assertEqual(sorted((r for r in ordered if r[2] == 0), key=repr), sorted(expected, key=repr))
         # The reads' connections plan it with index lookups only (synapse_sql.READ_OPTIONS): the same rows, in the
         # same order.

@@ -55,21 +55,31 @@ class PrintCommandTests(unittest.TestCase):
         self.assertTrue(words[words.index("--jars") + 1].endswith("sqlite-jdbc.jar"))
         self.assertTrue(os.path.isfile(words[words.index("--py-files") + 1]))
         # An executor Python of the operator's choice is kept, not doubled.
-        line = printed_line("--db", f"sqlite:///{db}", "--master", "spark://h:7077",
-                            "--conf", "spark.pyspark.python=/usr/bin/python3")
+        line = printed_line(
+            "--db", f"sqlite:///{db}", "--master", "spark://h:7077", "--conf", "spark.pyspark.python=/usr/bin/python3"
+        )
         words = shlex.split(line)
         confs = [words[i + 1] for i, w in enumerate(words) if w == "--conf"]
-        self.assertEqual([c for c in confs if c.startswith("spark.pyspark.python=")],
-                         ["spark.pyspark.python=/usr/bin/python3"])
+        self.assertEqual(
+            [c for c in confs if c.startswith("spark.pyspark.python=")], ["spark.pyspark.python=/usr/bin/python3"]
+        )
         self.assertFalse(any(w.startswith("SPARK_LOCAL_IP=") for w in words))  # a cluster needs a real address
 
     def test_printed_line_runs_from_a_clean_shell(self):
         db = self.small_store()
         summary = db + ".summary.json"
-        line = printed_line("--db", f"sqlite:///{db}", "--summary-json", summary,
-                            "--conf", "spark.ui.enabled=false", "--driver-java-options=-XX:TieredStopAtLevel=1")
-        proc = subprocess.run([*CLEAN, line], capture_output=True, text=True, timeout=600,
-                              cwd=tempfile.mkdtemp(prefix="roomstore-cwd-"))
+        line = printed_line(
+            "--db",
+            f"sqlite:///{db}",
+            "--summary-json",
+            summary,
+            "--conf",
+            "spark.ui.enabled=false",
+            "--driver-java-options=-XX:TieredStopAtLevel=1",
+        )
+        proc = subprocess.run(
+            [*CLEAN, line], capture_output=True, text=True, timeout=600, cwd=tempfile.mkdtemp(prefix="roomstore-cwd-")
+        )
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertNotIn("Traceback", proc.stderr)
         self.assertNotIn("SPARK_LOCAL_IP", proc.stderr)  # no loopback warning: the line sets it
@@ -81,8 +91,12 @@ class PrintCommandTests(unittest.TestCase):
     def test_unreachable_master_wrapper_is_one_line(self):
         db = self.small_store()
         started = time.monotonic()
-        proc = subprocess.run([WRAPPER, "--db", f"sqlite:///{db}", "--master", "spark://127.0.0.1:1"],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [WRAPPER, "--db", f"sqlite:///{db}", "--master", "spark://127.0.0.1:1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         self.assertLess(time.monotonic() - started, FAIL_FAST_S)
         self.assertNotEqual(proc.returncode, 0)
         self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
@@ -101,6 +115,12 @@ class PrintCommandTests(unittest.TestCase):
         self.assertNotIn("Traceback", output)
         self.assertNotIn("\tat ", output)
         reasons = [line for line in output.splitlines() if "cannot reach the Spark master" in line]
-        self.assertEqual(reasons, ["roomstore-compact: cannot reach the Spark master spark://127.0.0.1:1"
-                                   " (127.0.0.1:1: Connection refused): start it, or check --master"
-                                   " (local[*] runs Spark in this process)"], output)
+        self.assertEqual(
+            reasons,
+            [
+                "roomstore-compact: cannot reach the Spark master spark://127.0.0.1:1"
+                " (127.0.0.1:1: Connection refused): start it, or check --master"
+                " (local[*] runs Spark in this process)"
+            ],
+            output,
+        )

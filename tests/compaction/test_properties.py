@@ -1,7 +1,5 @@
 """Property tests: random forests, every strategy, chunked and not."""
 
-from typing import Dict, List, Optional
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
@@ -24,20 +22,18 @@ from tests.compaction._builders import apply_plan, chunked, persisted_room
 # database=None: keep the example database out of the working tree.
 PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, database=None)
 
-deltas = st.dictionaries(
-    st.integers(0, 12), st.one_of(st.none(), st.integers(0, 40)), max_size=6
-)
+deltas = st.dictionaries(st.integers(0, 12), st.one_of(st.none(), st.integers(0, 40)), max_size=6)
 
 
 @st.composite
-def forests(draw) -> List[StateGroupEntry]:
+def forests(draw) -> list[StateGroupEntry]:
     """Groups with sparse ascending ids, predecessors among recent earlier
     groups (or none), tombstones, and some groups purged afterwards."""
     count = draw(st.integers(1, 70))
     ids = sorted(draw(st.sets(st.integers(1, 10_000), min_size=count, max_size=count)))
     groups = []
     for index, group_id in enumerate(ids):
-        prev: Optional[int] = None
+        prev: int | None = None
         if index and draw(st.integers(0, 9)):  # mostly deltas
             prev = ids[draw(st.integers(max(0, index - 12), index - 1))]
         groups.append(StateGroupEntry(group_id, prev, draw(deltas)))
@@ -54,7 +50,7 @@ configs = st.fixed_dictionaries(
 )
 
 
-def resolved_depths(plan) -> Dict[int, int]:
+def resolved_depths(plan) -> dict[int, int]:
     depths = chain_depths(plan.entries)
     return {g: d for g, d in depths.items() if g not in plan.missing}
 
@@ -86,9 +82,7 @@ class RandomForestTests(TestCase):
     @given(forests(), configs, st.sampled_from(["auto", "levels", "smart"]))
     def test_compress_room_never_grows(self, groups, config, strategy) -> None:
         levels = config["levels"]
-        result = compress_room(
-            groups, strategy, levels=levels, window=config["window"], min_saving=0
-        )
+        result = compress_room(groups, strategy, levels=levels, window=config["window"], min_saving=0)
         if result.action == "skip":
             self.assertTrue(result.saving < 0 or not result.plan.changed_entries)
             return
@@ -104,16 +98,16 @@ class RandomForestTests(TestCase):
         one_shot = StreamingCompactor(strategy, levels=levels, window=window).feed(groups)
         states = full_states_partial(groups).states
 
-        with_lookup = StreamingCompactor(
-            strategy, levels=levels, window=window, resolve_state=states.get
-        )
+        with_lookup = StreamingCompactor(strategy, levels=levels, window=window, resolve_state=states.get)
         entries = []
         missing = set()
         for chunk in chunked(groups, size):
             plan = with_lookup.feed(chunk)
             entries.extend(plan.entries)
             missing.update(plan.missing)
-            self.assertLessEqual(len(with_lookup.carried_groups), window + len(levels) + DEFAULT_RETIRED * (len(levels) - 1))
+            self.assertLessEqual(
+                len(with_lookup.carried_groups), window + len(levels) + DEFAULT_RETIRED * (len(levels) - 1)
+            )
         self.assertEqual(tuple(entries), one_shot.entries)
         self.assertEqual(missing, set(one_shot.missing))
 

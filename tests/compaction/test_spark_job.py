@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 from twisted.trial import unittest
 
@@ -49,7 +48,7 @@ FAULT_ROOM = "!room1:example.org"  # room 0 of the sample is a v12 room: its ID 
 FAST_START = ["--conf", "spark.ui.enabled=false", "--driver-java-options=-XX:TieredStopAtLevel=1"]
 
 
-def job_command(url: str, *args: str, cluster: Optional[SparkCluster] = None) -> list[str]:
+def job_command(url: str, *args: str, cluster: SparkCluster | None = None) -> list[str]:
     master = ["--master", cluster.url, *cluster.submit_options()] if cluster else ["--master", "local[2]"]
     return [WRAPPER, *master, *FAST_START, "--db", url, "--heartbeat", "1", "--chunk-groups", str(CHUNK), *args]
 
@@ -61,11 +60,16 @@ def job_env() -> dict:
     return env
 
 
-def run_job(url: str, *args: str, timeout: float = 600, cluster: Optional[SparkCluster] = None) -> tuple[int, str]:
+def run_job(url: str, *args: str, timeout: float = 600, cluster: SparkCluster | None = None) -> tuple[int, str]:
     """Run the job to completion; (exit status, combined output)."""
     with tempfile.TemporaryFile(mode="w+") as out:
-        proc = subprocess.run(job_command(url, *args, cluster=cluster), stdout=out, stderr=subprocess.STDOUT, env=job_env(),
-                              timeout=timeout)
+        proc = subprocess.run(
+            job_command(url, *args, cluster=cluster),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=job_env(),
+            timeout=timeout,
+        )
         out.seek(0)
         return proc.returncode, out.read()
 
@@ -98,8 +102,11 @@ def purge_mid_chain_group(url: str, room_id: str) -> int:
         (room_id,),
     )
     victim = rows[len(rows) // 2][0]
-    execute(url, f"DELETE FROM state_groups WHERE state_group = {victim}",
-            f"DELETE FROM state_group_deltas WHERE state_group = {victim}")
+    execute(
+        url,
+        f"DELETE FROM state_groups WHERE state_group = {victim}",
+        f"DELETE FROM state_group_deltas WHERE state_group = {victim}",
+    )
     return victim
 
 
@@ -178,8 +185,13 @@ class CompactionJobTests:
         status, output = run_job(url, "--dry-run", "--summary-json", summary_path, cluster=cluster)
         self.assertEqual(status, 0, output)
         self.assertEqual(representation(url), stored)
-        for table in ("state_compaction_runs", "state_compaction_rooms", "state_compaction_chunks",
-                      "maintenance_locks", "state_compaction_staged_groups"):
+        for table in (
+            "state_compaction_runs",
+            "state_compaction_rooms",
+            "state_compaction_chunks",
+            "maintenance_locks",
+            "state_compaction_staged_groups",
+        ):
             self.assertEqual(query(url, f"SELECT COUNT(*) FROM {table}")[0][0], 0, table)
         dry = json.loads(Path(summary_path).read_text())
         self.assertTrue(dry["dry_run"])
@@ -193,8 +205,13 @@ class CompactionJobTests:
         # A run killed with SIGKILL (the whole process group) mid-write.
         log_path = os.path.join(work, "killed.log")
         with open(log_path, "w") as log_file:
-            proc = subprocess.Popen(job_command(url, "--swap-delay", "0.7", cluster=cluster), stdout=log_file,
-                                    stderr=subprocess.STDOUT, env=job_env(), start_new_session=True)
+            proc = subprocess.Popen(
+                job_command(url, "--swap-delay", "0.7", cluster=cluster),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=job_env(),
+                start_new_session=True,
+            )
         try:
             deadline = time.monotonic() + 400
             while query(url, "SELECT COUNT(*) FROM state_compaction_rooms")[0][0] < 2:
@@ -213,9 +230,12 @@ class CompactionJobTests:
         # One finished room is purged before the rerun: its progress is stale.
         purged = done[0]
         for target in (url, reference):
-            execute(target, f"DELETE FROM state_group_deltas WHERE state_group IN"
-                            f" (SELECT state_group FROM state_groups WHERE room_nid = {purged})",
-                    f"DELETE FROM state_groups WHERE room_nid = {purged}")
+            execute(
+                target,
+                f"DELETE FROM state_group_deltas WHERE state_group IN"
+                f" (SELECT state_group FROM state_groups WHERE room_nid = {purged})",
+                f"DELETE FROM state_groups WHERE room_nid = {purged}",
+            )
         remaining = {r[0] for r in query(url, "SELECT state_group FROM state_groups")}
         before = {g: s for g, s in before.items() if g in remaining}
 
@@ -253,8 +273,18 @@ class SubmitCommandTests(unittest.TestCase):
         os.environ["ROOMSTORE_COMPACT_CACHE"] = cache
         self.addCleanup(os.environ.pop, "ROOMSTORE_COMPACT_CACHE")
         cmd, env = build_submit_command(
-            ["--db", "postgresql://u@h:5/db", "--master", "local[3]", "--conf", "spark.a=b",
-             "--driver-java-options=-Xss4m", "--dry-run", "--rooms", "largest:5"]
+            [
+                "--db",
+                "postgresql://u@h:5/db",
+                "--master",
+                "local[3]",
+                "--conf",
+                "spark.a=b",
+                "--driver-java-options=-Xss4m",
+                "--dry-run",
+                "--rooms",
+                "largest:5",
+            ]
         )
         self.assertEqual(cmd[cmd.index("--master") + 1], "local[3]")
         jar = cmd[cmd.index("--jars") + 1]
@@ -267,12 +297,16 @@ class SubmitCommandTests(unittest.TestCase):
         self.assertIn("spark.ui.showConsoleProgress=false", cmd)
         # The executors' quick JIT by default; an operator's own options replace it.
         self.assertIn("spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1", cmd)
-        own, _ = build_submit_command(["--db", "postgresql://u@h:5/db", "--conf", "spark.executor.extraJavaOptions=-Xss2m"])
-        self.assertEqual([c for c in own if c.startswith("spark.executor.extraJavaOptions=")],
-                         ["spark.executor.extraJavaOptions=-Xss2m"])
+        own, _ = build_submit_command(
+            ["--db", "postgresql://u@h:5/db", "--conf", "spark.executor.extraJavaOptions=-Xss2m"]
+        )
+        self.assertEqual(
+            [c for c in own if c.startswith("spark.executor.extraJavaOptions=")],
+            ["spark.executor.extraJavaOptions=-Xss2m"],
+        )
         job = cmd.index(str(ROOT / "roomstore" / "compaction" / "spark_job.py"))
         # Job options pass through; the wrapper's own do not.
-        self.assertEqual(cmd[job + 1:], ["--db", "postgresql://u@h:5/db", "--dry-run", "--rooms", "largest:5"])
+        self.assertEqual(cmd[job + 1 :], ["--db", "postgresql://u@h:5/db", "--dry-run", "--rooms", "largest:5"])
         self.assertEqual(env["SPARK_LOCAL_IP"], os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
         with zipfile.ZipFile(cmd[cmd.index("--py-files") + 1]) as zf:
             names = set(zf.namelist())
@@ -304,12 +338,26 @@ class SubmitCommandTests(unittest.TestCase):
     def test_help_and_bad_options_stop_before_spark(self) -> None:
         proc = subprocess.run([WRAPPER, "--help"], capture_output=True, text=True, env=job_env(), timeout=60)
         self.assertEqual(proc.returncode, 0)
-        for option in ("--rooms", "--levels", "--max-hops", "--min-saving", "--dry-run", "--chunk-groups",
-                       "--summary-json", "--metrics-file", "--master"):
+        for option in (
+            "--rooms",
+            "--levels",
+            "--max-hops",
+            "--min-saving",
+            "--dry-run",
+            "--chunk-groups",
+            "--summary-json",
+            "--metrics-file",
+            "--master",
+        ):
             self.assertIn(option, proc.stdout)
         self.assertNotIn("inject", proc.stdout)
-        proc = subprocess.run([WRAPPER, "--db", "sqlite:////tmp/x.db", "--levels", "a,b"], capture_output=True,
-                              text=True, env=job_env(), timeout=60)
+        proc = subprocess.run(
+            [WRAPPER, "--db", "sqlite:////tmp/x.db", "--levels", "a,b"],
+            capture_output=True,
+            text=True,
+            env=job_env(),
+            timeout=60,
+        )
         self.assertEqual(proc.returncode, 2)
         self.assertIn("levels must be comma-separated integers", proc.stderr)
 
@@ -320,11 +368,14 @@ class SubmitCommandTests(unittest.TestCase):
         self.assertIn("--synapse", proc.stdout)
         # A SQLite file is not a Synapse database the job compacts: one line, before Spark.
         with tempfile.NamedTemporaryFile(suffix=".db") as f:
-            proc = subprocess.run([WRAPPER, "--synapse", f"sqlite:///{f.name}"], capture_output=True, text=True,
-                                  env=job_env(), timeout=60)
+            proc = subprocess.run(
+                [WRAPPER, "--synapse", f"sqlite:///{f.name}"], capture_output=True, text=True, env=job_env(), timeout=60
+            )
         self.assertEqual(proc.returncode, 2)
-        self.assertEqual(proc.stderr.strip().splitlines(), [
-            "roomstore-compact: --synapse takes a PostgreSQL URL (postgresql://user@host:port/synapse)"])
+        self.assertEqual(
+            proc.stderr.strip().splitlines(),
+            ["roomstore-compact: --synapse takes a PostgreSQL URL (postgresql://user@host:port/synapse)"],
+        )
         # --db and --synapse exclude each other; one of them is required.
         for args in (["--db", "sqlite:////tmp/x.db", "--synapse", "postgresql://h/s"], ["--dry-run"]):
             proc = subprocess.run([WRAPPER, *args], capture_output=True, text=True, env=job_env(), timeout=60)

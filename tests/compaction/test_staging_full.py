@@ -49,8 +49,18 @@ class StagingOutOfSpaceTests(DatabaseTestMixin, unittest.TestCase):
             raise unittest.SkipTest("mounting a small tmpfs needs root (bin/test runs as root in CI)")
         owner = pwd.getpwnam("postgres")  # the server's user (bin/pg-test-server)
         directory = tempfile.mkdtemp(prefix="roomstore-tablespace-")
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},uid={owner.pw_uid},gid={owner.pw_gid},mode=0700",
-                        "tmpfs", directory], check=True)
+        subprocess.run(
+            [
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                f"size={size},uid={owner.pw_uid},gid={owner.pw_gid},mode=0700",
+                "tmpfs",
+                directory,
+            ],
+            check=True,
+        )
 
         def unmount() -> None:
             if subprocess.run(["umount", directory]).returncode != 0:
@@ -64,15 +74,21 @@ class StagingOutOfSpaceTests(DatabaseTestMixin, unittest.TestCase):
         def drop() -> None:
             # The database is dropped after this cleanup: move its tables back first.
             try:
-                _autocommit(url, *[f"ALTER TABLE {t} SET TABLESPACE pg_default" for t in STAGING],
-                            *[f"ALTER INDEX {i} SET TABLESPACE pg_default" for i in INDEXES])
+                _autocommit(
+                    url,
+                    *[f"ALTER TABLE {t} SET TABLESPACE pg_default" for t in STAGING],
+                    *[f"ALTER INDEX {i} SET TABLESPACE pg_default" for i in INDEXES],
+                )
             except Exception:
                 pass  # the database is gone already
             _autocommit(POSTGRES_ADMIN_URL, f"DROP TABLESPACE {name}")
 
         self.addCleanup(drop)
-        _autocommit(url, *[f"ALTER TABLE {t} SET TABLESPACE {name}" for t in STAGING],
-                    *[f"ALTER INDEX {i} SET TABLESPACE {name}" for i in INDEXES])
+        _autocommit(
+            url,
+            *[f"ALTER TABLE {t} SET TABLESPACE {name}" for t in STAGING],
+            *[f"ALTER INDEX {i} SET TABLESPACE {name}" for i in INDEXES],
+        )
         return directory
 
     async def test_out_of_space_while_staging_changes_no_state_and_says_so(self):

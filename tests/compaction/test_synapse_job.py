@@ -21,7 +21,6 @@ import signal
 import subprocess
 import tempfile
 import time
-from typing import Dict, List, Optional, Tuple
 
 from twisted.trial import unittest
 
@@ -51,14 +50,13 @@ class SynapseOracle:
     def __init__(self) -> None:
         if not prepare_synapse():
             raise unittest.SkipTest("matrix-synapse is not installed in this virtualenv")
-        from synapse.storage.database import DatabasePool, LoggingTransaction
-        from synapse.storage.databases.state.bg_updates import StateGroupBackgroundUpdateStore
-        from synapse.storage.engines import create_engine
-
         # Synapse's PostgresEngine disables psycopg2's bytes adapter for the
         # whole process (roomstore's own PostgreSQL writes pass bytes): keep
         # psycopg2's adapters as they were.
         import psycopg2.extensions
+        from synapse.storage.database import DatabasePool, LoggingTransaction
+        from synapse.storage.databases.state.bg_updates import StateGroupBackgroundUpdateStore
+        from synapse.storage.engines import create_engine
 
         adapters = dict(psycopg2.extensions.adapters)
         try:
@@ -72,14 +70,14 @@ class SynapseOracle:
         self.store.db_pool = DatabasePool
         self.function = StateGroupBackgroundUpdateStore._get_state_groups_from_groups_txn
 
-    def states(self, dsn: str, groups: List[int]) -> Dict[int, dict]:
+    def states(self, dsn: str, groups: list[int]) -> dict[int, dict]:
         conn = pg_connect(dsn)
         try:
-            out: Dict[int, dict] = {}
+            out: dict[int, dict] = {}
             with conn.cursor() as cur:
                 txn = self.LoggingTransaction(txn=cur, name="oracle", server_name="test", database_engine=self.engine)
                 for start in range(0, len(groups), 200):
-                    part = groups[start:start + 200]
+                    part = groups[start : start + 200]
                     for group, state in self.function(self.store, txn, part).items():
                         out[group] = dict(state)
             return out
@@ -87,11 +85,11 @@ class SynapseOracle:
             conn.close()
 
 
-def all_groups(dsn: str) -> List[int]:
+def all_groups(dsn: str) -> list[int]:
     return [r[0] for r in pg_query(dsn, "SELECT id FROM state_groups ORDER BY id")]
 
 
-def representation(dsn: str, groups: Optional[List[int]] = None) -> list:
+def representation(dsn: str, groups: list[int] | None = None) -> list:
     """Every group's edge and rows, as stored."""
     cond = "" if groups is None else " WHERE g.id = ANY(%s)"
     args = () if groups is None else (list(groups),)
@@ -112,8 +110,11 @@ def schema_of_synapse_tables(dsn: str) -> list:
         " WHERE table_name = ANY(%s) ORDER BY table_name, ordinal_position",
         (list(SYNAPSE_TABLES),),
     )
-    indexes = pg_query(dsn, "SELECT tablename, indexdef FROM pg_indexes WHERE tablename = ANY(%s) ORDER BY 1, 2",
-                    (list(SYNAPSE_TABLES),))
+    indexes = pg_query(
+        dsn,
+        "SELECT tablename, indexdef FROM pg_indexes WHERE tablename = ANY(%s) ORDER BY 1, 2",
+        (list(SYNAPSE_TABLES),),
+    )
     constraints = pg_query(
         dsn,
         "SELECT conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint"
@@ -123,7 +124,7 @@ def schema_of_synapse_tables(dsn: str) -> list:
     return [columns, indexes, constraints]
 
 
-def insert_chain_room(dsn: str, room_id: str, groups: int, seed: int) -> List[int]:
+def insert_chain_room(dsn: str, room_id: str, groups: int, seed: int) -> list[int]:
     """A room of ``groups`` state groups in Synapse's layout: membership churn,
     a snapshot every 100 hops, a fork every 90 groups (the fork's branch lacks
     members the other branch added), now and then a group without rows; each
@@ -131,9 +132,9 @@ def insert_chain_room(dsn: str, room_id: str, groups: int, seed: int) -> List[in
     rng = random.Random(seed)
     tag = room_id[1:].split(":")[0]
     conn = pg_connect(dsn)
-    ids: List[int] = []
-    states: Dict[int, Dict[Tuple[str, str], str]] = {}
-    hops: Dict[int, int] = {}
+    ids: list[int] = []
+    states: dict[int, dict[tuple[str, str], str]] = {}
+    hops: dict[int, int] = {}
     members = [f"@u{i}-{tag}:synapse.test" for i in range(300)]
     try:
         with conn.cursor() as cur:
@@ -156,21 +157,28 @@ def insert_chain_room(dsn: str, room_id: str, groups: int, seed: int) -> List[in
                             key = ("m.room.topic", "") if kind == "topic" else ("m.room.member", m)
                             state[key] = f"${kind}-{tag}-{i}-{rng.randrange(10**6)}"
                 event_id = f"$ev-{tag}-{i}"
-                cur.execute("INSERT INTO state_groups (id, room_id, event_id) VALUES (%s, %s, %s)", (gid, room_id, event_id))
+                cur.execute(
+                    "INSERT INTO state_groups (id, room_id, event_id) VALUES (%s, %s, %s)", (gid, room_id, event_id)
+                )
                 # An event refers to every group, as in a real room: otherwise
                 # Synapse's background update marks them pending deletion.
-                cur.execute("INSERT INTO event_to_state_groups (event_id, state_group) VALUES (%s, %s)", (event_id, gid))
+                cur.execute(
+                    "INSERT INTO event_to_state_groups (event_id, state_group) VALUES (%s, %s)", (event_id, gid)
+                )
                 if prev is None or hops[prev] >= 99:
                     rows = state
                     hops[gid] = 0
                 else:
-                    cur.execute("INSERT INTO state_group_edges (state_group, prev_state_group) VALUES (%s, %s)", (gid, prev))
+                    cur.execute(
+                        "INSERT INTO state_group_edges (state_group, prev_state_group) VALUES (%s, %s)", (gid, prev)
+                    )
                     rows = {k: v for k, v in state.items() if states[prev].get(k) != v}
                     hops[gid] = hops[prev] + 1
                 for (t, k), e in rows.items():
                     cur.execute(
                         "INSERT INTO state_groups_state (state_group, room_id, type, state_key, event_id)"
-                        " VALUES (%s, %s, %s, %s, %s)", (gid, room_id, t, k, e),
+                        " VALUES (%s, %s, %s, %s, %s)",
+                        (gid, room_id, t, k, e),
                     )
                 ids.append(gid)
                 states[gid] = state
@@ -203,19 +211,34 @@ def churn_room(server):
     return room, alice
 
 
-def run_job(dsn: str, *args: str, timeout: float = 900) -> Tuple[int, str, dict]:
+def run_job(dsn: str, *args: str, timeout: float = 900) -> tuple[int, str, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
-        cmd = [WRAPPER, "--master", "local[2]", *FAST_START, "--synapse", dsn, "--heartbeat", "1",
-               "--summary-json", summary, *args]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=job_env(), timeout=timeout,
-                              text=True)
+        cmd = [
+            WRAPPER,
+            "--master",
+            "local[2]",
+            *FAST_START,
+            "--synapse",
+            dsn,
+            "--heartbeat",
+            "1",
+            "--summary-json",
+            summary,
+            *args,
+        ]
+        proc = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=job_env(), timeout=timeout, text=True
+        )
         data = json.load(open(summary)) if os.path.exists(summary) else {}
         return proc.returncode, proc.stdout, data
 
 
-def own_tables(dsn: str) -> List[str]:
-    return [r[0] for r in pg_query(dsn, "SELECT tablename FROM pg_tables WHERE tablename LIKE %s ORDER BY 1", (PREFIX + "%",))]
+def own_tables(dsn: str) -> list[str]:
+    return [
+        r[0]
+        for r in pg_query(dsn, "SELECT tablename FROM pg_tables WHERE tablename LIKE %s ORDER BY 1", (PREFIX + "%",))
+    ]
 
 
 class SynapseCompactionTests(unittest.TestCase):
@@ -240,12 +263,18 @@ class SynapseCompactionTests(unittest.TestCase):
         self.rooms_spec = ",".join([self.api_room] + self.chain_rooms)
 
     def mark_pending_deletion(self, group: int) -> None:
-        pg_query(self.dsn, "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, %s)",
-              (group, int(time.time() * 1000)))
+        pg_query(
+            self.dsn,
+            "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, %s)",
+            (group, int(time.time() * 1000)),
+        )
 
     def rows_of_rooms(self) -> int:
-        return pg_query(self.dsn, "SELECT COUNT(*) FROM state_groups_state WHERE room_id = ANY(%s)",
-                     ([self.api_room] + self.chain_rooms,))[0][0]
+        return pg_query(
+            self.dsn,
+            "SELECT COUNT(*) FROM state_groups_state WHERE room_id = ANY(%s)",
+            ([self.api_room] + self.chain_rooms,),
+        )[0][0]
 
     def test_dry_run_run_rerun(self) -> None:
         dsn = self.dsn
@@ -273,13 +302,14 @@ class SynapseCompactionTests(unittest.TestCase):
         # The run; while it runs, Synapse (client API) and a writer in
         # Synapse's layout add groups after its snapshot: left alone, counted.
         extra_room = self.chain_rooms[2]
-        added: List[int] = []
+        added: list[int] = []
 
         def add_groups_once_started() -> None:
             deadline = time.time() + 300
             while time.time() < deadline:
                 if PREFIX + "runs" in own_tables(dsn) and pg_query(
-                        dsn, f"SELECT 1 FROM {PREFIX}runs WHERE finished_ts IS NULL"):
+                    dsn, f"SELECT 1 FROM {PREFIX}runs WHERE finished_ts IS NULL"
+                ):
                     break
                 time.sleep(0.2)
             self.alice.state(self.api_room, "m.room.topic", {"topic": "late"})
@@ -290,12 +320,17 @@ class SynapseCompactionTests(unittest.TestCase):
             with conn.cursor() as cur:
                 cur.execute("SELECT nextval('state_group_id_seq')")
                 gid = cur.fetchone()[0]
-                cur.execute("INSERT INTO state_groups (id, room_id, event_id) VALUES (%s, %s, '$late')", (gid, extra_room))
-                cur.execute("INSERT INTO event_to_state_groups (event_id, state_group) VALUES (%s, %s)",
-                            (f"$late-{gid}", gid))
+                cur.execute(
+                    "INSERT INTO state_groups (id, room_id, event_id) VALUES (%s, %s, '$late')", (gid, extra_room)
+                )
+                cur.execute(
+                    "INSERT INTO event_to_state_groups (event_id, state_group) VALUES (%s, %s)", (f"$late-{gid}", gid)
+                )
                 cur.execute("INSERT INTO state_group_edges VALUES (%s, %s)", (gid, last))
-                cur.execute("INSERT INTO state_groups_state VALUES (%s, %s, 'm.room.topic', '', '$late-topic')",
-                            (gid, extra_room))
+                cur.execute(
+                    "INSERT INTO state_groups_state VALUES (%s, %s, 'm.room.topic', '', '$late-topic')",
+                    (gid, extra_room),
+                )
             conn.close()
             added.append(gid)
 
@@ -333,7 +368,8 @@ class SynapseCompactionTests(unittest.TestCase):
             dsn,
             "WITH RECURSIVE walk(g, n) AS (SELECT id, 0 FROM state_groups WHERE room_id = ANY(%s)"
             " UNION ALL SELECT e.prev_state_group, w.n + 1 FROM walk w JOIN state_group_edges e ON e.state_group = w.g)"
-            " SELECT MAX(n) FROM walk", (self.chain_rooms,),
+            " SELECT MAX(n) FROM walk",
+            (self.chain_rooms,),
         )[0][0]
         self.assertLessEqual(deepest, 172)
         self.assertIn("left alone", out)
@@ -397,9 +433,14 @@ class SynapseSwapTests(unittest.TestCase):
         groups = []
         for g in ids[1:4]:
             rows, checksum = pg_query(
-                self.dsn, f"SELECT COUNT(*), COALESCE(SUM({synapse_sql.CHECKSUM_SQL}), 0) FROM state_groups_state d"
-                " WHERE state_group = %s", (g,))[0]
-            prev = pg_query(self.dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (g,))[0][0]
+                self.dsn,
+                f"SELECT COUNT(*), COALESCE(SUM({synapse_sql.CHECKSUM_SQL}), 0) FROM state_groups_state d"
+                " WHERE state_group = %s",
+                (g,),
+            )[0]
+            prev = pg_query(self.dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (g,))[0][
+                0
+            ]
             rewrite = g == ids[3]
             groups.append((g, prev, rows, int(checksum), ids[0] if rewrite else prev, 0, 1 if rewrite else 0))
         new = {k: v for k, v in states[ids[3]].items() if states[ids[0]].get(k) != v}
@@ -417,25 +458,43 @@ class SynapseSwapTests(unittest.TestCase):
         before = self.oracle.states(dsn, ids)
         stored = representation(dsn, ids)
         cases = [
-            ("is pending deletion", ids[2],
-             "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, 0)",
-             "DELETE FROM state_groups_pending_deletion WHERE state_group = %s"),
-            ("is pending deletion", ids[0],  # the base outside the chunk
-             "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, 0)",
-             "DELETE FROM state_groups_pending_deletion WHERE state_group = %s"),
-            ("is being persisted", ids[3],
-             "INSERT INTO state_groups_persisting (state_group, instance_name) VALUES (%s, 'master')",
-             "DELETE FROM state_groups_persisting WHERE state_group = %s"),
-            ("changed since it was read", ids[3],  # the rewritten group: a row more
-             "INSERT INTO state_groups_state VALUES (%s, 'x', 'm.room.topic', 'extra', '$extra')",
-             "DELETE FROM state_groups_state WHERE state_group = %s AND state_key = 'extra'"),
-            ("changed since it was read", ids[3],  # the rewritten group: as many rows, one different
-             "UPDATE state_groups_state SET event_id = event_id || '#changed' WHERE ctid = (SELECT MIN(ctid)"
-             " FROM state_groups_state WHERE state_group = %(g)s) AND state_group = %(g)s",
-             "UPDATE state_groups_state SET event_id = replace(event_id, '#changed', '') WHERE state_group = %s"),
-            ("changed since it was read", ids[2],  # the rewritten group's old predecessor, not rewritten
-             "INSERT INTO state_groups_state VALUES (%s, 'x', 'm.room.topic', 'extra', '$extra')",
-             "DELETE FROM state_groups_state WHERE state_group = %s AND state_key = 'extra'"),
+            (
+                "is pending deletion",
+                ids[2],
+                "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, 0)",
+                "DELETE FROM state_groups_pending_deletion WHERE state_group = %s",
+            ),
+            (
+                "is pending deletion",
+                ids[0],  # the base outside the chunk
+                "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, 0)",
+                "DELETE FROM state_groups_pending_deletion WHERE state_group = %s",
+            ),
+            (
+                "is being persisted",
+                ids[3],
+                "INSERT INTO state_groups_persisting (state_group, instance_name) VALUES (%s, 'master')",
+                "DELETE FROM state_groups_persisting WHERE state_group = %s",
+            ),
+            (
+                "changed since it was read",
+                ids[3],  # the rewritten group: a row more
+                "INSERT INTO state_groups_state VALUES (%s, 'x', 'm.room.topic', 'extra', '$extra')",
+                "DELETE FROM state_groups_state WHERE state_group = %s AND state_key = 'extra'",
+            ),
+            (
+                "changed since it was read",
+                ids[3],  # the rewritten group: as many rows, one different
+                "UPDATE state_groups_state SET event_id = event_id || '#changed' WHERE ctid = (SELECT MIN(ctid)"
+                " FROM state_groups_state WHERE state_group = %(g)s) AND state_group = %(g)s",
+                "UPDATE state_groups_state SET event_id = replace(event_id, '#changed', '') WHERE state_group = %s",
+            ),
+            (
+                "changed since it was read",
+                ids[2],  # the rewritten group's old predecessor, not rewritten
+                "INSERT INTO state_groups_state VALUES (%s, 'x', 'm.room.topic', 'extra', '$extra')",
+                "DELETE FROM state_groups_state WHERE state_group = %s AND state_key = 'extra'",
+            ),
         ]
         for reason, group, make, undo in cases:
             chunk = self.chunk()
@@ -451,13 +510,18 @@ class SynapseSwapTests(unittest.TestCase):
         result = self.swap()
         self.assertEqual(result.status, "swapped")
         self.assertGreater(result.rows_deleted, 0)
-        self.assertEqual(pg_query(dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (ids[3],)),
-                         [(ids[0],)])
+        self.assertEqual(
+            pg_query(dsn, "SELECT prev_state_group FROM state_group_edges WHERE state_group = %s", (ids[3],)),
+            [(ids[0],)],
+        )
         self.assertEqual(self.oracle.states(dsn, ids), before)
-        self.assertEqual(pg_query(dsn, f"SELECT first_group, last_group FROM {PREFIX}chunks WHERE run_id = %s",
-                               (self.run.run_id,)), [(ids[1], ids[3])])
-        self.assertEqual(pg_query(dsn, f"SELECT COUNT(*) FROM {PREFIX}staged_deltas WHERE run_id = %s",
-                               (self.run.run_id,)), [(0,)])
+        self.assertEqual(
+            pg_query(dsn, f"SELECT first_group, last_group FROM {PREFIX}chunks WHERE run_id = %s", (self.run.run_id,)),
+            [(ids[1], ids[3])],
+        )
+        self.assertEqual(
+            pg_query(dsn, f"SELECT COUNT(*) FROM {PREFIX}staged_deltas WHERE run_id = %s", (self.run.run_id,)), [(0,)]
+        )
 
     def test_a_large_staged_chunk_gets_fresh_statistics(self) -> None:
         # With the statistics of a small chunk staged before, PostgreSQL plans
@@ -521,9 +585,9 @@ class SynapseLiveTests(unittest.TestCase):
         before = oracle.states(dsn, groups)
 
         stop = threading.Event()
-        sent: List[str] = []
-        purges: List[str] = []
-        errors: List[BaseException] = []
+        sent: list[str] = []
+        purges: list[str] = []
+        errors: list[BaseException] = []
 
         def traffic() -> None:
             try:
@@ -534,8 +598,11 @@ class SynapseLiveTests(unittest.TestCase):
                     if i % 4 == 0:
                         alice.state(api_room, "m.room.topic", {"topic": f"live {i}"})
                     if i % 15 == 0 and len(sent) > 10:
-                        result = admin._call("POST", f"/_synapse/admin/v1/purge_history/{api_room}",
-                                             {"delete_local_events": True, "purge_up_to_event_id": sent[-5]})
+                        result = admin._call(
+                            "POST",
+                            f"/_synapse/admin/v1/purge_history/{api_room}",
+                            {"delete_local_events": True, "purge_up_to_event_id": sent[-5]},
+                        )
                         purges.append(result["purge_id"])
                     time.sleep(0.05)
             except BaseException as exc:  # reported by the test
@@ -544,16 +611,38 @@ class SynapseLiveTests(unittest.TestCase):
         sender = threading.Thread(target=traffic)
         sender.start()
         try:
-            cmd = [WRAPPER, "--master", "local[2]", *FAST_START, "--synapse", dsn, "--heartbeat", "1",
-                   "--rooms", spec, "--chunk-groups", "100", "--swap-delay", "0.7"]
+            cmd = [
+                WRAPPER,
+                "--master",
+                "local[2]",
+                *FAST_START,
+                "--synapse",
+                dsn,
+                "--heartbeat",
+                "1",
+                "--rooms",
+                spec,
+                "--chunk-groups",
+                "100",
+                "--swap-delay",
+                "0.7",
+            ]
             with tempfile.TemporaryFile(mode="w+") as out:
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=job_env(), start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, env=job_env(), start_new_session=True
+                )
                 try:
                     deadline = time.monotonic() + 600
                     while True:
-                        if PREFIX + "rooms" in own_tables(dsn) and pg_query(
-                                dsn, f"SELECT COUNT(*) FROM {PREFIX}rooms o JOIN {PREFIX}runs r USING (run_id)"
-                                     " WHERE r.finished_ts IS NULL")[0][0] >= 1:
+                        if (
+                            PREFIX + "rooms" in own_tables(dsn)
+                            and pg_query(
+                                dsn,
+                                f"SELECT COUNT(*) FROM {PREFIX}rooms o JOIN {PREFIX}runs r USING (run_id)"
+                                " WHERE r.finished_ts IS NULL",
+                            )[0][0]
+                            >= 1
+                        ):
                             break
                         out.seek(0)
                         self.assertIsNone(proc.poll(), out.read())

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 from twisted.trial import unittest
 
@@ -49,7 +49,7 @@ def _without_age(value: Any) -> Any:
     return value
 
 
-def _log_errors(path: str, offset: int) -> List[str]:
+def _log_errors(path: str, offset: int) -> list[str]:
     with open(path) as f:
         f.seek(offset)
         return [line for line in f if " - ERROR - " in line]
@@ -61,21 +61,22 @@ class _HeldJob:
     def __init__(self, dsn: str, *args: str) -> None:
         self.out = tempfile.TemporaryFile(mode="w+")
         cmd = [WRAPPER, "--master", "local[2]", *FAST_START, "--synapse", dsn, "--heartbeat", "1", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=job_env(),
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.out, stderr=subprocess.STDOUT, env=job_env(), start_new_session=True
+        )
 
     def output(self) -> str:
         self.out.seek(0)
         return self.out.read()
 
-    def held_chunk(self, test: unittest.TestCase, seconds: float = 600) -> Tuple[int, int]:
+    def held_chunk(self, test: unittest.TestCase, seconds: float = 600) -> tuple[int, int]:
         """``(room_nid, first_group)`` of the first swap held open (waits for it)."""
         deadline = time.monotonic() + seconds
         while True:
             text = self.output()
             for line in text.splitlines():
                 if line.startswith(HOLD_LINE):
-                    nid, _, first = line[len(HOLD_LINE):].partition(" chunk ")
+                    nid, _, first = line[len(HOLD_LINE) :].partition(" chunk ")
                     return int(nid), int(first)
             test.assertIsNone(self.proc.poll(), text)
             test.assertLess(time.monotonic(), deadline, text)
@@ -94,7 +95,7 @@ class _HeldJob:
         self.out.close()
 
 
-def _open_swap_backends(dsn: str) -> List[tuple]:
+def _open_swap_backends(dsn: str) -> list[tuple]:
     """Sessions of this database idle inside a transaction whose last
     statement deleted the job's staged rows (the swap's last statement)."""
     return pg_query(
@@ -146,18 +147,23 @@ class SynapseServesTheSameAfterARunTests(unittest.TestCase):
         self.assertIsInstance(events, list)
         self.assertGreater(len(events), 200)
 
-        def served() -> Dict[str, Any]:
+        def served() -> dict[str, Any]:
             path = alice._room(room)
-            out: Dict[str, Any] = {"state": sorted(
-                (_without_age(e) for e in alice._call("GET", path + "/state")),
-                key=lambda e: (e["type"], e["state_key"]))}
+            out: dict[str, Any] = {
+                "state": sorted(
+                    (_without_age(e) for e in alice._call("GET", path + "/state")),
+                    key=lambda e: (e["type"], e["state_key"]),
+                )
+            }
             for event_id in events:
-                context = alice._call("GET", f"{path}/context/{urllib.parse.quote(event_id, safe='')}",
-                                      query={"limit": "0"})
+                context = alice._call(
+                    "GET", f"{path}/context/{urllib.parse.quote(event_id, safe='')}", query={"limit": "0"}
+                )
                 out[event_id] = {
                     "event": _without_age(context["event"]),
-                    "state": sorted((_without_age(e) for e in context["state"]),
-                                    key=lambda e: (e["type"], e["state_key"])),
+                    "state": sorted(
+                        (_without_age(e) for e in context["state"]), key=lambda e: (e["type"], e["state_key"])
+                    ),
                 }
             return out
 
@@ -228,12 +234,23 @@ class KillInsideTheSwapTransactionTests(unittest.TestCase):
         self.assertEqual(oracle.states(dsn, groups), before)
         run_id = pg_query(dsn, f"SELECT run_id FROM {PREFIX}runs WHERE finished_ts IS NULL")
         self.assertEqual(len(run_id), 1)
-        self.assertEqual(pg_query(dsn, f"SELECT COUNT(*) FROM {PREFIX}chunks WHERE run_id = %s AND room_nid = %s"
-                                       " AND first_group = %s", (run_id[0][0], room_nid, first_group)), [(0,)])
+        self.assertEqual(
+            pg_query(
+                dsn,
+                f"SELECT COUNT(*) FROM {PREFIX}chunks WHERE run_id = %s AND room_nid = %s AND first_group = %s",
+                (run_id[0][0], room_nid, first_group),
+            ),
+            [(0,)],
+        )
         # The staged rows of the killed swap are still there for the rerun.
-        self.assertGreater(pg_query(dsn, f"SELECT COUNT(*) FROM {PREFIX}staged_groups WHERE run_id = %s"
-                                         " AND room_nid = %s AND first_group = %s",
-                                    (run_id[0][0], room_nid, first_group))[0][0], 0)
+        self.assertGreater(
+            pg_query(
+                dsn,
+                f"SELECT COUNT(*) FROM {PREFIX}staged_groups WHERE run_id = %s AND room_nid = %s AND first_group = %s",
+                (run_id[0][0], room_nid, first_group),
+            )[0][0],
+            0,
+        )
 
         status, output, summary = run_job(dsn, "--rooms", spec, "--chunk-groups", "100")
         self.assertEqual(status, 0, output)
@@ -273,8 +290,19 @@ class SynapseDeletionMeetsTheSwapTests(unittest.TestCase):
         release = os.path.join(tmp, "release")
         summary_path = os.path.join(tmp, "summary.json")
 
-        job = _HeldJob(dsn, "--rooms", room, "--chunk-groups", "100", "--swap-hold", "400",
-                       "--swap-hold-release", release, "--summary-json", summary_path)
+        job = _HeldJob(
+            dsn,
+            "--rooms",
+            room,
+            "--chunk-groups",
+            "100",
+            "--swap-hold",
+            "400",
+            "--swap-hold-release",
+            release,
+            "--summary-json",
+            summary_path,
+        )
         self.addCleanup(job.close)
         room_nid, first_group = job.held_chunk(self)
         run_id = pg_query(dsn, f"SELECT run_id FROM {PREFIX}runs WHERE finished_ts IS NULL")[0][0]
@@ -301,15 +329,20 @@ class SynapseDeletionMeetsTheSwapTests(unittest.TestCase):
         # for longer than Synapse's delay (10 minutes): Synapse's next loop
         # deletes them, oldest first. One statement: the loop sees both or neither.
         pg_query(dsn, "DELETE FROM event_to_state_groups WHERE state_group IN (%s, %s)", (doomed, deleted_early))
-        pg_query(dsn, "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts)"
-                      " VALUES (%s, %s), (%s, %s), (%s, %s)",
-                 (deleted_early, now_ms - 12 * 60 * 1000, doomed, now_ms - 11 * 60 * 1000, pending, now_ms))
+        pg_query(
+            dsn,
+            "INSERT INTO state_groups_pending_deletion (state_group, insertion_ts) VALUES (%s, %s), (%s, %s), (%s, %s)",
+            (deleted_early, now_ms - 12 * 60 * 1000, doomed, now_ms - 11 * 60 * 1000, pending, now_ms),
+        )
 
         # Synapse's deletion takes the doomed group's row lock (FOR UPDATE) and waits for the open swap.
         deadline = time.monotonic() + 150
         while not pg_query(
-                dsn, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                     " AND query LIKE %s", ("%FROM state_groups%FOR UPDATE%",)):
+            dsn,
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            " AND query LIKE %s",
+            ("%FROM state_groups%FOR UPDATE%",),
+        ):
             self.assertIsNone(job.proc.poll(), job.output())
             self.assertLess(time.monotonic(), deadline, "Synapse's deletion never waited on the swap")
             time.sleep(0.2)

@@ -24,10 +24,10 @@ from twisted.internet.task import deferLater
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import TestCase
 
-from roomstore.compaction import chain_depths, verify
 from bench.dataset import load_dataset, read_roomstore_room
-from roomstore.compaction.job.executor import RoomCompactor
+from roomstore.compaction import chain_depths, verify
 from roomstore.compaction.chunks import CHECKSUM_SQL, row_checksum
+from roomstore.compaction.job.executor import RoomCompactor
 from roomstore.compaction.roomstore_tables import LOCK_NAME, RoomstoreTables, read_room_chunks
 from roomstore.compaction.writer import (
     CompactionWriter,
@@ -39,8 +39,8 @@ from roomstore.state.group_tables import FULL_STATE_SQL, full_state_sql, packed_
 from roomstore.state.groups import fold_packed_state, fold_state
 from roomstore.storage.database import RetryTransaction
 from roomstore.storage.engines import engine_from_url
-from roomstore.store import RoomStore, StoreConfig
 from roomstore.storage.schema import SCHEMA_VERSION, SchemaTooNewError
+from roomstore.store import RoomStore, StoreConfig
 from tests.db import SOLE_DELTA_MISMATCHES_SQL, on_both_engines
 
 #: Small enough that the persisted rooms have many snapshots to compact.
@@ -267,13 +267,16 @@ def reference_compaction(url: str, chunk_groups: int = CHUNK, min_saving: int = 
                 status = "below_min_saving"
             else:
                 status = "written"
-            outcome = RoomOutcome(room, status, sum(r.state_groups for r in results), before, after,
-                                  sum(r.rewritten for r in results))
+            outcome = RoomOutcome(
+                room, status, sum(r.state_groups for r in results), before, after, sum(r.rewritten for r in results)
+            )
             if status == "written":
                 for index, result in enumerate(changed):
                     writer.stage_chunk(run, result.to_staged(room))
                     swap = writer.swap_chunk(
-                        run, room, result.first_group,
+                        run,
+                        room,
+                        result.first_group,
                         (result.last_group, result.rows_before, result.rows_after, result.rewritten),
                         outcome if index == len(changed) - 1 else None,
                     )
@@ -354,8 +357,12 @@ class WriterTests:
 
         self.assertEqual(read_many(), {g: states[g] for g in groups})
         # A group whose chain reaches a purged group: unknown, not a wrong state.
-        victim = next(g for g in groups if query(self.url, "SELECT prev_state_group FROM state_groups"
-                                                 " WHERE state_group = ?", (g,))[0][0] is not None)
+        victim = next(
+            g
+            for g in groups
+            if query(self.url, "SELECT prev_state_group FROM state_groups WHERE state_group = ?", (g,))[0][0]
+            is not None
+        )
         execute(self.url, f"UPDATE state_groups SET prev_state_group = {top + 2000} WHERE state_group = {victim}")
         got = read_many()
         self.assertNotIn(victim, got)
@@ -386,8 +393,9 @@ class WriterTests:
 
         self.assertEqual(writer.db.run(body), "done")
         self.assertEqual(len(attempts), 3)
-        self.assertEqual(query(self.url, "SELECT acquired_ts FROM maintenance_locks WHERE lock_name = 'retry_test'"),
-                         [(3,)])
+        self.assertEqual(
+            query(self.url, "SELECT acquired_ts FROM maintenance_locks WHERE lock_name = 'retry_test'"), [(3,)]
+        )
 
         def failing(cur):
             cur.execute(writer.db.sql("DELETE FROM maintenance_locks WHERE lock_name = ?"), ("retry_test",))
@@ -454,8 +462,9 @@ class WriterTests:
         self.assertGreater(query(self.url, "SELECT COUNT(*) FROM state_compaction_chunks")[0][0], len(outcomes))
         for table in ("state_compaction_staged_groups", "state_compaction_staged_deltas", "maintenance_locks"):
             self.assertEqual(query(self.url, f"SELECT COUNT(*) FROM {table}")[0][0], 0, table)
-        self.assertEqual(query(self.url, "SELECT COUNT(*) FROM state_compaction_runs WHERE finished_ts IS NULL"),
-                         [(0,)])
+        self.assertEqual(
+            query(self.url, "SELECT COUNT(*) FROM state_compaction_runs WHERE finished_ts IS NULL"), [(0,)]
+        )
         # A second run finds nothing more to save.
         again = reference_compaction(self.url)
         self.assertNotIn("written", again.values())
@@ -651,7 +660,9 @@ class DeleteStateGroupsTests:
             " ORDER BY p.state_group",
         )
         group = rows[len(rows) // 2][0]
-        children = [r[0] for r in query(self.url, "SELECT state_group FROM state_groups WHERE prev_state_group = ?", (group,))]
+        children = [
+            r[0] for r in query(self.url, "SELECT state_group FROM state_groups WHERE prev_state_group = ?", (group,))
+        ]
         return group, children
 
     async def test_waits_while_the_compaction_lock_is_held(self):
@@ -676,7 +687,9 @@ class DeleteStateGroupsTests:
         self.assertEqual(after, states)
         for child in children:
             self.assertEqual(
-                query(self.url, "SELECT prev_state_group, chain_length FROM state_groups WHERE state_group = ?", (child,)),
+                query(
+                    self.url, "SELECT prev_state_group, chain_length FROM state_groups WHERE state_group = ?", (child,)
+                ),
                 [(None, 0)],
             )
 

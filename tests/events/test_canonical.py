@@ -11,7 +11,8 @@ import itertools
 import json
 
 from canonicaljson import encode_canonical_json
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.trial import unittest
 
 from bench.event_store import persist_workload
@@ -43,7 +44,7 @@ json_values = st.recursive(
 class FastPathIsCanonicalJson(unittest.TestCase):
     def test_every_code_point_in_keys_and_values(self):
         for start in range(0, len(ALL_CODE_POINTS), 4096):
-            chunk = ALL_CODE_POINTS[start:start + 4096]
+            chunk = ALL_CODE_POINTS[start : start + 4096]
             value = {chunk: [chunk, {c: c for c in chunk[:64]}]}
             self.assertEqual(canonical_json(value, floats=False), encode_canonical_json(value))
 
@@ -98,7 +99,8 @@ class GeneratedEventsHashAlike(unittest.TestCase):
         )
         if not version.event_id_in_pdu:
             self.assertEqual(
-                compute_event_id(version, parsed.event_dict, floats=False), compute_event_id(version, event, floats=True)
+                compute_event_id(version, parsed.event_dict, floats=False),
+                compute_event_id(version, event, floats=True),
             )
 
     def test_the_benchmarks_workload(self):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from canonicaljson import encode_canonical_json
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from signedjson.key import encode_verify_key_base64, generate_signing_key, get_verify_key
 from signedjson.sign import sign_json
 from twisted.trial import unittest
@@ -14,6 +15,7 @@ from twisted.trial import unittest
 from roomstore.events.batch import EventToPersist, prepare_events
 from roomstore.pdu.content_hash import ContentHashMismatch, checked_pdu, content_hash_matches
 from roomstore.pdu.hashing import compute_content_hash, compute_event_id
+from roomstore.pdu.parsing import InvalidEventError, parse_pdu
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.room_versions import get_room_version
 from roomstore.pdu.signatures import (
@@ -22,7 +24,6 @@ from roomstore.pdu.signatures import (
     VerifyKeys,
     signatures_checked,
 )
-from roomstore.pdu.parsing import InvalidEventError, parse_pdu
 from tests.events.pdus import make_pdu
 
 V10 = get_room_version("10")
@@ -61,8 +62,12 @@ class ContentHashTests(unittest.TestCase):
 
     def test_state_content_kept_by_redaction_survives(self):
         room_version = get_room_version("10")
-        member = make_pdu(room_version, type="m.room.member", state_key="@alice:example.org",
-                          content={"membership": "join", "displayname": "Alice"})
+        member = make_pdu(
+            room_version,
+            type="m.room.member",
+            state_key="@alice:example.org",
+            content={"membership": "join", "displayname": "Alice"},
+        )
         member["content"]["displayname"] = "Mallory"  # after hashing: a mismatch
         stored, mismatch = checked_pdu(parse_pdu(encoded(member), room_version))
         self.assertTrue(mismatch)
@@ -96,9 +101,15 @@ class ContentHashTests(unittest.TestCase):
     @given(
         content=st.dictionaries(
             st.text(min_size=1, max_size=8),
-            st.one_of(st.text(max_size=20), st.integers(-(2**53) + 1, 2**53 - 1), st.booleans(), st.none(),
-                      st.lists(st.integers(0, 1000), max_size=3)),
-            min_size=1, max_size=4,
+            st.one_of(
+                st.text(max_size=20),
+                st.integers(-(2**53) + 1, 2**53 - 1),
+                st.booleans(),
+                st.none(),
+                st.lists(st.integers(0, 1000), max_size=3),
+            ),
+            min_size=1,
+            max_size=4,
         ),
         ensure_ascii=st.booleans(),
         version=st.sampled_from(["1", "3", "10", "11"]),
@@ -115,7 +126,7 @@ class ContentHashTests(unittest.TestCase):
 
         index = data.draw(st.integers(len(prefix), len(prefix) + len(content_bytes) - 1), label="index")
         new_byte = data.draw(st.integers(0, 255).filter(lambda b: b != raw[index]), label="byte")
-        changed = raw[:index] + bytes([new_byte]) + raw[index + 1:]
+        changed = raw[:index] + bytes([new_byte]) + raw[index + 1 :]
         try:
             parsed = parse_pdu(changed, room_version)
         except InvalidEventError:
@@ -191,15 +202,28 @@ class SignatureTests(unittest.TestCase):
 
     def test_key_response_format(self):
         verify = encode_verify_key_base64(get_verify_key(self.key))
-        keys = VerifyKeys.from_json({"example.org": {
-            "server_name": "example.org", "valid_until_ts": 1, "verify_keys": {"ed25519:k1": {"key": verify}},
-            "old_verify_keys": {}, "signatures": {}}})
+        keys = VerifyKeys.from_json(
+            {
+                "example.org": {
+                    "server_name": "example.org",
+                    "valid_until_ts": 1,
+                    "verify_keys": {"ed25519:k1": {"key": verify}},
+                    "old_verify_keys": {},
+                    "signatures": {},
+                }
+            }
+        )
         pdu = signed(make_pdu(V10), V10, "example.org", self.key)
         self.assertTrue(signatures_checked(parse_pdu(encoded(pdu), V10), keys))
 
     def test_bad_keys_files(self):
-        for bad in ([], {"example.org": "x"}, {"example.org": {"k1": "AAAA"}},
-                    {"example.org": {"ed25519:k1": "not base64!"}}, {"example.org": {"ed25519:k1": "AAAA"}},
-                    {"example.org": {"verify_keys": {"ed25519:k1": "AAAA"}}}):
+        for bad in (
+            [],
+            {"example.org": "x"},
+            {"example.org": {"k1": "AAAA"}},
+            {"example.org": {"ed25519:k1": "not base64!"}},
+            {"example.org": {"ed25519:k1": "AAAA"}},
+            {"example.org": {"verify_keys": {"ed25519:k1": "AAAA"}}},
+        ):
             with self.assertRaises(KeysFileError, msg=repr(bad)):
                 VerifyKeys.from_json(bad)

@@ -34,9 +34,9 @@ from roomstore.pdu.hashing import (
     compute_reference_hash,
     unpadded_base64,
 )
+from roomstore.pdu.parsing import parse_pdu
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, RoomVersions
-from roomstore.pdu.parsing import parse_pdu
 from tests.events.pdus import encode, make_pdu
 
 SPEC_SEED = "YJDBA9Xnr2sVqXD9Vj7XVUnmFZcZrlw8Md7kMW+3XA1"
@@ -166,11 +166,7 @@ class EventIdVectorTests(unittest.TestCase):
 
     def test_jki_create_event_v11_differs_and_matches_hand_computation(self) -> None:
         # v11 keeps all create content and drops origin/prev_state: redact by hand.
-        by_hand = {
-            k: v
-            for k, v in JKI_CREATE.items()
-            if k not in ("origin", "prev_state", "unsigned", "signatures")
-        }
+        by_hand = {k: v for k, v in JKI_CREATE.items() if k not in ("origin", "prev_state", "unsigned", "signatures")}
         digest = hashlib.sha256(encode_canonical_json(by_hand)).digest()
         expected = "$" + base64.urlsafe_b64encode(digest).decode().rstrip("=")
         self.assertEqual(compute_event_id(RoomVersions.V11, JKI_CREATE), expected)
@@ -214,9 +210,7 @@ class EventIdVectorTests(unittest.TestCase):
     def test_signatures_and_unsigned_do_not_affect_the_id(self) -> None:
         event = make_pdu(RoomVersions.V10)
         other = dict(event, signatures={"x": {"ed25519:y": "z"}}, unsigned={"age_ts": 5})
-        self.assertEqual(
-            compute_event_id(RoomVersions.V10, event), compute_event_id(RoomVersions.V10, other)
-        )
+        self.assertEqual(compute_event_id(RoomVersions.V10, event), compute_event_id(RoomVersions.V10, other))
 
     def test_content_is_covered_through_the_content_hash(self) -> None:
         event = make_pdu(RoomVersions.V10)
@@ -255,9 +249,7 @@ class SignedJsonRoundTripTests(unittest.TestCase):
             event = self._signed_pdu(version)
             parsed = parse_pdu(encode(event), version)
             # Verification works from the parsed dict, via the redacted form.
-            verify_signed_json(
-                prune_event_dict(version, dict(parsed.event_dict)), "example.org", self.verify_key
-            )
+            verify_signed_json(prune_event_dict(version, dict(parsed.event_dict)), "example.org", self.verify_key)
             self.assertEqual(compute_content_hash(parsed.event_dict), event["hashes"]["sha256"])
 
     def test_verify_key_round_trips_through_bytes(self) -> None:
@@ -269,9 +261,7 @@ class SignedJsonRoundTripTests(unittest.TestCase):
         event = self._signed_pdu(RoomVersions.V11)
         tampered = dict(event, depth=event["depth"] + 1)
         with self.assertRaises(SignatureVerifyException):
-            verify_signed_json(
-                prune_event_dict(RoomVersions.V11, tampered), "example.org", self.verify_key
-            )
+            verify_signed_json(prune_event_dict(RoomVersions.V11, tampered), "example.org", self.verify_key)
 
     def test_wrong_key_fails(self) -> None:
         event = self._signed_pdu(RoomVersions.V9)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from twisted.trial import unittest
 
 from roomstore.pdu.redaction_algorithm import (
@@ -45,9 +46,7 @@ CONTENT_V1 = {
 }
 CONTENT_V6 = {k: v for k, v in CONTENT_V1.items() if k != "m.room.aliases"}
 CONTENT_V8 = dict(CONTENT_V6, **{"m.room.join_rules": {"join_rule", "allow"}})
-CONTENT_V9 = dict(
-    CONTENT_V8, **{"m.room.member": {"membership", "join_authorised_via_users_server"}}
-)
+CONTENT_V9 = dict(CONTENT_V8, **{"m.room.member": {"membership", "join_authorised_via_users_server"}})
 CONTENT_V11 = dict(
     CONTENT_V9,
     **{
@@ -171,13 +170,9 @@ class SpecTableTests(unittest.TestCase):
                     continue  # all keys: see CreateTests
                 event = kitchen_sink(event_type)
                 pruned = prune_event_dict(version, event)
-                expected = {
-                    k: event["content"][k] for k in table.get(event_type, set())
-                }
+                expected = {k: event["content"][k] for k in table.get(event_type, set())}
                 if identifier in ("11", "12") and event_type == "m.room.member":
-                    expected["third_party_invite"] = {
-                        "signed": event["content"]["third_party_invite"]["signed"]
-                    }
+                    expected["third_party_invite"] = {"signed": event["content"]["third_party_invite"]["signed"]}
                 self.assertEqual(pruned["content"], expected, (identifier, event_type))
 
 
@@ -275,15 +270,11 @@ class MemberTests(unittest.TestCase):
 
     def test_third_party_invite_signed_only_in_v11(self) -> None:
         signed = {"mxid": "@bob:example.org", "token": "tok", "signatures": {"id": {}}}
-        event = self._member(
-            third_party_invite={"display_name": "bob@example.com", "signed": signed}
-        )
+        event = self._member(third_party_invite={"display_name": "bob@example.com", "signed": signed})
         v10 = prune_event_dict(RoomVersions.V10, event)["content"]
         self.assertEqual(v10, {"membership": "join"})
         v11 = prune_event_dict(RoomVersions.V11, event)["content"]
-        self.assertEqual(
-            v11, {"membership": "join", "third_party_invite": {"signed": signed}}
-        )
+        self.assertEqual(v11, {"membership": "join", "third_party_invite": {"signed": signed}})
 
     def test_v11_third_party_invite_without_signed_becomes_empty(self) -> None:
         event = self._member(third_party_invite={"display_name": "x"})
@@ -402,8 +393,9 @@ class RobustnessTests(unittest.TestCase):
     # use can take seconds on a loaded machine and trip the too_slow check.
     json_values = st.recursive(
         st.none() | st.booleans() | st.integers() | st.text("abc\x00\u00e9", max_size=5),
-        lambda children: st.lists(children, max_size=3)
-        | st.dictionaries(st.text("abc", max_size=5), children, max_size=3),
+        lambda children: (
+            st.lists(children, max_size=3) | st.dictionaries(st.text("abc", max_size=5), children, max_size=3)
+        ),
         max_leaves=6,
     )
 
@@ -416,13 +408,9 @@ class RobustnessTests(unittest.TestCase):
             json_values,
             max_size=6,
         ),
-        extra=st.dictionaries(
-            st.sampled_from(sorted(ALL_TOP_LEVEL)), json_values, max_size=6
-        ),
+        extra=st.dictionaries(st.sampled_from(sorted(ALL_TOP_LEVEL)), json_values, max_size=6),
     )
-    def test_prune_is_idempotent_and_shrinks(
-        self, version: Any, event_type: str, content: dict, extra: dict
-    ) -> None:
+    def test_prune_is_idempotent_and_shrinks(self, version: Any, event_type: str, content: dict, extra: dict) -> None:
         event = dict(extra, type=event_type, content=content)
         once = prune_event_dict(version, event)
         self.assertEqual(prune_event_dict(version, once), once)

@@ -13,10 +13,10 @@ from signedjson.key import generate_signing_key
 from twisted.trial import unittest
 
 from roomstore.pdu.hashing import add_derived_ids, compute_event_id, compute_reference_hash
+from roomstore.pdu.parsing import InvalidEventError, parse_pdu
 from roomstore.pdu.power_levels import CREATOR_POWER_LEVEL, creators_listed, room_creators, user_power_level
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.room_versions import RoomVersions, get_room_version
-from roomstore.pdu.parsing import InvalidEventError, parse_pdu
 from roomstore.sample import RoomGraphBuilder
 from tests.events.pdus import encode, make_pdu
 from tests.synapse_oracle import prepare_synapse
@@ -38,8 +38,15 @@ def synapse():
     from synapse.events.utils import prune_event
     from synapse.federation.federation_base import event_from_pdu_json
 
-    return KNOWN_ROOM_VERSIONS, make_event_from_dict, prune_event, compute_event_reference_hash, \
-        add_hashes_and_signatures, event_from_pdu_json, get_user_power_level
+    return (
+        KNOWN_ROOM_VERSIONS,
+        make_event_from_dict,
+        prune_event,
+        compute_event_reference_hash,
+        add_hashes_and_signatures,
+        event_from_pdu_json,
+        get_user_power_level,
+    )
 
 
 def v12_room() -> RoomGraphBuilder:
@@ -51,15 +58,31 @@ def v12_room() -> RoomGraphBuilder:
     room.state("m.room.join_rules", "", {"join_rule": "restricted", "allow": [{"type": "m.room_membership"}]})
     room.history_visibility("shared")
     room.join(BOB)
-    room.build("m.room.member", BOB, {
-        "membership": "join", "displayname": "Bob", "join_authorised_via_users_server": CREATOR,
-        "third_party_invite": {"display_name": "bob", "signed": {"mxid": BOB, "token": "t", "signatures": {}}},
-    }, BOB)
+    room.build(
+        "m.room.member",
+        BOB,
+        {
+            "membership": "join",
+            "displayname": "Bob",
+            "join_authorised_via_users_server": CREATOR,
+            "third_party_invite": {"display_name": "bob", "signed": {"mxid": BOB, "token": "t", "signatures": {}}},
+        },
+        BOB,
+    )
     room.state("m.room.topic", "", {"topic": "secret topic"})
     message = room.message(BOB, "hello")
     room.redact(CREATOR, message.event_id)
-    room.state("m.room.power_levels", "", {"users": {BOB: 50}, "invite": 0, "notifications": {"room": 50},
-                                            "events": {"m.room.name": 50}, "users_default": 0})
+    room.state(
+        "m.room.power_levels",
+        "",
+        {
+            "users": {BOB: 50},
+            "invite": 0,
+            "notifications": {"room": 50},
+            "events": {"m.room.name": 50},
+            "users_default": 0,
+        },
+    )
     return room
 
 
@@ -89,16 +112,26 @@ class HashesAndIdsAgainstSynapseTests(unittest.TestCase):
         known, make_event, _, _, add_hashes_and_signatures, _, _ = synapse()
         key = generate_signing_key("v12")
         create = {
-            "type": "m.room.create", "state_key": "", "sender": CREATOR, "depth": 1, "origin_server_ts": 5,
+            "type": "m.room.create",
+            "state_key": "",
+            "sender": CREATOR,
+            "depth": 1,
+            "origin_server_ts": 5,
             "content": {"room_version": "12", "additional_creators": [COFOUNDER]},
-            "prev_events": [], "auth_events": [],
+            "prev_events": [],
+            "auth_events": [],
         }
         add_hashes_and_signatures(known["12"], create, "example.org", key)
         create_event = make_event(copy.deepcopy(create), known["12"])
         message = {
-            "type": "m.room.message", "sender": CREATOR, "room_id": create_event.room_id, "depth": 2,
-            "origin_server_ts": 6, "content": {"msgtype": "m.text", "body": "hi"},
-            "prev_events": [create_event.event_id], "auth_events": [],
+            "type": "m.room.message",
+            "sender": CREATOR,
+            "room_id": create_event.room_id,
+            "depth": 2,
+            "origin_server_ts": 6,
+            "content": {"msgtype": "m.text", "body": "hi"},
+            "prev_events": [create_event.event_id],
+            "auth_events": [],
         }
         add_hashes_and_signatures(known["12"], message, "example.org", key)
         for pdu in (create, message):
@@ -144,15 +177,22 @@ class CreateEventRoomIdTests(unittest.TestCase):
                 make_event(copy.deepcopy(pdu), known["12"])
 
     def test_create_in_older_versions_still_needs_a_room_id(self) -> None:
-        pdu = make_pdu(RoomVersions.V11, type="m.room.create", state_key="", content={"room_version": "11"},
-                       _drop=("room_id",))
+        pdu = make_pdu(
+            RoomVersions.V11, type="m.room.create", state_key="", content={"room_version": "11"}, _drop=("room_id",)
+        )
         with self.assertRaises(InvalidEventError) as cm:
             parse_pdu(encode(pdu), RoomVersions.V11)
         self.assertEqual(cm.exception.field, "room_id")
 
     def test_other_events_need_a_hash_room_id(self) -> None:
-        for bad in ("!room:example.org", "!" + "A" * 42, "!" + "A" * 44, "!" + "A+/" + "b" * 40,
-                    "!" + "A" * 43 + ":example.org", "$" + "A" * 43):
+        for bad in (
+            "!room:example.org",
+            "!" + "A" * 42,
+            "!" + "A" * 44,
+            "!" + "A+/" + "b" * 40,
+            "!" + "A" * 43 + ":example.org",
+            "$" + "A" * 43,
+        ):
             with self.assertRaises(InvalidEventError) as cm:
                 parse_pdu(encode(make_pdu(V12, room_id=bad)), V12)
             self.assertEqual(cm.exception.field, "room_id", bad)
@@ -197,21 +237,36 @@ class CreatorPowerTests(unittest.TestCase):
         create_event = make_event(copy.deepcopy(create), known[version])
         auth = {("m.room.create", ""): create_event}
         if power_levels is not None:
-            auth[("m.room.power_levels", "")] = make_event({
-                "type": "m.room.power_levels", "state_key": "", "sender": CREATOR, "room_id": create_event.room_id,
-                "content": power_levels, "depth": 3, "origin_server_ts": 1, "prev_events": [], "auth_events": [],
-                "hashes": {"sha256": "x"}, "signatures": {},
-            }, known[version])
+            auth[("m.room.power_levels", "")] = make_event(
+                {
+                    "type": "m.room.power_levels",
+                    "state_key": "",
+                    "sender": CREATOR,
+                    "room_id": create_event.room_id,
+                    "content": power_levels,
+                    "depth": 3,
+                    "origin_server_ts": 1,
+                    "prev_events": [],
+                    "auth_events": [],
+                    "hashes": {"sha256": "x"},
+                    "signatures": {},
+                },
+                known[version],
+            )
         return get_user_power_level(user, auth)
 
     def test_levels_agree_with_synapse(self) -> None:
         dave = "@dave:example.org"
         for version in ("10", "11", "12"):
-            room = RoomGraphBuilder(room_id="!r:example.org", version=version, creator=CREATOR,
-                                    additional_creators=[COFOUNDER])
+            room = RoomGraphBuilder(
+                room_id="!r:example.org", version=version, creator=CREATOR, additional_creators=[COFOUNDER]
+            )
             create = room.create().event
-            for power_levels in (None, {"users": {BOB: 50, dave: 0}, "users_default": 10},
-                                 {"users": {CREATOR: 1, COFOUNDER: 2}}):
+            for power_levels in (
+                None,
+                {"users": {BOB: 50, dave: 0}, "users_default": 10},
+                {"users": {CREATOR: 1, COFOUNDER: 2}},
+            ):
                 for user in (CREATOR, COFOUNDER, BOB, dave, "@eve:example.org"):
                     ours = user_power_level(get_room_version(version), create, power_levels, user)
                     theirs = self.synapse_level(version, create, power_levels, user)

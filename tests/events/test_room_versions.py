@@ -61,9 +61,15 @@ class KnownRoomVersionsTests(unittest.TestCase):
 
     def test_v12_redaction_rules_are_v11s(self) -> None:
         # The spec's v12 page: redactions "unchanged from v11".
-        for attribute in ("redaction_top_level_keys", "redaction_content_keys", "redacts_in_content",
-                          "redaction_create_keeps_all_content", "redaction_keeps_third_party_invite_signed",
-                          "event_id_format", "strict_canonicaljson"):
+        for attribute in (
+            "redaction_top_level_keys",
+            "redaction_content_keys",
+            "redacts_in_content",
+            "redaction_create_keeps_all_content",
+            "redaction_keeps_third_party_invite_signed",
+            "event_id_format",
+            "strict_canonicaljson",
+        ):
             self.assertEqual(getattr(RoomVersions.V12, attribute), getattr(RoomVersions.V11, attribute), attribute)
 
     def test_versions_are_hashable_values(self) -> None:

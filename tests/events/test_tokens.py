@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from twisted.trial import unittest
 
 from roomstore.events.tokens import (
@@ -16,9 +17,7 @@ relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 positions = st.integers(min_value=0, max_value=MAX_POSITION)
 small = st.integers(min_value=0, max_value=50)
-stream_tokens = st.builds(
-    StreamToken.create, small, st.dictionaries(st.integers(0, 8), small, max_size=5)
-)
+stream_tokens = st.builds(StreamToken.create, small, st.dictionaries(st.integers(0, 8), small, max_size=5))
 
 
 class StreamTokenTests(unittest.TestCase):
@@ -133,9 +132,7 @@ class StreamTokenTests(unittest.TestCase):
             ("m5~1.6~2.6", "m5~1.6~2.7", True),
         ]
         for a, b, expected in cases:
-            self.assertEqual(
-                StreamToken.parse(a).is_before_or_eq(StreamToken.parse(b)), expected, (a, b)
-            )
+            self.assertEqual(StreamToken.parse(a).is_before_or_eq(StreamToken.parse(b)), expected, (a, b))
 
     def test_is_before_or_eq_rejects_other_types(self) -> None:
         with self.assertRaises(TypeError):
@@ -169,10 +166,10 @@ class StreamTokenTests(unittest.TestCase):
     @given(stream_tokens, stream_tokens)
     def test_is_before_or_eq_is_pointwise(self, a: StreamToken, b: StreamToken) -> None:
         instances = range(0, 10)
-        pointwise = all(
-            a.get_stream_pos_for_instance(i) <= b.get_stream_pos_for_instance(i)
-            for i in instances
-        ) and a.stream <= b.stream
+        pointwise = (
+            all(a.get_stream_pos_for_instance(i) <= b.get_stream_pos_for_instance(i) for i in instances)
+            and a.stream <= b.stream
+        )
         self.assertEqual(a.is_before_or_eq(b), pointwise)
         self.assertTrue(a.is_before_or_eq(a))
 
@@ -228,9 +225,7 @@ class TopologicalTokenTests(unittest.TestCase):
             TopologicalToken(1, 1).is_before_or_eq(StreamToken(1))  # type: ignore[arg-type]
 
     @relaxed
-    @given(
-        st.integers(0, MAX_POSITION), st.integers(-MAX_POSITION, MAX_POSITION)
-    )
+    @given(st.integers(0, MAX_POSITION), st.integers(-MAX_POSITION, MAX_POSITION))
     def test_round_trip(self, topological: int, stream: int) -> None:
         token = TopologicalToken(topological, stream)
         self.assertEqual(TopologicalToken.parse(token.to_string()), token)

@@ -6,7 +6,6 @@ from typing import Any
 from twisted.trial import unittest
 
 from roomstore.pdu.hashing import compute_event_id
-from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion, RoomVersions
 from roomstore.pdu.parsing import (
     MAX_PDU_SIZE,
     InvalidEventError,
@@ -14,6 +13,7 @@ from roomstore.pdu.parsing import (
     is_valid_event_id,
     parse_pdu,
 )
+from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion, RoomVersions
 from tests.events.pdus import V1_REF, V3_REF, V4_REF, encode, encode_loose, make_pdu
 
 ALL_VERSIONS = list(KNOWN_ROOM_VERSIONS.values())
@@ -286,15 +286,11 @@ class InvalidPduTests(unittest.TestCase):
         self.assertEqual(parse_pdu(encode(ok), v).type, "t" * 255)
         self.assertInvalidPdu(make_pdu(v, type="t" * 256), v, "'type' is longer than 255 bytes")
         # Bytes, not characters: 128 two-byte characters are 256 bytes.
-        self.assertInvalidPdu(
-            make_pdu(v, state_key="\u00e9" * 128), v, "'state_key' is longer than 255 bytes"
-        )
+        self.assertInvalidPdu(make_pdu(v, state_key="\u00e9" * 128), v, "'state_key' is longer than 255 bytes")
         long_sender = "@" + "a" * 250 + ":example.org"
         self.assertInvalidPdu(make_pdu(v, sender=long_sender), v, "'sender' is longer")
         long_id = "$" + "a" * 250 + ":example.org"
-        self.assertInvalidPdu(
-            make_pdu(RoomVersions.V1, event_id=long_id), RoomVersions.V1, "event_id"
-        )
+        self.assertInvalidPdu(make_pdu(RoomVersions.V1, event_id=long_id), RoomVersions.V1, "event_id")
 
     def test_nan_and_infinity_rejected_in_every_version(self) -> None:
         for version in ALL_VERSIONS:
@@ -353,9 +349,7 @@ class InvalidPduTests(unittest.TestCase):
         no_key = make_pdu(v, type="m.room.member", content={"membership": "join"})
         self.assertInvalidPdu(no_key, v, "m.room.member events must have a 'state_key'")
         no_membership = make_pdu(v, type="m.room.member", state_key="@a:b", content={})
-        self.assertInvalidPdu(
-            no_membership, v, "'content.membership' must be a string, got null", "content.membership"
-        )
+        self.assertInvalidPdu(no_membership, v, "'content.membership' must be a string, got null", "content.membership")
         numeric = make_pdu(v, type="m.room.member", state_key="@a:b", content={"membership": 1})
         self.assertInvalidPdu(numeric, v, "'content.membership' must be a string")
 
@@ -363,9 +357,7 @@ class InvalidPduTests(unittest.TestCase):
         v10 = make_pdu(RoomVersions.V10, type="m.room.redaction", redacts=5, content={})
         self.assertInvalidPdu(v10, RoomVersions.V10, "'redacts' must be a string", "redacts")
         v11 = make_pdu(RoomVersions.V11, type="m.room.redaction", content={"redacts": ["$x"]})
-        self.assertInvalidPdu(
-            v11, RoomVersions.V11, "'content.redacts' must be a string", "content.redacts"
-        )
+        self.assertInvalidPdu(v11, RoomVersions.V11, "'content.redacts' must be a string", "content.redacts")
 
     def test_error_is_a_value_error(self) -> None:
         self.assertTrue(issubclass(InvalidEventError, ValueError))
@@ -401,8 +393,12 @@ class PickledPduTests(unittest.TestCase):
         import pickle
 
         for version in ALL_VERSIONS:
-            pdu = make_pdu(version, type="m.room.member", state_key="@bob:example.org",
-                           content={"membership": "join", "nested": {"list": [1, "two", None]}})
+            pdu = make_pdu(
+                version,
+                type="m.room.member",
+                state_key="@bob:example.org",
+                content={"membership": "join", "nested": {"list": [1, "two", None]}},
+            )
             parsed = parse_pdu(encode(pdu), version)
             data = pickle.dumps(parsed, protocol=pickle.HIGHEST_PROTOCOL)
             back = pickle.loads(data)

@@ -35,8 +35,17 @@ class Client:
         self.token = token
         self.user_id = user_id
 
-    async def call(self, method: str, path: str, body=None, query: dict | None = None, raw: bytes | None = None,
-                   token: str | None = None, prefix: str = "/_matrix/client/v3", timeout: float = 30):
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body=None,
+        query: dict | None = None,
+        raw: bytes | None = None,
+        token: str | None = None,
+        prefix: str = "/_matrix/client/v3",
+        timeout: float = 30,
+    ):
         url = self.base + prefix + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
@@ -78,8 +87,9 @@ class HomeserverMixin:
 
     async def register(self, name: str, password: str = "secret") -> Client:
         client = Client(self.base)
-        answer = await client.ok("POST", "/register", {"username": name, "password": password,
-                                                      "auth": {"type": "m.login.dummy"}})
+        answer = await client.ok(
+            "POST", "/register", {"username": name, "password": password, "auth": {"type": "m.login.dummy"}}
+        )
         return Client(self.base, answer["access_token"], answer["user_id"])
 
 

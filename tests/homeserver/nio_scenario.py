@@ -57,11 +57,11 @@ async def scenario(base: str, server_name: str) -> None:
         check(getattr(joined, "room_id", None) == room, f"join: {joined}")
         sent = []
         for i in range(100):
-            response = await alice.room_send(room, "m.room.message", {"msgtype": "m.text", "body": f"m{i}"},
-                                             tx_id=f"txn-{i}")
+            response = await alice.room_send(
+                room, "m.room.message", {"msgtype": "m.text", "body": f"m{i}"}, tx_id=f"txn-{i}"
+            )
             sent.append(response.event_id)
-        retried = await alice.room_send(room, "m.room.message", {"msgtype": "m.text", "body": "again"},
-                                        tx_id="txn-7")
+        retried = await alice.room_send(room, "m.room.message", {"msgtype": "m.text", "body": "again"}, tx_id="txn-7")
         check(retried.event_id == sent[7], "a retried txnId made a new event")
         step("100 messages sent; a retried txnId returned the same event")
         redaction = await alice.room_redact(room, sent[50], reason="typo", tx_id="redact-1")
@@ -95,8 +95,9 @@ async def scenario(base: str, server_name: str) -> None:
         step("/state")
 
         await bob.room_leave(room)
-        after = await alice.room_send(room, "m.room.message", {"msgtype": "m.text", "body": "bob is gone"},
-                                      tx_id="after-leave")
+        after = await alice.room_send(
+            room, "m.room.message", {"msgtype": "m.text", "body": "bob is gone"}, tx_id="after-leave"
+        )
         left = await bob.sync(timeout=0, since=woken.next_batch)
         check(room in left.rooms.leave and room not in left.rooms.join, "the leave is not in bob's sync")
         page = await bob.room_messages(room, start=left.next_batch, direction=MessageDirection.back, limit=20)

@@ -16,8 +16,9 @@ class AccountTests(HomeserverMixin):
         self.assertEqual(flows["flows"], [{"stages": ["m.login.dummy"]}])
         alice = await self.register("alice", "pw")
         self.assertEqual(alice.user_id, "@alice:test.local")
-        status, taken = await anonymous.call("POST", "/register", {"username": "alice", "password": "x",
-                                                                  "auth": {"type": "m.login.dummy"}})
+        status, taken = await anonymous.call(
+            "POST", "/register", {"username": "alice", "password": "x", "auth": {"type": "m.login.dummy"}}
+        )
         self.assertEqual((status, taken["errcode"]), (400, "M_USER_IN_USE"))
         whoami = await alice.ok("GET", "/account/whoami")
         self.assertEqual(whoami["user_id"], "@alice:test.local")

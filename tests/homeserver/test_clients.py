@@ -20,13 +20,28 @@ from tests.homeserver.test_command import start, stop
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "nio_scenario.py")
 JS_DIR = os.path.join(HERE, "js")
-JS_STEPS = ["createRoom", "invite seen in initial sync", "join",
-            "100 messages sent; a retried txnId returned the same event", "redaction",
-            "limited sync and back-pagination", "incremental sync woken by a send", "/state",
-            "leave, and what the leaver sees", "every request the SDK made succeeded"]
-STEPS = ["createRoom", "invite seen in initial sync", "100 messages sent; a retried txnId returned the same event",
-         "redaction", "limited sync and back-pagination", "incremental sync woken by a send", "/state",
-         "leave, and what the leaver sees"]
+JS_STEPS = [
+    "createRoom",
+    "invite seen in initial sync",
+    "join",
+    "100 messages sent; a retried txnId returned the same event",
+    "redaction",
+    "limited sync and back-pagination",
+    "incremental sync woken by a send",
+    "/state",
+    "leave, and what the leaver sees",
+    "every request the SDK made succeeded",
+]
+STEPS = [
+    "createRoom",
+    "invite seen in initial sync",
+    "100 messages sent; a retried txnId returned the same event",
+    "redaction",
+    "limited sync and back-pagination",
+    "incremental sync woken by a send",
+    "/state",
+    "leave, and what the leaver sees",
+]
 
 
 @on_both_engines
@@ -36,7 +51,10 @@ class NioTests:
         self.addCleanup(lambda: proc.poll() is None and proc.kill())
         base = f"http://127.0.0.1:{serving['port']}"
         client = await threads.deferToThread(
-            subprocess.run, [sys.executable, SCRIPT, base, serving["server_name"]], capture_output=True, text=True,
+            subprocess.run,
+            [sys.executable, SCRIPT, base, serving["server_name"]],
+            capture_output=True,
+            text=True,
             timeout=300,
         )
         lines = [json.loads(line) for line in client.stdout.splitlines() if line.startswith("{")]
@@ -67,7 +85,11 @@ class JsSdkTests:
         self.addCleanup(lambda: proc.poll() is None and proc.kill())
         base = f"http://127.0.0.1:{serving['port']}"
         client = await threads.deferToThread(
-            subprocess.run, [*command, base, serving["server_name"]], capture_output=True, text=True, timeout=300,
+            subprocess.run,
+            [*command, base, serving["server_name"]],
+            capture_output=True,
+            text=True,
+            timeout=300,
             cwd=JS_DIR,
         )
         lines = [json.loads(line) for line in client.stdout.splitlines() if line.startswith("{")]

@@ -22,8 +22,22 @@ def start(url: str) -> tuple[subprocess.Popen, dict]:
     """The command on a free port, and its ``serving`` line."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "roomstore.cli", "homeserver", "--db", url, "--server-name", "test.local",
-         "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "roomstore.cli",
+            "homeserver",
+            "--db",
+            url,
+            "--server-name",
+            "test.local",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     line = proc.stdout.readline()
     if not line:
@@ -52,11 +66,13 @@ class CommandTests:
     async def test_serves_stops_and_restarts(self):
         url = self.new_database_url()
         proc, serving = await self.start_command(url)
-        self.assertEqual((serving["host"], serving["server_name"], serving["registration_open"]),
-                         ("127.0.0.1", "test.local", True))
+        self.assertEqual(
+            (serving["host"], serving["server_name"], serving["registration_open"]), ("127.0.0.1", "test.local", True)
+        )
         base = f"http://127.0.0.1:{serving['port']}"
-        answer = await Client(base).ok("POST", "/register", {"username": "alice", "password": "pw",
-                                                            "auth": {"type": "m.login.dummy"}})
+        answer = await Client(base).ok(
+            "POST", "/register", {"username": "alice", "password": "pw", "auth": {"type": "m.login.dummy"}}
+        )
         alice = Client(base, answer["access_token"])
         room = (await alice.ok("POST", "/createRoom", {"name": "kept"}))["room_id"]
         first = await alice.send(room, "t1", "before the restart")
@@ -89,7 +105,8 @@ class ApiDocTests:
         hs, port = await namespace["serve"](self.new_database_url(), reactor)
         try:
             versions = await Client(f"http://127.0.0.1:{port.getHost().port}").ok(
-                "GET", "/versions", prefix="/_matrix/client")
+                "GET", "/versions", prefix="/_matrix/client"
+            )
             self.assertIn("v1.11", versions["versions"])
         finally:
             await port.stopListening()

@@ -21,7 +21,9 @@ class ErrorTests(HomeserverMixin):
             return answer
 
         # An event the room's rules reject: 403 with the rule broken.
-        refused = await expect(mallory, 403, "M_FORBIDDEN", "PUT", f"/rooms/{room}/send/m.room.message/1", {"body": "x"})
+        refused = await expect(
+            mallory, 403, "M_FORBIDDEN", "PUT", f"/rooms/{room}/send/m.room.message/1", {"body": "x"}
+        )
         self.assertIn("rule", refused["error"])
         await expect(mallory, 403, "M_FORBIDDEN", "POST", f"/rooms/{room}/join", {})  # invite only
         await expect(mallory, 403, "M_FORBIDDEN", "GET", f"/rooms/{room}/state")

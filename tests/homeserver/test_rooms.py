@@ -13,8 +13,9 @@ class RoomTests(HomeserverMixin):
     async def two_users_in_a_room(self):
         await self.start_homeserver()
         alice, bob = await self.register("alice"), await self.register("bob")
-        room = (await alice.ok("POST", "/createRoom", {"name": "Tea", "topic": "leaves",
-                                                       "invite": [bob.user_id]}))["room_id"]
+        room = (await alice.ok("POST", "/createRoom", {"name": "Tea", "topic": "leaves", "invite": [bob.user_id]}))[
+            "room_id"
+        ]
         return alice, bob, room
 
     async def test_invite_join_send_state_members(self):
@@ -23,8 +24,9 @@ class RoomTests(HomeserverMixin):
         initial = await bob.ok("GET", "/sync")
         self.assertEqual(list(initial["rooms"]["invite"]), [room])
         stripped = initial["rooms"]["invite"][room]["invite_state"]["events"]
-        self.assertIn({"type": "m.room.name", "state_key": "", "content": {"name": "Tea"}, "sender": alice.user_id},
-                      stripped)
+        self.assertIn(
+            {"type": "m.room.name", "state_key": "", "content": {"name": "Tea"}, "sender": alice.user_id}, stripped
+        )
         self.assertIn("invite", [e["content"].get("membership") for e in stripped if e["type"] == "m.room.member"])
         self.assertEqual(initial["rooms"]["join"], {})
 
@@ -45,8 +47,10 @@ class RoomTests(HomeserverMixin):
         topic = next(e for e in state if e["type"] == "m.room.topic")
         self.assertEqual(topic["unsigned"]["prev_content"], {"topic": "leaves"})
         members = (await bob.ok("GET", f"/rooms/{room}/members"))["chunk"]
-        self.assertEqual(sorted((e["state_key"], e["content"]["membership"]) for e in members),
-                         [(alice.user_id, "join"), (bob.user_id, "join")])
+        self.assertEqual(
+            sorted((e["state_key"], e["content"]["membership"]) for e in members),
+            [(alice.user_id, "join"), (bob.user_id, "join")],
+        )
         joined = (await alice.ok("GET", f"/rooms/{room}/joined_members"))["joined"]
         self.assertEqual(joined[bob.user_id]["display_name"], "bob")
 
@@ -76,8 +80,9 @@ class RoomTests(HomeserverMixin):
             token = page["end"]
         self.assertEqual(seen, sent[::-1])  # every message, newest first
 
-        only = await bob.ok("GET", f"/rooms/{room}/messages",
-                            query={"dir": "b", "limit": "3", "filter": '{"types": ["m.room.member"]}'})
+        only = await bob.ok(
+            "GET", f"/rooms/{room}/messages", query={"dir": "b", "limit": "3", "filter": '{"types": ["m.room.member"]}'}
+        )
         self.assertEqual({e["type"] for e in only["chunk"]}, {"m.room.member"})
 
         redaction = (await alice.ok("PUT", f"/rooms/{room}/redact/{quote(sent[5])}/r1", {"reason": "typo"}))["event_id"]

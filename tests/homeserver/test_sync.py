@@ -41,11 +41,15 @@ class SyncTests(HomeserverMixin):
         # An incremental sync with more new events than the limit is limited too.
         for i in range(4):
             await alice.send(room, f"u{i}", f"n{i}")
-        again = await bob.ok("GET", "/sync", query={"since": synced["next_batch"],
-                                                    "filter": json.dumps({"room": {"timeline": {"limit": 2}}})})
+        again = await bob.ok(
+            "GET",
+            "/sync",
+            query={"since": synced["next_batch"], "filter": json.dumps({"room": {"timeline": {"limit": 2}}})},
+        )
         self.assertTrue(again["rooms"]["join"][room]["timeline"]["limited"])
-        self.assertEqual([e["content"]["body"] for e in again["rooms"]["join"][room]["timeline"]["events"]],
-                         ["n2", "n3"])
+        self.assertEqual(
+            [e["content"]["body"] for e in again["rooms"]["join"][room]["timeline"]["events"]], ["n2", "n3"]
+        )
 
         # A stored filter, by ID: only messages, and no more than one.
         stored = {"room": {"timeline": {"limit": 1, "types": ["m.room.message"]}}}
@@ -97,17 +101,24 @@ class TransactionIdTests(HomeserverMixin):
         await bob.ok("POST", f"/join/{room}", {})
         message = await alice.send(room, quote("a/slash"), "hello")  # a txnId may hold anything, a slash too
         redaction = (await alice.ok("PUT", f"/rooms/{room}/redact/{message}/r1", {}))["event_id"]
-        login = await alice.ok("POST", "/login", {"type": "m.login.password", "password": "secret",
-                                                 "identifier": {"type": "m.id.user", "user": "alice"}})
+        login = await alice.ok(
+            "POST",
+            "/login",
+            {"type": "m.login.password", "password": "secret", "identifier": {"type": "m.id.user", "user": "alice"}},
+        )
         laptop = type(alice)(alice.base, login["access_token"], alice.user_id)
 
         def txn_ids(events):
-            return {e["event_id"]: e["unsigned"]["transaction_id"] for e in events
-                    if "transaction_id" in e.get("unsigned", {})}
+            return {
+                e["event_id"]: e["unsigned"]["transaction_id"]
+                for e in events
+                if "transaction_id" in e.get("unsigned", {})
+            }
 
         synced = await alice.ok("GET", "/sync")
-        self.assertEqual(txn_ids(synced["rooms"]["join"][room]["timeline"]["events"]),
-                         {message: "a/slash", redaction: "r1"})
+        self.assertEqual(
+            txn_ids(synced["rooms"]["join"][room]["timeline"]["events"]), {message: "a/slash", redaction: "r1"}
+        )
         page = await alice.ok("GET", f"/rooms/{room}/messages", query={"dir": "b"})
         self.assertEqual(txn_ids(page["chunk"]), {message: "a/slash", redaction: "r1"})
         context = await alice.ok("GET", f"/rooms/{room}/context/{redaction}")
@@ -115,7 +126,7 @@ class TransactionIdTests(HomeserverMixin):
         event = await alice.ok("GET", f"/rooms/{room}/event/{message}")
         self.assertEqual(event["unsigned"]["transaction_id"], "a/slash")
         for other in (bob, laptop):  # another user; the same user on another device
-            self.assertEqual(txn_ids((await other.ok("GET", "/sync"))["rooms"]["join"][room]["timeline"]["events"]),
-                             {})
-            self.assertEqual(txn_ids((await other.ok("GET", f"/rooms/{room}/messages", query={"dir": "b"}))["chunk"]),
-                             {})
+            self.assertEqual(txn_ids((await other.ok("GET", "/sync"))["rooms"]["join"][room]["timeline"]["events"]), {})
+            self.assertEqual(
+                txn_ids((await other.ok("GET", f"/rooms/{room}/messages", query={"dir": "b"}))["chunk"]), {}
+            )

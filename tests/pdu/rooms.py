@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import copy
 import itertools
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from canonicaljson import encode_canonical_json
 
@@ -41,8 +42,13 @@ _CLOCK = itertools.count(1_700_000_000_000, 1000)
 class Room:
     """One room's events.  ``state`` is the state after the last applied event."""
 
-    def __init__(self, version: str, creator: str = ALICE, additional_creators: Sequence[str] = (),
-                 room_id: str = "!room:example.org") -> None:
+    def __init__(
+        self,
+        version: str,
+        creator: str = ALICE,
+        additional_creators: Sequence[str] = (),
+        room_id: str = "!room:example.org",
+    ) -> None:
         self.version = version
         self.room_version = get_room_version(version)
         self.creator = creator
@@ -56,10 +62,21 @@ class Room:
 
     # ------------------------------------------------------------ building
 
-    def build(self, event_type: str, sender: str, content: dict, state_key: str | None = None, *,
-              prev: Sequence[str] | None = None, auth: Sequence[str] | None = None,
-              state: Mapping | None = None, apply: bool = True, extra: dict | None = None,
-              ts: int | None = None, signers: Iterable[str] = ()) -> ParsedPdu:
+    def build(
+        self,
+        event_type: str,
+        sender: str,
+        content: dict,
+        state_key: str | None = None,
+        *,
+        prev: Sequence[str] | None = None,
+        auth: Sequence[str] | None = None,
+        state: Mapping | None = None,
+        apply: bool = True,
+        extra: dict | None = None,
+        ts: int | None = None,
+        signers: Iterable[str] = (),
+    ) -> ParsedPdu:
         """Build an event; its auth events are ``auth`` or those the selection
         picks from ``state`` (default: the current state).  ``apply``: make it
         the new leaf, and, for a state event, part of the current state."""
@@ -67,9 +84,15 @@ class Room:
         self.ts = ts if ts is not None else next(_CLOCK)
         prev_ids = list(self.leaves if prev is None else prev)
         event: dict[str, Any] = {
-            "content": content, "origin_server_ts": self.ts, "sender": sender, "type": event_type,
+            "content": content,
+            "origin_server_ts": self.ts,
+            "sender": sender,
+            "type": event_type,
             "depth": max([self.events[p].depth for p in prev_ids if p in self.events] or [0]) + 1,
-            "room_id": self.room_id, "hashes": {}, "auth_events": [], "prev_events": [],
+            "room_id": self.room_id,
+            "hashes": {},
+            "auth_events": [],
+            "prev_events": [],
         }
         if state_key is not None:
             event["state_key"] = state_key
@@ -84,8 +107,11 @@ class Room:
         if auth is None:
             provisional = self._parse(event)
             chosen = state if state is not None else self.state
-            auth = [chosen[key].event_id for key in sorted(auth_types_for_event(self.room_version, provisional))
-                    if key in chosen]
+            auth = [
+                chosen[key].event_id
+                for key in sorted(auth_types_for_event(self.room_version, provisional))
+                if key in chosen
+            ]
         event["prev_events"] = self._references(prev_ids)
         event["auth_events"] = self._references(auth)
         pdu = self._parse(event)
@@ -123,20 +149,53 @@ class Room:
         content = {"membership": membership, **kw.pop("content", {})}
         return self.build("m.room.member", sender or target, content, target, **kw)
 
-    def power_levels(self, users: Mapping[str, Any], sender: str | None = None, *, apply: bool = True,
-                     prev: Sequence[str] | None = None, state: Mapping | None = None, ts: int | None = None,
-                     **content: Any) -> ParsedPdu:
-        return self.build("m.room.power_levels", sender or self.creator, {"users": dict(users), **content}, "",
-                          apply=apply, prev=prev, state=state, ts=ts)
+    def power_levels(
+        self,
+        users: Mapping[str, Any],
+        sender: str | None = None,
+        *,
+        apply: bool = True,
+        prev: Sequence[str] | None = None,
+        state: Mapping | None = None,
+        ts: int | None = None,
+        **content: Any,
+    ) -> ParsedPdu:
+        return self.build(
+            "m.room.power_levels",
+            sender or self.creator,
+            {"users": dict(users), **content},
+            "",
+            apply=apply,
+            prev=prev,
+            state=state,
+            ts=ts,
+        )
 
-    def join_rules(self, rule: str, sender: str | None = None, *, apply: bool = True,
-                   prev: Sequence[str] | None = None, state: Mapping | None = None, ts: int | None = None,
-                   **content: Any) -> ParsedPdu:
-        return self.build("m.room.join_rules", sender or self.creator, {"join_rule": rule, **content}, "",
-                          apply=apply, prev=prev, state=state, ts=ts)
+    def join_rules(
+        self,
+        rule: str,
+        sender: str | None = None,
+        *,
+        apply: bool = True,
+        prev: Sequence[str] | None = None,
+        state: Mapping | None = None,
+        ts: int | None = None,
+        **content: Any,
+    ) -> ParsedPdu:
+        return self.build(
+            "m.room.join_rules",
+            sender or self.creator,
+            {"join_rule": rule, **content},
+            "",
+            apply=apply,
+            prev=prev,
+            state=state,
+            ts=ts,
+        )
 
-    def standard(self, join_rule: str = "invite", users: Mapping[str, int] | None = None,
-                 members: Sequence[str] = ()) -> "Room":
+    def standard(
+        self, join_rule: str = "invite", users: Mapping[str, int] | None = None, members: Sequence[str] = ()
+    ) -> Room:
         """create, the creator's join, power levels (creator 100 unless v12), join rules, then
         ``members`` joined (invited by the creator first unless the room is public)."""
         self.create()
@@ -177,9 +236,9 @@ class Oracle:
     def __init__(self) -> None:
         if not prepare_synapse():
             raise AssertionError("matrix-synapse (the test extra) is not installed: it is these tests' oracle")
+        from synapse import event_auth
         from synapse.api.errors import SynapseError
         from synapse.api.room_versions import KNOWN_ROOM_VERSIONS
-        from synapse import event_auth
         from synapse.events import make_event_from_dict
 
         self.errors = SynapseError
@@ -191,8 +250,11 @@ class Oracle:
     def event(self, pdu: ParsedPdu, rejected: bool = False) -> Any:
         key = (pdu.raw, rejected)
         if key not in self._cache:
-            theirs = self.make_event(copy.deepcopy(dict(pdu.event_dict)), self.versions[pdu.room_version.identifier],
-                                     rejected_reason="auth_error" if rejected else None)
+            theirs = self.make_event(
+                copy.deepcopy(dict(pdu.event_dict)),
+                self.versions[pdu.room_version.identifier],
+                rejected_reason="auth_error" if rejected else None,
+            )
             assert theirs.event_id == pdu.event_id, (theirs.event_id, pdu.event_id)
             self._cache[key] = theirs
         return self._cache[key]
@@ -205,8 +267,13 @@ class Oracle:
             return False
         return True
 
-    def resolve(self, room_version: str, state_sets: Sequence[Mapping], events: Mapping[str, ParsedPdu],
-                rejected: Iterable[str] = ()) -> dict:
+    def resolve(
+        self,
+        room_version: str,
+        state_sets: Sequence[Mapping],
+        events: Mapping[str, ParsedPdu],
+        rejected: Iterable[str] = (),
+    ) -> dict:
         """Synapse's state resolution (``synapse.state.v1``/``v2``) of ``state_sets``."""
         return _oracle_resolve(self, room_version, state_sets, events, rejected)
 
@@ -246,8 +313,9 @@ class _ResolutionStore:
                 stack.extend(event.auth_event_ids() if event is not None else ())
         return seen
 
-    async def get_auth_chain_difference(self, room_id, state_sets, conflicted_state=None,
-                                        additional_backwards_reachable_conflicted_events=None):
+    async def get_auth_chain_difference(
+        self, room_id, state_sets, conflicted_state=None, additional_backwards_reachable_conflicted_events=None
+    ):
         from synapse.storage.databases.main.event_federation import StateDifference
 
         chains = [self._chain(s) for s in state_sets]
@@ -259,8 +327,13 @@ class _ResolutionStore:
         return StateDifference(auth_difference=difference, conflicted_subgraph=subgraph)
 
 
-def _oracle_resolve(oracle: "Oracle", room_version: str, state_sets: Sequence[Mapping], events: Mapping[str, ParsedPdu],
-                    rejected: Iterable[str] = ()) -> dict:
+def _oracle_resolve(
+    oracle: Oracle,
+    room_version: str,
+    state_sets: Sequence[Mapping],
+    events: Mapping[str, ParsedPdu],
+    rejected: Iterable[str] = (),
+) -> dict:
     from synapse.state import v1, v2
 
     rejected = set(rejected)
@@ -269,11 +342,11 @@ def _oracle_resolve(oracle: "Oracle", room_version: str, state_sets: Sequence[Ma
     version = oracle.versions[room_version]
     sets = [dict(s) for s in state_sets]
     if version.state_res == 1:
+
         async def factory(ids):
             return {i: theirs[i] for i in ids if i in theirs}
+
         result = _run(v1.resolve_events_with_store(room_id, version, sets, None, factory))
     else:
-        result = _run(v2.resolve_events_with_store(_NoClock(), room_id, version, sets, None,
-                                                   _ResolutionStore(theirs)))
+        result = _run(v2.resolve_events_with_store(_NoClock(), room_id, version, sets, None, _ResolutionStore(theirs)))
     return dict(result)
-

@@ -56,15 +56,17 @@ def main() -> None:
             signature_ok = False
         unsigned_copy = {k: v for k, v in item["event"].items() if k not in ("hashes", "signatures")}
         add_hashes_and_signatures(room_version, unsigned_copy, server, signing_key)
-        results.append({
-            "event_id": event.event_id,
-            "room_id": event.room_id,
-            "content_hash_ok": check_event_content_hash(event),
-            "signature_ok": signature_ok,
-            "reference_hash": b64(compute_event_reference_hash(event)[1]),
-            "hashes": unsigned_copy["hashes"],
-            "signatures": unsigned_copy["signatures"],
-        })
+        results.append(
+            {
+                "event_id": event.event_id,
+                "room_id": event.room_id,
+                "content_hash_ok": check_event_content_hash(event),
+                "signature_ok": signature_ok,
+                "reference_hash": b64(compute_event_reference_hash(event)[1]),
+                "hashes": unsigned_copy["hashes"],
+                "signatures": unsigned_copy["signatures"],
+            }
+        )
     json.dump(results, sys.stdout)
 
 

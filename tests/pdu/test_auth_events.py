@@ -7,8 +7,8 @@ from __future__ import annotations
 from twisted.trial import unittest
 
 from roomstore.pdu.auth_rules import AuthError, auth_types_for_event, check_auth_events_shape, check_event_auth
-from tests.pdu.rooms import ALICE, BOB, DAVE, EVE, Room, _run, _Store
 from tests.pdu import test_auth_rules as rules
+from tests.pdu.rooms import ALICE, BOB, DAVE, EVE, Room, _run, _Store
 
 
 class CreateEventTests(rules.OracleCase):
@@ -22,6 +22,7 @@ class CreateEventTests(rules.OracleCase):
             room = Room(v)
             self.check_create(room, room.create(), True)
             self.check_create(room, room.create(), False)  # has a prev event
+
         self.each(rules.VERSIONS, case)
 
     def test_create_content(self):
@@ -33,6 +34,7 @@ class CreateEventTests(rules.OracleCase):
             if not room.room_version.implicit_room_creator:
                 room = Room(v)
                 self.check_create(room, room.build("m.room.create", ALICE, {"room_version": v}, ""), False)
+
         self.each(rules.VERSIONS, case)
 
     def test_auth_events_of_a_create_event_are_not_looked_at(self):
@@ -40,10 +42,16 @@ class CreateEventTests(rules.OracleCase):
         def case(v):
             room = Room(v)
             other = Room(v).standard("public")
-            event = room.build("m.room.create", ALICE, {"room_version": v, "creator": ALICE}, "",
-                               auth=[other.state[("m.room.join_rules", "")].event_id])
+            event = room.build(
+                "m.room.create",
+                ALICE,
+                {"room_version": v, "creator": ALICE},
+                "",
+                auth=[other.state[("m.room.join_rules", "")].event_id],
+            )
             self.assertEqual(check_auth_events_shape(room.room_version, event, other.events), {})
             self.check_create(room, event, True)
+
         self.each(("1", "6", "11"), case)
 
     def test_room_id_server(self):
@@ -52,6 +60,7 @@ class CreateEventTests(rules.OracleCase):
             self.check_create(room, room.create(), False)
             room = Room(v, creator=DAVE, room_id="!x:other.example")
             self.check_create(room, room.create(), True)
+
         self.each(("1", "6", "11"), case)
 
     def test_additional_creators(self):
@@ -95,9 +104,13 @@ class AuthEventsShapeTests(rules.OracleCase):
             room = Room(v).standard("invite", members=[BOB])
             self.shape(room, room.build("m.room.message", BOB, {}, apply=False), True)
             topic = room.build("m.room.topic", ALICE, {"topic": "t"}, "")
-            cited = [e.event_id for e in room.state.values()
-                     if (e.type, e.state_key) in auth_types_for_event(room.room_version, topic)]
+            cited = [
+                e.event_id
+                for e in room.state.values()
+                if (e.type, e.state_key) in auth_types_for_event(room.room_version, topic)
+            ]
             self.shape(room, room.build("m.room.message", BOB, {}, auth=cited + [topic.event_id], apply=False), False)
+
         self.each(rules.VERSIONS, case)
 
     def test_duplicates(self):
@@ -106,8 +119,12 @@ class AuthEventsShapeTests(rules.OracleCase):
             old_levels = room.state[("m.room.power_levels", "")]
             room.power_levels(rules.PowerLevelTests.levels(self, v, bob=1))
             event = room.build("m.room.message", BOB, {}, apply=False)
-            self.shape(room, room.build("m.room.message", BOB, {}, auth=[*self.ids(room, event), old_levels.event_id],
-                                        apply=False), False)
+            self.shape(
+                room,
+                room.build("m.room.message", BOB, {}, auth=[*self.ids(room, event), old_levels.event_id], apply=False),
+                False,
+            )
+
         self.each(rules.VERSIONS, case)
 
     def ids(self, room, event):
@@ -120,6 +137,7 @@ class AuthEventsShapeTests(rules.OracleCase):
             member = room.state[("m.room.member", BOB)].event_id
             self.shape(room, event, True, rejected={"$unrelated:x"})
             self.shape(room, event, False, rejected={member})
+
         self.each(rules.VERSIONS, case)
 
     def test_other_room_and_missing_create(self):
@@ -127,13 +145,17 @@ class AuthEventsShapeTests(rules.OracleCase):
             room = Room(v).standard("invite", members=[BOB])
             other = Room(v, room_id="!other:example.org").standard("invite", members=[BOB])
             foreign = other.state[("m.room.member", BOB)].event_id
-            ours = [i for i in room.build("m.room.message", BOB, {}, apply=False).auth_event_ids
-                    if room.events[i].type != "m.room.member"]
+            ours = [
+                i
+                for i in room.build("m.room.message", BOB, {}, apply=False).auth_event_ids
+                if room.events[i].type != "m.room.member"
+            ]
             event = room.build("m.room.message", BOB, {}, auth=ours + [foreign], apply=False)
             self.shape(room, event, False, events={**room.events, **other.events})
             if not room.room_version.room_id_is_create_hash:
                 no_create = [i for i in ours if not room.events[i].is_create]
                 self.shape(room, room.build("m.room.message", BOB, {}, auth=no_create, apply=False), False)
+
         self.each(rules.VERSIONS, case)
 
     def test_missing_auth_event(self):
@@ -143,6 +165,7 @@ class AuthEventsShapeTests(rules.OracleCase):
             events = {i: e for i, e in room.events.items() if i != room.state[("m.room.member", BOB)].event_id}
             # Synapse raises a RuntimeError for an unknown auth event (its caller fetches them first).
             self.shape(room, event, False, events=events, synapse=False)
+
         self.each(rules.VERSIONS, case)
 
     def test_v12_needs_its_create_event(self):
@@ -154,7 +177,9 @@ class AuthEventsShapeTests(rules.OracleCase):
         self.shape(room, event, False, rejected={create_id}, synapse=False)
         other = Room("12").standard("invite")
         with self.assertRaises(AuthError) as caught:
-            check_event_auth(room.room_version, event, {**room.state, ("m.room.create", ""): other.state[("m.room.create", "")]})
+            check_event_auth(
+                room.room_version, event, {**room.state, ("m.room.create", ""): other.state[("m.room.create", "")]}
+            )
         self.assertIn("rule 2", str(caught.exception))
 
 

@@ -13,28 +13,96 @@ from roomstore.pdu.auth_rules import AuthError, auth_types_for_event, check_even
 from roomstore.resolution import MemoryEventSource, resolve_state
 from tests.pdu.rooms import ALICE, BOB, CAROL, Room
 
-KEYS = st.sampled_from(["membership", "join_rule", "users", "users_default", "events", "events_default",
-                        "state_default", "ban", "kick", "invite", "redact", "notifications", "third_party_invite",
-                        "signed", "mxid", "token", "signatures", "join_authorised_via_users_server", "public_key",
-                        "public_keys", "additional_creators", "room_version", "creator", "m.federate", ALICE, BOB])
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-200, 200), st.sampled_from(
-    ["", "50", " 7 ", "+1", "abc", ALICE, BOB, "join", "invite", "public", "restricted", "knock", "ban", "leave",
-     "AAAA", "ed25519:a"]))
-JSON = st.recursive(SCALARS, lambda children: st.one_of(
-    st.lists(children, max_size=3), st.dictionaries(KEYS, children, max_size=4)), max_leaves=12)
+KEYS = st.sampled_from(
+    [
+        "membership",
+        "join_rule",
+        "users",
+        "users_default",
+        "events",
+        "events_default",
+        "state_default",
+        "ban",
+        "kick",
+        "invite",
+        "redact",
+        "notifications",
+        "third_party_invite",
+        "signed",
+        "mxid",
+        "token",
+        "signatures",
+        "join_authorised_via_users_server",
+        "public_key",
+        "public_keys",
+        "additional_creators",
+        "room_version",
+        "creator",
+        "m.federate",
+        ALICE,
+        BOB,
+    ]
+)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-200, 200),
+    st.sampled_from(
+        [
+            "",
+            "50",
+            " 7 ",
+            "+1",
+            "abc",
+            ALICE,
+            BOB,
+            "join",
+            "invite",
+            "public",
+            "restricted",
+            "knock",
+            "ban",
+            "leave",
+            "AAAA",
+            "ed25519:a",
+        ]
+    ),
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(KEYS, children, max_size=4)),
+    max_leaves=12,
+)
 CONTENT = st.dictionaries(KEYS, JSON, max_size=5)
-TYPES = st.sampled_from(["m.room.member", "m.room.power_levels", "m.room.join_rules", "m.room.third_party_invite",
-                         "m.room.aliases", "m.room.redaction", "m.room.topic", "m.room.create"])
+TYPES = st.sampled_from(
+    [
+        "m.room.member",
+        "m.room.power_levels",
+        "m.room.join_rules",
+        "m.room.third_party_invite",
+        "m.room.aliases",
+        "m.room.redaction",
+        "m.room.topic",
+        "m.room.create",
+    ]
+)
 VERSIONS = st.sampled_from(["1", "3", "6", "8", "10", "11", "12"])
 
 
 class AuthFuzzTests(unittest.TestCase):
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(version=VERSIONS, event_type=TYPES, content=CONTENT, state_content=CONTENT,
-           state_type=TYPES, sender=st.sampled_from([ALICE, BOB, CAROL]), membership=st.sampled_from(
-               ["join", "invite", "leave", "ban", "knock", "x"]))
-    def test_rules_only_raise_auth_errors(self, version, event_type, content, state_content, state_type, sender,
-                                          membership):
+    @given(
+        version=VERSIONS,
+        event_type=TYPES,
+        content=CONTENT,
+        state_content=CONTENT,
+        state_type=TYPES,
+        sender=st.sampled_from([ALICE, BOB, CAROL]),
+        membership=st.sampled_from(["join", "invite", "leave", "ban", "knock", "x"]),
+    )
+    def test_rules_only_raise_auth_errors(
+        self, version, event_type, content, state_content, state_type, sender, membership
+    ):
         room = Room(version).standard("public", members=[BOB])
         state_key = BOB if state_type == "m.room.member" else ""
         if state_type == "m.room.member":

@@ -50,8 +50,9 @@ class RandomEvents:
         elif not self.room.room_version.creators_have_infinite_power and rng.random() < 0.7:
             users[ALICE] = 100
         content: dict = {"users": users}
-        for name in rng.sample(("ban", "kick", "invite", "redact", "state_default", "events_default",
-                                "users_default"), rng.randint(0, 3)):
+        for name in rng.sample(
+            ("ban", "kick", "invite", "redact", "state_default", "events_default", "users_default"), rng.randint(0, 3)
+        ):
             content[name] = self.level()
         if rng.random() < 0.3:
             content["events"] = {rng.choice(("m.room.topic", "m.room.power_levels", "m.room.message")): self.level()}
@@ -81,13 +82,19 @@ class RandomEvents:
         if roll < 0.8:
             return room.build("m.room.topic", sender, {"topic": "t"}, "", apply=False)
         if roll < 0.85:
-            return room.build("m.room.third_party_invite", sender, {"display_name": "x", "public_key": "AAAA"},
-                              f"tok{rng.randint(0, 3)}", apply=False)
+            return room.build(
+                "m.room.third_party_invite",
+                sender,
+                {"display_name": "x", "public_key": "AAAA"},
+                f"tok{rng.randint(0, 3)}",
+                apply=False,
+            )
         if roll < 0.9:
             return room.build("m.custom", sender, {}, rng.choice((sender, target, "")), apply=False)
         if roll < 0.95:
-            return room.build("m.room.aliases", sender, {"aliases": []}, rng.choice(("example.org", "other.example")),
-                              apply=False)
+            return room.build(
+                "m.room.aliases", sender, {"aliases": []}, rng.choice(("example.org", "other.example")), apply=False
+            )
         target_id = rng.choice(list(room.events))
         if room.room_version.redacts_in_content:
             return room.build("m.room.redaction", sender, {"redacts": target_id}, apply=False)
@@ -96,10 +103,17 @@ class RandomEvents:
     def start(self) -> None:
         rng, room = self.rng, self.room
         rule = rng.choice([r for r in JOIN_RULES[:4] if r != "knock" or room.room_version.knock_join_rule])
-        room.standard(rule if rule != "restricted" or room.room_version.restricted_join_rule else "invite",
-                      members=rng.sample(USERS[1:], rng.randint(1, 4)))
-        room.build("m.room.power_levels", ALICE, self.power_levels_content() | (
-            {"users": {}} if room.room_version.creators_have_infinite_power else {"users": {ALICE: 100}}), "")
+        room.standard(
+            rule if rule != "restricted" or room.room_version.restricted_join_rule else "invite",
+            members=rng.sample(USERS[1:], rng.randint(1, 4)),
+        )
+        room.build(
+            "m.room.power_levels",
+            ALICE,
+            self.power_levels_content()
+            | ({"users": {}} if room.room_version.creators_have_infinite_power else {"users": {ALICE: 100}}),
+            "",
+        )
         users = {}
         for user in USERS[1:]:
             if rng.random() < 0.5:
@@ -121,8 +135,12 @@ class RandomVerdictTests(unittest.TestCase):
                     event = events.event()
                     allowed = self.ours(events.room, event)
                     theirs = oracle.allows(event, events.room.state)
-                    self.assertEqual(allowed, theirs, f"v{version} seed {seed}: {event.type} by {event.sender} "
-                                     f"{dict(event.content)} state_key={event.state_key!r}")
+                    self.assertEqual(
+                        allowed,
+                        theirs,
+                        f"v{version} seed {seed}: {event.type} by {event.sender} "
+                        f"{dict(event.content)} state_key={event.state_key!r}",
+                    )
                     counts[allowed] += 1
                     if allowed and event.state_key is not None:
                         events.room.state[(event.type, event.state_key)] = event

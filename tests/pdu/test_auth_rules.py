@@ -76,6 +76,7 @@ class MembershipJoinTests(OracleCase):
             room.create()
             self.verdict(room, room.member(ALICE, "join", apply=False), True)
             self.verdict(room, room.member(BOB, "join", apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_public_join(self):
@@ -83,6 +84,7 @@ class MembershipJoinTests(OracleCase):
             room = Room(v).standard("public")
             self.verdict(room, room.member(BOB, "join", apply=False), True)
             self.verdict(room, room.member(BOB, "join", sender=CAROL, apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_invite_only_join(self):
@@ -91,6 +93,7 @@ class MembershipJoinTests(OracleCase):
             self.verdict(room, room.member(BOB, "join", apply=False), False)
             room.member(BOB, "invite", ALICE)
             self.verdict(room, room.member(BOB, "join", apply=False), True)
+
         self.each(VERSIONS, case)
 
     def test_join_again_while_joined(self):
@@ -98,6 +101,7 @@ class MembershipJoinTests(OracleCase):
             room = Room(v).standard("invite", members=[BOB])
             self.verdict(room, room.member(BOB, "join", apply=False, content={"displayname": "B"}), True)
             self.verdict(room, room.member(CAROL, "join", apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_banned_cannot_join(self):
@@ -107,6 +111,7 @@ class MembershipJoinTests(OracleCase):
             self.verdict(room, room.member(CAROL, "join", apply=False), False)
             room.member(CAROL, "leave", ALICE)  # unban
             self.verdict(room, room.member(CAROL, "join", apply=False), True)
+
         self.each(VERSIONS, case)
 
     def test_private_join_rule(self):
@@ -115,6 +120,7 @@ class MembershipJoinTests(OracleCase):
             self.verdict(room, room.member(BOB, "join", apply=False), False)
             room.join_rules("public")
             self.verdict(room, room.member(BOB, "join", apply=False), True)
+
         self.each(VERSIONS, case)
 
     def test_knock_join_rule(self):
@@ -125,6 +131,7 @@ class MembershipJoinTests(OracleCase):
             self.verdict(room, room.member(BOB, "join", apply=False), False)
             room.member(BOB, "invite", ALICE)
             self.verdict(room, room.member(BOB, "join", apply=False), True)
+
         self.each(KNOCK_VERSIONS, case)
 
     def test_restricted_join(self):
@@ -134,14 +141,17 @@ class MembershipJoinTests(OracleCase):
             self.verdict(room, room.member(EVE, "join", apply=False, content=authorised), True)
             self.verdict(room, room.member(EVE, "join", apply=False), False)
             # The authoriser must be joined ...
-            self.verdict(room, room.member(EVE, "join", apply=False,
-                                           content={"join_authorised_via_users_server": CAROL}), False)
+            self.verdict(
+                room, room.member(EVE, "join", apply=False, content={"join_authorised_via_users_server": CAROL}), False
+            )
             # ... and able to invite.
             room.power_levels({ALICE: 100} if v != "12" else {}, invite=50)
-            self.verdict(room, room.member(EVE, "join", apply=False,
-                                           content={"join_authorised_via_users_server": BOB}), False)
+            self.verdict(
+                room, room.member(EVE, "join", apply=False, content={"join_authorised_via_users_server": BOB}), False
+            )
             room.member(EVE, "invite", ALICE)
             self.verdict(room, room.member(EVE, "join", apply=False), True)
+
         self.each(RESTRICTED_VERSIONS, case)
 
     def test_knock_restricted_join(self):
@@ -150,6 +160,7 @@ class MembershipJoinTests(OracleCase):
             authorised = {"join_authorised_via_users_server": ALICE}
             self.verdict(room, room.member(EVE, "join", apply=False, content=authorised), True)
             self.verdict(room, room.member(EVE, "join", apply=False), False)
+
         self.each(KNOCK_RESTRICTED_VERSIONS, case)
 
     def test_restricted_is_unknown_before_v8(self):
@@ -158,6 +169,7 @@ class MembershipJoinTests(OracleCase):
             self.verdict(room, room.member(EVE, "join", apply=False), False)
             room.member(EVE, "invite", ALICE)
             self.verdict(room, room.member(EVE, "join", apply=False), False)
+
         self.each(("1", "3", "6", "7"), case)
 
 
@@ -167,6 +179,7 @@ class MembershipInviteTests(OracleCase):
             room = Room(v).standard("invite", members=[BOB])
             self.verdict(room, room.member(CAROL, "invite", BOB, apply=False), True)
             self.verdict(room, room.member(CAROL, "invite", EVE, apply=False), False)  # not joined
+
         self.each(VERSIONS, case)
 
     def test_invite_of_joined_or_banned(self):
@@ -177,6 +190,7 @@ class MembershipInviteTests(OracleCase):
             self.verdict(room, room.member(CAROL, "invite", ALICE, apply=False), False)
             room.member(CAROL, "leave", ALICE)
             self.verdict(room, room.member(CAROL, "invite", ALICE, apply=False), True)
+
         self.each(VERSIONS, case)
 
     def test_invite_level(self):
@@ -187,6 +201,7 @@ class MembershipInviteTests(OracleCase):
             room.member(CAROL, "join")
             self.verdict(room, room.member(EVE, "invite", BOB, apply=False), False)
             self.verdict(room, room.member(EVE, "invite", CAROL, apply=False), True)
+
         self.each(VERSIONS, case)
 
 
@@ -195,8 +210,12 @@ def third_party_room(v: str):
     key = generate_signing_key("1")
     public = base64.b64encode(get_verify_key(key).encode()).decode().rstrip("=")
     room = Room(v).standard("invite", members=[BOB])
-    room.build("m.room.third_party_invite", ALICE, {"display_name": "c...", "public_key": public,
-                                                     "key_validity_url": "https://id.example/v"}, "tok")
+    room.build(
+        "m.room.third_party_invite",
+        ALICE,
+        {"display_name": "c...", "public_key": public, "key_validity_url": "https://id.example/v"},
+        "tok",
+    )
     return room, key, "tok"
 
 
@@ -213,6 +232,7 @@ class ThirdPartyInviteTests(OracleCase):
             other = generate_signing_key("1")
             bad = {"third_party_invite": {"display_name": "c", "signed": signed_bundle(other, CAROL, token)}}
             self.verdict(room, room.member(CAROL, "invite", ALICE, apply=False, content=bad), False)
+
         self.each(VERSIONS, case)
 
     def test_mxid_sender_and_token_must_match(self):
@@ -224,6 +244,7 @@ class ThirdPartyInviteTests(OracleCase):
             self.verdict(room, room.member(CAROL, "invite", BOB, apply=False, content=good), False)
             no_token = {"third_party_invite": {"display_name": "c", "signed": signed_bundle(key, CAROL, "nope")}}
             self.verdict(room, room.member(CAROL, "invite", ALICE, apply=False, content=no_token), False)
+
         self.each(("1", "6", "11", "12"), case)
 
     def test_banned_target(self):
@@ -232,6 +253,7 @@ class ThirdPartyInviteTests(OracleCase):
             room.member(CAROL, "ban", ALICE)
             good = {"third_party_invite": {"display_name": "c", "signed": signed_bundle(key, CAROL, token)}}
             self.verdict(room, room.member(CAROL, "invite", ALICE, apply=False, content=good), False)
+
         self.each(("3", "10", "12"), case)
 
     def test_third_party_invite_event_needs_invite_level(self):
@@ -241,6 +263,7 @@ class ThirdPartyInviteTests(OracleCase):
             self.verdict(room, room.build("m.room.third_party_invite", BOB, content, "t2", apply=False), True)
             room.power_levels({ALICE: 100} if v != "12" else {}, invite=10)
             self.verdict(room, room.build("m.room.third_party_invite", BOB, content, "t2", apply=False), False)
+
         self.each(VERSIONS, case)
 
 
@@ -250,6 +273,7 @@ class MembershipLeaveBanTests(OracleCase):
             room = Room(v).standard("invite", members=[BOB])
             self.verdict(room, room.member(BOB, "leave", apply=False), True)
             self.verdict(room, room.member(CAROL, "leave", apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_reject_invite(self):
@@ -259,6 +283,7 @@ class MembershipLeaveBanTests(OracleCase):
             self.verdict(room, room.member(BOB, "leave", apply=False), True)
             room.member(BOB, "leave")
             self.verdict(room, room.member(BOB, "leave", apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_kick(self):
@@ -266,6 +291,7 @@ class MembershipLeaveBanTests(OracleCase):
             room = Room(v).standard("invite", members=[BOB, CAROL], users={BOB: 50})
             self.verdict(room, room.member(CAROL, "leave", BOB, apply=False), True)
             self.verdict(room, room.member(BOB, "leave", CAROL, apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_kick_equal_level_and_kick_level(self):
@@ -277,6 +303,7 @@ class MembershipLeaveBanTests(OracleCase):
             self.verdict(room, room.member(CAROL, "leave", BOB, apply=False), False)
             room.power_levels(levels, kick=50)
             self.verdict(room, room.member(CAROL, "leave", BOB, apply=False), True)
+
         self.each(VERSIONS, case)
 
     def test_kicker_must_be_joined(self):
@@ -285,6 +312,7 @@ class MembershipLeaveBanTests(OracleCase):
             room.member(BOB, "leave")
             self.verdict(room, room.member(CAROL, "leave", BOB, apply=False), False)
             self.verdict(room, room.member(CAROL, "leave", ALICE, apply=False), True)
+
         self.each(VERSIONS, case)
 
     def test_unban(self):
@@ -294,6 +322,7 @@ class MembershipLeaveBanTests(OracleCase):
             self.verdict(room, room.member(EVE, "leave", BOB, apply=False), True)
             self.verdict(room, room.member(EVE, "leave", CAROL, apply=False), False)
             self.verdict(room, room.member(EVE, "leave", apply=False), False)  # the banned cannot leave
+
         self.each(VERSIONS, case)
 
     def test_ban(self):
@@ -303,6 +332,7 @@ class MembershipLeaveBanTests(OracleCase):
             self.verdict(room, room.member(BOB, "ban", CAROL, apply=False), False)
             self.verdict(room, room.member(EVE, "ban", BOB, apply=False), True)  # never a member
             self.verdict(room, room.member(CAROL, "ban", EVE, apply=False), False)  # sender not joined
+
         self.each(VERSIONS, case)
 
     def test_ban_equal_level(self):
@@ -310,6 +340,7 @@ class MembershipLeaveBanTests(OracleCase):
             room = Room(v).standard("invite", members=[BOB, CAROL], users={BOB: 50, CAROL: 50})
             self.verdict(room, room.member(CAROL, "ban", BOB, apply=False), False)
             self.verdict(room, room.member(CAROL, "ban", ALICE, apply=False), True)
+
         self.each(VERSIONS, case)
 
     def test_creators_cannot_be_banned_in_v12(self):
@@ -324,6 +355,7 @@ class MembershipKnockTests(OracleCase):
             room = Room(v).standard("knock")
             self.verdict(room, room.member(BOB, "knock", apply=False), True)
             self.verdict(room, room.member(BOB, "knock", CAROL, apply=False), False)
+
         self.each(KNOCK_VERSIONS, case)
 
     def test_knock_needs_knock_rule(self):
@@ -332,12 +364,14 @@ class MembershipKnockTests(OracleCase):
             self.verdict(room, room.member(BOB, "knock", apply=False), False)
             room.join_rules("knock")
             self.verdict(room, room.member(BOB, "knock", apply=False), True)
+
         self.each(KNOCK_VERSIONS, case)
 
     def test_knock_restricted(self):
         def case(v):
             room = Room(v).standard("knock_restricted")
             self.verdict(room, room.member(BOB, "knock", apply=False), True)
+
         self.each(KNOCK_RESTRICTED_VERSIONS, case)
         room = Room("8").standard("knock_restricted")
         self.verdict(room, room.member(BOB, "knock", apply=False), False)
@@ -351,6 +385,7 @@ class MembershipKnockTests(OracleCase):
             room.member(EVE, "ban", ALICE)
             self.verdict(room, room.member(EVE, "knock", apply=False), False)
             self.verdict(room, room.member(DAVE, "knock", apply=False), True)
+
         self.each(KNOCK_VERSIONS, case)
 
     def test_retract_knock(self):
@@ -359,6 +394,7 @@ class MembershipKnockTests(OracleCase):
             room.member(BOB, "knock")
             self.verdict(room, room.member(BOB, "leave", apply=False), True)
             self.verdict(room, room.member(CAROL, "leave", apply=False), False)
+
         self.each(KNOCK_VERSIONS, case)
 
     def test_knock_unknown_before_v7_and_unknown_membership(self):
@@ -368,6 +404,7 @@ class MembershipKnockTests(OracleCase):
             self.verdict(room, room.member(BOB, "wave", apply=False), False)
             if not room.room_version.knock_join_rule:
                 self.verdict(room, room.member(BOB, "knock", apply=False), False)
+
         self.each(("1", "3", "6", "12"), case)
 
 
@@ -380,6 +417,7 @@ class PowerLevelTests(OracleCase):
             room = Room(v).standard("invite", members=[BOB, CAROL], users={BOB: 50})
             self.verdict(room, room.power_levels(self.levels(v, bob=50, carol=50), BOB, apply=False), True)
             self.verdict(room, room.power_levels(self.levels(v, bob=50, carol=51), BOB, apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_raise_self(self):
@@ -387,6 +425,7 @@ class PowerLevelTests(OracleCase):
             room = Room(v).standard("invite", members=[BOB], users={BOB: 50})
             self.verdict(room, room.power_levels(self.levels(v, bob=60), BOB, apply=False), False)
             self.verdict(room, room.power_levels(self.levels(v, bob=40), BOB, apply=False), True)
+
         self.each(VERSIONS, case)
 
     def test_change_users_at_or_above_own_level(self):
@@ -396,6 +435,7 @@ class PowerLevelTests(OracleCase):
             room.power_levels(self.levels(v, bob=50, carol=49))
             self.verdict(room, room.power_levels(self.levels(v, bob=50, carol=0), BOB, apply=False), True)
             self.verdict(room, room.power_levels(self.levels(v, bob=50), BOB, apply=False), True)  # removed
+
         self.each(VERSIONS, case)
 
     def test_named_levels(self):
@@ -408,6 +448,7 @@ class PowerLevelTests(OracleCase):
             self.verdict(room, room.power_levels(levels, BOB, kick=20, apply=False), False)  # current above
             self.verdict(room, room.power_levels(levels, BOB, kick=75, state_default=10, apply=False), True)
             self.verdict(room, room.power_levels(levels, BOB, kick=75, users_default=60, apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_events_levels(self):
@@ -418,8 +459,10 @@ class PowerLevelTests(OracleCase):
             self.verdict(room, room.power_levels(levels, BOB, events={"m.room.name": 70}, apply=False), False)
             room.power_levels(levels, events={"m.room.tombstone": 100})
             self.verdict(room, room.power_levels(levels, BOB, apply=False), False)  # removes one above
-            self.verdict(room, room.power_levels(levels, BOB, events={"m.room.tombstone": 100, "x": 1},
-                                                 apply=False), True)
+            self.verdict(
+                room, room.power_levels(levels, BOB, events={"m.room.tombstone": 100, "x": 1}, apply=False), True
+            )
+
         self.each(VERSIONS, case)
 
     def test_notifications_levels_from_v6(self):
@@ -427,8 +470,12 @@ class PowerLevelTests(OracleCase):
             room = Room(v).standard("invite", members=[BOB], users={BOB: 50})
             levels = self.levels(v, bob=50)
             self.verdict(room, room.power_levels(levels, BOB, notifications={"room": 50}, apply=False), True)
-            self.verdict(room, room.power_levels(levels, BOB, notifications={"room": 70}, apply=False),
-                         not room.room_version.limit_notifications_power_levels)
+            self.verdict(
+                room,
+                room.power_levels(levels, BOB, notifications={"room": 70}, apply=False),
+                not room.room_version.limit_notifications_power_levels,
+            )
+
         self.each(VERSIONS, case)
 
     def test_string_levels(self):
@@ -437,6 +484,7 @@ class PowerLevelTests(OracleCase):
             stringy = room.power_levels({**self.levels(v), BOB: "50"}, BOB, ban="50", apply=False)
             self.verdict(room, stringy, not room.room_version.enforce_int_power_levels)
             self.verdict(room, room.power_levels(self.levels(v, bob=50), BOB, apply=False), True)
+
         self.each(VERSIONS + ("9",), case)
 
     def test_users_must_be_user_ids(self):
@@ -444,6 +492,7 @@ class PowerLevelTests(OracleCase):
             room = Room(v).standard("invite", members=[BOB], users={BOB: 50})
             self.verdict(room, room.power_levels({**self.levels(v, bob=50), "bob": 10}, BOB, apply=False), False)
             self.verdict(room, room.power_levels({**self.levels(v, bob=50), EVE: 10}, BOB, apply=False), True)
+
         self.each(VERSIONS, case)
 
     def test_historical_user_ids_in_users(self):
@@ -454,6 +503,7 @@ class PowerLevelTests(OracleCase):
             odd = {**self.levels(v, bob=50), "@Old.User:my_server": 10, "@x:": 1}
             self.verdict(room, room.power_levels(odd, BOB, apply=False), True)
             self.verdict(room, room.power_levels({**self.levels(v, bob=50), "@nocolon": 1}, BOB, apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_sender_must_be_joined_and_have_the_level(self):
@@ -463,6 +513,7 @@ class PowerLevelTests(OracleCase):
             room.power_levels(self.levels(v, bob=50), events={"m.room.power_levels": 100})
             self.verdict(room, room.power_levels(self.levels(v, bob=50, eve=1), BOB, apply=False), False)
             self.verdict(room, room.power_levels(self.levels(v, bob=50, eve=1), ALICE, apply=False), True)
+
         self.each(VERSIONS, case)
 
     def test_v12_creators_not_listed_and_infinite(self):
@@ -479,6 +530,7 @@ class PowerLevelTests(OracleCase):
             room.member(ALICE, "join")
             self.verdict(room, room.power_levels(self.levels(v, bob=100), apply=False), True)
             self.verdict(room, room.power_levels(self.levels(v, bob=100), BOB, apply=False), False)
+
         self.each(VERSIONS, case)
 
 
@@ -492,6 +544,7 @@ class OtherEventTests(OracleCase):
             room.power_levels(self.levels(v), events_default=10, events={"m.room.topic": 0})
             self.verdict(room, room.build("m.room.message", CAROL, {"body": "hi"}, apply=False), False)
             self.verdict(room, room.build("m.room.topic", CAROL, {"topic": "t"}, "", apply=False), True)
+
         self.each(VERSIONS, case)
 
     levels = PowerLevelTests.levels
@@ -503,6 +556,7 @@ class OtherEventTests(OracleCase):
             self.verdict(room, room.build("m.room.message", EVE, {"body": "hi"}, apply=False), False)
             room.member(BOB, "leave")
             self.verdict(room, room.build("m.room.message", BOB, {"body": "hi"}, apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_user_state_keys(self):
@@ -511,18 +565,19 @@ class OtherEventTests(OracleCase):
             self.verdict(room, room.build("m.custom", BOB, {}, BOB, apply=False), True)
             self.verdict(room, room.build("m.custom", BOB, {}, ALICE, apply=False), False)
             self.verdict(room, room.build("m.custom", BOB, {}, "@", apply=False), False)
+
         self.each(VERSIONS, case)
 
     def test_aliases_before_v6(self):
         def case(v):
             room = Room(v).standard("invite")
             allowed = room.room_version.special_case_aliases_auth
-            self.verdict(room, room.build("m.room.aliases", DAVE, {"aliases": []}, "other.example", apply=False),
-                         allowed)
-            self.verdict(room, room.build("m.room.aliases", DAVE, {"aliases": []}, "example.org", apply=False),
-                         False)
-            self.verdict(room, room.build("m.room.aliases", ALICE, {"aliases": []}, "example.org", apply=False),
-                         True)
+            self.verdict(
+                room, room.build("m.room.aliases", DAVE, {"aliases": []}, "other.example", apply=False), allowed
+            )
+            self.verdict(room, room.build("m.room.aliases", DAVE, {"aliases": []}, "example.org", apply=False), False)
+            self.verdict(room, room.build("m.room.aliases", ALICE, {"aliases": []}, "example.org", apply=False), True)
+
         self.each(("1", "3", "5", "6", "11"), case)
 
     def test_redaction_v1_v2_domain_rule(self):
@@ -535,17 +590,17 @@ class OtherEventTests(OracleCase):
             self.verdict(room, room.build("m.room.redaction", ALICE, {}, extra=redacts, apply=False), True)
             room.member(EVE, "join")
             self.verdict(room, room.build("m.room.redaction", EVE, {}, extra=redacts, apply=False), True)
+
         self.each(("1", "2", "3", "6"), case)
 
     def test_redaction_v11_is_an_ordinary_event(self):
         def case(v):
             room = Room(v).standard("public", members=[BOB, DAVE])
             message = room.build("m.room.message", BOB, {"body": "hi"})
-            self.verdict(room, room.build("m.room.redaction", DAVE, {"redacts": message.event_id}, apply=False),
-                         True)
+            self.verdict(room, room.build("m.room.redaction", DAVE, {"redacts": message.event_id}, apply=False), True)
             room.power_levels(self.levels(v), events={"m.room.redaction": 10})
-            self.verdict(room, room.build("m.room.redaction", DAVE, {"redacts": message.event_id}, apply=False),
-                         False)
+            self.verdict(room, room.build("m.room.redaction", DAVE, {"redacts": message.event_id}, apply=False), False)
+
         self.each(("11", "12"), case)
 
     def test_unfederated_room(self):
@@ -556,6 +611,7 @@ class OtherEventTests(OracleCase):
             room.join_rules("public")
             self.verdict(room, room.member(DAVE, "join", apply=False), False)
             self.verdict(room, room.member(BOB, "join", apply=False), True)
+
         self.each(VERSIONS, case)
 
 
@@ -582,6 +638,11 @@ class RareKeySkipTests(unittest.TestCase):
         self.assertFalse(pdu.may_hold_key("third_party_invite"))
         self.assertEqual(
             auth_types_for_event(pdu.room_version, pdu),
-            {("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.member", ALICE),
-             ("m.room.member", CAROL), ("m.room.join_rules", "")},
+            {
+                ("m.room.create", ""),
+                ("m.room.power_levels", ""),
+                ("m.room.member", ALICE),
+                ("m.room.member", CAROL),
+                ("m.room.join_rules", ""),
+            },
         )

@@ -52,19 +52,43 @@ def small_room(version: str) -> list[BuiltPdu]:
         return build_event(version, origin_server_ts=TS + kw["depth"], signing_key=KEY, **kw)
 
     room_id = None if v12 else f"!room:{SERVER}"
-    create = event(type="m.room.create", state_key="", content=create_content(version),
-                   prev_events=[], auth_events=[], depth=1)
+    create = event(
+        type="m.room.create", state_key="", content=create_content(version), prev_events=[], auth_events=[], depth=1
+    )
     room_id = create.room_id
     implied = [] if v12 else [create]  # v12: the create event is never listed
-    join = event(type="m.room.member", state_key=ALICE, content={"membership": "join", "displayname": "Alice"},
-                 prev_events=[create], auth_events=implied, depth=2)
-    levels = event(type="m.room.power_levels", state_key="", content={"users": {ALICE: 100}, "redact": 50},
-                   prev_events=[join], auth_events=[*implied, join], depth=3)
-    message = event(type="m.room.message", content={"msgtype": "m.text", "body": "hello"},
-                    prev_events=[levels], auth_events=[*implied, levels, join], depth=4,
-                    unsigned={"transaction_id": "t1"})
-    redaction = event(type="m.room.redaction", content={"reason": "oops"}, redacts=message,
-                      prev_events=[message], auth_events=[*implied, levels, join], depth=5)
+    join = event(
+        type="m.room.member",
+        state_key=ALICE,
+        content={"membership": "join", "displayname": "Alice"},
+        prev_events=[create],
+        auth_events=implied,
+        depth=2,
+    )
+    levels = event(
+        type="m.room.power_levels",
+        state_key="",
+        content={"users": {ALICE: 100}, "redact": 50},
+        prev_events=[join],
+        auth_events=[*implied, join],
+        depth=3,
+    )
+    message = event(
+        type="m.room.message",
+        content={"msgtype": "m.text", "body": "hello"},
+        prev_events=[levels],
+        auth_events=[*implied, levels, join],
+        depth=4,
+        unsigned={"transaction_id": "t1"},
+    )
+    redaction = event(
+        type="m.room.redaction",
+        content={"reason": "oops"},
+        redacts=message,
+        prev_events=[message],
+        auth_events=[*implied, levels, join],
+        depth=5,
+    )
     return [create, join, levels, message, redaction]
 
 
@@ -81,8 +105,9 @@ class BuildEventTests(unittest.TestCase):
                 self.assertTrue(content_hash_matches(pdu))
                 self.assertTrue(signatures_checked(pdu, KEYS), (version, built.event_id))
                 self.assertEqual(list(built.event["signatures"]), [SERVER])
-                self.assertEqual(built.reference_hash,
-                                 unpadded_base64(compute_reference_hash(room_version, built.event)))
+                self.assertEqual(
+                    built.reference_hash, unpadded_base64(compute_reference_hash(room_version, built.event))
+                )
 
     def test_the_signature_is_over_the_pruned_form_so_the_redacted_event_still_verifies(self):
         for version in ("1", "10", "12"):
@@ -117,9 +142,18 @@ class BuildEventTests(unittest.TestCase):
         seen = {"3": set(), "4": set()}
         for version in seen:
             for depth in range(40):  # some of 40 IDs hold the characters that differ
-                built = build_event(version, room_id="!r:example.org", sender=ALICE, type="m.room.message",
-                                    content={"body": str(depth)}, prev_events=[], auth_events=[], depth=depth,
-                                    origin_server_ts=TS, signing_key=KEY)
+                built = build_event(
+                    version,
+                    room_id="!r:example.org",
+                    sender=ALICE,
+                    type="m.room.message",
+                    content={"body": str(depth)},
+                    prev_events=[],
+                    auth_events=[],
+                    depth=depth,
+                    origin_server_ts=TS,
+                    signing_key=KEY,
+                )
                 seen[version] |= set(built.event_id) & set("+/-_")
         self.assertEqual((seen["3"], seen["4"]), ({"+", "/"}, {"-", "_"}))
 
@@ -127,33 +161,82 @@ class BuildEventTests(unittest.TestCase):
         for version in ("1", "2"):
             create, join, levels, message, redaction = small_room(version)
             self.assertEqual(message.event["prev_events"], [[levels.event_id, {"sha256": levels.reference_hash}]])
-            self.assertEqual([ref[0] for ref in message.event["auth_events"]],
-                             [create.event_id, levels.event_id, join.event_id])
+            self.assertEqual(
+                [ref[0] for ref in message.event["auth_events"]], [create.event_id, levels.event_id, join.event_id]
+            )
             # An ID alone needs its hash given; the same event results.
-            by_id = build_event(version, room_id=create.room_id, sender=ALICE, type="m.room.member",
-                                state_key=ALICE, content={"membership": "join", "displayname": "Alice"},
-                                prev_events=[create.event_id], auth_events=[create.event_id], depth=2,
-                                origin_server_ts=TS + 2, signing_key=KEY,
-                                reference_hashes={create.event_id: create.reference_hash})
+            by_id = build_event(
+                version,
+                room_id=create.room_id,
+                sender=ALICE,
+                type="m.room.member",
+                state_key=ALICE,
+                content={"membership": "join", "displayname": "Alice"},
+                prev_events=[create.event_id],
+                auth_events=[create.event_id],
+                depth=2,
+                origin_server_ts=TS + 2,
+                signing_key=KEY,
+                reference_hashes={create.event_id: create.reference_hash},
+            )
             self.assertEqual(by_id.raw, join.raw)
             with self.assertRaisesRegex(EventBuildError, "reference hash"):
-                build_event(version, room_id=create.room_id, sender=ALICE, type="m.room.message", content={},
-                            prev_events=[create.event_id], auth_events=[], depth=2, origin_server_ts=TS,
-                            signing_key=KEY)
+                build_event(
+                    version,
+                    room_id=create.room_id,
+                    sender=ALICE,
+                    type="m.room.message",
+                    content={},
+                    prev_events=[create.event_id],
+                    auth_events=[],
+                    depth=2,
+                    origin_server_ts=TS,
+                    signing_key=KEY,
+                )
 
     def test_v1_chosen_event_ids(self):
-        built = build_event("1", room_id="!r:example.org", sender=ALICE, type="m.room.message", content={},
-                            prev_events=[], auth_events=[], depth=1, origin_server_ts=TS, signing_key=KEY,
-                            event_id="$mine:example.org")
+        built = build_event(
+            "1",
+            room_id="!r:example.org",
+            sender=ALICE,
+            type="m.room.message",
+            content={},
+            prev_events=[],
+            auth_events=[],
+            depth=1,
+            origin_server_ts=TS,
+            signing_key=KEY,
+            event_id="$mine:example.org",
+        )
         self.assertEqual((built.event_id, built.event["event_id"]), ("$mine:example.org",) * 2)
         with self.assertRaisesRegex(EventBuildError, "another server"):
-            build_event("1", room_id="!r:example.org", sender=ALICE, type="m.room.message", content={},
-                        prev_events=[], auth_events=[], depth=1, origin_server_ts=TS, signing_key=KEY,
-                        event_id="$mine:other.test")
+            build_event(
+                "1",
+                room_id="!r:example.org",
+                sender=ALICE,
+                type="m.room.message",
+                content={},
+                prev_events=[],
+                auth_events=[],
+                depth=1,
+                origin_server_ts=TS,
+                signing_key=KEY,
+                event_id="$mine:other.test",
+            )
         with self.assertRaisesRegex(EventBuildError, "reference hash"):
-            build_event("10", room_id="!r:example.org", sender=ALICE, type="m.room.message", content={},
-                        prev_events=[], auth_events=[], depth=1, origin_server_ts=TS, signing_key=KEY,
-                        event_id="$mine:example.org")
+            build_event(
+                "10",
+                room_id="!r:example.org",
+                sender=ALICE,
+                type="m.room.message",
+                content={},
+                prev_events=[],
+                auth_events=[],
+                depth=1,
+                origin_server_ts=TS,
+                signing_key=KEY,
+                event_id="$mine:example.org",
+            )
 
     def test_v12_room_id_is_the_create_events_hash(self):
         create, join, levels, message, redaction = small_room("12")
@@ -181,8 +264,18 @@ class BuildEventTests(unittest.TestCase):
 
     def test_content_is_copied(self):
         content = {"body": "x", "nested": {"a": [1]}}
-        built = build_event("10", room_id="!r:example.org", sender=ALICE, type="m.room.message", content=content,
-                            prev_events=[], auth_events=[], depth=1, origin_server_ts=TS, signing_key=KEY)
+        built = build_event(
+            "10",
+            room_id="!r:example.org",
+            sender=ALICE,
+            type="m.room.message",
+            content=content,
+            prev_events=[],
+            auth_events=[],
+            depth=1,
+            origin_server_ts=TS,
+            signing_key=KEY,
+        )
         content["nested"]["a"].append(2)
         self.assertEqual(built.event["content"], {"body": "x", "nested": {"a": [1]}})
         self.assertEqual(json.loads(built.raw), built.event)
@@ -192,8 +285,17 @@ class BuildErrorTests(unittest.TestCase):
     """Each bad argument: a one-line ValueError naming it."""
 
     def build(self, version="10", **overrides):
-        kw = dict(room_id="!r:example.org", sender=ALICE, type="m.room.message", content={"body": "x"},
-                  prev_events=[], auth_events=[], depth=1, origin_server_ts=TS, signing_key=KEY)
+        kw = dict(
+            room_id="!r:example.org",
+            sender=ALICE,
+            type="m.room.message",
+            content={"body": "x"},
+            prev_events=[],
+            auth_events=[],
+            depth=1,
+            origin_server_ts=TS,
+            signing_key=KEY,
+        )
         kw.update(overrides)
         return build_event(version, **kw)
 
@@ -213,16 +315,24 @@ class BuildErrorTests(unittest.TestCase):
         v12 = get_room_version("12")
         self.refused("build the create event first", "12", room_id=None)
         self.refused("not a room version 12 room ID", "12", room_id="!r:example.org")
-        self.refused("carries no room_id", "12", room_id="!r:example.org", type="m.room.create", state_key="",
-                     content={"room_version": "12"})
+        self.refused(
+            "carries no room_id",
+            "12",
+            room_id="!r:example.org",
+            type="m.room.create",
+            state_key="",
+            content={"room_version": "12"},
+        )
         create = self.build("12", room_id=None, type="m.room.create", state_key="", content={"room_version": "12"})
         self.refused("implies it and forbids listing it", "12", room_id=create.room_id, auth_events=[create])
         self.refused("implies it", "12", room_id=create.room_id, auth_events=[create.event_id])
-        other = self.build("12", room_id=None, type="m.room.create", state_key="",
-                           content={"room_version": "12", "x": 1})
+        other = self.build(
+            "12", room_id=None, type="m.room.create", state_key="", content={"room_version": "12", "x": 1}
+        )
         self.refused("is in room", "12", room_id=create.room_id, prev_events=[other])
-        self.assertEqual(parse_pdu(self.build("12", room_id=create.room_id, prev_events=[create]).raw, v12).room_id,
-                         create.room_id)
+        self.assertEqual(
+            parse_pdu(self.build("12", room_id=create.room_id, prev_events=[create]).raw, v12).room_id, create.room_id
+        )
 
     def test_room_ids_before_v12(self):
         self.refused("events carry their room's ID", room_id=None)
@@ -231,8 +341,10 @@ class BuildErrorTests(unittest.TestCase):
 
     def test_citations(self):
         self.refused(r"prev_events\[0\]: 'nope' is not a room version 10 event ID", prev_events=["nope"])
-        self.refused(r"auth_events\[1\]: '\$a:example.org' is not a room version 10",
-                     auth_events=["$" + "A" * 43, "$a:example.org"])
+        self.refused(
+            r"auth_events\[1\]: '\$a:example.org' is not a room version 10",
+            auth_events=["$" + "A" * 43, "$a:example.org"],
+        )
         self.refused("must be a list", prev_events="$" + "A" * 43)
         v1_event = self.build("1")
         self.refused("is a room version 1 event, this is room version 10", prev_events=[v1_event])
@@ -243,8 +355,13 @@ class BuildErrorTests(unittest.TestCase):
         self.refused("needs redacts=", type="m.room.redaction")
         self.refused("only m.room.redaction events redact", redacts=target)
         self.refused("is not a room version 10 event ID", type="m.room.redaction", redacts="$x:example.org")
-        self.refused("but content.redacts is", "11", type="m.room.redaction", content={"redacts": "$" + "B" * 43},
-                     redacts="$" + "A" * 43)
+        self.refused(
+            "but content.redacts is",
+            "11",
+            type="m.room.redaction",
+            content={"redacts": "$" + "B" * 43},
+            redacts="$" + "A" * 43,
+        )
         # v11+: redacts already in content is enough.
         built = self.build("11", type="m.room.redaction", content={"redacts": target.event_id})
         self.assertEqual(parse_pdu(built.raw, get_room_version("11")).redacts, target.event_id)
@@ -260,10 +377,14 @@ class BuildErrorTests(unittest.TestCase):
         self.refused("signing_key must be a signedjson signing key", signing_key="secret")
         self.refused("origin must be a string", origin=1)
         create = dict(type="m.room.create", state_key="")
-        self.refused("content.room_version '11' of a create event built as room version 10",
-                     content={"room_version": "11"}, **create)
-        self.refused(r"content.room_version '1 \(by default\)' of a create event built as room version 10",
-                     content={}, **create)
+        self.refused(
+            "content.room_version '11' of a create event built as room version 10",
+            content={"room_version": "11"},
+            **create,
+        )
+        self.refused(
+            r"content.room_version '1 \(by default\)' of a create event built as room version 10", content={}, **create
+        )
         self.assertEqual(self.build("1", content={}, **create).event["content"], {})
 
     def test_what_the_parser_refuses(self):
@@ -283,10 +404,20 @@ class SynapseOracleTests(unittest.TestCase):
             raise AssertionError(f"{SYNAPSE_PYTHON} missing (bin/setup makes it): Synapse is this test's oracle")
         versions = ("1", "3", "4", "10", "11", "12")
         built = [(version, event) for version in versions for event in small_room(version)]
-        request = {"server": SERVER, "seed": SEED, "key_version": "a",
-                   "events": [{"room_version": version, "event": event.event} for version, event in built]}
-        proc = subprocess.run([SYNAPSE_PYTHON, ORACLE], input=json.dumps(request), capture_output=True,
-                              text=True, timeout=300, env={"PATH": os.environ.get("PATH", "")})
+        request = {
+            "server": SERVER,
+            "seed": SEED,
+            "key_version": "a",
+            "events": [{"room_version": version, "event": event.event} for version, event in built],
+        }
+        proc = subprocess.run(
+            [SYNAPSE_PYTHON, ORACLE],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={"PATH": os.environ.get("PATH", "")},
+        )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         results = json.loads(proc.stdout)
         self.assertEqual(len(results), len(built))

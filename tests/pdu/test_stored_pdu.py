@@ -25,8 +25,10 @@ class StoredPduTests(unittest.TestCase):
                 parsed = parse_pdu(built.raw, room.room_version)
                 stored = stored_pdu(built.raw, room.room_version, parsed.event_id)
                 self.assertEqual(stored, parsed, (version, built.event["type"]))
-                self.assertEqual((stored.content, stored.event_dict, stored.auth_chain_event_ids),
-                                 (parsed.content, parsed.event_dict, parsed.auth_chain_event_ids))
+                self.assertEqual(
+                    (stored.content, stored.event_dict, stored.auth_chain_event_ids),
+                    (parsed.content, parsed.event_dict, parsed.auth_chain_event_ids),
+                )
 
     def test_bytes_that_are_not_a_pdu_raise(self):
         room = RoomGraphBuilder(version="10")

@@ -28,17 +28,58 @@ def _openssl(*args: str, cwd: str) -> None:
 
 
 def _ca(name: str, cwd: str) -> None:
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
-             "-keyout", f"{name}.key", "-out", f"{name}.pem", cwd=cwd)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        cwd=cwd,
+    )
 
 
 def _signed(name: str, ca: str, extensions: str, cwd: str) -> None:
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
-             "-out", f"{name}.csr", cwd=cwd)
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        f"/CN={name}",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        cwd=cwd,
+    )
     with open(os.path.join(cwd, f"{name}.ext"), "w") as handle:
         handle.write(extensions)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
-             "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=cwd)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{ca}.pem",
+        "-CAkey",
+        f"{ca}.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        f"{name}.pem",
+        cwd=cwd,
+    )
 
 
 def make_certs(test) -> Certs:
@@ -52,5 +93,12 @@ def make_certs(test) -> Certs:
     _signed("server", "ca", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n", directory)
     _signed("client", "ca", "extendedKeyUsage=clientAuth\n", directory)
     path = lambda name: os.path.join(directory, name)  # noqa: E731
-    return Certs(directory, path("ca.pem"), path("server.pem"), path("server.key"), path("client.pem"),
-                 path("client.key"), path("otherca.pem"))
+    return Certs(
+        directory,
+        path("ca.pem"),
+        path("server.pem"),
+        path("server.key"),
+        path("client.pem"),
+        path("client.key"),
+        path("otherca.pem"),
+    )

@@ -45,7 +45,7 @@ class Commands(LineReceiver):
             while len(events) < n:
                 events.append(room.message(room.creator, f"message {len(events)}"))
             for start in range(0, n, 50):
-                await store.persist_events([room.to_persist(e) for e in events[start:start + 50]])
+                await store.persist_events([room.to_persist(e) for e in events[start : start + 50]])
         elif what == "invalidate":
             await store.invalidate_cache("get_event", [f"$key{i:06d}:example.org" for i in range(n)])
         positions = {name: g.get_current_token() for name, g in store.generators.items()}

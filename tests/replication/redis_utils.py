@@ -75,14 +75,34 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> None:
         assert self.process is None, "already running"
         log = open(os.path.join(self.directory, f"redis{self.starts}.log"), "wb")
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", self.directory]
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.directory,
+        ]
         if self.password:
             args += ["--requirepass", self.password]
         if self.tls is not None:
-            args += ["--tls-port", str(self.tls_port), "--tls-cert-file", self.tls.server_cert,
-                     "--tls-key-file", self.tls.server_key, "--tls-ca-cert-file", self.tls.ca,
-                     "--tls-auth-clients", "yes"]
+            args += [
+                "--tls-port",
+                str(self.tls_port),
+                "--tls-cert-file",
+                self.tls.server_cert,
+                "--tls-key-file",
+                self.tls.server_key,
+                "--tls-ca-cert-file",
+                self.tls.ca,
+                "--tls-auth-clients",
+                "yes",
+            ]
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.starts += 1

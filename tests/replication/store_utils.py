@@ -4,7 +4,8 @@ RDATA lines for a page of rows, and waiting on the real reactor."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater

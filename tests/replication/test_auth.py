@@ -151,8 +151,10 @@ class ClientAuthTests(unittest.TestCase):
             handler, "worker1", "hs.example", clock=self.clock, config=ReplicationConfig(), secret=client_secret
         )
         client, server, pump = connectedServerAndClient(
-            lambda: server_factory.buildProtocol(None), lambda: client_factory.buildProtocol(None),
-            clock=self.clock, greet=False,
+            lambda: server_factory.buildProtocol(None),
+            lambda: client_factory.buildProtocol(None),
+            clock=self.clock,
+            greet=False,
         )
         self.client_sent = b"".join(client.transport.stream).decode().splitlines()
         pump.flush()

@@ -102,7 +102,12 @@ class BatchTests(ClientTestCase):
         self.assertTrue(self.transport.disconnecting)
 
     def test_replayed_rows_are_dropped(self) -> None:
-        feed(self.protocol, 'RDATA events master 5 ["a"]', 'RDATA events master batch ["b"]', 'RDATA events master 5 ["c"]')
+        feed(
+            self.protocol,
+            'RDATA events master 5 ["a"]',
+            'RDATA events master batch ["b"]',
+            'RDATA events master 5 ["c"]',
+        )
         feed(self.protocol, 'RDATA events master 4 ["old"]', 'RDATA events master 6 ["d"]')
         self.assertEqual([t for _, _, t, _ in self.handler.rdata], [5, 6])
 
@@ -214,9 +219,10 @@ class HandlerHookTests(ClientTestCase):
     def test_client_rejects_server_only_commands_it_should_not_get(self) -> None:
         take(self.transport)
         feed(self.protocol, "REPLICATE", "USER_SYNC a b start 1")
-        self.assertEqual(take(self.transport), ["ERROR unexpected command REPLICATE", "ERROR unexpected command USER_SYNC"])
+        self.assertEqual(
+            take(self.transport), ["ERROR unexpected command REPLICATE", "ERROR unexpected command USER_SYNC"]
+        )
         self.assertTrue(self.protocol.is_open)
-
 
     def test_bad_rdata_lines_are_answered_and_skipped(self) -> None:
         """A worker reads RDATA through the fast path (fields, no command);
@@ -237,6 +243,7 @@ class HandlerHookTests(ClientTestCase):
         self.assertTrue(all(e.startswith("ERROR failed to parse RDATA") for e in errors), errors)
         self.assertEqual(self.handler.rdata, [("caches", "master", 5, [("a",)]), ("caches", "master", 10, [("e",)])])
         self.assertTrue(self.protocol.is_open)
+
 
 class ReconnectTests(ClientTestCase):
     def test_reconnect_resumes_with_legacy_replicate(self) -> None:

@@ -65,7 +65,7 @@ class RoundTripTests(unittest.TestCase):
             self.assertEqual(type(cmd).from_line(cmd.to_line()), cmd)
 
     def test_parsed_fields(self) -> None:
-        rdata = parse_command_from_line("RDATA caches master batch [1, {\"b\": 2, \"a\": null}]")
+        rdata = parse_command_from_line('RDATA caches master batch [1, {"b": 2, "a": null}]')
         self.assertEqual(
             (rdata.stream_name, rdata.instance_name, rdata.token, rdata.row),
             ("caches", "master", None, [1, {"a": None, "b": 2}]),
@@ -127,9 +127,7 @@ class RoundTripTests(unittest.TestCase):
 # Hypothesis strategies for valid field values.
 _word_chars = string.ascii_letters + string.digits + "!$@:._-=/\u00e9\u4e2d"
 words = st.text(alphabet=_word_chars, min_size=1, max_size=20)
-texts = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=40
-)
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=40)
 #: NAME and SERVER: no control characters (40 characters stay under the 255-byte bound).
 peer_names = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40)
 tokens = st.integers(min_value=0, max_value=2**63 - 1)
@@ -170,9 +168,12 @@ class PropertyTests(unittest.TestCase):
         self.assertEqual(serialize_command(parsed), line)
 
     @settings(max_examples=1000, deadline=None, database=None)
-    @given(st.text(max_size=60) | st.sampled_from(list(COMMAND_TYPES)).flatmap(
-        lambda name: st.text(max_size=40).map(lambda rest: f"{name} {rest}")
-    ))
+    @given(
+        st.text(max_size=60)
+        | st.sampled_from(list(COMMAND_TYPES)).flatmap(
+            lambda name: st.text(max_size=40).map(lambda rest: f"{name} {rest}")
+        )
+    )
     def test_parse_raises_only_parse_errors(self, line: str) -> None:
         """Whatever the input, the parser returns a command or raises
         CommandParseError; anything it returns can be written back."""

@@ -22,6 +22,7 @@ from twisted.trial import unittest
 
 from roomstore.replication.service import FollowerService, ReplicationServerService
 from tests.db import DatabaseTestMixin
+
 # Rooms built for replication's rows, not for the auth rules (joins without join rules):
 # the store takes their events as checked (tests/store/builder.py).
 from tests.store.builder import UncheckedRoomBuilder
@@ -126,13 +127,15 @@ class EndToEndTests(DatabaseTestMixin, unittest.TestCase):
                 # Wait for the RDATA, then read: the worker sees the batch.
                 await with_timeout(worker.store.events_stream.wait_for_position(token), 10, "RDATA on a worker")
                 for event in batch:
-                    self.assertEqual(await worker.store.get_event(event.event_id),
-                                     await writer.get_event(event.event_id))
-                self.assertEqual(await worker.store.get_current_state_ids(room.room_id),
-                                 await writer.get_current_state_ids(room.room_id))
+                    self.assertEqual(
+                        await worker.store.get_event(event.event_id), await writer.get_event(event.event_id)
+                    )
+                self.assertEqual(
+                    await worker.store.get_current_state_ids(room.room_id),
+                    await writer.get_current_state_ids(room.room_id),
+                )
                 for user in (ALICE, BOB, CAROL):
-                    self.assertEqual(await worker.store.get_rooms_for_user(user),
-                                     await writer.get_rooms_for_user(user))
+                    self.assertEqual(await worker.store.get_rooms_for_user(user), await writer.get_rooms_for_user(user))
         # A redaction drops the cached event on both.
         target = batches[1][0]
         for worker in workers:
@@ -145,8 +148,9 @@ class EndToEndTests(DatabaseTestMixin, unittest.TestCase):
             self.assertEqual(redacted["unsigned"]["redacted_because"]["event_id"], redaction.event_id)
             self.assertEqual(worker.store.get_current_token(), writer.get_current_token())
             caches = writer.caches_stream.get_current_token()
-            self.assertEqual(await with_timeout(worker.store.caches_stream.wait_for_position(caches), 10, "caches"),
-                             caches)
+            self.assertEqual(
+                await with_timeout(worker.store.caches_stream.wait_for_position(caches), 10, "caches"), caches
+            )
 
     async def test_worker_killed_and_restarted_under_continuous_writes(self):
         """A ``roomstore follow`` worker is SIGKILLed at random moments and
@@ -177,8 +181,20 @@ class EndToEndTests(DatabaseTestMixin, unittest.TestCase):
         positions_file = os.path.join(directory, "positions.json")
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         argv = [
-            sys.executable, "-m", "roomstore.cli", "follow", "--db", url, "--server", f"127.0.0.1:{port}",
-            "--name", "worker1", "--server-name", "hs.example", "--positions-file", positions_file,
+            sys.executable,
+            "-m",
+            "roomstore.cli",
+            "follow",
+            "--db",
+            url,
+            "--server",
+            f"127.0.0.1:{port}",
+            "--name",
+            "worker1",
+            "--server-name",
+            "hs.example",
+            "--positions-file",
+            positions_file,
         ]
         outputs: list[str] = []
         processes: list[subprocess.Popen] = []
@@ -194,6 +210,7 @@ class EndToEndTests(DatabaseTestMixin, unittest.TestCase):
         self.addCleanup(reap, processes)
         writer = WriterLoop(server.store, rng)
         started = time.monotonic()
+
         def has_started(path: str) -> bool:
             with open(path, "rb") as handle:
                 return b'"following"' in handle.readline()
@@ -206,8 +223,9 @@ class EndToEndTests(DatabaseTestMixin, unittest.TestCase):
             else:
                 # While it applies rows: wait for it to start (however slow
                 # the machine), then a random moment later.
-                await wait_until(lambda: has_started(outputs[-1]) or proc.poll() is not None, timeout=60,
-                                 what="a worker to start")
+                await wait_until(
+                    lambda: has_started(outputs[-1]) or proc.poll() is not None, timeout=60, what="a worker to start"
+                )
                 await sleep(rng.uniform(0.05, 1.0))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -226,8 +244,9 @@ class EndToEndTests(DatabaseTestMixin, unittest.TestCase):
         # Started, too: the positions file may already be at the end when the
         # writer wrote nothing after the last kill, and a SIGTERM before the
         # reactor runs (no handler yet) would kill the process outright.
-        await wait_until(lambda: has_started(outputs[-1]) and caught_up(), timeout=60,
-                         what="the last worker to start and catch up")
+        await wait_until(
+            lambda: has_started(outputs[-1]) and caught_up(), timeout=60, what="the last worker to start and catch up"
+        )
         proc.send_signal(signal.SIGTERM)
         await wait_until(lambda: proc.poll() is not None, timeout=20, what="the last worker to exit")
         self.assertEqual(proc.returncode, 0, open(outputs[-1] + ".err").read()[-2000:])
@@ -247,11 +266,16 @@ class EndToEndTests(DatabaseTestMixin, unittest.TestCase):
         self.assertGreaterEqual(applying_runs, KILLS // 2, "most killed runs should have applied rows")
         self.assertGreater(summary["events"]["tokens"], 100)
         elapsed = time.monotonic() - started
-        print(f"\n{KILLS} kills in {elapsed:.1f}s, {writer.batches} batches, seed {seed}, "
-              f"{applying_runs} killed runs applied rows; " + "; ".join(
-                  f"{n}: {s['tokens']} tokens, {s['rows']} rows, {s['reapplied']} re-applied at restarts "
-                  f"(at most {s['most_again']} at one), "
-                  f"{s['cut']} cut by a kill" for n, s in summary.items()))
+        print(
+            f"\n{KILLS} kills in {elapsed:.1f}s, {writer.batches} batches, seed {seed}, "
+            f"{applying_runs} killed runs applied rows; "
+            + "; ".join(
+                f"{n}: {s['tokens']} tokens, {s['rows']} rows, {s['reapplied']} re-applied at restarts "
+                f"(at most {s['most_again']} at one), "
+                f"{s['cut']} cut by a kill"
+                for n, s in summary.items()
+            )
+        )
 
 
 def parse_run(path: str) -> dict:
@@ -326,5 +350,10 @@ def check_runs(test: unittest.TestCase, name: str, runs: list[dict], start: int,
         last_applied = max(last_applied, previous)
     # Every token the writer wrote, once, in order.
     test.assertEqual(applied_union, order)
-    return {"tokens": len(order), "rows": sum(len(r) for r in expected.values()), "reapplied": reapplied, "cut": cut,
-            "most_again": most_again}
+    return {
+        "tokens": len(order),
+        "rows": sum(len(r) for r in expected.values()),
+        "reapplied": reapplied,
+        "cut": cut,
+        "most_again": most_again,
+    }

@@ -32,15 +32,15 @@ from roomstore.replication import commands as ours
 from roomstore.replication.client import ReplicationClientFactory
 from roomstore.replication.store_sources import store_stream_registry, wire_server
 from tests.db import on_both_engines
+
 # Rooms built for replication's rows, not for the auth rules (joins without join rules):
 # the store takes their events as checked (tests/store/builder.py).
 from tests.store.builder import UncheckedRoomBuilder
+from tests.synapse_oracle import prepare_synapse
 
 from .store_utils import ALICE, open_pair, wait_until
 from .test_store_sources import populate
 from .utils import connect, feed, make_server, seed_registry, take
-
-from tests.synapse_oracle import prepare_synapse
 
 try:
     prepare_synapse()
@@ -102,8 +102,11 @@ class OurLinesParseWithSynapse:
         targets = {name: registry.get(name).current_token("master") for name in ("events", "backfill", "caches")}
 
         def caught_up(lines: list[str]) -> bool:
-            done = {line.split(" ")[1] for line in lines
-                    if line.startswith("POSITION") and int(line.split(" ")[4]) == targets[line.split(" ")[1]]}
+            done = {
+                line.split(" ")[1]
+                for line in lines
+                if line.startswith("POSITION") and int(line.split(" ")[4]) == targets[line.split(" ")[1]]
+            }
             return done == set(targets)
 
         lines = await self.collect(transport, caught_up, "replay")
@@ -115,23 +118,41 @@ class OurLinesParseWithSynapse:
         ev = {r.data.event_id: r.data for name, _, r in rows if name == "events" and r.type == "ev"}
         room = history["room"]
         create = ev[room.events[0].event_id]
-        self.assertEqual((create.room_id, create.type, create.state_key, create.redacts, create.relates_to,
-                          create.membership, create.rejected, create.outlier),
-                         (room.room_id, "m.room.create", "", None, None, None, False, False))
+        self.assertEqual(
+            (
+                create.room_id,
+                create.type,
+                create.state_key,
+                create.redacts,
+                create.relates_to,
+                create.membership,
+                create.rejected,
+                create.outlier,
+            ),
+            (room.room_id, "m.room.create", "", None, None, None, False, False),
+        )
         self.assertEqual(ev[history["redaction"].event_id].redacts, history["message"].event_id)
         self.assertEqual(ev[history["leave"].event_id].membership, "leave")
         state = [r.data for name, _, r in rows if name == "events" and r.type == "state"]
-        self.assertIn((room.room_id, "m.room.member", ALICE, room.events[1].event_id),
-                      [(s.room_id, s.type, s.state_key, s.event_id) for s in state])
+        self.assertIn(
+            (room.room_id, "m.room.member", ALICE, room.events[1].event_id),
+            [(s.room_id, s.type, s.state_key, s.event_id) for s in state],
+        )
         backfill = [r for name, _, r in rows if name == "backfill"]
         self.assertEqual({b.event_id for b in backfill}, {r.event_id for r in history["backfilled"]})
         self.assertEqual({b.room_id for b in backfill}, {"!old:example.org"})
 
         # The 2,000-key invalidation went out as several rows at one token
         # (all but the last "batch"), together naming every key once.
-        big_lines = [cmd for cmd, row in parsed
-                     if isinstance(cmd, syn.RdataCommand) and cmd.stream_name == "caches" and cmd.row[0] == "get_event"
-                     and cmd.row[1] and cmd.row[1][0].startswith("$key")]
+        big_lines = [
+            cmd
+            for cmd, row in parsed
+            if isinstance(cmd, syn.RdataCommand)
+            and cmd.stream_name == "caches"
+            and cmd.row[0] == "get_event"
+            and cmd.row[1]
+            and cmd.row[1][0].startswith("$key")
+        ]
         self.assertGreater(len(big_lines), 1)
         self.assertEqual([c.token for c in big_lines], [None] * (len(big_lines) - 1) + [big_token])
         self.assertEqual([k for c in big_lines for k in c.row[1]], big_keys)
@@ -143,14 +164,14 @@ class OurLinesParseWithSynapse:
         feed(live, "NAME w2", "REPLICATE")
         take(live_transport)
         second = UncheckedRoomBuilder("!live:example.org")
-        batch = [second.create(), second.join(ALICE), second.join("@bob:example.org"),
-                 second.message(ALICE, "hi")]
+        batch = [second.create(), second.join(ALICE), second.join("@bob:example.org"), second.message(ALICE, "hi")]
         results = await writer.persist_events([second.to_persist(e) for e in batch])
         token = await writer.invalidate_cache("get_event", big_keys)
         # Each stream is sent by its own loop: wait for the last line of both.
         ends = (f"RDATA caches master {token} ", f"RDATA events master {results[-1].stream_ordering} ")
         lines = await self.collect(
-            live_transport, lambda ls: all(any(line.startswith(end) for line in ls) for end in ends), "live rows")
+            live_transport, lambda ls: all(any(line.startswith(end) for line in ls) for end in ends), "live rows"
+        )
         parsed = [check_with_synapse(self, line) for line in lines]
         live_rows = [row for cmd, row in parsed if isinstance(cmd, syn.RdataCommand)]
         live_events = {r.data.event_id for r in live_rows if getattr(r, "type", None) == "ev"}
@@ -195,8 +216,10 @@ class OurCommandLinesParseWithSynapse(unittest.TestCase):
         self.assertEqual((sync.user_id, sync.device_id, sync.is_syncing), ("@alice:example.com", "DEVICE", True))
         self.assertIsNone(syn.parse_command_from_line(ours.serialize_command(commands[8])).device_id)
         ip = syn.parse_command_from_line(ours.serialize_command(commands[12]))
-        self.assertEqual((ip.access_token, ip.ip, ip.user_agent, ip.device_id, ip.last_seen),
-                         ("syt_tok", "10.0.0.1", "Mozilla/5.0 (X11) \u00e9", None, 17))
+        self.assertEqual(
+            (ip.access_token, ip.ip, ip.user_agent, ip.device_id, ip.last_seen),
+            ("syt_tok", "10.0.0.1", "Mozilla/5.0 (X11) \u00e9", None, 17),
+        )
 
 
 class SynapseLinesTakenWithoutError(unittest.TestCase):
@@ -224,12 +247,19 @@ class SynapseLinesTakenWithoutError(unittest.TestCase):
                 syn.ServerCommand("hs.example"),
                 syn.PingCommand("1490197665618"),
                 syn.PositionCommand("events", "master", 0, 0),
-                syn.RdataCommand("events", "master", None, ["state", ["!r:example.com", "m.room.member", ALICE, "$e1"]]),
-                syn.RdataCommand("events", "master", 1, ["ev", ["$e1", "!r:example.com", "m.room.member", ALICE,
-                                                               None, None, "join", False, False]]),
+                syn.RdataCommand(
+                    "events", "master", None, ["state", ["!r:example.com", "m.room.member", ALICE, "$e1"]]
+                ),
+                syn.RdataCommand(
+                    "events",
+                    "master",
+                    1,
+                    ["ev", ["$e1", "!r:example.com", "m.room.member", ALICE, None, None, "join", False, False]],
+                ),
                 syn.RdataCommand("events", "master", 2, ["state-all", ["!r:example.com"]]),
-                syn.RdataCommand("backfill", "master", 1, ["$e0", "!r:example.com", "m.room.message", None, None,
-                                                            "$parent"]),
+                syn.RdataCommand(
+                    "backfill", "master", 1, ["$e0", "!r:example.com", "m.room.message", None, None, "$parent"]
+                ),
                 syn.RdataCommand("caches", "master", 1, ["get_event", ["$e1"], 1490197670513]),
                 syn.RemoteServerUpCommand("matrix.org"),
                 syn.LockReleasedCommand("master", "purge", "!r:example.com"),
@@ -240,8 +270,16 @@ class SynapseLinesTakenWithoutError(unittest.TestCase):
     def test_server_takes_synapse_client_lines(self):
         factory = make_server()
         received = []
-        for name in ("USER_SYNC", "CLEAR_USER_SYNC", "FEDERATION_ACK", "USER_IP", "REMOTE_SERVER_UP",
-                     "LOCK_RELEASED", "NEW_ACTIVE_TASK", "CANCEL_TASK"):
+        for name in (
+            "USER_SYNC",
+            "CLEAR_USER_SYNC",
+            "FEDERATION_ACK",
+            "USER_IP",
+            "REMOTE_SERVER_UP",
+            "LOCK_RELEASED",
+            "NEW_ACTIVE_TASK",
+            "CANCEL_TASK",
+        ):
             factory.add_command_handler(name, lambda conn, cmd: received.append(cmd))
         protocol, transport = connect(factory)
         commands = self.synapse_commands()["client"]
@@ -251,13 +289,25 @@ class SynapseLinesTakenWithoutError(unittest.TestCase):
         self.assertTrue(protocol.is_open)
         self.assertEqual(
             [c.NAME for c in received],
-            ["USER_SYNC", "USER_SYNC", "CLEAR_USER_SYNC", "FEDERATION_ACK", "USER_IP", "USER_IP", "REMOTE_SERVER_UP",
-             "LOCK_RELEASED", "NEW_ACTIVE_TASK", "CANCEL_TASK"],
+            [
+                "USER_SYNC",
+                "USER_SYNC",
+                "CLEAR_USER_SYNC",
+                "FEDERATION_ACK",
+                "USER_IP",
+                "USER_IP",
+                "REMOTE_SERVER_UP",
+                "LOCK_RELEASED",
+                "NEW_ACTIVE_TASK",
+                "CANCEL_TASK",
+            ],
         )
-        self.assertEqual(received[0], ours.UserSyncCommand("worker1", "@alice:example.com", "DEVICE", True,
-                                                           1490197670513))
-        self.assertEqual(received[4], ours.UserIpCommand("@alice:example.com", "tok", "::1", "curl/8.0 \u00e9",
-                                                         "DEV", 1490197670513))
+        self.assertEqual(
+            received[0], ours.UserSyncCommand("worker1", "@alice:example.com", "DEVICE", True, 1490197670513)
+        )
+        self.assertEqual(
+            received[4], ours.UserIpCommand("@alice:example.com", "tok", "::1", "curl/8.0 \u00e9", "DEV", 1490197670513)
+        )
         # The REPLICATE was answered with positions.
         self.assertTrue(any(line.startswith("POSITION events master") for line in out))
 
@@ -337,7 +387,10 @@ class SynapseClientAgainstRoomstoreServer:
         url = self.new_database_url()
         server = subprocess.Popen(
             [sys.executable, "-m", "tests.replication.interop_server", url],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=dict(os.environ, PYTHONPATH=REPO),
+            cwd=REPO,
         )
         self.addCleanup(server.wait, 30)
         self.addCleanup(server.stdin.close)
@@ -352,7 +405,10 @@ class SynapseClientAgainstRoomstoreServer:
         class Factory(ClientFactory):
             def buildProtocol(self, addr):
                 return ClientReplicationStreamProtocol(
-                    HomeServer(), "synapse-worker", "hs.example", SynapseClock(reactor, server_name="hs.example"),
+                    HomeServer(),
+                    "synapse-worker",
+                    "hs.example",
+                    SynapseClock(reactor, server_name="hs.example"),
                     handler,
                 )
 
@@ -367,9 +423,12 @@ class SynapseClientAgainstRoomstoreServer:
             done = json.loads(await self.read_line(server))
         targets = done["positions"]
         await wait_until(
-            lambda: handler.positions.get("events") == targets["events"]
-            and handler.positions.get("caches") == targets["caches"],
-            30, "live rows at the writer's positions",
+            lambda: (
+                handler.positions.get("events") == targets["events"]
+                and handler.positions.get("caches") == targets["caches"]
+            ),
+            30,
+            "live rows at the writer's positions",
         )
         self.assertEqual(handler.parse_failures, [])
         self.assertEqual(handler.errors, [])
@@ -377,9 +436,13 @@ class SynapseClientAgainstRoomstoreServer:
         self.assertEqual(handler.conn.state, "established")
         events = [row for name, _, row in handler.rows if name == "events" and row.type == "ev"]
         self.assertEqual(len(events), 190)
-        invalidated = [k for name, _, row in handler.rows
-                       if name == "caches" and row.cache_func == "get_event" and row.keys
-                       for k in row.keys if k.startswith("$key")]
+        invalidated = [
+            k
+            for name, _, row in handler.rows
+            if name == "caches" and row.cache_func == "get_event" and row.keys
+            for k in row.keys
+            if k.startswith("$key")
+        ]
         self.assertEqual(len(invalidated), 3000)
 
     async def read_line(self, process: subprocess.Popen) -> bytes:

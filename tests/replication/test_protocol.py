@@ -192,9 +192,7 @@ class StartupTests(unittest.TestCase):
         factory, handler, protocol, transport = _make_client(Clock(), expected="hs.example")
         transport.clear()
         feed(protocol, "SERVER evil.example", "POSITION events master 1 1")
-        self.assertEqual(
-            written(transport), ["ERROR wrong server name: expected 'hs.example', got 'evil.example'"]
-        )
+        self.assertEqual(written(transport), ["ERROR wrong server name: expected 'hs.example', got 'evil.example'"])
         self.assertTrue(transport.disconnecting)
         # Nothing after the bad SERVER line was acted upon.
         self.assertEqual(handler.positions, [])
@@ -495,9 +493,7 @@ class CongestionTests(unittest.TestCase):
         self.assertFalse(self.slow.session.feed.is_idle())  # waiting to be writable
         self.assertEqual(self.slow.session.feed.position("events", "master"), 1)
         self.slow.resumeProducing()
-        self.assertEqual(
-            take(self.slow_transport), [f'RDATA events master {t} ["$e{t}"]' for t in range(2, 6)]
-        )
+        self.assertEqual(take(self.slow_transport), [f'RDATA events master {t} ["$e{t}"]' for t in range(2, 6)])
         self.assertEqual(self.slow.pending_count, 0)
         self.assertTrue(self.slow.session.feed.is_idle())
         self.assertTrue(self.slow.is_open)

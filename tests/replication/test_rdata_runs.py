@@ -32,7 +32,7 @@ class ParseRunsTests(unittest.TestCase):
     def test_plain_lines_give_every_line_fields(self) -> None:
         lines = [
             plain_line("events", "master", None, ("ev", ["$a", "!r", "t", None, None, None, None, False, False])),
-            plain_line("events", "master", 7, ("state", ["!r", "t", "k\u00e9 \"\\", None])),
+            plain_line("events", "master", 7, ("state", ["!r", "t", 'k\u00e9 "\\', None])),
             plain_line("caches", "w\u00f6rker", 12, ("c", None, 5)),
             'RDATA events master 0070 [1.5,-2,{"a":[]},"x"]',
         ]
@@ -46,8 +46,8 @@ class ParseRunsTests(unittest.TestCase):
         for bad in (
             'RDATA events master 1 ["a"] ',  # whitespace after the row (valid, not plain)
             'RDATA events master 1 ["\u00e9"]',  # a non-ASCII row (valid, not plain)
-            'RDATA events master 1 [NaN]',
-            'RDATA events master 1 [1e999]',
+            "RDATA events master 1 [NaN]",
+            "RDATA events master 1 [1e999]",
             'RDATA events master -1 ["a"]',
             'RDATA events master 1x ["a"]',
             "RDATA events master 123456789012345678901 [1]",
@@ -75,7 +75,7 @@ class ParseRunsTests(unittest.TestCase):
         for _ in range(3000):
             lines = []
             for _ in range(rng.randint(1, 6)):
-                row = [rng.choice(["ev", "x", None, True, 1, -2.5, "\u00e9\"\\\n"]) for _ in range(rng.randint(0, 4))]
+                row = [rng.choice(["ev", "x", None, True, 1, -2.5, '\u00e9"\\\n']) for _ in range(rng.randint(0, 4))]
                 line = plain_line(rng.choice(words), rng.choice(words), rng.choice([None, rng.randrange(10**6)]), row)
                 if rng.random() < 0.1:
                     line = _mutate(rng, line.encode()).decode("utf-8", "replace").split("\n")[0]
@@ -104,7 +104,7 @@ class OneStreamRunTests(unittest.TestCase):
             stream, writer = rng.choice(["events", "caches"]), rng.choice(["master", "w1"])
             lines = []
             for _ in range(rng.randint(1, 6)):
-                row = [rng.choice(["ev", "x", None, True, 1, -2.5, "\u00e9\"\\\n"]) for _ in range(rng.randint(0, 4))]
+                row = [rng.choice(["ev", "x", None, True, 1, -2.5, '\u00e9"\\\n']) for _ in range(rng.randint(0, 4))]
                 line = plain_line(stream, writer, rng.choice([None, rng.randrange(10**6)]), row)
                 if rng.random() < 0.05:
                     line = plain_line(rng.choice(["events", "typing"]), rng.choice(["master", "w2"]), 1, row)
@@ -114,8 +114,7 @@ class OneStreamRunTests(unittest.TestCase):
             run = parse_rdata_lines(lines)
             got = parse_rdata_run("\n".join(lines), len(lines))
             if got is None:
-                self.assertTrue(run is None or len(set(zip(run[0], run[1]))) > 1 or not "".join(lines).isascii(),
-                                lines)
+                self.assertTrue(run is None or len(set(zip(run[0], run[1]))) > 1 or not "".join(lines).isascii(), lines)
                 continue
             parsed += 1
             self.assertIsNotNone(run, lines)
@@ -126,10 +125,19 @@ class OneStreamRunTests(unittest.TestCase):
 
     def test_lines_not_plain_give_none(self) -> None:
         good = 'RDATA events master 1 ["a"]'
-        for bad in ('RDATA events master 1 ["a"] ', 'RDATA events master 1x ["a"]', 'RDATA events master  ["a"]',
-                    'RDATA events master 1 ["a"]\r', 'RDATA events master 1 ["a"', 'RDATA events master 1',
-                    "RDATA events master 123456789012345678901 [1]", 'RDATA events w1 1 ["a"]',
-                    'RDATA events master 1 [NaN]', 'RDATA events master 1 ["\u00e9"]', "RDATA events"):
+        for bad in (
+            'RDATA events master 1 ["a"] ',
+            'RDATA events master 1x ["a"]',
+            'RDATA events master  ["a"]',
+            'RDATA events master 1 ["a"]\r',
+            'RDATA events master 1 ["a"',
+            "RDATA events master 1",
+            "RDATA events master 123456789012345678901 [1]",
+            'RDATA events w1 1 ["a"]',
+            "RDATA events master 1 [NaN]",
+            'RDATA events master 1 ["\u00e9"]',
+            "RDATA events",
+        ):
             with self.subTest(bad=bad):
                 self.assertIsNone(parse_rdata_run("\n".join([good, bad, good]), 3))
         self.assertIsNone(parse_rdata_run("RDATA ev\x01ents master 1 [1]", 1))
@@ -191,8 +199,9 @@ def _registry() -> StreamRegistry:
 
 
 def _client(handler, batches: bool):
-    factory = ReplicationClientFactory(handler, "worker1", "hs", clock=Clock(),
-                                       config=ReplicationConfig(max_batch_rows=6))
+    factory = ReplicationClientFactory(
+        handler, "worker1", "hs", clock=Clock(), config=ReplicationConfig(max_batch_rows=6)
+    )
     for name in ("events", "caches"):
         for writer in ("master", "w1"):
             factory.positions.set(name, writer, 0)
@@ -252,7 +261,7 @@ class ChunkingTests(unittest.TestCase):
         offset = 0
         while offset < len(data):
             size = rng.choice([*sizes, len(data)])
-            protocol_one.dataReceived(data[offset:offset + size])
+            protocol_one.dataReceived(data[offset : offset + size])
             offset += size
         for line in lines:
             protocol_many.dataReceived(line + b"\n")
@@ -316,7 +325,6 @@ class ChunkingTests(unittest.TestCase):
         self.assertTrue(protocol.is_open)
 
 
-
 class FillReadAheadTests(unittest.TestCase):
     """Filling from the database (``StreamFollower.catch_up``, a gap, Redis)
     with pages read ahead: every row once, in order, however the reads
@@ -337,7 +345,8 @@ class FillReadAheadTests(unittest.TestCase):
             expected.append((token, rows))
         gated = GatedStream(events)
         handler = {False: RecordingHandler, True: BatchRecordingHandler, "rows": RowsRecordingHandler}[batches](
-            StreamRegistry([gated]))
+            StreamRegistry([gated])
+        )
         positions = StreamPositions()
         positions.set("events", "master", 0)
         follower = StreamFollower(handler, positions, page_size=10, read_ahead=read_ahead)
@@ -386,8 +395,13 @@ class CollectorTests(unittest.TestCase):
         handler = Counting(_registry())
         factory, protocol, _ = _client(handler, batches=True)
         data = "".join(
-            plain_line("events", "master", token, ["ev", [f"$e{token}", "!r", "m.room.message", None, None, None,
-                                                         None, False, False]]) + "\n"
+            plain_line(
+                "events",
+                "master",
+                token,
+                ["ev", [f"$e{token}", "!r", "m.room.message", None, None, None, None, False, False]],
+            )
+            + "\n"
             for token in range(1, 3001)
         ).encode()
         gc.collect()

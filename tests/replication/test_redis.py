@@ -17,6 +17,7 @@ from roomstore.replication.redis import RedisReplication, parse_redis_url
 from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import DatabaseTestMixin, on_both_engines
+
 # Rooms built for replication's rows, not for the auth rules (joins without join rules):
 # the store takes their events as checked (tests/store/builder.py).
 from tests.store.builder import UncheckedRoomBuilder
@@ -71,7 +72,7 @@ class RedisMixin:
         events = [room.create(), room.join(ALICE), room.join(BOB)]
         events += [room.message(ALICE if i % 2 else BOB, f"m{i}") for i in range(messages)]
         for start in range(0, len(events), batch):
-            await store.persist_events([room.to_persist(e) for e in events[start:start + batch]])
+            await store.persist_events([room.to_persist(e) for e in events[start : start + batch]])
 
 
 @on_both_engines
@@ -79,8 +80,9 @@ class RedisSingleWriterTests(RedisMixin):
     async def test_rows_reach_a_worker_once_in_order(self):
         url, redis, channel = self.new_database_url(), shared_redis_url(self), fresh_channel()
         writer = await self.open_store(url, StoreConfig(instance_name="master"))
-        worker = await self.open_store(url, StoreConfig(instance_name="worker1",
-                                                        stream_writers={n: ["master"] for n in STORE_STREAMS}))
+        worker = await self.open_store(
+            url, StoreConfig(instance_name="worker1", stream_writers={n: ["master"] for n in STORE_STREAMS})
+        )
         applied, own = Applied(), Applied()
         on_writer = self.connect(writer, redis, channel, on_applied=own)
         on_worker = self.connect(worker, redis, channel, on_applied=applied)
@@ -89,12 +91,19 @@ class RedisSingleWriterTests(RedisMixin):
         published = metrics.REDIS_PUBLISHED.labels("RDATA")._value.get()
         await self.persist_room(writer, "!a:example.org", 20)
         await writer.invalidate_cache("get_user", ["@x:example.org"])
-        await wait_until(lambda: all(worker.generators[n].get_current_token() == writer.generators[n].get_current_token()
-                                     for n in STORE_STREAMS), 20, "the worker to catch up")
+        await wait_until(
+            lambda: all(
+                worker.generators[n].get_current_token() == writer.generators[n].get_current_token()
+                for n in STORE_STREAMS
+            ),
+            20,
+            "the worker to catch up",
+        )
         self.assertGreater(metrics.REDIS_PUBLISHED.labels("RDATA")._value.get(), published)
         for stream in ("events", "caches"):
-            self.assertEqual(applied.tokens.get((stream, "master"), []),
-                             await self.expected_rows(writer, stream, "master"), stream)
+            self.assertEqual(
+                applied.tokens.get((stream, "master"), []), await self.expected_rows(writer, stream, "master"), stream
+            )
         # The writer ignores its own lines: it applied nothing.
         self.assertEqual(own.tokens, {})
 
@@ -117,8 +126,11 @@ class RedisSingleWriterTests(RedisMixin):
         applied = Applied()
         on_worker = self.connect(worker, redis, channel, on_applied=applied)
         await on_worker.when_ready()
-        await wait_until(lambda: all(on_worker.positions.get(n, "master") >= targets[n] for n in STORE_STREAMS),
-                         20, "the worker to catch up from the database")
+        await wait_until(
+            lambda: all(on_worker.positions.get(n, "master") >= targets[n] for n in STORE_STREAMS),
+            20,
+            "the worker to catch up from the database",
+        )
         for stream in ("events", "caches"):
             self.assertTrue(expected[stream], stream)
             # Every row after where the worker stood, once, in order.
@@ -130,28 +142,38 @@ class RedisSingleWriterTests(RedisMixin):
         server.start()
         url, channel = self.new_database_url(), fresh_channel()
         writer = await self.open_store(url, StoreConfig(instance_name="master"))
-        worker = await self.open_store(url, StoreConfig(instance_name="worker1",
-                                                        stream_writers={n: ["master"] for n in STORE_STREAMS}))
+        worker = await self.open_store(
+            url, StoreConfig(instance_name="worker1", stream_writers={n: ["master"] for n in STORE_STREAMS})
+        )
         applied = Applied()
         on_writer = self.connect(writer, server.url, channel)
         on_worker = self.connect(worker, server.url, channel, on_applied=applied, page_size=7)
         await on_writer.when_ready()
         await on_worker.when_ready()
         await self.persist_room(writer, "!before:example.org", 5)
-        await wait_until(lambda: applied.last("events", "master") == writer.events_stream.get_current_token(),
-                         20, "rows before the restart")
+        await wait_until(
+            lambda: applied.last("events", "master") == writer.events_stream.get_current_token(),
+            20,
+            "rows before the restart",
+        )
         server.stop()
         await wait_until(lambda: not on_worker.ready and not on_writer.ready, 10, "both to see Redis go")
         # Written while nobody can hear: more than a few pages.
         await self.persist_room(writer, "!during:example.org", 40)
         server.start()
-        await wait_until(lambda: applied.last("events", "master") == writer.events_stream.get_current_token(),
-                         30, "the worker to fill the gap")
+        await wait_until(
+            lambda: applied.last("events", "master") == writer.events_stream.get_current_token(),
+            30,
+            "the worker to fill the gap",
+        )
         self.assertEqual(applied.tokens[("events", "master")], await self.expected_rows(writer, "events", "master"))
         # And live again afterwards.
         await self.persist_room(writer, "!after:example.org", 3)
-        await wait_until(lambda: applied.last("events", "master") == writer.events_stream.get_current_token(),
-                         20, "rows after the restart")
+        await wait_until(
+            lambda: applied.last("events", "master") == writer.events_stream.get_current_token(),
+            20,
+            "rows after the restart",
+        )
         self.assertEqual(applied.tokens[("events", "master")], await self.expected_rows(writer, "events", "master"))
 
 
@@ -184,16 +206,23 @@ class RedisMultiWriterTests(RedisMixin, DatabaseTestMixin, unittest.TestCase):
                 await sleep(0.002)
 
         watcher = defer.ensureDeferred(watch())
-        await defer.gatherResults([defer.ensureDeferred(run(w1, "one")), defer.ensureDeferred(run(w2, "two"))],
-                                  consumeErrors=True)
+        await defer.gatherResults(
+            [defer.ensureDeferred(run(w1, "one")), defer.ensureDeferred(run(w2, "two"))], consumeErrors=True
+        )
         final = {w: s.events_stream.get_current_token_for_writer(w) for w, s in (("w1", w1), ("w2", w2))}
-        await wait_until(lambda: all(reader.events_stream.get_current_token_for_writer(w) >= final[w] for w in final),
-                         30, "the reader to hear both writers")
+        await wait_until(
+            lambda: all(reader.events_stream.get_current_token_for_writer(w) >= final[w] for w in final),
+            30,
+            "the reader to hear both writers",
+        )
         # The writer that finished first is idle: it moves up once it hears the
         # other and announces that with a POSITION, which the reader may not have
         # heard yet when the rows are all in.
-        await wait_until(lambda: reader.events_stream.get_current_token() == max(final.values()),
-                         30, "the reader's linear position to reach the newest row")
+        await wait_until(
+            lambda: reader.events_stream.get_current_token() == max(final.values()),
+            30,
+            "the reader's linear position to reach the newest row",
+        )
         watching[0] = False
         await watcher
         for writer, store in (("w1", w1), ("w2", w2)):
@@ -274,10 +303,23 @@ class RedisCommandTests(DatabaseTestMixin, unittest.TestCase):
             return processes[-1], out
 
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-        plugin, plugin_out = spawn([twistd, "-n", "--pidfile=", "roomstore", "--instance", "w1",
-                                    "--replication-port", str(_free_port()), *common], "plugin")
-        follower, follower_out = spawn([sys.executable, "-m", "roomstore.cli", "follow", "--name", "f1",
-                                        "--metrics-port", "0", *common], "follow")
+        plugin, plugin_out = spawn(
+            [
+                twistd,
+                "-n",
+                "--pidfile=",
+                "roomstore",
+                "--instance",
+                "w1",
+                "--replication-port",
+                str(_free_port()),
+                *common,
+            ],
+            "plugin",
+        )
+        follower, follower_out = spawn(
+            [sys.executable, "-m", "roomstore.cli", "follow", "--name", "f1", "--metrics-port", "0", *common], "follow"
+        )
 
         def text(path):
             with open(path, encoding="utf-8", errors="replace") as handle:
@@ -289,8 +331,9 @@ class RedisCommandTests(DatabaseTestMixin, unittest.TestCase):
         start = json.loads(text(follower_out).splitlines()[0])
 
         def cli(*argv):
-            return subprocess.run([sys.executable, "-m", "roomstore.cli", *argv], capture_output=True, text=True,
-                                  env=env, timeout=300)
+            return subprocess.run(
+                [sys.executable, "-m", "roomstore.cli", *argv], capture_output=True, text=True, env=env, timeout=300
+            )
 
         for path in (base, chunks["w2"][0]):
             done = await threads.deferToThread(cli, "import", path, "--instance", "w2", *common)
@@ -312,16 +355,17 @@ class RedisCommandTests(DatabaseTestMixin, unittest.TestCase):
         await wait_until(lambda: applied() and applied()[-1][0] == final, 60, "w2's rows at the follower")
         self.assertEqual(applied(), [(token, row) for token, rows in w2_rows for row in rows])
         metrics_text = await threads.deferToThread(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{start['metrics_port']}/metrics").read().decode())
-        self.assertIn(f'roomstore_replication_applied_position{{stream="events",writer="w2"}} {float(final)}',
-                      metrics_text)
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{start['metrics_port']}/metrics").read().decode()
+        )
+        self.assertIn(
+            f'roomstore_replication_applied_position{{stream="events",writer="w2"}} {float(final)}', metrics_text
+        )
         self.assertIn('roomstore_replication_redis_connected{role="subscribe"} 1.0', metrics_text)
         for proc in (follower, plugin):
             proc.send_signal(signal.SIGTERM)
             await wait_until(lambda: proc.poll() is not None, 30, "exit")
 
     async def open_store_readonly(self, url):
-        store = await RoomStore.open(url, StoreConfig(instance_name="checker", read_only=True,
-                                                      stream_writers=MULTI))
+        store = await RoomStore.open(url, StoreConfig(instance_name="checker", read_only=True, stream_writers=MULTI))
         self.addCleanup(store.close)
         return store

@@ -16,11 +16,11 @@ from roomstore.replication.store_sources import STORE_STREAMS, store_stream_regi
 from roomstore.store import StoreConfig
 from tests.db import on_both_engines
 
-from .redis_utils import fresh_channel, shared_redis_url
 # Rooms built for replication's rows, not for the auth rules (joins without join rules):
 # the store takes their events as checked (tests/store/builder.py).
 from tests.store.builder import UncheckedRoomBuilder
 
+from .redis_utils import fresh_channel, shared_redis_url
 from .store_utils import ALICE, BOB, wait_until
 from .test_redis import Applied, RedisMixin
 from .test_redis_positions import listen
@@ -43,8 +43,9 @@ async def settled(listener, on_writer) -> None:
     ``REPLICATE`` (heard back on its channel) with its positions, after
     which what it publishes is what it persists."""
     await on_writer.when_ready()
-    await wait_until(lambda: listener.lines.count("POSITION events master 0 0") >= 2, 10,
-                     "the writer's connect-time positions")
+    await wait_until(
+        lambda: listener.lines.count("POSITION events master 0 0") >= 2, 10, "the writer's connect-time positions"
+    )
 
 
 @on_both_engines
@@ -133,11 +134,14 @@ class PipelinedPublishTests(RedisMixin):
             return [l for l in listener.lines if " caches master " in l and l != "POSITION caches master 0 0"]
 
         await wait_until(lambda: len(heard()) >= 3, 10, "the page")
-        self.assertEqual(heard(), [
-            serialize_command(RdataCommand("caches", "master", None, ("c", None, 1))),
-            serialize_command(RdataCommand("caches", "master", 3, ("d", ["k"], 1))),
-            serialize_command(PositionCommand("caches", "master", 3, 5)),
-        ])
+        self.assertEqual(
+            heard(),
+            [
+                serialize_command(RdataCommand("caches", "master", None, ("c", None, 1))),
+                serialize_command(RdataCommand("caches", "master", 3, ("d", ["k"], 1))),
+                serialize_command(PositionCommand("caches", "master", 3, 5)),
+            ],
+        )
 
 
 @on_both_engines
@@ -181,8 +185,11 @@ class CatchUpReadsAheadTests(RedisMixin):
 
         on_worker.handler.on_rdata_batch = on_rdata_batch
         await on_worker.when_ready()
-        await wait_until(lambda: all(on_worker.positions.get(n, "master") >= targets[n] for n in STORE_STREAMS),
-                         20, "the worker to catch up from the database")
+        await wait_until(
+            lambda: all(on_worker.positions.get(n, "master") >= targets[n] for n in STORE_STREAMS),
+            20,
+            "the worker to catch up from the database",
+        )
         self.assertEqual(applied.tokens.get(("events", "master"), []), expected)
         reads = [step[1] for step in steps if step[0] == "read"]
         self.assertGreater(len(reads), 3)

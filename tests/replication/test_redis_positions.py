@@ -69,7 +69,7 @@ def positions_of(lines: list[str], stream: str, writer: str) -> list[int]:
 def after_replicate(lines: list[str]) -> list[str]:
     """The lines heard after the last ``REPLICATE`` (ours, heard back)."""
     last = max((i for i, line in enumerate(lines) if line == "REPLICATE"), default=None)
-    return [] if last is None else lines[last + 1:]
+    return [] if last is None else lines[last + 1 :]
 
 
 @on_both_engines
@@ -122,8 +122,9 @@ class RestartedWriterPositionTests(RedisMixin):
         # database and asks for positions.
         del listener.lines[:]
         await publisher.publish(channel, "REPLICATE")
-        await wait_until(lambda: positions_of(after_replicate(listener.lines), "events", "w1"), 10,
-                         "w1's answer to REPLICATE")
+        await wait_until(
+            lambda: positions_of(after_replicate(listener.lines), "events", "w1"), 10, "w1's answer to REPLICATE"
+        )
         answer = positions_of(after_replicate(listener.lines), "events", "w1")[0]
         self.assertGreaterEqual(answer, persisted, f"w1 answered POSITION {answer} below its persisted {persisted}")
 
@@ -134,8 +135,8 @@ class RestartedWriterPositionTests(RedisMixin):
         self.assertTrue(all(token >= persisted for token in announced), announced)
         del listener.lines[:]
         await publisher.publish(channel, "REPLICATE")
-        await wait_until(lambda: positions_of(after_replicate(listener.lines), "events", "w1"), 10,
-                         "the second answer")
-        self.assertEqual(positions_of(after_replicate(listener.lines), "events", "w1"),
-                         [w1.events_stream.get_current_token_for_writer("w1")])
-
+        await wait_until(lambda: positions_of(after_replicate(listener.lines), "events", "w1"), 10, "the second answer")
+        self.assertEqual(
+            positions_of(after_replicate(listener.lines), "events", "w1"),
+            [w1.events_stream.get_current_token_for_writer("w1")],
+        )

@@ -41,6 +41,7 @@ from twisted.trial import unittest
 from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import DatabaseTestMixin
+
 # Rooms built for replication's rows, not for the auth rules (joins without join rules):
 # the store takes their events as checked (tests/store/builder.py).
 from tests.store.builder import UncheckedRoomBuilder
@@ -81,8 +82,12 @@ def write_chunks(directory: str, chunks: int) -> tuple[str, dict[str, list[str]]
             with open(path, "w") as out:
                 for n in range(CHUNK_EVENTS):
                     room = rooms[n % ROOMS]
-                    built = room.message(ALICE if n % 2 else BOB, f"{writer} {chunk} {n}",
-                                         prev=[tips[(writer, room.room_id)]], set_leaves=False)
+                    built = room.message(
+                        ALICE if n % 2 else BOB,
+                        f"{writer} {chunk} {n}",
+                        prev=[tips[(writer, room.room_id)]],
+                        set_leaves=False,
+                    )
                     tips[(writer, room.room_id)] = built.event_id
                     out.write(json.dumps({"room_version": room.version, "event": built.event}) + "\n")
             files[writer].append(path)
@@ -111,14 +116,28 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
 
         def spawn(argv: list[str], out_path: str) -> subprocess.Popen:
             with open(out_path, "wb") as stdout, open(out_path + ".err", "wb") as stderr:
-                proc = subprocess.Popen([sys.executable, "-m", "roomstore.cli", *argv], stdout=stdout,
-                                        stderr=stderr, env=env)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "roomstore.cli", *argv], stdout=stdout, stderr=stderr, env=env
+                )
             processes.append(proc)
             return proc
 
         def import_argv(writer: str, path: str) -> list[str]:
-            return ["import", path, "--db", url, "--redis", redis.url, "--server-name", CHANNEL,
-                    "--instance", writer, "--batch-size", "5", *WRITER_ARGS]
+            return [
+                "import",
+                path,
+                "--db",
+                url,
+                "--redis",
+                redis.url,
+                "--server-name",
+                CHANNEL,
+                "--instance",
+                writer,
+                "--batch-size",
+                "5",
+                *WRITER_ARGS,
+            ]
 
         # The rooms exist before anyone follows.
         base_started = time.monotonic()
@@ -135,18 +154,38 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
             out = os.path.join(directory, f"{name}-run{len(runs[name])}.out")
             runs[name].append(out)
             follower_procs[name] = spawn(
-                ["follow", "--db", url, "--redis", redis.url, "--server-name", CHANNEL, "--name", name, "-v",
-                 "--positions-file", os.path.join(directory, f"{name}.positions"), *WRITER_ARGS], out)
+                [
+                    "follow",
+                    "--db",
+                    url,
+                    "--redis",
+                    redis.url,
+                    "--server-name",
+                    CHANNEL,
+                    "--name",
+                    name,
+                    "-v",
+                    "--positions-file",
+                    os.path.join(directory, f"{name}.positions"),
+                    *WRITER_ARGS,
+                ],
+                out,
+            )
 
         # Each follower resumes from its positions file on every start,
         # also when a kill came before it saved one: it starts where the
         # database stands after the base import.
         from roomstore.replication.service import save_positions
 
-        reader = await RoomStore.open(url, StoreConfig(instance_name="checker", read_only=True,
-                                                       stream_writers={n: list(WRITERS) for n in STORE_STREAMS}))
-        start_positions = {(n, w): reader.generators[n].get_current_token_for_writer(w)
-                           for n in STORE_STREAMS for w in WRITERS}
+        reader = await RoomStore.open(
+            url,
+            StoreConfig(
+                instance_name="checker", read_only=True, stream_writers={n: list(WRITERS) for n in STORE_STREAMS}
+            ),
+        )
+        start_positions = {
+            (n, w): reader.generators[n].get_current_token_for_writer(w) for n in STORE_STREAMS for w in WRITERS
+        }
         await reader.close()
         for name in FOLLOWERS:
             save_positions(os.path.join(directory, f"{name}.positions"), start_positions)
@@ -218,8 +257,9 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
 
         started = time.monotonic()
         writing = defer.gatherResults([defer.ensureDeferred(writer_loop(w)) for w in WRITERS], consumeErrors=True)
-        chaos = defer.gatherResults([defer.ensureDeferred(follower_killer()), defer.ensureDeferred(redis_restarter())],
-                                    consumeErrors=True)
+        chaos = defer.gatherResults(
+            [defer.ensureDeferred(follower_killer()), defer.ensureDeferred(redis_restarter())], consumeErrors=True
+        )
         try:
             await writing
         finally:
@@ -227,8 +267,12 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
         await chaos
 
         # The end: every follower catches up with both writers, then stops cleanly.
-        store = await RoomStore.open(url, StoreConfig(instance_name="checker", read_only=True,
-                                                      stream_writers={n: list(WRITERS) for n in STORE_STREAMS}))
+        store = await RoomStore.open(
+            url,
+            StoreConfig(
+                instance_name="checker", read_only=True, stream_writers={n: list(WRITERS) for n in STORE_STREAMS}
+            ),
+        )
         self.addCleanup(store.close)
         final = {(n, w): store.generators[n].get_current_token_for_writer(w) for n in STORE_STREAMS for w in WRITERS}
         registry = store_stream_registry(store)
@@ -251,8 +295,9 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
             # last kill started is still starting: a SIGTERM before its reactor
             # runs kills it outright (-15). Wait until it is connected.
             last_err = runs[name][-1] + ".err"
-            await wait_until(lambda: "redis replication: connected to" in open(last_err).read(), 60,
-                             f"{name}'s last run to connect")
+            await wait_until(
+                lambda: "redis replication: connected to" in open(last_err).read(), 60, f"{name}'s last run to connect"
+            )
             proc = follower_procs[name]
             proc.send_signal(signal.SIGTERM)
             await wait_until(lambda: proc.poll() is not None, 30, f"{name} to exit")
@@ -263,9 +308,11 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
         for name in FOLLOWERS:
             summary[name] = check_follower(self, name, runs[name], expected, all_events)
         elapsed = time.monotonic() - started
-        report = (f"redis e2e: {elapsed:.0f}s, seed {seed}, {stats}, events rows per writer "
-                  f"{ {w: sum(len(r) for r in expected[('events', w)].values()) for w in WRITERS} }, "
-                  + "; ".join(f"{n}: {s}" for n, s in summary.items()))
+        report = (
+            f"redis e2e: {elapsed:.0f}s, seed {seed}, {stats}, events rows per writer "
+            f"{ {w: sum(len(r) for r in expected[('events', w)].values()) for w in WRITERS} }, "
+            + "; ".join(f"{n}: {s}" for n, s in summary.items())
+        )
         print("\n" + report)
         Logger().info("{report}", report=report)  # trial's test.log keeps it under -j
         if os.environ.get("ROOMSTORE_E2E_REPORT"):
@@ -345,18 +392,24 @@ def check_follower(test: unittest.TestCase, name: str, paths: list[str], expecte
         test.assertIsNotNone(run["start_linear"], f"{context}: no start line in the -v log")
         # Complete when the run started: each writer's rows up to the
         # position its store recovered (persisted by that writer).
-        started_complete = {t for w, position in run["start_linear"].items()
-                            for t in expected[("events", w)] if t <= position}
+        started_complete = {
+            t for w, position in run["start_linear"].items() for t in expected[("events", w)] if t <= position
+        }
         for kind, stream, writer, token, linear in run["log"]:
             if stream != "events":
                 continue
             if kind == "applied":
                 applied_events.add(token)
-            missing = [t for t in all_events
-                       if t <= linear and t not in applied_events and t not in started_complete]
+            missing = [t for t in all_events if t <= linear and t not in applied_events and t not in started_complete]
             test.assertEqual(missing, [], f"{context}: linear {linear} passed rows not yet applied")
             linear_checks += 1
     for key, rows in expected.items():
         test.assertEqual(union[key], sorted(t for t in rows if t > first["resume"].get(key, 0)), f"{name} {key}")
-    return {"runs": len(runs), "tokens": sum(len(v) for v in union.values()), "reapplied": reapplied,
-            "most_again": most_again, "cut": cut, "linear_checks": linear_checks}
+    return {
+        "runs": len(runs),
+        "tokens": sum(len(v) for v in union.values()),
+        "reapplied": reapplied,
+        "most_again": most_again,
+        "cut": cut,
+        "linear_checks": linear_checks,
+    }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -225,8 +225,16 @@ class ClientNotificationTests(unittest.TestCase):
         factory = make_server()
         protocol, transport = connect(factory)
         received: list[tuple[object, Command]] = []
-        names = ["USER_SYNC", "CLEAR_USER_SYNC", "FEDERATION_ACK", "REMOTE_SERVER_UP", "USER_IP", "LOCK_RELEASED",
-                 "NEW_ACTIVE_TASK", "CANCEL_TASK"]
+        names = [
+            "USER_SYNC",
+            "CLEAR_USER_SYNC",
+            "FEDERATION_ACK",
+            "REMOTE_SERVER_UP",
+            "USER_IP",
+            "LOCK_RELEASED",
+            "NEW_ACTIVE_TASK",
+            "CANCEL_TASK",
+        ]
         for name in names:
             factory.add_command_handler(name, lambda conn, cmd: received.append((conn, cmd)))
         feed(
@@ -237,8 +245,8 @@ class ClientNotificationTests(unittest.TestCase):
             "REMOTE_SERVER_UP matrix.org",
             'USER_IP @a:b ["tok","::1","curl",null,5]',
             'LOCK_RELEASED ["worker1","purge","!r:b"]',
-            'NEW_ACTIVE_TASK abc',
-            'CANCEL_TASK abc',
+            "NEW_ACTIVE_TASK abc",
+            "CANCEL_TASK abc",
         )
         self.assertEqual([cmd.NAME for _, cmd in received], names)
         self.assertTrue(all(conn is protocol for conn, _ in received))
@@ -476,8 +484,10 @@ class FarBehindTests(unittest.TestCase):
         caches_writes = [data for data in writes if b"RDATA caches" in data]
         self.assertEqual(len(caches_writes), 1)
         self.assertEqual(caches_writes[0].count(b"\n"), 20)
-        self.assertEqual(rdata_tokens([line for line in written(transport) if line.startswith("RDATA caches")]),
-                         [t for token in range(1, 11) for t in ("batch", str(token))])
+        self.assertEqual(
+            rdata_tokens([line for line in written(transport) if line.startswith("RDATA caches")]),
+            [t for token in range(1, 11) for t in ("batch", str(token))],
+        )
 
     def test_far_behind_client_caught_up_in_bounded_pages(self) -> None:
         events = InMemoryStream("events")
@@ -507,8 +517,9 @@ class FarBehindTests(unittest.TestCase):
         events = InMemoryStream("events")
         _fill(events, range(1, 501))
         counting = CountingStream(events)
-        factory = make_server(StreamRegistry([counting]), page_size=100, max_pending_commands=150,
-                              read_ahead=read_ahead)
+        factory = make_server(
+            StreamRegistry([counting]), page_size=100, max_pending_commands=150, read_ahead=read_ahead
+        )
         protocol, transport = connect(factory)
         # The transport fills with the first page (written in one write).
         original_write = transport.write
@@ -569,13 +580,15 @@ class PageWritingTests(unittest.TestCase):
                 factory = make_server(StreamRegistry([events]))
                 protocol, transport = connect(factory)
                 feed(protocol, "REPLICATE events 0")
-                self.assertEqual([line for line in written(transport) if line.split(" ")[2] == writer], [
-                    f'RDATA events {writer} 1 ["$a"]',
-                    f'RDATA events {writer} batch ["$b"]',
-                    f'RDATA events {writer} 2 ["$c"]',
-                    f"POSITION events {writer} 2 2",
-                ])
-
+                self.assertEqual(
+                    [line for line in written(transport) if line.split(" ")[2] == writer],
+                    [
+                        f'RDATA events {writer} 1 ["$a"]',
+                        f'RDATA events {writer} batch ["$b"]',
+                        f'RDATA events {writer} 2 ["$c"]',
+                        f"POSITION events {writer} 2 2",
+                    ],
+                )
 
     def test_a_page_is_made_and_written_with_the_collector_held_off(self) -> None:
         """Its lines go out while the cyclic collector is paused
@@ -597,7 +610,6 @@ class PageWritingTests(unittest.TestCase):
         self.assertEqual(paused_at_write[:3], [True, True, True])
         self.assertTrue(gc.isenabled())
 
-
     def test_a_page_made_at_once_is_the_page_line_by_line(self) -> None:
         """``_page_text`` (the usual page: its lines made at once) writes
         exactly what the page's items write through ``send_rows``, and
@@ -613,8 +625,13 @@ class PageWritingTests(unittest.TestCase):
             tokens = sorted(rng.randrange(start + 1, start + 30) for _ in range(rng.randint(1, 12)))
             if rng.random() < 0.1:
                 rng.shuffle(tokens)
-            updates = [(token, json.dumps([rng.choice(["a", "\u00e9", "x" * rng.randrange(40)]), token],
-                                          separators=(",", ":"))) for token in tokens]
+            updates = [
+                (
+                    token,
+                    json.dumps([rng.choice(["a", "\u00e9", "x" * rng.randrange(40)]), token], separators=(",", ":")),
+                )
+                for token in tokens
+            ]
             upto = max(tokens) + rng.choice([0, 0, 3, -1])
             limit = rng.choice([60, 200])
             factory = make_server(StreamRegistry([InMemoryStream("events")]), max_line_length=limit)
@@ -622,14 +639,20 @@ class PageWritingTests(unittest.TestCase):
             text = _page_text(updates, start, upto, f"RDATA events {writer} ", limit)
             following = tokens[1:] + [None]
             shown = ["batch" if t == n else t for t, n in zip(tokens, following)]
-            plain = (tokens == sorted(tokens) and upto >= tokens[-1]
-                     and all(len(f"RDATA events {writer} {t} {j}") <= limit and (writer + j).isascii()
-                             for t, (_, j) in zip(shown, updates)))
+            plain = (
+                tokens == sorted(tokens)
+                and upto >= tokens[-1]
+                and all(
+                    len(f"RDATA events {writer} {t} {j}") <= limit and (writer + j).isascii()
+                    for t, (_, j) in zip(shown, updates)
+                )
+            )
             self.assertEqual(text is not None, plain, (writer, tokens, upto))
             if text is None:
                 continue
-            protocol.send_rows("events", writer, [(None if t == n else t, None, j)
-                                                   for (t, j), n in zip(updates, following)])
+            protocol.send_rows(
+                "events", writer, [(None if t == n else t, None, j) for (t, j), n in zip(updates, following)]
+            )
             self.assertEqual(text.encode(), transport.value())
 
 
@@ -688,8 +711,14 @@ class LineLimitTests(unittest.TestCase):
         client.positions.set("caches", "master", 0)
         protocol = client.buildProtocol(None)
         protocol.makeConnection(StringTransport())
-        feed(protocol, "SERVER x", 'RDATA caches master 1 ["c",["short"]]', "POSITION caches master 2 2",
-             'RDATA caches master 3 ["c",["after"]]')
-        self.assertEqual(applied, [(1, [("c", ["short"])]), (2, [("c", ["x" * 200]), ("c", ["sibling"])]),
-                                   (3, [("c", ["after"])])])
+        feed(
+            protocol,
+            "SERVER x",
+            'RDATA caches master 1 ["c",["short"]]',
+            "POSITION caches master 2 2",
+            'RDATA caches master 3 ["c",["after"]]',
+        )
+        self.assertEqual(
+            applied, [(1, [("c", ["short"])]), (2, [("c", ["x" * 200]), ("c", ["sibling"])]), (3, [("c", ["after"])])]
+        )
         protocol.connectionLost(None)

@@ -30,6 +30,7 @@ from roomstore.replication.service import (
 )
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
+
 # Rooms built for replication's rows, not for the auth rules (joins without join rules):
 # the store takes their events as checked (tests/store/builder.py).
 from tests.store.builder import RoomBuilder, UncheckedRoomBuilder, fake_event_id, skip_precheck
@@ -66,8 +67,11 @@ class ServiceTestMixin:
         applied = []
         kw.setdefault("on_applied", lambda *a: applied.append(a))
         service = FollowerService(
-            url, "127.0.0.1", port if port is not None else server.port.getHost().port,
-            expected_server_name="hs.example", **kw,
+            url,
+            "127.0.0.1",
+            port if port is not None else server.port.getHost().port,
+            expected_server_name="hs.example",
+            **kw,
         )
         service.applied = applied
         service.startService()
@@ -107,18 +111,23 @@ class ServiceTests(ServiceTestMixin):
         await with_timeout(follower.store.events_stream.wait_for_position(target), 10, "events")
         await with_timeout(follower.store.caches_stream.wait_for_position(caches), 10, "caches")
         self.assertEqual(await follower.store.get_rooms_for_user(BOB), frozenset([room.room_id]))
-        self.assertEqual(await follower.store.get_current_state_ids(room.room_id),
-                         await server.store.get_current_state_ids(room.room_id))
+        self.assertEqual(
+            await follower.store.get_current_state_ids(room.room_id),
+            await server.store.get_current_state_ids(room.room_id),
+        )
 
         # One log line per applied token, saying stream, instance, token and rows.
         rows = (await server.factory.streams.get("events").get_updates("master", 0, target, 1000)).updates
         per_token = [("events", "master", t, sum(1 for u, _ in rows if u == t)) for t in range(1, target + 1)]
         self.assertEqual([entry for entry in logged if entry[0] == "events"], per_token)
         self.assertEqual([(s, i, t, len(rows)) for s, i, t, rows in follower.applied], logged)
-        await wait_until(lambda: (load_positions(positions_file) or {}).get(("caches", "master")) == caches,
-                         what="positions file")
-        self.assertEqual(load_positions(positions_file),
-                         {("events", "master"): target, ("backfill", "master"): 0, ("caches", "master"): caches})
+        await wait_until(
+            lambda: (load_positions(positions_file) or {}).get(("caches", "master")) == caches, what="positions file"
+        )
+        self.assertEqual(
+            load_positions(positions_file),
+            {("events", "master"): target, ("backfill", "master"): 0, ("caches", "master"): caches},
+        )
 
         # Prometheus text format on /metrics, with the replication metrics.
         from twisted.web.client import Agent, readBody
@@ -165,8 +174,13 @@ class ServiceTests(ServiceTestMixin):
             await self.persist(server.store, room, room.message(ALICE, f"m{i}"))
         target = await self.persist(server.store, room, room.join(BOB))
         caches = server.store.caches_stream.get_current_token()
-        await wait_until(lambda: ("events", "master", target) in [a[:3] for a in follower.applied]
-                         and ("caches", "master", caches) in [a[:3] for a in follower.applied], what="applied")
+        await wait_until(
+            lambda: (
+                ("events", "master", target) in [a[:3] for a in follower.applied]
+                and ("caches", "master", caches) in [a[:3] for a in follower.applied]
+            ),
+            what="applied",
+        )
         # Nine tokens applied, positions moved each time: one write started
         # (held), the rest waits as the newest positions, nothing on the reactor.
         self.assertGreaterEqual(len(follower.applied), 8)
@@ -179,8 +193,10 @@ class ServiceTests(ServiceTestMixin):
                 threads.finish()
             await sleep(0.01)
         self.assertEqual(threads.calls, 2, "the held write, then one of the newest positions")
-        self.assertEqual(load_positions(positions_file),
-                         {("events", "master"): target, ("backfill", "master"): 0, ("caches", "master"): caches})
+        self.assertEqual(
+            load_positions(positions_file),
+            {("events", "master"): target, ("backfill", "master"): 0, ("caches", "master"): caches},
+        )
 
     async def test_server_reads_ahead_no_more_than_its_pool_allows(self):
         """Pages read ahead at once fit the database pool with a connection
@@ -350,15 +366,31 @@ class ChildProcessTests(unittest.TestCase):
     async def test_serve_command(self):
         db = f"sqlite:///{tempfile.mkdtemp()}/serve.db"
         secret = self.secret_file("s3cret")
-        proc, out, err = self.spawn([
-            sys.executable, "-m", "roomstore.cli", "serve", "--db", db, "--replication-port", "0",
-            "--server-name", "hs.example", "--secret-file", secret, "--metrics-port", "0", "-v",
-        ])
+        proc, out, err = self.spawn(
+            [
+                sys.executable,
+                "-m",
+                "roomstore.cli",
+                "serve",
+                "--db",
+                db,
+                "--replication-port",
+                "0",
+                "--server-name",
+                "hs.example",
+                "--secret-file",
+                secret,
+                "--metrics-port",
+                "0",
+                "-v",
+            ]
+        )
         await wait_until(lambda: os.path.getsize(out) > 0 or proc.poll() is not None, timeout=30, what="serving line")
         with open(out) as handle:
             serving = json.loads(handle.readline())["serving"]
-        self.assertEqual((serving["host"], serving["server_name"], serving["secret"]),
-                         ("127.0.0.1", "hs.example", True))
+        self.assertEqual(
+            (serving["host"], serving["server_name"], serving["secret"]), ("127.0.0.1", "hs.example", True)
+        )
         self.assertIn("metrics_port", serving)
         await self.check_server(serving["port"], "s3cret")
         proc.send_signal(signal.SIGTERM)
@@ -374,10 +406,20 @@ class ChildProcessTests(unittest.TestCase):
         a longer one is answered with ERROR and a close; a value below 1 is
         refused with a one-line error."""
         db = f"sqlite:///{tempfile.mkdtemp()}/serve.db"
-        proc, out, err = self.spawn([
-            sys.executable, "-m", "roomstore.cli", "serve", "--db", db, "--replication-port", "0",
-            "--max-line-length", "200",
-        ])
+        proc, out, err = self.spawn(
+            [
+                sys.executable,
+                "-m",
+                "roomstore.cli",
+                "serve",
+                "--db",
+                db,
+                "--replication-port",
+                "0",
+                "--max-line-length",
+                "200",
+            ]
+        )
         await wait_until(lambda: os.path.getsize(out) > 0 or proc.poll() is not None, timeout=30, what="serving line")
         with open(out) as handle:
             port = json.loads(handle.readline())["serving"]["port"]
@@ -400,20 +442,32 @@ class ChildProcessTests(unittest.TestCase):
         from twisted.internet import threads
 
         short = await threads.deferToThread(
-            talk, b"NAME " + b"w" * 150 + b"\nPING 1\nREPLICATE nosuch 0\n", b"unknown stream")
+            talk, b"NAME " + b"w" * 150 + b"\nPING 1\nREPLICATE nosuch 0\n", b"unknown stream"
+        )
         self.assertNotIn(b"line too long", short)
         self.assertIn(b"ERROR unknown stream 'nosuch'", short)
         long = await threads.deferToThread(talk, b"NAME " + b"w" * 250 + b"\n", b"never said")
         self.assertIn(b"ERROR line too long\n", long)
         proc.send_signal(signal.SIGTERM)
         self.assertEqual(await self.wait_for_exit(proc), 0)
-        proc, out, err = self.spawn([
-            sys.executable, "-m", "roomstore.cli", "serve", "--db", db, "--max-line-length", "0",
-        ])
+        proc, out, err = self.spawn(
+            [
+                sys.executable,
+                "-m",
+                "roomstore.cli",
+                "serve",
+                "--db",
+                db,
+                "--max-line-length",
+                "0",
+            ]
+        )
         self.assertEqual(await self.wait_for_exit(proc), 2)
         with open(err) as handle:
-            self.assertEqual(handle.read().strip().splitlines()[-1],
-                             "roomstore serve: --max-line-length must be a positive number of bytes")
+            self.assertEqual(
+                handle.read().strip().splitlines()[-1],
+                "roomstore serve: --max-line-length must be a positive number of bytes",
+            )
 
     async def test_serve_refuses_a_bad_secret_file_and_a_taken_port(self):
         db = f"sqlite:///{tempfile.mkdtemp()}/serve.db"
@@ -426,9 +480,18 @@ class ChildProcessTests(unittest.TestCase):
             taken.bind(("127.0.0.1", 0))
             taken.listen()
             port = taken.getsockname()[1]
-            proc, out, err = self.spawn([
-                sys.executable, "-m", "roomstore.cli", "serve", "--db", db, "--replication-port", str(port),
-            ])
+            proc, out, err = self.spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "roomstore.cli",
+                    "serve",
+                    "--db",
+                    db,
+                    "--replication-port",
+                    str(port),
+                ]
+            )
             self.assertEqual(await self.wait_for_exit(proc), 2)
         with open(err) as handle:
             self.assertIn("roomstore serve:", handle.read())
@@ -445,11 +508,23 @@ class ChildProcessTests(unittest.TestCase):
         # A log file, not stdout: twistd ends by re-raising the signal, which
         # would lose a buffered stdout.
         logfile = os.path.join(tempfile.mkdtemp(), "twistd.log")
-        proc, out, err = self.spawn([
-            twistd, "-n", "--pidfile=", f"--logfile={logfile}", "roomstore", "--db", db,
-            "--replication-port", str(port), "--server-name", "hs.example",
-            "--secret-file", self.secret_file("plugin-secret"),
-        ])
+        proc, out, err = self.spawn(
+            [
+                twistd,
+                "-n",
+                "--pidfile=",
+                f"--logfile={logfile}",
+                "roomstore",
+                "--db",
+                db,
+                "--replication-port",
+                str(port),
+                "--server-name",
+                "hs.example",
+                "--secret-file",
+                self.secret_file("plugin-secret"),
+            ]
+        )
 
         def log_text() -> str:
             try:
@@ -458,8 +533,9 @@ class ChildProcessTests(unittest.TestCase):
             except FileNotFoundError:
                 return ""
 
-        await wait_until(lambda: "listening on" in log_text() or proc.poll() is not None,
-                         timeout=30, what="twistd listening")
+        await wait_until(
+            lambda: "listening on" in log_text() or proc.poll() is not None, timeout=30, what="twistd listening"
+        )
         await self.check_server(port, "plugin-secret")
         proc.send_signal(signal.SIGTERM)
         # twistd stops its services, then exits by re-raising the signal.

@@ -14,7 +14,6 @@ import threading
 from twisted.internet import defer, reactor, threads
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.trial import unittest
 
 from roomstore.events.caches import CURRENT_STATE_CACHE, EVENT_CACHE, ROOMS_FOR_USER_CACHE
 from roomstore.replication import ReplicationClientFactory, ReplicationConfig, ReplicationServerFactory
@@ -28,11 +27,12 @@ from roomstore.replication.store_sources import (
     wire_server,
 )
 from tests.db import on_both_engines
+
 # Rooms built for replication's rows, not for the auth rules (joins without join rules):
 # the store takes their events as checked (tests/store/builder.py).
 from tests.store.builder import RoomBuilder, UncheckedRoomBuilder, fake_event_id, skip_precheck
 
-from .store_utils import ALICE, BOB, CAROL, open_pair, rdata_lines, sleep, wait_until, with_timeout
+from .store_utils import ALICE, BOB, CAROL, open_pair, rdata_lines, wait_until, with_timeout
 from .utils import feed
 
 BIG = 10**9
@@ -43,8 +43,12 @@ async def populate(store) -> dict:
     several state keys at one token, one-event batches, a redaction, a leave,
     backfilled events, and direct cache invalidations."""
     room = UncheckedRoomBuilder("!a:example.org")
-    first = [room.create(), room.join(ALICE), room.state("m.room.power_levels", "", {"users": {ALICE: 100}}),
-             room.join(BOB)]
+    first = [
+        room.create(),
+        room.join(ALICE),
+        room.state("m.room.power_levels", "", {"users": {ALICE: 100}}),
+        room.join(BOB),
+    ]
     first_results = await store.persist_events([room.to_persist(e) for e in first])
     message = room.message(ALICE, "hello")
     await store.persist_events([room.to_persist(message)])
@@ -61,8 +65,14 @@ async def populate(store) -> dict:
     await store.invalidate_cache("custom_cache", None)
     await store.invalidate_cache("custom_cache", ["k1", "k2"])
     return {
-        "room": room, "other": other, "message": message, "redaction": redaction, "leave": leave,
-        "first_results": first_results, "backfilled": backfilled, "old_events": old_events,
+        "room": room,
+        "other": other,
+        "message": message,
+        "redaction": redaction,
+        "leave": leave,
+        "first_results": first_results,
+        "backfilled": backfilled,
+        "old_events": old_events,
     }
 
 
@@ -134,10 +144,16 @@ def assert_workers_agree(case, fed, by_token, writer, pages) -> None:
     rooms = {r[1][1] for _, r in pages["events"] if r[0] == "ev"}
     users = {r[1][3] for _, r in pages["events"] if r[0] == "ev" and r[1][2] == "m.room.member"}
     for since in range(0, writer.stream("events").get_current_token() + 1):
-        case.assertEqual(fed.room_changes.get_entities_changed(rooms, since),
-                         by_token.room_changes.get_entities_changed(rooms, since), since)
-        case.assertEqual(fed.membership_changes.get_entities_changed(users, since),
-                         by_token.membership_changes.get_entities_changed(users, since), since)
+        case.assertEqual(
+            fed.room_changes.get_entities_changed(rooms, since),
+            by_token.room_changes.get_entities_changed(rooms, since),
+            since,
+        )
+        case.assertEqual(
+            fed.membership_changes.get_entities_changed(users, since),
+            by_token.membership_changes.get_entities_changed(users, since),
+            since,
+        )
 
 
 @on_both_engines
@@ -159,13 +175,17 @@ class StoreStreamTests(ContractMixin):
         by_id = {row[1][0]: (t, row[1]) for t, row in events}
         room, message, redaction = history["room"], history["message"], history["redaction"]
         create = room.events[0]
-        self.assertEqual(by_id[create.event_id][1],
-                         (create.event_id, room.room_id, "m.room.create", "", None, None, None, False, False))
-        self.assertEqual(by_id[room.events[3].event_id][1][2:],
-                         ("m.room.member", BOB, None, None, "join", False, False))
+        self.assertEqual(
+            by_id[create.event_id][1],
+            (create.event_id, room.room_id, "m.room.create", "", None, None, None, False, False),
+        )
+        self.assertEqual(
+            by_id[room.events[3].event_id][1][2:], ("m.room.member", BOB, None, None, "join", False, False)
+        )
         self.assertEqual(by_id[message.event_id][1][2:], ("m.room.message", None, None, None, None, False, False))
-        self.assertEqual(by_id[redaction.event_id][1][2:],
-                         ("m.room.redaction", None, message.event_id, None, None, False, False))
+        self.assertEqual(
+            by_id[redaction.event_id][1][2:], ("m.room.redaction", None, message.event_id, None, None, False, False)
+        )
         self.assertEqual(by_id[history["leave"].event_id][1][6], "leave")
         # The first batch's state changes all sit at its last token, after its event.
         first_token = history["first_results"][-1].stream_ordering
@@ -173,13 +193,17 @@ class StoreStreamTests(ContractMixin):
         self.assertEqual(at_first[0][0], "ev")
         self.assertEqual(
             at_first[1:],
-            [("state", (room.room_id, "m.room.create", "", create.event_id)),
-             ("state", (room.room_id, "m.room.member", ALICE, room.events[1].event_id)),
-             ("state", (room.room_id, "m.room.member", BOB, room.events[3].event_id)),
-             ("state", (room.room_id, "m.room.power_levels", "", room.events[2].event_id))],
+            [
+                ("state", (room.room_id, "m.room.create", "", create.event_id)),
+                ("state", (room.room_id, "m.room.member", ALICE, room.events[1].event_id)),
+                ("state", (room.room_id, "m.room.member", BOB, room.events[3].event_id)),
+                ("state", (room.room_id, "m.room.power_levels", "", room.events[2].event_id)),
+            ],
         )
         leave_token = by_id[history["leave"].event_id][0]
-        self.assertIn((leave_token, ("state", (room.room_id, "m.room.member", BOB, history["leave"].event_id))), updates)
+        self.assertIn(
+            (leave_token, ("state", (room.room_id, "m.room.member", BOB, history["leave"].event_id))), updates
+        )
         # Backfilled events are not in the events stream.
         self.assertFalse({e.event_id for e in history["old_events"]} & set(by_id))
 
@@ -255,8 +279,10 @@ class StoreStreamTests(ContractMixin):
             self.assertIsInstance(ts, int)
         room = history["room"]
         # The first batch: current state of the room and both members, one token.
-        self.assertEqual(by_token[1], [(CURRENT_STATE_CACHE, [room.room_id]),
-                                       (ROOMS_FOR_USER_CACHE, [ALICE]), (ROOMS_FOR_USER_CACHE, [BOB])])
+        self.assertEqual(
+            by_token[1],
+            [(CURRENT_STATE_CACHE, [room.room_id]), (ROOMS_FOR_USER_CACHE, [ALICE]), (ROOMS_FOR_USER_CACHE, [BOB])],
+        )
         redaction_rows = [rows for rows in by_token.values() if (EVENT_CACHE, [history["message"].event_id]) in rows]
         self.assertEqual(len(redaction_rows), 1)
         # The direct invalidations are the last two tokens; null keys survive.
@@ -418,15 +444,17 @@ class StoreHandlerTests:
         self.assertEqual(redacted["unsigned"]["redacted_because"]["event_id"], redaction.event_id)
         self.assertNotIn("body", redacted["content"])
         self.assertEqual(await worker.get_event(bob_join.event_id), await writer.get_event(bob_join.event_id))
-        self.assertEqual(await worker.get_current_state_ids(room.room_id),
-                         await writer.get_current_state_ids(room.room_id))
+        self.assertEqual(
+            await worker.get_current_state_ids(room.room_id), await writer.get_current_state_ids(room.room_id)
+        )
         # Change caches: the room and Bob changed after `start`, Carol did not.
         self.assertTrue(worker.room_changes.has_entity_changed(room.room_id, start))
         self.assertEqual(worker.membership_changes.get_entities_changed([BOB, CAROL], start), {BOB})
         self.assertEqual(worker.room_changes.get_max_pos_of_last_change(room.room_id), target)
         # One on_applied per token, with its rows.
-        self.assertEqual([(s, i, t) for s, i, t, _ in self.applied],
-                         [("events", "master", t) for t in range(1, target + 1)])
+        self.assertEqual(
+            [(s, i, t) for s, i, t, _ in self.applied], [("events", "master", t) for t in range(1, target + 1)]
+        )
         self.assertEqual(self.factory.positions.get("events", "master"), target)
 
     async def test_position_moves_generators_and_fetches_missed_rows(self):
@@ -506,8 +534,9 @@ class StoreHandlerTests:
         waiter = worker.backfill_stream.wait_for_position(1)
         await self.deliver("backfill")
         await with_timeout(waiter, 10, "backfill position")
-        self.assertEqual((await worker.get_event(message.event_id))["unsigned"]["redacted_because"]["event_id"],
-                         redaction.event_id)
+        self.assertEqual(
+            (await worker.get_event(message.event_id))["unsigned"]["redacted_because"]["event_id"], redaction.event_id
+        )
 
 
 @on_both_engines
@@ -540,11 +569,12 @@ class StoreLoopbackTests:
         room = UncheckedRoomBuilder()
         events = [room.create(), room.join(ALICE)] + [room.message(ALICE, f"m{i}") for i in range(10)]
         for start in range(0, len(events), 4):
-            await writer.persist_events([room.to_persist(e) for e in events[start:start + 4]])
+            await writer.persist_events([room.to_persist(e) for e in events[start : start + 4]])
         target = writer.events_stream.get_current_token()
         await with_timeout(worker.events_stream.wait_for_position(target), 10, "events on the worker")
-        await with_timeout(worker.caches_stream.wait_for_position(writer.caches_stream.get_current_token()), 10,
-                           "caches on the worker")
+        await with_timeout(
+            worker.caches_stream.wait_for_position(writer.caches_stream.get_current_token()), 10, "caches on the worker"
+        )
         self.assertEqual(await worker.get_rooms_for_user(ALICE), frozenset([room.room_id]))
         self.assertEqual((await worker.get_event(events[-1].event_id))["content"]["body"], "m9")
 
@@ -563,10 +593,14 @@ async def populate_awkward(store) -> RoomBuilder:
         events.append(room.state(f"org.example.{text}", text, {"i": index}, sender=ALICE))
     events.append(room.message(ALICE, "after"))
     for start in range(0, len(events), 3):
-        await store.persist_events([room.to_persist(e) for e in events[start:start + 3]])
+        await store.persist_events([room.to_persist(e) for e in events[start : start + 3]])
     old = UncheckedRoomBuilder("!old\u00e9:example.org", creator=CAROL)
-    await store.persist_events([old.to_persist(e, backfilled=True) for e in (
-        old.create(), old.join(CAROL), old.state("org.example.\x7f", "\U0001f600", {}, sender=CAROL))])
+    await store.persist_events(
+        [
+            old.to_persist(e, backfilled=True)
+            for e in (old.create(), old.join(CAROL), old.state("org.example.\x7f", "\U0001f600", {}, sender=CAROL))
+        ]
+    )
     return room
 
 
@@ -676,18 +710,29 @@ class EncodedPagesTests(ContractMixin):
                             self.assertEqual(page.updates.count, len(lines), context)
                             self.assertEqual(page.updates.longest, max(map(len, lines)), context)
                             tokens = [int(line.split(" ")[3]) for line in lines if line.split(" ")[3] != "batch"]
-                            self.assertEqual((page.updates.first, page.updates.last), (
-                                int(lines[0].split(" ")[3]) if lines[0].split(" ")[3] != "batch" else tokens[0],
-                                tokens[-1]), context)
+                            self.assertEqual(
+                                (page.updates.first, page.updates.last),
+                                (
+                                    int(lines[0].split(" ")[3]) if lines[0].split(" ")[3] != "batch" else tokens[0],
+                                    tokens[-1],
+                                ),
+                                context,
+                            )
                             self.assertTrue(cursor < page.updates.first <= page.updates.last <= page.upto_token)
-                            self.assertLessEqual(sum(line.startswith(f"{prefix}") and '["state"' not in line
-                                                     for line in lines), limit, context)
+                            self.assertLessEqual(
+                                sum(line.startswith(f"{prefix}") and '["state"' not in line for line in lines),
+                                limit,
+                                context,
+                            )
                             self.assertTrue(text.isascii(), context)
                         else:
                             text = _page_text(page.updates, cursor, page.upto_token, prefix, BIG) or ""
                         if page.limited:
-                            self.assertEqual(page.upto_token, (page.updates.last if type(page.updates) is RdataText
-                                                               else page.updates[-1][0]), context)
+                            self.assertEqual(
+                                page.upto_token,
+                                (page.updates.last if type(page.updates) is RdataText else page.updates[-1][0]),
+                                context,
+                            )
                         else:
                             self.assertEqual(page.upto_token, current, context)
                         got.append(text)
@@ -725,10 +770,18 @@ class BatchApplyTests:
         pages = await whole_pages(writer)
         applied = {"token": [], "batch": []}
         # on_applied sees each token's position, as after that token alone.
-        one = StoreReplicationHandler(by_token, on_applied=lambda *a: applied["token"].append(
-            (*a, by_token.stream(a[0]).get_current_token_for_writer("master"))))
-        many = StoreReplicationHandler(by_batch, on_applied=lambda *a: applied["batch"].append(
-            (*a, by_batch.stream(a[0]).get_current_token_for_writer("master"))))
+        one = StoreReplicationHandler(
+            by_token,
+            on_applied=lambda *a: applied["token"].append(
+                (*a, by_token.stream(a[0]).get_current_token_for_writer("master"))
+            ),
+        )
+        many = StoreReplicationHandler(
+            by_batch,
+            on_applied=lambda *a: applied["batch"].append(
+                (*a, by_batch.stream(a[0]).get_current_token_for_writer("master"))
+            ),
+        )
         rng = random.Random(5)
         for name, updates in pages.items():
             grouped = rows_by_token(updates)
@@ -744,8 +797,9 @@ class BatchApplyTests:
         assert_workers_agree(self, by_batch, by_token, writer, pages)
         for worker in (by_token, by_batch):
             self.assertEqual(await worker.get_rooms_for_user(BOB), frozenset([history["other"].room_id]))
-            self.assertEqual(await worker.get_rooms_for_user(ALICE), frozenset([history["room"].room_id,
-                                                                                "!awk\u00e9:example.org"]))
+            self.assertEqual(
+                await worker.get_rooms_for_user(ALICE), frozenset([history["room"].room_id, "!awk\u00e9:example.org"])
+            )
 
     async def test_rows_leave_the_worker_as_tokens_do(self):
         """``on_rdata_rows``: a worker fed reads of rows as they come off the

@@ -27,15 +27,16 @@ from roomstore.replication.store_sources import STORE_STREAMS
 from roomstore.replication.tls import ClientTLS, TLSConfigError, check_bind_protected, is_loopback
 from roomstore.store import StoreConfig
 from tests.db import on_both_engines
+
 # Rooms built for replication's rows, not for the auth rules (joins without join rules):
 # the store takes their events as checked (tests/store/builder.py).
 from tests.store.builder import UncheckedRoomBuilder
 
+from . import test_service
 from .certs import make_certs
 from .redis_utils import RedisServer, fresh_channel
 from .store_utils import ALICE, BOB, sleep, wait_until, with_timeout
 from .test_redis import Applied, RedisMixin
-from . import test_service
 from .test_service import ServiceTestMixin, free_port
 from .utils import RecordingHandler, seed_registry
 
@@ -51,8 +52,9 @@ class RedisAcrossMachinesTests(RedisMixin):
         url, channel = self.new_database_url(), fresh_channel()
         tls = ClientTLS(certs.ca, certs.client_cert, certs.client_key)
         writer = await self.open_store(url, StoreConfig(instance_name="master"))
-        worker = await self.open_store(url, StoreConfig(instance_name="worker1",
-                                                        stream_writers={n: ["master"] for n in STORE_STREAMS}))
+        worker = await self.open_store(
+            url, StoreConfig(instance_name="worker1", stream_writers={n: ["master"] for n in STORE_STREAMS})
+        )
         applied = Applied()
         on_writer = self.connect(writer, redis.tls_url, channel, tls=tls)
         on_worker = self.connect(worker, redis.tls_url, channel, tls=tls, on_applied=applied)
@@ -62,8 +64,11 @@ class RedisAcrossMachinesTests(RedisMixin):
             for conn in (replication._pub_conn, replication._sub_conn):
                 self.assertTrue(ISSLTransport.providedBy(conn.transport), "a plaintext connection")
         await self.persist_room(writer, "!tls:example.org", 10)
-        await wait_until(lambda: worker.events_stream.get_current_token() == writer.events_stream.get_current_token(),
-                         20, "the worker to catch up over TLS")
+        await wait_until(
+            lambda: worker.events_stream.get_current_token() == writer.events_stream.get_current_token(),
+            20,
+            "the worker to catch up over TLS",
+        )
         self.assertEqual(applied.tokens[("events", "master")], await self.expected_rows(writer, "events", "master"))
 
     async def test_a_wrong_or_missing_password_is_refused_in_one_line(self):
@@ -87,8 +92,10 @@ class RedisAcrossMachinesTests(RedisMixin):
         redis = RedisServer(self, tls=certs)
         redis.start()
         store = await self.open_store(self.new_database_url(), StoreConfig())
-        for tls in (ClientTLS(certs.other_ca, certs.client_cert, certs.client_key),  # server not trusted
-                    ClientTLS(certs.ca)):  # no client certificate: the server refuses us
+        for tls in (
+            ClientTLS(certs.other_ca, certs.client_cert, certs.client_key),  # server not trusted
+            ClientTLS(certs.ca),
+        ):  # no client certificate: the server refuses us
             replication = self.connect(store, redis.tls_url, fresh_channel(), tls=tls)
             for _ in range(15):  # never subscribed: TLS 1.3 may let the client finish its side first
                 await sleep(0.1)
@@ -100,8 +107,10 @@ class RedisAcrossMachinesTests(RedisMixin):
 class TLSUnitTests(unittest.TestCase):
     def test_urls(self):
         address = parse_redis_url(f"rediss://:{PASSWORD}@redis.example:6380/1")
-        self.assertEqual((address.host, address.port, address.dbid, address.password, address.tls),
-                         ("redis.example", 6380, 1, PASSWORD, True))
+        self.assertEqual(
+            (address.host, address.port, address.dbid, address.password, address.tls),
+            ("redis.example", 6380, 1, PASSWORD, True),
+        )
         self.assertEqual(address.describe(), "rediss://redis.example:6380/1")
         self.assertNotIn(PASSWORD, repr(address))
         self.assertEqual(parse_redis_url("redis://:p%40ss@h:1").password, "p@ss")
@@ -127,10 +136,14 @@ class TLSUnitTests(unittest.TestCase):
         certs = make_certs(self)
         with self.assertRaises(TLSConfigError) as caught:
             ReplicationServerService("sqlite:///nowhere.db", tls_cert=certs.server_cert, tls_key=certs.client_key)
-        self.assertIn(f"certificate {certs.server_cert} with key {certs.client_key} cannot be used", str(caught.exception))
+        self.assertIn(
+            f"certificate {certs.server_cert} with key {certs.client_key} cannot be used", str(caught.exception)
+        )
         with self.assertRaises(TLSConfigError) as caught:
             ClientTLS("/no/such/ca.pem").options("localhost")
-        self.assertEqual(str(caught.exception), "cannot read the CA certificate /no/such/ca.pem: No such file or directory")
+        self.assertEqual(
+            str(caught.exception), "cannot read the CA certificate /no/such/ca.pem: No such file or directory"
+        )
         with self.assertRaises(TLSConfigError):
             ClientTLS(certs.ca, certs.client_cert)  # a certificate without its key
 
@@ -147,8 +160,10 @@ class TCPOverTLSTests(ServiceTestMixin):
         room = UncheckedRoomBuilder()
         target = await self.persist(server.store, room, room.create(), room.join(ALICE), room.join(BOB))
         await with_timeout(follower.store.events_stream.wait_for_position(target), 10, "events over TLS")
-        self.assertEqual(await follower.store.get_current_state_ids(room.room_id),
-                         await server.store.get_current_state_ids(room.room_id))
+        self.assertEqual(
+            await follower.store.get_current_state_ids(room.room_id),
+            await server.store.get_current_state_ids(room.room_id),
+        )
 
         # A client trusting another CA, and a plaintext client, get nothing.
         port = server.port.getHost().port
@@ -191,7 +206,7 @@ class AcrossMachinesCommandTests(unittest.TestCase):
         self.assertTrue(line.startswith("roomstore serve: refusing to serve replication on 0.0.0.0"), line)
         self.assertIn("add --secret-file FILE", line)
         self.assertIn("--tls-cert FILE --tls-key FILE", line)
-        self.assertFalse(os.path.exists(db[len("sqlite:///"):]), "serve opened the database before refusing")
+        self.assertFalse(os.path.exists(db[len("sqlite:///") :]), "serve opened the database before refusing")
 
     async def test_serve_over_tls_and_follow_with_the_ca(self):
         certs = make_certs(self)
@@ -208,11 +223,23 @@ class AcrossMachinesCommandTests(unittest.TestCase):
         self.assertEqual(imported["imported"], 40)
 
         # A public bind is accepted with TLS.
-        server, out, err = self.roomstore("serve", "--db", db, "--bind", "0.0.0.0", "--replication-port", "0",
-                                          "--server-name", "hs.example", "--tls-cert", certs.server_cert,
-                                          "--tls-key", certs.server_key, "-v")
-        await wait_until(lambda: os.path.getsize(out) > 0 or server.poll() is not None, timeout=30,
-                         what="serving line")
+        server, out, err = self.roomstore(
+            "serve",
+            "--db",
+            db,
+            "--bind",
+            "0.0.0.0",
+            "--replication-port",
+            "0",
+            "--server-name",
+            "hs.example",
+            "--tls-cert",
+            certs.server_cert,
+            "--tls-key",
+            certs.server_key,
+            "-v",
+        )
+        await wait_until(lambda: os.path.getsize(out) > 0 or server.poll() is not None, timeout=30, what="serving line")
         serving = json.loads(open(out).readline())["serving"]
         self.assertEqual((serving["host"], serving["tls"], serving["secret"]), ("0.0.0.0", True, False))
         self.assertIn("(no secret) over TLS", open(err).read())
@@ -220,26 +247,50 @@ class AcrossMachinesCommandTests(unittest.TestCase):
         positions = os.path.join(directory, "positions.json")
         save_positions(positions, {(n, "master"): 0 for n in STORE_STREAMS})  # replay everything
         follow_db = f"sqlite:///{directory}/worker.db"
-        follower, fout, ferr = self.roomstore("follow", "--db", follow_db, "--server", f"127.0.0.1:{serving['port']}",
-                                              "--server-name", "hs.example", "--tls-ca", certs.ca,
-                                              "--positions-file", positions)
+        follower, fout, ferr = self.roomstore(
+            "follow",
+            "--db",
+            follow_db,
+            "--server",
+            f"127.0.0.1:{serving['port']}",
+            "--server-name",
+            "hs.example",
+            "--tls-ca",
+            certs.ca,
+            "--positions-file",
+            positions,
+        )
 
         def printed_tokens() -> set:
             with open(fout) as handle:
                 rows = [json.loads(line) for line in handle.read().splitlines()[1:] if line.endswith("}")]
             return {r["token"] for r in rows if r["stream"] == "events"}
 
-        await wait_until(lambda: len(printed_tokens()) == 40 or follower.poll() is not None, timeout=60,
-                         what="the follower to print every event over TLS")
+        await wait_until(
+            lambda: len(printed_tokens()) == 40 or follower.poll() is not None,
+            timeout=60,
+            what="the follower to print every event over TLS",
+        )
         self.assertEqual(printed_tokens(), set(range(1, 41)))
         self.assertTrue(json.loads(open(fout).readline())["tls"])
 
         # A follower trusting another CA never gets a row, and says why in its retry lines.
-        other, oout, oerr = self.roomstore("follow", "--db", f"sqlite:///{directory}/other.db", "--server",
-                                           f"127.0.0.1:{serving['port']}", "--tls-ca", certs.other_ca,
-                                           "--positions-file", os.path.join(directory, "other.json"))
-        await wait_until(lambda: "TLS handshake failed (certificate verify failed)" in open(oerr).read(), timeout=30,
-                         what="the untrusting follower to say why it retries")
+        other, oout, oerr = self.roomstore(
+            "follow",
+            "--db",
+            f"sqlite:///{directory}/other.db",
+            "--server",
+            f"127.0.0.1:{serving['port']}",
+            "--tls-ca",
+            certs.other_ca,
+            "--positions-file",
+            os.path.join(directory, "other.json"),
+        )
+        await wait_until(
+            lambda: "TLS handshake failed (certificate verify failed)" in open(oerr).read(),
+            timeout=30,
+            what="the untrusting follower to say why it retries",
+        )
         self.assertEqual(open(oout).read().strip().splitlines()[1:], [])
         self.assertIn("is --tls-ca the CA that signed the server's certificate", open(oerr).read())
         for proc in (other, follower, server):
@@ -277,17 +328,44 @@ class AcrossMachinesCommandTests(unittest.TestCase):
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
         directory = tempfile.mkdtemp()
         logfile = os.path.join(directory, "twistd.log")
-        proc, out, err = self.spawn([twistd, "-n", "--pidfile=", f"--logfile={logfile}", "roomstore",
-                                     "--db", f"sqlite:///{directory}/refused.db", "--bind", "0.0.0.0"])
+        proc, out, err = self.spawn(
+            [
+                twistd,
+                "-n",
+                "--pidfile=",
+                f"--logfile={logfile}",
+                "roomstore",
+                "--db",
+                f"sqlite:///{directory}/refused.db",
+                "--bind",
+                "0.0.0.0",
+            ]
+        )
         self.assertNotEqual(await self.wait_for_exit(proc), 0)
         self.assertIn("refusing to serve replication on 0.0.0.0", open(err).read() + open(out).read())
 
         port = free_port()
-        proc, out, err = self.spawn([
-            twistd, "-n", "--pidfile=", f"--logfile={logfile}", "roomstore", "--db", f"sqlite:///{directory}/t.db",
-            "--bind", "0.0.0.0", "--replication-port", str(port), "--server-name", "hs.example",
-            "--tls-cert", certs.server_cert, "--tls-key", certs.server_key,
-        ])
+        proc, out, err = self.spawn(
+            [
+                twistd,
+                "-n",
+                "--pidfile=",
+                f"--logfile={logfile}",
+                "roomstore",
+                "--db",
+                f"sqlite:///{directory}/t.db",
+                "--bind",
+                "0.0.0.0",
+                "--replication-port",
+                str(port),
+                "--server-name",
+                "hs.example",
+                "--tls-cert",
+                certs.server_cert,
+                "--tls-key",
+                certs.server_key,
+            ]
+        )
 
         def log_text() -> str:
             try:
@@ -296,8 +374,9 @@ class AcrossMachinesCommandTests(unittest.TestCase):
             except FileNotFoundError:
                 return ""
 
-        await wait_until(lambda: "listening on" in log_text() or proc.poll() is not None, timeout=30,
-                         what="twistd listening")
+        await wait_until(
+            lambda: "listening on" in log_text() or proc.poll() is not None, timeout=30, what="twistd listening"
+        )
         self.assertIn(f"listening on 0.0.0.0:{port} (no secret) over TLS", log_text())
         handler = RecordingHandler(seed_registry())
         factory = ReplicationClientFactory(handler, "checker", "hs.example")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from prometheus_client import REGISTRY
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport, StringTransportWithDisconnection
-from prometheus_client import REGISTRY
 
 from roomstore.replication import (
     InMemoryStream,

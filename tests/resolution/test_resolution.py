@@ -9,7 +9,8 @@ histories; and the pure auth chain walks.
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from twisted.trial import unittest
 
@@ -33,14 +34,13 @@ class Fork:
         self.state = dict(room.state if state is None else state)
         self.leaves = list(room.leaves if leaves is None else leaves)
 
-    def branch(self) -> "Fork":
+    def branch(self) -> Fork:
         return Fork(self.room, self.state, self.leaves)
 
     def try_build(self, event_type: str, sender: str, content: dict, state_key: str | None = None):
         """Build an event on this branch; apply it if the auth rules allow it
         against the branch's state.  Returns it, or None when not allowed."""
-        event = self.room.build(event_type, sender, content, state_key, prev=self.leaves, state=self.state,
-                                apply=False)
+        event = self.room.build(event_type, sender, content, state_key, prev=self.leaves, state=self.state, apply=False)
         try:
             check_event_auth(self.room.room_version, event, self.state)
         except AuthError:
@@ -91,8 +91,10 @@ class ResolutionCase(unittest.TestCase):
     @staticmethod
     def named(room: Room, state: Mapping) -> dict:
         """A state with each event shown by type, sender and content (readable diffs)."""
-        return {key: (event_id, room.events[event_id].sender, dict(room.events[event_id].content))
-                for key, event_id in sorted(state.items())}
+        return {
+            key: (event_id, room.events[event_id].sender, dict(room.events[event_id].content))
+            for key, event_id in sorted(state.items())
+        }
 
     def each(self, versions, case) -> None:
         for version in versions:
@@ -113,6 +115,7 @@ class ClassicCaseTests(ResolutionCase):
             if v != "1":
                 self.assertEqual(resolved[("m.room.member", BOB)], ban.event_id)
                 self.assertEqual(resolved[PL], original)
+
         self.each(VERSIONS, case)
 
     def test_topic_reset(self):
@@ -130,6 +133,7 @@ class ClassicCaseTests(ResolutionCase):
             if v != "1":
                 self.assertEqual(resolved[TOPIC], first.event_id)
                 self.assertEqual(resolved[("m.room.member", BOB)], ban.event_id)
+
         self.each(VERSIONS, case)
 
     def test_join_rule_evasion(self):
@@ -142,6 +146,7 @@ class ClassicCaseTests(ResolutionCase):
             self.assertEqual(resolved[JR], rule.event_id)
             if v != "1":
                 self.assertNotIn(("m.room.member", EVE), resolved)
+
         self.each(VERSIONS, case)
 
     def test_offtopic_power_levels(self):
@@ -158,6 +163,7 @@ class ClassicCaseTests(ResolutionCase):
             resolved = self.resolve(room, a, b)
             if v != "1":
                 self.assertEqual(resolved[PL], by_bob.event_id)
+
         self.each(VERSIONS, case)
 
     def test_topic_basic(self):
@@ -176,6 +182,7 @@ class ClassicCaseTests(ResolutionCase):
             if v != "1":
                 self.assertEqual(resolved[TOPIC], second.event_id)
                 self.assertEqual(resolved[PL], demotion.event_id)
+
         self.each(VERSIONS, case)
 
     def test_mainline_sort(self):
@@ -189,17 +196,26 @@ class ClassicCaseTests(ResolutionCase):
             main.levels(ALICE, bob=50)
             a, b = main.branch(), main.branch()
             a.topic(ALICE, "a1")
-            by_alice = a.build("m.room.power_levels", ALICE, {
-                "users": {**({} if v == "12" else {ALICE: 100}), BOB: 50}, "events": {"m.room.name": 60}}, "")
+            by_alice = a.build(
+                "m.room.power_levels",
+                ALICE,
+                {"users": {**({} if v == "12" else {ALICE: 100}), BOB: 50}, "events": {"m.room.name": 60}},
+                "",
+            )
             newest = a.topic(ALICE, "a2")
-            b.build("m.room.power_levels", BOB, {"users": {**({} if v == "12" else {ALICE: 100}), BOB: 50},
-                                                 "events": {"m.room.avatar": 40}}, "")
+            b.build(
+                "m.room.power_levels",
+                BOB,
+                {"users": {**({} if v == "12" else {ALICE: 100}), BOB: 50}, "events": {"m.room.avatar": 40}},
+                "",
+            )
             later = b.topic(BOB, "b1")
             self.assertGreater(later.origin_server_ts, newest.origin_server_ts)
             resolved = self.resolve(room, a, b)
             if v != "1":
                 self.assertEqual(resolved[PL], by_alice.event_id)
                 self.assertEqual(resolved[TOPIC], newest.event_id)
+
         self.each(VERSIONS, case)
 
     def test_v2_1_starts_from_an_empty_state(self):
@@ -222,6 +238,7 @@ class ClassicCaseTests(ResolutionCase):
             m = Fork(room, {key: room.events[event_id] for key, event_id in merged.items()}, a.leaves + b.leaves)
             resolved = self.resolve(room, m, b)
             self.assertEqual(resolved[PL], change.event_id if v == "12" else original)
+
         self.each(("10", "11", "12"), case)
 
     def test_v2_1_conflicted_subgraph(self):
@@ -242,6 +259,7 @@ class ClassicCaseTests(ResolutionCase):
             self.assertEqual(after[TOPIC], reset.ids()[TOPIC])
             resolved = self.resolve(room, main, reset)
             self.assertEqual(resolved[PL], p3.event_id if v == "12" else p1.event_id)
+
         self.each(("10", "11", "12"), case)
 
     def test_v2_1_keeps_join_rules_the_admin_set_before_leaving(self):
@@ -268,6 +286,7 @@ class ClassicCaseTests(ResolutionCase):
                 self.assertNotIn(JR, resolved)
             for user, name in ((BOB, "bob++"), (CAROL, "carol++")):
                 self.assertEqual(room.events[resolved[("m.room.member", user)]].content["displayname"], name)
+
         self.each(("10", "11", "12"), case)
 
     def test_v1_picks_the_deepest_other_event(self):
@@ -283,6 +302,7 @@ class ClassicCaseTests(ResolutionCase):
             self.assertGreater(deeper.depth, last.depth)
             resolved = self.resolve(room, a, b)
             self.assertEqual(resolved[TOPIC], deeper.event_id if v == "1" else last.event_id)
+
         self.each(("1", "2", "11"), case)
 
     def test_unconflicted_state_is_kept(self):
@@ -294,6 +314,7 @@ class ClassicCaseTests(ResolutionCase):
             resolved = self.resolve(room, a, b)
             for key in (PL, JR, ("m.room.member", BOB)):
                 self.assertEqual(resolved[key], room.state[key].event_id)
+
         self.each(VERSIONS, case)
 
     def test_rejected_events_stay_out(self):
@@ -305,6 +326,7 @@ class ClassicCaseTests(ResolutionCase):
             later = b.topic(ALICE, "b")
             resolved = self.resolve(room, a, b, rejected={later.event_id})
             self.assertNotEqual(resolved[TOPIC], later.event_id)
+
         self.each(V2_VERSIONS, case)
 
     def test_trivial_inputs(self):

@@ -10,10 +10,17 @@ from roomstore.state.groups import fold_packed_state, fold_state
 
 # (hops, type_key_nid, event_nid): hop 0 is the group itself, hop 3 its snapshot.
 ROWS = [
-    (0, 3, 403), (0, 4, None), (0, 6, 406),
-    (1, 2, 302), (1, 3, None),
-    (2, 2, 202), (2, 5, 205),
-    (3, 1, 101), (3, 2, 102), (3, 3, 103), (3, 4, 104),
+    (0, 3, 403),
+    (0, 4, None),
+    (0, 6, 406),
+    (1, 2, 302),
+    (1, 3, None),
+    (2, 2, 202),
+    (2, 5, 205),
+    (3, 1, 101),
+    (3, 2, 102),
+    (3, 3, 103),
+    (3, 4, 104),
 ]
 EXPECTED = {1: 101, 2: 302, 3: 403, 5: 205, 6: 406}
 
@@ -75,8 +82,7 @@ class FoldPackedStateTests(unittest.TestCase):
     def test_removal_nearest_wins_over_an_older_value(self):
         for sole in (False, True):
             self.assertEqual(fold_packed_state(packed([(2, 7, 1), (0, 7, None), (1, 7, 2)], sole), identity), {})
-            self.assertEqual(fold_packed_state(packed([(2, 7, None), (0, 7, 3), (1, 7, 2)], sole), identity),
-                             {7: 3})
+            self.assertEqual(fold_packed_state(packed([(2, 7, None), (0, 7, 3), (1, 7, 2)], sole), identity), {7: 3})
 
     def test_random_rows_agree_with_fold_state(self):
         rng = random.Random(8)

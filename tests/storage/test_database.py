@@ -45,8 +45,10 @@ class TransactionTests:
 
     async def test_comments_with_apostrophes_and_question_marks(self):
         db = await self.make_database()
-        row = await db.run_interaction("commented", lambda txn: txn.execute(
-            "SELECT ? + 1, -- the caller's value? plus one\n ? * 2", (1, 4)).fetchone())
+        row = await db.run_interaction(
+            "commented",
+            lambda txn: txn.execute("SELECT ? + 1, -- the caller's value? plus one\n ? * 2", (1, 4)).fetchone(),
+        )
         self.assertEqual(tuple(row), (2, 8))
 
     async def test_exception_rolls_back_everything(self):
@@ -190,9 +192,10 @@ class TransactionTests:
 
     async def test_metrics_per_description(self):
         db = await self.make_database()
-        before = REGISTRY.get_sample_value(
-            "roomstore_db_transactions_total", {"desc": "metric_probe", "outcome": "commit"}
-        ) or 0
+        before = (
+            REGISTRY.get_sample_value("roomstore_db_transactions_total", {"desc": "metric_probe", "outcome": "commit"})
+            or 0
+        )
         await db.run_interaction("metric_probe", lambda txn: txn.execute("SELECT 1"))
         after = REGISTRY.get_sample_value(
             "roomstore_db_transactions_total", {"desc": "metric_probe", "outcome": "commit"}
@@ -208,16 +211,17 @@ class TransactionTests:
         await db.run_interaction("q", lambda txn: (txn.execute("SELECT 1"), txn.execute("SELECT 2")))
         self.assertEqual(db.query_count - before, 2)
 
-
     async def test_queued_writes(self):
         """Queued writes are seen by the next statement, bind awkward values
         exactly, and an error among them rolls the whole transaction back."""
         db = await self.make_database()
 
         def create(txn):
-            txn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT, data BYTEA)"
-                        if self.engine_name == "postgres" else
-                        "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT, data BLOB)")
+            txn.execute(
+                "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT, data BYTEA)"
+                if self.engine_name == "postgres"
+                else "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT, data BLOB)"
+            )
 
         await db.run_interaction("create", create)
         awkward = "it's 100% \\ ; DROP TABLE notes; --"
@@ -231,8 +235,9 @@ class TransactionTests:
         before = db.query_count
         rows = await db.run_interaction("write_then_read", write_then_read)
         self.assertEqual(db.query_count - before, 4)
-        self.assertEqual([(r[0], r[1], bytes(r[2])) for r in rows],
-                         [(1, awkward, b"\x00\xff'"), (2, "two", b""), (3, "three", b"3")])
+        self.assertEqual(
+            [(r[0], r[1], bytes(r[2])) for r in rows], [(1, awkward, b"\x00\xff'"), (2, "two", b""), (3, "three", b"3")]
+        )
 
         def queued_at_commit(txn):
             txn.insert_many("notes", ("id", "body", "data"), [(4, "four", b"")], queue=True)
@@ -328,6 +333,7 @@ class TransactionTests:
         reopened = await self.make_database(url)
         self.assertEqual(await reopened.run_interaction("read", _read_counter), 6)
 
+
 class PostgresSessionSettingsTests(unittest.TestCase):
     """Pool connections run with JIT off (short OLTP statements: compiling a
     timeline page once cost 60-260 ms), keeping the URL's own options."""
@@ -411,6 +417,7 @@ class PostgresDeferredBeginTests(unittest.TestCase):
             "copy": lambda txn: txn.engine.bulk_insert(txn._cursor, "counter", "id, value", [(2, 2)]),
         }
         for name, first in firsts.items():
+
             def write_then_fail(txn, first=first):
                 first(txn)
                 txn.execute("UPDATE counter SET value = 5 WHERE id = 1")
@@ -457,9 +464,9 @@ class PostgresRetryTests(unittest.TestCase):
                 barrier.wait()  # both first attempts have read the old value
             txn.execute("UPDATE counter SET value = ? WHERE id = 1", (value + 1,))
 
-        retries_before = REGISTRY.get_sample_value(
-            "roomstore_db_transaction_retries_total", {"desc": "racing_increment"}
-        ) or 0
+        retries_before = (
+            REGISTRY.get_sample_value("roomstore_db_transaction_retries_total", {"desc": "racing_increment"}) or 0
+        )
         await defer.gatherResults(
             [db.run_interaction_deferred("racing_increment", increment) for _ in range(2)], consumeErrors=True
         )
@@ -474,11 +481,10 @@ class PostgresRetryTests(unittest.TestCase):
 class ShutdownTests(unittest.TestCase):
     def test_process_exits_without_close(self):
         """Stopping the reactor stops the pool's threads, close() or not."""
+        import shutil
         import subprocess
         import sys
         import tempfile
-
-        import shutil
 
         directory = tempfile.mkdtemp(prefix="roomstore-test-")
         self.addCleanup(shutil.rmtree, directory, True)
@@ -515,9 +521,18 @@ class UrlTests(unittest.TestCase):
         self.assertNotIn("max_prepared", engine.dsn)
 
     def test_bad_urls_are_clear_errors(self):
-        for url in ("", "store.db", "mysql://x/y", "sqlite://", "sqlite:///", "postgresql://host:5432/",
-                    "postgresql://h/db?cp_max=zero", "postgresql://h/db?max_prepared=-1",
-                    "postgresql://h/db?max_prepared=many", "sqlite:///x.db?synchronous=sometimes"):
+        for url in (
+            "",
+            "store.db",
+            "mysql://x/y",
+            "sqlite://",
+            "sqlite:///",
+            "postgresql://host:5432/",
+            "postgresql://h/db?cp_max=zero",
+            "postgresql://h/db?max_prepared=-1",
+            "postgresql://h/db?max_prepared=many",
+            "sqlite:///x.db?synchronous=sometimes",
+        ):
             with self.assertRaises(DatabaseConfigError, msg=url):
                 engine_from_url(url)
 

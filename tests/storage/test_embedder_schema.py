@@ -58,13 +58,15 @@ class EmbedderSchemaTests:
         return await store.db.run_interaction("exists", _table_exists, table)
 
     async def test_fresh_install(self):
-        directory = self.schema_dir({
-            "1/01_accounts.sql": ACCOUNTS,
-            "1/02_tokens.sql": TOKENS,
-            f"1/02_tokens.{self.engine_name}.sql": "CREATE INDEX hs_tokens_user ON hs_tokens (user_id);\n",
-            "README.md": "not a delta",
-            "notes/01_ignored.sql": "THIS IS NOT SQL;\n",
-        })
+        directory = self.schema_dir(
+            {
+                "1/01_accounts.sql": ACCOUNTS,
+                "1/02_tokens.sql": TOKENS,
+                f"1/02_tokens.{self.engine_name}.sql": "CREATE INDEX hs_tokens_user ON hs_tokens (user_id);\n",
+                "README.md": "not a delta",
+                "notes/01_ignored.sql": "THIS IS NOT SQL;\n",
+            }
+        )
         url = self.new_database_url()
         store = await self.open(url, EmbedderSchema("homeserver", directory))
         self.assertEqual(store.schema_version, SCHEMA_VERSION)
@@ -79,7 +81,8 @@ class EmbedderSchemaTests:
             txn.execute("INSERT INTO hs_tokens (token, user_id) VALUES (?, ?)", ("tok", "@a:hs"))
             return txn.execute(
                 "SELECT a.id, a.user_id, a.password_hash FROM hs_accounts AS a"
-                " JOIN hs_tokens AS t ON t.user_id = a.user_id WHERE t.token = ?", ("tok",)
+                " JOIN hs_tokens AS t ON t.user_id = a.user_id WHERE t.token = ?",
+                ("tok",),
             ).fetchall()
 
         [(account_id, user_id, password_hash)] = await store.db.run_interaction("use", use)
@@ -141,8 +144,10 @@ class EmbedderSchemaTests:
         for config in ({}, {"read_only": True}):
             with self.assertRaises(SchemaTooNewError) as caught:
                 await self.open(url, EmbedderSchema("homeserver", directory, version=1), **config)
-            self.assertIn("embedder schema 'homeserver' is version 2 in the database, newer than this code's 1",
-                          str(caught.exception))
+            self.assertIn(
+                "embedder schema 'homeserver' is version 2 in the database, newer than this code's 1",
+                str(caught.exception),
+            )
         # Nothing was changed by the refusals.
         store = await self.open(url, EmbedderSchema("homeserver", directory))
         self.assertEqual(await store.db.run_interaction("v", _embedder_versions), {"homeserver": 2})
@@ -151,7 +156,9 @@ class EmbedderSchemaTests:
         homeserver = self.schema_dir({"1/01_accounts.sql": ACCOUNTS, "2/01_tokens.sql": TOKENS})
         media = self.schema_dir({"1/01_media.sql": "CREATE TABLE media_files (media_id TEXT NOT NULL, size BIGINT);\n"})
         url = self.new_database_url()
-        store = await self.open(url, EmbedderSchema("homeserver", homeserver, version=1), EmbedderSchema("media", media))
+        store = await self.open(
+            url, EmbedderSchema("homeserver", homeserver, version=1), EmbedderSchema("media", media)
+        )
         self.assertEqual(await store.db.run_interaction("v", _embedder_versions), {"homeserver": 1, "media": 1})
         await store.close()
         # Each moves on its own; one not named this time is left as it is.

@@ -34,7 +34,9 @@ class InternerTests:
             "intern", keys.intern, [("m.room.member", "@a:x"), ("m.room.topic", "")], created
         )
         self.assertEqual(created, {("m.room.member", "@a:x"), ("m.room.topic", "")})
-        names = await db.run_interaction("resolve", Interner("state_keys", "type_key_nid", ["type", "state_key"]).resolve, nids.values())
+        names = await db.run_interaction(
+            "resolve", Interner("state_keys", "type_key_nid", ["type", "state_key"]).resolve, nids.values()
+        )
         self.assertEqual({names[n]: n for n in names}, nids)
 
     async def test_rolled_back_intern_is_not_cached(self):

@@ -63,7 +63,9 @@ class PreparedResultsTests:
         db = await self.make_database()
         await db.run_interaction("create", _create)
         before = db.query_count
-        await db.run_interaction("read", lambda txn: txn.execute("SELECT name FROM things WHERE id = ?", (1,), prepare=True))
+        await db.run_interaction(
+            "read", lambda txn: txn.execute("SELECT name FROM things WHERE id = ?", (1,), prepare=True)
+        )
         self.assertEqual(db.query_count - before, 1)
 
     async def test_errors_reach_the_caller_and_the_transaction_rolls_back(self):

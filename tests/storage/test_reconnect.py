@@ -55,8 +55,10 @@ class OutagesTest(unittest.TestCase):
         self.assertEqual(delays, [0.1, 0.1, 0.1, 0.2, 0.4])
         self.assertEqual(self.logged.levels(), ["warn"])
         message = self.logged.events[0]
-        self.assertIn("lost the database connection (server closed the connection unexpectedly)",
-                      message["log_format"].format(**message))
+        self.assertIn(
+            "lost the database connection (server closed the connection unexpectedly)",
+            message["log_format"].format(**message),
+        )
         self.assertEqual(self.outages.generation, 1)
         self.clock.advance(2.5)
         ended = []
@@ -116,8 +118,9 @@ class PoolReconnectTest(DatabaseTestMixin, unittest.TestCase):
         clock = task.Clock()
         from roomstore.storage.engines import engine_from_url
 
-        db = Database(engine_from_url(url + "?cp_max=1"), clock=clock, backoff=Backoff(0.5, 2.0, 4.0),
-                      give_up_after_s=30.0)
+        db = Database(
+            engine_from_url(url + "?cp_max=1"), clock=clock, backoff=Backoff(0.5, 2.0, 4.0), give_up_after_s=30.0
+        )
         self.addCleanup(db.close)
         await db.prepare()
         return db, clock
@@ -142,7 +145,9 @@ class PoolReconnectTest(DatabaseTestMixin, unittest.TestCase):
         clock.advance(0.5)
         self.assertEqual(await d, "done")
         self.assertEqual(runs, [1, 1])  # the first attempt died before COMMIT: nothing written
-        self.assertEqual(await db.run_interaction("n", lambda txn: txn.select_one_value("SELECT COUNT(*) FROM once")), 1)
+        self.assertEqual(
+            await db.run_interaction("n", lambda txn: txn.select_one_value("SELECT COUNT(*) FROM once")), 1
+        )
         self.assertEqual(db.outages.survived, 1)
 
     async def test_commit_lost_is_settled_by_the_server_before_running_again(self):
@@ -166,8 +171,9 @@ class PoolReconnectTest(DatabaseTestMixin, unittest.TestCase):
         clock.advance(0.5)
         self.assertEqual(await d, 2)
         self.assertIsNotNone(runs[0].xid)
-        self.assertEqual(await db.run_interaction("n", lambda txn: txn.select_one_value(
-            "SELECT COUNT(*) FROM settled")), 1)
+        self.assertEqual(
+            await db.run_interaction("n", lambda txn: txn.select_one_value("SELECT COUNT(*) FROM settled")), 1
+        )
 
     async def test_commit_that_happened_is_never_run_again(self):
         # The server commits, and the answer is lost with the connection (cut
@@ -206,8 +212,9 @@ class PoolReconnectTest(DatabaseTestMixin, unittest.TestCase):
         clock.advance(0.5)
         self.assertEqual(await d, "first")
         self.assertEqual((runs, after), ([1], ["committed"]))
-        self.assertEqual(await db.run_interaction("n", lambda txn: txn.select_one_value(
-            "SELECT COUNT(*) FROM twice")), 1)
+        self.assertEqual(
+            await db.run_interaction("n", lambda txn: txn.select_one_value("SELECT COUNT(*) FROM twice")), 1
+        )
 
     async def test_commit_status_of_a_transaction(self):
         db, _ = await self._pool()
@@ -261,10 +268,15 @@ class WriterLockReconnectTest(DatabaseTestMixin, unittest.TestCase):
 
     def _lock_pid(self, db) -> list:
         classid, objid = writer_lock_key("w9")
-        return [pid for (pid,) in pg_admin(
-            "SELECT l.pid FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database"
-            " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
-            " AND d.datname = %s", (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF, db.engine.dsn.rsplit("/", 1)[1]))]
+        return [
+            pid
+            for (pid,) in pg_admin(
+                "SELECT l.pid FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database"
+                " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid"
+                " AND d.datname = %s",
+                (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF, db.engine.dsn.rsplit("/", 1)[1]),
+            )
+        ]
 
     async def test_taken_again_after_its_session_is_terminated(self):
         logged = _Logged(self, "roomstore.storage.writer_lock")

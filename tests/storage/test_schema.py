@@ -13,12 +13,35 @@ from roomstore.storage.schema import DEFAULT_SCHEMA_DIR, split_statements
 from tests.db import on_both_engines
 
 EXPECTED_TABLES = [
-    "rooms", "event_ids", "users", "state_keys", "events", "event_json", "event_edges", "event_auth_edges",
-    "forward_extremities", "backward_extremities", "state_groups", "state_group_deltas", "current_state",
-    "current_state_deltas", "room_memberships", "current_memberships", "redactions", "visibility_branches",
-    "visibility_snapshots", "visibility_memberships", "stream_positions", "cache_invalidations",
-    "maintenance_locks", "schema_version", "state_compaction_runs", "state_compaction_rooms",
-    "state_compaction_chunks", "state_compaction_staged_groups", "state_compaction_staged_deltas",
+    "rooms",
+    "event_ids",
+    "users",
+    "state_keys",
+    "events",
+    "event_json",
+    "event_edges",
+    "event_auth_edges",
+    "forward_extremities",
+    "backward_extremities",
+    "state_groups",
+    "state_group_deltas",
+    "current_state",
+    "current_state_deltas",
+    "room_memberships",
+    "current_memberships",
+    "redactions",
+    "visibility_branches",
+    "visibility_snapshots",
+    "visibility_memberships",
+    "stream_positions",
+    "cache_invalidations",
+    "maintenance_locks",
+    "schema_version",
+    "state_compaction_runs",
+    "state_compaction_rooms",
+    "state_compaction_chunks",
+    "state_compaction_staged_groups",
+    "state_compaction_staged_deltas",
 ]
 
 
@@ -60,7 +83,9 @@ class SchemaTests:
     async def test_newer_database_is_refused(self):
         url = self.new_database_url()
         db = await self.make_database(url)
-        await db.run_interaction("bump", lambda t: t.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 5,)))
+        await db.run_interaction(
+            "bump", lambda t: t.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 5,))
+        )
         with self.assertRaises(SchemaTooNewError) as caught:
             await db.prepare()
         self.assertIn(f"version {SCHEMA_VERSION + 5}", str(caught.exception))
@@ -75,7 +100,10 @@ class SchemaTests:
         url = self.new_database_url()
         db = await self.make_database(url)  # version SCHEMA_VERSION
         version = await db.run_interaction(
-            "upgrade", __import__("roomstore.storage.schema", fromlist=["x"]).prepare_database, schema, SCHEMA_VERSION + 1
+            "upgrade",
+            __import__("roomstore.storage.schema", fromlist=["x"]).prepare_database,
+            schema,
+            SCHEMA_VERSION + 1,
         )
         self.assertEqual(version, SCHEMA_VERSION + 1)
         files = await db.run_interaction(
@@ -88,7 +116,9 @@ class SchemaTests:
             ],
         )
         self.assertEqual(sorted(files), sorted(["01_add_things.sql", f"01_add_things.{self.engine_name}.sql"]))
-        await db.run_interaction("use", lambda t: t.execute("INSERT INTO widgets (id, blob) VALUES (?, ?)", (1, b"\x00\xff")))
+        await db.run_interaction(
+            "use", lambda t: t.execute("INSERT INTO widgets (id, blob) VALUES (?, ?)", (1, b"\x00\xff"))
+        )
         # Running it again changes nothing.
         from roomstore.storage.schema import prepare_database
 
@@ -131,5 +161,7 @@ class SchemaTests:
 
 class SplitTests(__import__("twisted.trial.unittest", fromlist=["TestCase"]).TestCase):
     def test_split_statements(self):
-        sql = "-- comment; with semicolon\nCREATE TABLE a (x INT);\nCREATE TABLE b (\n  y INT -- trailing\n);  -- done\n"
+        sql = (
+            "-- comment; with semicolon\nCREATE TABLE a (x INT);\nCREATE TABLE b (\n  y INT -- trailing\n);  -- done\n"
+        )
         self.assertEqual(split_statements(sql), ["CREATE TABLE a (x INT)", "CREATE TABLE b (\n  y INT -- trailing\n)"])

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
-from roomstore.pdu.hashing import unpadded_base64
 from roomstore.events.persist import EventToPersist
+from roomstore.pdu.hashing import unpadded_base64
 from roomstore.pdu.parsing import parse_pdu
 from roomstore.resolution import MemoryEventSource, resolve_state
 from roomstore.sample import BuiltEvent, RoomGraphBuilder

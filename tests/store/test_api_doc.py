@@ -47,8 +47,9 @@ def run_program(source: str, *args: str) -> subprocess.CompletedProcess:
         handle.write(source)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=120,
-                          cwd=directory)
+    return subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=120, cwd=directory
+    )
 
 
 class EventFileTests(unittest.TestCase):
@@ -62,10 +63,19 @@ class EventFileTests(unittest.TestCase):
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         with open(os.path.join(root, "docs", "create-event.json"), "rb") as handle:
             raw = handle.read()
-        built = build_event("10", room_id="!example:example.org", sender="@alice:example.org",
-                            type="m.room.create", state_key="",
-                            content={"creator": "@alice:example.org", "room_version": "10"}, prev_events=[],
-                            auth_events=[], depth=1, origin_server_ts=1_700_000_001_000, signing_key=key)
+        built = build_event(
+            "10",
+            room_id="!example:example.org",
+            sender="@alice:example.org",
+            type="m.room.create",
+            state_key="",
+            content={"creator": "@alice:example.org", "room_version": "10"},
+            prev_events=[],
+            auth_events=[],
+            depth=1,
+            origin_server_ts=1_700_000_001_000,
+            signing_key=key,
+        )
         self.assertEqual(raw, built.raw + b"\n")
         keys = VerifyKeys.from_json({"example.org": {"ed25519:a": verify_key}})
         self.assertTrue(signatures_checked(parse_pdu(raw.strip(), get_room_version("10")), keys))
@@ -117,7 +127,8 @@ class ApiDocTests:
         words[2] = url  # this test's database, not var/embed.db
         env = dict(os.environ, PYTHONPATH="")
         proc = await threads.deferToThread(
-            subprocess.run, words, capture_output=True, text=True, cwd=root, env=env, timeout=120)
+            subprocess.run, words, capture_output=True, text=True, cwd=root, env=env, timeout=120
+        )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         event = json.loads(proc.stdout)
         with open(os.path.join(root, "docs", "create-event.json"), "rb") as handle:
@@ -160,7 +171,8 @@ class ApiDocTests:
         for version in KNOWN_ROOM_VERSIONS:
             create, join, hello, redaction = namespace["first_events"](version, key, f"!v{version}:example.org")
             results = await store.persist_events(
-                [EventToPersist(e.raw, version) for e in (create, join, hello, redaction)], verify_keys=keys)
+                [EventToPersist(e.raw, version) for e in (create, join, hello, redaction)], verify_keys=keys
+            )
             self.assertEqual([r.event_id for r in results], [e.event_id for e in (create, join, hello, redaction)])
             self.assertTrue(all(r.signatures_checked and not r.content_hash_mismatch for r in results), version)
             served = await store.get_event(hello.event_id)
@@ -182,10 +194,18 @@ class ApiDocTests:
         store = await RoomStore.open(self.new_database_url())
         self.addCleanup(store.close)
         room = RoomBuilder(room_id="!front:example.org")
-        await store.persist_events([room.to_persist(e) for e in (
-            room.create(), room.join(alice), room.join_rules(), room.history_visibility("shared"),
-            room.member(bob, "invite", sender=alice),
-        )])
+        await store.persist_events(
+            [
+                room.to_persist(e)
+                for e in (
+                    room.create(),
+                    room.join(alice),
+                    room.join_rules(),
+                    room.history_visibility("shared"),
+                    room.member(bob, "invite", sender=alice),
+                )
+            ]
+        )
         initial = await sync_rooms(store, bob, None)
         self.assertEqual(list(initial["rooms"]["invite"]), [room.room_id])
         self.assertEqual(initial["rooms"]["join"], {})
@@ -224,6 +244,7 @@ class ApiDocTests:
         self.assertEqual(len(served), len(set(served)))
         self.assertEqual(later["rooms"]["invite"], {})
 
+
 @on_both_engines
 class PurgingExampleTests:
     async def test_purging_example(self):
@@ -233,8 +254,9 @@ class PurgingExampleTests:
         url = self.new_database_url()
         room = RoomBuilder()
         events = [room.create(), room.join("@alice:example.org"), room.join_rules(), room.join("@bob:elsewhere.org")]
-        events += [room.message(sender, f"m{i}") for i in range(6) for sender in ("@alice:example.org",
-                                                                                     "@bob:elsewhere.org")]
+        events += [
+            room.message(sender, f"m{i}") for i in range(6) for sender in ("@alice:example.org", "@bob:elsewhere.org")
+        ]
         store = await RoomStore.open(url)
         await store.persist_events([room.to_persist(e) for e in events])
         await store.close()

@@ -76,12 +76,12 @@ class TopologicalTokenTests(RoomHelpers):
             back = await store.paginate(room.room_id, ALICE, token, "b", len(keys))
             self.assertEqual(ids(back.events), ascending[position::-1])
             forward = await store.paginate(room.room_id, ALICE, token, "f", len(keys))
-            self.assertEqual(ids(forward.events), ascending[position + 1:])
+            self.assertEqual(ids(forward.events), ascending[position + 1 :])
             # One page of one event ends just before it: the next page starts right before the event.
             first = await store.paginate(room.room_id, ALICE, token, "b", 1)
             self.assertEqual(ids(first.events), [event_id])
             before = await store.paginate(room.room_id, ALICE, first.next_token, "b", 1)
-            self.assertEqual(ids(before.events), ascending[position - 1:position] if position else [])
+            self.assertEqual(ids(before.events), ascending[position - 1 : position] if position else [])
 
     async def test_unknown_event_and_outlier_raise_not_found(self):
         store = await self.open_room_store()
@@ -110,10 +110,21 @@ class ClientFormatTests(RoomHelpers):
         message = room.message(ALICE, "hello")
         secret_topic = room.state("m.room.topic", "", {"topic": "secret"})
         redaction = room.redact(ALICE, secret_topic.event_id)
-        invite = room.member(BOB, "invite", sender=ALICE, extra={"unsigned": {
-            "invite_room_state": [{"type": "m.room.name", "state_key": "", "content": {"name": "n"}, "sender": ALICE}],
-            "age_ts": 5, "prev_content": {"forged": True}, "other": 1,
-        }})
+        invite = room.member(
+            BOB,
+            "invite",
+            sender=ALICE,
+            extra={
+                "unsigned": {
+                    "invite_room_state": [
+                        {"type": "m.room.name", "state_key": "", "content": {"name": "n"}, "sender": ALICE}
+                    ],
+                    "age_ts": 5,
+                    "prev_content": {"forged": True},
+                    "other": 1,
+                }
+            },
+        )
         built = [create, join, topic1, topic2, message, secret_topic, redaction, invite]
         results = await store.persist_events([room.to_persist(e) for e in built])
         self.assertEqual([r.rejected_reason for r in results], [None] * len(built))
@@ -128,11 +139,18 @@ class ClientFormatTests(RoomHelpers):
                 self.assertNotIn(key, event)
             self.assertEqual(event["unsigned"]["age"], now - event["origin_server_ts"])
         # A message: the ClientEvent keys and an age.
-        self.assertEqual(by_id[message.event_id], {
-            "event_id": message.event_id, "type": "m.room.message", "content": message.event["content"],
-            "sender": ALICE, "origin_server_ts": message.event["origin_server_ts"], "room_id": room.room_id,
-            "unsigned": {"age": now - message.event["origin_server_ts"]},
-        })
+        self.assertEqual(
+            by_id[message.event_id],
+            {
+                "event_id": message.event_id,
+                "type": "m.room.message",
+                "content": message.event["content"],
+                "sender": ALICE,
+                "origin_server_ts": message.event["origin_server_ts"],
+                "room_id": room.room_id,
+                "unsigned": {"age": now - message.event["origin_server_ts"]},
+            },
+        )
         # State: the first of a key replaces nothing; the next replaces it.
         self.assertEqual(by_id[create.event_id]["state_key"], "")
         self.assertNotIn("prev_content", by_id[create.event_id]["unsigned"])
@@ -211,20 +229,39 @@ class ClientEventTests(unittest.TestCase):
 
     def test_a_room_version_1_state_event(self):
         pdu = {
-            "event_id": "$2:example.org", "type": "m.room.member", "state_key": "@b:example.org",
-            "content": {"membership": "join", "nested": {"a": [1]}}, "sender": "@b:example.org",
-            "origin_server_ts": 1000, "room_id": "!r:example.org", "prev_state": [], "depth": 3,
-            "auth_events": [], "prev_events": [], "hashes": {}, "signatures": {}, "origin": "example.org",
-            "membership": "join", "unsigned": {"age_ts": 999, "replaces_state": "$forged:example.org"},
+            "event_id": "$2:example.org",
+            "type": "m.room.member",
+            "state_key": "@b:example.org",
+            "content": {"membership": "join", "nested": {"a": [1]}},
+            "sender": "@b:example.org",
+            "origin_server_ts": 1000,
+            "room_id": "!r:example.org",
+            "prev_state": [],
+            "depth": 3,
+            "auth_events": [],
+            "prev_events": [],
+            "hashes": {},
+            "signatures": {},
+            "origin": "example.org",
+            "membership": "join",
+            "unsigned": {"age_ts": 999, "replaces_state": "$forged:example.org"},
         }
         before = {"event_id": "$1:example.org", "content": {"membership": "invite"}, "type": "m.room.member"}
         event = client_event(pdu, 1500, replaced_event=before)
-        self.assertEqual(event, {
-            "event_id": "$2:example.org", "type": "m.room.member", "state_key": "@b:example.org",
-            "content": {"membership": "join", "nested": {"a": [1]}}, "sender": "@b:example.org",
-            "origin_server_ts": 1000, "room_id": "!r:example.org", "membership": "join",
-            "unsigned": {"age": 500, "replaces_state": "$1:example.org", "prev_content": {"membership": "invite"}},
-        })
+        self.assertEqual(
+            event,
+            {
+                "event_id": "$2:example.org",
+                "type": "m.room.member",
+                "state_key": "@b:example.org",
+                "content": {"membership": "join", "nested": {"a": [1]}},
+                "sender": "@b:example.org",
+                "origin_server_ts": 1000,
+                "room_id": "!r:example.org",
+                "membership": "join",
+                "unsigned": {"age": 500, "replaces_state": "$1:example.org", "prev_content": {"membership": "invite"}},
+            },
+        )
         event["content"]["nested"]["a"].append(2)
         event["unsigned"]["prev_content"]["membership"] = "ban"
         self.assertEqual(pdu["content"]["nested"], {"a": [1]})

@@ -28,9 +28,17 @@ class Helpers:
 
     async def new_room(self, store, name: str, join_rule: str = "public") -> RoomBuilder:
         room = RoomBuilder(room_id=f"!{name}:example.org")
-        await store.persist_events([room.to_persist(e) for e in (
-            room.create(), room.join(ALICE), room.join_rules(join_rule), room.history_visibility("shared"),
-        )])
+        await store.persist_events(
+            [
+                room.to_persist(e)
+                for e in (
+                    room.create(),
+                    room.join(ALICE),
+                    room.join_rules(join_rule),
+                    room.history_visibility("shared"),
+                )
+            ]
+        )
         return room
 
 
@@ -40,9 +48,7 @@ class ClientTxnTests(Helpers):
         store = await self.open_store()
         room = await self.new_room(store, "txn")
         hello = room.message(ALICE, "hello")
-        [result] = await store.persist_events(
-            [room.to_persist(hello, client_txn=ClientTxn(ALICE, "DEVICE1", "m1"))]
-        )
+        [result] = await store.persist_events([room.to_persist(hello, client_txn=ClientTxn(ALICE, "DEVICE1", "m1"))])
         self.assertIsNone(result.existing_txn_event_id)
         self.assertEqual(await store.get_event_id_for_txn(ALICE, "DEVICE1", "m1"), hello.event_id)
         # The key is the user, the device and the txn ID together.
@@ -85,18 +91,22 @@ class ClientTxnTests(Helpers):
         store = await self.open_store()
         room = await self.new_room(store, "echo")
         mine, other_device, untracked = room.message(ALICE, "a"), room.message(ALICE, "b"), room.message(ALICE, "c")
-        await store.persist_events([
-            room.to_persist(mine, client_txn=ClientTxn(ALICE, "PHONE", "t1")),
-            room.to_persist(other_device, client_txn=ClientTxn(ALICE, "LAPTOP", "t2")),
-            room.to_persist(untracked),
-        ])
+        await store.persist_events(
+            [
+                room.to_persist(mine, client_txn=ClientTxn(ALICE, "PHONE", "t1")),
+                room.to_persist(other_device, client_txn=ClientTxn(ALICE, "LAPTOP", "t2")),
+                room.to_persist(untracked),
+            ]
+        )
         served = await store.get_events([e.event_id for e in (mine, other_device, untracked)])
         events = [served[e.event_id] for e in (mine, other_device, untracked)]
         txn_ids = lambda formatted: [e["unsigned"].get("transaction_id") for e in formatted]  # noqa: E731
-        self.assertEqual(txn_ids(await store.format_client_events(events, 0, sent_by=(ALICE, "PHONE"))),
-                         ["t1", None, None])
-        self.assertEqual(txn_ids(await store.format_client_events(events, 0, sent_by=(ALICE, "LAPTOP"))),
-                         [None, "t2", None])
+        self.assertEqual(
+            txn_ids(await store.format_client_events(events, 0, sent_by=(ALICE, "PHONE"))), ["t1", None, None]
+        )
+        self.assertEqual(
+            txn_ids(await store.format_client_events(events, 0, sent_by=(ALICE, "LAPTOP"))), [None, "t2", None]
+        )
         # Another user, or no device named: nobody's transaction IDs.
         self.assertEqual(txn_ids(await store.format_client_events(events, 0, sent_by=(BOB, "PHONE"))), [None] * 3)
         self.assertEqual(txn_ids(await store.format_client_events(events, 0)), [None] * 3)
@@ -109,9 +119,7 @@ class ClientTxnTests(Helpers):
             await store.persist_events(
                 [room.to_persist(room.message(ALICE, "x"), client_txn=ClientTxn(ALICE, "D", room.room_id))]
             )
-        nids = await store.db.run_interaction(
-            "nids", lambda txn: store.interners.rooms.lookup(txn, [purged.room_id])
-        )
+        nids = await store.db.run_interaction("nids", lambda txn: store.interners.rooms.lookup(txn, [purged.room_id]))
         deleted = await store.db.run_interaction("purge", delete_room_txns_txn, list(nids.values()))
         self.assertEqual(deleted, 1)
         self.assertIsNone(await store.get_event_id_for_txn(ALICE, "D", purged.room_id))
@@ -163,16 +171,25 @@ class RoomsByMembershipTests(Helpers):
             return [(m.room_id, m.membership, m.event_id) for m in found]
 
         invites = await store.get_rooms_for_user_by_membership(BOB, ["invite"])
-        self.assertEqual(rows(invites), [
-            (invited.room_id, "invite", events[invited.room_id][0]), (remote.room_id, "invite", oob_invite.event_id),
-        ])
+        self.assertEqual(
+            rows(invites),
+            [
+                (invited.room_id, "invite", events[invited.room_id][0]),
+                (remote.room_id, "invite", oob_invite.event_id),
+            ],
+        )
         self.assertEqual(invites[1], RoomMembership(remote.room_id, "invite", oob_invite.event_id, oob.stream_ordering))
-        self.assertEqual(rows(await store.get_rooms_for_user_by_membership(BOB, {"join"})),
-                         [(joined.room_id, "join", join_id)])
-        self.assertEqual(set(rows(await store.get_rooms_for_user_by_membership(BOB, ("leave", "ban", "knock")))), {
-            (left.room_id, "leave", events[left.room_id][0]), (banned.room_id, "ban", events[banned.room_id][0]),
-            (knocked.room_id, "knock", events[knocked.room_id][0]),
-        })
+        self.assertEqual(
+            rows(await store.get_rooms_for_user_by_membership(BOB, {"join"})), [(joined.room_id, "join", join_id)]
+        )
+        self.assertEqual(
+            set(rows(await store.get_rooms_for_user_by_membership(BOB, ("leave", "ban", "knock")))),
+            {
+                (left.room_id, "leave", events[left.room_id][0]),
+                (banned.room_id, "ban", events[banned.room_id][0]),
+                (knocked.room_id, "knock", events[knocked.room_id][0]),
+            },
+        )
         everything = await store.get_rooms_for_user_by_membership(BOB, ["invite", "join", "leave", "ban", "knock"])
         self.assertEqual(len(everything), 6)
         self.assertEqual([m.stream_ordering for m in everything], sorted(m.stream_ordering for m in everything))
@@ -182,10 +199,14 @@ class RoomsByMembershipTests(Helpers):
         # Rejecting the out-of-band invite (another outlier) makes it a leave.
         reject = remote.member(BOB, "leave", sender=BOB)
         await store.persist_events([remote.to_persist(reject, outlier=True)])
-        self.assertEqual(rows(await store.get_rooms_for_user_by_membership(BOB, ["invite"])),
-                         [(invited.room_id, "invite", events[invited.room_id][0])])
-        self.assertIn((remote.room_id, "leave", reject.event_id),
-                      rows(await store.get_rooms_for_user_by_membership(BOB, ["leave"])))
+        self.assertEqual(
+            rows(await store.get_rooms_for_user_by_membership(BOB, ["invite"])),
+            [(invited.room_id, "invite", events[invited.room_id][0])],
+        )
+        self.assertIn(
+            (remote.room_id, "leave", reject.event_id),
+            rows(await store.get_rooms_for_user_by_membership(BOB, ["leave"])),
+        )
 
     async def test_unknown_memberships_are_refused(self):
         store = await self.open_store()

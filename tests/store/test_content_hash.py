@@ -7,8 +7,8 @@ import json
 
 from canonicaljson import encode_canonical_json
 
-from roomstore.pdu.content_hash import ContentHashMismatch
 from roomstore.events.persist import EventToPersist
+from roomstore.pdu.content_hash import ContentHashMismatch
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
@@ -25,9 +25,14 @@ def tampered(built, **content) -> bytes:
 @on_both_engines
 class ContentHashStoreTests:
     async def flags(self, store, event_id):
-        return await store.db.run_interaction("flags", lambda t: t.execute(
-            "SELECT j.censored, e.redacted FROM events AS e JOIN event_json AS j ON j.event_nid = e.event_nid"
-            " JOIN event_ids AS i ON i.event_nid = e.event_nid WHERE i.event_id = ?", (event_id,)).fetchone())
+        return await store.db.run_interaction(
+            "flags",
+            lambda t: t.execute(
+                "SELECT j.censored, e.redacted FROM events AS e JOIN event_json AS j ON j.event_nid = e.event_nid"
+                " JOIN event_ids AS i ON i.event_nid = e.event_nid WHERE i.event_id = ?",
+                (event_id,),
+            ).fetchone(),
+        )
 
     async def test_tampered_message_is_stored_redacted_and_flagged(self):
         store = await self.open_store()
@@ -78,7 +83,8 @@ class ContentHashStoreTests:
         create, join = room.create(), room.join(ALICE)
         await store.persist_events([room.to_persist(create)])
         with self.assertRaises(ContentHashMismatch):
-            await store.persist_events([EventToPersist(tampered(join, membership="leave"), "10")],
-                                       refuse_hash_mismatch=True)
+            await store.persist_events(
+                [EventToPersist(tampered(join, membership="leave"), "10")], refuse_hash_mismatch=True
+            )
         self.assertIsNone(await store.get_event(join.event_id))
         self.assertEqual(store.get_current_token(), "s1")

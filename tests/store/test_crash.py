@@ -36,8 +36,8 @@ import time
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.pdu.room_versions import get_room_version
 from roomstore.pdu.parsing import parse_pdu
+from roomstore.pdu.room_versions import get_room_version
 from roomstore.state.groups import StateGroupStore
 from roomstore.store import RoomStore
 from tests.db import DatabaseTestMixin
@@ -47,13 +47,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 KILLS = 3
 
 
-def run_and_kill(url: str, tag: str, seed: int, rng: random.Random, min_done: int) -> tuple[list[list[str]], set[tuple], str]:
+def run_and_kill(
+    url: str, tag: str, seed: int, rng: random.Random, min_done: int
+) -> tuple[list[list[str]], set[tuple], str]:
     """Run a writer, SIGKILL it once it committed ``min_done`` batches, at a
     random point of a later batch; returns (intended batches, done batches, what happened)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.store.crash_writer", url, tag, str(seed)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     intents: list[list[str]] = []
     done: set[tuple] = set()
@@ -97,9 +102,13 @@ def run_and_kill(url: str, tag: str, seed: int, rng: random.Random, min_done: in
         proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL, proc.returncode
     median = sorted(durations)[len(durations) // 2]
-    return intents, done, (
-        f"killed {pause * 1000:.0f} ms into batch {len(intents)} (median batch {median * 1000:.0f} ms)"
-        f" after {len(done)} committed"
+    return (
+        intents,
+        done,
+        (
+            f"killed {pause * 1000:.0f} ms into batch {len(intents)} (median batch {median * 1000:.0f} ms)"
+            f" after {len(done)} committed"
+        ),
     )
 
 
@@ -140,9 +149,15 @@ class CrashTests(DatabaseTestMixin, unittest.TestCase):
     async def _check(self, store: RoomStore, intents, done, extra: set[str], run: int) -> tuple[set[str], bool]:
         """Check the store after a kill; returns (events added here, whether
         the batch in flight at the kill is stored)."""
-        stored = await store.db.run_interaction("ids", lambda t: {r[0]: r[1] for r in t.execute(
-            "SELECT i.event_id, e.event_nid FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid"
-        ).fetchall()})
+        stored = await store.db.run_interaction(
+            "ids",
+            lambda t: {
+                r[0]: r[1]
+                for r in t.execute(
+                    "SELECT i.event_id, e.event_nid FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid"
+                ).fetchall()
+            },
+        )
         # All or nothing, batch by batch.
         for batch in intents:
             present = [e in stored for e in batch]
@@ -165,9 +180,12 @@ class CrashTests(DatabaseTestMixin, unittest.TestCase):
             ).fetchall()
 
         rows = await store.db.run_interaction("rows", rows_txn)
-        edges = await store.db.run_interaction("edges", lambda t: t.execute(
-            "SELECT e.event_nid, i.event_id FROM event_edges AS e JOIN event_ids AS i ON i.event_nid = e.prev_event_nid"
-        ).fetchall())
+        edges = await store.db.run_interaction(
+            "edges",
+            lambda t: t.execute(
+                "SELECT e.event_nid, i.event_id FROM event_edges AS e JOIN event_ids AS i ON i.event_nid = e.prev_event_nid"
+            ).fetchall(),
+        )
         edges_of: dict[int, set[str]] = {}
         for nid, prev_id in edges:
             edges_of.setdefault(nid, set()).add(prev_id)
@@ -189,19 +207,26 @@ class CrashTests(DatabaseTestMixin, unittest.TestCase):
             state_after = await store.db.run_interaction("state", state_txn, after)
             if type_key is not None:
                 self.assertEqual(state_after.get(type_key), nid, f"state after {event_id}")
-        dangling = await store.db.run_interaction("dangling", lambda t: t.execute(
-            "SELECT COUNT(*) FROM state_groups AS g WHERE g.prev_state_group IS NOT NULL AND NOT EXISTS"
-            " (SELECT 1 FROM state_groups AS p WHERE p.state_group = g.prev_state_group)"
-        ).fetchone()[0])
+        dangling = await store.db.run_interaction(
+            "dangling",
+            lambda t: t.execute(
+                "SELECT COUNT(*) FROM state_groups AS g WHERE g.prev_state_group IS NOT NULL AND NOT EXISTS"
+                " (SELECT 1 FROM state_groups AS p WHERE p.state_group = g.prev_state_group)"
+            ).fetchone()[0],
+        )
         self.assertEqual(dangling, 0)
         for table in ("forward_extremities", "current_state"):
-            orphans = await store.db.run_interaction("orphans", lambda t: t.execute(
-                f"SELECT COUNT(*) FROM {table} AS x WHERE NOT EXISTS"
-                " (SELECT 1 FROM events AS e WHERE e.event_nid = x.event_nid)"
-            ).fetchone()[0])
+            orphans = await store.db.run_interaction(
+                "orphans",
+                lambda t: t.execute(
+                    f"SELECT COUNT(*) FROM {table} AS x WHERE NOT EXISTS"
+                    " (SELECT 1 FROM events AS e WHERE e.event_nid = x.event_nid)"
+                ).fetchone()[0],
+            )
             self.assertEqual(orphans, 0, table)
-        room_ids = await store.db.run_interaction("rooms", lambda t: [r[0] for r in t.execute(
-            "SELECT room_id FROM rooms ORDER BY room_id").fetchall()])
+        room_ids = await store.db.run_interaction(
+            "rooms", lambda t: [r[0] for r in t.execute("SELECT room_id FROM rooms ORDER BY room_id").fetchall()]
+        )
         for room_id in room_ids:
             leaves = await store.get_forward_extremities(room_id)
             self.assertEqual(len(leaves), 1, room_id)  # the writer builds linear rooms
@@ -219,8 +244,12 @@ class CrashTests(DatabaseTestMixin, unittest.TestCase):
         depth = (await store.get_event(leaf))["depth"]
         room.resume(leaf, depth, await store.get_state_ids(leaf))
         fresh = RoomBuilder(room_id=f"!fresh{run}:example.org")
-        batch = [room.message(room.creator, f"after crash {run}"), room.state("m.room.topic", "", {"topic": f"t{run}"}),
-                 fresh.create(), fresh.join(fresh.creator)]
+        batch = [
+            room.message(room.creator, f"after crash {run}"),
+            room.state("m.room.topic", "", {"topic": f"t{run}"}),
+            fresh.create(),
+            fresh.join(fresh.creator),
+        ]
         results = await store.persist_events(
             [room.to_persist(e) for e in batch[:2]] + [fresh.to_persist(e) for e in batch[2:]]
         )

@@ -86,8 +86,12 @@ class FederationTests:
                     graph.add(built, result, rejected)
             return results
 
-        for name, event in (("create", room.create()), ("join", room.join(ALICE)), ("rules", room.join_rules()),
-                            ("bob", room.join(BOB))):
+        for name, event in (
+            ("create", room.create()),
+            ("join", room.join(ALICE)),
+            ("rules", room.join_rules()),
+            ("bob", room.join(BOB)),
+        ):
             named[name] = event
         await persist(named["create"], named["join"], named["rules"], named["bob"])
         m0 = named["m0"] = room.message(ALICE, "m0")

@@ -62,8 +62,24 @@ json_values = st.recursive(
     _scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_strings, inner, max_size=3), max_leaves=8
 )
 _depths = st.sampled_from([1, 10, 100, 125, 126, 127, 128, 200, 900, 975, 1500])
-TOP_KEYS = ["room_id", "sender", "type", "content", "origin_server_ts", "depth", "prev_events", "auth_events",
-            "hashes", "signatures", "state_key", "unsigned", "origin", "redacts", "event_id", "event"]
+TOP_KEYS = [
+    "room_id",
+    "sender",
+    "type",
+    "content",
+    "origin_server_ts",
+    "depth",
+    "prev_events",
+    "auth_events",
+    "hashes",
+    "signatures",
+    "state_key",
+    "unsigned",
+    "origin",
+    "redacts",
+    "event_id",
+    "event",
+]
 
 
 def nested(levels: int) -> dict:
@@ -91,8 +107,10 @@ def mutations(draw) -> tuple:
     if kind == "number":
         return kind, draw(st.sampled_from(["origin_server_ts", "depth"])), draw(_big_ints | _floats)
     if kind == "refs":
-        return kind, draw(st.sampled_from(["prev_events", "auth_events"])), draw(
-            st.sampled_from(["self", "unknown", "other_room", "empty", "duplicate", "not_a_list", "many"])
+        return (
+            kind,
+            draw(st.sampled_from(["prev_events", "auth_events"])),
+            draw(st.sampled_from(["self", "unknown", "other_room", "empty", "duplicate", "not_a_list", "many"])),
         )
     if kind == "bytes":
         return kind, draw(st.sampled_from([b"\xff", b"\xc3", b"\x00", b"}", b"{", b'"']))
@@ -133,8 +151,12 @@ def mutated_lines(room: RoomGraphBuilder, other: RoomGraphBuilder, mutation: tup
         key, how = args
         leaf = room.leaves[0]
         chosen = {
-            "self": [own_id, leaf], "unknown": ["$" + "Q" * 43, leaf] if not room.ids_in_pdu else ["$nope:example.org"],
-            "other_room": [other.leaves[0]], "empty": [], "duplicate": [leaf, leaf], "many": [leaf] * 30,
+            "self": [own_id, leaf],
+            "unknown": ["$" + "Q" * 43, leaf] if not room.ids_in_pdu else ["$nope:example.org"],
+            "other_room": [other.leaves[0]],
+            "empty": [],
+            "duplicate": [leaf, leaf],
+            "many": [leaf] * 30,
         }.get(how)
         event[key] = "not a list" if chosen is None else _with_refs(room, chosen)
     elif kind == "cycle" and room.ids_in_pdu:
@@ -175,16 +197,29 @@ class Counter:
 
     def room(self, version: str) -> RoomGraphBuilder:
         self.n += 1
-        room = RoomGraphBuilder(room_id=f"!fuzz{self.n}:example.org", version=version, creator=ALICE,
-                                start_ts=1_700_000_000_000 + self.n * 10_000_000)
+        room = RoomGraphBuilder(
+            room_id=f"!fuzz{self.n}:example.org",
+            version=version,
+            creator=ALICE,
+            start_ts=1_700_000_000_000 + self.n * 10_000_000,
+        )
         room.create()
         room.join(ALICE)
         room.message(ALICE, "first")
         return room
 
 
-async def run_case(store, counter: Counter, stored_total: list[int], version: str, mutation: tuple,
-                   rehash: bool, batch_size: int, in_flight: int, reports: list) -> None:
+async def run_case(
+    store,
+    counter: Counter,
+    stored_total: list[int],
+    version: str,
+    mutation: tuple,
+    rehash: bool,
+    batch_size: int,
+    in_flight: int,
+    reports: list,
+) -> None:
     room_a, room_b = counter.room(version), counter.room(version)
     valid = list(room_a.events) + list(room_b.events)
     # Room B's events before, between and after the hostile ones, some lines wrapped, some bare PDUs.
@@ -254,13 +289,21 @@ class HostileFuzzTests:
             await run_case(store, counter, stored_total, version, mutation, rehash, batch_size, in_flight, reports)
 
         tried = await run_examples(
-            self, example,
-            [st.sampled_from(sorted(KNOWN_ROOM_VERSIONS, key=int)), mutations(), st.booleans(), st.integers(1, 4),
-             st.integers(1, 3)],
-            EXAMPLES, BUDGET_SECONDS,
+            self,
+            example,
+            [
+                st.sampled_from(sorted(KNOWN_ROOM_VERSIONS, key=int)),
+                mutations(),
+                st.booleans(),
+                st.integers(1, 4),
+                st.integers(1, 3),
+            ],
+            EXAMPLES,
+            BUDGET_SECONDS,
         )
-        print(f"\nfuzz ({self.engine_name}): {tried} examples tried, {stored_total[0]} events stored",
-              file=sys.__stdout__)
+        print(
+            f"\nfuzz ({self.engine_name}): {tried} examples tried, {stored_total[0]} events stored", file=sys.__stdout__
+        )
         self.assertGreater(tried, min(EXAMPLES, 10) - 1, "too few examples ran within the time budget")
         rows = {row["table"]: row["rows"] for row in await store.table_stats()}
         self.assertEqual(rows["events"], stored_total[0])

@@ -61,7 +61,7 @@ class GroupCommitTests:
         store = await self.open_store()
         room, built = linear_room(248)
         events = [room.to_persist(e) for e in built]
-        batches = [events[i:i + 50] for i in range(0, len(events), 50)]
+        batches = [events[i : i + 50] for i in range(0, len(events), 50)]
         held = _HeldWriter(store, len(batches))
         outcomes = await held.run(batches)
         self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
@@ -85,7 +85,7 @@ class GroupCommitTests:
         (its events, the writes' sizes, the calls' outcomes), every call written."""
         store = await self.open_store(max_events_per_transaction=limit)
         room, built = linear_room(messages)
-        batches = [[room.to_persist(e) for e in built[i:i + size]] for i in range(0, len(built), size)]
+        batches = [[room.to_persist(e) for e in built[i : i + size]] for i in range(0, len(built), size)]
         held = _HeldWriter(store, len(batches))
         outcomes = await held.run(batches)
         self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])

@@ -79,7 +79,8 @@ class ImportInFlightTests:
         # The orphan and the damaged line failed; the rest went in, the fork resolved.
         self.assertEqual((one_summary["imported"], one_summary["failed"]), (len(events) - 1, 2))
         self.assertEqual(
-            sorted(r["line"] for r in many_reports), [5, 10],
+            sorted(r["line"] for r in many_reports),
+            [5, 10],
             "the orphan and the damaged line, each reported once by its line",
         )
         self.assertEqual(await self.stored(many_store, room, events), await self.stored(one_store, room, events))

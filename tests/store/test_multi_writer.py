@@ -28,11 +28,12 @@ class MultiWriterStoreTests(DatabaseTestMixin, unittest.TestCase):
             events = [room.create(), room.join("@alice:example.org")]
             events += [room.message("@alice:example.org", f"m{i}") for i in range(30)]
             batches.append([room.to_persist(e) for e in events])
+
         # Both writers persist at the same time, in small batches.
         async def run(store, batch):
             out = []
             for start in range(0, len(batch), 4):
-                out.extend(await store.persist_events(batch[start:start + 4]))
+                out.extend(await store.persist_events(batch[start : start + 4]))
             return out
 
         results = await defer.gatherResults(
@@ -43,8 +44,8 @@ class MultiWriterStoreTests(DatabaseTestMixin, unittest.TestCase):
         self.assertEqual(len(orderings), len(set(orderings)))
         self.assertEqual(sorted(orderings), list(range(1, 65)))
         instances = await first.db.run_interaction(
-            "instances", lambda t: dict(t.execute(
-                "SELECT instance_name, COUNT(*) FROM events GROUP BY instance_name").fetchall())
+            "instances",
+            lambda t: dict(t.execute("SELECT instance_name, COUNT(*) FROM events GROUP BY instance_name").fetchall()),
         )
         self.assertEqual(instances, {"w1": 32, "w2": 32})
         # Each knows its own position; after hearing the other's, they agree.
@@ -64,9 +65,13 @@ class WriterConfigTests:
         url = self.new_database_url()
         writer = await RoomStore.open(url, StoreConfig(instance_name="master"))
         self.addCleanup(writer.close)
-        worker = await RoomStore.open(url, StoreConfig(
-            instance_name="worker1", stream_writers={"events": ["master"], "backfill": ["master"], "caches": ["master"]}
-        ))
+        worker = await RoomStore.open(
+            url,
+            StoreConfig(
+                instance_name="worker1",
+                stream_writers={"events": ["master"], "backfill": ["master"], "caches": ["master"]},
+            ),
+        )
         self.addCleanup(worker.close)
         room = RoomBuilder()
         with self.assertRaises(StreamConfigError):

@@ -26,7 +26,9 @@ class PersistTests:
         self.assertEqual(store.get_current_token(), "s3")
         state = await store.get_state_ids(msg.event_id)
         self.assertEqual(state, {("m.room.create", ""): create.event_id, ("m.room.member", ALICE): join.event_id})
-        self.assertEqual(await store.get_state_ids(join.event_id, before=True), {("m.room.create", ""): create.event_id})
+        self.assertEqual(
+            await store.get_state_ids(join.event_id, before=True), {("m.room.create", ""): create.event_id}
+        )
         self.assertEqual(await store.get_current_state_ids(room.room_id), state)
         self.assertEqual(await store.get_forward_extremities(room.room_id), [msg.event_id])
         self.assertEqual(await store.get_users_in_room(room.room_id), [ALICE])
@@ -95,7 +97,9 @@ class PersistTests:
         topic = room.state("m.room.topic", "", {"topic": "t"}, prev=[join.event_id])
         name = room.state("m.room.name", "", {"name": "n"}, prev=[join.event_id])
         await store.persist_events([room.to_persist(topic), room.to_persist(name)])
-        self.assertEqual(sorted(await store.get_forward_extremities(room.room_id)), sorted([topic.event_id, name.event_id]))
+        self.assertEqual(
+            sorted(await store.get_forward_extremities(room.room_id)), sorted([topic.event_id, name.event_id])
+        )
         current = await store.get_current_state_ids(room.room_id)
         self.assertEqual(current[("m.room.topic", "")], topic.event_id)
         self.assertEqual(current[("m.room.name", "")], name.event_id)
@@ -140,23 +144,28 @@ class PersistTests:
         await store.persist_events([room.to_persist(topic)])
         # An event whose prev events we lack, with state given as a delta.
         late = room.message(ALICE, "late", prev=[fake_event_id("missing")])
-        await store.persist_events([room.to_persist(
-            late, state_before=StateDelta(res[1].state_group, {("m.room.topic", ""): topic.event_id})
-        )])
+        await store.persist_events(
+            [room.to_persist(late, state_before=StateDelta(res[1].state_group, {("m.room.topic", ""): topic.event_id}))]
+        )
         state = await store.get_state_ids(late.event_id)
         self.assertEqual(state[("m.room.topic", "")], topic.event_id)
         self.assertEqual(state[("m.room.member", ALICE)], join.event_id)
         self.assertIn(fake_event_id("missing"), await store.get_backward_extremities(room.room_id))
 
     async def test_bounded_chain_length(self):
-        store = await self.open_store(config=__import__("roomstore.store", fromlist=["StoreConfig"]).StoreConfig(max_state_chain_length=5))
+        store = await self.open_store(
+            config=__import__("roomstore.store", fromlist=["StoreConfig"]).StoreConfig(max_state_chain_length=5)
+        )
         room = RoomBuilder()
         batch = [room.create(), room.join(ALICE)]
         for i in range(20):
             batch.append(room.state("m.room.topic", "", {"topic": str(i)}))
         results = await store.persist_events([room.to_persist(e) for e in batch])
         lengths = await store.db.run_interaction(
-            "lengths", lambda t: [r[0] for r in t.execute("SELECT chain_length FROM state_groups ORDER BY state_group").fetchall()]
+            "lengths",
+            lambda t: [
+                r[0] for r in t.execute("SELECT chain_length FROM state_groups ORDER BY state_group").fetchall()
+            ],
         )
         self.assertLessEqual(max(lengths), 5)
         self.assertIn(0, lengths[5:])  # snapshots were taken along the way
@@ -179,22 +188,29 @@ class CacheInvalidationTests:
         redaction = room.redact(ALICE, msg.event_id)
         await store.persist_events([room.to_persist(redaction)])
         rows = await store.db.run_interaction(
-            "rows", lambda t: t.execute(
+            "rows",
+            lambda t: t.execute(
                 "SELECT stream_id, cache_name, keys FROM cache_invalidations ORDER BY stream_id, cache_name, keys"
-            ).fetchall()
+            ).fetchall(),
         )
         first = [(name, keys) for sid, name, keys in rows if sid == rows[0][0]]
-        self.assertEqual(sorted(first), sorted([
-            ("cs_cache_fake", f'["{room.room_id}"]'),
-            ("get_rooms_for_user", f'["{ALICE}"]'),
-        ]))
+        self.assertEqual(
+            sorted(first),
+            sorted(
+                [
+                    ("cs_cache_fake", f'["{room.room_id}"]'),
+                    ("get_rooms_for_user", f'["{ALICE}"]'),
+                ]
+            ),
+        )
         second = [(name, keys) for sid, name, keys in rows if sid != rows[0][0]]
         self.assertEqual(second, [("get_event", f'["{msg.event_id}"]')])
         self.assertEqual(store.caches_stream.get_current_token(), 2)
         stream_id = await store.invalidate_cache("my_homeserver_cache", None)
         self.assertEqual(stream_id, 3)
         last = await store.db.run_interaction(
-            "last", lambda t: t.execute("SELECT cache_name, keys FROM cache_invalidations WHERE stream_id = 3").fetchall()
+            "last",
+            lambda t: t.execute("SELECT cache_name, keys FROM cache_invalidations WHERE stream_id = 3").fetchall(),
         )
         self.assertEqual([tuple(r) for r in last], [("my_homeserver_cache", None)])
         with self.assertRaises(ValueError):

@@ -192,17 +192,28 @@ class ValidatorTests(unittest.TestCase):
 
         worker.send, worker.receive = send, receive
         first, second = self.events[:35], self.events[35:]
-        got = await defer.gatherResults([
-            defer.ensureDeferred(validator.prepare(first, {})),
-            defer.ensureDeferred(validator.prepare(second, {})),
-        ])
+        got = await defer.gatherResults(
+            [
+                defer.ensureDeferred(validator.prepare(first, {})),
+                defer.ensureDeferred(validator.prepare(second, {})),
+            ]
+        )
         self.assertEqual(order[:2], [("sent", 0), ("sent", 1)])
         self.assertEqual(sorted(order[2:]), [("read", 0), ("read", 1)])
-        self.assertEqual(got, [prepare_events(first, {}), prepare_events(second, {}, )])
+        self.assertEqual(
+            got,
+            [
+                prepare_events(first, {}),
+                prepare_events(
+                    second,
+                    {},
+                ),
+            ],
+        )
         self.assertEqual(validator.fallbacks, 0)
 
     async def test_small_batches_stay_on_the_thread(self):
-        got = await self.validator.prepare(self.events[:MIN_CHUNK - 1], {})
+        got = await self.validator.prepare(self.events[: MIN_CHUNK - 1], {})
         self.assertEqual(len(got), MIN_CHUNK - 1)
         self.assertEqual(self.validator._workers, [])
 
@@ -234,7 +245,7 @@ class PipelineTests:
             store = await self.open_store(processes)
             room, built = linear_room(200)
             events = [room.to_persist(e) for e in built]
-            batches = [events[i:i + 30] for i in range(0, len(events), 30)]
+            batches = [events[i : i + 30] for i in range(0, len(events), 30)]
             outcomes = await self._in_flight(store, batches)
             self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
             orderings = [r.stream_ordering for _, results in outcomes for r in results]
@@ -310,7 +321,7 @@ class StartTests(unittest.TestCase):
         replies = io.BytesIO()
         serve(io.BytesIO(frame(([room.to_persist(e) for e in built], {}))), replies)
         ready = frame(READY)
-        self.assertEqual(replies.getvalue()[:len(ready)], ready)
+        self.assertEqual(replies.getvalue()[: len(ready)], ready)
         self.assertGreater(len(replies.getvalue()), len(ready))  # then the reply
 
     async def test_no_workers_by_default(self):

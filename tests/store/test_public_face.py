@@ -65,8 +65,7 @@ class PublicFaceTests:
 
         events, state, more = await writer.read_events_stream("master", 0, 3, 2)
         self.assertTrue(more)
-        self.assertEqual([(e[0], e[3], e[4]) for e in events],
-                         [(1, "m.room.create", ""), (2, "m.room.member", ALICE)])
+        self.assertEqual([(e[0], e[3], e[4]) for e in events], [(1, "m.room.create", ""), (2, "m.room.member", ALICE)])
         # A batch's state rows sit at its room's newest event.
         self.assertEqual({(s[0], s[2], s[3]) for s in state}, {(2, "m.room.create", ""), (2, "m.room.member", ALICE)})
         events, state, more = await writer.read_events_stream("master", 2, 3, 2)
@@ -77,7 +76,9 @@ class PublicFaceTests:
         self.assertIn(("get_thing", ["a", "b"]), [(r[1], r[2]) for r in rows])
 
         # A worker that caches Bob's rooms before a replicated join drops it.
-        worker = await self.open(url, instance_name="worker", stream_writers={n: ["master"] for n in writer.stream_names})
+        worker = await self.open(
+            url, instance_name="worker", stream_writers={n: ["master"] for n in writer.stream_names}
+        )
         self.assertEqual(await worker.get_rooms_for_user("@carol:example.org"), frozenset())
         carol = room.join("@carol:example.org")
         await writer.persist_events([room.to_persist(carol)])

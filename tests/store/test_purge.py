@@ -28,8 +28,16 @@ LOCAL = "local.org"
 #: (a user or state key is no room's), the streams' positions and history
 #: (the caches stream's rows name a room only as a key to drop), locks,
 #: schema versions and compaction runs (no room in them).
-NOT_ROOM_TABLES = {"users", "state_keys", "stream_positions", "cache_invalidations", "instances",
-                   "maintenance_locks", "embedder_schema_versions", "state_compaction_runs"}
+NOT_ROOM_TABLES = {
+    "users",
+    "state_keys",
+    "stream_positions",
+    "cache_invalidations",
+    "instances",
+    "maintenance_locks",
+    "embedder_schema_versions",
+    "state_compaction_runs",
+}
 
 
 def build_room(room_id: str = "!purge:example.org", messages: int = 40) -> tuple[RoomBuilder, list, object, object]:
@@ -38,8 +46,14 @@ def build_room(room_id: str = "!purge:example.org", messages: int = 40) -> tuple
     point follows, the redacted state event)."""
     room = RoomBuilder(room_id=room_id)
     users = (ALICE, BOB, CAROL)
-    events = [room.create(), room.join(ALICE), room.power_levels({ALICE: 100}), room.join_rules(),
-              room.join(BOB), room.join(CAROL)]
+    events = [
+        room.create(),
+        room.join(ALICE),
+        room.power_levels({ALICE: 100}),
+        room.join_rules(),
+        room.join(BOB),
+        room.join(CAROL),
+    ]
     topic = None
     for i in range(messages):
         events.append(room.message(users[i % 3], f"m{i}"))
@@ -84,13 +98,22 @@ class PurgeHistoryTests:
     async def orphan_groups(self, store: RoomStore, room_id: str) -> list[int]:
         """The room's groups that neither an event nor the current state uses, nor a used group's chain has
         (failing if a used group's chain reaches a group that is gone)."""
+
         def txn_fn(txn):
             room_nid = txn.select_one_value("SELECT room_nid FROM rooms WHERE room_id = ?", (room_id,))
-            links = dict(txn.execute("SELECT state_group, prev_state_group FROM state_groups WHERE room_nid = ?",
-                                     (room_nid,)).fetchall())
-            used = {g for row in txn.execute(
-                "SELECT state_group_before, state_group FROM events WHERE room_nid = ?", (room_nid,)
-            ).fetchall() for g in row if g is not None}
+            links = dict(
+                txn.execute(
+                    "SELECT state_group, prev_state_group FROM state_groups WHERE room_nid = ?", (room_nid,)
+                ).fetchall()
+            )
+            used = {
+                g
+                for row in txn.execute(
+                    "SELECT state_group_before, state_group FROM events WHERE room_nid = ?", (room_nid,)
+                ).fetchall()
+                for g in row
+                if g is not None
+            }
             used.add(txn.select_one_value("SELECT current_state_group FROM rooms WHERE room_nid = ?", (room_nid,)))
             reach = set()
             for group in used:
@@ -126,10 +149,12 @@ class PurgeHistoryTests:
         # Every event at or before the point left the timeline; the later ones stayed.
         position = {e.event_id: i for i, e in enumerate(events)}
         cut = position[point.event_id]
-        self.assertEqual(sorted(after, key=position.get), ids[cut + 1:])
+        self.assertEqual(sorted(after, key=position.get), ids[cut + 1 :])
         page = await store.paginate(room.room_id, ALICE, None, "b", 1000)
-        self.assertEqual([e["event_id"] for e in page.events],
-                         [e["event_id"] for e in newest.events if position[e["event_id"]] > cut])
+        self.assertEqual(
+            [e["event_id"] for e in page.events],
+            [e["event_id"] for e in newest.events if position[e["event_id"]] > cut],
+        )
         self.assertEqual((await store.paginate(room.room_id, ALICE, page.next_token, "b", 10)).events, [])
         # The current state is as it was, and its events are served.
         current = await store.get_current_state_ids(room.room_id)
@@ -142,13 +167,16 @@ class PurgeHistoryTests:
         cut = events.index(point)
         token = await store.get_topological_token(point.event_id)
         await store.purge_history(room.room_id, token)
-        early = events[:cut + 1]
+        early = events[: cut + 1]
         served = await store.get_events([e.event_id for e in early])
         flags = await store.get_event_flags([e.event_id for e in early])
         for built in early:
             pdu = built.event
-            kept = "state_key" in pdu or pdu["sender"] == CAROL or (
-                pdu["type"] == "m.room.redaction" and pdu["redacts"] == topic.event_id)
+            kept = (
+                "state_key" in pdu
+                or pdu["sender"] == CAROL
+                or (pdu["type"] == "m.room.redaction" and pdu["redacts"] == topic.event_id)
+            )
             self.assertEqual(built.event_id in served, kept, pdu)
             if kept:
                 self.assertTrue(flags[built.event_id].outlier, pdu)
@@ -164,8 +192,11 @@ class PurgeHistoryTests:
         await self.stored(store, room, events)
         token = await store.get_topological_token(point.event_id)
         await store.purge_history(room.room_id, token, delete_local_events=True)
-        carol = [e.event_id for e in events[:events.index(point) + 1]
-                 if e.event["sender"] == CAROL and "state_key" not in e.event]
+        carol = [
+            e.event_id
+            for e in events[: events.index(point) + 1]
+            if e.event["sender"] == CAROL and "state_key" not in e.event
+        ]
         self.assertTrue(carol)
         self.assertEqual(await store.get_events(carol), {})
 
@@ -211,8 +242,9 @@ class PurgeHistoryTests:
         await self.stored(store, room, events)
         position = store.caches_stream.get_current_token()
         await store.purge_history(room.room_id, await store.get_topological_token(point.event_id))
-        rows, _ = await store.read_caches_stream(store.instance_name, position, store.caches_stream.get_current_token(),
-                                                 100)
+        rows, _ = await store.read_caches_stream(
+            store.instance_name, position, store.caches_stream.get_current_token(), 100
+        )
         self.assertEqual([(name, keys) for _, name, keys, _ in rows], [(HISTORY_PURGED, [room.room_id])])
 
     async def test_writer_process(self):
@@ -241,27 +273,41 @@ class PurgeRoomTests:
 
     async def room_rows(self, store: RoomStore, room_id: str) -> dict:
         """The room's nid, its events' nids (and the IDs they name), its state groups and branches."""
+
         def txn_fn(txn):
             room_nid = txn.select_one_value("SELECT room_nid FROM rooms WHERE room_id = ?", (room_id,))
             events = [r[0] for r in txn.execute("SELECT event_nid FROM events WHERE room_nid = ?", (room_nid,))]
             marks = ", ".join("?" for _ in events)
-            named = {r[0] for r in txn.execute(
-                f"SELECT prev_event_nid FROM event_edges WHERE event_nid IN ({marks})"
-                f" UNION SELECT auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})", events * 2)}
-            groups = [r[0] for r in txn.execute("SELECT state_group FROM state_groups WHERE room_nid = ?",
-                                                (room_nid,))]
-            branches = [r[0] for r in txn.execute("SELECT branch_nid FROM visibility_branches WHERE room_nid = ?",
-                                                  (room_nid,))]
-            return {"room": room_nid, "events": events, "ids": sorted(named | set(events)), "groups": groups,
-                    "branches": branches}
+            named = {
+                r[0]
+                for r in txn.execute(
+                    f"SELECT prev_event_nid FROM event_edges WHERE event_nid IN ({marks})"
+                    f" UNION SELECT auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})",
+                    events * 2,
+                )
+            }
+            groups = [r[0] for r in txn.execute("SELECT state_group FROM state_groups WHERE room_nid = ?", (room_nid,))]
+            branches = [
+                r[0] for r in txn.execute("SELECT branch_nid FROM visibility_branches WHERE room_nid = ?", (room_nid,))
+            ]
+            return {
+                "room": room_nid,
+                "events": events,
+                "ids": sorted(named | set(events)),
+                "groups": groups,
+                "branches": branches,
+            }
 
         return await store.db.run_interaction("room_rows", txn_fn)
 
     async def rows_left(self, store: RoomStore, room_id: str, of: dict) -> dict:
         """table -> rows of the room still there, for every table of the schema."""
         by_column = {
-            "room_nid": [of["room"]], "event_nid": of["ids"], "state_group": of["groups"],
-            "branch_nid": of["branches"], "redaction_event_nid": of["events"],
+            "room_nid": [of["room"]],
+            "event_nid": of["ids"],
+            "state_group": of["groups"],
+            "branch_nid": of["branches"],
+            "redaction_event_nid": of["events"],
         }
 
         def txn_fn(txn):
@@ -276,11 +322,14 @@ class PurgeRoomTests:
                     if column in columns and values:
                         marks = ", ".join("?" for _ in values)
                         count += txn.select_one_value(
-                            f"SELECT COUNT(*) FROM {table} WHERE {column} IN ({marks})", list(values))
+                            f"SELECT COUNT(*) FROM {table} WHERE {column} IN ({marks})", list(values)
+                        )
                 if table == "rooms":
                     count += txn.select_one_value("SELECT COUNT(*) FROM rooms WHERE room_id = ?", (room_id,))
-                self.assertTrue(count or any(c in columns for c in by_column) or table == "rooms",
-                                f"{table}: no column to find the room's rows by")
+                self.assertTrue(
+                    count or any(c in columns for c in by_column) or table == "rooms",
+                    f"{table}: no column to find the room's rows by",
+                )
                 if count:
                     left[table] = count
             return left
@@ -324,8 +373,9 @@ class PurgeRoomTests:
         self.assertEqual(store.caches_stream.get_current_token(), position)
         # The room can come back, with new interned IDs.
         await store.persist_events([doomed.to_persist(e) for e in doomed_events])
-        self.assertEqual(len(await store.get_events([e.event_id for e in doomed_events], allow_rejected=True)),
-                         len(doomed_events))
+        self.assertEqual(
+            len(await store.get_events([e.event_id for e in doomed_events], allow_rejected=True)), len(doomed_events)
+        )
         self.assertEqual(await store.get_current_state_ids(doomed.room_id), doomed_current)
 
     async def test_purge_while_another_room_is_written(self):
@@ -339,17 +389,22 @@ class PurgeRoomTests:
 
         async def write_other():
             for start in range(10, len(other_events), 5):
-                await store.persist_events([other.to_persist(e) for e in other_events[start:start + 5]])
+                await store.persist_events([other.to_persist(e) for e in other_events[start : start + 5]])
 
-        results = await defer.gatherResults([
-            defer.ensureDeferred(write_other()), defer.ensureDeferred(store.purge_room(doomed.room_id)),
-        ], consumeErrors=True)
+        results = await defer.gatherResults(
+            [
+                defer.ensureDeferred(write_other()),
+                defer.ensureDeferred(store.purge_room(doomed.room_id)),
+            ],
+            consumeErrors=True,
+        )
         self.assertIn("rooms", results[1].rows_deleted)
         self.assertEqual(await self.rows_left(store, doomed.room_id, of), {})
         ids = [e.event_id for e in other_events]
         self.assertEqual(len(await store.get_events(ids, allow_rejected=True)), len(ids))
         state = await store.get_state_ids_for_events(ids)
         self.assertEqual(await store.get_current_state_ids(other.room_id), state[ids[-1]])
-        rows, _ = await store.read_caches_stream(store.instance_name, position, store.caches_stream.get_current_token(),
-                                                 100)
+        rows, _ = await store.read_caches_stream(
+            store.instance_name, position, store.caches_stream.get_current_token(), 100
+        )
         self.assertIn((ROOM_PURGED, [doomed.room_id]), [(name, keys) for _, name, keys, _ in rows])

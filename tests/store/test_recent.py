@@ -7,8 +7,8 @@ in ``tests.store.test_timeline.RecentTests``.
 
 from __future__ import annotations
 
-from roomstore.store import RoomStore
 from roomstore.storage.schema import prepare_database
+from roomstore.store import RoomStore
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
 
@@ -140,15 +140,26 @@ class JoinedRoomsIndexTests:
         self.assertEqual(await db.run_interaction("to 3", prepare_database, None, 3), 3)
         self.assertIn("current_memberships_user", await db.run_interaction("i", index_names_txn, "current_memberships"))
         rows = [(room, user, 1, 100 + room * 10 + user, room * 10 + user) for room in range(1, 4) for user in (7, 8)]
-        await db.run_interaction("rows", lambda t: t.insert_many(
-            "current_memberships", ("room_nid", "user_nid", "membership", "event_nid", "stream_ordering"), rows))
+        await db.run_interaction(
+            "rows",
+            lambda t: t.insert_many(
+                "current_memberships", ("room_nid", "user_nid", "membership", "event_nid", "stream_ordering"), rows
+            ),
+        )
         self.assertEqual(await db.run_interaction("to 4", prepare_database, None, 4), 4)
         names = await db.run_interaction("i", index_names_txn, "current_memberships")
         self.assertIn("current_memberships_user_rooms", names)
         self.assertNotIn("current_memberships_user", names)
-        joined = await db.run_interaction("joined", lambda t: [r[0] for r in t.execute(
-            "SELECT room_nid FROM current_memberships WHERE user_nid = ? AND membership = ? ORDER BY room_nid",
-            (7, 1)).fetchall()])
+        joined = await db.run_interaction(
+            "joined",
+            lambda t: [
+                r[0]
+                for r in t.execute(
+                    "SELECT room_nid FROM current_memberships WHERE user_nid = ? AND membership = ? ORDER BY room_nid",
+                    (7, 1),
+                ).fetchall()
+            ],
+        )
         self.assertEqual(joined, [1, 2, 3])
 
     async def test_joined_rooms_come_from_the_index_alone(self):
@@ -160,12 +171,15 @@ class JoinedRoomsIndexTests:
         self.addCleanup(store.close)
         for i in range(30):
             room = RoomBuilder(room_id=f"!plan{i}:example.org")
-            await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE), room.join_rules(), room.join(BOB))])
+            await store.persist_events(
+                [room.to_persist(e) for e in (room.create(), room.join(ALICE), room.join_rules(), room.join(BOB))]
+            )
         await store.get_rooms_for_user(BOB)
         if self.engine_name == "sqlite":
             plan = await store.db.run_interaction("plan", recent_plan_txn, store, BOB)
             self.assertIn("USING COVERING INDEX current_memberships_user_rooms", plan)
         else:
+
             def plan_txn(txn):
                 txn.execute("SET LOCAL enable_seqscan = off")
                 return recent_plan_txn(txn, store, BOB)
@@ -193,8 +207,9 @@ class RecentFloorTests:
                 (room.room_id, False),
             ).fetchall()
 
-        visible = [r[0] for r in await store.db.run_interaction("streams", streams)
-                   if await store.is_visible(viewer, r[0])]
+        visible = [
+            r[0] for r in await store.db.run_interaction("streams", streams) if await store.is_visible(viewer, r[0])
+        ]
         return visible[-count:] if count else []
 
     async def test_rooms_long_short_hidden_and_backfilled(self):
@@ -226,8 +241,12 @@ class RecentFloorTests:
         create, join_alice, rules, join_bob = old.create(), old.join(ALICE), old.join_rules(), old.join(BOB)
         older = [old.message(ALICE, f"old {i}") for i in range(3)]
         newer = old.message(ALICE, "new")
-        state = {("m.room.create", ""): create.event_id, ("m.room.member", ALICE): join_alice.event_id,
-                 ("m.room.join_rules", ""): rules.event_id, ("m.room.member", BOB): join_bob.event_id}
+        state = {
+            ("m.room.create", ""): create.event_id,
+            ("m.room.member", ALICE): join_alice.event_id,
+            ("m.room.join_rules", ""): rules.event_id,
+            ("m.room.member", BOB): join_bob.event_id,
+        }
         await persist([old.to_persist(e) for e in (create, join_alice, rules, join_bob)])
         await persist([old.to_persist(newer, state_before=state)])
         await persist([old.to_persist(e, backfilled=True, state_before=state) for e in reversed(older)])
@@ -245,7 +264,9 @@ class RecentFloorTests:
         # skips what was sent meanwhile.
         [(_, served)] = [(r, e) for r, e in (await store.recent(BOB, 10, 100)).rooms if r == late.room_id]
         self.assertEqual([e["content"].get("body") for e in served][-2:], ["after 0", "after 1"])
-        self.assertEqual(len(served), 4 + 3)  # create, Alice's join, join rules, history visibility; his join, two after
+        self.assertEqual(
+            len(served), 4 + 3
+        )  # create, Alice's join, join rules, history visibility; his join, two after
         [(_, served)] = [(r, e) for r, e in (await store.recent(BOB, 10, 7)).rooms if r == away.room_id]
         bodies = [e["content"].get("body") for e in served]
         self.assertNotIn("away 0", bodies)

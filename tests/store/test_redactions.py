@@ -32,10 +32,15 @@ def _signed_message(room: RoomBuilder, key, body: str) -> BuiltEvent:
     """A message signed the way servers sign PDUs: over the pruned event."""
     version = room.room_version
     event = {
-        "auth_events": room.auth_events_for("m.room.message", ALICE), "content": {"msgtype": "m.text", "body": body},
+        "auth_events": room.auth_events_for("m.room.message", ALICE),
+        "content": {"msgtype": "m.text", "body": body},
         "depth": max(room.depth_of.values()) + 1,
-        "origin": "example.org", "origin_server_ts": room.clock + 1000, "prev_events": list(room.leaves),
-        "room_id": room.room_id, "sender": ALICE, "type": "m.room.message",
+        "origin": "example.org",
+        "origin_server_ts": room.clock + 1000,
+        "prev_events": list(room.leaves),
+        "room_id": room.room_id,
+        "sender": ALICE,
+        "type": "m.room.message",
     }
     event["hashes"] = {"sha256": compute_content_hash(event)}
     signed_pruned = sign_json(prune_event_dict(version, event), "example.org", key)
@@ -59,7 +64,8 @@ class RedactionTests:
             for ev in events:
                 row = txn.execute(
                     "SELECT e.redacted FROM events AS e JOIN event_ids AS i ON i.event_nid = e.event_nid"
-                    " WHERE i.event_id = ?", (ev.event_id,)
+                    " WHERE i.event_id = ?",
+                    (ev.event_id,),
                 ).fetchone()
                 out.append(None if row is None else bool(row[0]))
             return out
@@ -68,23 +74,34 @@ class RedactionTests:
 
     async def censor_state(self, store: RoomStore, target: BuiltEvent) -> tuple[bool, list[bool]]:
         """(event_json.censored of target, have_censored of each redaction of it)."""
+
         def txn_fn(txn):
             nid = txn.select_one_value("SELECT event_nid FROM event_ids WHERE event_id = ?", (target.event_id,))
             censored = txn.select_one_value("SELECT censored FROM event_json WHERE event_nid = ?", (nid,))
-            marks = [bool(r[0]) for r in txn.execute(
-                "SELECT have_censored FROM redactions WHERE redacts_event_nid = ? ORDER BY redaction_event_nid", (nid,)
-            ).fetchall()]
+            marks = [
+                bool(r[0])
+                for r in txn.execute(
+                    "SELECT have_censored FROM redactions WHERE redacts_event_nid = ? ORDER BY redaction_event_nid",
+                    (nid,),
+                ).fetchall()
+            ]
             return bool(censored), marks
 
         return await store.db.run_interaction("censor_state", txn_fn)
 
     async def received_ts(self, store: RoomStore, redaction: BuiltEvent) -> int:
-        return await store.db.run_interaction("received", lambda t: t.select_one_value(
-            "SELECT r.received_ts FROM redactions AS r JOIN event_ids AS i ON i.event_nid = r.redaction_event_nid"
-            " WHERE i.event_id = ?", (redaction.event_id,)
-        ))
+        return await store.db.run_interaction(
+            "received",
+            lambda t: t.select_one_value(
+                "SELECT r.received_ts FROM redactions AS r JOIN event_ids AS i ON i.event_nid = r.redaction_event_nid"
+                " WHERE i.event_id = ?",
+                (redaction.event_id,),
+            ),
+        )
 
-    async def start_room(self, store: RoomStore, version: str = "10", room_id: str = "!room:example.org") -> RoomBuilder:
+    async def start_room(
+        self, store: RoomStore, version: str = "10", room_id: str = "!room:example.org"
+    ) -> RoomBuilder:
         room = RoomBuilder(room_id=room_id, version=version)
         await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE), room.join_rules())])
         return room
@@ -341,8 +358,13 @@ def _odd_bytes(room: RoomBuilder) -> tuple[bytes, dict]:
     event = {
         "auth_events": room.auth_events_for("m.room.message", ALICE),
         "content": {"msgtype": "m.text", "body": "caf\u00e9 a/b \u0000 end", "nested": {"z": 1, "a": [1, 2]}},
-        "depth": max(room.depth_of.values()) + 1, "origin": "example.org", "origin_server_ts": room.clock + 1000,
-        "prev_events": list(room.leaves), "room_id": room.room_id, "sender": ALICE, "type": "m.room.message",
+        "depth": max(room.depth_of.values()) + 1,
+        "origin": "example.org",
+        "origin_server_ts": room.clock + 1000,
+        "prev_events": list(room.leaves),
+        "room_id": room.room_id,
+        "sender": ALICE,
+        "type": "m.room.message",
     }
     event["hashes"] = {"sha256": compute_content_hash(event)}
     event["signatures"] = {"example.org": {"ed25519:a": "c2lnbmF0dXJl"}}
@@ -379,8 +401,13 @@ class EventBytesTests:
         event = {
             "auth_events": room.auth_events_for("m.room.message", ALICE),
             "content": {"msgtype": "m.text", "body": "signed \u00e9\u0000"},
-            "depth": max(room.depth_of.values()) + 1, "origin": "example.org", "origin_server_ts": room.clock + 1000,
-            "prev_events": list(room.leaves), "room_id": room.room_id, "sender": ALICE, "type": "m.room.message",
+            "depth": max(room.depth_of.values()) + 1,
+            "origin": "example.org",
+            "origin_server_ts": room.clock + 1000,
+            "prev_events": list(room.leaves),
+            "room_id": room.room_id,
+            "sender": ALICE,
+            "type": "m.room.message",
         }
         event["hashes"] = {"sha256": compute_content_hash(event)}
         # Build, sign, then compute the ID (v10 IDs hash the pruned event,

@@ -42,5 +42,6 @@ class RejectedEventTests:
         await self.persist(store, room, first, second)
         bad = room.message(ALICE, "merge, rejected", prev=[first.event_id, second.event_id])
         await self.persist(store, room, bad, rejected_reason="auth_error")
-        self.assertEqual(sorted(await store.get_forward_extremities(room.room_id)),
-                         sorted([first.event_id, second.event_id]))
+        self.assertEqual(
+            sorted(await store.get_forward_extremities(room.room_id)), sorted([first.event_id, second.event_id])
+        )

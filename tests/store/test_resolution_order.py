@@ -23,10 +23,10 @@ import random
 
 from hypothesis import strategies as st
 
-from tests.db import on_both_engines
-from tests.hypothesis_examples import run_examples
 from roomstore.pdu.auth_rules import AuthError, auth_types_for_event, check_auth_events_shape, check_event_auth
 from roomstore.pdu.parsing import parse_pdu
+from tests.db import on_both_engines
+from tests.hypothesis_examples import run_examples
 from tests.store.builder import RoomBuilder, pure_resolution
 
 ALICE, BOB, CAROL = "@alice:example.org", "@bob:example.org", "@carol:elsewhere.org"
@@ -38,8 +38,7 @@ def build_history(rng: random.Random, version: str, start_ts: int) -> RoomBuilde
     """A room whose branches fork from and merge into each other's leaves
     (a room of its own: a new room ID, and from ``start_ts`` a new create
     event, whose hash is a version 12 room's ID)."""
-    room = RoomBuilder(room_id=f"!order{next(_rooms)}:example.org", version=version, creator=ALICE,
-                       start_ts=start_ts)
+    room = RoomBuilder(room_id=f"!order{next(_rooms)}:example.org", version=version, creator=ALICE, start_ts=start_ts)
     room.create()
     room.join(ALICE)
     room.power_levels({ALICE: 100, BOB: 50})
@@ -56,8 +55,9 @@ def build_history(rng: random.Random, version: str, start_ts: int) -> RoomBuilde
         elif kind == "name":
             built = room.state("m.room.name", "", {"name": f"n{i}"}, sender=sender, prev=prev)
         elif kind == "levels":
-            built = room.power_levels({ALICE: 100, BOB: rng.choice([0, 50, 100]), CAROL: rng.choice([0, 50])},
-                                      prev=prev)
+            built = room.power_levels(
+                {ALICE: 100, BOB: rng.choice([0, 50, 100]), CAROL: rng.choice([0, 50])}, prev=prev
+            )
         elif kind == "carol":
             built = room.member(CAROL, rng.choice(["join", "leave"]), prev=prev)
         elif kind == "ban":
@@ -90,7 +90,7 @@ def topological_batches(rng: random.Random, room: RoomBuilder) -> list[list]:
     batches, start = [], 0
     while start < len(order):
         size = rng.randint(1, 4)
-        batches.append(order[start:start + size])
+        batches.append(order[start : start + size])
         start += size
     return batches
 
@@ -141,8 +141,11 @@ def expected_states(room: RoomBuilder, arrival: list | None = None) -> tuple[dic
             if not allowed(pdu, resolved([after[e] for e in ends] + [state])):
                 soft_failed.add(built.event_id)
         state_key = built.event.get("state_key")
-        after[built.event_id] = {**state, (built.event["type"], state_key): built.event_id} \
-            if state_key is not None and built.event_id not in rejected else dict(state)
+        after[built.event_id] = (
+            {**state, (built.event["type"], state_key): built.event_id}
+            if state_key is not None and built.event_id not in rejected
+            else dict(state)
+        )
         if built.event_id not in rejected and built.event_id not in soft_failed:
             ends = [e for e in ends if e not in prevs] + [built.event_id]
     current = resolved([after[e] for e in ends])
@@ -173,8 +176,9 @@ async def check_history(store, seed: int, version: str) -> None:
     after, copy_after = expected[1], copy_expected[1]
     assert {position[e] for e in expected[3]} == {copy_position[e] for e in copy_expected[3]}
     for built, copied in zip(room.events, copy.events):
-        assert ({k: position[v] for k, v in after[built.event_id].items()}
-                == {k: copy_position[v] for k, v in copy_after[copied.event_id].items()}), built.event_id
+        assert {k: position[v] for k, v in after[built.event_id].items()} == {
+            k: copy_position[v] for k, v in copy_after[copied.event_id].items()
+        }, built.event_id
 
 
 async def assert_states(store, room, before, after, current, rejected, soft_failed) -> None:
@@ -199,7 +203,10 @@ class ResolutionOrderTests:
     async def test_any_persist_order_resolves_as_the_pure_resolution(self):
         store = await self.open_store()
         tried = await run_examples(
-            self, lambda seed, version: check_history(store, seed, version),
-            [st.integers(0, 2**32), st.sampled_from(["2", "6", "10", "11", "12"])], 40, BUDGET_SECONDS,
+            self,
+            lambda seed, version: check_history(store, seed, version),
+            [st.integers(0, 2**32), st.sampled_from(["2", "6", "10", "11", "12"])],
+            40,
+            BUDGET_SECONDS,
         )
         self.assertGreater(tried, 5, "too few examples ran within the time budget")

@@ -24,17 +24,33 @@ class RoomServerReadTests:
         room = RoomBuilder()
         create = room.create()
         join_a = room.build("m.room.member", ALICE, {"membership": "join"}, ALICE, extra=auth(create))
-        levels = room.state("m.room.power_levels", "", {"users": {ALICE: 100}}, sender=ALICE,
-                            extra=auth(create, join_a))
+        levels = room.state(
+            "m.room.power_levels", "", {"users": {ALICE: 100}}, sender=ALICE, extra=auth(create, join_a)
+        )
         join_b = room.build("m.room.member", BOB, {"membership": "join"}, BOB, extra=auth(create, levels))
         base = list(room.leaves)
-        topic_a = room.state("m.room.topic", "", {"topic": "a"}, sender=ALICE, prev=base,
-                             extra=auth(create, levels, join_a), set_leaves=False)
-        topic_b = room.state("m.room.topic", "", {"topic": "b"}, sender=BOB, prev=base,
-                             extra=auth(create, levels, join_b), set_leaves=False)
+        topic_a = room.state(
+            "m.room.topic",
+            "",
+            {"topic": "a"},
+            sender=ALICE,
+            prev=base,
+            extra=auth(create, levels, join_a),
+            set_leaves=False,
+        )
+        topic_b = room.state(
+            "m.room.topic",
+            "",
+            {"topic": "b"},
+            sender=BOB,
+            prev=base,
+            extra=auth(create, levels, join_b),
+            set_leaves=False,
+        )
         await store.persist_events([room.to_persist(e) for e in (create, join_a, levels, join_b, topic_a)])
-        await store.persist_events([room.to_persist(topic_b)],
-                                   resolved_current_state={room.room_id: {("m.room.topic", ""): topic_a.event_id}})
+        await store.persist_events(
+            [room.to_persist(topic_b)], resolved_current_state={room.room_id: {("m.room.topic", ""): topic_a.event_id}}
+        )
         return room, (create, join_a, levels, join_b, topic_a, topic_b)
 
     async def test_auth_chains(self):
@@ -46,11 +62,15 @@ class RoomServerReadTests:
         self.assertEqual(await store.get_auth_chain_ids([create.event_id]), set())
         self.assertEqual(await store.get_auth_chain_ids(["$unknown"]), set())
         # Closures: {topic_a} -> topic_a, create, levels, join_a; {topic_b} -> topic_b, create, levels, join_a, join_b.
-        self.assertEqual(await store.get_auth_chain_difference([{topic_a.event_id}, {topic_b.event_id}]),
-                         ids(topic_a, topic_b, join_b))
+        self.assertEqual(
+            await store.get_auth_chain_difference([{topic_a.event_id}, {topic_b.event_id}]),
+            ids(topic_a, topic_b, join_b),
+        )
         self.assertEqual(await store.get_auth_chain_difference([{levels.event_id}, {levels.event_id}]), set())
-        self.assertEqual(await store.get_auth_chain_difference([{levels.event_id}, {"$unknown"}]),
-                         ids(levels, create, join_a) | {"$unknown"})
+        self.assertEqual(
+            await store.get_auth_chain_difference([{levels.event_id}, {"$unknown"}]),
+            ids(levels, create, join_a) | {"$unknown"},
+        )
         # Three sets, in one masked walk, and a set at a time (past MAX_MASKED_SETS): the same.
         three = [{topic_a.event_id}, {topic_b.event_id}, {join_b.event_id}]
         self.assertEqual(await store.get_auth_chain_difference(three), ids(topic_a, topic_b, join_b))

@@ -33,9 +33,15 @@ def v12_room() -> RoomBuilder:
 def retarget(room: RoomBuilder, room_id: str, body: str) -> bytes:
     """A message on the room's leaves that names ``room_id`` instead."""
     event = {
-        "auth_events": [], "content": {"msgtype": "m.text", "body": body}, "depth": 99, "origin": "example.org",
-        "origin_server_ts": 1_700_000_999_000, "prev_events": list(room.leaves), "room_id": room_id,
-        "sender": ALICE, "type": "m.room.message",
+        "auth_events": [],
+        "content": {"msgtype": "m.text", "body": body},
+        "depth": 99,
+        "origin": "example.org",
+        "origin_server_ts": 1_700_000_999_000,
+        "prev_events": list(room.leaves),
+        "room_id": room_id,
+        "sender": ALICE,
+        "type": "m.room.message",
     }
     event["hashes"] = {"sha256": compute_content_hash(event)}
     event["signatures"] = {"example.org": {"ed25519:a": "c2lnbmF0dXJl"}}
@@ -59,8 +65,17 @@ class RoomVersion12Tests:
         # Later batches: bare PDUs (no room version given), found from the stored room.
         await store.persist_events([EventToPersist(e.raw) for e in (power, rules, visibility, bob, message, kept)])
         await store.persist_events([room.to_persist(redaction)])
-        names = dict(create=create, join=join, power=power, rules=rules, visibility=visibility, bob=bob,
-                     message=message, kept=kept, redaction=redaction)
+        names = dict(
+            create=create,
+            join=join,
+            power=power,
+            rules=rules,
+            visibility=visibility,
+            bob=bob,
+            message=message,
+            kept=kept,
+            redaction=redaction,
+        )
         return room, names
 
     async def test_persisted_and_read_back(self):
@@ -78,13 +93,20 @@ class RoomVersion12Tests:
         self.assertEqual(served["content"]["additional_creators"], [CAROL])
 
         state = await store.get_current_state_ids(room.room_id)
-        self.assertEqual(state, {
-            ("m.room.create", ""): create.event_id, ("m.room.member", ALICE): ev["join"].event_id,
-            ("m.room.power_levels", ""): ev["power"].event_id, ("m.room.join_rules", ""): ev["rules"].event_id,
-            ("m.room.history_visibility", ""): ev["visibility"].event_id, ("m.room.member", BOB): ev["bob"].event_id,
-        })
-        self.assertEqual(await store.get_state_ids(ev["join"].event_id, before=True),
-                         {("m.room.create", ""): create.event_id})
+        self.assertEqual(
+            state,
+            {
+                ("m.room.create", ""): create.event_id,
+                ("m.room.member", ALICE): ev["join"].event_id,
+                ("m.room.power_levels", ""): ev["power"].event_id,
+                ("m.room.join_rules", ""): ev["rules"].event_id,
+                ("m.room.history_visibility", ""): ev["visibility"].event_id,
+                ("m.room.member", BOB): ev["bob"].event_id,
+            },
+        )
+        self.assertEqual(
+            await store.get_state_ids(ev["join"].event_id, before=True), {("m.room.create", ""): create.event_id}
+        )
         self.assertEqual(await store.get_users_in_room(room.room_id), sorted([ALICE, BOB]))
 
         page = await store.paginate(room.room_id, BOB, None, "b", 50)
@@ -106,10 +128,14 @@ class RoomVersion12Tests:
         room, ev = await self.build_room(store)
 
         def edges(txn, event_id):
-            return sorted(r[0] for r in txn.execute(
-                "SELECT a.event_id FROM event_auth_edges AS x JOIN event_ids AS e ON e.event_nid = x.event_nid"
-                " JOIN event_ids AS a ON a.event_nid = x.auth_event_nid WHERE e.event_id = ?", (event_id,)
-            ).fetchall())
+            return sorted(
+                r[0]
+                for r in txn.execute(
+                    "SELECT a.event_id FROM event_auth_edges AS x JOIN event_ids AS e ON e.event_nid = x.event_nid"
+                    " JOIN event_ids AS a ON a.event_nid = x.auth_event_nid WHERE e.event_id = ?",
+                    (event_id,),
+                ).fetchall()
+            )
 
         create_id = ev["create"].event_id
         # As Synapse's event_auth rows (its auth_event_ids() adds the create
@@ -117,8 +143,9 @@ class RoomVersion12Tests:
         for name in ("join", "power", "message", "redaction"):
             cited = ev[name].event["auth_events"]
             self.assertNotIn(create_id, cited)
-            self.assertEqual(await store.db.run_interaction("edges", edges, ev[name].event_id),
-                             sorted({*cited, create_id}), name)
+            self.assertEqual(
+                await store.db.run_interaction("edges", edges, ev[name].event_id), sorted({*cited, create_id}), name
+            )
         self.assertEqual(await store.db.run_interaction("edges", edges, create_id), [])
 
     async def test_redaction_served_as_synapse_prunes(self):
@@ -199,9 +226,14 @@ class RoomVersion12Tests:
         code, out, err = await threads.deferToThread(run_cli, "import", path, "--db", url)
         self.assertEqual(code, 0, err)
         errors = [(o["line"], o["error"], o["message"]) for o in out if "error" in o]
-        self.assertEqual([e[:2] for e in errors], [
-            (3, "InvalidEventError"), (4, "InvalidEventError"), (5, "UnknownRoomVersion"),
-        ])
+        self.assertEqual(
+            [e[:2] for e in errors],
+            [
+                (3, "InvalidEventError"),
+                (4, "InvalidEventError"),
+                (5, "UnknownRoomVersion"),
+            ],
+        )
         self.assertIn("must not carry 'room_id'", errors[0][2])
         self.assertIn("no create event", errors[1][2])
         self.assertIn("Unknown room version '13'", errors[2][2])
@@ -209,5 +241,6 @@ class RoomVersion12Tests:
         self.assertEqual((out[-1]["imported"], out[-1]["failed"]), (3, 3))
         code, out, err = await threads.deferToThread(run_cli, "state", "--db", url, message.event_id)
         self.assertEqual(code, 0, err)
-        self.assertEqual({(s["type"], s["state_key"]) for s in out[0]["state"]},
-                         {("m.room.create", ""), ("m.room.member", ALICE)})
+        self.assertEqual(
+            {(s["type"], s["state_key"]) for s in out[0]["state"]}, {("m.room.create", ""), ("m.room.member", ALICE)}
+        )

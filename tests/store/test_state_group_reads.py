@@ -128,11 +128,16 @@ class PackedStateReadTests:
         # them (PostgreSQL reads one-row deltas from the groups' rows).
         for copies in (False, True):
             if copies:
-                await db.run_interaction("copies", lambda t: t.execute(
-                    refresh_sole_delta_sql("SELECT state_group FROM state_groups")))
+                await db.run_interaction(
+                    "copies", lambda t: t.execute(refresh_sole_delta_sql("SELECT state_group FROM state_groups"))
+                )
                 self.assertEqual(await db.run_interaction("check", sole_delta_mismatches_txn), [])
-                with_sole = await db.run_interaction("count", lambda t: t.select_one_value(
-                    "SELECT COUNT(*) FROM state_groups WHERE sole_type_key_nid IS NOT NULL"))
+                with_sole = await db.run_interaction(
+                    "count",
+                    lambda t: t.select_one_value(
+                        "SELECT COUNT(*) FROM state_groups WHERE sole_type_key_nid IS NOT NULL"
+                    ),
+                )
                 self.assertGreater(with_sole, 10)
             for group, state in expected.items():
                 packed, rows = await db.run_interaction("read", read_both, group)
@@ -146,14 +151,20 @@ class PackedStateReadTests:
 
         def write(txn):
             write_chain_txn(txn)
-            txn.execute("INSERT INTO state_groups (state_group, room_nid, prev_state_group, chain_length)"
-                        " VALUES (80, 1, 10, 4), (90, 1, 80, 5)")
+            txn.execute(
+                "INSERT INTO state_groups (state_group, room_nid, prev_state_group, chain_length)"
+                " VALUES (80, 1, 10, 4), (90, 1, 80, 5)"
+            )
             txn.execute("INSERT INTO state_group_deltas (state_group, type_key_nid, event_nid) VALUES (80, 6, NULL)")
             txn.execute(refresh_sole_delta_sql("SELECT state_group FROM state_groups"))
-            return txn.execute("SELECT state_group, sole_type_key_nid, sole_event_nid FROM state_groups"
-                               " WHERE state_group IN (80, 90) ORDER BY state_group").fetchall()
+            return txn.execute(
+                "SELECT state_group, sole_type_key_nid, sole_event_nid FROM state_groups"
+                " WHERE state_group IN (80, 90) ORDER BY state_group"
+            ).fetchall()
 
-        self.assertEqual([tuple(r) for r in await db.run_interaction("write", write)], [(80, 6, None), (90, None, None)])
+        self.assertEqual(
+            [tuple(r) for r in await db.run_interaction("write", write)], [(80, 6, None), (90, None, None)]
+        )
         after = {k: v for k, v in EXPECTED[10].items() if k != 6}
         for group, state in ((80, after), (90, after), *EXPECTED.items()):
             self.assertEqual(await db.run_interaction("read", StateGroupStore().get_state, group), state, group)
@@ -190,8 +201,12 @@ class StateGroupWalkIndexTests:
         await db.run_interaction("write", write_chain_txn)
         self.assertEqual(await db.run_interaction("to 5", prepare_database, None, 5), 5)
         with self.assertRaises(Exception):
-            await db.run_interaction("dup", lambda t: t.execute(
-                "INSERT INTO state_groups (state_group, room_nid, prev_state_group, chain_length) VALUES (50, 1, NULL, 0)"))
+            await db.run_interaction(
+                "dup",
+                lambda t: t.execute(
+                    "INSERT INTO state_groups (state_group, room_nid, prev_state_group, chain_length) VALUES (50, 1, NULL, 0)"
+                ),
+            )
         # The walk at version 5 (the row statement), then the store's read
         # once upgraded to the code's version.
         for group, expected in EXPECTED.items():
@@ -211,16 +226,24 @@ class StateGroupWalkIndexTests:
 
         def write(txn):
             write_chain_txn(txn)
-            txn.execute("INSERT INTO state_groups (state_group, room_nid, prev_state_group, chain_length)"
-                        " VALUES (80, 1, 10, 4), (90, 1, 80, 5), (95, 1, 90, 6)")
-            txn.execute("INSERT INTO state_group_deltas (state_group, type_key_nid, event_nid)"
-                        " VALUES (80, 6, NULL), (90, 7, 707)")
+            txn.execute(
+                "INSERT INTO state_groups (state_group, room_nid, prev_state_group, chain_length)"
+                " VALUES (80, 1, 10, 4), (90, 1, 80, 5), (95, 1, 90, 6)"
+            )
+            txn.execute(
+                "INSERT INTO state_group_deltas (state_group, type_key_nid, event_nid)"
+                " VALUES (80, 6, NULL), (90, 7, 707)"
+            )
 
         await db.run_interaction("write", write)
         self.assertEqual(await db.run_interaction("to 6", prepare_database, None, 6), 6)
-        rows = await db.run_interaction("sole", lambda t: t.execute(
-            "SELECT state_group, sole_type_key_nid, sole_event_nid FROM state_groups"
-            " WHERE sole_type_key_nid IS NOT NULL OR sole_event_nid IS NOT NULL ORDER BY state_group").fetchall())
+        rows = await db.run_interaction(
+            "sole",
+            lambda t: t.execute(
+                "SELECT state_group, sole_type_key_nid, sole_event_nid FROM state_groups"
+                " WHERE sole_type_key_nid IS NOT NULL OR sole_event_nid IS NOT NULL ORDER BY state_group"
+            ).fetchall(),
+        )
         self.assertEqual([tuple(r) for r in rows], [(80, 6, None), (90, 7, 707)])
         self.assertEqual(await db.run_interaction("check", sole_delta_mismatches_txn), [])
         after = {k: v for k, v in EXPECTED[10].items() if k != 6}

@@ -219,8 +219,11 @@ async def run_plan(store: RoomStore, plan: Plan, rng: random.Random) -> None:
     filters = [(k[0], k[1]) for k in PLAIN_KEYS] + [("m.room.member", None), ("m.room.member", USERS[0])]
     for event_id in rng.sample(plan.order, min(5, len(plan.order))):
         types = rng.sample(filters, rng.randint(1, 3))
-        want = {k: v for k, v in plan.after[event_id].items()
-                if any(k[0] == t and (s is None or k[1] == s) for t, s in types)}
+        want = {
+            k: v
+            for k, v in plan.after[event_id].items()
+            if any(k[0] == t and (s is None or k[1] == s) for t, s in types)
+        }
         got = await store.get_state_ids_filtered(event_id, types)
         assert got == want, ("filtered", event_id, types, got, want)
     current = await store.get_current_state_ids(room.room_id)

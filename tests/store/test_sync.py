@@ -38,7 +38,9 @@ class SyncHelpers:
 
     async def new_room(self, store, name: str, visibility: str = "shared") -> RoomBuilder:
         room = RoomBuilder(room_id=f"!{name}:example.org")
-        await self.persist(store, room, room.create(), room.join(ALICE), room.join_rules(), room.history_visibility(visibility))
+        await self.persist(
+            store, room, room.create(), room.join(ALICE), room.join_rules(), room.history_visibility(visibility)
+        )
         return room
 
     async def settle(self, store) -> int:
@@ -108,8 +110,13 @@ class SyncTests(SyncHelpers):
         # Own memberships anywhere, in stream order, the never-joined invite included.
         self.assertEqual(
             ids(first.membership_events),
-            [joins[kicked.room_id].event_id, joins[left.room_id].event_id, joins[banned.room_id].event_id,
-             joins[stays.room_id].event_id, invite.event_id],
+            [
+                joins[kicked.room_id].event_id,
+                joins[left.room_id].event_id,
+                joins[banned.room_id].event_id,
+                joins[stays.room_id].event_id,
+                invite.event_id,
+            ],
         )
         self.assertEqual(list(first.invited), [invited.room_id])
         self.assertEqual(first.invited[invited.room_id]["event_id"], invite.event_id)
@@ -148,9 +155,7 @@ class SyncTests(SyncHelpers):
 
         # A sync over both windows at once gives the union, in stream order.
         both = await store.sync(BOB, token0)
-        self.assertEqual(
-            ids(both.membership_events), ids(first.membership_events) + ids(second.membership_events)
-        )
+        self.assertEqual(ids(both.membership_events), ids(first.membership_events) + ids(second.membership_events))
         self.assertEqual(
             ids(both.rooms[kicked.room_id]),
             ids(first.rooms[kicked.room_id]) + ids(second.rooms[kicked.room_id]),

@@ -29,8 +29,9 @@ class SyncLimitTests:
 
     async def new_room(self, store, name: str, visibility: str = "shared") -> RoomBuilder:
         room = RoomBuilder(room_id=f"!{name}:example.org")
-        await self.persist(store, room, room.create(), room.join(ALICE), room.join_rules(),
-                           room.history_visibility(visibility))
+        await self.persist(
+            store, room, room.create(), room.join(ALICE), room.join_rules(), room.history_visibility(visibility)
+        )
         return room
 
     async def messages(self, store, room, count: int, sender: str = ALICE, label: str = "m") -> list:
@@ -193,7 +194,7 @@ class SyncLimitTests:
         self.assertEqual(ids(result.membership_events), [leave.event_id])
         expected_before = [e.event_id for e in reversed(before[:-1])] + [name.event_id]
         served = await self.back_from(store, room.room_id, BOB, timeline.prev_batch)
-        self.assertEqual(served[:len(expected_before)], expected_before)
+        self.assertEqual(served[: len(expected_before)], expected_before)
         self.assertNotIn(leave.event_id, served)
 
     async def test_full_state_gives_every_joined_room(self):

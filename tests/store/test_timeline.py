@@ -214,10 +214,10 @@ class PaginationTests(TimelineHelpers):
         resolved = dict(at_fork)
         resolved[("m.room.member", CAROL)] = a[0].event_id
         for i in range(0, max(len(a), len(b)), 10):
-            for event in b[i:i + 10]:
+            for event in b[i : i + 10]:
                 if event.event["type"] == "m.room.member":
                     resolved[("m.room.member", BOB)] = event.event_id
-            await persist(*a[i:i + 10], *b[i:i + 10], resolved=dict(resolved))
+            await persist(*a[i : i + 10], *b[i : i + 10], resolved=dict(resolved))
         room.leaves = [a[-1].event_id, b[-1].event_id]
         await persist(room.message(ALICE, "merge"), resolved=dict(resolved), state_before=dict(resolved))
         await persist(room.member(CAROL, "leave"), *chat(ALICE, 80, "after-leave"))
@@ -274,8 +274,10 @@ class PaginationTests(TimelineHelpers):
         back = await store.paginate(room.room_id, ALICE, None, "b", 2)
         rest = await store.paginate(room.room_id, ALICE, back.next_token, "b", 100)
         self.assertEqual(ids(back.events) + ids(rest.events), ids(page.events))
-        self.assertEqual(ids((await store.paginate(room.room_id, ALICE, back.next_token, "f", 100)).events),
-                         ids(page.events)[:2][::-1])
+        self.assertEqual(
+            ids((await store.paginate(room.room_id, ALICE, back.next_token, "f", 100)).events),
+            ids(page.events)[:2][::-1],
+        )
 
     async def test_bad_arguments(self):
         store = await self.open_store()
@@ -303,7 +305,9 @@ class RecentTests(TimelineHelpers):
         rooms = []
         for i in range(count):
             room = RoomBuilder(room_id=f"!recent{i}:example.org")
-            await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE), room.join_rules())])
+            await store.persist_events(
+                [room.to_persist(e) for e in (room.create(), room.join(ALICE), room.join_rules())]
+            )
             rooms.append(room)
         return rooms
 
@@ -337,7 +341,7 @@ class RecentTests(TimelineHelpers):
         for room_id, events in walked:
             # The join counts when a room has fewer than 3 messages.
             want = sent[room_id][-3:]
-            self.assertEqual(ids(events)[-len(want):], want)
+            self.assertEqual(ids(events)[-len(want) :], want)
             self.assertEqual(len(events), 3)
         self.assertNotIn(late.event_id, [e["event_id"] for _, evs in walked for e in evs])
         self.assertEqual({second.token, third.token}, {first.token})

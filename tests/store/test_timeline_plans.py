@@ -6,8 +6,8 @@ rather than reading the room through the (room, stream) index and sorting it
 from __future__ import annotations
 
 from roomstore.events.tokens import TopologicalToken
-from roomstore.store import RoomStore
 from roomstore.storage.interning import chunks
+from roomstore.store import RoomStore
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
 
@@ -26,8 +26,16 @@ def page_plan_txn(txn, store: RoomStore, room_id: str, start, direction: str) ->
     txn.execute = spy
     timeline = store.timeline
     try:
-        store.pagination._paginate_txn(txn, room_id, timeline.cached_viewer(VIEWER), start, None, direction, 10,
-                                       timeline.positions.per_writer(timeline.positions.now()))
+        store.pagination._paginate_txn(
+            txn,
+            room_id,
+            timeline.cached_viewer(VIEWER),
+            start,
+            None,
+            direction,
+            10,
+            timeline.positions.per_writer(timeline.positions.now()),
+        )
     finally:
         txn.execute = execute
     sql, args = captured[-1]
@@ -61,8 +69,11 @@ class PaginationPlanTests:
             await db.run_interaction("analyze", lambda txn: txn.execute("ANALYZE"))
         page = await store.paginate(room.room_id, VIEWER, None, "b", 10)
         token = page.next_token
-        for start, direction in ((None, "b"), (TopologicalToken.parse(token), "b"),
-                                 (TopologicalToken.parse(token), "f")):
+        for start, direction in (
+            (None, "b"),
+            (TopologicalToken.parse(token), "b"),
+            (TopologicalToken.parse(token), "f"),
+        ):
             plan = await db.run_interaction("plan", page_plan_txn, store, room.room_id, start, direction)
             self.assertIn("events_room_topo", plan, plan)
             if self.engine_name == "sqlite":

@@ -81,22 +81,27 @@ class UnauthorisedEventTests:
     async def test_a_user_without_power_cannot_change_the_topic(self):
         store = await self.open_store()
         room = await self.room(store)
-        await self.assert_rejected(store, room, room.state("m.room.topic", "", {"topic": "mine"}, sender=BOB), "needs power 50")
+        await self.assert_rejected(
+            store, room, room.state("m.room.topic", "", {"topic": "mine"}, sender=BOB), "needs power 50"
+        )
         self.assertNotIn(("m.room.topic", ""), await store.get_current_state_ids(room.room_id))
         await self.assert_accepted(store, room, room.state("m.room.topic", "", {"topic": "hers"}, sender=ALICE))
 
     async def test_a_user_who_never_joined_cannot_send(self):
         store = await self.open_store()
         room = await self.room(store)
-        await self.assert_rejected(store, room, room.message(MALLORY, "let me in"), "rule 6: @mallory:example.org is not joined")
+        await self.assert_rejected(
+            store, room, room.message(MALLORY, "let me in"), "rule 6: @mallory:example.org is not joined"
+        )
         await self.assert_accepted(store, room, room.message(BOB, "a member's"))
 
     async def test_auth_events_that_do_not_exist(self):
         store = await self.open_store()
         room = await self.room(store)
         missing = fake_event_id("no such event")
-        forged = room.build("m.room.message", BOB, {"msgtype": "m.text", "body": "forged"},
-                            extra={"auth_events": [missing]})
+        forged = room.build(
+            "m.room.message", BOB, {"msgtype": "m.text", "body": "forged"}, extra={"auth_events": [missing]}
+        )
         await self.assert_rejected(store, room, forged, "missing")
 
     async def test_auth_events_the_rules_do_not_select(self):
@@ -105,8 +110,7 @@ class UnauthorisedEventTests:
         # Bob cites Eve's membership for his message: not an auth event of his.
         state = await store.get_current_state_ids(room.room_id)
         cited = [state[("m.room.power_levels", "")], state[("m.room.member", BOB)], state[("m.room.member", EVE)]]
-        forged = room.build("m.room.message", BOB, {"msgtype": "m.text", "body": "odd"},
-                            extra={"auth_events": cited})
+        forged = room.build("m.room.message", BOB, {"msgtype": "m.text", "body": "odd"}, extra={"auth_events": cited})
         await self.assert_rejected(store, room, forged, "not one the rules select")
 
     async def test_stale_auth_events_are_checked_against_the_state_before(self):
@@ -116,8 +120,9 @@ class UnauthorisedEventTests:
         room = await self.room(store)
         stale = room.auth_events_for("m.room.message", BOB)
         await self.assert_accepted(store, room, room.member(BOB, "ban", sender=ALICE))
-        late = room.build("m.room.message", BOB, {"msgtype": "m.text", "body": "after the ban"},
-                          extra={"auth_events": stale})
+        late = room.build(
+            "m.room.message", BOB, {"msgtype": "m.text", "body": "after the ban"}, extra={"auth_events": stale}
+        )
         before = await self.served(store, room)
         [result] = await store.persist_events([room.to_persist(late)])
         self.assertIn("auth:", result.rejected_reason)
@@ -140,8 +145,7 @@ class UnauthorisedEventTests:
         join = room.join(MALLORY)
         await self.assert_rejected(store, room, join, "is not invited")
         # Mallory's message cites her rejected join (the builder's state holds it).
-        follow = room.build("m.room.message", MALLORY, {"msgtype": "m.text", "body": "I am in"},
-                            prev=[join.event_id])
+        follow = room.build("m.room.message", MALLORY, {"msgtype": "m.text", "body": "I am in"}, prev=[join.event_id])
         await self.assert_rejected(store, room, follow, "was rejected")
 
     async def test_the_checks_of_a_batch_see_its_earlier_events(self):
@@ -203,14 +207,20 @@ class SoftFailTests:
         fine = room.message(ALICE, "mine is fine", prev=before_ban)
         [result] = await store.persist_events([room.to_persist(fine)])
         self.assertFalse(result.soft_failed)
-        self.assertEqual(sorted(await store.get_forward_extremities(room.room_id)),
-                         sorted([ban.event_id, fine.event_id]))
+        self.assertEqual(
+            sorted(await store.get_forward_extremities(room.room_id)), sorted([ban.event_id, fine.event_id])
+        )
 
     async def test_a_soft_failed_state_event_is_in_the_state_after_it(self):
         store = await self.open_store()
         room = RoomBuilder(version="10", creator=ALICE)
-        events = [room.create(), room.join(ALICE), room.join_rules(),
-                  room.power_levels({ALICE: 100, BOB: 50}), room.join(BOB)]
+        events = [
+            room.create(),
+            room.join(ALICE),
+            room.join_rules(),
+            room.power_levels({ALICE: 100, BOB: 50}),
+            room.join(BOB),
+        ]
         await store.persist_events([room.to_persist(e) for e in events])
         before = list(room.leaves)
         demote = room.power_levels({ALICE: 100, BOB: 0})

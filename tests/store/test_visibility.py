@@ -149,7 +149,8 @@ async def check_history(test, store: RoomStore, history: History) -> int:
             topo[r.event_id] = r.topological_ordering
     events = await store.get_events(history.order)
     joins = [
-        (stream[e], event["state_key"]) for e, event in events.items()
+        (stream[e], event["state_key"])
+        for e, event in events.items()
         if event["type"] == "m.room.member" and event["content"]["membership"] == "join"
     ]
     expected: dict[str, set[str]] = {viewer: set() for viewer in VIEWERS}
@@ -250,7 +251,9 @@ class VisibilityOracleTests:
         # The histories did fork: some snapshots started branches of their own.
         branched = await store.db.run_interaction(
             "branched",
-            lambda t: t.select_one_value("SELECT COUNT(*) FROM visibility_branches WHERE base_snapshot_nid IS NOT NULL"),
+            lambda t: t.select_one_value(
+                "SELECT COUNT(*) FROM visibility_branches WHERE base_snapshot_nid IS NOT NULL"
+            ),
         )
         self.assertGreater(branched, 0)
 
@@ -283,7 +286,7 @@ class VisibilityStorageTests:
         self.assertGreaterEqual(rows["visibility_memberships"], 2000)
         messages = [room.message(members[i * 7 % 2000], f"message {i}") for i in range(200)]
         for start in range(0, 200, 50):
-            await store.persist_events([room.to_persist(e) for e in messages[start:start + 50]])
+            await store.persist_events([room.to_persist(e) for e in messages[start : start + 50]])
         self.assertEqual(await self.count_rows(store), rows)
 
         newcomer = "@newcomer:example.org"

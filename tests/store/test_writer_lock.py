@@ -16,11 +16,10 @@ import sys
 import tempfile
 
 from twisted.internet import threads
+from twisted.trial import unittest
 
 from roomstore.sample import write_sample
 from roomstore.storage.writer_lock import WriterLock, WriterLockHeld
-from twisted.trial import unittest
-
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import DatabaseTestMixin, on_both_engines
 from tests.test_cli import ROOT, run_cli
@@ -61,8 +60,9 @@ class WriterLockTests:
         self.assertFalse(reader.events_stream.is_writer)
         await reader.close()
         # A worker (not a writer of any stream) takes no lock either.
-        worker = await RoomStore.open(url, StoreConfig(instance_name="worker1",
-                                                       stream_writers={s: ["master"] for s in writer.generators}))
+        worker = await RoomStore.open(
+            url, StoreConfig(instance_name="worker1", stream_writers={s: ["master"] for s in writer.generators})
+        )
         await worker.close()
         await writer.close()
         reopened = await RoomStore.open(url)
@@ -78,7 +78,11 @@ class WriterLockTests:
         self.addCleanup(errors.close)
         holder = subprocess.Popen(
             [sys.executable, "-m", "tests.store.holding_writer", url, sample],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env=env,
         )
         self.addCleanup(lambda: holder.poll() is None and holder.kill())
         ready = await threads.deferToThread(read_until, holder.stdout, "READY ")
@@ -107,10 +111,10 @@ class WriterLockTests:
         summary = json.loads(done[5:])
         self.assertEqual(await threads.deferToThread(holder.wait), 0)
         code, out, err = await threads.deferToThread(run_cli, "stats", "--db", url)
-        self.assertEqual(next(row["rows"] for row in out if row["table"] == "events"),
-                         first_half["imported"] + summary["imported"])
-        self.assertEqual(first_half["imported"] + summary["imported"] + first_half["failed"] + summary["failed"],
-                         total)
+        self.assertEqual(
+            next(row["rows"] for row in out if row["table"] == "events"), first_half["imported"] + summary["imported"]
+        )
+        self.assertEqual(first_half["imported"] + summary["imported"] + first_half["failed"] + summary["failed"], total)
 
         # With the writer gone, import works again (everything already there).
         code, out, err = await threads.deferToThread(run_cli, "import", sample, "--db", url)
@@ -133,7 +137,8 @@ class MultiWriterRefusalTests:
         self.assertIn("needs PostgreSQL and --redis", err)
         if self.engine_name == "sqlite":
             code, out, err = await threads.deferToThread(
-                run_cli, "import", sample, "--db", url, "--redis", "redis://127.0.0.1:1", *writers)
+                run_cli, "import", sample, "--db", url, "--redis", "redis://127.0.0.1:1", *writers
+            )
             self.assertEqual(code, 2, err)
             self.assertEqual(len(err.strip().splitlines()), 1, err)
             self.assertIn("multi-writer stream needs PostgreSQL", err)
@@ -163,9 +168,14 @@ class WriterLockPerDatabaseTests(DatabaseTestMixin, unittest.TestCase):
         holders = []
         for _ in range(3):  # several other holders of "master", in other databases
             url = self.new_database_url()
-            holder = subprocess.Popen([sys.executable, "-m", "tests.store.holding_writer", url, sample],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      text=True, env=env)
+            holder = subprocess.Popen(
+                [sys.executable, "-m", "tests.store.holding_writer", url, sample],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env=env,
+            )
             self.addCleanup(lambda h=holder: h.poll() is None and (h.kill(), h.wait()))
             holders.append(holder)
         for holder in holders:

@@ -40,7 +40,7 @@ class WriterProcessTests:
             self.assertEqual(os.sched_getscheduler(child), os.SCHED_IDLE)
         room, built = linear_room(300)
         events = [room.to_persist(e) for e in built]
-        batches = [events[i:i + 40] for i in range(0, len(events), 40)]
+        batches = [events[i : i + 40] for i in range(0, len(events), 40)]
         # Several calls in flight, as a homeserver makes them: their order kept.
         outcomes = await defer.gatherResults([defer.ensureDeferred(store.persist_events(b)) for b in batches])
         orderings = [r.stream_ordering for results in outcomes for r in results]
@@ -145,7 +145,7 @@ class WriterProcessTests:
         store = await RoomStore.open(url, StoreConfig(writer_process=True))
         room, built = linear_room(1500)
         events = [room.to_persist(e) for e in built]
-        batches = [events[i:i + 100] for i in range(0, len(events), 100)]
+        batches = [events[i : i + 100] for i in range(0, len(events), 100)]
         calls = [defer.ensureDeferred(store.persist_events(b)) for b in batches]
         await calls[0]
         store._writer_process._transport.signalProcess("KILL")
@@ -161,8 +161,8 @@ class WriterProcessTests:
         present = await reopened.get_events([e.event_id for e in built], redact=False)
         whole = []
         for index, batch in enumerate(range(0, len(built), 100)):
-            stored = sum(1 for e in built[batch:batch + 100] if e.event_id in present)
-            self.assertIn(stored, (0, len(built[batch:batch + 100])), f"batch {index} half written")
+            stored = sum(1 for e in built[batch : batch + 100] if e.event_id in present)
+            self.assertIn(stored, (0, len(built[batch : batch + 100])), f"batch {index} half written")
             whole.append(stored > 0)
         # In call order: the batches written are the first ones, every call answered ok among them.
         self.assertEqual(whole, sorted(whole, reverse=True))
@@ -183,7 +183,7 @@ class FrameReaderTests(unittest.TestCase):
             reader = FrameReader()
             got = []
             for at in range(0, len(stream), step):
-                got.extend(reader.feed(stream[at:at + step]))
+                got.extend(reader.feed(stream[at : at + step]))
             self.assertEqual(got, objects, f"fed {step} bytes at a time")
         # A partial frame waits for the rest.
         reader = FrameReader()
@@ -202,9 +202,11 @@ class WriterProcessConfigTests(unittest.TestCase):
             "import os, sys; from roomstore.writer_worker import set_priority; set_priority(sys.argv[1]);"
             " print(os.sched_getscheduler(0) == getattr(os, 'SCHED_IDLE', None), os.nice(0))"
         )
+
         def run(priority):
             out = subprocess.run([sys.executable, "-c", code, priority], capture_output=True, text=True, check=True)
             return out.stdout.split()
+
         base = os.nice(0)
         self.assertEqual(run("7"), ["False", str(max(7, base))])
         if hasattr(os, "SCHED_IDLE"):

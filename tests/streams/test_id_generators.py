@@ -273,7 +273,9 @@ class SingleWriterTests:
         held = Reservation(writer.get_next())
         self.assertEqual(await held.reserve(), 1)
         async with writer.get_next() as stream_id:
-            await db.run_interaction("fact", lambda t: t.execute("INSERT INTO facts VALUES (?, 'master')", (stream_id,)))
+            await db.run_interaction(
+                "fact", lambda t: t.execute("INSERT INTO facts VALUES (?, 'master')", (stream_id,))
+            )
         reader = await StreamIdGenerator.create(db, "events", "reader", writers=["master"], backing_tables=[FACTS])
         self.assertEqual(reader.get_current_token(), 0)
         await held.complete()
@@ -309,7 +311,9 @@ class SingleWriterTests:
         await db.run_interaction("facts", _create_facts)
         gen = await StreamIdGenerator.create(db, "events", "master", backing_tables=[FACTS])
         async with gen.get_next() as stream_id:
-            await db.run_interaction("fact", lambda t: t.execute("INSERT INTO facts VALUES (?, 'master')", (stream_id,)))
+            await db.run_interaction(
+                "fact", lambda t: t.execute("INSERT INTO facts VALUES (?, 'master')", (stream_id,))
+            )
         await gen.flush()
         # Facts 2..4 committed, but the position write never happened.
         async with gen.get_next_mult(3) as ids:
@@ -317,7 +321,8 @@ class SingleWriterTests:
                 "facts", lambda t: t.insert_many("facts", ("stream_id", "instance_name"), [(i, "master") for i in ids])
             )
         await db.run_interaction(
-            "undo_position", lambda t: t.execute("UPDATE stream_positions SET stream_id = 1 WHERE stream_name = 'events'")
+            "undo_position",
+            lambda t: t.execute("UPDATE stream_positions SET stream_id = 1 WHERE stream_name = 'events'"),
         )
         await db.close()
 
@@ -366,7 +371,8 @@ class SingleWriterTests:
         reader = await StreamIdGenerator.create(db, "events", "reader", writers=["master"])
         reader.advance("master", 41)
         self.assertEqual(
-            REGISTRY.get_sample_value("roomstore_stream_position", {"stream": "events", "writer": "master"}), 41)
+            REGISTRY.get_sample_value("roomstore_stream_position", {"stream": "events", "writer": "master"}), 41
+        )
         self.assertEqual(REGISTRY.get_sample_value("roomstore_stream_linear_position", {"stream": "events"}), 41)
 
     async def test_ids_never_repeat_after_restart_without_flush(self):
@@ -437,8 +443,12 @@ class PostgresOnly(DatabaseTestMixin, unittest.TestCase):
 
         async def write(gen, db, n):
             async with gen.get_next_mult(n) as ids:
-                await db.run_interaction("facts", lambda t: t.insert_many(
-                    "facts", ("stream_id", "instance_name"), [(i, gen.instance_name) for i in ids]))
+                await db.run_interaction(
+                    "facts",
+                    lambda t: t.insert_many(
+                        "facts", ("stream_id", "instance_name"), [(i, gen.instance_name) for i in ids]
+                    ),
+                )
 
         await write(a, db_a, 3)
         await write(b, db_b, 5)
@@ -483,7 +493,9 @@ class PostgresOnly(DatabaseTestMixin, unittest.TestCase):
         procs = [
             subprocess.Popen(
                 [sys.executable, script, url, name, other, "10000"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
             )
             for name, other in (("w1", "w2"), ("w2", "w1"))
         ]

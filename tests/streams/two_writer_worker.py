@@ -20,7 +20,10 @@ from roomstore.streams import BackingTable, StreamIdGenerator
 async def main(reactor, url, me, other, count):
     db = Database.from_url(url, reactor)
     gen = await StreamIdGenerator.create(
-        db, "events", me, writers=sorted([me, other]),
+        db,
+        "events",
+        me,
+        writers=sorted([me, other]),
         backing_tables=[BackingTable("facts", "stream_id", "instance_name")],
     )
     done = 0
@@ -38,17 +41,19 @@ async def main(reactor, url, me, other, count):
     for round_no in (1, 2):
         label = f"round{round_no}"
         await db.run_interaction(
-            "announce", lambda t: t.execute(
+            "announce",
+            lambda t: t.execute(
                 "INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES (?, ?, ?)",
                 (label, me, gen.get_current_token_for_writer(me)),
-            )
+            ),
         )
         while True:
             row = await db.run_interaction(
-                "poll", lambda t: t.execute(
+                "poll",
+                lambda t: t.execute(
                     "SELECT stream_id FROM stream_positions WHERE stream_name = ? AND instance_name = ?",
                     (label, other),
-                ).fetchone()
+                ).fetchone(),
             )
             if row is not None:
                 break

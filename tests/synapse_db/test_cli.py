@@ -22,8 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "roomstore.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "roomstore.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
 
 
 def lines(out: str) -> list[dict]:
@@ -64,7 +65,9 @@ class ImportSynapseCliTests:
         self.assertEqual((summary["rooms"], summary["already_present"], summary["skipped"]), (3, 0, {}))
         self.assertGreater(summary["events"], 300)
         self.assertEqual(sha256(copy), before)  # read only: Synapse's file is untouched
-        again = lines(run_cli("import-synapse", "--from", "sqlite:///" + copy, "--db", db, "--rooms", self.rooms).stdout)
+        again = lines(
+            run_cli("import-synapse", "--from", "sqlite:///" + copy, "--db", db, "--rooms", self.rooms).stdout
+        )
         self.assertEqual((again[-1]["events"], again[-1]["already_present"]), (0, summary["events"]))
         self.assertEqual(again[-1]["current_token"], summary["current_token"])  # the stream did not move
         verified = run_cli("verify-synapse", "--from", copy, "--db", db, "--rooms", self.rooms)
@@ -75,15 +78,19 @@ class ImportSynapseCliTests:
         target = sqlite3.connect(copy)
         redaction, redacted = target.execute(
             "SELECT r.event_id, r.redacts FROM redactions AS r JOIN events AS e ON e.event_id = r.event_id"
-            " WHERE e.room_id = ? ORDER BY r.event_id LIMIT 1", (self.history["rooms"]["main"],)).fetchone()
+            " WHERE e.room_id = ? ORDER BY r.event_id LIMIT 1",
+            (self.history["rooms"]["main"],),
+        ).fetchone()
         target.execute("DELETE FROM redactions WHERE event_id = ?", (redaction,))
         target.commit()
         target.close()
         differs = run_cli("verify-synapse", "--from", copy, "--db", db, "--rooms", self.rooms)
         self.assertEqual(differs.returncode, 1, differs.stderr)
         out = lines(differs.stdout)
-        self.assertEqual(out[0], {"event_id": redacted, "difference": "redaction",
-                                  "synapse_redacted": False, "roomstore_redacted": True})
+        self.assertEqual(
+            out[0],
+            {"event_id": redacted, "difference": "redaction", "synapse_redacted": False, "roomstore_redacted": True},
+        )
         self.assertEqual(out[-1]["redaction_differences"], 1)
 
     def test_refusals_are_one_line(self):
@@ -115,9 +122,13 @@ class ImportSynapseCliTests:
         copy = self.frozen_copy()
         second = self.history["rooms"]["second"]
         conn = sqlite3.connect(copy)
-        messages = [e for (e,) in conn.execute(
-            "SELECT event_id FROM events WHERE room_id = ? AND type = 'm.room.message' ORDER BY stream_ordering",
-            (second,))]
+        messages = [
+            e
+            for (e,) in conn.execute(
+                "SELECT event_id FROM events WHERE room_id = ? AND type = 'm.room.message' ORDER BY stream_ordering",
+                (second,),
+            )
+        ]
         rejected, outlier = messages[len(messages) // 2], messages[-1]
         conn.execute("INSERT INTO rejections (event_id, reason, last_check) VALUES (?, 'auth_error', '1')", (rejected,))
         conn.execute("UPDATE events SET rejection_reason = 'auth_error' WHERE event_id = ?", (rejected,))
@@ -149,7 +160,8 @@ class ImportSynapseCliTests:
         conn = sqlite3.connect(copy)
         event_id, raw = conn.execute(
             "SELECT e.event_id, j.json FROM events AS e JOIN event_json AS j USING (event_id)"
-            " WHERE e.room_id = ? AND e.type = 'm.room.message' ORDER BY e.stream_ordering LIMIT 1", (second,)
+            " WHERE e.room_id = ? AND e.type = 'm.room.message' ORDER BY e.stream_ordering LIMIT 1",
+            (second,),
         ).fetchone()
         event = json.loads(raw)
         event["content"]["body"] = "not what was sent"
@@ -159,8 +171,16 @@ class ImportSynapseCliTests:
         db = self.new_database_url()
         done = run_cli("import-synapse", "--from", copy, "--db", db, "--rooms", second)
         out = lines(done.stdout)
-        self.assertEqual(out[0], {"event_id": event_id, "room_id": second, "stream_ordering": out[0]["stream_ordering"],
-                                  "error": "content hash mismatch", "stored": "redacted"})
+        self.assertEqual(
+            out[0],
+            {
+                "event_id": event_id,
+                "room_id": second,
+                "stream_ordering": out[0]["stream_ordering"],
+                "error": "content hash mismatch",
+                "stored": "redacted",
+            },
+        )
         self.assertEqual((out[-1]["redacted_content_hash_mismatch"], out[-1]["skipped"]), (1, {}))
         store = await RoomStore.open(db, StoreConfig(read_only=True), create=False)
         self.addCleanup(store.close)

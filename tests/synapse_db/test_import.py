@@ -109,7 +109,8 @@ class SynapseImportMixin:
         marks = ", ".join("?" for _ in self.rooms)
         return self.synapse_rows(
             "SELECT e.event_id, e.room_id, j.json FROM events AS e JOIN event_json AS j USING (event_id)"
-            f" WHERE e.room_id IN ({marks}) ORDER BY e.stream_ordering", self.rooms,
+            f" WHERE e.room_id IN ({marks}) ORDER BY e.stream_ordering",
+            self.rooms,
         )
 
     async def test_import_matches_synapse(self):
@@ -138,8 +139,12 @@ class SynapseImportMixin:
         self.assertEqual(sum(f.redacted for f in flags.values()), 4)  # the four redacted messages
         # Current state is Synapse's.
         for room_id in self.rooms:
-            theirs = {(t, k): e for t, k, e in self.synapse_rows(
-                "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?", (room_id,))}
+            theirs = {
+                (t, k): e
+                for t, k, e in self.synapse_rows(
+                    "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?", (room_id,)
+                )
+            }
             self.assertEqual(await store.get_current_state_ids(room_id), theirs)
 
     async def test_verify_finds_a_difference(self):
@@ -148,7 +153,9 @@ class SynapseImportMixin:
         # Drop a redaction flag behind the store's back: verify must see it.
         target = self.synapse_rows(
             "SELECT redacts FROM redactions AS r JOIN events AS e ON e.event_id = r.event_id WHERE e.room_id = ?"
-            " ORDER BY e.stream_ordering LIMIT 1", (main,))[0][0]
+            " ORDER BY e.stream_ordering LIMIT 1",
+            (main,),
+        )[0][0]
 
         def unflag(txn):
             nid = store.interners.events.lookup(txn, [target])[target]
@@ -158,8 +165,10 @@ class SynapseImportMixin:
         found: list[dict] = []
         checked = await verify_synapse(store, reader, self.rooms, report=found.append)
         self.assertEqual((checked.redaction_differences, checked.state_differences), (1, 0))
-        self.assertEqual(found, [{"event_id": target, "difference": "redaction",
-                                  "synapse_redacted": True, "roomstore_redacted": False}])
+        self.assertEqual(
+            found,
+            [{"event_id": target, "difference": "redaction", "synapse_redacted": True, "roomstore_redacted": False}],
+        )
 
     async def test_rerun_imports_nothing(self):
         store, reader, first, _ = await self.imported_store()
@@ -243,12 +252,20 @@ class SynapseImportMixin:
                     rule = departure(facts, shown_by_roomstore=event_id in ours)
                     self.assertIsNotNone(rule, (room_name, name, event_id, facts))
                     found.add((room_name, name, rule))
-        self.assertEqual(found, {
-            ("main", "carol", "clamped at leave"), ("main", "carol", "invited to joined"),
-            ("main", "dave", "shared while departed"), ("main", "frank", "refused"),
-            ("second", "bob", "banned peeker"), ("second", "eve", "clamped at leave"),
-            ("forked", "dave", "refused"), ("forked", "eve", "refused"), ("forked", "frank", "refused"),
-        })
+        self.assertEqual(
+            found,
+            {
+                ("main", "carol", "clamped at leave"),
+                ("main", "carol", "invited to joined"),
+                ("main", "dave", "shared while departed"),
+                ("main", "frank", "refused"),
+                ("second", "bob", "banned peeker"),
+                ("second", "eve", "clamped at leave"),
+                ("forked", "dave", "refused"),
+                ("forked", "eve", "refused"),
+                ("forked", "frank", "refused"),
+            },
+        )
         self.assertEqual(same, 10)  # the other 10 of the 18 (user, room) pairs agree event for event
 
     async def page_back(self, store, room_id: str, user_id: str) -> list[str]:
@@ -265,6 +282,7 @@ class SynapseImportMixin:
     async def visibility_facts(self, store, timeline: list[str], event_id: str, user_id: str) -> dict:
         """What the spec's rules and Synapse's departures are judged on, from
         roomstore's state before and after the event and the room's timeline."""
+
         async def content_of(state, key) -> dict:
             found = state.get(key)
             return (await store.get_event(found, redact=False))["content"] if found else {}

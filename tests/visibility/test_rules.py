@@ -109,9 +109,7 @@ class OrdinaryEventTests(unittest.TestCase):
     def test_cases(self) -> None:
         for description, visibility, membership, joined_after, expected in self.CASES:
             s = state(visibility, membership)
-            self.assertEqual(
-                is_event_visible(ME, MESSAGE, s, s, joined_after), expected, description
-            )
+            self.assertEqual(is_event_visible(ME, MESSAGE, s, s, joined_after), expected, description)
 
     def test_visibility_content_not_an_object_is_shared(self) -> None:
         s = state()
@@ -157,9 +155,7 @@ class HistoryVisibilityEventTests(unittest.TestCase):
             before = state(before_v, membership)
             after = state(after_v, membership)
             event = hv_event(after_v)
-            self.assertEqual(
-                is_event_visible(ME, event, before, after, joined_after), expected, description
-            )
+            self.assertEqual(is_event_visible(ME, event, before, after, joined_after), expected, description)
 
 
 class OwnMembershipEventTests(unittest.TestCase):
@@ -185,9 +181,7 @@ class OwnMembershipEventTests(unittest.TestCase):
             before = state(visibility, before_m)
             after = state(visibility, after_m)
             event = member_event(ME, after_m)
-            self.assertEqual(
-                is_event_visible(ME, event, before, after, joined_after), expected, description
-            )
+            self.assertEqual(is_event_visible(ME, event, before, after, joined_after), expected, description)
 
     def test_same_event_seen_by_another_user_is_ordinary(self) -> None:
         # OTHER is joined at the event, so sees it; a stranger does not under joined.
@@ -214,9 +208,7 @@ class StateHelperTests(unittest.TestCase):
 
 class CodeTests(unittest.TestCase):
     def test_membership_codes(self) -> None:
-        self.assertEqual(
-            set(MEMBERSHIP_CODES), {"join", "invite", "leave", "ban", "knock"}
-        )
+        self.assertEqual(set(MEMBERSHIP_CODES), {"join", "invite", "leave", "ban", "knock"})
         codes = list(MEMBERSHIP_CODES.values())
         self.assertEqual(len(set(codes)), len(codes))
         self.assertNotIn(NO_MEMBERSHIP_CODE, codes)
@@ -230,9 +222,7 @@ class CodeTests(unittest.TestCase):
 
     def test_persisted_values_are_stable(self) -> None:
         # These are stored in SMALLINT columns: changing them corrupts data.
-        self.assertEqual(
-            dict(MEMBERSHIP_CODES), {"join": 1, "invite": 2, "leave": 3, "ban": 4, "knock": 5}
-        )
+        self.assertEqual(dict(MEMBERSHIP_CODES), {"join": 1, "invite": 2, "leave": 3, "ban": 4, "knock": 5})
         self.assertEqual(
             dict(VISIBILITY_CODES),
             {"world_readable": 1, "shared": 2, "invited": 3, "joined": 4},

@@ -48,8 +48,9 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -70,11 +71,11 @@ from roomstore.compaction.job.report import (
 )
 from roomstore.compaction.roomstore_tables import RoomstoreTables, SchemaTooOldError
 from roomstore.compaction.synapse_tables import NotSynapseError, SynapseTables
-from roomstore.storage.schema import SchemaTooNewError
 from roomstore.compaction.tables import StateTables
 from roomstore.compaction.writer import CompactionWriter, LockHeldError
 from roomstore.progress import progress_bar
 from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError, StorageFullError
+from roomstore.storage.schema import SchemaTooNewError
 
 log = logging.getLogger("roomstore.compaction")
 
@@ -82,31 +83,31 @@ log = logging.getLogger("roomstore.compaction")
 class Driver:
     """Runs one compaction (driver side): see the module docstring."""
 
-    def __init__(self, args: argparse.Namespace, out=None, tables: Optional[StateTables] = None) -> None:
+    def __init__(self, args: argparse.Namespace, out=None, tables: StateTables | None = None) -> None:
         self.args = args
         if tables is None:
             tables = SynapseTables() if getattr(args, "synapse", None) else RoomstoreTables()
         self.tables: StateTables = tables
         if getattr(args, "synapse", None):
             args.db = args.synapse  # the database the writer and Spark's reads open
-        self.skipped: Dict[str, int] = {}
+        self.skipped: dict[str, int] = {}
         self.out = out or sys.stdout
         self.levels = tuple(args.levels)
         self.max_hops = args.max_hops if args.max_hops is not None else levels_hop_bound(self.levels)
-        self.rooms: Dict[int, RoomReport] = {}
-        self.order: List[int] = []
-        self.warnings: List[str] = []
-        self.timings: Dict[str, float] = {}
+        self.rooms: dict[int, RoomReport] = {}
+        self.order: list[int] = []
+        self.warnings: list[str] = []
+        self.timings: dict[str, float] = {}
         self.total_rooms = 0
         self.total_chunks = 0
         self.done = 0
         self.writer: Any = None
         self.run: Any = None
-        self.resumed_rooms: List[RoomReport] = []
+        self.resumed_rooms: list[RoomReport] = []
         self.chunked_rooms = 0
         self.rows_so_far = [0, 0]
-        self.room_names: Dict[int, str] = {}
-        self.sizes: Optional[list] = None
+        self.room_names: dict[int, str] = {}
+        self.sizes: list | None = None
 
     # -- output -------------------------------------------------------------
 
@@ -119,11 +120,16 @@ class Driver:
 
     # -- main ---------------------------------------------------------------
 
-    def options(self) -> Dict[str, Any]:
+    def options(self) -> dict[str, Any]:
         a = self.args
         return {
-            "levels": list(self.levels), "max_hops": self.max_hops, "min_saving": a.min_saving,
-            "chunk_groups": a.chunk_groups, "strategy": a.strategy, "window": a.window, "rooms": a.rooms,
+            "levels": list(self.levels),
+            "max_hops": self.max_hops,
+            "min_saving": a.min_saving,
+            "chunk_groups": a.chunk_groups,
+            "strategy": a.strategy,
+            "window": a.window,
+            "rooms": a.rooms,
         }
 
     def execute(self) -> int:
@@ -131,7 +137,9 @@ class Driver:
         if self.max_hops < 0 or a.chunk_groups < 0 or a.window < 1:
             raise SystemExit("max-hops and chunk-groups must not be negative; window must be at least 1")
         if a.strategy == "levels" and self.max_hops < levels_hop_bound(self.levels):
-            raise SystemExit(f"--max-hops {self.max_hops} is below the levels' own bound {levels_hop_bound(self.levels)}")
+            raise SystemExit(
+                f"--max-hops {self.max_hops} is below the levels' own bound {levels_hop_bound(self.levels)}"
+            )
         started = time.time()
         t0 = time.monotonic()
         self.writer = writer = CompactionWriter(
@@ -140,7 +148,7 @@ class Driver:
         if a.swap_hold:
             writer.before_commit = self._hold_swap
         spark = None
-        starting: Optional[_SparkStart] = None
+        starting: _SparkStart | None = None
         status = 0
         try:
             writer.check_schema()
@@ -164,8 +172,13 @@ class Driver:
             )
             for nid, outcome in run.done_rooms.items():
                 report = RoomReport(
-                    nid, status=outcome.status, state_groups=outcome.state_groups, rows_before=outcome.rows_before,
-                    rows_after=outcome.rows_after, rewritten=outcome.groups_rewritten, earlier_attempt=True,
+                    nid,
+                    status=outcome.status,
+                    state_groups=outcome.state_groups,
+                    rows_before=outcome.rows_before,
+                    rows_after=outcome.rows_after,
+                    rewritten=outcome.groups_rewritten,
+                    earlier_attempt=True,
                 )
                 if outcome.detail:
                     report.detail.append(outcome.detail)
@@ -177,7 +190,10 @@ class Driver:
                 cond = where.format(col="room_nid") if where else ""
                 self.skipped = self.tables.skipped_at_start(writer.db, run.snapshot_max, cond)
                 if any(self.skipped.values()):
-                    self.say("  left alone for this run: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in self.skipped.items()))
+                    self.say(
+                        "  left alone for this run: "
+                        + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in self.skipped.items())
+                    )
             if where is None:
                 self.say("  no rooms selected")
             else:
@@ -206,15 +222,15 @@ class Driver:
             status = EXIT_ROOMS_FAILED
         return status
 
-    def all_rooms(self) -> List[RoomReport]:
+    def all_rooms(self) -> list[RoomReport]:
         return self.resumed_rooms + [self.rooms[n] for n in self.order]
 
-    def room_filter(self) -> Optional[str]:
+    def room_filter(self) -> str | None:
         """A condition on ``{col}`` (a room_nid column) selecting the rooms to
         process: "" for every room, None when the selection is empty. Room
         ids are inlined as integers: Spark's JDBC reads take no parameters."""
         a, run = self.args, self.run
-        clauses: List[str] = []
+        clauses: list[str] = []
         if a.rooms:
             spec = a.rooms.strip()
             if spec.startswith("largest:"):
@@ -243,16 +259,12 @@ class Driver:
     def start_spark(self) -> Any:
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark(\..*)?")
         t = time.monotonic()
-        spark = (
-            SparkSession.builder.appName(APP_NAME)
-            .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate()
-        )
+        spark = SparkSession.builder.appName(APP_NAME).config("spark.ui.showConsoleProgress", "false").getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
         self.timings["spark_start"] = time.monotonic() - t
         return spark
 
-    def _start_spark_in_background(self) -> "_SparkStart":
+    def _start_spark_in_background(self) -> _SparkStart:
         return _SparkStart(self.start_spark)
 
     # -- Spark --------------------------------------------------------------
@@ -261,7 +273,7 @@ class Driver:
         """The rooms' chunks (driver-side statements, run while Spark starts):
         ``(starts, needs, boundary_ids)``, see :meth:`build_frame`."""
         a = self.args
-        cond: Optional[str] = where.format(col="room_nid") if where else ""
+        cond: str | None = where.format(col="room_nid") if where else ""
         t = time.monotonic()
         self.sizes = self.tables.room_sizes(self.writer.db, int(self.run.snapshot_max), where)
         if self.sizes is not None:
@@ -270,7 +282,9 @@ class Driver:
             big = [nid for nid, _, n in self.sizes if n > a.chunk_groups]
             # Only rooms larger than a chunk are cut: none, no statement.
             cond = f"room_nid IN ({', '.join(str(int(n)) for n in big)})" if big else None
-        starts, links = self.writer.chunk_layout(int(self.run.snapshot_max), a.chunk_groups, cond) if cond is not None else ({}, [])
+        starts, links = (
+            self.writer.chunk_layout(int(self.run.snapshot_max), a.chunk_groups, cond) if cond is not None else ({}, [])
+        )
         self.timings["chunk_layout"] = time.monotonic() - t
         self.chunked_rooms = len(starts)
         self.total_chunks = self.total_rooms + sum(len(s) for s in starts.values())
@@ -307,8 +321,13 @@ class Driver:
             fault_room = self.writer.room_nids([a.inject_fault_room]).get(a.inject_fault_room)
         fn = self.tables.room_function(
             {
-                "strategy": a.strategy, "levels": self.levels, "max_hops": self.max_hops, "window": a.window,
-                "emit": not a.dry_run, "fault_room": fault_room, "starts": starts,
+                "strategy": a.strategy,
+                "levels": self.levels,
+                "max_hops": self.max_hops,
+                "window": a.window,
+                "emit": not a.dry_run,
+                "fault_room": fault_room,
+                "starts": starts,
             }
         )
         if self.sizes is not None:
@@ -328,7 +347,7 @@ class Driver:
             .applyInArrow(fn, OUTPUT_SCHEMA)
         )
 
-    def compute_and_write(self, starting: "_SparkStart", lo: int, hi: int, count: int, where: str) -> Any:
+    def compute_and_write(self, starting: _SparkStart, lo: int, hi: int, count: int, where: str) -> Any:
         """Plan on the executors and write here, overlapped: the results are
         consumed a partition at a time (the layout's ordered read: one Spark
         job per partition, a core's worth and one more running ahead, in the
@@ -395,8 +414,9 @@ class Driver:
             first, last = row["first_group"], row["last_group"]
             done = self.run.done_chunks.get((nid, first))
             already = done is not None and done[0] == last
-            before, after, rewritten = (done[1], done[2], done[3]) if already else (
-                row["rows_before"], row["rows_after"], row["rewritten"])
+            before, after, rewritten = (
+                (done[1], done[2], done[3]) if already else (row["rows_before"], row["rows_after"], row["rewritten"])
+            )
             room.chunks += 1
             room.state_groups += row["state_groups"]
             room.rows_before += before
@@ -429,7 +449,9 @@ class Driver:
             room.status = "mismatch"
             log.error(
                 "room %s: %d state group(s) would change state under the new representation; left untouched (%s)",
-                room.room_id, room.mismatched, "; ".join(room.detail),
+                room.room_id,
+                room.mismatched,
+                "; ".join(room.detail),
             )
         elif not room.rewritten and not room.chain_updates:
             room.status = "unchanged"
@@ -476,7 +498,10 @@ class Driver:
         for index, c in enumerate(todo):
             last_one = index == len(todo) - 1
             result = writer.swap_chunk(
-                run, room.room_nid, c.first_group, (c.last_group, c.rows_before, c.rows_after, c.rewritten),
+                run,
+                room.room_nid,
+                c.first_group,
+                (c.last_group, c.rows_before, c.rows_after, c.rewritten),
                 room.outcome() if last_one else None,
                 chain_changed=c.chain_updates > 0,
             )
@@ -547,7 +572,7 @@ def check_master() -> None:
         raise SystemExit(f"roomstore-compact: {reason}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point under spark-submit: parse the job options and run."""
     args = job_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(
@@ -573,7 +598,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log.error(
             "compaction stopped: %s. No state group's state changed: what was swapped in before stays valid and"
             " every other group keeps its representation. Free space (the staging tables' disk or tablespace) and"
-            " run it again: it resumes", exc)
+            " run it again: it resumes",
+            exc,
+        )
         return 1
     except Exception as exc:
         log.error("compaction failed: %s", exc)
@@ -625,7 +652,7 @@ class _SparkStart:
 
     def __init__(self, start: Any) -> None:
         self._session: Any = None
-        self._error: Optional[BaseException] = None
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(start,), name="spark-start", daemon=True)
         self._thread.start()
 

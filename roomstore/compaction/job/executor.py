@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import itertools
 import traceback
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -30,8 +31,8 @@ from roomstore.compaction import (
     StreamingCompactor,
     verify,
 )
-from roomstore.compaction.states import apply_delta, state_diff
 from roomstore.compaction.chunks import ChunkResult, row_checksum_np
+from roomstore.compaction.states import apply_delta, state_diff
 
 #: Columns of the rows fed to the per-room function; -1 stands for NULL.
 #: ``sort_id`` orders a room's rows (see the module docstring); ``kind`` 0 =
@@ -53,16 +54,22 @@ OUTPUT_SCHEMA = (
 _OUTPUT_FIELDS = [f.strip().split(" ")[0] for f in OUTPUT_SCHEMA.split(",")]
 _ARROW_OUTPUT = pa.schema(
     [
-        (name, pa.bool_() if name == "is_last" else pa.string() if name in ("status", "detail")
-         else pa.binary() if name.endswith("_blob") else pa.int64())
+        (
+            name,
+            pa.bool_()
+            if name == "is_last"
+            else pa.string()
+            if name in ("status", "detail")
+            else pa.binary()
+            if name.endswith("_blob")
+            else pa.int64(),
+        )
         for name in _OUTPUT_FIELDS
     ]
 )
 
 #: Rewrite an event id to this much above itself to corrupt a plan (tests).
 _FAULT_OFFSET = 10**12
-
-
 
 
 class _StateBank:
@@ -75,14 +82,14 @@ class _StateBank:
     """
 
     def __init__(self) -> None:
-        self.base_id: Optional[int] = None
-        self.base: Dict[int, int] = {}
-        self.diffs: Dict[int, Dict[int, Optional[int]]] = {}
+        self.base_id: int | None = None
+        self.base: dict[int, int] = {}
+        self.diffs: dict[int, dict[int, int | None]] = {}
 
     def __contains__(self, group_id: int) -> bool:
         return group_id == self.base_id or group_id in self.diffs
 
-    def get(self, group_id: int) -> Optional[Dict[int, int]]:
+    def get(self, group_id: int) -> dict[int, int] | None:
         """A fresh copy of the group's state, or None if not held."""
         if group_id == self.base_id:
             return dict(self.base)
@@ -91,7 +98,7 @@ class _StateBank:
             return None
         return apply_delta(dict(self.base), diff)
 
-    def replace(self, base_id: Optional[int], base: Dict[int, int], diffs: Dict[int, Dict[int, Optional[int]]]) -> None:
+    def replace(self, base_id: int | None, base: dict[int, int], diffs: dict[int, dict[int, int | None]]) -> None:
         self.base_id, self.base, self.diffs = base_id, base, diffs
 
 
@@ -107,18 +114,18 @@ def _empty(shape_cols: int) -> np.ndarray:
 class _EncodedChunk:
     """What :meth:`RoomCompactor.process_chunk` builds, group by group."""
 
-    local_depth: Dict[int, int] = attrs.Factory(dict)
-    group_rows: List[Tuple[int, ...]] = attrs.Factory(list)
-    d_sg: List[int] = attrs.Factory(list)
-    d_tk: List[int] = attrs.Factory(list)
-    d_ev: List[int] = attrs.Factory(list)
-    new_entries: List[StateGroupEntry] = attrs.Factory(list)
+    local_depth: dict[int, int] = attrs.Factory(dict)
+    group_rows: list[tuple[int, ...]] = attrs.Factory(list)
+    d_sg: list[int] = attrs.Factory(list)
+    d_tk: list[int] = attrs.Factory(list)
+    d_ev: list[int] = attrs.Factory(list)
+    new_entries: list[StateGroupEntry] = attrs.Factory(list)
     refs: set = attrs.Factory(set)
     rewritten: int = 0
     chain_updates: int = 0
     max_depth: int = 0
 
-    def arrays(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(groups, refs, deltas)`` as the job stages them."""
         return (
             np.array(self.group_rows, dtype=np.int64).reshape(-1, 7),
@@ -146,7 +153,7 @@ class RoomCompactor:
         *,
         strategy: str = "smart",
         levels: Sequence[int] = DEFAULT_LEVELS,
-        max_hops: Optional[int] = None,
+        max_hops: int | None = None,
         window: int = DEFAULT_WINDOW,
         emit: bool = True,
         fault: bool = False,
@@ -155,21 +162,25 @@ class RoomCompactor:
         self.room_nid = room_nid
         self.emit = emit
         self.fault = fault
-        self._boundary: Dict[int, Dict[int, int]] = {}
+        self._boundary: dict[int, dict[int, int]] = {}
         self._bank = _StateBank()
-        self._depth: Dict[int, int] = {}  # new chain length of carried groups
+        self._depth: dict[int, int] = {}  # new chain length of carried groups
         self._last_group = -1
         self.compactor = StreamingCompactor(
-            strategy, levels=levels, max_hops=max_hops, window=window, resolve_state=self._resolve,
+            strategy,
+            levels=levels,
+            max_hops=max_hops,
+            window=window,
+            resolve_state=self._resolve,
             allow_removals=allow_removals,
         )
 
-    def _resolve(self, group_id: int) -> Optional[Mapping[int, int]]:
+    def _resolve(self, group_id: int) -> Mapping[int, int] | None:
         # The compactor asks only for predecessors it does not carry; every
         # predecessor across a chunk boundary was read as a boundary state.
         return self._boundary.get(group_id)
 
-    def _known_state(self, group_id: int) -> Optional[Dict[int, int]]:
+    def _known_state(self, group_id: int) -> dict[int, int] | None:
         state = self._bank.get(group_id)
         if state is None and group_id in self._boundary:
             state = dict(self._boundary[group_id])
@@ -178,8 +189,8 @@ class RoomCompactor:
     # -- parsing ------------------------------------------------------------
 
     @staticmethod
-    def _parse_boundary(sg: np.ndarray, tk: np.ndarray, ev: np.ndarray) -> Dict[int, Dict[int, int]]:
-        states: Dict[int, Dict[int, int]] = {}
+    def _parse_boundary(sg: np.ndarray, tk: np.ndarray, ev: np.ndarray) -> dict[int, dict[int, int]]:
+        states: dict[int, dict[int, int]] = {}
         complete = set()
         for g, k, e in zip(sg.tolist(), tk.tolist(), ev.tolist()):
             if k < 0:
@@ -208,11 +219,11 @@ class RoomCompactor:
         tk_l, ev_l = tk.tolist(), ev.tolist()
         tombstones = bool(np.any(has_row & (ev < 0)))
         bounds = starts.tolist() + [len(sg)]
-        entries: List[StateGroupEntry] = []
+        entries: list[StateGroupEntry] = []
         for i, gid in enumerate(ids):
             a, z = bounds[i], bounds[i + 1]
             if tk_l[a] < 0:
-                delta: Dict[int, Optional[int]] = {}
+                delta: dict[int, int | None] = {}
             elif tombstones:
                 delta = {k: (None if e < 0 else e) for k, e in zip(tk_l[a:z], ev_l[a:z])}
             else:
@@ -242,8 +253,8 @@ class RoomCompactor:
             )
         mismatched = self._verify(entries, out.new_entries, chunk_ids)
         self._carry(entries, out.local_depth)
-        groups_arr, refs_arr, deltas_arr = out.arrays() if self.emit and (out.rewritten or out.chain_updates) else (
-            _empty(7), _empty(0), _empty(3)
+        groups_arr, refs_arr, deltas_arr = (
+            out.arrays() if self.emit and (out.rewritten or out.chain_updates) else (_empty(7), _empty(0), _empty(3))
         )
         return ChunkResult(
             first_group=entries[0].group_id,
@@ -274,8 +285,8 @@ class RoomCompactor:
         return parsed
 
     def _new_position(
-        self, planned: PlanEntry, missing: Mapping[int, Any], old_prev: int, old_chain: int, out: "_EncodedChunk"
-    ) -> Tuple[int, int, bool]:
+        self, planned: PlanEntry, missing: Mapping[int, Any], old_prev: int, old_chain: int, out: _EncodedChunk
+    ) -> tuple[int, int, bool]:
         """``(new prev or -1, new chain length, rewrite?)`` of a planned group;
         its depth noted in ``out``."""
         gid = planned.group_id
@@ -295,7 +306,7 @@ class RoomCompactor:
         out.max_depth = max(out.max_depth, depth)
         return (-1 if planned.prev_group is None else planned.prev_group), depth, planned.changed
 
-    def _encode_rewrite(self, planned: PlanEntry, chunk_ids: set, out: "_EncodedChunk") -> None:
+    def _encode_rewrite(self, planned: PlanEntry, chunk_ids: set, out: _EncodedChunk) -> None:
         """A rewritten group's new delta rows (and the group outside the chunk it builds on)."""
         gid = planned.group_id
         out.rewritten += 1
@@ -343,12 +354,12 @@ class RoomCompactor:
             self._depth = depth
             return
 
-        def state_of(gid: int) -> Dict[int, int]:
+        def state_of(gid: int) -> dict[int, int]:
             # Walk the original predecessors back to something known, then
             # apply the deltas forward.
             path = []
-            cur: Optional[int] = gid
-            base: Optional[Dict[int, int]] = None
+            cur: int | None = gid
+            base: dict[int, int] | None = None
             while cur is not None:
                 if cur in by_id:
                     path.append(by_id[cur])
@@ -373,13 +384,13 @@ class RoomCompactor:
         self._depth = depth
 
 
-def iter_chunks(batches: Iterable[Any], starts: Sequence[int] = ()) -> Iterator[Dict[str, np.ndarray]]:
+def iter_chunks(batches: Iterable[Any], starts: Sequence[int] = ()) -> Iterator[dict[str, np.ndarray]]:
     """Regroup a room's Arrow batches (sorted by ``sort_id``) into one dict of
     arrays per chunk; ``starts`` are the first groups of chunks 1, 2, ..."""
     starts_arr = np.asarray(sorted(starts), dtype=np.int64)
 
-    pending: List[Dict[str, np.ndarray]] = []
-    current: Optional[int] = None
+    pending: list[dict[str, np.ndarray]] = []
+    current: int | None = None
     for batch in batches:
         arrays = {
             name: pc.fill_null(batch.column(name), -1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
@@ -403,7 +414,7 @@ def iter_chunks(batches: Iterable[Any], starts: Sequence[int] = ()) -> Iterator[
         yield _concat(pending)
 
 
-def _concat(parts: List[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     if len(parts) == 1:
         return parts[0]
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
@@ -421,7 +432,7 @@ def _detail(result_missing: Mapping[int, int], mismatched: Sequence[int]) -> str
     return "; ".join(parts)
 
 
-def _result_row(room_nid: int, r: ChunkResult, is_last: bool) -> Dict[str, Any]:
+def _result_row(room_nid: int, r: ChunkResult, is_last: bool) -> dict[str, Any]:
     return {
         "room_nid": room_nid,
         "first_group": r.first_group,
@@ -444,14 +455,23 @@ def _result_row(room_nid: int, r: ChunkResult, is_last: bool) -> Dict[str, Any]:
     }
 
 
-def _error_row(room_nid: int, detail: str) -> Dict[str, Any]:
-    row: Dict[str, Any] = {name: 0 for name in _OUTPUT_FIELDS}
-    row.update(room_nid=room_nid, first_group=-1, last_group=-1, is_last=True, status="error", detail=detail,
-               groups_blob=b"", refs_blob=b"", deltas_blob=b"")
+def _error_row(room_nid: int, detail: str) -> dict[str, Any]:
+    row: dict[str, Any] = {name: 0 for name in _OUTPUT_FIELDS}
+    row.update(
+        room_nid=room_nid,
+        first_group=-1,
+        last_group=-1,
+        is_last=True,
+        status="error",
+        detail=detail,
+        groups_blob=b"",
+        refs_blob=b"",
+        deltas_blob=b"",
+    )
     return row
 
 
-def _batch(rows: List[Dict[str, Any]]) -> pa.RecordBatch:
+def _batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(rows, schema=_ARROW_OUTPUT)
 
 
@@ -459,14 +479,14 @@ def room_rows(
     room_nid: int,
     results: Iterator[ChunkResult],
     batches: Iterator[pa.RecordBatch],
-    row: Callable[[int, ChunkResult, bool], Dict[str, Any]],
+    row: Callable[[int, ChunkResult, bool], dict[str, Any]],
 ) -> Iterator[pa.RecordBatch]:
     """The output of one room, for both layouts: ``row(room_nid, result,
     is_last)`` of each chunk's result, one held back so that the room's last
     row says so; when ``results`` raises, the room's input (``batches``) is
     drained (the worker expects the group consumed) and a final error row
     ends the room."""
-    held: Optional[ChunkResult] = None
+    held: ChunkResult | None = None
     try:
         for result in results:
             if held is not None:
@@ -491,7 +511,7 @@ def whole_rooms(room_function: Callable) -> Callable:
     after a shuffle. A room whose rows come in two runs stops the task
     (the read was not ordered: nothing of it is written)."""
 
-    def slices(batches: Iterable[pa.RecordBatch]) -> Iterator[Tuple[int, pa.RecordBatch]]:
+    def slices(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
         for batch in batches:
             n = batch.num_rows
             if not n:
@@ -522,7 +542,7 @@ def make_room_function(config: Mapping[str, Any]):
     """
     cfg = dict(config)
 
-    def compact_room(key: Tuple[pa.Scalar, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def compact_room(key: tuple[pa.Scalar, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         room_nid = key[0].as_py()
         compactor = RoomCompactor(
             room_nid,
@@ -539,4 +559,3 @@ def make_room_function(config: Mapping[str, Any]):
         )
 
     return compact_room
-

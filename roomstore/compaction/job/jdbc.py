@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from typing import Any, Dict, Tuple
+from typing import Any
 
 import attrs
 
@@ -30,12 +30,14 @@ class JdbcDriver:
         return os.environ.get(self.jar_env, self.jar_default)
 
 
-DRIVERS: Dict[str, JdbcDriver] = {
+DRIVERS: dict[str, JdbcDriver] = {
     "sqlite": JdbcDriver(
         "org.sqlite.JDBC", "ROOMSTORE_SQLITE_JDBC_JAR", "/usr/share/java/sqlite-jdbc.jar", "libxerial-sqlite-jdbc-java"
     ),
     "postgres": JdbcDriver(
-        "org.postgresql.Driver", "ROOMSTORE_POSTGRES_JDBC_JAR", "/usr/share/java/postgresql.jar",
+        "org.postgresql.Driver",
+        "ROOMSTORE_POSTGRES_JDBC_JAR",
+        "/usr/share/java/postgresql.jar",
         "libpostgresql-jdbc-java",
     ),
 }
@@ -45,12 +47,12 @@ def jdbc_driver(engine: Any) -> JdbcDriver:
     return DRIVERS[engine.name]
 
 
-def jdbc_url(engine: Any) -> Tuple[str, Dict[str, str]]:
+def jdbc_url(engine: Any) -> tuple[str, dict[str, str]]:
     """The JDBC URL of ``engine``'s database and its connection properties."""
     if engine.name == "sqlite":
         return f"jdbc:sqlite:{os.path.abspath(engine.path)}", {}
     parsed = urllib.parse.urlsplit(engine.dsn)
-    props: Dict[str, str] = {}
+    props: dict[str, str] = {}
     if parsed.username:
         props["user"] = urllib.parse.unquote(parsed.username)
     if parsed.password:

@@ -9,7 +9,7 @@ layouts' interface (:mod:`roomstore.compaction.tables`) can name this class.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import attrs
 
@@ -25,15 +25,15 @@ class JdbcSource:
 
     url: str
     driver: str
-    properties: Dict[str, str]
+    properties: dict[str, str]
 
     @classmethod
-    def from_db_url(cls, db_url: str) -> "JdbcSource":
+    def from_db_url(cls, db_url: str) -> JdbcSource:
         engine = engine_from_url(db_url)
         url, properties = jdbc_url(engine)
         return cls(url, jdbc_driver(engine).driver, properties)
 
-    def read(self, spark: Any, table_sql: str, schema: str, partition: Optional[Tuple[int, int, int]] = None) -> Any:
+    def read(self, spark: Any, table_sql: str, schema: str, partition: tuple[int, int, int] | None = None) -> Any:
         reader = (
             spark.read.format("jdbc")
             .option("url", self.url)
@@ -53,4 +53,3 @@ class JdbcSource:
                 .option("numPartitions", str(max(1, parts)))
             )
         return reader.load()
-

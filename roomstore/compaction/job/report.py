@@ -8,12 +8,14 @@ text-format gauges (``--metrics-file``, :func:`write_metrics`).
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
 from roomstore.compaction.writer import RoomOutcome
+
 
 @attrs.frozen
 class ChunkRecord:
@@ -53,10 +55,10 @@ class RoomReport:
     missing: int = 0
     mismatched: int = 0
     max_depth: int = 0
-    detail: List[str] = attrs.Factory(list)
+    detail: list[str] = attrs.Factory(list)
     error: str = ""
     earlier_attempt: bool = False
-    chunk_list: List[ChunkRecord] = attrs.Factory(list)
+    chunk_list: list[ChunkRecord] = attrs.Factory(list)
 
     @property
     def saving(self) -> int:
@@ -65,11 +67,16 @@ class RoomReport:
     def outcome(self) -> RoomOutcome:
         """The room's ``state_compaction_rooms`` record."""
         return RoomOutcome(
-            self.room_nid, self.status, self.state_groups, self.rows_before, self.rows_after, self.rewritten,
+            self.room_nid,
+            self.status,
+            self.state_groups,
+            self.rows_before,
+            self.rows_after,
+            self.rewritten,
             "; ".join(d for d in self.detail if d) or self.error,
         )
 
-    def as_json(self) -> Dict[str, Any]:
+    def as_json(self) -> dict[str, Any]:
         return {
             "room_id": self.room_id,
             "room_nid": self.room_nid,
@@ -94,9 +101,9 @@ STATUS_WOULD_WRITE = "would_write"
 FAILED_STATUSES = ("mismatch", "error")
 
 
-def run_totals(rooms: Sequence[RoomReport]) -> Dict[str, Any]:
+def run_totals(rooms: Sequence[RoomReport]) -> dict[str, Any]:
     """The run's figures over every room examined (resumed ones included)."""
-    by_status: Dict[str, int] = {}
+    by_status: dict[str, int] = {}
     for r in rooms:
         by_status[r.status] = by_status.get(r.status, 0) + 1
     written = [r for r in rooms if r.status in (STATUS_WRITTEN, STATUS_WOULD_WRITE)]
@@ -118,7 +125,7 @@ def run_totals(rooms: Sequence[RoomReport]) -> Dict[str, Any]:
 
 def report_lines(
     rooms: Sequence[RoomReport], totals: Mapping[str, Any], dry_run: bool, seconds: float, warnings: int
-) -> List[str]:
+) -> list[str]:
     """The table printed at the end of a run: the 20 rooms saving most, then the totals."""
     lines = ["", f"{'room':<40} {'status':<18} {'groups':>9} {'rows before':>12} {'rows after':>11} {'saved':>8}"]
     shown = sorted(rooms, key=lambda r: (-r.saving, r.room_nid))[:20]
@@ -127,7 +134,9 @@ def report_lines(
         if len(name) > 40:
             name = name[:37] + "..."
         pct = f"{r.saving / r.rows_before:.0%}" if r.rows_before else "-"
-        lines.append(f"{name:<40} {r.status:<18} {r.state_groups:>9,} {r.rows_before:>12,} {r.rows_after:>11,} {pct:>8}")
+        lines.append(
+            f"{name:<40} {r.status:<18} {r.state_groups:>9,} {r.rows_before:>12,} {r.rows_after:>11,} {pct:>8}"
+        )
     if len(rooms) > len(shown):
         lines.append(f"... and {len(rooms) - len(shown)} more room(s) (see --summary-json)")
     saved = totals["rows_saved"]
@@ -160,7 +169,7 @@ def write_metrics(path: str, summary: Mapping[str, Any]) -> None:
     totals = summary["totals"]
     prefix = "roomstore_state_compaction_"
 
-    def gauge(name: str, doc: str, value: float, labels: Optional[Dict[str, str]] = None) -> None:
+    def gauge(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> None:
         if labels:
             g = Gauge(prefix + name, doc, list(labels), registry=registry)
             g.labels(**labels).set(value)
@@ -174,16 +183,28 @@ def write_metrics(path: str, summary: Mapping[str, Any]) -> None:
     gauge("last_run_dry_run", "1 if the last run was a dry run", 1 if summary["dry_run"] else 0)
     gauge("snapshot_max_state_group", "Highest state group the last run considered", summary["snapshot_max"] or 0)
     g = Gauge(prefix + "rooms", "Rooms examined by the last run, by outcome", ["status"], registry=registry)
-    for status in ("written", "would_write", "unchanged", "below_min_saving", "mismatch", "error", "changed_underneath"):
+    for status in (
+        "written",
+        "would_write",
+        "unchanged",
+        "below_min_saving",
+        "mismatch",
+        "error",
+        "changed_underneath",
+    ):
         g.labels(status=status).set(totals["rooms_by_status"].get(status, 0))
     gauge("state_groups", "State groups examined by the last run", totals["state_groups"])
     gauge("rows_before", "Delta rows of the examined rooms before the last run", totals["rows_before"])
     gauge("rows_after", "Delta rows of the examined rooms after the last run (as planned)", totals["rows_after"])
     gauge("rows_saved", "Delta rows removed (or, dry run: removable) by the last run", totals["rows_saved"])
     gauge("groups_rewritten", "State groups given a new representation by the last run", totals["groups_rewritten"])
-    gauge("mismatched_groups", "State groups whose verification failed (their rooms were not written)",
-          totals["mismatched_groups"])
-    gauge("missing_groups", "State groups skipped because their chain reaches a missing group", totals["missing_groups"])
+    gauge(
+        "mismatched_groups",
+        "State groups whose verification failed (their rooms were not written)",
+        totals["mismatched_groups"],
+    )
+    gauge(
+        "missing_groups", "State groups skipped because their chain reaches a missing group", totals["missing_groups"]
+    )
     gauge("max_hops", "Longest predecessor chain after the last run", totals["max_hops"])
     write_to_textfile(path, registry)
-

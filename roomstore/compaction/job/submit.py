@@ -14,8 +14,8 @@ import os
 import shlex
 import sys
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 import attr
 import attrs
@@ -55,7 +55,7 @@ def _cache_dir() -> Path:
     return path
 
 
-def build_py_files_zip(cache: Optional[Path] = None) -> Path:
+def build_py_files_zip(cache: Path | None = None) -> Path:
     """Zip the ``roomstore`` package (plus the pure-Python ``attrs``) for ``--py-files``.
 
     Executors then need only Python with pyspark's own dependencies (pyarrow,
@@ -67,7 +67,7 @@ def build_py_files_zip(cache: Optional[Path] = None) -> Path:
         (Path(attr.__file__).resolve().parent, "attr"),
         (Path(attrs.__file__).resolve().parent, "attrs"),
     ]
-    files: List[Tuple[str, Path]] = []
+    files: list[tuple[str, Path]] = []
     for root, name in roots:
         for path in sorted(root.rglob("*.py")):
             if "__pycache__" in path.parts:
@@ -97,7 +97,7 @@ DRIVER_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 EXECUTOR_JIT_OPTION = DRIVER_JIT_OPTION
 
 
-def build_submit_command(argv: Sequence[str]) -> Tuple[List[str], Dict[str, str]]:
+def build_submit_command(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """The ``spark-submit`` command line and environment for ``argv`` (wrapper options + job options)."""
     parser = submit_parser()
     opts, _ = parser.parse_known_args(argv)
@@ -165,7 +165,7 @@ def build_submit_command(argv: Sequence[str]) -> Tuple[List[str], Dict[str, str]
     return cmd, env
 
 
-def line_environment(master: str, spark_home: str) -> Dict[str, str]:
+def line_environment(master: str, spark_home: str) -> dict[str, str]:
     """The variables the printed line sets itself (``env NAME=VALUE spark-submit ...``)."""
     names = {"SPARK_HOME": os.environ.get("SPARK_HOME") or spark_home}
     if master.startswith("local"):
@@ -175,7 +175,7 @@ def line_environment(master: str, spark_home: str) -> Dict[str, str]:
     return names
 
 
-def printable_command(cmd: Sequence[str], env: Dict[str, str]) -> str:
+def printable_command(cmd: Sequence[str], env: dict[str, str]) -> str:
     """The line ``--print-command`` prints: ``env`` with the variables of
     ``line_environment`` (their values from ``env``), then spark-submit and
     its arguments, shell-quoted."""
@@ -186,14 +186,22 @@ def printable_command(cmd: Sequence[str], env: Dict[str, str]) -> str:
 
 
 _SUBMIT_FLAGS_WITH_VALUE = {
-    "--master", "--conf", "--driver-memory", "--executor-memory", "--executor-cores", "--num-executors",
-    "--deploy-mode", "--jdbc-jar", "--spark-submit", "--driver-java-options",
+    "--master",
+    "--conf",
+    "--driver-memory",
+    "--executor-memory",
+    "--executor-cores",
+    "--num-executors",
+    "--deploy-mode",
+    "--jdbc-jar",
+    "--spark-submit",
+    "--driver-java-options",
 }
 _SUBMIT_FLAGS = {"--print-command"}
 
 
-def _strip_submit_options(argv: List[str]) -> List[str]:
-    out: List[str] = []
+def _strip_submit_options(argv: list[str]) -> list[str]:
+    out: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -209,7 +217,7 @@ def _strip_submit_options(argv: List[str]) -> List[str]:
     return out
 
 
-def submit_main(argv: Optional[Sequence[str]] = None) -> int:
+def submit_main(argv: Sequence[str] | None = None) -> int:
     """``bin/roomstore-compact``: validate the options, then exec ``spark-submit``.
 
     exec (not a child process): the wrapper's process becomes spark-submit, so
@@ -241,4 +249,3 @@ def submit_main(argv: Optional[Sequence[str]] = None) -> int:
     sys.stderr.flush()
     os.execvpe(cmd[0], cmd, env)
     return 0  # not reached
-

@@ -17,7 +17,8 @@ Memory: besides the chunk, a room's interning tables (one entry per distinct
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterator, List, Mapping, Tuple
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +36,14 @@ from roomstore.compaction.job.executor import (
 
 #: Columns of the rows fed to the Synapse room function (after ``room_nid``).
 SYNAPSE_COLUMNS = (
-    "sort_id", "kind", "state_group", "prev_state_group", "type", "state_key", "event_id", "row_checksum",
+    "sort_id",
+    "kind",
+    "state_group",
+    "prev_state_group",
+    "type",
+    "state_key",
+    "event_id",
+    "row_checksum",
 )
 
 
@@ -43,10 +51,10 @@ class _Interner:
     """Strings of one room <-> the integers the compactor works on."""
 
     def __init__(self) -> None:
-        self.key_ids: Dict[Tuple[str, str], int] = {}
-        self.keys: List[Tuple[str, str]] = []
-        self.event_ids: Dict[str, int] = {}
-        self.events: List[str] = []
+        self.key_ids: dict[tuple[str, str], int] = {}
+        self.keys: list[tuple[str, str]] = []
+        self.event_ids: dict[str, int] = {}
+        self.events: list[str] = []
 
     def key(self, event_type: str, state_key: str) -> int:
         pair = (event_type, state_key)
@@ -64,7 +72,7 @@ class _Interner:
         return nid
 
 
-def _int_batches(batches, interner: _Interner, checksums: Dict[int, int]) -> Iterator[pa.RecordBatch]:
+def _int_batches(batches, interner: _Interner, checksums: dict[int, int]) -> Iterator[pa.RecordBatch]:
     """The room's string batches as integer batches in :data:`INPUT_COLUMNS`
     (``chain_length`` 0: Synapse keeps none); each group's checksum (the sum
     of its rows' ``row_checksum``, computed by PostgreSQL as it reads them,
@@ -121,7 +129,7 @@ def _int_batches(batches, interner: _Interner, checksums: Dict[int, int]) -> Ite
         )
 
 
-def _to_synapse(result: ChunkResult, interner: _Interner, checksums: Dict[int, int]) -> ChunkResult:
+def _to_synapse(result: ChunkResult, interner: _Interner, checksums: dict[int, int]) -> ChunkResult:
     """Synapse has no chain_length: only rewrites count; the groups' checksums
     are the text ones; the deltas become ``[group, type, state_key, event_id]``
     rows as JSON (kept in ``deltas``, an object array)."""
@@ -145,7 +153,7 @@ def _to_synapse(result: ChunkResult, interner: _Interner, checksums: Dict[int, i
     return result
 
 
-def _row(room_nid: int, result: ChunkResult, is_last: bool) -> Dict[str, Any]:
+def _row(room_nid: int, result: ChunkResult, is_last: bool) -> dict[str, Any]:
     rows = result.deltas
     result.deltas = np.zeros((0, 3), dtype=np.int64)
     row = _result_row(room_nid, result, is_last)
@@ -153,7 +161,7 @@ def _row(room_nid: int, result: ChunkResult, is_last: bool) -> Dict[str, Any]:
     return row
 
 
-def decode_deltas(blob: bytes) -> List[Tuple[int, str, str, str]]:
+def decode_deltas(blob: bytes) -> list[tuple[int, str, str, str]]:
     """The driver's side of :func:`_row`'s deltas."""
     if not blob:
         return []
@@ -165,14 +173,20 @@ def make_synapse_room_function(config: Mapping[str, Any]):
     same ``config`` and output rows as :func:`~roomstore.compaction.job.executor.make_room_function`."""
     cfg = dict(config)
 
-    def compact_room(key: Tuple[pa.Scalar, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def compact_room(key: tuple[pa.Scalar, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         room_nid = key[0].as_py()
         compactor = RoomCompactor(
-            room_nid, strategy=cfg["strategy"], levels=cfg["levels"], max_hops=cfg["max_hops"],
-            window=cfg["window"], emit=cfg["emit"], fault=cfg.get("fault_room") == room_nid, allow_removals=False,
+            room_nid,
+            strategy=cfg["strategy"],
+            levels=cfg["levels"],
+            max_hops=cfg["max_hops"],
+            window=cfg["window"],
+            emit=cfg["emit"],
+            fault=cfg.get("fault_room") == room_nid,
+            allow_removals=False,
         )
         interner = _Interner()
-        checksums: Dict[int, int] = {}
+        checksums: dict[int, int] = {}
         starts = cfg.get("starts", {}).get(room_nid, ())
 
         def results() -> Iterator[ChunkResult]:
@@ -187,4 +201,12 @@ def make_synapse_room_function(config: Mapping[str, Any]):
     return compact_room
 
 
-assert INPUT_COLUMNS == ("sort_id", "kind", "state_group", "prev_state_group", "chain_length", "type_key_nid", "event_nid")
+assert INPUT_COLUMNS == (
+    "sort_id",
+    "kind",
+    "state_group",
+    "prev_state_group",
+    "chain_length",
+    "type_key_nid",
+    "event_nid",
+)

@@ -12,7 +12,7 @@ the client format's ``unsigned.transaction_id``), by
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import chunks, join_event_ids, join_users
@@ -20,8 +20,15 @@ from roomstore.storage.interning import chunks, join_event_ids, join_users
 #: A client transaction as the table keys it: (user nid, device ID, txn ID).
 TxnKey = tuple[int, str, str]
 
-__all__ = ["TxnKey", "delete_event_txns_txn", "delete_room_txns_txn", "event_id_for_txn_txn", "event_nids_of_txns_txn",
-           "queue_txns", "txn_ids_of_events_txn"]
+__all__ = [
+    "TxnKey",
+    "delete_event_txns_txn",
+    "delete_room_txns_txn",
+    "event_id_for_txn_txn",
+    "event_nids_of_txns_txn",
+    "queue_txns",
+    "txn_ids_of_events_txn",
+]
 
 
 def event_nids_of_txns_txn(txn: Transaction, keys: Iterable[TxnKey]) -> dict[TxnKey, int]:
@@ -42,8 +49,11 @@ def queue_txns(txn: Transaction, rows: Sequence[tuple]) -> None:
     """Queue ``(user_nid, device_id, txn_id, event_nid, room_nid,
     inserted_ts)`` rows; a key recorded meanwhile (another writer) is kept."""
     txn.insert_many(
-        "client_txn_ids", ("user_nid", "device_id", "txn_id", "event_nid", "room_nid", "inserted_ts"), rows,
-        on_conflict="ON CONFLICT DO NOTHING", queue=True,
+        "client_txn_ids",
+        ("user_nid", "device_id", "txn_id", "event_nid", "room_nid", "inserted_ts"),
+        rows,
+        on_conflict="ON CONFLICT DO NOTHING",
+        queue=True,
     )
 
 

@@ -15,7 +15,8 @@ keeps) is ``roomstore.pdu.redaction_algorithm``.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import (
@@ -30,9 +31,25 @@ from roomstore.visibility.memberships import membership_of_sql
 from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
 
 EVENT_COLUMNS = (
-    "event_nid", "room_nid", "type", "type_key_nid", "sender_nid", "depth", "topological_ordering",
-    "stream_ordering", "instance_name", "origin_server_ts", "received_ts", "outlier", "rejected_reason",
-    "backfilled", "redacted", "state_group_before", "state_group", "visibility_before", "visibility_after",
+    "event_nid",
+    "room_nid",
+    "type",
+    "type_key_nid",
+    "sender_nid",
+    "depth",
+    "topological_ordering",
+    "stream_ordering",
+    "instance_name",
+    "origin_server_ts",
+    "received_ts",
+    "outlier",
+    "rejected_reason",
+    "backfilled",
+    "redacted",
+    "state_group_before",
+    "state_group",
+    "visibility_before",
+    "visibility_after",
     "soft_failed",
 )
 
@@ -297,11 +314,14 @@ def pointed_at_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
     found: set[int] = set()
     for part in chunks(sorted(nids)):
         marks = ", ".join("?" for _ in part)
-        found.update(r[0] for r in txn.execute(
-            f"SELECT DISTINCT prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
-            f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed",
-            (*part, False),
-        ).fetchall())
+        found.update(
+            r[0]
+            for r in txn.execute(
+                f"SELECT DISTINCT prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
+                f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed",
+                (*part, False),
+            ).fetchall()
+        )
     return found
 
 
@@ -320,13 +340,16 @@ def auth_chain_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
     found: set[int] = set()
     for part in chunks(sorted(set(nids)), WIDE_CHUNK):
         marks = ", ".join("?" for _ in part)
-        found.update(r[0] for r in txn.execute(
-            "WITH RECURSIVE chain(nid) AS ("
-            f" SELECT auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})"
-            " UNION SELECT a.auth_event_nid FROM event_auth_edges AS a JOIN chain AS c ON a.event_nid = c.nid"
-            ") SELECT nid FROM chain",
-            list(part),
-        ).fetchall())
+        found.update(
+            r[0]
+            for r in txn.execute(
+                "WITH RECURSIVE chain(nid) AS ("
+                f" SELECT auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})"
+                " UNION SELECT a.auth_event_nid FROM event_auth_edges AS a JOIN chain AS c ON a.event_nid = c.nid"
+                ") SELECT nid FROM chain",
+                list(part),
+            ).fetchall()
+        )
     return found
 
 
@@ -343,8 +366,10 @@ def auth_chain_masks_txn(txn: Transaction, start: Mapping[int, int]) -> dict[int
             by_mask.setdefault(mask, []).append(nid)
         anchors, params = [], []
         for mask, nids in sorted(by_mask.items()):
-            anchors.append("SELECT auth_event_nid, CAST(? AS BIGINT) FROM event_auth_edges"
-                           f" WHERE event_nid IN ({', '.join('?' for _ in nids)})")
+            anchors.append(
+                "SELECT auth_event_nid, CAST(? AS BIGINT) FROM event_auth_edges"
+                f" WHERE event_nid IN ({', '.join('?' for _ in nids)})"
+            )
             params += [mask, *nids]
         for nid, mask in txn.execute(
             f"WITH RECURSIVE chain(nid, mask) AS ({' UNION '.join(anchors)}"
@@ -437,11 +462,14 @@ class PurgeCandidate(NamedTuple):
 def events_upto_txn(txn: Transaction, room_nid: int, key: tuple[int, int]) -> list[PurgeCandidate]:
     """The room's events, outliers too, at or before the topological key
     ``(topological_ordering, stream_ordering)``."""
-    return [PurgeCandidate(nid, is_state, sender, bool(outlier)) for nid, is_state, sender, outlier in txn.execute(
-        "SELECT event_nid, type_key_nid IS NOT NULL, sender_nid, outlier FROM events"
-        " WHERE room_nid = ? AND (topological_ordering, stream_ordering) <= (?, ?)",
-        (room_nid, *key),
-    ).fetchall()]
+    return [
+        PurgeCandidate(nid, is_state, sender, bool(outlier))
+        for nid, is_state, sender, outlier in txn.execute(
+            "SELECT event_nid, type_key_nid IS NOT NULL, sender_nid, outlier FROM events"
+            " WHERE room_nid = ? AND (topological_ordering, stream_ordering) <= (?, ?)",
+            (room_nid, *key),
+        ).fetchall()
+    ]
 
 
 def room_event_nids_txn(txn: Transaction, room_nid: int) -> list[int]:
@@ -454,10 +482,12 @@ def redaction_targets_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, in
     found: dict[int, int] = {}
     for part in chunks(sorted(set(nids))):
         marks = ", ".join("?" for _ in part)
-        found.update(txn.execute(
-            f"SELECT redaction_event_nid, redacts_event_nid FROM redactions WHERE redaction_event_nid IN ({marks})",
-            list(part),
-        ).fetchall())
+        found.update(
+            txn.execute(
+                f"SELECT redaction_event_nid, redacts_event_nid FROM redactions WHERE redaction_event_nid IN ({marks})",
+                list(part),
+            ).fetchall()
+        )
     return found
 
 
@@ -467,13 +497,16 @@ def referenced_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
     found: set[int] = set()
     for part in chunks(sorted(set(nids))):
         marks = ", ".join("?" for _ in part)
-        found.update(r[0] for r in txn.execute(
-            f"SELECT event_nid FROM events WHERE event_nid IN ({marks})"
-            f" UNION SELECT prev_event_nid FROM event_edges WHERE prev_event_nid IN ({marks})"
-            f" UNION SELECT auth_event_nid FROM event_auth_edges WHERE auth_event_nid IN ({marks})"
-            f" UNION SELECT redacts_event_nid FROM redactions WHERE redacts_event_nid IN ({marks})",
-            list(part) * 4,
-        ).fetchall())
+        found.update(
+            r[0]
+            for r in txn.execute(
+                f"SELECT event_nid FROM events WHERE event_nid IN ({marks})"
+                f" UNION SELECT prev_event_nid FROM event_edges WHERE prev_event_nid IN ({marks})"
+                f" UNION SELECT auth_event_nid FROM event_auth_edges WHERE auth_event_nid IN ({marks})"
+                f" UNION SELECT redacts_event_nid FROM redactions WHERE redacts_event_nid IN ({marks})",
+                list(part) * 4,
+            ).fetchall()
+        )
     return found
 
 
@@ -482,35 +515,47 @@ def edge_targets_txn(txn: Transaction, nids: Sequence[int]) -> set[int]:
     found: set[int] = set()
     for part in chunks(sorted(set(nids))):
         marks = ", ".join("?" for _ in part)
-        found.update(r[0] for r in txn.execute(
-            f"SELECT prev_event_nid FROM event_edges WHERE event_nid IN ({marks})"
-            f" UNION SELECT auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})",
-            list(part) * 2,
-        ).fetchall())
+        found.update(
+            r[0]
+            for r in txn.execute(
+                f"SELECT prev_event_nid FROM event_edges WHERE event_nid IN ({marks})"
+                f" UNION SELECT auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})",
+                list(part) * 2,
+            ).fetchall()
+        )
     return found
 
 
 def graph_and_prevs_txn(txn: Transaction, room_nid: int) -> tuple[set[int], set[int]]:
     """(the room's graph events (not outliers), the prev events they name):
     what its backward extremities are made of."""
-    graph = {r[0] for r in txn.execute(
-        "SELECT event_nid FROM events WHERE room_nid = ? AND outlier = ?", (room_nid, False)
-    ).fetchall()}
-    prevs = {r[0] for r in txn.execute(
-        "SELECT DISTINCT ed.prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
-        " WHERE e.room_nid = ? AND e.outlier = ?",
-        (room_nid, False),
-    ).fetchall()}
+    graph = {
+        r[0]
+        for r in txn.execute(
+            "SELECT event_nid FROM events WHERE room_nid = ? AND outlier = ?", (room_nid, False)
+        ).fetchall()
+    }
+    prevs = {
+        r[0]
+        for r in txn.execute(
+            "SELECT DISTINCT ed.prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
+            " WHERE e.room_nid = ? AND e.outlier = ?",
+            (room_nid, False),
+        ).fetchall()
+    }
     return graph, prevs
 
 
 def groups_in_use_txn(txn: Transaction, room_nid: int) -> set[int]:
     """The state groups the room's stored events are before or after."""
-    return {r[0] for r in txn.execute(
-        "SELECT state_group_before FROM events WHERE room_nid = ? AND state_group_before IS NOT NULL"
-        " UNION SELECT state_group FROM events WHERE room_nid = ? AND state_group IS NOT NULL",
-        (room_nid, room_nid),
-    ).fetchall()}
+    return {
+        r[0]
+        for r in txn.execute(
+            "SELECT state_group_before FROM events WHERE room_nid = ? AND state_group_before IS NOT NULL"
+            " UNION SELECT state_group FROM events WHERE room_nid = ? AND state_group IS NOT NULL",
+            (room_nid, room_nid),
+        ).fetchall()
+    }
 
 
 def make_outliers_txn(txn: Transaction, nids: Sequence[int]) -> int:
@@ -530,8 +575,11 @@ def make_outliers_txn(txn: Transaction, nids: Sequence[int]) -> int:
 
 #: What deleting events removes, by table, and the column naming the event.
 _EVENT_ROWS = (
-    ("events", "event_nid"), ("event_json", "event_nid"), ("event_edges", "event_nid"),
-    ("event_auth_edges", "event_nid"), ("redactions", "redaction_event_nid"),
+    ("events", "event_nid"),
+    ("event_json", "event_nid"),
+    ("event_edges", "event_nid"),
+    ("event_auth_edges", "event_nid"),
+    ("redactions", "redaction_event_nid"),
 )
 
 
@@ -564,8 +612,10 @@ def delete_events_txn(txn: Transaction, nids: Sequence[int], counts: dict[str, i
 # type_key_nid, redacts, membership code, rejected, outlier)``, kind 0 for
 # an event (state type and key NULL: sorting needs them for state rows
 # only), so that ``room_state.STATE_STREAM_ROWS`` can be its UNION partner.
-_REDACTS = (f"(SELECT ri.event_id FROM redactions AS red {join_event_ids('ri', 'red.redacts_event_nid')}"
-            " WHERE red.redaction_event_nid = e.event_nid)")
+_REDACTS = (
+    f"(SELECT ri.event_id FROM redactions AS red {join_event_ids('ri', 'red.redacts_event_nid')}"
+    " WHERE red.redaction_event_nid = e.event_nid)"
+)
 
 #: (token, ORDER BY, range) of live events, whose tokens are stream
 #: orderings, and of backfilled events, whose tokens are minus their
@@ -573,8 +623,11 @@ _REDACTS = (f"(SELECT ri.event_id FROM redactions AS red {join_event_ids('ri', '
 #: the index serves it.
 _PAGE_RANGES = {
     True: ("e.stream_ordering", "e.stream_ordering", "e.stream_ordering > ? AND e.stream_ordering <= ?"),
-    False: ("-e.stream_ordering", "e.stream_ordering DESC",
-            "e.stream_ordering < 0 - CAST(? AS BIGINT) AND e.stream_ordering >= 0 - CAST(? AS BIGINT)"),
+    False: (
+        "-e.stream_ordering",
+        "e.stream_ordering DESC",
+        "e.stream_ordering < 0 - CAST(? AS BIGINT) AND e.stream_ordering >= 0 - CAST(? AS BIGINT)",
+    ),
 }
 
 
@@ -586,8 +639,11 @@ def event_stream_rows_sql(live: bool, join_ids: bool = False, nids: bool = False
     nid in the event ID's column, for the caller to resolve (PostgreSQL
     spent 1.4 us a row on the lookup, more than the rest of the page)."""
     token, order, where = _PAGE_RANGES[live]
-    event_id, joins = ("i.event_id", join_event_ids("i", "e.event_nid")) if join_ids else (
-        ("e.event_nid", "") if nids else (event_id_sql("e.event_nid"), ""))
+    event_id, joins = (
+        ("i.event_id", join_event_ids("i", "e.event_nid"))
+        if join_ids
+        else (("e.event_nid", "") if nids else (event_id_sql("e.event_nid"), ""))
+    )
     return f"""
 SELECT {token}, 0, NULL, NULL,
     {event_id},
@@ -639,8 +695,10 @@ def event_json_stream_rows_sql(engine, live: bool, lines: bool = False) -> str:
     ]
     if live:
         fields += [
-            ("text", f"CASE WHEN e.type = 'm.room.member' THEN CASE {membership_of_sql('e.event_nid')}"
-                     f" {membership} END END"),
+            (
+                "text",
+                f"CASE WHEN e.type = 'm.room.member' THEN CASE {membership_of_sql('e.event_nid')} {membership} END END",
+            ),
             ("bool", "e.rejected_reason IS NOT NULL"),
             ("bool", "e.outlier"),
         ]

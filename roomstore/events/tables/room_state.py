@@ -10,7 +10,7 @@ replication rows of the current-state stream.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from roomstore.events.tables.events import join_events
 from roomstore.storage.database import Transaction
@@ -57,14 +57,20 @@ def joined_room_nids_sql(alias: str = "cm") -> str:
 
 
 def queue_extremity_changes(
-    txn: Transaction, forward_gone: Sequence[tuple], forward_new: Sequence[tuple],
-    backward_new: Sequence[tuple], backward_gone: Sequence[tuple],
+    txn: Transaction,
+    forward_gone: Sequence[tuple],
+    forward_new: Sequence[tuple],
+    backward_new: Sequence[tuple],
+    backward_gone: Sequence[tuple],
 ) -> None:
     """Queue the batch's changes of ``(room_nid, event_nid)`` extremity rows."""
     _delete_pairs(txn, "forward_extremities", ("room_nid", "event_nid"), forward_gone, queue=True)
     txn.insert_many("forward_extremities", ("room_nid", "event_nid"), forward_new, queue=True)
     txn.insert_many(
-        "backward_extremities", ("room_nid", "event_nid"), backward_new, on_conflict="ON CONFLICT DO NOTHING",
+        "backward_extremities",
+        ("room_nid", "event_nid"),
+        backward_new,
+        on_conflict="ON CONFLICT DO NOTHING",
         queue=True,
     )
     _delete_pairs(txn, "backward_extremities", ("room_nid", "event_nid"), backward_gone, queue=True)
@@ -106,7 +112,9 @@ def queue_current_state_changes(
     """Queue the room's current state rows removed and upserted, and the deltas the stream carries."""
     _delete_pairs(txn, "current_state", ("room_nid", "type_key_nid"), removed, queue=True)
     txn.insert_many(
-        "current_state", ("room_nid", "type_key_nid", "event_nid"), upserts,
+        "current_state",
+        ("room_nid", "type_key_nid", "event_nid"),
+        upserts,
         on_conflict="ON CONFLICT (room_nid, type_key_nid) DO UPDATE SET event_nid = excluded.event_nid",
         queue=True,
     )
@@ -151,9 +159,22 @@ def state_json_stream_rows_sql(engine) -> str:
     state_key, event_id or null]]``: columns ``(token, 1, type, state_key,
     row JSON)``, the UNION partner of ``events.event_json_stream_rows_sql``.
     The same bindings."""
-    row = engine.json_array_sql([("text", "'state'"), ("array", engine.json_array_sql([
-        ("text", "r.room_id"), ("text", "k.type"), ("text", "k.state_key"), ("text", event_id_sql("d.event_nid")),
-    ]))])
+    row = engine.json_array_sql(
+        [
+            ("text", "'state'"),
+            (
+                "array",
+                engine.json_array_sql(
+                    [
+                        ("text", "r.room_id"),
+                        ("text", "k.type"),
+                        ("text", "k.state_key"),
+                        ("text", event_id_sql("d.event_nid")),
+                    ]
+                ),
+            ),
+        ]
+    )
     return (
         f"SELECT d.stream_ordering, 1, k.type, k.state_key, {row}"
         f" FROM current_state_deltas AS d {join_rooms('r', 'd.room_nid')} {join_state_keys('k', 'd.type_key_nid')}"
@@ -169,7 +190,8 @@ def queue_membership_changes(txn: Transaction, gone: Sequence[tuple], rows: Sequ
     membership, event_nid, stream_ordering)`` rows upserted."""
     _delete_pairs(txn, "current_memberships", ("room_nid", "user_nid"), gone, queue=True)
     txn.insert_many(
-        "current_memberships", ("room_nid", "user_nid", "membership", "event_nid", "stream_ordering"),
+        "current_memberships",
+        ("room_nid", "user_nid", "membership", "event_nid", "stream_ordering"),
         rows,
         on_conflict="ON CONFLICT (room_nid, user_nid) DO UPDATE SET membership = excluded.membership,"
         " event_nid = excluded.event_nid, stream_ordering = excluded.stream_ordering",
@@ -179,9 +201,12 @@ def queue_membership_changes(txn: Transaction, gone: Sequence[tuple], rows: Sequ
 
 def member_nids_txn(txn: Transaction, room_nid: int, membership: int) -> list[int]:
     """The user nids with ``membership`` in the room now."""
-    return [r[0] for r in txn.execute(
-        "SELECT user_nid FROM current_memberships WHERE room_nid = ? AND membership = ?", (room_nid, membership)
-    ).fetchall()]
+    return [
+        r[0]
+        for r in txn.execute(
+            "SELECT user_nid FROM current_memberships WHERE room_nid = ? AND membership = ?", (room_nid, membership)
+        ).fetchall()
+    ]
 
 
 def memberships_of_user_txn(txn: Transaction, user_nid: int) -> list[tuple[str, int, str, int]]:
@@ -196,11 +221,14 @@ def memberships_of_user_txn(txn: Transaction, user_nid: int) -> list[tuple[str, 
 
 def rooms_of_user_txn(txn: Transaction, user_id: str, membership: int) -> list[str]:
     """The room IDs where ``user_id`` has ``membership`` now."""
-    return [r[0] for r in txn.execute(
-        f"SELECT r.room_id FROM current_memberships AS m {join_users('u', 'm.user_nid')}"
-        f" {join_rooms('r', 'm.room_nid')} WHERE u.user_id = ? AND m.membership = ?",
-        (user_id, membership),
-    ).fetchall()]
+    return [
+        r[0]
+        for r in txn.execute(
+            f"SELECT r.room_id FROM current_memberships AS m {join_users('u', 'm.user_nid')}"
+            f" {join_rooms('r', 'm.room_nid')} WHERE u.user_id = ? AND m.membership = ?",
+            (user_id, membership),
+        ).fetchall()
+    ]
 
 
 # ---------------------------------------------------------------------- purging (roomstore.events.purge)
@@ -212,15 +240,22 @@ def replace_backward_extremities_txn(txn: Transaction, room_nid: int, nids: set[
     gone = sorted(old - nids)
     _delete_pairs(txn, "backward_extremities", ("room_nid", "event_nid"), [(room_nid, n) for n in gone])
     txn.insert_many(
-        "backward_extremities", ("room_nid", "event_nid"), [(room_nid, n) for n in sorted(nids - old)],
+        "backward_extremities",
+        ("room_nid", "event_nid"),
+        [(room_nid, n) for n in sorted(nids - old)],
         on_conflict="ON CONFLICT DO NOTHING",
     )
     return len(gone)
 
 
 #: A room's rows in the tables of this module, by the column naming the room.
-_ROOM_TABLES = ("forward_extremities", "backward_extremities", "current_state", "current_state_deltas",
-                "current_memberships")
+_ROOM_TABLES = (
+    "forward_extremities",
+    "backward_extremities",
+    "current_state",
+    "current_state_deltas",
+    "current_memberships",
+)
 
 
 def delete_room_txn(txn: Transaction, room_nid: int, counts: dict[str, int]) -> None:

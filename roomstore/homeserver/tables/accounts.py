@@ -6,8 +6,15 @@ from __future__ import annotations
 from roomstore.storage import Transaction
 
 __all__ = [
-    "add_device_txn", "add_token_txn", "add_user_txn", "delete_device_tokens_txn", "delete_token_txn",
-    "delete_user_tokens_txn", "password_hash_txn", "user_exists_txn", "user_for_token_txn",
+    "add_device_txn",
+    "add_token_txn",
+    "add_user_txn",
+    "delete_device_tokens_txn",
+    "delete_token_txn",
+    "delete_user_tokens_txn",
+    "password_hash_txn",
+    "user_exists_txn",
+    "user_for_token_txn",
 ]
 
 
@@ -19,8 +26,9 @@ def add_user_txn(txn: Transaction, user_id: str, password_hash: str, now_ms: int
     """Register ``user_id``; False when it is taken (nothing written)."""
     if user_exists_txn(txn, user_id):
         return False
-    txn.execute("INSERT INTO hs_users (user_id, password_hash, created_ts) VALUES (?, ?, ?)",
-                (user_id, password_hash, now_ms))
+    txn.execute(
+        "INSERT INTO hs_users (user_id, password_hash, created_ts) VALUES (?, ?, ?)", (user_id, password_hash, now_ms)
+    )
     return True
 
 
@@ -33,13 +41,17 @@ def add_device_txn(txn: Transaction, user_id: str, device_id: str, display_name:
     """Add the device, or keep the one of that ID (a login naming its device again)."""
     row = txn.execute("SELECT 1 FROM hs_devices WHERE user_id = ? AND device_id = ?", (user_id, device_id)).fetchone()
     if row is None:
-        txn.execute("INSERT INTO hs_devices (user_id, device_id, display_name, created_ts) VALUES (?, ?, ?, ?)",
-                    (user_id, device_id, display_name, now_ms))
+        txn.execute(
+            "INSERT INTO hs_devices (user_id, device_id, display_name, created_ts) VALUES (?, ?, ?, ?)",
+            (user_id, device_id, display_name, now_ms),
+        )
 
 
 def add_token_txn(txn: Transaction, token: str, user_id: str, device_id: str, now_ms: int) -> None:
-    txn.execute("INSERT INTO hs_access_tokens (token, user_id, device_id, created_ts) VALUES (?, ?, ?, ?)",
-                (token, user_id, device_id, now_ms))
+    txn.execute(
+        "INSERT INTO hs_access_tokens (token, user_id, device_id, created_ts) VALUES (?, ?, ?, ?)",
+        (token, user_id, device_id, now_ms),
+    )
 
 
 def user_for_token_txn(txn: Transaction, token: str) -> tuple[str, str] | None:
