@@ -273,18 +273,15 @@ class RoomStore:
     async def _persist_in_turn(self, turn, events, resolved_current_state, refuse_hash_mismatch, verify_keys):
         """``persist_events``: validated while earlier calls write, written in
         its turn, or with an earlier call's batch (``WriteTurns``)."""
-        known_versions, unknown = await self.batch_rooms.needed_by(events)
-        if unknown and turn.earlier_in_flight():
-            # An earlier call may be storing the room's create event.
-            await turn.ready()
-            known_versions, unknown = await self.batch_rooms.needed_by(events)
+        rooms = await self.batch_rooms.needed_by(events, turn)
         prepared = await self.validator.prepare(
-            events, known_versions, refuse_hash_mismatch, verify_keys, self_contained=not unknown
+            events, rooms.versions, refuse_hash_mismatch, verify_keys, self_contained=not rooms.unknown
         )
+        turn.validated(prepared)
         # Only a batch with nothing to check against earlier calls' writes
         # (room versions, orphans) and no resolved state may go with another's.
-        orphan_rooms_to_check = orphan_rooms(prepared, known_versions)
-        alone = bool(resolved_current_state) or unknown or bool(orphan_rooms_to_check)
+        orphan_rooms_to_check = orphan_rooms(prepared, rooms.versions)
+        alone = bool(resolved_current_state) or rooms.unknown or bool(rooms.assumed) or bool(orphan_rooms_to_check)
         offer = None if alone else turn.offer_batch(prepared)
         # Every earlier call's writes are done from here on: this batch's
         # prev events among them are stored, as if the calls had waited.
@@ -292,6 +289,11 @@ class RoomStore:
         if offer is not None and offer.taken:
             return await offer.outcome
         turn.withdraw()
+        if not await self.batch_rooms.still_assumed(rooms.assumed):  # the create event's write failed
+            rooms = await self.batch_rooms.needed_by(events)
+            prepared = await self.validator.prepare(
+                events, rooms.versions, refuse_hash_mismatch, verify_keys, self_contained=not rooms.unknown
+            )
         self.check_writer_lock()
         await self.batch_rooms.refuse_orphans(prepared, orphan_rooms_to_check)
         followers = [] if alone else turn.take_followers(self.config.max_events_per_transaction - len(prepared))

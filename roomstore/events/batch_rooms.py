@@ -8,10 +8,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
 from roomstore.events.batch import EventToPersist, PreparedEvent, is_orphan, peek_room_version
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.storage.database import Database
 from roomstore.storage.interning import room_versions_txn
+
+
+@attrs.frozen
+class BatchVersions:
+    """What ``BatchRooms.needed_by`` found: ``versions`` (room ID -> version)
+    to validate the batch by, the ``assumed`` among them (rooms an earlier
+    call in flight creates, not stored yet), and whether any room is
+    ``unknown`` (neither stored nor being created)."""
+
+    versions: dict[str, str]
+    assumed: dict[str, str]
+    unknown: bool
 
 
 class BatchRooms:
@@ -31,9 +45,13 @@ class BatchRooms:
             known.update(found)
         return known
 
-    async def needed_by(self, events: Sequence[EventToPersist]) -> tuple[dict[str, str], bool]:
-        """(room_id -> stored version of the rooms whose version the events
-        leave to the store, whether any of them is unknown)."""
+    async def needed_by(self, events: Sequence[EventToPersist], turn: Any = None) -> BatchVersions:
+        """The versions of the rooms whose version the events leave to the
+        store. ``turn`` (the call's ``WriteTurns`` turn): a room not stored yet
+        whose create event is in an earlier call still in flight is validated
+        by that event's version (``assumed``) rather than after its write;
+        a room neither stored nor being created waits for every earlier call
+        to be written, then is looked up again."""
         rooms = set()
         for ev in events:
             if isinstance(ev, EventToPersist) and ev.room_version is None:
@@ -41,7 +59,22 @@ class BatchRooms:
                 if room_id and event_type != "m.room.create":
                     rooms.add(room_id)
         known = await self.versions(sorted(rooms))
-        return known, len(known) < len(rooms)
+        missing = rooms - known.keys()
+        if not missing or turn is None or not turn.earlier_in_flight():
+            return BatchVersions(known, {}, bool(missing))
+        created = await turn.created_earlier()
+        assumed = {room_id: created[room_id] for room_id in missing if room_id in created}
+        if len(assumed) == len(missing):
+            return BatchVersions({**known, **assumed}, assumed, False)
+        # An earlier call may be storing it still some other way: after them.
+        await turn.ready()
+        known = await self.versions(sorted(rooms))
+        return BatchVersions(known, {}, len(known) < len(rooms))
+
+    async def still_assumed(self, assumed: dict[str, str]) -> bool:
+        """Whether the rooms ``needed_by`` assumed are stored now, at those
+        versions (once every earlier call is written)."""
+        return not assumed or await self.versions(sorted(assumed)) == assumed
 
     async def refuse_orphans(self, prepared: Sequence[PreparedEvent], rooms: Sequence[str]) -> None:
         """``InvalidEventError`` for a live non-create event without prev
