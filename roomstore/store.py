@@ -272,13 +272,17 @@ class RoomStore(ReplicationFace):
         its turn, or with an earlier call's batch (``WriteTurns``)."""
         rooms = await self.batch_rooms.needed_by(events, turn)
         prepared = await self.validator.prepare(
-            events, rooms.versions, refuse_hash_mismatch, verify_keys, self_contained=not rooms.unknown
+            events, rooms.versions, refuse_hash_mismatch, verify_keys, self_contained=not rooms.whole
         )
         turn.validated(prepared)
+        if rooms.assumed:  # the write checks these rooms' versions are stored by then
+            prepared = [
+                attrs.evolve(ev, version_assumed=True) if ev.pdu.room_id in rooms.assumed else ev for ev in prepared
+            ]
         # Only a batch with nothing to check against earlier calls' writes
         # (room versions, orphans) and no resolved state may go with another's.
         orphan_rooms_to_check = orphan_rooms(prepared, rooms.versions)
-        alone = bool(resolved_current_state) or rooms.unknown or bool(rooms.assumed) or bool(orphan_rooms_to_check)
+        alone = bool(resolved_current_state) or rooms.unknown or bool(orphan_rooms_to_check)
         offer = None if alone else turn.offer_batch(prepared)
         # Every earlier call's writes are done from here on: this batch's
         # prev events among them are stored, as if the calls had waited.
@@ -286,11 +290,6 @@ class RoomStore(ReplicationFace):
         if offer is not None and offer.taken:
             return await offer.outcome
         turn.withdraw()
-        if not await self.batch_rooms.still_assumed(rooms.assumed):  # the create event's write failed
-            rooms = await self.batch_rooms.needed_by(events)
-            prepared = await self.validator.prepare(
-                events, rooms.versions, refuse_hash_mismatch, verify_keys, self_contained=not rooms.unknown
-            )
         self.check_writer_lock()
         await self.batch_rooms.refuse_orphans(prepared, orphan_rooms_to_check)
         followers = [] if alone else turn.take_followers(self.config.max_events_per_transaction - len(prepared))

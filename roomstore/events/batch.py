@@ -174,6 +174,10 @@ class PreparedEvent:
     soft_failed: bool = False
     #: The client transaction it was sent in (``EventToPersist.client_txn``).
     client_txn: ClientTxn | None = None
+    #: Validated by the version of its room's create event in an earlier call
+    #: still in flight (``BatchRooms.needed_by``): the write refuses it if the
+    #: room has no stored version by then, as validation would have.
+    version_assumed: bool = False
     event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
 
     def __reduce__(self):
@@ -190,6 +194,7 @@ class PreparedEvent:
             self.auth_checked,
             self.soft_failed,
             self.client_txn,
+            self.version_assumed,
         )
 
 

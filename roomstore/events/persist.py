@@ -551,6 +551,11 @@ class _BatchWriter(BatchStateSteps):
                     queue_room_version(self.txn, room_nids[room_id], given)
                     versions[room_id] = given
                     self.txn.call_after(cache.set, room_id, given)
+                elif ev.version_assumed:  # its create event's write failed
+                    raise InvalidEventError(
+                        f"event {ev.event_id}: no room_version given and the room {room_id!r} is unknown"
+                        " (persist its create event first, or pass room_version)"
+                    )
             elif known != given:
                 raise InvalidEventError(
                     f"event {ev.event_id} claims room version {given} but room {ev.pdu.room_id} is version {known}"

@@ -345,7 +345,8 @@ class _Turn:
             waiter: defer.Deferred = defer.Deferred()
             earlier._creates.addBoth(lambda result, w=waiter: (w.callback(result), result)[1])
             found = await waiter
-            created.update(found if isinstance(found, dict) else {})
+            for room_id, version in (found if isinstance(found, dict) else {}).items():
+                created.setdefault(room_id, version)  # the first create event is the one that counts
         return created
 
     async def ready(self) -> None:
