@@ -23,6 +23,7 @@ import attrs
 from twisted.internet import defer
 
 from roomstore.events.batch import (
+    ClientTxn,
     EventToPersist,
     PersistedEvent,
     first_copies,
@@ -63,6 +64,9 @@ from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.id_generators import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
+
+#: What an embedder imports from here (see the module docstring).
+__all__ = ["ClientTxn", "EventToPersist", "RoomStore", "StoreConfig"]
 
 
 class RoomStore(ReplicationFace):
