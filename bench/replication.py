@@ -550,7 +550,7 @@ def parse_section(rows: list, count: int, runs: int) -> float | None:
     headers = ["parser", "lines", "median lines/s", "min", "max", "median lines/CPU s"]
     if len(parsers) == 2:
         for label, source in (("wall", rates), ("CPU", cpu_rates)):
-            ratios = [a / b for a, b in zip(source["roomstore"], source["synapse 1.163"])]
+            ratios = [a / b for a, b in zip(source["roomstore"], source["synapse 1.163"], strict=True)]
             table[0].append(f"{statistics.median(ratios):.2f}x ({', '.join(f'{r:.2f}' for r in ratios)})")
             table[1].append("1.00x")
             headers.append(f"roomstore / synapse, {label}, same runs")
@@ -1034,7 +1034,7 @@ async def redis_publish(reactor, new_url, events: int, runs: int) -> list[list]:
             await store.close()
     finally:
         subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "stop", redis_dir], check=False)
-    rates = sorted(n / s for n, s in zip(lines, seconds))
+    rates = sorted(n / s for n, s in zip(lines, seconds, strict=True))
     return [[int(lines[0]), statistics.median(seconds), statistics.median(rates), rates[0], rates[-1]]]
 
 

@@ -199,7 +199,7 @@ async def import_file(
         with the batch's error (alone, each would only miss its prevs)."""
         cycle = batch_error.event_ids if isinstance(batch_error, PrevEventsCycle) else ()
         results = []
-        for line, item in zip(chunk, batch):
+        for line, item in zip(chunk, batch, strict=True):
             if cycle and peek_event_id(item.raw) in cycle:
                 refused(line[0], batch_error)
                 continue
@@ -215,7 +215,7 @@ async def import_file(
         nonlocal unchecked
         summary["next_line"] = chunk[0][0]
         try:
-            results = list(zip(chunk, await written))
+            results = list(zip(chunk, await written, strict=True))
         except STOPS_IMPORT:
             raise
         except Exception as exc:  # noqa: BLE001 - found event by event

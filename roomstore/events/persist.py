@@ -354,8 +354,8 @@ class _BatchWriter(BatchStateSteps):
         backfilled = sorted((ev for ev in new_events if ev.backfilled), key=lambda ev: -ev.pdu.depth)
         if len(stream_ids) < len(live) or len(backfill_ids) < len(backfilled):
             raise ValueError("not enough stream IDs reserved for the batch")
-        ordering = {ev.event_id: sid for ev, sid in zip(live, stream_ids)}
-        ordering.update({ev.event_id: -bid for ev, bid in zip(backfilled, backfill_ids)})
+        ordering = {ev.event_id: sid for ev, sid in zip(live, stream_ids, strict=True)}
+        ordering.update({ev.event_id: -bid for ev, bid in zip(backfilled, backfill_ids, strict=True)})
         return ordering
 
     def _event_rows(

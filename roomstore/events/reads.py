@@ -178,7 +178,7 @@ class EventReader:
         redacted: dict[int, int] = {}
         for part in chunks(sorted(by_nid)):
             rows = served_rows_txn(txn, part)
-            for nid, version, raw, is_redacted, outlier, rejected, stream in rows:
+            for nid, version, raw, is_redacted, _outlier, rejected, _stream in rows:
                 if rejected is not None:
                     if not allow_rejected:
                         continue
@@ -251,7 +251,7 @@ class EventReader:
         lookups in the interners' caches and one ``dict(zip())``."""
         keys = self.interners.state_keys.resolve_list(txn, list(state))
         events = self.interners.events.resolve_list(txn, list(state.values()))
-        return dict(zip(keys, events))
+        return dict(zip(keys, events, strict=True))
 
     def state_ids_txn(self, txn: Transaction, event_id: str, before: bool, types) -> dict[tuple[str, str], str]:
         nid = self.interners.events.lookup(txn, [event_id]).get(event_id)

@@ -36,7 +36,7 @@ every persisted event passes, so a :class:`BuiltPdu` is one the store accepts
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import attrs
 from signedjson.sign import sign_json
@@ -88,7 +88,7 @@ class BuiltPdu:
 
 #: An event cited in ``prev_events``/``auth_events`` or named by ``redacts``:
 #: its ID, or the :class:`BuiltPdu` (which also carries its reference hash).
-EventRef = Union[str, BuiltPdu]
+EventRef = str | BuiltPdu
 
 
 def build_event(

@@ -167,7 +167,7 @@ def _line_tokens(updates: list[tuple[int, str]], start: int, upto: int) -> list 
         return None
     following = tokens[1:]
     following.append(None)
-    return [None if token == after else token for token, after in zip(tokens, following)]
+    return [None if token == after else token for token, after in zip(tokens, following, strict=True)]
 
 
 def _plain_page(updates: list[tuple[int, str]], start: int, upto: int, room: int) -> list | None:
@@ -186,7 +186,7 @@ def _plain_page(updates: list[tuple[int, str]], start: int, upto: int, room: int
         return None
     # The row itself is not needed to write the line (None: decoded only
     # where it is, see send_rows).
-    return [(token, None, row_json) for token, row_json in zip(line_tokens, encoded)]
+    return [(token, None, row_json) for token, row_json in zip(line_tokens, encoded, strict=True)]
 
 
 def _page_text(updates: list[tuple[int, str]], start: int, upto: int, prefix: str, limit: int) -> str | None:
@@ -201,7 +201,7 @@ def _page_text(updates: list[tuple[int, str]], start: int, upto: int, prefix: st
         return None
     lines = [
         f"{prefix}{'batch' if token is None else token} {row_json}"
-        for token, (_, row_json) in zip(line_tokens, updates)
+        for token, (_, row_json) in zip(line_tokens, updates, strict=True)
     ]
     if max(map(len, lines)) > limit:
         return None
@@ -586,7 +586,7 @@ class ConnectionFeed:
                 row = decode_row(row_json)
                 if type(row) is list:
                     row = tuple(row)  # as get_updates gives it
-                parts = stream.split_row(row, lambda part: len(encode_row(part)) <= row_room)
+                parts = stream.split_row(row, lambda part, limit=row_room: len(encode_row(part)) <= limit)
                 if parts is None:
                     self.log.error(
                         "[{conn_id}] {stream}/{writer}: a row at {token} is too long for one line "

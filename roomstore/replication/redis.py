@@ -228,7 +228,7 @@ def _rdata_lines(stream_name: str, instance_name: str, updates: list[tuple[int, 
     following.append(None)
     return [
         f"{prefix}{'batch' if token == after else token} {row_json}"
-        for token, after, row_json in zip(tokens, following, encoded)
+        for token, after, row_json in zip(tokens, following, encoded, strict=True)
     ]
 
 

@@ -246,7 +246,7 @@ class InMemoryStream(Stream):
     def rows(self, instance_name: str) -> Iterator[tuple[int, StreamRow]]:
         """Every stored ``(token, row)`` of ``instance_name`` (for tests)."""
         log = self._logs.get(instance_name)
-        return iter(()) if log is None else zip(list(log.tokens), list(log.rows))
+        return iter(()) if log is None else zip(list(log.tokens), list(log.rows), strict=True)
 
     async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> StreamUpdates:
         if limit < 1:
@@ -277,7 +277,7 @@ class InMemoryStream(Stream):
 
     @staticmethod
     def _slice(log: _WriterLog, start: int, end: int) -> list[tuple[int, StreamRow]]:
-        return list(zip(log.tokens[start:end], log.rows[start:end]))
+        return list(zip(log.tokens[start:end], log.rows[start:end], strict=True))
 
 
 class StreamRegistry:

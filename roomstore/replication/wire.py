@@ -301,7 +301,7 @@ def parse_rdata_lines(lines: list[str]) -> tuple[tuple, tuple, list, list] | Non
     fields = [line.split(" ", 4) for line in lines]
     if not fields or min(map(len, fields)) != 5:
         return None
-    names, streams, instances, token_texts, rows_json = zip(*fields)
+    names, streams, instances, token_texts, rows_json = zip(*fields, strict=True)
     if set(names) != {"RDATA"} or "\r" in "".join(lines):
         return None
     words = set(streams)
@@ -363,16 +363,16 @@ def parse_rdata_run(text: str, count: int) -> tuple[str, str, list, tuple] | Non
     pairs = [line.split(" ", 1) for line in text[head_end:].replace(separator, "\n").split("\n")]
     if min(map(len, pairs)) != 2:
         return None
-    token_texts, rows_json = zip(*pairs)
+    token_texts, rows_json = zip(*pairs, strict=True)
     numbers = set(token_texts)
     numbers.discard("batch")
     if numbers and ("" in numbers or not "".join(numbers).isdigit() or max(map(len, numbers)) > _MAX_TOKEN_DIGITS):
         return None
-    token_of: dict[str, int | None] = dict(zip(numbers, map(int, numbers)))
+    token_of: dict[str, int | None] = dict(zip(numbers, map(int, numbers), strict=True))
     token_of["batch"] = None
     scan = _scan_once
     try:
-        rows, ends = zip(*[scan(row_json, 0) for row_json in rows_json])
+        rows, ends = zip(*[scan(row_json, 0) for row_json in rows_json], strict=True)
     except (StopIteration, ValueError, RecursionError):
         return None
     if ends != tuple(map(len, rows_json)):

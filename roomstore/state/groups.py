@@ -41,10 +41,10 @@ from roomstore.state.group_tables import (  # noqa: F401 (the statements' home; 
     sole_deltas_sql,
 )
 from roomstore.storage.database import Transaction
-
-log = Logger()
 from roomstore.storage.interning import LruCache, chunks
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME, lock_row_txn
+
+log = Logger()
 
 StateMap = Mapping[int, int]  # type_key_nid -> event_nid
 
@@ -75,7 +75,7 @@ def fold_packed_state(rows: list[tuple], unpack: Callable[[object], list]) -> di
         else:
             columns = unpack(packed)
             if columns:
-                update(zip(*columns))
+                update(zip(*columns, strict=True))
     return _without_removals(state)
 
 

@@ -172,8 +172,8 @@ class InternCache:
         keys = list(dict.fromkeys(wanted))
         values, missing = self.values_of(keys)
         if not missing:
-            return dict(zip(keys, values)), []
-        known = {key: value for key, value in zip(keys, values) if value is not None}
+            return dict(zip(keys, values, strict=True)), []
+        known = {key: value for key, value in zip(keys, values, strict=True) if value is not None}
         return known, [keys[index] for index in missing]
 
 
@@ -314,7 +314,7 @@ class Interner:
             if not missing:
                 return result
             nids = txn.allocate_ids(self.table, self.nid_column, len(missing))
-            found = dict(zip(missing, nids))
+            found = dict(zip(missing, nids, strict=True))
             txn.insert_many(
                 self.table,
                 (self.nid_column, *self.key_columns),

@@ -557,7 +557,7 @@ async def _allocate(wanted: Sequence[tuple[StreamIdGenerator, int]]) -> dict[int
     if sequenced:
         names = ",".join(gen.stream_name for gen, _ in sequenced)
         from_db = await sequenced[0][0].db.run_interaction(f"allocate_stream_ids:{names}", _allocate_txn, sequenced)
-        results.update((id(gen), ids) for (gen, _), ids in zip(sequenced, from_db))
+        results.update((id(gen), ids) for (gen, _), ids in zip(sequenced, from_db, strict=True))
     return results
 
 
@@ -607,7 +607,7 @@ async def reserve_together(requests: Sequence[tuple[StreamIdGenerator, int]]) ->
         yield [results[id(gen)] if n else [] for gen, n in requests]
     finally:
         # Completion happens whether the body succeeded or raised.
-        for gen, n in wanted:
+        for gen, _n in wanted:
             gen._complete(results[id(gen)])
 
 
@@ -651,16 +651,18 @@ async def reserve_in_transaction(
                 held_on[0] = txn.connection
                 for ids in held:
                     ids.clear()
-            more = [max(0, n - len(ids)) for n, ids in zip(counts, held)]
-            for ids, fresh in zip(held, _take_txn(txn, gens, more)):
+            more = [max(0, n - len(ids)) for n, ids in zip(counts, held, strict=True)]
+            for ids, fresh in zip(held, _take_txn(txn, gens, more), strict=True):
                 ids.extend(fresh)  # sequences and counters only grow: still ascending
-            given = [ids[:n] for ids, n in zip(held, counts)]
+            given = [ids[:n] for ids, n in zip(held, counts, strict=True)]
             taken.append(given)
             return given
 
         result = body_txn(txn, take, *args)
         if taken:  # at the end, where the write's queued statements go too (asked later is as safe)
-            reached = [(gen, pos) for gen, ids in zip(gens, taken[0]) if (pos := gen._reached_by(ids)) is not None]
+            reached = [
+                (gen, pos) for gen, ids in zip(gens, taken[0], strict=True) if (pos := gen._reached_by(ids)) is not None
+            ]
             if reached:
                 persist_positions_txn(txn, reached)
         return result
@@ -673,13 +675,13 @@ async def reserve_in_transaction(
         for gen, floor in floors:
             gen._end_allocation(floor, None)
         raise
-    for (gen, floor), ids in zip(floors, held):
+    for (gen, floor), ids in zip(floors, held, strict=True):
         gen._end_allocation(floor, ids or None)
     try:
         yield result, (taken[0] if taken else [[] for _ in gens])
     finally:
         # With the ones a retry needed fewer of: they complete unused.
-        for gen, ids in zip(gens, held):
+        for gen, ids in zip(gens, held, strict=True):
             if ids:
                 gen._complete(ids)
 
@@ -689,11 +691,11 @@ def _take_txn(txn: Transaction, gens: Sequence[StreamIdGenerator], counts: Seque
     sequences' in one statement, the in-process counters' under their lock."""
     if not any(counts):
         return [[] for _ in gens]
-    sequenced = [(gen, n) for gen, n in zip(gens, counts) if n and gen._use_sequence]
+    sequenced = [(gen, n) for gen, n in zip(gens, counts, strict=True) if n and gen._use_sequence]
     from_sequences = iter(_allocate_txn(txn, sequenced) if sequenced else [])
     return [
         [] if not n else next(from_sequences) if gen._use_sequence else gen._allocate_locally(n)
-        for gen, n in zip(gens, counts)
+        for gen, n in zip(gens, counts, strict=True)
     ]
 
 

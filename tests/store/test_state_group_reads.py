@@ -184,8 +184,8 @@ class PackedStateReadTests:
             return engine.unpack_ints(packed), engine.unpack_ints(empty)
 
         columns, empty = await db.run_interaction("read", read)
-        self.assertEqual(sorted(zip(*columns), key=repr), sorted(values, key=repr))
-        self.assertEqual(list(zip(*empty)), [])
+        self.assertEqual(sorted(zip(*columns, strict=True), key=repr), sorted(values, key=repr))
+        self.assertEqual(list(zip(*empty, strict=True)), [])
 
 
 @on_both_engines
