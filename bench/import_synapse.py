@@ -245,7 +245,8 @@ def main() -> None:
     sizes = sorted({max(EVENTS_PER_ROOM, int(args.events * f)) for f in fractions})
 
     print(
-        f"Generating {args.events:,} events and writing Synapse databases of {', '.join(f'{s:,}' for s in sizes)} events ..."
+        f"Generating {args.events:,} events and writing Synapse databases of"
+        f" {', '.join(f'{s:,}' for s in sizes)} events ..."
     )
     started = time.monotonic()
     rooms = list(generated_rooms(args.events))

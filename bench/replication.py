@@ -1253,7 +1253,7 @@ def print_profile(title: str, stats_source, top: int = 14) -> None:
     total = stats.total_tt
     entries = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
     print(f"\n  profile, {title}: {total:.2f} s profiled; own time by function")
-    for (filename, line, name), (_cc, calls, tottime, cumtime, _callers) in entries:
+    for (filename, line, name), (_cc, calls, tottime, _cumtime, _callers) in entries:
         where = f"{os.path.basename(filename)}:{line}({name})" if filename != "~" else name
         print(f"    {100 * tottime / total:5.1f}%  {tottime:7.3f} s  {calls:>9,} calls  {where}")
 
@@ -1329,7 +1329,8 @@ async def main(reactor, args) -> None:
             f"\n3. Live traffic: a worker process connected and caught up while the writer (this process) persists "
             f"{args.events} events in batches of 50 ({LIVE_WRITER['in_flight']} call(s) in flight, "
             f"validation_processes={LIVE_WRITER['validation_processes']}"
-            f"{', in a writer process' if LIVE_WRITER['writer_process'] else ''}); RDATA lines/s at the worker from its first row to the writer's "
+            f"{', in a writer process' if LIVE_WRITER['writer_process'] else ''}); "
+            "RDATA lines/s at the worker from its first row to the writer's "
             f"positions, parse and apply included; median of {args.runs} runs\n"
         )
         rows = []

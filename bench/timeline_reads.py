@@ -256,7 +256,7 @@ async def section_r(engines, runs: int, rooms: int, long_messages: int) -> None:
             # call of a block not counted: a call right after the other
             # user's pays for SQLite freeing that statement's larger temporary
             # tables when the shared prepared statement is reset.
-            for block in range(runs):
+            for _block in range(runs):
                 for user in users:
                     await store.recent(user, 20, 10)
                     for _ in range(5):

@@ -614,7 +614,8 @@ class CheckerTests(unittest.TestCase):
         schema = root / "schema"
         (schema / "deltas" / "2").mkdir(parents=True)
         (schema / "full.sql").write_text(
-            "-- CREATE TABLE commented_out (x INT);\nCREATE TABLE one (x INT);\ncreate table if not exists Two (y INT);\n"
+            "-- CREATE TABLE commented_out (x INT);\nCREATE TABLE one (x INT);\n"
+            "create table if not exists Two (y INT);\n"
         )
         (schema / "deltas" / "2" / "01.postgres.sql").write_text("CREATE UNLOGGED TABLE three (z INT);\n")
         self.assertEqual(schema_tables(schema), {"one", "two", "three"})

@@ -30,8 +30,9 @@ over 16 KiB): a row whose line would is split by its stream
 rows at the same token). A token with a row that cannot be split is not sent
 as RDATA: the client is sent ``POSITION <stream> <writer> <token> <token>``,
 whose ``prev_token`` ahead of its position tells it (ours and Synapse's
-alike) to fetch the rows up to that token itself, and the error is logged. When a loop ends it sends ``POSITION`` if it was
-asked to (a REPLICATE) or if the cursor moved past the last RDATA token
+alike) to fetch the rows up to that token itself, and the error is logged.
+When a loop ends it sends ``POSITION`` if it was asked to (a REPLICATE) or if
+the cursor moved past the last RDATA token
 (tokens with no rows), so the client's position is exact.
 
 If ``get_updates`` fails, the error is logged and the loop stops with the

@@ -158,7 +158,8 @@ class SynapseSource:
             rows = []
         if not rows:
             raise SynapseDatabaseError(
-                f"{masked_url(self.url)} is not a Synapse database (no schema_version table): give Synapse's own database"
+                f"{masked_url(self.url)} is not a Synapse database (no schema_version table):"
+                " give Synapse's own database"
             )
         version = int(rows[0][0])
         if not low <= version <= high:

@@ -412,7 +412,11 @@ class CollectorTests(unittest.TestCase):
         ).encode()
         gc.collect()
         collections: list[int] = []
-        callback = lambda phase, info: collections.append(info["generation"]) if phase == "start" else None
+
+        def callback(phase, info):
+            if phase == "start":
+                collections.append(info["generation"])
+
         gc.callbacks.append(callback)
         self.addCleanup(gc.callbacks.remove, callback)
         protocol.dataReceived(data)

@@ -133,7 +133,9 @@ class PipelinedPublishTests(RedisMixin):
 
         def heard() -> list[str]:
             # Not the POSITION it announced on connecting.
-            return [l for l in listener.lines if " caches master " in l and l != "POSITION caches master 0 0"]
+            return [
+                line for line in listener.lines if " caches master " in line and line != "POSITION caches master 0 0"
+            ]
 
         await wait_until(lambda: len(heard()) >= 3, 10, "the page")
         self.assertEqual(

@@ -318,7 +318,8 @@ def pointed_at_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
             r[0]
             for r in txn.execute(
                 f"SELECT DISTINCT prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
-                f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed",
+                f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ?"
+                " AND e.rejected_reason IS NULL AND NOT e.soft_failed",
                 (*part, False),
             ).fetchall()
         )
