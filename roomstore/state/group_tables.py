@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from roomstore.storage.engines import Row
 from roomstore.storage.interning import chunks
 
 
@@ -257,7 +258,7 @@ def group_ids_request(count: int) -> tuple[str, str, int]:
     return ("state_groups", "state_group", count)
 
 
-def insert_groups_txn(txn: Any, groups: Sequence[tuple], deltas: Sequence[tuple]) -> None:
+def insert_groups_txn(txn: Any, groups: Sequence[Row], deltas: Sequence[Row]) -> None:
     """Queue :func:`group_rows`' rows for insertion in ``txn`` (the store's
     batched writes, see ``Transaction.insert_many``)."""
     txn.insert_many("state_groups", GROUP_COLUMNS, groups, queue=True)
@@ -272,7 +273,7 @@ def group_rows(
     chain_length: int,
     delta: Mapping[int, int | None],
     visibility_snapshot: int | None = None,
-) -> tuple[tuple, list[tuple]]:
+) -> tuple[tuple, list[Row]]:
     """The ``state_groups`` row (with its copy of a one-row delta) and the
     ``state_group_deltas`` rows of one group, in :data:`GROUP_COLUMNS` and
     :data:`DELTA_COLUMNS` order, ``delta`` in the order given."""
@@ -281,7 +282,7 @@ def group_rows(
 
 
 def bulk_insert_groups(
-    engine: Any, cursor: Any, groups: Sequence[tuple], deltas: Sequence[tuple], text: Callable[[object], str] = str
+    engine: Any, cursor: Any, groups: Sequence[Row], deltas: Sequence[Row], text: Callable[[object], str] = str
 ) -> None:
     """Load :func:`group_rows`' rows on a cursor outside the store (the
     engine's bulk insert: COPY on PostgreSQL), groups first."""
@@ -295,7 +296,7 @@ def move_group_ids_past(engine: Any, cursor: Any) -> None:
     engine.move_sequence_past(cursor, "state_groups", "state_group")
 
 
-def group_facts_txn(txn: Any, state_group: int, snapshot_facts: tuple[str, str]) -> tuple | None:
+def group_facts_txn(txn: Any, state_group: int, snapshot_facts: tuple[str, str]) -> Row | None:
     """``(visibility snapshot, chain length, *snapshot facts)`` of a stored
     group, or None when it does not exist. ``snapshot_facts``: ``(columns,
     joins)`` over ``g.visibility_snapshot`` built by the visibility owner

@@ -41,6 +41,7 @@ from roomstore.state.group_tables import (  # noqa: F401 (the statements' home; 
     sole_deltas_sql,
 )
 from roomstore.storage.database import Transaction
+from roomstore.storage.engines import Row
 from roomstore.storage.interning import LruCache, chunks
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME, lock_row_txn
 
@@ -61,7 +62,7 @@ def _without_removals(state: dict[int, int | None]) -> dict[int, int]:
     return cast(dict[int, int], state)  # no None among its values: checked above
 
 
-def fold_packed_state(rows: list[tuple], unpack: Callable[[object], list]) -> dict[int, int]:
+def fold_packed_state(rows: list[Row], unpack: Callable[[object], list]) -> dict[int, int]:
     """A group's state from :func:`packed_full_state_sql`'s rows
     ``(hops, key, event, packed)``, in any order: farthest group first, each
     nearer one overwriting its keys (its packed rows, or its one row when
@@ -229,8 +230,8 @@ class StateGroupWrites:
 
     def __init__(self, expected: int = 1):
         self.expected = expected
-        self.groups: list[tuple] = []
-        self.deltas: list[tuple] = []
+        self.groups: list[Row] = []
+        self.deltas: list[Row] = []
 
     def ids_request(self) -> tuple[str, str, int]:
         """The ``expected`` group ids, for ``Transaction.reserve_ids``."""
@@ -250,7 +251,7 @@ class StateGroupWrites:
 COMPACTION_LOCK_TIMEOUT_S = 600.0
 
 
-def group_facts_txn(txn: Transaction, state_group: int, snapshot_facts: tuple[str, str]) -> tuple | None:
+def group_facts_txn(txn: Transaction, state_group: int, snapshot_facts: tuple[str, str]) -> Row | None:
     """``(visibility snapshot, chain length, branch, seq, history visibility,
     branch tip seq)`` of a stored group: what the persister needs to make a
     group on top of it (the snapshot columns NULL when it has none); None

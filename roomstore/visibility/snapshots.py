@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from roomstore.storage.database import Transaction
+from roomstore.storage.engines import Row
 from roomstore.visibility.memberships import joined_after_sql, last_join_sql
 from roomstore.visibility.rules import MEMBERSHIP_CODES, NO_MEMBERSHIP_CODE, VISIBILITY_CODES
 
@@ -200,8 +201,8 @@ class VisibilityWrites:
         self._moved_tips: set[int] = set()
         # New branch -> its ancestry rows [(ancestor, upto seq, depth)], itself first at depth 0.
         self._ancestors: dict[int, list[tuple[int, int, int]]] = {}
-        self._snapshot_rows: list[tuple] = []
-        self._membership_rows: list[tuple] = []
+        self._snapshot_rows: list[Row] = []
+        self._membership_rows: list[Row] = []
 
     def ids_request(self) -> tuple[str, str, int]:
         """The ``expected`` snapshot ids, for ``Transaction.reserve_ids``."""
