@@ -28,7 +28,8 @@ import bisect
 import contextlib
 import functools
 import threading
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import attrs
 from prometheus_client import Gauge
@@ -39,6 +40,7 @@ from roomstore.storage.database import Database, Transaction
 from roomstore.storage.errors import StorageFullError
 
 log = Logger()
+R = TypeVar("R")
 
 stream_position_gauge = Gauge(
     "roomstore_stream_position",
@@ -138,12 +140,12 @@ class StreamIdGenerator:
         # In-process counter (SQLite): next ID to hand out is _last_allocated + 1.
         self._last_allocated = 0
         self._counter_lock = threading.Lock()
-        self._waiters: list[tuple[int, str | None, defer.Deferred]] = []
+        self._waiters: list[tuple[int, str | None, defer.Deferred[int]]] = []
 
         self._persisted: dict[str, int] = {}
         self._persist_running = False
         self._persist_again = False
-        self._persist_done: list[defer.Deferred] = []
+        self._persist_done: list[defer.Deferred[None]] = []
 
     # ------------------------------------------------------------------ start-up
 
@@ -373,7 +375,7 @@ class StreamIdGenerator:
             self._on_positions_changed()
         self._recompute_own_position()
 
-    def wait_for_position(self, token: int, instance_name: str | None = None) -> defer.Deferred:
+    def wait_for_position(self, token: int, instance_name: str | None = None) -> defer.Deferred[int]:
         """A Deferred firing (with the position) once the stream reaches ``token``.
 
         With ``instance_name`` it waits for that writer's position, otherwise
@@ -382,11 +384,11 @@ class StreamIdGenerator:
         current = self._position_of(instance_name)
         if current >= token:
             return defer.succeed(current)
-        d: defer.Deferred = defer.Deferred(lambda d: self._forget_waiter(d))
+        d: defer.Deferred[int] = defer.Deferred(lambda d: self._forget_waiter(d))
         self._waiters.append((token, instance_name, d))
         return d
 
-    def _forget_waiter(self, d: defer.Deferred) -> None:
+    def _forget_waiter(self, d: defer.Deferred[int]) -> None:
         self._waiters = [w for w in self._waiters if w[2] is not d]
 
     def _position_of(self, instance_name: str | None) -> int:
@@ -416,8 +418,11 @@ class StreamIdGenerator:
         # newest generator of a stream in a process reports it.
         for writer in self._positions:
             stream_position_gauge.labels(self.stream_name, writer).set_function(
-                functools.partial(self._positions.get, writer, 0)
+                functools.partial(self._gauge_value, writer)
             )
+
+    def _gauge_value(self, writer: str) -> int:
+        return self._positions.get(writer, 0)
         # The positions alone, not the generator: the registry outlives it.
         stream_linear_position_gauge.labels(self.stream_name).set_function(
             functools.partial(_linear_position, self._positions)
@@ -508,7 +513,7 @@ class StreamIdGenerator:
         if not self.is_writer:
             return
         if self._persist_running:
-            d: defer.Deferred = defer.Deferred()
+            d: defer.Deferred[None] = defer.Deferred()
             self._persist_done.append(d)
             await d
         if self._persisted.get(self.instance_name, -1) < self._positions[self.instance_name]:
@@ -613,8 +618,8 @@ async def reserve_together(requests: Sequence[tuple[StreamIdGenerator, int]]) ->
 
 @contextlib.asynccontextmanager
 async def reserve_in_transaction(
-    generators: Sequence[StreamIdGenerator], description: str, body_txn, *args
-) -> AsyncIterator[tuple[object, list[list[int]]]]:
+    generators: Sequence[StreamIdGenerator], description: str, body_txn: Callable[..., R], *args: Any
+) -> AsyncIterator[tuple[R, list[list[int]]]]:
     """``async with reserve_in_transaction([gen_a, gen_b], desc, f, ...) as (result, (ids_a, ids_b))``.
 
     Runs ``f(txn, take, ...)`` in one transaction; ``f`` calls ``take(counts)``
@@ -638,9 +643,9 @@ async def reserve_in_transaction(
     # Every ID taken, by any attempt on one connection: a retried transaction
     # (a serialisation failure, a deadlock) is given the IDs its first took.
     held: list[list[int]] = [[] for _ in gens]
-    held_on: list = [None]
+    held_on: list[object] = [None]  # the connection the IDs in ``held`` were taken on
 
-    def attempt(txn: Transaction):
+    def attempt(txn: Transaction) -> R:
         taken.clear()
 
         def take(counts: Sequence[int]) -> list[list[int]]:

@@ -137,7 +137,7 @@ def snapshot_upto_sql(scope: str, alias: str = "cs") -> str:
         WHERE f.v = {WORLD_READABLE} OR f.m = {JOIN} OR (f.v = {INVITED} AND f.m = {INVITE}) OR f.v = {SHARED}"""
 
 
-def visible_params(user_nid: int, own_member_key_nid: int | None) -> list:
+def visible_params(user_nid: int, own_member_key_nid: int | None) -> list[int]:
     """The parameters of ``visible_sql`` for a viewer, in order."""
     # before: membership, joined-after; own key; after: membership, joined-after
     return [user_nid, user_nid, own_member_key_nid if own_member_key_nid is not None else -1, user_nid, user_nid]
