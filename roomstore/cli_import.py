@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -198,7 +199,7 @@ async def import_file(
         """Each event of a refused batch alone; a cycle's events are refused
         with the batch's error (alone, each would only miss its prevs)."""
         cycle = batch_error.event_ids if isinstance(batch_error, PrevEventsCycle) else ()
-        results = []
+        results: list[Any] = []
         for line, item in zip(chunk, batch, strict=True):
             if cycle and peek_event_id(item.raw) in cycle:
                 refused(line[0], batch_error)

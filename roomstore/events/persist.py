@@ -93,11 +93,11 @@ class EventPersister:
         self.interners = interners
         # room_id -> room version, once stored (a room's version never
         # changes); RoomStore reads it too, before validating a batch.
-        self.room_versions = LruCache(100_000)
+        self.room_versions: LruCache[str, str] = LruCache(100_000)
         #: Stored events parsed for the auth checks and state resolution, across batches.
         self.parsed_events = ParsedEventCache()
         #: Auth-event checks passed, by what decides them (``auth_checks._decided_by``).
-        self.passed_auth_checks = LruCache(20_000)
+        self.passed_auth_checks: LruCache[tuple[Any, ...], bool] = LruCache(20_000)
         self.state_groups = state_groups
         self.visibility = visibility
         self.instance_name = instance_name
