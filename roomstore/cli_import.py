@@ -98,7 +98,7 @@ def member_text(text: str, wanted: str) -> str:
             pos += 1
         if text[pos] == "}":
             break
-        key, pos = json.decoder.scanstring(text, pos + 1)
+        key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]  # CPython private
         while text[pos] in _WHITESPACE + ":":
             pos += 1
         _, end = _DECODER.raw_decode(text, pos)

@@ -61,7 +61,7 @@ _WINDOW = 2
 _token = operator.itemgetter(0)
 
 #: A JSON string as ``json.dumps(ensure_ascii=True)`` writes it (C).
-_quote = json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basestring_ascii
+_quote = json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basestring_ascii  # type: ignore[attr-defined]  # CPython private
 
 #: A membership code's JSON (an unknown code: null).
 _MEMBERSHIP_JSON = {code: _quote(name) for code, name in MEMBERSHIP_BY_CODE.items()}

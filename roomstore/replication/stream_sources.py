@@ -145,7 +145,7 @@ class Stream(abc.ABC):
                 except ValueError as e:
                     raise ValueError(f"{self.name}/{instance_name}: row at {token} cannot be sent: {e}") from None
             raise
-        return StreamUpdates(encoded, upto, limited)
+        return StreamUpdates(encoded, upto, limited)  # type: ignore[arg-type]  # rows as their JSON text
 
     async def get_rdata_page(
         self, instance_name: str, from_token: int, upto_token: int, limit: int, prefix: str

@@ -185,8 +185,9 @@ def _not_serialisable(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-if json.encoder.c_make_encoder is not None:
-    _c_encoder = json.encoder.c_make_encoder(
+# CPython's C encoder and scanner are private to the json package: typeshed does not declare them.
+if json.encoder.c_make_encoder is not None:  # type: ignore[attr-defined]
+    _c_encoder = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
         None, _not_serialisable, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, False
     )
 
@@ -194,7 +195,10 @@ if json.encoder.c_make_encoder is not None:
         return "".join(_c_encoder(value, 0))
 
 else:  # pragma: no cover - CPython always has the C encoder
-    _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False).encode
+    _encoder = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False)
+
+    def _encode(value: Any) -> str:
+        return _encoder.encode(value)
 
 
 #: ``encode_row`` without turning errors into ValueError (TypeError,
@@ -229,7 +233,7 @@ def _finite_float(text: str) -> float:
 
 
 _decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
-_scan_once = _decoder.scan_once
+_scan_once = _decoder.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__, not declared
 
 
 def decode_row(row_json: str) -> Any:
