@@ -27,8 +27,7 @@ from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableErr
 from roomstore.storage.pg_connection import copy_text, is_stale_plan, preparing_connection, xact_status
 from roomstore.storage.sqlite_connection import cannot_open, check_sqlite_file, connect_sqlite
 
-#: A row as the database driver gives it (sqlite3 and psycopg2 type its values by the column, not us).
-Row = tuple[Any, ...]
+Row = tuple[Any, ...]  #: A row as the driver gives it (its values typed by the column, not by us).
 
 
 @functools.lru_cache(maxsize=1024)
@@ -366,8 +365,7 @@ class SqliteEngine(Engine):
         return "json_array(" + ", ".join(f"json_group_array({c})" for c in columns) + ")"
 
     def unpack_ints(self, packed: Any) -> list[list[int | None]]:
-        columns: list[list[int | None]] = json.loads(packed)
-        return columns
+        return list(json.loads(packed))
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
@@ -416,8 +414,7 @@ class PostgresEngine(Engine):
 
     def bind_statement(self, cursor: Any, sql: str, args: Sequence[Any]) -> bytes:
         # Bound by psycopg2 exactly as ``execute`` binds them.
-        statement: bytes = cursor.mogrify(self.convert_sql(sql), tuple(args))
-        return statement
+        return bytes(cursor.mogrify(self.convert_sql(sql), tuple(args)))  # the same object: mogrify gives bytes
 
     def bind_insert(
         self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[Row], on_conflict: str
@@ -637,9 +634,8 @@ class PostgresEngine(Engine):
         # it into lists of ints in C. No rows: ARRAY[NULL, NULL] is '{}'.
         return "ARRAY[" + ", ".join(f"CAST(array_agg({c}) AS BIGINT[])" for c in columns) + "]"
 
-    def unpack_ints(self, packed: Any) -> list[list[int | None]]:
-        columns: list[list[int | None]] = packed  # psycopg2 parsed the array
-        return columns
+    def unpack_ints(self, packed: list[list[int | None]]) -> list[list[int | None]]:
+        return packed  # psycopg2 parsed the array
 
 
 def _single(options: Mapping[str, list[str]], key: str) -> str | None:

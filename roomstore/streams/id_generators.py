@@ -665,9 +665,7 @@ async def reserve_in_transaction(
 
         result = body_txn(txn, take, *args)
         if taken:  # at the end, where the write's queued statements go too (asked later is as safe)
-            reached = [
-                (gen, pos) for gen, ids in zip(gens, taken[0], strict=True) if (pos := gen._reached_by(ids)) is not None
-            ]
+            reached = [(g, p) for g, ids in zip(gens, taken[0], strict=True) if (p := g._reached_by(ids)) is not None]
             if reached:
                 persist_positions_txn(txn, reached)
         return result
