@@ -59,6 +59,10 @@ def _linear_position(positions: dict[str, int]) -> int:
     return min(positions.values())
 
 
+def _writer_position(positions: dict[str, int], writer: str) -> int:
+    return positions.get(writer, 0)
+
+
 class StreamConfigError(ValueError):
     """A stream is configured in a way the database cannot support."""
 
@@ -418,11 +422,8 @@ class StreamIdGenerator:
         # newest generator of a stream in a process reports it.
         for writer in self._positions:
             stream_position_gauge.labels(self.stream_name, writer).set_function(
-                functools.partial(self._gauge_value, writer)
+                functools.partial(_writer_position, self._positions, writer)
             )
-
-    def _gauge_value(self, writer: str) -> int:
-        return self._positions.get(writer, 0)
         # The positions alone, not the generator: the registry outlives it.
         stream_linear_position_gauge.labels(self.stream_name).set_function(
             functools.partial(_linear_position, self._positions)
