@@ -244,7 +244,7 @@ class Interner(Generic[IK]):
                 )
                 args = [v for key in part for v in key]
             for row in txn.execute(sql, args).fetchall():
-                key = self._key(row[:-1])
+                key = row[0] if len(self.key_columns) == 1 else self._key(row[:-1])
                 found[key] = row[-1]
         return found
 
@@ -312,7 +312,8 @@ class Interner(Generic[IK]):
                 on_conflict="ON CONFLICT DO NOTHING",
                 returning=f"{', '.join(self.key_columns)}, {self.nid_column}",
             )
-            found = {self._key(r[:-1]): r[-1] for r in inserted or ()}
+            single = len(self.key_columns) == 1
+            found = {(r[0] if single else self._key(r[:-1])): r[-1] for r in inserted or ()}
             ours = set(found)
             others = [k for k in missing if k not in found]
             if others:
@@ -373,7 +374,7 @@ class Interner(Generic[IK]):
                     list(part),
                 ).fetchall()
                 for row in rows:
-                    fetched[row[0]] = self._key(row[1:])
+                    fetched[row[0]] = row[1] if len(self.key_columns) == 1 else self._key(row[1:])
         if remember:
             txn.call_after(self._remember, {k: n for n, k in fetched.items()})
         return fetched
