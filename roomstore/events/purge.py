@@ -63,7 +63,8 @@ from roomstore.storage.interning import (
     delete_room_txn,
     lock_room_txn,
 )
-from roomstore.streams.id_generators import persist_positions_txn, reserve_in_transaction
+from roomstore.streams.id_generators import persist_positions_txn
+from roomstore.streams.reservations import reserve_in_transaction
 from roomstore.visibility.memberships import delete_room_memberships_txn
 from roomstore.visibility.snapshots import delete_room_visibility_txn
 
