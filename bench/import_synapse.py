@@ -22,6 +22,10 @@ two commands take turns, ``--runs`` times each, medians printed. Then
 rooms) for its peak RSS.
 
     bench/with-postgres .venv/bin/python bench/import_synapse.py [--events 100000] [--runs 3] [--engines sqlite]
+        [--baseline DIR]
+
+``--baseline DIR`` (a checkout of older code): ``import-synapse`` with that
+code too, in the same turns, and this code's events/s over its.
 """
 
 from __future__ import annotations
@@ -202,10 +206,10 @@ runpy.run_module("roomstore.cli", run_name="__main__")
 """
 
 
-def run_measured(args: list[str]) -> tuple[float, int, list[dict]]:
-    """Wall seconds, peak RSS (KiB) and JSON output lines of a roomstore command."""
+def run_measured(args: list[str], tree: str = ROOT) -> tuple[float, int, list[dict]]:
+    """Wall seconds, peak RSS (KiB) and JSON output lines of a roomstore command (of the code in ``tree``)."""
     hwm = tempfile.NamedTemporaryFile(prefix="roomstore-hwm-", delete=False).name
-    env = {**os.environ, "PYTHONPATH": ROOT, "ROOMSTORE_BENCH_HWM_FILE": hwm}
+    env = {**os.environ, "PYTHONPATH": tree, "ROOMSTORE_BENCH_HWM_FILE": hwm}
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-c", _MEASURED_CLI, *args], capture_output=True, text=True, env=env, cwd=ROOT
@@ -227,6 +231,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=500, help="events per transaction, both commands")
     parser.add_argument("--growth", default="0.25,0.5,1", help="fractions of --events for the RSS-as-it-grows runs")
     parser.add_argument("--growth-only", action="store_true", help="only the RSS-as-it-grows runs")
+    parser.add_argument(
+        "--baseline", metavar="DIR", help="also import-synapse with the code of this checkout, taking turns"
+    )
     args = parser.parse_args()
     admin = os.environ.get("ROOMSTORE_BENCH_POSTGRES")
     if not admin:
@@ -281,11 +288,13 @@ def compare(args, engines, largest_url: str, largest_count: int) -> None:
 
     rows = []
     for engine, new_url in engines:
-        samples = {"import-synapse": [], "import": []}
+        samples: dict[str, list] = {"import-synapse": [], "import": []}
+        if args.baseline:
+            samples["import-synapse (baseline)"] = []
         for _ in range(args.runs):
-            for command in ("import-synapse", "import"):
+            for command in samples:
                 target = new_url()
-                if command == "import-synapse":
+                if command.startswith("import-synapse"):
                     cmd = [
                         "import-synapse",
                         "--from",
@@ -297,7 +306,7 @@ def compare(args, engines, largest_url: str, largest_count: int) -> None:
                     ]
                 else:
                     cmd = ["import", lines_path, "--db", target, "--batch-size", str(args.batch_size)]
-                wall, rss, out = run_measured(cmd)
+                wall, rss, out = run_measured(cmd, args.baseline if command.endswith("(baseline)") else ROOT)
                 summary = out[-1]
                 stored = summary.get("events", summary.get("imported"))
                 samples[command].append((wall, rss, stored))
@@ -315,8 +324,11 @@ def compare(args, engines, largest_url: str, largest_count: int) -> None:
                     ", ".join(f"{w:.1f}" for w in walls),
                 )
             )
-        ratio = (rows[-2][4]) / rows[-1][4]
-        rows.append((engine, "ratio import-synapse / import", "", "", ratio, "", ""))
+        rate = {row[1]: row[4] for row in rows if row[0] == engine}
+        rows.append((engine, "ratio import-synapse / import", "", "", rate["import-synapse"] / rate["import"], "", ""))
+        if args.baseline:
+            ratio = rate["import-synapse"] / rate["import-synapse (baseline)"]
+            rows.append((engine, "ratio import-synapse / baseline", "", "", ratio, "", ""))
     print(f"\nImport of {largest_count:,} events: medians of {args.runs} runs, the two commands taking turns")
     print_table(["engine", "command", "events stored", "wall s", "events/s", "peak RSS MiB", "runs (s)"], rows)
 

@@ -23,6 +23,7 @@ import attrs
 from twisted.internet import defer
 
 from roomstore.events.batch import (
+    ClientTxn,
     EventToPersist,
     PersistedEvent,
     first_copies,
@@ -41,13 +42,6 @@ from roomstore.events.precheck import precheck_txn
 from roomstore.events.purge import Purger, PurgeResult
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.reads import EventFlags, EventReader
-from roomstore.events.stream_pages import (
-    backfill_page_txn,
-    events_page_txn,
-    invalidations_page_txn,
-    stream_page_txn,
-    stream_text_txn,
-)
 from roomstore.events.sync import SyncReader, SyncResult
 from roomstore.events.tables.client_txns import event_id_for_txn_txn
 from roomstore.events.timeline import RecentResult, TimelineReader
@@ -65,14 +59,21 @@ from roomstore.storage.interning import Interners, room_ids_txn
 from roomstore.storage.stats import table_stats_txn
 from roomstore.store_config import StoreConfig
 from roomstore.store_opening import open_database
+from roomstore.store_replication import ReplicationFace
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.reservations import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
 
+#: What an embedder imports from here (see the module docstring).
+__all__ = ["ClientTxn", "EventToPersist", "RoomStore", "StoreConfig"]
 
-class RoomStore:
-    """The event store. Construct with ``await RoomStore.open(url_or_database)``."""
+
+class RoomStore(ReplicationFace):
+    """The event store. Construct with ``await RoomStore.open(url_or_database)``.
+
+    Its face for replication (stream pages, others' writes applied) is
+    ``ReplicationFace``'s (``roomstore/store_replication.py``)."""
 
     def __init__(self, db: Database, config: StoreConfig, generators: Mapping[str, Any], clock: Any = None):
         self.db = db
@@ -273,18 +274,19 @@ class RoomStore:
     async def _persist_in_turn(self, turn, events, resolved_current_state, refuse_hash_mismatch, verify_keys):
         """``persist_events``: validated while earlier calls write, written in
         its turn, or with an earlier call's batch (``WriteTurns``)."""
-        known_versions, unknown = await self.batch_rooms.needed_by(events)
-        if unknown and turn.earlier_in_flight():
-            # An earlier call may be storing the room's create event.
-            await turn.ready()
-            known_versions, unknown = await self.batch_rooms.needed_by(events)
+        rooms = await self.batch_rooms.needed_by(events, turn)
         prepared = await self.validator.prepare(
-            events, known_versions, refuse_hash_mismatch, verify_keys, self_contained=not unknown
+            events, rooms.versions, refuse_hash_mismatch, verify_keys, self_contained=not rooms.whole
         )
+        turn.validated(prepared)
+        if rooms.assumed:  # the write checks these rooms' versions are stored by then
+            prepared = [
+                attrs.evolve(ev, version_assumed=True) if ev.pdu.room_id in rooms.assumed else ev for ev in prepared
+            ]
         # Only a batch with nothing to check against earlier calls' writes
         # (room versions, orphans) and no resolved state may go with another's.
-        orphan_rooms_to_check = orphan_rooms(prepared, known_versions)
-        alone = bool(resolved_current_state) or unknown or bool(orphan_rooms_to_check)
+        orphan_rooms_to_check = orphan_rooms(prepared, rooms.versions)
+        alone = bool(resolved_current_state) or rooms.unknown or bool(orphan_rooms_to_check)
         offer = None if alone else turn.offer_batch(prepared)
         # Every earlier call's writes are done from here on: this batch's
         # prev events among them are stored, as if the calls had waited.
@@ -606,141 +608,6 @@ class RoomStore:
     ) -> list[dict]:
         """Federation missing events between ``earliest_events`` and ``latest_events``."""
         return await self.federation.get_missing_events(room_id, earliest_events, latest_events, limit)
-
-    # ------------------------------------------------------------------ streams, for replication
-    # The face replication uses instead of the store's parts (docs/api.md).
-
-    def stream(self, name: str) -> GeneratorView:
-        """The writers and positions of the built-in stream ``name`` (``KeyError`` for another name)."""
-        return self._stream_views[name]
-
-    async def read_events_stream(self, instance: str, from_token: int, upto: int, limit: int):
-        """``(events, state, more)``: what ``instance`` wrote to the events
-        stream in ``(from_token, upto]``, a page of at most ``limit`` events
-        and the current-state changes they cover, in one snapshot
-        (``roomstore.events.stream_pages.events_page_txn`` says the fields)."""
-        return await self.db.run_interaction(
-            "replication_events", events_page_txn, self.interners, instance, from_token, upto, limit
-        )
-
-    async def read_events_stream_rows(
-        self, instance: str, from_token: int, upto: int, limit: int, encoded: bool = False
-    ):
-        """``(rows, more)``: ``read_events_stream``'s page as the rows
-        replication sends, ``(token, row)`` in token order, events and state
-        changes together, each row as its JSON text with ``encoded``
-        (``roomstore.events.stream_rows`` says how)."""
-        return await self.db.run_interaction(
-            "replication_events",
-            stream_page_txn,
-            self.interners,
-            live=True,
-            instance=instance,
-            from_token=from_token,
-            upto=upto,
-            limit=limit,
-            encoded=encoded,
-        )
-
-    async def read_backfill_stream(self, instance: str, from_token: int, upto: int, limit: int):
-        """``(events, more)``: a page of the backfill stream, ``(token,
-        event_id, room_id, type, state_key, redacts)`` (positive tokens)."""
-        return await self.db.run_interaction(
-            "replication_backfill", backfill_page_txn, self.interners, instance, from_token, upto, limit
-        )
-
-    async def read_backfill_stream_rows(
-        self, instance: str, from_token: int, upto: int, limit: int, encoded: bool = False
-    ):
-        """``(rows, more)``: ``read_backfill_stream``'s page as the rows
-        replication sends, ``(token, row)``, as JSON text with ``encoded``."""
-        return await self.db.run_interaction(
-            "replication_backfill",
-            stream_page_txn,
-            self.interners,
-            live=False,
-            instance=instance,
-            from_token=from_token,
-            upto=upto,
-            limit=limit,
-            encoded=encoded,
-        )
-
-    async def read_stream_lines(self, stream: str, instance: str, from_token: int, upto: int, limit: int, prefix: str):
-        """A page of the events (or ``backfill``) stream as the text of its
-        RDATA lines, or None where SQLite wrote characters it leaves as they
-        are: ``roomstore.events.stream_rows.stream_text_txn`` says what."""
-        return await self.db.run_interaction(
-            "replication_lines",
-            stream_text_txn,
-            self.interners,
-            live=stream == "events",
-            instance=instance,
-            from_token=from_token,
-            upto=upto,
-            limit=limit,
-            prefix=prefix,
-        )
-
-    async def read_caches_stream(self, instance: str, from_token: int, upto: int, limit: int):
-        """``(rows, more)``: a page of the caches stream, ``(stream_id,
-        cache_name, keys or None, invalidation_ts)``, no stream ID split."""
-        return await self.db.run_interaction(
-            "replication_caches", invalidations_page_txn, instance, from_token, upto, limit
-        )
-
-    def replicated_event(
-        self, token: int, room_id: str, event_type: str, state_key: str | None, redacts: str | None
-    ) -> None:
-        """Another process stored a live event at ``token`` of the events
-        stream: drop what it changes from this process's caches."""
-        self.caches.room_changed(room_id, token)
-        if event_type == "m.room.member" and state_key is not None:
-            self.caches.membership_changed(state_key, token)
-        if redacts:
-            self.caches.event_changed(redacts)
-
-    def replicated_events(self, events: Sequence[tuple], state: Sequence[tuple] = ()) -> None:
-        """``replicated_event`` for each of ``events`` (``(token, room_id,
-        type, state_key, redacts)``) and ``replicated_state`` for each of
-        ``state`` (``(token, type, state_key)``), both in token order, at
-        once: the same caches dropped, each room's and member's change
-        recorded once, at its newest token."""
-        rooms = {room_id: token for token, room_id, _, _, _ in events}
-        members = {
-            key: token for token, _, event_type, key, _ in events if event_type == "m.room.member" and key is not None
-        }
-        for token, event_type, key in state:
-            if event_type == "m.room.member" and members.get(key, -1) < token:
-                members[key] = token
-        self.caches.changes_replicated(rooms, members, [event[4] for event in events if event[4]])
-
-    def replicated_changes(self, rooms: dict[str, int], members: dict[str, int], redacted: Sequence[str]) -> None:
-        """What ``replicated_events`` records, given as each room's and
-        member's newest token and the events redacted."""
-        self.caches.changes_replicated(rooms, members, redacted)
-
-    def replicated_state(self, token: int, event_type: str, state_key: str) -> None:
-        """A current-state change at ``token`` (also one by state resolution,
-        with no member event of the user): a member's membership moved."""
-        if event_type == "m.room.member":
-            self.caches.membership_changed(state_key, token)
-
-    def replicated_state_reset(self, token: int, room_id: str) -> None:
-        """Any current state of ``room_id`` may have changed at ``token``
-        (Synapse's ``state-all``): anyone's membership there may have moved."""
-        self.caches.room_changed(room_id, token)
-        self.caches.all_memberships_changed()
-
-    def replicated_backfill(self, redacts: str | None) -> None:
-        """A backfilled event: it moves no current state, but an old
-        redaction may redact an event this process cached."""
-        if redacts:
-            self.caches.event_changed(redacts)
-
-    def replicated_invalidation(self, cache_name: str, keys: list | None) -> None:
-        """Drop ``keys`` (None: everything) of a cache, as another process asked."""
-        self.caches.apply_invalidation(cache_name, keys)
 
     # ------------------------------------------------------------------ the database, for the command line
 

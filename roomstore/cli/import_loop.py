@@ -15,6 +15,7 @@ from twisted.python import failure
 from roomstore.cli.common import emit
 from roomstore.events.persist import EVENT_REFUSALS
 from roomstore.events.writer_process import WriterProcessLost
+from roomstore.pdu.json_decoding import quick_json
 from roomstore.pdu.parsing import MAX_JSON_NESTING
 from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError, StorageFullError
 
@@ -36,6 +37,9 @@ def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None
             line = line.strip()
             if not line:
                 continue
+            if _plainly_bare(line):
+                yield number, line, None
+                continue
             try:
                 text = line.decode("utf-8")
                 obj = json.loads(text)
@@ -53,6 +57,14 @@ def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None
                 yield number, member_text(text, "event").encode("utf-8"), obj["room_version"]
             else:
                 yield number, line, None
+
+
+def _plainly_bare(line: bytes) -> bool:
+    """Whether ``line`` is certainly a JSON object without ``room_version``,
+    as ``json.loads`` would read it (``quick_json``: several times faster);
+    the others go the slow way and are judged as before."""
+    obj = quick_json(line)
+    return isinstance(obj, dict) and "room_version" not in obj
 
 
 def _wrapped_line_problem(obj: dict) -> str | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from roomstore.cli.common import CliError, emit, open_store
+from roomstore.cli.imports import AUTO_WORKER_LINES, usable_cores
 
 
 def add_parsers(add) -> None:
@@ -53,6 +54,13 @@ async def open_synapse(reactor, args):
         raise CliError(str(exc)) from None
 
 
+def auto_validation_processes(events: int) -> int:
+    """A validation worker process for a database of ``AUTO_WORKER_LINES``
+    events or more, where this process may use two cores or more (as
+    ``import --validation-processes auto`` decides for a file)."""
+    return 1 if events >= AUTO_WORKER_LINES and usable_cores() >= 2 else 0
+
+
 async def cmd_import_synapse(reactor, args) -> int:
     """Import a Synapse database's rooms: one JSON line per skipped event, then the summary."""
     from roomstore.progress import progress_bar
@@ -63,9 +71,9 @@ async def cmd_import_synapse(reactor, args) -> int:
         raise CliError("--batch-size must be at least 1")
     reader = await open_synapse(reactor, args)
     try:
-        store = await open_store(reactor, args, create=True)
+        total = await reader.run(reader.source.count_events, rooms)
+        store = await open_store(reactor, args, create=True, validation_processes=auto_validation_processes(total))
         try:
-            total = await reader.run(reader.source.count_events, rooms)
             bar = progress_bar(total, "import-synapse", "event", force=args.progress)
             summary = await import_synapse(
                 store, reader, rooms, args.batch_size, report=emit, progress=bar, trust_source=args.trust_source

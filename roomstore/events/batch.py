@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from roomstore.pdu.content_hash import checked_pdu
+from roomstore.pdu.json_decoding import quick_json
 from roomstore.pdu.parsing import MAX_JSON_NESTING, MAX_PDU_SIZE, InvalidEventError, ParsedPdu, parse_pdu
 from roomstore.pdu.room_versions import get_room_version
 from roomstore.pdu.signatures import VerifyKeys, signatures_checked
@@ -173,6 +174,10 @@ class PreparedEvent:
     soft_failed: bool = False
     #: The client transaction it was sent in (``EventToPersist.client_txn``).
     client_txn: ClientTxn | None = None
+    #: Validated by the version of its room's create event in an earlier call
+    #: still in flight (``BatchRooms.needed_by``): the write refuses it if the
+    #: room has no stored version by then, as validation would have.
+    version_assumed: bool = False
     event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
 
     def __reduce__(self):
@@ -189,6 +194,7 @@ class PreparedEvent:
             self.auth_checked,
             self.soft_failed,
             self.client_txn,
+            self.version_assumed,
         )
 
 
@@ -196,12 +202,14 @@ def peek_room_version(raw: bytes) -> tuple[str | None, str | None, str | None]:
     """(room_id, type, content.room_version) from raw bytes, for version lookup."""
     if len(raw) > MAX_PDU_SIZE:  # parse_pdu says so too; not worth decoding here
         raise InvalidEventError(f"PDU is {len(raw)} bytes; the limit is {MAX_PDU_SIZE} bytes")
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidEventError(f"event is not valid UTF-8 JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidEventError(f"PDU JSON is nested too deeply; the limit is {MAX_JSON_NESTING} levels") from None
+    obj = quick_json(raw)
+    if obj is None:
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InvalidEventError(f"event is not valid UTF-8 JSON: {exc}") from None
+        except RecursionError:
+            raise InvalidEventError(f"PDU JSON is nested too deeply; the limit is {MAX_JSON_NESTING} levels") from None
     if not isinstance(obj, dict):
         raise InvalidEventError("event is not a JSON object")
     content = obj.get("content")

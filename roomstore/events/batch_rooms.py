@@ -8,10 +8,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
 from roomstore.events.batch import EventToPersist, PreparedEvent, is_orphan, peek_room_version
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.storage.database import Database
 from roomstore.storage.interning import room_versions_txn
+
+
+@attrs.frozen
+class BatchVersions:
+    """What ``BatchRooms.needed_by`` found: ``versions`` (room ID -> version)
+    to validate the batch by, the ``assumed`` among them (rooms an earlier
+    call in flight creates, not stored yet), whether any room is
+    ``unknown`` (neither stored nor being created, nor created by the batch
+    itself), and whether the batch must be validated ``whole``: some of its
+    events take their version from its own create event (or none)."""
+
+    versions: dict[str, str]
+    assumed: dict[str, str]
+    unknown: bool
+    whole: bool
 
 
 class BatchRooms:
@@ -31,17 +48,40 @@ class BatchRooms:
             known.update(found)
         return known
 
-    async def needed_by(self, events: Sequence[EventToPersist]) -> tuple[dict[str, str], bool]:
-        """(room_id -> stored version of the rooms whose version the events
-        leave to the store, whether any of them is unknown)."""
+    async def needed_by(self, events: Sequence[EventToPersist], turn: Any = None) -> BatchVersions:
+        """The versions of the rooms whose version the events leave to the
+        store. ``turn`` (the call's ``WriteTurns`` turn): a room not stored yet
+        whose create event is in an earlier call still in flight is validated
+        by that event's version (``assumed``) rather than after its write;
+        a room neither stored nor being created waits for every earlier call
+        to be written, then is looked up again. The write refuses an event
+        of an assumed room whose create event was not stored after all
+        (``PreparedEvent.version_assumed``)."""
         rooms = set()
+        own = set()  # rooms whose create event the batch holds (v12's carry no room ID: not found here)
         for ev in events:
             if isinstance(ev, EventToPersist) and ev.room_version is None:
                 room_id, event_type, _ = peek_room_version(ev.raw)
                 if room_id and event_type != "m.room.create":
                     rooms.add(room_id)
+                elif room_id:
+                    own.add(room_id)
         known = await self.versions(sorted(rooms))
-        return known, len(known) < len(rooms)
+        missing = rooms - known.keys()
+        if missing <= own:  # validated whole, its create first
+            return BatchVersions(known, {}, False, bool(missing))
+        missing -= own
+        if turn is None or not turn.earlier_in_flight():
+            return BatchVersions(known, {}, True, True)
+        created = await turn.created_earlier()
+        assumed = {room_id: created[room_id] for room_id in missing if room_id in created}
+        if len(assumed) == len(missing):
+            return BatchVersions({**known, **assumed}, assumed, False, bool(rooms & own - known.keys()))
+        # An earlier call may be storing it still some other way: after them.
+        await turn.ready()
+        known = await self.versions(sorted(rooms))
+        unknown = len(known) < len(rooms)
+        return BatchVersions(known, {}, bool(rooms - known.keys() - own), unknown)
 
     async def refuse_orphans(self, prepared: Sequence[PreparedEvent], rooms: Sequence[str]) -> None:
         """``InvalidEventError`` for a live non-create event without prev

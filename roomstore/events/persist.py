@@ -16,7 +16,6 @@ a room, which stands in for the resolution there).
 
 from __future__ import annotations
 
-import json
 from collections import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,15 +32,15 @@ from roomstore.events.batch import (
     StateKey,
     order_batch,
 )
+from roomstore.events.batch_state import HISTORY_VISIBILITY, MEMBER, BatchStateSteps, MissingStateError, Pending
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
 from roomstore.events.client_txns import record_client_txns
 from roomstore.events.current_state import RoomEnds, note_activity, update_current_state, update_extremities
 from roomstore.events.redaction_authority import redaction_authorised
-from roomstore.events.resolution_source import ParsedEventCache, TransactionEventSource, resolve_interned
+from roomstore.events.resolution_source import ParsedEventCache, TransactionEventSource
 from roomstore.events.tables.event_graph import insert_edges
 from roomstore.events.tables.events import (
     StoredEvent,
-    history_visibility_json_txn,
     insert_event_json,
     insert_events,
     insert_redactions,
@@ -51,19 +50,17 @@ from roomstore.events.tables.events import (
 )
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.pdu.room_versions import UnknownRoomVersion
-from roomstore.state.deltas import state_diff
-from roomstore.state.groups import StateGroupStore, StateGroupWrites, group_facts_txn
+from roomstore.state.groups import StateGroupStore, StateGroupWrites
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import (
     Interners,
     LruCache,
-    chunks,
     queue_room_version,
     room_versions_txn,
 )
-from roomstore.visibility.memberships import insert_memberships, membership_codes_txn
-from roomstore.visibility.rules import NO_MEMBERSHIP_CODE, membership_code, visibility_code
-from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, VisibilityStore, VisibilityWrites, snapshot_facts_sql
+from roomstore.visibility.memberships import insert_memberships
+from roomstore.visibility.rules import membership_code, visibility_code
+from roomstore.visibility.snapshots import VisibilityStore, VisibilityWrites
 
 __all__ = [
     "BatchOutcome",
@@ -76,28 +73,10 @@ __all__ = [
     "StateDelta",
 ]
 
-HISTORY_VISIBILITY = ("m.room.history_visibility", "")
-#: A stored group's snapshot facts, joined into the state owner's read of the group.
-_SNAPSHOT_FACTS = snapshot_facts_sql("g.visibility_snapshot")
-MEMBER = "m.room.member"
-
-
-class MissingStateError(ValueError):
-    """The state before an event cannot be derived: pass it explicitly."""
-
 
 #: What ``persist_events`` refuses a batch for because of its events (each
 #: message names the event and why); an importer reports them line by line.
 EVENT_REFUSALS = (InvalidEventError, MissingStateError, UnknownRoomVersion)
-
-
-@attrs.define
-class _Pending:
-    """A state group created in this transaction."""
-
-    state: dict
-    chain_length: int
-    snapshot: int
 
 
 class EventPersister:
@@ -187,7 +166,7 @@ class _Rows:
     membership_users: dict = attrs.Factory(dict)
 
 
-class _BatchWriter:
+class _BatchWriter(BatchStateSteps):
     """One batch inside one transaction. Short-lived; holds the batch's maps."""
 
     def __init__(self, persister: EventPersister, txn: Transaction, resolved: Mapping, now_ms: int | None):
@@ -195,7 +174,7 @@ class _BatchWriter:
         self.txn = txn
         self.resolved = resolved
         self.now_ms = now_ms if now_ms is not None else int(persister.clock.seconds() * 1000)
-        self.pending: dict[int, _Pending] = {}
+        self.pending: dict[int, Pending] = {}
         self.stored_groups: dict[int, tuple[int | None, int]] = {}
         self.event_nids: dict[str, int] = {}
         self.key_nids: dict[StateKey, int] = {}
@@ -219,17 +198,6 @@ class _BatchWriter:
 
     # ---------------------------------------------------------------- helpers
 
-    def full_state(self, group: int | None) -> dict[int, int]:
-        if group is not None and group in self.pending:
-            return dict(self.pending[group].state)
-        return self.p.state_groups.get_state(self.txn, group)
-
-    def state_view(self, group: int | None) -> Mapping[int, int]:
-        """``full_state`` to read only: a group of this batch is not copied."""
-        if group is not None and group in self.pending:
-            return self.pending[group].state
-        return self.p.state_groups.get_state(self.txn, group)
-
     @property
     def event_source(self) -> TransactionEventSource:
         """The batch's events and the stored ones, as the auth checks and
@@ -239,32 +207,6 @@ class _BatchWriter:
                 self.txn, self.p.interners, self.pending_events, self.p.parsed_events
             )
         return self._event_source
-
-    def _stored_group(self, group: int) -> tuple[int | None, int]:
-        """(visibility snapshot, chain length) of a stored group, once per batch."""
-        facts = self.stored_groups.get(group)
-        if facts is None:
-            # With its snapshot's facts, which the next snapshot derives from.
-            row = group_facts_txn(self.txn, group, _SNAPSHOT_FACTS)
-            if row is None:
-                raise MissingStateError(f"state group {group} does not exist")
-            facts = self.stored_groups[group] = (row[0], row[1])
-            if row[2] is not None:
-                self.visibility_writes.learn(row[0], row[2], row[3], row[4], row[5])
-        return facts
-
-    def chain_length(self, group: int) -> int:
-        if group in self.pending:
-            return self.pending[group].chain_length
-        return self._stored_group(group)[1]
-
-    def snapshot_of(self, group: int) -> int:
-        if group in self.pending:
-            return self.pending[group].snapshot
-        snapshot = self._stored_group(group)[0]
-        if snapshot is None:
-            raise MissingStateError(f"state group {group} has no visibility snapshot")
-        return snapshot
 
     def intern_keys(self, keys) -> None:
         missing = [k for k in set(keys) if k not in self.key_nids]
@@ -284,88 +226,6 @@ class _BatchWriter:
         missing = [u for u in set(users) if u not in self.user_nids]
         if missing:
             self.user_nids.update(self.p.interners.users.intern(self.txn, missing))
-
-    def load_event_facts(self, event_nids) -> None:
-        """Membership / history visibility codes of stored state events."""
-        missing = [
-            n for n in set(event_nids) if n not in self.membership_of_event and n not in self.visibility_of_event
-        ]
-        if not missing:
-            return
-        for part in chunks(missing):
-            for nid, code in membership_codes_txn(self.txn, part):
-                self.membership_of_event[nid] = code
-            for nid, raw in history_visibility_json_txn(self.txn, part):
-                content = json.loads(bytes(raw).decode("utf-8")).get("content")
-                value = content.get("history_visibility") if isinstance(content, dict) else None
-                self.visibility_of_event[nid] = visibility_code(value)
-
-    # ---------------------------------------------------------------- groups
-
-    def new_group(
-        self,
-        room_nid: int,
-        event_nid: int | None,
-        parent: int | None,
-        delta: Mapping[int, int | None],
-        empty_snapshot: int | None = None,
-    ) -> int:
-        """Create ``parent + delta`` with its visibility snapshot; returns the group.
-
-        ``empty_snapshot``: with no parent, the snapshot of the empty state
-        to derive from (a room's first state), instead of a fresh branch.
-        """
-        parent_state = self.full_state(parent)
-        if parent is None and empty_snapshot is not None:
-            changes, visibility = self.visibility_changes(delta, full=False)
-            snapshot = self.p.visibility.snapshot_for(
-                self.txn, room_nid, empty_snapshot, changes, visibility, self.visibility_writes
-            )
-            parent_length = None
-        elif parent is None:
-            # No parent: a fresh snapshot lists every member.
-            state = {k: v for k, v in delta.items() if v is not None}
-            changes, visibility = self.visibility_changes(state, full=True)
-            snapshot = self.p.visibility.snapshot_for(
-                self.txn, room_nid, None, changes, visibility, self.visibility_writes
-            )
-            parent_length = None
-        else:
-            changes, visibility = self.visibility_changes(delta, full=False)
-            snapshot = self.p.visibility.snapshot_for(
-                self.txn, room_nid, self.snapshot_of(parent), changes, visibility, self.visibility_writes
-            )
-            parent_length = self.chain_length(parent)
-        created = self.p.state_groups.create(
-            self.txn, room_nid, event_nid, parent, parent_state, delta, parent_length, snapshot, self.group_writes
-        )
-        self.pending[created.state_group] = _Pending(dict(created.state), created.chain_length, snapshot)
-        return created.state_group
-
-    def visibility_changes(self, delta: Mapping[int, int | None], full: bool) -> tuple[dict[int, int], int | None]:
-        """Membership and history visibility changes a state delta makes."""
-        self.names_of_keys(delta)
-        member_keys = {k: v for k, v in delta.items() if self.key_names[k][0] == MEMBER}
-        hv_key = self.key_nids.get(HISTORY_VISIBILITY)
-        self.load_event_facts([v for v in member_keys.values() if v is not None])
-        if hv_key in delta and delta[hv_key] is not None:
-            self.load_event_facts([delta[hv_key]])
-        self.intern_users(self.key_names[k][1] for k in member_keys)
-        changes = {}
-        for key, event in member_keys.items():
-            user = self.user_nids[self.key_names[key][1]]
-            changes[user] = (
-                NO_MEMBERSHIP_CODE if event is None else self.membership_of_event.get(event, NO_MEMBERSHIP_CODE)
-            )
-        visibility = None
-        if hv_key is not None and hv_key in delta:
-            event = delta[hv_key]
-            visibility = (
-                DEFAULT_VISIBILITY if event is None else self.visibility_of_event.get(event, DEFAULT_VISIBILITY)
-            )
-        elif full:
-            visibility = DEFAULT_VISIBILITY
-        return changes, visibility
 
     # ---------------------------------------------------------------- the batch
 
@@ -691,61 +551,15 @@ class _BatchWriter:
                     queue_room_version(self.txn, room_nids[room_id], given)
                     versions[room_id] = given
                     self.txn.call_after(cache.set, room_id, given)
+                elif ev.version_assumed:  # its create event's write failed
+                    raise InvalidEventError(
+                        f"event {ev.event_id}: no room_version given and the room {room_id!r} is unknown"
+                        " (persist its create event first, or pass room_version)"
+                    )
             elif known != given:
                 raise InvalidEventError(
                     f"event {ev.event_id} claims room version {given} but room {ev.pdu.room_id} is version {known}"
                 )
-
-    def state_before(self, ev: PreparedEvent, room_nid: int, groups_after: Mapping[int, int | None]) -> int | None:
-        """The state group before ``ev``: given by the caller, or derived."""
-        nid = self.event_nids
-        given = ev.state_before
-        prev_event_ids = ev.pdu.prev_event_ids
-        if given is None and len(prev_event_ids) == 1:
-            # The common case: one prev event, stored as a graph event.
-            group = groups_after.get(nid[prev_event_ids[0]], "missing")
-            if group != "missing":
-                return group
-        prev_groups = [groups_after.get(nid[p], "missing") for p in prev_event_ids]
-        if isinstance(given, StateDelta):
-            if given.base_state_group not in self.pending and not self.p.state_groups.group_exists(
-                self.txn, given.base_state_group
-            ):
-                raise MissingStateError(f"state_before of {ev.event_id}: unknown state group {given.base_state_group}")
-            delta = {self.key_nids[k]: nid[e] for k, e in given.changes.items()}
-            if not delta:
-                return given.base_state_group
-            return self.new_group(room_nid, None, given.base_state_group, delta)
-        if isinstance(given, abc.Mapping):
-            wanted = {self.key_nids[k]: nid[e] for k, e in given.items()}
-            base = next((g for g in prev_groups if isinstance(g, int)), None)
-            if base is None:
-                return self.new_group(room_nid, None, None, wanted)
-            base_state = self.full_state(base)
-            if base_state == wanted:
-                return base
-            return self.new_group(room_nid, None, base, state_diff(wanted, base_state))
-        # Derive from the prev events.
-        if not ev.pdu.prev_event_ids:
-            return None
-        missing = [p for p, g in zip(ev.pdu.prev_event_ids, prev_groups) if g == "missing"]
-        if missing:
-            raise MissingStateError(
-                f"cannot derive the state at {ev.event_id}: prev events {sorted(missing)} are not stored "
-                "(or only as outliers); pass state_before"
-            )
-        distinct = list(dict.fromkeys(prev_groups))
-        if len(distinct) == 1:
-            return distinct[0]
-        states = [self.full_state(g) for g in distinct]
-        if all(state == states[0] for state in states[1:]):
-            return distinct[0]
-        # The prev events' states differ (a key of different events, or of
-        # some and not others): the room version's state resolution decides,
-        # as the spec and Synapse do; a plain union would keep an event of one
-        # branch that the other branch's state no longer allows.
-        delta = state_diff(resolve_interned(self, ev.pdu.room_version, states), states[0])
-        return self.new_group(room_nid, None, distinct[0], delta) if delta else distinct[0]
 
     def flag_redactions(self, new_event_nids: Sequence[int], new_redaction_nids: Sequence[int]) -> set[int]:
         """Set ``events.redacted`` where both the event and a redaction of it

@@ -318,10 +318,36 @@ class _Turn:
         self._mine = mine
         self._ready = False
         self.offer: Offer | None = None
+        #: Fires with room ID -> version of the create events the call's
+        #: batch holds, once validated (empty when it failed or had none).
+        self._creates: defer.Deferred = defer.Deferred()
 
     def earlier_in_flight(self) -> bool:
         """Whether an earlier call's writes may still be to come."""
         return not self._ready and not self._before.called
+
+    def validated(self, prepared: Sequence[PreparedEvent]) -> None:
+        """The call's batch is validated: later calls may learn the rooms it creates."""
+        if not self._creates.called:
+            self._creates.callback(
+                {ev.pdu.room_id: ev.pdu.room_version.identifier for ev in prepared if ev.pdu.is_create}
+            )
+
+    async def created_earlier(self) -> dict[str, str]:
+        """Room ID -> version of the create events in the batches of the
+        earlier calls still in flight, once each is validated: a batch naming
+        such a room is validated by that version while the create event's
+        write is still to come, instead of waiting for it. (Its own write
+        comes after, and checks the room's stored version again.)"""
+        turns = self._turns._open
+        created: dict[str, str] = {}
+        for earlier in turns[: turns.index(self)]:
+            waiter: defer.Deferred = defer.Deferred()
+            earlier._creates.addBoth(lambda result, w=waiter: (w.callback(result), result)[1])
+            found = await waiter
+            for room_id, version in (found if isinstance(found, dict) else {}).items():
+                created.setdefault(room_id, version)  # the first create event is the one that counts
+        return created
 
     async def ready(self) -> None:
         if not self._ready:
@@ -358,6 +384,7 @@ class _Turn:
         return taken
 
     def done(self) -> None:
+        self.validated(())
         if not self._mine.called:
             self._turns.in_flight -= 1
             self._turns._open.remove(self)

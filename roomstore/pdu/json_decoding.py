@@ -17,6 +17,7 @@ import re
 import threading
 from typing import Any
 
+import orjson
 from canonicaljson import encode_canonical_json
 
 from roomstore.pdu.room_versions import RoomVersion
@@ -28,6 +29,7 @@ __all__ = [
     "MAX_JSON_NESTING",
     "MAX_PDU_SIZE",
     "decoded_event",
+    "quick_json",
     "json_type_name",
     "nesting_depth",
 ]
@@ -91,6 +93,26 @@ def decoded_event(raw: bytes, room_version: RoomVersion) -> tuple[dict, bool]:
                 f"PDU is {canonical_size} bytes as canonical JSON; the limit is {MAX_PDU_SIZE} bytes"
             )
     return event, bool(suspects & _FLOAT_SEEN)
+
+
+def quick_json(raw: bytes) -> Any:
+    """``raw`` decoded by orjson, several times faster than ``json.loads``
+    (for the looks taken on the reactor thread before validation), or None
+    where orjson refuses it or it might nest past orjson's depth: there the
+    caller asks ``json.loads``, which decides and words the error as always.
+    orjson accepts no JSON that ``json.loads`` refuses, and reads the same
+    values (the last of repeated keys, as ``json.loads``)."""
+    if raw.count(b"{") + raw.count(b"[") > _QUICK_MAX_BRACKETS:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+
+
+#: Fewer opening brackets than this cannot nest past orjson's limit (1024)
+#: nor Python's recursion limit in ``json.loads``.
+_QUICK_MAX_BRACKETS = 500
 
 
 def nesting_depth(value: Any) -> int:

@@ -13,6 +13,10 @@ Synapse's state groups, and a batch whose rooms' forward extremities conflict
 is written again with Synapse's current state as of that batch as the
 resolved current state.
 
+Two pages are in the store's hands at once (the next validated while the one
+before is written); which rooms a page leaves forked is followed in memory
+from page to page (``_RoomEnds``), not read back after each write.
+
 A rerun asks the store which events of each page it holds already and skips
 them (counted as ``already_present``): nothing is stored twice and the
 events stream does not move for them.
@@ -20,12 +24,14 @@ events stream does not move for them.
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+from twisted.internet import defer
 
 from roomstore.events.batch import EventToPersist
 from roomstore.events.persist import EVENT_REFUSALS
@@ -84,36 +90,111 @@ async def import_synapse(
     if rooms is not None and not room_list:
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
-    # One page read ahead: Synapse's database is read while the store writes.
+    # One page read ahead: Synapse's database is read while the store writes;
+    # and ``PAGES_IN_FLIGHT`` pages handed to the store at once, so it
+    # validates the next while it writes the one before.
+    ends = _RoomEnds(store)
+    report = report or (lambda item: None)
+    pending: collections.deque = collections.deque()
     next_page = reader.run(source.events_page, None, batch_size, selection)
-    while True:
-        page: list[SynapseEvent] = await next_page
-        if not page:
-            break
-        next_page = reader.run(source.events_page, page[-1].stream_ordering, batch_size, selection)
-        present = await store.get_event_flags([ev.event_id for ev in page])
-        todo = [ev for ev in page if ev.event_id not in present]
-        summary.already_present += len(page) - len(todo)
-        if todo:
-            await _import_page(store, reader, todo, summary, report or (lambda item: None), trust_source)
-        if progress is not None:
-            progress.update(len(page))
+    try:
+        while True:
+            page: list[SynapseEvent] = await next_page
+            if not page:
+                break
+            next_page = reader.run(source.events_page, page[-1].stream_ordering, batch_size, selection)
+            present = await store.get_event_flags([ev.event_id for ev in page])
+            todo = [ev for ev in page if ev.event_id not in present]
+            summary.already_present += len(page) - len(todo)
+            if todo:
+                pending.append(await _send_page(store, reader, todo, summary, ends, trust_source))
+                if len(pending) >= PAGES_IN_FLIGHT:
+                    await _settle_page(store, reader, *pending.popleft(), summary, report, ends)
+            if progress is not None:
+                progress.update(len(page))
+        while pending:
+            await _settle_page(store, reader, *pending.popleft(), summary, report, ends)
+    finally:
+        # An error stops the import: the pages in flight end before it is raised.
+        for _, written in pending:
+            try:
+                await written
+            except Exception:  # noqa: BLE001 - the first error is the one raised
+                pass
     summary.seconds = round(time.monotonic() - started, 3)
     return summary
 
 
-async def _import_page(
-    store, reader: SynapseReader, page: list[SynapseEvent], summary: ImportSummary, report: Report, trust_source: bool
-) -> None:
-    """Persist one page as one batch; when the store refuses the batch, each
-    event on its own so one bad event is reported and the rest imported."""
+#: Pages handed to the store before the first is awaited.
+PAGES_IN_FLIGHT = 2
+
+
+class _RoomEnds:
+    """Each room's forward extremities as the pages handed to the store leave
+    them, so that a page's fork check (``forked_after``) need not wait for the
+    write of the page before it. A room is read from the store the first time
+    a page names it (no page in flight touches it then), then followed page
+    by page as the store does: its live events' uncited ones replace the ends
+    they cite. After a page the store refused in part (its events retried
+    one by one), every room is read again."""
+
+    def __init__(self, store: Any):
+        self.store = store
+        self.ends: dict[str, set[str]] = {}
+
+    async def forked_after(self, events: Sequence[SynapseEvent]) -> set[str]:
+        """The rooms left with several forward extremities after ``events``
+        (outliers, rejected and backfilled events are no room's ends)."""
+        live = [ev for ev in events if not ev.outlier and ev.rejected_reason is None and ev.stream_ordering > 0]
+        cited = {p for ev in live for p in _prev_event_ids(ev)}
+        forked = set()
+        for room_id in {ev.room_id for ev in live}:
+            if room_id not in self.ends:
+                self.ends[room_id] = set(await self.store.get_forward_extremities(room_id))
+            ends = {e for e in self.ends[room_id] if e not in cited}
+            ends |= {ev.event_id for ev in live if ev.room_id == room_id and ev.event_id not in cited}
+            self.ends[room_id] = ends
+            if len(ends) > 1:
+                forked.add(room_id)
+        return forked
+
+    def forget(self) -> None:
+        self.ends.clear()
+
+
+async def _send_page(
+    store, reader: SynapseReader, page: list[SynapseEvent], summary: ImportSummary, ends: _RoomEnds, trust_source: bool
+) -> tuple[list, Any]:
+    """One page handed to the store as one batch, with Synapse's current
+    state of each room it may leave forked: (its items, the write's Deferred)."""
     items = await _to_persist(reader, page, trust_source)
     summary.states_from_synapse += sum(item.state_before is not None for _, item in items)
     events = [ev for ev, _ in items]
+    forked = await ends.forked_after(events)
+    resolved = None
+    if forked:
+        resolved = await reader.run(_current_states, reader.source, [ev for ev in events if ev.room_id in forked])
+        summary.current_states_from_synapse += 1
     batch = [item for _, item in items]
+    return items, defer.ensureDeferred(store.persist_events(batch, resolved_current_state=resolved))
+
+
+async def _settle_page(
+    store,
+    reader: SynapseReader,
+    items: list,
+    written: Any,
+    summary: ImportSummary,
+    report: Report,
+    ends: _RoomEnds,
+) -> None:
+    """A page's outcome counted and reported; when the store refused the
+    batch, each event on its own so one bad event is reported and the rest
+    imported."""
     try:
-        results = await _persist_resolving(store, reader, events, batch, summary)
+        results = await written
     except EVENT_REFUSALS:
+        ends.forget()
         results = []
         for ev, item in items:
             try:
@@ -121,6 +202,13 @@ async def _import_page(
             except EVENT_REFUSALS as exc:
                 _skip(summary, report, ev, type(exc).__name__, str(exc))
                 continue
+    _count(summary, report, [ev for ev, _ in items], results)
+
+
+def _count(summary: ImportSummary, report: Report, events: Sequence[SynapseEvent], results: Sequence) -> None:
+    """The results of a page's events counted, and each reported that the
+    store treated otherwise than Synapse (a content hash mismatch, a
+    rejection Synapse had not made)."""
     by_id = {ev.event_id: ev for ev in events}
     for result in results:
         if result.already_persisted:

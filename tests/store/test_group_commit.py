@@ -8,6 +8,7 @@ from __future__ import annotations
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 
+from roomstore.events.batch import EventToPersist
 from roomstore.events.persist import MissingStateError
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.store import RoomStore, StoreConfig
@@ -98,6 +99,19 @@ class GroupCommitTests:
         events = [room.to_persist(e) for e in built]
         batches = [events[:30], events[30:60], events[60:]]
         return store, built, events, batches, _HeldWriter(store, len(batches))
+
+    async def test_calls_behind_a_room_being_created_go_with_it(self):
+        # Bare events whose room's create event is in the first call: the calls
+        # behind it are validated by that event's version while it writes
+        # (held), then go together, as calls of a stored room do.
+        store = await self.open_store()
+        room, built = linear_room(60)
+        bare = [EventToPersist(e.raw) for e in built]
+        held = _HeldWriter(store, 3)
+        outcomes = await held.run([bare[:20], bare[20:40], bare[40:]])
+        self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
+        self.assertEqual(held.writes, [20, 42])
+        self.assertEqual(outcomes[2][1][-1].stream_ordering, len(bare))
 
     async def test_up_to_the_configured_events(self):
         built, writes, outcomes = await self._linear_in_batches(298, 50, limit=120)

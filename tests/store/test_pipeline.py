@@ -278,6 +278,51 @@ class PipelineTests:
         self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
         self.assertEqual(outcomes[1][1][-1].stream_ordering, len(built))
 
+    async def test_a_room_being_created_is_validated_before_its_create_is_written(self):
+        # The calls after the one holding the create event are validated by its
+        # version while it writes, not after (an import's pipeline stays full).
+        store = await self.open_store()
+        room, built = linear_room(60)
+        bare = [EventToPersist(e.raw) for e in built]
+        validated: list[int] = []
+        at_first_write: list[int] = []
+        real_prepare, real_write = store.validator.prepare, store._write
+
+        async def prepare(events, *args, **kwargs):
+            prepared = await real_prepare(events, *args, **kwargs)
+            validated.append(len(events))
+            return prepared
+
+        async def write(prepared, resolved):
+            if not at_first_write:
+                for _ in range(500):
+                    if len(validated) == 3:
+                        break
+                    await deferLater(reactor, 0.01, lambda: None)
+                at_first_write.append(len(validated))
+            return await real_write(prepared, resolved)
+
+        store.validator.prepare, store._write = prepare, write
+        outcomes = await self._in_flight(store, [bare[:30], bare[30:45], bare[45:]])
+        self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
+        self.assertEqual(at_first_write, [3])
+        self.assertEqual([r.stream_ordering for r in outcomes[2][1]], list(range(46, len(built) + 1)))
+
+    async def test_a_room_whose_create_write_fails_is_unknown_to_the_calls_after(self):
+        # Validated by the create event's version while it was in flight; its
+        # batch refused, the next call is refused as if it had waited.
+        store = await self.open_store()
+        room, built = linear_room(30)
+        _, lost = unstorable_join(BOB)
+        bare = [EventToPersist(e.raw) for e in built]
+        outcomes = await self._in_flight(store, [[bare[0], lost], bare[1:]])
+        self.assertFalse(outcomes[0][0])
+        outcomes[0][1].trap(MissingStateError, InvalidEventError)
+        self.assertFalse(outcomes[1][0])
+        outcomes[1][1].trap(InvalidEventError)
+        self.assertIn("is unknown", str(outcomes[1][1].value))
+        self.assertEqual(store.get_current_token(), "s0")
+
     async def test_unknown_room_still_refused(self):
         store = await self.open_store()
         room, built = linear_room(30)
