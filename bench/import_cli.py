@@ -27,7 +27,7 @@ engine, and this tree's over the baseline's as ratios.
 rooms, membership changes, redactions, a forked DAG, a few hundred events),
 read back from its database as JSON lines, measured the same way.
 
-The in-process figure: the same lines through ``roomstore.cli_import.
+The in-process figure: the same lines through ``roomstore.cli.import_loop.
 import_file`` into a ``RoomStore`` opened in this process (default options
 but ``--validation-processes``: none), the figure ``bench/event_store.py``
 style measurements give, printed beside the CLI's.
@@ -187,7 +187,7 @@ def main() -> None:
         rate: list[float] = []
 
         async def run(reactor) -> None:
-            from roomstore.cli_import import import_file
+            from roomstore.cli.import_loop import import_file
             from roomstore.store import RoomStore, StoreConfig
 
             store = await RoomStore.open(args.in_process[1], StoreConfig(), reactor=reactor, create=True)
