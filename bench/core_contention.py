@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
 from bench._common import print_table
-from roomstore.cli import usable_cores
+from roomstore.cli.imports import usable_cores
 
 
 def python_loop(n: int) -> float:

@@ -2,7 +2,7 @@
 and beside the same events persisted in process (issue 42).
 
 usage: bench/with-postgres .venv/bin/python bench/import_cli.py [--baseline DIR] [--rooms 25]
-       [--events-per-room 1000] [--runs 3] [--engines sqlite,postgres]
+       [--events-per-room 1000] [--runs 3] [--engines sqlite,postgres] [--synapse]
 
 The history is ``roomstore generate-sample FILE --rooms N --events-per-room M
 --seed 7`` (membership churn, forks that merge, redactions, history
@@ -22,7 +22,12 @@ the CPU seconds of the process and its workers (``RUSAGE_CHILDREN``), which
 load on a shared machine disturbs less than wall time. Medians per tree and
 engine, and this tree's over the baseline's as ratios.
 
-The in-process figure: the same lines through ``roomstore.cli_import.
+``--synapse``: also a history a real Synapse made through its client API
+(``tests/synapse_db/history.py``, started from ``.venv-synapse``: three
+rooms, membership changes, redactions, a forked DAG, a few hundred events),
+read back from its database as JSON lines, measured the same way.
+
+The in-process figure: the same lines through ``roomstore.cli.import_loop.
 import_file`` into a ``RoomStore`` opened in this process (default options
 but ``--validation-processes``: none), the figure ``bench/event_store.py``
 style measurements give, printed beside the CLI's.
@@ -70,18 +75,18 @@ def import_once(tree: str, path: str, url: str, expected: int) -> tuple[float, f
     if done.returncode != 0:
         raise SystemExit(f"import with {tree} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     summary = json.loads(done.stdout.splitlines()[-1])
-    if summary["imported"] != expected or summary["failed"]:
+    if summary["imported"] + summary["already_present"] != expected or summary["failed"]:
         raise SystemExit(f"{tree}: expected {expected:,} imported and none failed: {summary}")
     return summary["imported"] / summary["seconds"], cpu
 
 
-def common_lines(baseline: str, path: str, directory: str) -> str:
+def common_lines(baseline: str, path: str, directory: str, label: str) -> str:
     """``path`` without the lines ``baseline`` refuses (rooms of versions it does not know)."""
-    done = cli(baseline, "import", path, "--db", "sqlite:///" + os.path.join(directory, "probe.db"))
+    done = cli(baseline, "import", path, "--db", "sqlite:///" + os.path.join(directory, f"probe-{label}.db"))
     if done.returncode != 0:
         raise SystemExit(f"the baseline could not import at all: {done.stderr.strip()[-500:]}")
     refused = {json.loads(line)["line"] for line in done.stdout.splitlines() if '"error"' in line}
-    kept = os.path.join(directory, "common.jsonl")
+    kept = os.path.join(directory, f"common-{label}.jsonl")
     with open(path, "rb") as source, open(kept, "wb") as out:
         for number, line in enumerate(source, start=1):
             if number not in refused:
@@ -102,6 +107,70 @@ def in_process_child(path: str, url: str) -> float:
     return float(done.stdout.split()[-1])
 
 
+def measure(label: str, trees: dict[str, str], path: str, events: int, new_url, runs: int) -> list[tuple]:
+    """The table's rows for one history on one engine: each tree's CLI
+    import, taking turns, this tree's in process, and the ratios."""
+    rates: dict[str, list[float]] = {name: [] for name in trees}
+    cpus: dict[str, list[float]] = {name: [] for name in trees}
+    inside: list[float] = []
+    names = list(trees)
+    for round_index in range(runs):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            rate, cpu = import_once(trees[name], path, new_url(), events)
+            rates[name].append(rate)
+            cpus[name].append(cpu)
+        inside.append(in_process_child(path, new_url()))
+    rows = [
+        (label, name, statistics.median(rates[name]), statistics.median(cpus[name]), _runs(rates[name], ",.0f"))
+        for name in names
+    ]
+    rows.append((label, "this tree, in process", statistics.median(inside), "", _runs(inside, ",.0f")))
+    if "baseline" in trees:
+        ratios = [a / b for a, b in zip(rates["this tree"], rates["baseline"], strict=True)]
+        cpu_ratios = [b / a for a, b in zip(cpus["this tree"], cpus["baseline"], strict=True)]
+        rows.append(
+            (
+                label,
+                "this/baseline",
+                f"{statistics.median(ratios):.2f}x",
+                f"{statistics.median(cpu_ratios):.2f}x less",
+                _runs(ratios, ".2f"),
+            )
+        )
+    return rows
+
+
+def _runs(values: list[float], spec: str) -> str:
+    return " ".join(format(v, spec) for v in values)
+
+
+def synapse_made_lines(directory: str) -> str:
+    """A history a real Synapse (``.venv-synapse``) made through its client
+    API (``tests/synapse_db/history.py``: three rooms, membership changes,
+    redactions, a forked DAG), read back from its database as JSON lines."""
+    from roomstore.synapse_db.source import SynapseSource
+    from tests import synapse_server
+    from tests.synapse_db import history
+
+    folder = synapse_server.start()
+    try:
+        server = synapse_server.SynapseServer(folder)
+        history.build(server)
+        source = SynapseSource(server.database_url)
+        source.connect()
+        path = os.path.join(directory, "synapse.jsonl")
+        after = None
+        with open(path, "wb") as out:
+            while page := source.events_page(after, 5000, None):
+                for ev in page:
+                    out.write(b'{"room_version": "%s", "event": %s}\n' % (ev.room_version.encode(), ev.json))
+                after = page[-1].stream_ordering
+        source.close()
+    finally:
+        synapse_server.stop(folder)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", metavar="DIR", help="a checkout of the code to compare with")
@@ -109,13 +178,16 @@ def main() -> None:
     parser.add_argument("--events-per-room", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--engines", default="sqlite,postgres")
+    parser.add_argument(
+        "--synapse", action="store_true", help="also a history a real Synapse made (starts one from .venv-synapse)"
+    )
     parser.add_argument("--in-process", nargs=2, metavar=("FILE", "URL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.in_process:
         rate: list[float] = []
 
         async def run(reactor) -> None:
-            from roomstore.cli_import import import_file
+            from roomstore.cli.import_loop import import_file
             from roomstore.store import RoomStore, StoreConfig
 
             store = await RoomStore.open(args.in_process[1], StoreConfig(), reactor=reactor, create=True)
@@ -136,11 +208,11 @@ def main() -> None:
         return
 
     directory = tempfile.mkdtemp(prefix="roomstore-bench-import-")
-    path = os.path.join(directory, "history.jsonl")
+    generated = os.path.join(directory, "history.jsonl")
     made = cli(
         ROOT,
         "generate-sample",
-        path,
+        generated,
         "--rooms",
         str(args.rooms),
         "--events-per-room",
@@ -150,54 +222,23 @@ def main() -> None:
     )
     if made.returncode != 0:
         raise SystemExit(made.stderr)
+    histories = {"generated": generated}
+    if args.synapse:
+        histories["synapse-made"] = synapse_made_lines(directory)
     trees = {"this tree": ROOT}
     if args.baseline:
-        path = common_lines(args.baseline, path, directory)
         trees["baseline"] = os.path.abspath(args.baseline)
-    with open(path, "rb") as handle:
-        events = sum(1 for _ in handle)
-    print(f"history: {events:,} lines ({path}); {args.runs} rounds, turns alternate")
+        histories = {label: common_lines(args.baseline, path, directory, label) for label, path in histories.items()}
     wanted = set(args.engines.split(","))
     rows = []
-    for engine, new_url in bench_databases():
-        if engine not in wanted:
-            continue
-        rates: dict[str, list[float]] = {name: [] for name in trees}
-        cpus: dict[str, list[float]] = {name: [] for name in trees}
-        inside: list[float] = []
-        names = list(trees)
-        for round_index in range(args.runs):
-            for name in names if round_index % 2 == 0 else names[::-1]:
-                rate, cpu = import_once(trees[name], path, new_url(), events)
-                rates[name].append(rate)
-                cpus[name].append(cpu)
-            inside.append(in_process_child(path, new_url()))
-        for name in names:
-            rows.append(
-                (
-                    engine,
-                    name,
-                    statistics.median(rates[name]),
-                    statistics.median(cpus[name]),
-                    " ".join(f"{r:,.0f}" for r in rates[name]),
-                )
-            )
-        rows.append(
-            (engine, "this tree, in process", statistics.median(inside), "", " ".join(f"{r:,.0f}" for r in inside))
-        )
-        if "baseline" in trees:
-            ratios = [a / b for a, b in zip(rates["this tree"], rates["baseline"], strict=True)]
-            cpu_ratios = [b / a for a, b in zip(cpus["this tree"], cpus["baseline"], strict=True)]
-            rows.append(
-                (
-                    engine,
-                    "this/baseline",
-                    f"{statistics.median(ratios):.2f}x",
-                    f"{statistics.median(cpu_ratios):.2f}x less",
-                    " ".join(f"{r:.2f}" for r in ratios),
-                )
-            )
-    print_table(["engine", "tree", "events/s (median)", "CPU s (median)", "runs"], rows)
+    for label, path in histories.items():
+        with open(path, "rb") as handle:
+            events = sum(1 for _ in handle)
+        print(f"{label} history: {events:,} lines ({path}); {args.runs} rounds, turns alternate")
+        for engine, new_url in bench_databases():
+            if engine in wanted:
+                rows.extend(measure(f"{engine}, {label}", trees, path, events, new_url, args.runs))
+    print_table(["engine, history", "tree", "events/s (median)", "CPU s (median)", "runs"], rows)
     print("goal (issue 42): this tree's CLI import at least 2.0x the baseline's (4d1a46f) events/s on both engines")
 
 

@@ -30,7 +30,8 @@ sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(_
 from twisted.internet import defer, task
 
 from bench._common import bench_databases, print_table
-from roomstore.cli import SAMPLE_PATH, import_file
+from roomstore.cli.demo import SAMPLE_PATH
+from roomstore.cli.import_loop import import_file
 from roomstore.events import precheck
 from roomstore.events.persist import EventToPersist
 from roomstore.events.precheck import stored_results_txn
@@ -114,9 +115,9 @@ async def main(reactor, argv: list[str]) -> None:
     args = parser.parse_args(argv)
     events = room_events(args.events)
     # The importer's one-line reports of the sample's refused events: not wanted here.
-    import roomstore.cli
+    from roomstore.cli import import_loop
 
-    roomstore.cli.emit = lambda obj: None
+    import_loop.emit = lambda obj: None
     rows, token_rows = [], []
     for engine, new_url in bench_databases():
         for workload in ("linear", "sample"):

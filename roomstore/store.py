@@ -61,7 +61,7 @@ from roomstore.store_config import StoreConfig
 from roomstore.store_opening import open_database
 from roomstore.store_replication import ReplicationFace
 from roomstore.streams.change_cache import StreamChangeCache
-from roomstore.streams.id_generators import reserve_in_transaction
+from roomstore.streams.reservations import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
 

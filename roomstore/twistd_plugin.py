@@ -71,7 +71,9 @@ class RoomstoreServiceMaker:
     def makeService(self, options: Options):
         from types import SimpleNamespace
 
-        from roomstore.cli import CliError, redis_tls, serve_store_config
+        from roomstore.cli.common import CliError
+        from roomstore.cli.redis_bus import redis_tls
+        from roomstore.cli.replication import serve_store_config
         from roomstore.replication import ReplicationConfig
         from roomstore.replication.service import ReplicationServerService, read_secret_file
 

@@ -10,7 +10,7 @@ import tempfile
 
 from twisted.internet import threads
 
-from roomstore.cli import SAMPLE_PATH
+from roomstore.cli.demo import SAMPLE_PATH
 from roomstore.sample import write_sample
 from roomstore.storage import SCHEMA_VERSION
 from roomstore.storage.schema import DEFAULT_SCHEMA_DIR

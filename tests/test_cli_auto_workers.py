@@ -9,6 +9,7 @@ import tempfile
 from twisted.trial import unittest
 
 from roomstore import cli
+from roomstore.cli import imports
 
 
 class AutoValidationProcessesTests(unittest.TestCase):
@@ -20,16 +21,16 @@ class AutoValidationProcessesTests(unittest.TestCase):
         return path
 
     def cores(self, count: int) -> None:
-        self.patch(cli.os, "sched_getaffinity", lambda pid: set(range(count)))
+        self.patch(imports.os, "sched_getaffinity", lambda pid: set(range(count)))
 
     def test_a_worker_from_the_threshold_on(self):
         self.cores(2)
-        self.assertEqual(cli.auto_validation_processes(self.file_of(cli.AUTO_WORKER_LINES - 1)), 0)
-        self.assertEqual(cli.auto_validation_processes(self.file_of(cli.AUTO_WORKER_LINES)), 1)
+        self.assertEqual(imports.auto_validation_processes(self.file_of(imports.AUTO_WORKER_LINES - 1)), 0)
+        self.assertEqual(imports.auto_validation_processes(self.file_of(imports.AUTO_WORKER_LINES)), 1)
 
     def test_none_on_one_core(self):
         self.cores(1)
-        self.assertEqual(cli.auto_validation_processes(self.file_of(cli.AUTO_WORKER_LINES * 3)), 0)
+        self.assertEqual(imports.auto_validation_processes(self.file_of(imports.AUTO_WORKER_LINES * 3)), 0)
 
     def test_the_option_takes_auto_or_a_number(self):
         parser = cli.build_parser()

@@ -13,7 +13,7 @@ from pathlib import Path
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.cli import SAMPLE_PATH
+from roomstore.cli.demo import SAMPLE_PATH
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPACT = str(ROOT / "bin" / "roomstore-compact")

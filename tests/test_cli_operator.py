@@ -11,7 +11,7 @@ from signedjson.sign import sign_json
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.cli import SAMPLE_PATH
+from roomstore.cli.demo import SAMPLE_PATH
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.room_versions import get_room_version
 from roomstore.sample import write_sample

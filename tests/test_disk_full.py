@@ -20,7 +20,7 @@ import tempfile
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.cli_import import read_import_lines
+from roomstore.cli.import_loop import read_import_lines
 from roomstore.pdu.parsing import parse_pdu
 from roomstore.pdu.room_versions import get_room_version
 from roomstore.store import RoomStore, StoreConfig

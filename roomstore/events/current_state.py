@@ -15,7 +15,7 @@ from typing import Any
 
 from roomstore.events.batch import PreparedEvent
 from roomstore.events.resolution_source import resolve_interned
-from roomstore.events.tables.events import pointed_at_txn
+from roomstore.events.tables.event_graph import pointed_at_txn
 from roomstore.events.tables.room_state import (
     current_and_forward_groups_txn,
     forward_groups_txn,

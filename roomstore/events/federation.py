@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from roomstore.events.reads import EventReader
-from roomstore.events.tables.events import graph_facts_txn, prev_facts_txn
+from roomstore.events.tables.event_graph import prev_facts_txn
+from roomstore.events.tables.events import graph_facts_txn
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners, chunks
 

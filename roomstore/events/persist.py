@@ -38,9 +38,9 @@ from roomstore.events.client_txns import record_client_txns
 from roomstore.events.current_state import RoomEnds, note_activity, update_current_state, update_extremities
 from roomstore.events.redaction_authority import redaction_authorised
 from roomstore.events.resolution_source import ParsedEventCache, TransactionEventSource
+from roomstore.events.tables.event_graph import insert_edges
 from roomstore.events.tables.events import (
     StoredEvent,
-    insert_edges,
     insert_event_json,
     insert_events,
     insert_redactions,

@@ -36,7 +36,7 @@ call: the tables' owners, the state groups, the streams.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -44,8 +44,8 @@ import attrs
 from roomstore.events.caches import HISTORY_PURGED, ROOM_PURGED, StoreCaches, write_cache_invalidations
 from roomstore.events.pagination import newest_key_at_txn
 from roomstore.events.read_positions import ReadPositions
+from roomstore.events.tables import event_graph, room_state
 from roomstore.events.tables import events as event_tables
-from roomstore.events.tables import room_state
 from roomstore.events.tables.client_txns import delete_event_txns_txn, delete_room_txns_txn
 from roomstore.events.tokens import TopologicalToken
 from roomstore.state.group_tables import room_group_links_txn
@@ -63,7 +63,8 @@ from roomstore.storage.interning import (
     delete_room_txn,
     lock_room_txn,
 )
-from roomstore.streams.id_generators import persist_positions_txn, reserve_in_transaction
+from roomstore.streams.id_generators import persist_positions_txn
+from roomstore.streams.reservations import reserve_in_transaction
 from roomstore.visibility.memberships import delete_room_memberships_txn
 from roomstore.visibility.snapshots import delete_room_visibility_txn
 
@@ -98,6 +99,12 @@ class PurgeResult:
             "state_groups_deleted": self.state_groups_deleted,
             "events_made_outliers": self.events_made_outliers,
         }
+
+
+def referenced_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
+    """Those of ``nids`` that a stored row of the event tables names: an
+    event, a prev or auth event of one, a redaction's target."""
+    return event_tables.referenced_nids_txn(txn, nids) | event_graph.referenced_nids_txn(txn, nids)
 
 
 @attrs.frozen
@@ -221,18 +228,18 @@ class Purger:
         doomed -= kept
         counts: dict[str, int] = {}
         event_tables.delete_events_txn(txn, sorted(doomed), counts)
+        event_graph.delete_edges_txn(txn, sorted(doomed), counts)
         counts["client_txn_ids"] = delete_event_txns_txn(txn, sorted(doomed))
         outliers = [
             c.event_nid for c in candidates if c.event_nid in kept and not c.outlier and c.event_nid not in forward
         ]
         made = event_tables.make_outliers_txn(txn, outliers)
         # Backward extremities: what the remaining timeline names but does not hold.
-        graph, prevs = event_tables.graph_and_prevs_txn(txn, room_nid)
-        backward = prevs - graph
+        backward = event_graph.room_prevs_txn(txn, room_nid) - event_tables.graph_nids_txn(txn, room_nid)
         counts["backward_extremities"] = room_state.replace_backward_extremities_txn(txn, room_nid, backward)
         # The deleted events' IDs that nothing names any more (the new
         # backward extremities and redacted targets are named still).
-        counts["event_ids"] = delete_event_ids_txn(txn, sorted(doomed - event_tables.referenced_nids_txn(txn, doomed)))
+        counts["event_ids"] = delete_event_ids_txn(txn, sorted(doomed - referenced_nids_txn(txn, doomed)))
         groups = self._delete_unused_groups(txn, room_nid, counts)
         counts = {table: n for table, n in counts.items() if n}
         return PurgeResult(room_id, counts, groups, made)
@@ -275,16 +282,17 @@ class Purger:
         nids = event_tables.room_event_nids_txn(txn, room_nid)
         # Every ID the room's rows name: its events, their prev and auth
         # events, its backward extremities; deleted where nothing else names them.
-        named = set(nids) | event_tables.edge_targets_txn(txn, nids)
+        named = set(nids) | event_graph.edge_targets_txn(txn, nids)
         named |= set(room_state.extremity_nids_txn(txn, room_nid, "backward"))
         counts: dict[str, int] = {}
         groups = sorted(room_group_links_txn(txn, room_nid))
         deleted_groups = delete_groups_txn(txn, self.state_groups, groups, counts) if groups else 0
         event_tables.delete_events_txn(txn, nids, counts)
+        event_graph.delete_edges_txn(txn, nids, counts)
         room_state.delete_room_txn(txn, room_nid, counts)
         counts["room_memberships"] = delete_room_memberships_txn(txn, room_nid)
         counts["client_txn_ids"] = delete_room_txns_txn(txn, [room_nid])
         delete_room_visibility_txn(txn, room_nid, counts)
-        counts["event_ids"] = delete_event_ids_txn(txn, sorted(named - event_tables.referenced_nids_txn(txn, named)))
+        counts["event_ids"] = delete_event_ids_txn(txn, sorted(named - referenced_nids_txn(txn, named)))
         counts["rooms"] = delete_room_txn(txn, room_nid)
         return PurgeResult(room_id, {table: n for table, n in counts.items() if n}, deleted_groups)

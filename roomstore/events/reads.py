@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 
 from roomstore.events.resolution_source import TransactionEventSource
+from roomstore.events.tables.event_graph import auth_chain_nids_txn
 from roomstore.events.tables.events import (
-    auth_chain_nids_txn,
     json_txn,
     redactions_of_txn,
     served_rows_txn,

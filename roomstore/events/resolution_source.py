@@ -12,7 +12,8 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 from roomstore.events.batch import PreparedEvent
-from roomstore.events.tables.events import auth_chain_masks_txn, auth_edges_txn, served_rows_txn
+from roomstore.events.tables.event_graph import auth_chain_masks_txn, auth_edges_txn
+from roomstore.events.tables.events import served_rows_txn
 from roomstore.pdu.parsing import ParsedPdu, stored_pdu
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
 from roomstore.resolution import conflicted_subgraph, resolve_state

@@ -14,9 +14,8 @@ from roomstore.streams.id_generators import (
     SequenceLagError,
     StreamConfigError,
     StreamIdGenerator,
-    reserve_in_transaction,
-    reserve_together,
 )
+from roomstore.streams.reservations import reserve_in_transaction, reserve_together
 
 __all__ = [
     "BackingTable",

@@ -55,7 +55,7 @@ async def persist_sample_rooms(url: str, rooms: int = 2, events_per_room: int = 
     """Persist the package's sample history through RoomStore (events the
     store refuses, like the sample's deliberate unresolvable merge, are
     skipped)."""
-    from roomstore.cli_import import read_import_lines
+    from roomstore.cli.import_loop import read_import_lines
     from roomstore.events.persist import EventToPersist
     from roomstore.sample import write_sample
 

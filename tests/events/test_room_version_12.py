@@ -301,7 +301,7 @@ class CreatorPowerTests(unittest.TestCase):
 
 class BundledSampleAgainstSynapseTests(unittest.TestCase):
     def test_the_samples_v12_room_agrees_with_synapse(self) -> None:
-        from roomstore.cli import SAMPLE_PATH
+        from roomstore.cli.demo import SAMPLE_PATH
 
         known, make_event, prune_event, *_ = synapse()
         room_id, count = None, 0

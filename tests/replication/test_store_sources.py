@@ -305,9 +305,9 @@ class StoreStreamTests(ContractMixin):
         # sent a position past a row it never gets. (Two batches no longer race so: persist_events writes in
         # call order, events/pipeline.py.)
         writer, _ = await open_pair(self, workers=())
-        from roomstore.streams import id_generators
+        from roomstore.streams import reservations
 
-        original = id_generators._take_txn
+        original = reservations._take_txn
         taken, go_on = threading.Event(), threading.Event()
 
         def take_then_wait(txn, gens, counts):
@@ -317,7 +317,7 @@ class StoreStreamTests(ContractMixin):
                 go_on.wait(10)
             return ids
 
-        self.patch(id_generators, "_take_txn", take_then_wait)
+        self.patch(reservations, "_take_txn", take_then_wait)
         room = UncheckedRoomBuilder("!first:example.org")
         slow = defer.ensureDeferred(writer.persist_events([room.to_persist(room.create())]))
         self.assertTrue(await threads.deferToThread(taken.wait, 10))

@@ -14,7 +14,7 @@ import sys
 
 from twisted.internet import defer, task, threads
 
-from roomstore.cli import import_file
+from roomstore.cli.import_loop import import_file
 from roomstore.store import RoomStore
 
 

@@ -1,6 +1,6 @@
 """The fuzz harness that stays (issue 40): Hypothesis mutates valid events of
 every room version and imports each among valid ones, through the real
-import loop (``cli_import.import_file``), on both engines.
+import loop (``cli.import_loop.import_file``), on both engines.
 
 Each example is two fresh rooms of one version: room A's valid history, then
 the mutated event(s) (values, types, nesting, numbers, strings, keys, prev
@@ -35,8 +35,8 @@ import tempfile
 
 from hypothesis import strategies as st
 
-from roomstore import cli_import
-from roomstore.cli_import import import_file
+from roomstore.cli import import_loop
+from roomstore.cli.import_loop import import_file
 from roomstore.pdu.hashing import compute_content_hash
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
 from roomstore.sample import RoomGraphBuilder
@@ -282,7 +282,7 @@ class HostileFuzzTests:
     async def test_mutated_events_among_valid_ones(self):
         store = await self.open_store()
         reports: list = []
-        self.patch(cli_import, "emit", reports.append)
+        self.patch(import_loop, "emit", reports.append)
         counter, stored_total = Counter(), [0]
 
         async def example(version, mutation, rehash, batch_size, in_flight):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import tempfile
 
-from roomstore import cli_import
-from roomstore.cli_import import import_file
+from roomstore.cli import import_loop
+from roomstore.cli.import_loop import import_file
 from roomstore.store import RoomStore
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder, fake_event_id
@@ -54,7 +54,7 @@ class ImportInFlightTests:
     async def imported(self, path: str, in_flight: int) -> tuple[dict, list, RoomStore]:
         store = await self.open_store()
         reports: list = []
-        self.patch(cli_import, "emit", reports.append)
+        self.patch(import_loop, "emit", reports.append)
         summary = await import_file(store, path, batch_size=3, in_flight=in_flight)
         return summary, reports, store
 

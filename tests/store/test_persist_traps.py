@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from roomstore.cli import import_file
+from roomstore.cli.import_loop import import_file
 from roomstore.events.persist import MissingStateError
 from roomstore.pdu.parsing import InvalidEventError
 from tests.db import on_both_engines

@@ -17,8 +17,8 @@ import sqlite3
 import tempfile
 import threading
 
-from roomstore import cli_import
-from roomstore.cli import import_file
+from roomstore.cli import import_loop
+from roomstore.cli.import_loop import import_file
 from roomstore.store import RoomStore
 from roomstore.synapse_db import SynapseReader, import_synapse, verify_synapse
 from tests.db import on_both_engines
@@ -334,7 +334,7 @@ class SynapseImportMixin:
         checked = await verify_synapse(other, reader, sorted(set(self.rooms) - {forked}))
         self.assertEqual((checked.differences, checked.not_imported), (0, 0))
         errors = []
-        self.patch(cli_import, "emit", errors.append)
+        self.patch(import_loop, "emit", errors.append)
         result = await import_file(other, paths["forked"], batch_size=64)
         self.assertEqual((result["imported"], result["failed"], errors), (counts["forked"], 0, []))
         differences: list = []

@@ -1,8 +1,9 @@
 """The event store's tables, one owner module each (or each family of
 tables whose statements join), holding every statement that names them:
 
-- ``events``: ``events``, ``event_json``, ``event_edges``,
-  ``event_auth_edges``, ``redactions``;
+- ``events``: ``events``, ``event_json``, ``redactions``;
+- ``event_graph``: ``event_edges``, ``event_auth_edges`` (prev and auth
+  events, the auth chains walked over them);
 - ``room_state``: ``forward_extremities``, ``backward_extremities``,
   ``current_state``, ``current_state_deltas``, ``current_memberships``.
 

@@ -1,7 +1,7 @@
 """The tables of the events themselves: ``events`` (one row per event: room,
 type, orderings, flags, state groups, visibility snapshots), ``event_json``
-(the exact bytes), ``event_edges`` and ``event_auth_edges`` (prev and auth
-events) and ``redactions``; every statement that names them.
+(the exact bytes) and ``redactions``; every statement that names them. The
+edges between events (prev and auth events) are ``event_graph``'s.
 
 Reads composed elsewhere (the timeline, pagination) embed the fragments
 ``events_as``, ``join_events``, ``SERVED_COLUMNS`` / ``served_joins`` and
@@ -15,7 +15,7 @@ keeps) is ``roomstore.pdu.redaction_algorithm``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from roomstore.storage.database import Transaction
@@ -147,12 +147,6 @@ def insert_event_json(txn: Transaction, rows: Sequence[tuple]) -> None:
     only); censored: the bytes are the redacted form (a content hash
     mismatch, pdu/content_hash.py)."""
     txn.copy_rows("event_json", ("event_nid", "room_version", "json", "censored"), rows)
-
-
-def insert_edges(txn: Transaction, prev_rows: Sequence[tuple], auth_rows: Sequence[tuple]) -> None:
-    """Write ``(event_nid, prev_event_nid)`` and ``(event_nid, auth_event_nid)`` rows (new events only)."""
-    txn.copy_rows("event_edges", ("event_nid", "prev_event_nid"), prev_rows)
-    txn.copy_rows("event_auth_edges", ("event_nid", "auth_event_nid"), auth_rows)
 
 
 def insert_redactions(txn: Transaction, rows: Sequence[tuple[int, int, int, bool]]) -> None:
@@ -296,105 +290,6 @@ def graph_facts_txn(txn: Transaction, nids: Sequence[int], room_nid: int) -> lis
     ).fetchall()
 
 
-def prev_facts_txn(txn: Transaction, nids: Sequence[int], room_nid: int) -> list[tuple]:
-    """``(child, prev, topo, stream, rejected_reason)`` of the prev events of
-    ``nids`` that are non-outliers of the room, by child then prev."""
-    marks = ", ".join("?" for _ in nids)
-    return txn.execute(
-        "SELECT ed.event_nid, p.event_nid, p.topological_ordering, p.stream_ordering, p.rejected_reason"
-        " FROM event_edges AS ed JOIN events AS p ON p.event_nid = ed.prev_event_nid"
-        f" WHERE ed.event_nid IN ({marks}) AND p.room_nid = ? AND p.outlier = ?"
-        " ORDER BY ed.event_nid, p.event_nid",
-        [*nids, room_nid, False],
-    ).fetchall()
-
-
-def pointed_at_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
-    """Those of ``nids`` that some stored non-outlier, not rejected, names as a prev event."""
-    found: set[int] = set()
-    for part in chunks(sorted(nids)):
-        marks = ", ".join("?" for _ in part)
-        found.update(
-            r[0]
-            for r in txn.execute(
-                f"SELECT DISTINCT prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
-                f" WHERE ed.prev_event_nid IN ({marks}) AND e.outlier = ?"
-                " AND e.rejected_reason IS NULL AND NOT e.soft_failed",
-                (*part, False),
-            ).fetchall()
-        )
-    return found
-
-
-#: Starting events per auth-chain query: a state's chains start from every
-#: state event (10,000 in a large room), and each query has a plan to make
-#: (about 10 ms on PostgreSQL whatever its size, bench/state_resolution.py);
-#: below SQLite's 32,766 parameters (3.32 and later).
-WIDE_CHUNK = 10_000
-
-
-def auth_chain_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
-    """The auth chain of the events ``nids``: their auth events, theirs, and
-    so on (the events themselves only where one is in another's chain).
-    One recursive query a chunk of starting events; ``UNION`` ends it on any
-    graph, a cycle of forged auth events included."""
-    found: set[int] = set()
-    for part in chunks(sorted(set(nids)), WIDE_CHUNK):
-        marks = ", ".join("?" for _ in part)
-        found.update(
-            r[0]
-            for r in txn.execute(
-                "WITH RECURSIVE chain(nid) AS ("
-                f" SELECT auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})"
-                " UNION SELECT a.auth_event_nid FROM event_auth_edges AS a JOIN chain AS c ON a.event_nid = c.nid"
-                ") SELECT nid FROM chain",
-                list(part),
-            ).fetchall()
-        )
-    return found
-
-
-def auth_chain_masks_txn(txn: Transaction, start: Mapping[int, int]) -> dict[int, int]:
-    """nid -> the OR of the masks of the events of ``start`` (nid -> mask)
-    whose auth chain holds it (the start events themselves only where one is
-    in another's chain). One recursive query a chunk: each mask's events
-    anchor it, and a (nid, mask) pair is walked once (``UNION``), so events
-    that several masks share are walked once under their common mask."""
-    found: dict[int, int] = {}
-    for part in chunks(sorted(start.items()), WIDE_CHUNK):
-        by_mask: dict[int, list[int]] = {}
-        for nid, mask in part:
-            by_mask.setdefault(mask, []).append(nid)
-        anchors, params = [], []
-        for mask, nids in sorted(by_mask.items()):
-            anchors.append(
-                "SELECT auth_event_nid, CAST(? AS BIGINT) FROM event_auth_edges"
-                f" WHERE event_nid IN ({', '.join('?' for _ in nids)})"
-            )
-            params += [mask, *nids]
-        for nid, mask in txn.execute(
-            f"WITH RECURSIVE chain(nid, mask) AS ({' UNION '.join(anchors)}"
-            " UNION SELECT a.auth_event_nid, c.mask FROM event_auth_edges AS a JOIN chain AS c ON a.event_nid = c.nid"
-            ") SELECT nid, mask FROM chain",
-            params,
-        ).fetchall():
-            found[nid] = found.get(nid, 0) | mask
-    return found
-
-
-def auth_edges_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, list[int]]:
-    """nid -> its auth events' nids, for the stored events among ``nids``
-    that have any."""
-    edges: dict[int, list[int]] = {}
-    for part in chunks(sorted(set(nids))):
-        marks = ", ".join("?" for _ in part)
-        for nid, auth_nid in txn.execute(
-            f"SELECT event_nid, auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})", list(part)
-        ).fetchall():
-            edges.setdefault(nid, []).append(auth_nid)
-    return edges
-
-
 # ---------------------------------------------------------------------- redactions
 
 
@@ -492,59 +387,16 @@ def redaction_targets_txn(txn: Transaction, nids: Iterable[int]) -> dict[int, in
     return found
 
 
-def referenced_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
-    """Those of ``nids`` a stored row of these tables names: an event, a
-    prev or auth event of one, a redaction's target."""
-    found: set[int] = set()
-    for part in chunks(sorted(set(nids))):
-        marks = ", ".join("?" for _ in part)
-        found.update(
-            r[0]
-            for r in txn.execute(
-                f"SELECT event_nid FROM events WHERE event_nid IN ({marks})"
-                f" UNION SELECT prev_event_nid FROM event_edges WHERE prev_event_nid IN ({marks})"
-                f" UNION SELECT auth_event_nid FROM event_auth_edges WHERE auth_event_nid IN ({marks})"
-                f" UNION SELECT redacts_event_nid FROM redactions WHERE redacts_event_nid IN ({marks})",
-                list(part) * 4,
-            ).fetchall()
-        )
-    return found
-
-
-def edge_targets_txn(txn: Transaction, nids: Sequence[int]) -> set[int]:
-    """The prev and auth events (stored or not) that the events ``nids`` name."""
-    found: set[int] = set()
-    for part in chunks(sorted(set(nids))):
-        marks = ", ".join("?" for _ in part)
-        found.update(
-            r[0]
-            for r in txn.execute(
-                f"SELECT prev_event_nid FROM event_edges WHERE event_nid IN ({marks})"
-                f" UNION SELECT auth_event_nid FROM event_auth_edges WHERE event_nid IN ({marks})",
-                list(part) * 2,
-            ).fetchall()
-        )
-    return found
-
-
-def graph_and_prevs_txn(txn: Transaction, room_nid: int) -> tuple[set[int], set[int]]:
-    """(the room's graph events (not outliers), the prev events they name):
-    what its backward extremities are made of."""
-    graph = {
+def graph_nids_txn(txn: Transaction, room_nid: int) -> set[int]:
+    """The room's graph events (not outliers): with the prev events they
+    name (``event_graph.room_prevs_txn``), what its backward extremities are
+    made of."""
+    return {
         r[0]
         for r in txn.execute(
             "SELECT event_nid FROM events WHERE room_nid = ? AND outlier = ?", (room_nid, False)
         ).fetchall()
     }
-    prevs = {
-        r[0]
-        for r in txn.execute(
-            "SELECT DISTINCT ed.prev_event_nid FROM event_edges AS ed JOIN events AS e ON e.event_nid = ed.event_nid"
-            " WHERE e.room_nid = ? AND e.outlier = ?",
-            (room_nid, False),
-        ).fetchall()
-    }
-    return graph, prevs
 
 
 def groups_in_use_txn(txn: Transaction, room_nid: int) -> set[int]:
@@ -574,19 +426,36 @@ def make_outliers_txn(txn: Transaction, nids: Sequence[int]) -> int:
     return changed
 
 
-#: What deleting events removes, by table, and the column naming the event.
+def referenced_nids_txn(txn: Transaction, nids: Iterable[int]) -> set[int]:
+    """Those of ``nids`` that a stored row of these tables names: an event,
+    a redaction's target (``event_graph.referenced_nids_txn``: a prev or
+    auth event)."""
+    found: set[int] = set()
+    for part in chunks(sorted(set(nids))):
+        marks = ", ".join("?" for _ in part)
+        found.update(
+            r[0]
+            for r in txn.execute(
+                f"SELECT event_nid FROM events WHERE event_nid IN ({marks})"
+                f" UNION SELECT redacts_event_nid FROM redactions WHERE redacts_event_nid IN ({marks})",
+                list(part) * 2,
+            ).fetchall()
+        )
+    return found
+
+
+#: What deleting events removes here, by table, and the column naming the event.
 _EVENT_ROWS = (
     ("events", "event_nid"),
     ("event_json", "event_nid"),
-    ("event_edges", "event_nid"),
-    ("event_auth_edges", "event_nid"),
     ("redactions", "redaction_event_nid"),
 )
 
 
 def delete_events_txn(txn: Transaction, nids: Sequence[int], counts: dict[str, int]) -> None:
-    """Delete the events ``nids``: their rows, bytes, prev and auth edges
-    and redaction rows; ``counts`` gains the rows deleted per table."""
+    """Delete the events ``nids``: their rows, bytes and redaction rows (their
+    edges: ``event_graph.delete_edges_txn``); ``counts`` gains the rows
+    deleted per table."""
     for part in chunks(sorted(nids)):
         marks = ", ".join("?" for _ in part)
         for table, column in _EVENT_ROWS:

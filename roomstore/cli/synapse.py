@@ -1,14 +1,14 @@
 """``roomstore import-synapse`` and ``verify-synapse``: the command line of
-``roomstore.synapse_db``. ``roomstore.cli`` registers them and hands them its
-``open_store``."""
+``roomstore.synapse_db``. ``roomstore.cli`` registers them."""
 
 from __future__ import annotations
 
-from roomstore.cli_common import CliError, emit
+from roomstore.cli.common import CliError, emit, open_store
+from roomstore.cli.imports import AUTO_WORKER_LINES, usable_cores
 
 
 def add_parsers(add) -> None:
-    """Add the two commands through ``cli``'s ``add(name, help)``."""
+    """Add the two commands through the command line's ``add(name, help)``."""
     p = add("import-synapse", "import the rooms of a Synapse database (read only; safe while Synapse runs)")
     p.add_argument(
         "--from",
@@ -58,12 +58,10 @@ def auto_validation_processes(events: int) -> int:
     """A validation worker process for a database of ``AUTO_WORKER_LINES``
     events or more, where this process may use two cores or more (as
     ``import --validation-processes auto`` decides for a file)."""
-    from roomstore.cli import AUTO_WORKER_LINES, usable_cores
-
     return 1 if events >= AUTO_WORKER_LINES and usable_cores() >= 2 else 0
 
 
-async def cmd_import_synapse(reactor, args, open_store) -> int:
+async def cmd_import_synapse(reactor, args) -> int:
     """Import a Synapse database's rooms: one JSON line per skipped event, then the summary."""
     from roomstore.progress import progress_bar
     from roomstore.synapse_db import import_synapse
@@ -89,7 +87,7 @@ async def cmd_import_synapse(reactor, args, open_store) -> int:
     return 0
 
 
-async def cmd_verify_synapse(reactor, args, open_store) -> int:
+async def cmd_verify_synapse(reactor, args) -> int:
     """Compare the store with a Synapse database; exit 1 on any difference."""
     from roomstore.synapse_db import verify_synapse
 

@@ -1,15 +1,15 @@
 """``roomstore purge-history`` and ``purge-room``: the command line of
 ``RoomStore.purge_history`` and ``purge_room``. ``roomstore.cli`` registers
-them and hands them its ``open_store``. Each prints what it removed as one
+them. Each prints what it removed as one
 JSON line (``PurgeResult.as_json``)."""
 
 from __future__ import annotations
 
-from roomstore.cli_common import CliError, emit
+from roomstore.cli.common import CliError, emit, open_store
 
 
 def add_parsers(add) -> None:
-    """Add the two commands through ``cli``'s ``add(name, help)``."""
+    """Add the two commands through the command line's ``add(name, help)``."""
     p = add("purge-history", "delete a room's events before a point, keeping what the room still needs")
     p.add_argument("room_id", help="the room whose history to purge")
     p.add_argument(
@@ -38,7 +38,7 @@ def _room_id(text: str) -> str:
     return text
 
 
-async def cmd_purge_history(reactor, args, open_store) -> int:
+async def cmd_purge_history(reactor, args) -> int:
     from roomstore.events.tokens import InvalidToken
 
     room_id = _room_id(args.room_id)
@@ -54,7 +54,7 @@ async def cmd_purge_history(reactor, args, open_store) -> int:
     return 0
 
 
-async def cmd_purge_room(reactor, args, open_store) -> int:
+async def cmd_purge_room(reactor, args) -> int:
     room_id = _room_id(args.room_id)
     store = await open_store(reactor, args)
     try:

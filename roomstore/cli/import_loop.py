@@ -13,7 +13,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python import failure
 
-from roomstore.cli_common import emit
+from roomstore.cli.common import emit
 from roomstore.events.persist import EVENT_REFUSALS
 from roomstore.events.writer_process import WriterProcessLost
 from roomstore.pdu.json_decoding import quick_json

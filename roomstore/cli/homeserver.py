@@ -7,7 +7,7 @@ import ipaddress
 
 from twisted.internet import defer
 
-from roomstore.cli_common import CliError, emit
+from roomstore.cli.common import CliError, emit
 
 
 def add_parsers(add) -> None:
