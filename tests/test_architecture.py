@@ -47,6 +47,7 @@ import ast
 import re
 import textwrap
 from collections.abc import Iterable
+from itertools import pairwise
 from pathlib import Path
 
 from twisted.trial import unittest
@@ -240,7 +241,7 @@ def describe_cycles(graph: dict[str, dict[str, int]]) -> list[str]:
     lines = []
     for component in strongly_connected(graph):
         path = cycle_path(graph, component)
-        steps = " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(path, path[1:])) + f" -> {path[-1]}"
+        steps = " -> ".join(f"{a} (line {graph[a][b]})" for a, b in pairwise(path)) + f" -> {path[-1]}"
         extra = (
             f"; {len(component)} modules in this knot: {', '.join(component)}" if len(component) > len(path) - 1 else ""
         )
@@ -613,7 +614,8 @@ class CheckerTests(unittest.TestCase):
         schema = root / "schema"
         (schema / "deltas" / "2").mkdir(parents=True)
         (schema / "full.sql").write_text(
-            "-- CREATE TABLE commented_out (x INT);\nCREATE TABLE one (x INT);\ncreate table if not exists Two (y INT);\n"
+            "-- CREATE TABLE commented_out (x INT);\nCREATE TABLE one (x INT);\n"
+            "create table if not exists Two (y INT);\n"
         )
         (schema / "deltas" / "2" / "01.postgres.sql").write_text("CREATE UNLOGGED TABLE three (z INT);\n")
         self.assertEqual(schema_tables(schema), {"one", "two", "three"})

@@ -77,8 +77,8 @@ class CliTests:
         self.addCleanup(os.remove, sample)
         write_sample(sample, rooms=1, events_per_room=40, seed=5)
         await self.cli("import", sample, "--db", url)
-        lines = [json.loads(l) for l in open(sample).read().splitlines()]
-        events = [l.get("event", l) for l in lines]
+        lines = [json.loads(text) for text in open(sample).read().splitlines()]
+        events = [line.get("event", line) for line in lines]
         from roomstore.pdu.hashing import compute_event_id
         from roomstore.pdu.room_versions import get_room_version
 

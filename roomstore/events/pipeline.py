@@ -145,7 +145,7 @@ class BatchValidator:
         # batches in one order, and the first one's thread can always read
         # all its replies (a thread blocked sending waits for no later one).
         with self._send_lock:
-            sent = [(worker, worker.send((chunk, *args)), chunk) for worker, chunk in zip(workers, chunks)]
+            sent = [(worker, worker.send((chunk, *args)), chunk) for worker, chunk in zip(workers, chunks, strict=True)]
         outcomes = []
         for worker, ticket, chunk in sent:
             reply = worker.receive(ticket) if ticket is not None else None
@@ -435,7 +435,7 @@ async def write_in_group(
         _fail_waiting(followers, Failure())
         raise
     start = len(groups[0])
-    for offer, group in zip(followers, groups[1:]):
+    for offer, group in zip(followers, groups[1:], strict=True):
         offer.outcome.callback(results[start : start + len(group)])
         start += len(group)
     return results[: len(groups[0])]
@@ -454,7 +454,7 @@ async def _one_by_one(write, groups: list[list[PreparedEvent]], followers: list[
         own = await write(groups[0])
     except Exception:
         own_error = Failure()
-    for offer, group in zip(followers, groups[1:]):
+    for offer, group in zip(followers, groups[1:], strict=True):
         try:
             offer.outcome.callback(await write(group))
         except Exception:

@@ -95,7 +95,7 @@ async def import_synapse(
     # validates the next while it writes the one before.
     ends = _RoomEnds(store)
     report = report or (lambda item: None)
-    pending: collections.deque = collections.deque()
+    pending: collections.deque[tuple[list[Any], Any]] = collections.deque()
     next_page = reader.run(source.events_page, None, batch_size, selection)
     try:
         while True:

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from roomstore.replication.commands import PositionCommand, RdataCommand, serialize_command
 from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
 from roomstore.store import StoreConfig
@@ -131,7 +133,9 @@ class PipelinedPublishTests(RedisMixin):
 
         def heard() -> list[str]:
             # Not the POSITION it announced on connecting.
-            return [l for l in listener.lines if " caches master " in l and l != "POSITION caches master 0 0"]
+            return [
+                line for line in listener.lines if " caches master " in line and line != "POSITION caches master 0 0"
+            ]
 
         await wait_until(lambda: len(heard()) >= 3, 10, "the page")
         self.assertEqual(
@@ -194,6 +198,6 @@ class CatchUpReadsAheadTests(RedisMixin):
         reads = [step[1] for step in steps if step[0] == "read"]
         self.assertGreater(len(reads), 3)
         # The page after (a, b] was being read before any row of (a, b] was applied.
-        for a, b in zip(reads, reads[1:]):
+        for a, b in pairwise(reads):
             first_apply = next(i for i, step in enumerate(steps) if step[0] == "apply" and step[1] > a)
             self.assertLess(steps.index(("read", b)), first_apply, steps)
