@@ -41,6 +41,7 @@ from roomstore.state.group_tables import (  # noqa: F401 (the statements' home; 
     sole_deltas_sql,
 )
 from roomstore.storage.database import Transaction
+from roomstore.storage.errors import NotFoundError
 
 log = Logger()
 from roomstore.storage.interning import LruCache, chunks
@@ -91,8 +92,10 @@ def fold_state(rows: Iterable[tuple[int, int, int | None]]) -> dict[int, int]:
     return _without_removals(state)
 
 
-class StateGroupNotFound(LookupError):
-    pass
+class StateGroupNotFound(NotFoundError):
+    """No state for what was asked: a group that does not exist, or an
+    outlier's (which has none). A ``NotFoundError``, as an unknown event is,
+    so a reader of state needs one ``except``."""
 
 
 @attrs.frozen
