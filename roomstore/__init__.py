@@ -73,6 +73,7 @@ _HOME = {
     "SchemaTooNewError": "roomstore.storage.schema",
     "WriterLockHeld": "roomstore.storage.writer_lock",
     "WriterLockLost": "roomstore.storage.writer_lock",
+    "StreamConfigError": "roomstore.streams.id_generators",
 }
 
 __all__ = ["__version__", *_HOME]
