@@ -55,6 +55,7 @@ _HOME = {
     "PaginationResult": "roomstore.events.pagination",
     "PurgeResult": "roomstore.events.purge",
     # Errors.
+    "EVENT_REFUSALS": "roomstore.events.persist",
     "NotFoundError": "roomstore.storage.errors",
     "StateGroupNotFound": "roomstore.state.groups",
     "InvalidEventError": "roomstore.pdu.json_decoding",
