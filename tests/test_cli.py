@@ -70,6 +70,7 @@ class CliTests:
         code, out, err = await self.cli("state", "--db", url, "$" + "A" * 43)
         self.assertEqual(code, 2)
         self.assertIn("unknown event", err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)  # NotFoundError: one line, exit 2
 
     async def test_state_command(self):
         url = self.new_database_url()

@@ -16,7 +16,7 @@ from roomstore.cli.redis_bus import add_redis_tls_options, connect_redis, flush_
 
 #: ``import --validation-processes auto``: a worker process from this many
 #: lines. It takes about 0.4 s to start: at 10,000 events the import was no
-#: faster with one, at 40,000 1.2x (CHANGES.md, session 16).
+#: faster with one, at 40,000 1.2x (docs/benchmarks.md, ``roomstore import`` timed whole).
 AUTO_WORKER_LINES = 20_000
 
 

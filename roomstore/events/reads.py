@@ -257,7 +257,7 @@ class EventReader:
         nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
         row = None if nid is None else state_groups_row_txn(txn, nid)
         if row is None:
-            raise KeyError(f"unknown event {event_id}")
+            raise NotFoundError(f"unknown event {event_id}: it is not stored")
         group_before, group_after, outlier, room_nid = row
         if outlier:
             raise StateGroupNotFound(f"{event_id} is an outlier: the store has no state for it")

@@ -43,6 +43,7 @@ from roomstore.state.group_tables import (  # noqa: F401 (the statements' home; 
 )
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.engines import Row
+from roomstore.storage.errors import NotFoundError
 from roomstore.storage.interning import LruCache, chunks
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME, lock_row_txn
 
@@ -103,8 +104,10 @@ def fold_state(rows: Iterable[tuple[int, int, int | None]]) -> dict[int, int]:
     return _without_removals(state)
 
 
-class StateGroupNotFound(LookupError):
-    pass
+class StateGroupNotFound(NotFoundError):
+    """No state for what was asked: a group that does not exist, or an
+    outlier's (which has none). A ``NotFoundError``, as an unknown event is,
+    so a reader of state needs one ``except``."""
 
 
 @attrs.frozen

@@ -33,8 +33,7 @@ from typing import Any
 import attrs
 from twisted.internet import defer
 
-from roomstore.events.batch import EventToPersist
-from roomstore.events.persist import EVENT_REFUSALS
+from roomstore import EVENT_REFUSALS, EventToPersist
 from roomstore.synapse_db.reader import SynapseReader
 from roomstore.synapse_db.source import StateMap, SynapseEvent, SynapseSource
 
