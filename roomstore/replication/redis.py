@@ -217,6 +217,8 @@ def _rdata_lines(stream_name: str, instance_name: str, updates: list[tuple[int, 
     """The RDATA lines of a page of ``(token, row)`` (``serialize_command``'s
     lines, built without a command object per row): all but the last row of
     a token carry ``batch``."""
+    if not updates:
+        return []
     prefix = f"RDATA {stream_name} {instance_name} "
     try:
         encoded = [encode_fast(row) for _, row in updates]
