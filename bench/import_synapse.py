@@ -212,7 +212,7 @@ def run_measured(args: list[str], tree: str = ROOT) -> tuple[float, int, list[di
     env = {**os.environ, "PYTHONPATH": tree, "ROOMSTORE_BENCH_HWM_FILE": hwm}
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-c", _MEASURED_CLI, *args], capture_output=True, text=True, env=env, cwd=ROOT
+        [sys.executable, "-c", _MEASURED_CLI, *args], capture_output=True, text=True, env=env, cwd=tree
     )
     wall = time.monotonic() - started
     if proc.returncode != 0:
