@@ -311,6 +311,15 @@ class Offer:
         self.outcome: defer.Deferred = defer.Deferred()
 
 
+def _observed(deferred: defer.Deferred[Any]) -> defer.Deferred[Any]:
+    """A fresh Deferred firing with ``deferred``'s result (a turn's, which
+    only ever succeeds): awaiting it takes the result away from no one else
+    waiting on ``deferred``."""
+    waiter: defer.Deferred[Any] = defer.Deferred()
+    deferred.addBoth(lambda result: (waiter.callback(result), result)[1])
+    return waiter
+
+
 class _Turn:
     def __init__(self, turns: WriteTurns, before: defer.Deferred, mine: defer.Deferred):
         self._turns = turns
@@ -342,20 +351,13 @@ class _Turn:
         turns = self._turns._open
         created: dict[str, str] = {}
         for earlier in turns[: turns.index(self)]:
-            waiter: defer.Deferred = defer.Deferred()
-            earlier._creates.addBoth(lambda result, w=waiter: (w.callback(result), result)[1])
-            found = await waiter
-            for room_id, version in (found if isinstance(found, dict) else {}).items():
+            for room_id, version in (await _observed(earlier._creates)).items():
                 created.setdefault(room_id, version)  # the first create event is the one that counts
         return created
 
     async def ready(self) -> None:
         if not self._ready:
-            # A fresh Deferred chained on the earlier one: awaiting it does
-            # not take the earlier call's result away from anyone else.
-            waiter: defer.Deferred = defer.Deferred()
-            self._before.addBoth(lambda result: (waiter.callback(None), result)[1])
-            await waiter
+            await _observed(self._before)
             self._ready = True
 
     def offer_batch(self, prepared: Sequence[PreparedEvent]) -> Offer:
