@@ -19,7 +19,6 @@ from typing import Any
 from twisted.internet import defer
 
 from roomstore.homeserver.errors import MatrixError, forbidden, not_found
-from roomstore.homeserver.notifier import Notifier
 from roomstore.pdu import BuiltPdu, build_event
 from roomstore.pdu.auth_rules import auth_types_for
 from roomstore.pdu.room_versions import get_room_version
@@ -60,12 +59,11 @@ def _refuse_rejected(results) -> None:
 class EventCreator:
     """Builds, signs and stores events for local users; see the module docstring."""
 
-    def __init__(self, store, server_name: str, signing_key, clock, notifier: Notifier):
+    def __init__(self, store, server_name: str, signing_key, clock):
         self.store = store
         self.server_name = server_name
         self.signing_key = signing_key
         self._clock = clock
-        self._notifier = notifier
         self._locks: dict[str, defer.DeferredLock] = {}
 
     def now_ms(self) -> int:
@@ -108,7 +106,6 @@ class EventCreator:
     async def persist(self, built: Sequence[BuiltPdu], room_version: str) -> list:
         """Store events built here; 403 for the first one the rules reject."""
         results = await self.store.persist_events([EventToPersist(event.raw, room_version) for event in built])
-        self._notifier.notify()
         _refuse_rejected(results)
         return results
 
@@ -155,7 +152,6 @@ class EventCreator:
             )
             # The store records the transaction with the event, in the transaction that stores it.
             [result] = await self.store.persist_events([EventToPersist(built.raw, version, client_txn=client_txn)])
-            self._notifier.notify()
             _refuse_rejected([result])
             return result.existing_txn_event_id or result.event_id
         finally:

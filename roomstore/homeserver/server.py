@@ -60,7 +60,7 @@ class Homeserver:
         self.server_name = server_name
         self.notifier = Notifier(reactor)
         store.add_invalidation_hook(self.notifier.notify)
-        self.events = EventCreator(store, server_name, signing_key, reactor, self.notifier)
+        self.events = EventCreator(store, server_name, signing_key, reactor)
         profiles = Profiles(store.db, self.events)
         self.accounts = Accounts(
             store.db,

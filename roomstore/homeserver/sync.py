@@ -67,15 +67,20 @@ class SyncHandler:
         request.http.notifyFinish().addBoth(gone.append)  # the client gave up: stop waiting for it
         while True:
             seen = self._notifier.position
-            body, empty = await self._sync_once(request.user, since, sync_filter, full_state)
+            body, joined = await self._sync_once(request.user, since, sync_filter, full_state)
+            rooms = body["rooms"]
+            empty = not (rooms["join"] or rooms["leave"] or rooms["invite"])
             remaining = deadline - self._clock.seconds()
             if not empty or since is None or full_state or remaining <= 0 or gone:
                 return body
-            await self._notifier.wait_for_change(seen, remaining)
+            # Only a batch in one of the user's rooms, or changing their membership, wakes it.
+            await self._notifier.wait_for_change(seen, remaining, user_id, joined)
+            since = body["next_batch"]
 
     async def _sync_once(
         self, requester, since: str | None, sync_filter: SyncFilter, full_state: bool
-    ) -> tuple[dict, bool]:
+    ) -> tuple[dict, frozenset[str]]:
+        """The body, and the rooms the user is joined to."""
         store, user_id = self._store, requester.user_id
         limit = sync_filter.timeline_limit
         result = await store.sync(user_id, since, initial_limit=limit, limit=limit, full_state=full_state)
@@ -99,8 +104,7 @@ class SyncHandler:
         for room_id, invite in sorted(invited.items()):
             if room_id not in result.joined and sync_filter.rooms.allows_room(room_id):
                 rooms["invite"][room_id] = {"invite_state": {"events": await self._stripped_state(room_id, invite)}}
-        empty = not (rooms["join"] or rooms["leave"] or rooms["invite"])
-        return body, empty
+        return body, result.joined
 
     async def _invites(self, user_id: str, since: str | None, result) -> dict[str, dict]:
         """Room ID -> invite: every pending one on an initial sync, else those of the window."""
