@@ -109,6 +109,11 @@ class EventCreator:
         _refuse_rejected(results)
         return results
 
+    async def _earlier_event(self, client_txn: ClientTxn | None) -> str | None:
+        if client_txn is None:
+            return None
+        return await self.store.get_event_id_for_txn(client_txn.user_id, client_txn.device_id, client_txn.txn_id)
+
     async def send(
         self,
         room_id: str,
@@ -127,17 +132,21 @@ class EventCreator:
         lock = self._locks.setdefault(room_id, defer.DeferredLock())
         await lock.acquire()
         try:
-            if client_txn is not None:
-                earlier = await self.store.get_event_id_for_txn(
-                    client_txn.user_id, client_txn.device_id, client_txn.txn_id
-                )
-                if earlier is not None:
-                    return earlier  # a retry: the event the first request made
-            prev_ids = (await self.store.get_forward_extremities(room_id))[-MAX_PREV_EVENTS:]
+            wanted = auth_types_for(get_room_version(version), event_type, sender, state_key, content)
+            # The three reads at once: on PostgreSQL each takes a connection of the pool.
+            earlier, extremities, state = await defer.gatherResults(
+                [
+                    defer.ensureDeferred(self._earlier_event(client_txn)),
+                    defer.ensureDeferred(self.store.get_forward_extremities(room_id)),
+                    defer.ensureDeferred(self.store.get_current_state_ids(room_id, types=sorted(wanted))),
+                ],
+                consumeErrors=True,
+            ).addErrback(lambda failure: failure.value.subFailure)
+            if earlier is not None:
+                return earlier  # a retry: the event the first request made
+            prev_ids = extremities[-MAX_PREV_EVENTS:]
             prevs = (await self.store.get_events(prev_ids)).values()
             depth = max((event.get("depth", 0) for event in prevs), default=0) + 1
-            wanted = auth_types_for(get_room_version(version), event_type, sender, state_key, content)
-            state = await self.store.get_current_state_ids(room_id, types=sorted(wanted))
             built = self.build(
                 version,
                 room_id,
