@@ -87,10 +87,13 @@ class SyncHandler:
         body = _empty_body(result.next_token)
         rooms = body["rooms"]
         left = result.left
-        for room_id, timeline in sorted(result.timelines.items()):
-            if not sync_filter.rooms.allows_room(room_id):
-                continue
-            section = await self._room_section(timeline, sync_filter, requester)
+        shown = [
+            (room_id, timeline)
+            for room_id, timeline in sorted(result.timelines.items())
+            if sync_filter.rooms.allows_room(room_id)
+            and (room_id in result.joined or (room_id in left and (since is not None or sync_filter.include_leave)))
+        ]
+        for (room_id, _), section in zip(shown, await self._room_sections(shown, sync_filter, requester), strict=True):
             if room_id in result.joined:
                 section.update(
                     ephemeral={"events": []},
@@ -98,7 +101,7 @@ class SyncHandler:
                     unread_notifications={"highlight_count": 0, "notification_count": 0},
                 )
                 rooms["join"][room_id] = section
-            elif room_id in left and (since is not None or sync_filter.include_leave):
+            else:
                 rooms["leave"][room_id] = section
         invited = await self._invites(user_id, since, result)
         for room_id, invite in sorted(invited.items()):
@@ -114,16 +117,24 @@ class SyncHandler:
         invites = await events_in_order(self._store, [membership.event_id for membership in pending])
         return {event["room_id"]: event for event in invites}
 
-    async def _room_section(self, timeline, sync_filter: SyncFilter, requester) -> dict:
-        events = sync_filter.timeline.apply(timeline.events)
-        formatted = {"events": await format_for_client(self._store, events, requester), "limited": timeline.limited}
-        if timeline.prev_batch is not None:
-            formatted["prev_batch"] = timeline.prev_batch
-        return {
-            "timeline": formatted,
-            "state": {"events": await format_for_client(self._store, timeline.state)},
-            "account_data": {"events": []},
-        }
+    async def _room_sections(self, shown: list, sync_filter: SyncFilter, requester) -> list[dict]:
+        """Each room's timeline and state, every room's events formatted in
+        two calls (the timelines', the states'), not two a room: an initial
+        sync of many rooms is then two turns of the database pool, not one
+        per room."""
+        timelines = [sync_filter.timeline.apply(timeline.events) for _, timeline in shown]
+        formatted_events = await format_for_client(self._store, [e for events in timelines for e in events], requester)
+        formatted_state = await format_for_client(self._store, [e for _, t in shown for e in t.state])
+        sections = []
+        for (_, timeline), events in zip(shown, timelines, strict=True):
+            formatted = {"events": formatted_events[: len(events)], "limited": timeline.limited}
+            del formatted_events[: len(events)]
+            if timeline.prev_batch is not None:
+                formatted["prev_batch"] = timeline.prev_batch
+            state = formatted_state[: len(timeline.state)]
+            del formatted_state[: len(timeline.state)]
+            sections.append({"timeline": formatted, "state": {"events": state}, "account_data": {"events": []}})
+        return sections
 
     async def _stripped_state(self, room_id: str, invite: dict) -> list[dict]:
         ids = await self._store.get_current_state_ids(room_id, types=[(t, "") for t in STRIPPED_STATE_TYPES])
