@@ -57,7 +57,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
     cells = [[str(h) for h in headers]] + [[_fmt(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for index, row in enumerate(cells):
-        print("  ".join(c.rjust(w) if index else c.ljust(w) for c, w in zip(row, widths)))
+        print("  ".join(c.rjust(w) if index else c.ljust(w) for c, w in zip(row, widths, strict=True)))
         if index == 0:
             print("  ".join("-" * w for w in widths))
 

@@ -215,7 +215,7 @@ def main(argv=None) -> None:
 
         mib = 1024 * 1024
         rows = []
-        for name, before, after, seconds, (bad, bad_rooms, longest) in (
+        for name, before, after, seconds, (bad, _bad_rooms, longest) in (
             ("roomstore Spark job", ours_before, ours_after, ours_seconds, ours_check),
             (
                 f"synapse_auto_compressor {COMPRESSOR_VERSION}",

@@ -21,7 +21,8 @@ Reported side by side: state rows (``state_groups_state``) and edges after, byte
 indexes after ``VACUUM FULL``, wall time, peak RSS, the ratios ours/theirs, and mismatches: every group's full
 state in both databases after the run checked against the generator's groups.
 
-    bench/with-postgres .venv/bin/python bench/compaction_synapse.py [--workloads room,rooms] [--groups 26000,50500,95000]
+    bench/with-postgres .venv/bin/python bench/compaction_synapse.py \
+        [--workloads room,rooms] [--groups 26000,50500,95000]
 
 Each comparison also prints the job's phase timings (its summary's ``timings_s``). Exploring: ``--ours-only N``
 fills each workload once and runs only ours N times on fresh copies (no auto-compressor); ``--explain-ms MS`` with

@@ -26,8 +26,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
-from bench._common import print_table  # noqa: E402
-from roomstore.cli.imports import usable_cores  # noqa: E402
+from bench._common import print_table
+from roomstore.cli.imports import usable_cores
 
 
 def python_loop(n: int) -> float:

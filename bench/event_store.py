@@ -259,7 +259,8 @@ def _rows_by_batch_txn(txn, first_stream: int):
         event_columns = [
             r[0]
             for r in txn.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = 'events' ORDER BY ordinal_position"
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_name = 'events' ORDER BY ordinal_position"
             ).fetchall()
         ]
     return event_columns, [(events[i], json_rows[i], edges.get(i, [])) for i in sorted(events)]

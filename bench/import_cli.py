@@ -59,6 +59,7 @@ def cli(tree: str, *args: str) -> subprocess.CompletedProcess:
         text=True,
         check=False,
         env=env,
+        cwd=tree,  # python -c puts the working directory first on sys.path, before PYTHONPATH
     )
 
 

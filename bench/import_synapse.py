@@ -87,7 +87,7 @@ class SynapseLayout:
         full: collections.OrderedDict[int, dict] = collections.OrderedDict()  # group -> full state, recent ones
         chain: dict[int, int] = {}  # group -> deltas since its snapshot
         after: dict[str, int] = {}
-        for event, event_id in zip(events, ids):
+        for event, event_id in zip(events, ids, strict=True):
             if room_id is None:
                 room_id = event.get("room_id") or "!" + event_id[1:]
                 self.rows["rooms"].append((room_id, True, event["sender"], version))
@@ -212,7 +212,7 @@ def run_measured(args: list[str], tree: str = ROOT) -> tuple[float, int, list[di
     env = {**os.environ, "PYTHONPATH": tree, "ROOMSTORE_BENCH_HWM_FILE": hwm}
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-c", _MEASURED_CLI, *args], capture_output=True, text=True, env=env, cwd=ROOT
+        [sys.executable, "-c", _MEASURED_CLI, *args], capture_output=True, text=True, env=env, cwd=tree
     )
     wall = time.monotonic() - started
     if proc.returncode != 0:
@@ -245,7 +245,8 @@ def main() -> None:
     sizes = sorted({max(EVENTS_PER_ROOM, int(args.events * f)) for f in fractions})
 
     print(
-        f"Generating {args.events:,} events and writing Synapse databases of {', '.join(f'{s:,}' for s in sizes)} events ..."
+        f"Generating {args.events:,} events and writing Synapse databases of"
+        f" {', '.join(f'{s:,}' for s in sizes)} events ..."
     )
     started = time.monotonic()
     rooms = list(generated_rooms(args.events))

@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from twisted.internet import defer, task  # noqa: E402
+from twisted.internet import defer, task
 
-from bench._common import bench_databases, print_table  # noqa: E402
-from bench.event_store import persist_workload  # noqa: E402
-from roomstore.storage.interning import chunks  # noqa: E402
-from roomstore.store import RoomStore  # noqa: E402
+from bench._common import bench_databases, print_table
+from bench.event_store import persist_workload
+from roomstore.storage.interning import chunks
+from roomstore.store import RoomStore
 
 BATCH = 100
 #: The indexes of delta 4/01.

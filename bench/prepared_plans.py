@@ -32,13 +32,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from twisted.internet import defer, task  # noqa: E402
+from twisted.internet import defer, task
 
-from bench._common import bench_databases, print_table  # noqa: E402
-from bench.timeline_reads import LONG, VIEWER, build_long_rooms, build_pagination_rooms, build_recent_rooms, persist_all  # noqa: E402
-from roomstore.storage.transaction import Transaction  # noqa: E402
-from roomstore.store import RoomStore  # noqa: E402
-from tests.store.builder import RoomBuilder  # noqa: E402
+from bench._common import bench_databases, print_table
+from bench.timeline_reads import LONG, VIEWER, build_long_rooms, build_pagination_rooms, build_recent_rooms, persist_all
+from roomstore.storage.transaction import Transaction
+from roomstore.store import RoomStore
+from tests.store.builder import RoomBuilder
 
 
 async def captured(call) -> tuple[str, list]:

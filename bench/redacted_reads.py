@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from twisted.internet import defer, task  # noqa: E402
+from twisted.internet import defer, task
 
-from bench._common import bench_databases, print_table  # noqa: E402
-from roomstore.storage.interning import chunks  # noqa: E402
-from roomstore.store import RoomStore  # noqa: E402
-from tests.store.builder import RoomBuilder  # noqa: E402
+from bench._common import bench_databases, print_table
+from roomstore.storage.interning import chunks
+from roomstore.store import RoomStore
+from tests.store.builder import RoomBuilder
 
 PAGE = 100
 

@@ -550,7 +550,7 @@ def parse_section(rows: list, count: int, runs: int) -> float | None:
     headers = ["parser", "lines", "median lines/s", "min", "max", "median lines/CPU s"]
     if len(parsers) == 2:
         for label, source in (("wall", rates), ("CPU", cpu_rates)):
-            ratios = [a / b for a, b in zip(source["roomstore"], source["synapse 1.163"])]
+            ratios = [a / b for a, b in zip(source["roomstore"], source["synapse 1.163"], strict=True)]
             table[0].append(f"{statistics.median(ratios):.2f}x ({', '.join(f'{r:.2f}' for r in ratios)})")
             table[1].append("1.00x")
             headers.append(f"roomstore / synapse, {label}, same runs")
@@ -1034,7 +1034,7 @@ async def redis_publish(reactor, new_url, events: int, runs: int) -> list[list]:
             await store.close()
     finally:
         subprocess.run([os.path.join(REPO, "bin", "redis-test-server"), "stop", redis_dir], check=False)
-    rates = sorted(n / s for n, s in zip(lines, seconds))
+    rates = sorted(n / s for n, s in zip(lines, seconds, strict=True))
     return [[int(lines[0]), statistics.median(seconds), statistics.median(rates), rates[0], rates[-1]]]
 
 
@@ -1253,7 +1253,7 @@ def print_profile(title: str, stats_source, top: int = 14) -> None:
     total = stats.total_tt
     entries = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
     print(f"\n  profile, {title}: {total:.2f} s profiled; own time by function")
-    for (filename, line, name), (_cc, calls, tottime, cumtime, _callers) in entries:
+    for (filename, line, name), (_cc, calls, tottime, _cumtime, _callers) in entries:
         where = f"{os.path.basename(filename)}:{line}({name})" if filename != "~" else name
         print(f"    {100 * tottime / total:5.1f}%  {tottime:7.3f} s  {calls:>9,} calls  {where}")
 
@@ -1329,7 +1329,8 @@ async def main(reactor, args) -> None:
             f"\n3. Live traffic: a worker process connected and caught up while the writer (this process) persists "
             f"{args.events} events in batches of 50 ({LIVE_WRITER['in_flight']} call(s) in flight, "
             f"validation_processes={LIVE_WRITER['validation_processes']}"
-            f"{', in a writer process' if LIVE_WRITER['writer_process'] else ''}); RDATA lines/s at the worker from its first row to the writer's "
+            f"{', in a writer process' if LIVE_WRITER['writer_process'] else ''}); "
+            "RDATA lines/s at the worker from its first row to the writer's "
             f"positions, parse and apply included; median of {args.runs} runs\n"
         )
         rows = []

@@ -1,6 +1,7 @@
 """Full state of a state group: roomstore's read against Synapse's own function.
 
-usage: bench/with-postgres .venv/bin/python bench/state_vs_synapse.py [--runs R] [--chain-runs C] [--groups N] [--profile]
+usage: bench/with-postgres .venv/bin/python bench/state_vs_synapse.py \
+    [--runs R] [--chain-runs C] [--groups N] [--profile]
 
 For each engine (SQLite, PostgreSQL) one database holds roomstore's tables and,
 beside them, Synapse-shaped ``state_group_edges(state_group, prev_state_group)``

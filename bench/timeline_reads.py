@@ -39,12 +39,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from twisted.internet import defer, task  # noqa: E402
+from twisted.internet import defer, task
 
-from bench._common import bench_databases, print_table  # noqa: E402
-from roomstore.storage.interning import chunks  # noqa: E402
-from roomstore.store import RoomStore  # noqa: E402
-from tests.store.builder import RoomBuilder  # noqa: E402
+from bench._common import bench_databases, print_table
+from roomstore.storage.interning import chunks
+from roomstore.store import RoomStore
+from tests.store.builder import RoomBuilder
 
 BATCH = 100
 ROOM_EVENTS = 10_000
@@ -256,7 +256,7 @@ async def section_r(engines, runs: int, rooms: int, long_messages: int) -> None:
             # call of a block not counted: a call right after the other
             # user's pays for SQLite freeing that statement's larger temporary
             # tables when the shared prepared statement is reset.
-            for block in range(runs):
+            for _block in range(runs):
                 for user in users:
                     await store.recent(user, 20, 10)
                     for _ in range(5):

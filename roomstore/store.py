@@ -49,13 +49,13 @@ from roomstore.events.user_rooms import RoomMembership, check_memberships, rooms
 from roomstore.events.writer_process import WriterProcess
 from roomstore.pdu.signatures import VerifyKeys
 from roomstore.state.groups import (
-    COMPACTION_LOCK_NAME,
     COMPACTION_LOCK_TIMEOUT_S,
     StateGroupStore,
     delete_when_unlocked,
 )
 from roomstore.storage.database import Database
 from roomstore.storage.interning import Interners, room_ids_txn
+from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME
 from roomstore.storage.stats import table_stats_txn
 from roomstore.store_config import StoreConfig
 from roomstore.store_opening import open_database

@@ -45,7 +45,7 @@ class StoreConfig:
     #: validator's one thread validates every batch (no child processes).
     #: Opt-in: with several calls in flight, one worker doubles a writer's
     #: throughput on this project's 2-core machines, and raises its reactor's
-    #: lateness (``bench/event_store.py`` (a) and (f); CHANGES.md).
+    #: lateness (``bench/event_store.py`` (a) and (f); docs/benchmarks.md).
     validation_processes: int = 0
     #: Group commit: calls validated while an earlier one writes go into its
     #: transaction, up to this many events in all (1: every call alone).

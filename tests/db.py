@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import sqlite3
 import sys
 import tempfile
 import urllib.parse
 
+import psycopg2
 from twisted.trial import unittest
 
 from roomstore.storage import Database
@@ -28,6 +30,10 @@ from roomstore.storage import Database
 POSTGRES_ADMIN_URL = os.environ.get("ROOMSTORE_TEST_POSTGRES", "")
 REQUIRE_POSTGRES = os.environ.get("ROOMSTORE_REQUIRE_POSTGRES") == "1"
 ENGINES = ("sqlite", "postgres")
+#: What a refused write raises on either engine (a duplicate key, a broken constraint).
+INTEGRITY_ERRORS = (sqlite3.IntegrityError, psycopg2.IntegrityError)
+#: What any statement the database refuses raises on either engine (syntax, unknown column, constraint).
+DATABASE_ERRORS = (sqlite3.DatabaseError, psycopg2.DatabaseError)
 
 _counter = itertools.count()
 

@@ -47,6 +47,7 @@ import ast
 import re
 import textwrap
 from collections.abc import Iterable
+from itertools import pairwise
 from pathlib import Path
 
 from twisted.trial import unittest
@@ -76,6 +77,10 @@ HOMESERVER_MAY_IMPORT = (
     "roomstore.storage.embedder_schema",
 )
 HOMESERVER_MAY_IMPORT_PACKAGES = ("roomstore.events", "roomstore.storage")
+#: The Synapse database reader imports what an embedder does (``roomstore``'s exports), its own modules, and
+#: storage's URL helpers and errors (it opens a Synapse database as the store opens its own).
+SYNAPSE_DB = "roomstore.synapse_db"
+SYNAPSE_DB_MAY_IMPORT = ("roomstore.synapse_db", "roomstore.storage.db_urls", "roomstore.storage.errors")
 #: Schema directories whose tables need an owner: the store's, and the homeserver's embedder schema.
 SCHEMA_DIRS = ("schema", "homeserver/schema")
 #: Modules whose SQL runs against a Synapse database: its tables (events, state_groups, ...) are not ours.
@@ -240,7 +245,7 @@ def describe_cycles(graph: dict[str, dict[str, int]]) -> list[str]:
     lines = []
     for component in strongly_connected(graph):
         path = cycle_path(graph, component)
-        steps = " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(path, path[1:])) + f" -> {path[-1]}"
+        steps = " -> ".join(f"{a} (line {graph[a][b]})" for a, b in pairwise(path)) + f" -> {path[-1]}"
         extra = (
             f"; {len(component)} modules in this knot: {', '.join(component)}" if len(component) > len(path) - 1 else ""
         )
@@ -431,6 +436,21 @@ class RoomstoreShapeTests(unittest.TestCase):
         wrong = forbidden_imports(self.graph, users, [HOMESERVER])
         self.assertEqual(wrong, [], "only the command line may import the homeserver")
 
+    def test_synapse_reader_uses_the_public_face(self):
+        # docs/architecture.md: an importer like any embedder, plus storage's URL helpers and errors.
+        def allowed(name: str) -> bool:
+            return name == PACKAGE or any(name == a or name.startswith(a + ".") for a in SYNAPSE_DB_MAY_IMPORT)
+
+        readers = sorted(m for m in self.graph if m == SYNAPSE_DB or m.startswith(SYNAPSE_DB + "."))
+        self.assertTrue(readers, "the package roomstore.synapse_db is missing")
+        wrong = [
+            f"{module} (line {line}) imports {target}"
+            for module in readers
+            for target, line in sorted(self.graph[module].items())
+            if not allowed(target)
+        ]
+        self.assertEqual(wrong, [], "synapse_db imports the store's internals (use roomstore's public face)")
+
     def test_foundation_imports_only_what_is_beneath_it(self):
         # storage is the bottom; streams, state and visibility stand on it alone.
         beneath = {
@@ -613,7 +633,8 @@ class CheckerTests(unittest.TestCase):
         schema = root / "schema"
         (schema / "deltas" / "2").mkdir(parents=True)
         (schema / "full.sql").write_text(
-            "-- CREATE TABLE commented_out (x INT);\nCREATE TABLE one (x INT);\ncreate table if not exists Two (y INT);\n"
+            "-- CREATE TABLE commented_out (x INT);\nCREATE TABLE one (x INT);\n"
+            "create table if not exists Two (y INT);\n"
         )
         (schema / "deltas" / "2" / "01.postgres.sql").write_text("CREATE UNLOGGED TABLE three (z INT);\n")
         self.assertEqual(schema_tables(schema), {"one", "two", "three"})

@@ -70,6 +70,7 @@ class CliTests:
         code, out, err = await self.cli("state", "--db", url, "$" + "A" * 43)
         self.assertEqual(code, 2)
         self.assertIn("unknown event", err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)  # NotFoundError: one line, exit 2
 
     async def test_state_command(self):
         url = self.new_database_url()
@@ -77,8 +78,8 @@ class CliTests:
         self.addCleanup(os.remove, sample)
         write_sample(sample, rooms=1, events_per_room=40, seed=5)
         await self.cli("import", sample, "--db", url)
-        lines = [json.loads(l) for l in open(sample).read().splitlines()]
-        events = [l.get("event", l) for l in lines]
+        lines = [json.loads(text) for text in open(sample).read().splitlines()]
+        events = [line.get("event", line) for line in lines]
         from roomstore.pdu.hashing import compute_event_id
         from roomstore.pdu.room_versions import get_room_version
 

@@ -313,7 +313,7 @@ class DatabaseRestartsTest(unittest.TestCase):
         for what, err in (("serve", serve_err), ("import", import_err)):
             self.assertIn(err.count("lost the database connection"), range(1, FAULTS + 1), what)
             self.assertNotIn("Traceback", err, what)
-        for name, (proc, out) in followers.items():
+        for name, (_proc, out) in followers.items():
             self.assertNotIn("Traceback", open(out + ".err").read(), name)
         print(
             f"serve: {outage_lines} outage lines, {serve_err.count('taken again')} writer lock re-takes;"

@@ -57,3 +57,30 @@ class RunnerTests(unittest.TestCase):
         last = proc.stdout.strip().splitlines()[-1]
         passed = int(last.split()[0])
         self.assertGreater(passed, 500, proc.stdout[-2000:])
+
+
+class StaticCheckTests(unittest.TestCase):
+    """bin/check (which bin/test runs first) fails on a finding of each tool, with one line per check."""
+
+    async def test_a_finding_fails_with_a_line_naming_the_check(self):
+        tree = self.mktemp()
+        for folder in ("bin", "roomstore", "tests", "bench", "twisted"):
+            os.makedirs(os.path.join(tree, folder))
+        for name in ("bin/check", "pyproject.toml"):
+            with open(os.path.join(ROOT, name), "rb") as source, open(os.path.join(tree, name), "wb") as copy:
+                copy.write(source.read())
+        os.chmod(os.path.join(tree, "bin", "check"), 0o755)
+        os.symlink(os.path.join(ROOT, ".venv"), os.path.join(tree, ".venv"))
+        with open(os.path.join(tree, "roomstore", "__init__.py"), "w") as module:
+            # An unused import (ruff), single quotes (ruff format), a str returned as an int (mypy).
+            module.write("import os\n\n\ndef f() -> int:\n    return 'x'\n")
+        proc = await threads.deferToThread(
+            subprocess.run, [os.path.join(tree, "bin", "check")], capture_output=True, text=True, timeout=300
+        )
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("check: ")]
+        self.assertEqual(
+            [line.split(" found ")[0] for line in lines], ["check: ruff check", "check: ruff format", "check: mypy"]
+        )
+        self.assertIn("F401", proc.stdout)
+        self.assertIn("[return-value]", proc.stdout)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -97,7 +98,7 @@ def member_text(text: str, wanted: str) -> str:
             pos += 1
         if text[pos] == "}":
             break
-        key, pos = json.decoder.scanstring(text, pos + 1)
+        key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]  # CPython private
         while text[pos] in _WHITESPACE + ":":
             pos += 1
         _, end = _DECODER.raw_decode(text, pos)
@@ -198,8 +199,8 @@ async def import_file(
         """Each event of a refused batch alone; a cycle's events are refused
         with the batch's error (alone, each would only miss its prevs)."""
         cycle = batch_error.event_ids if isinstance(batch_error, PrevEventsCycle) else ()
-        results = []
-        for line, item in zip(chunk, batch):
+        results: list[Any] = []
+        for line, item in zip(chunk, batch, strict=True):
             if cycle and peek_event_id(item.raw) in cycle:
                 refused(line[0], batch_error)
                 continue
@@ -215,7 +216,7 @@ async def import_file(
         nonlocal unchecked
         summary["next_line"] = chunk[0][0]
         try:
-            results = list(zip(chunk, await written))
+            results = list(zip(chunk, await written, strict=True))
         except STOPS_IMPORT:
             raise
         except Exception as exc:  # noqa: BLE001 - found event by event

@@ -16,7 +16,7 @@ from roomstore.cli.redis_bus import add_redis_tls_options, connect_redis, flush_
 
 #: ``import --validation-processes auto``: a worker process from this many
 #: lines. It takes about 0.4 s to start: at 10,000 events the import was no
-#: faster with one, at 40,000 1.2x (CHANGES.md, session 16).
+#: faster with one, at 40,000 1.2x (docs/benchmarks.md, ``roomstore import`` timed whole).
 AUTO_WORKER_LINES = 20_000
 
 
@@ -103,8 +103,7 @@ def usable_cores() -> int:
 
 
 def auto_validation_processes(path: str) -> int:
-    """1 for a file of ``AUTO_WORKER_LINES`` lines or more where this process
-    may use two cores or more, else 0."""
+    """``workers_for`` a file's lines (counted up to ``AUTO_WORKER_LINES``)."""
     if usable_cores() < 2:
         return 0
     lines = 0
@@ -112,8 +111,14 @@ def auto_validation_processes(path: str) -> int:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             lines += chunk.count(b"\n")
             if lines >= AUTO_WORKER_LINES:
-                return 1
-    return 0
+                break
+    return workers_for(lines)
+
+
+def workers_for(events: int) -> int:
+    """Validation worker processes for an import of ``events``: 1 from
+    ``AUTO_WORKER_LINES`` where this process may use two cores or more, else 0."""
+    return 1 if events >= AUTO_WORKER_LINES and usable_cores() >= 2 else 0
 
 
 def _verify_keys(args):

@@ -44,12 +44,14 @@ def state_as_json(state: dict) -> list[dict]:
 
 
 async def cmd_state(reactor, args) -> int:
+    from roomstore.storage.errors import NotFoundError
+
     store = await open_store(reactor, args, read_only=True)
     try:
         try:
             state = await store.get_state_ids(args.event_id, before=args.before)
-        except KeyError:
-            raise CliError(f"unknown event {args.event_id}") from None
+        except NotFoundError as exc:  # not stored, or an outlier (no state)
+            raise CliError(str(exc)) from None
         emit({"event_id": args.event_id, "before": args.before, "state": state_as_json(state)})
     finally:
         await store.close()

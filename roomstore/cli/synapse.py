@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from roomstore.cli.common import CliError, emit, open_store
-from roomstore.cli.imports import AUTO_WORKER_LINES, usable_cores
+from roomstore.cli.imports import workers_for
 
 
 def add_parsers(add) -> None:
@@ -54,13 +54,6 @@ async def open_synapse(reactor, args):
         raise CliError(str(exc)) from None
 
 
-def auto_validation_processes(events: int) -> int:
-    """A validation worker process for a database of ``AUTO_WORKER_LINES``
-    events or more, where this process may use two cores or more (as
-    ``import --validation-processes auto`` decides for a file)."""
-    return 1 if events >= AUTO_WORKER_LINES and usable_cores() >= 2 else 0
-
-
 async def cmd_import_synapse(reactor, args) -> int:
     """Import a Synapse database's rooms: one JSON line per skipped event, then the summary."""
     from roomstore.progress import progress_bar
@@ -72,7 +65,7 @@ async def cmd_import_synapse(reactor, args) -> int:
     reader = await open_synapse(reactor, args)
     try:
         total = await reader.run(reader.source.count_events, rooms)
-        store = await open_store(reactor, args, create=True, validation_processes=auto_validation_processes(total))
+        store = await open_store(reactor, args, create=True, validation_processes=workers_for(total))
         try:
             bar = progress_bar(total, "import-synapse", "event", force=args.progress)
             summary = await import_synapse(

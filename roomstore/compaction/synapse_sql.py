@@ -261,7 +261,10 @@ OWN_TABLES = "SELECT COUNT(*) FROM pg_tables WHERE schemaname = current_schema()
 # the lock row
 
 LOCK_SELECT = f"SELECT holder, acquired_ts, heartbeat_ts FROM {PREFIX}lock WHERE lock_name = ?"
-LOCK_INSERT = f"INSERT INTO {PREFIX}lock (lock_name, holder, acquired_ts, heartbeat_ts) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+LOCK_INSERT = (
+    f"INSERT INTO {PREFIX}lock (lock_name, holder, acquired_ts, heartbeat_ts) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT DO NOTHING"
+)
 LOCK_TAKE = f"UPDATE {PREFIX}lock SET holder = ?, acquired_ts = ?, heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"
 LOCK_HEARTBEAT = f"UPDATE {PREFIX}lock SET heartbeat_ts = ? WHERE lock_name = ? AND holder = ?"
 LOCK_RELEASE = f"DELETE FROM {PREFIX}lock WHERE lock_name = ? AND holder = ?"
@@ -294,7 +297,8 @@ RUN_CHUNKS = (
 )
 ROOM_INSERT = (
     f"INSERT INTO {PREFIX}rooms (run_id, room_nid, status, state_groups, rows_before, rows_after,"
-    " groups_rewritten, detail, updated_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, room_nid) DO NOTHING"
+    " groups_rewritten, detail, updated_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (run_id, room_nid) DO NOTHING"
 )
 CHUNK_UPSERT = (
     f"INSERT INTO {PREFIX}chunks (run_id, room_nid, first_group, last_group, rows_before,"

@@ -68,20 +68,21 @@ class BatchRooms:
                     own.add(room_id)
         known = await self.versions(sorted(rooms))
         missing = rooms - known.keys()
-        if missing <= own:  # validated whole, its create first
-            return BatchVersions(known, {}, False, bool(missing))
+        whole = bool(missing & own)  # some events take their version from the batch's own create event
         missing -= own
+        if not missing:
+            return BatchVersions(known, {}, False, whole)
         if turn is None or not turn.earlier_in_flight():
             return BatchVersions(known, {}, True, True)
         created = await turn.created_earlier()
         assumed = {room_id: created[room_id] for room_id in missing if room_id in created}
         if len(assumed) == len(missing):
-            return BatchVersions({**known, **assumed}, assumed, False, bool(rooms & own - known.keys()))
+            return BatchVersions({**known, **assumed}, assumed, False, whole)
         # An earlier call may be storing it still some other way: after them.
         await turn.ready()
         known = await self.versions(sorted(rooms))
-        unknown = len(known) < len(rooms)
-        return BatchVersions(known, {}, bool(rooms - known.keys() - own), unknown)
+        missing = rooms - known.keys()
+        return BatchVersions(known, {}, bool(missing - own), bool(missing))
 
     async def refuse_orphans(self, prepared: Sequence[PreparedEvent], rooms: Sequence[str]) -> None:
         """``InvalidEventError`` for a live non-create event without prev

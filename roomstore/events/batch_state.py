@@ -221,7 +221,7 @@ class BatchStateSteps:
         # Derive from the prev events.
         if not ev.pdu.prev_event_ids:
             return None
-        missing = [p for p, g in zip(ev.pdu.prev_event_ids, prev_groups) if g == "missing"]
+        missing = [p for p, g in zip(ev.pdu.prev_event_ids, prev_groups, strict=True) if g == "missing"]
         if missing:
             raise MissingStateError(
                 f"cannot derive the state at {ev.event_id}: prev events {sorted(missing)} are not stored "

@@ -93,11 +93,11 @@ class EventPersister:
         self.interners = interners
         # room_id -> room version, once stored (a room's version never
         # changes); RoomStore reads it too, before validating a batch.
-        self.room_versions = LruCache(100_000)
+        self.room_versions: LruCache[str, str] = LruCache(100_000)
         #: Stored events parsed for the auth checks and state resolution, across batches.
         self.parsed_events = ParsedEventCache()
         #: Auth-event checks passed, by what decides them (``auth_checks._decided_by``).
-        self.passed_auth_checks = LruCache(20_000)
+        self.passed_auth_checks: LruCache[tuple[Any, ...], bool] = LruCache(20_000)
         self.state_groups = state_groups
         self.visibility = visibility
         self.instance_name = instance_name
@@ -354,8 +354,8 @@ class _BatchWriter(BatchStateSteps):
         backfilled = sorted((ev for ev in new_events if ev.backfilled), key=lambda ev: -ev.pdu.depth)
         if len(stream_ids) < len(live) or len(backfill_ids) < len(backfilled):
             raise ValueError("not enough stream IDs reserved for the batch")
-        ordering = {ev.event_id: sid for ev, sid in zip(live, stream_ids)}
-        ordering.update({ev.event_id: -bid for ev, bid in zip(backfilled, backfill_ids)})
+        ordering = {ev.event_id: sid for ev, sid in zip(live, stream_ids, strict=True)}
+        ordering.update({ev.event_id: -bid for ev, bid in zip(backfilled, backfill_ids, strict=True)})
         return ordering
 
     def _event_rows(

@@ -145,7 +145,7 @@ class BatchValidator:
         # batches in one order, and the first one's thread can always read
         # all its replies (a thread blocked sending waits for no later one).
         with self._send_lock:
-            sent = [(worker, worker.send((chunk, *args)), chunk) for worker, chunk in zip(workers, chunks)]
+            sent = [(worker, worker.send((chunk, *args)), chunk) for worker, chunk in zip(workers, chunks, strict=True)]
         outcomes = []
         for worker, ticket, chunk in sent:
             reply = worker.receive(ticket) if ticket is not None else None
@@ -311,6 +311,15 @@ class Offer:
         self.outcome: defer.Deferred = defer.Deferred()
 
 
+def _observed(deferred: defer.Deferred[Any]) -> defer.Deferred[Any]:
+    """A fresh Deferred firing with ``deferred``'s result (a turn's, which
+    only ever succeeds): awaiting it takes the result away from no one else
+    waiting on ``deferred``."""
+    waiter: defer.Deferred[Any] = defer.Deferred()
+    deferred.addBoth(lambda result: (waiter.callback(result), result)[1])
+    return waiter
+
+
 class _Turn:
     def __init__(self, turns: WriteTurns, before: defer.Deferred, mine: defer.Deferred):
         self._turns = turns
@@ -342,20 +351,13 @@ class _Turn:
         turns = self._turns._open
         created: dict[str, str] = {}
         for earlier in turns[: turns.index(self)]:
-            waiter: defer.Deferred = defer.Deferred()
-            earlier._creates.addBoth(lambda result, w=waiter: (w.callback(result), result)[1])
-            found = await waiter
-            for room_id, version in (found if isinstance(found, dict) else {}).items():
+            for room_id, version in (await _observed(earlier._creates)).items():
                 created.setdefault(room_id, version)  # the first create event is the one that counts
         return created
 
     async def ready(self) -> None:
         if not self._ready:
-            # A fresh Deferred chained on the earlier one: awaiting it does
-            # not take the earlier call's result away from anyone else.
-            waiter: defer.Deferred = defer.Deferred()
-            self._before.addBoth(lambda result: (waiter.callback(None), result)[1])
-            await waiter
+            await _observed(self._before)
             self._ready = True
 
     def offer_batch(self, prepared: Sequence[PreparedEvent]) -> Offer:
@@ -435,7 +437,7 @@ async def write_in_group(
         _fail_waiting(followers, Failure())
         raise
     start = len(groups[0])
-    for offer, group in zip(followers, groups[1:]):
+    for offer, group in zip(followers, groups[1:], strict=True):
         offer.outcome.callback(results[start : start + len(group)])
         start += len(group)
     return results[: len(groups[0])]
@@ -454,7 +456,7 @@ async def _one_by_one(write, groups: list[list[PreparedEvent]], followers: list[
         own = await write(groups[0])
     except Exception:
         own_error = Failure()
-    for offer, group in zip(followers, groups[1:]):
+    for offer, group in zip(followers, groups[1:], strict=True):
         try:
             offer.outcome.callback(await write(group))
         except Exception:

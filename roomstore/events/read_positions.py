@@ -68,7 +68,7 @@ class ReadPositions:
                 self._instance_ids[name] = instance_id
                 self._instance_names[instance_id] = name
         unknown = [] if token is None else [i for i, _ in token.instance_positions if i not in self._instance_names]
-        if unknown:
+        if unknown and token is not None:
             raise InvalidToken(f"token {token.to_string()!r} names unknown writer instance id(s) {unknown}")
 
     def now(self) -> StreamToken:

@@ -87,8 +87,8 @@ class EventReader:
         self.interners = interners
         self.state_groups = state_groups
         self.events_stream = events_stream
-        self._events = LruCache(event_cache_size)  # event_id -> dict (as served)
-        self._rooms_for_user = LruCache(50_000)  # user_id -> frozenset of joined room ids
+        self._events: LruCache[str, dict[str, Any]] = LruCache(event_cache_size)  # as served
+        self._rooms_for_user: LruCache[str, frozenset[str]] = LruCache(50_000)  # joined room ids
         # Bumped by every invalidation: a read whose transaction began before
         # an invalidation may have seen the old rows, so it must not fill the
         # cache (else the stale answer would stay until the next change).
@@ -175,10 +175,10 @@ class EventReader:
         nids = self.interners.events.lookup(txn, event_ids)
         by_nid = {n: e for e, n in nids.items()}
         result: dict[str, dict] = {}
-        redacted: dict[int, int] = {}
+        redacted: dict[int, str] = {}  # event nid -> its room version
         for part in chunks(sorted(by_nid)):
             rows = served_rows_txn(txn, part)
-            for nid, version, raw, is_redacted, outlier, rejected, stream in rows:
+            for nid, version, raw, is_redacted, _outlier, rejected, _stream in rows:
                 if rejected is not None:
                     if not allow_rejected:
                         continue
@@ -251,13 +251,13 @@ class EventReader:
         lookups in the interners' caches and one ``dict(zip())``."""
         keys = self.interners.state_keys.resolve_list(txn, list(state))
         events = self.interners.events.resolve_list(txn, list(state.values()))
-        return dict(zip(keys, events))
+        return dict(zip(keys, events, strict=True))
 
     def state_ids_txn(self, txn: Transaction, event_id: str, before: bool, types) -> dict[tuple[str, str], str]:
         nid = self.interners.events.lookup(txn, [event_id]).get(event_id)
         row = None if nid is None else state_groups_row_txn(txn, nid)
         if row is None:
-            raise KeyError(f"unknown event {event_id}")
+            raise NotFoundError(f"unknown event {event_id}: it is not stored")
         group_before, group_after, outlier, room_nid = row
         if outlier:
             raise StateGroupNotFound(f"{event_id} is an outlier: the store has no state for it")

@@ -61,7 +61,7 @@ _WINDOW = 2
 _token = operator.itemgetter(0)
 
 #: A JSON string as ``json.dumps(ensure_ascii=True)`` writes it (C).
-_quote = json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basestring_ascii
+_quote = json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basestring_ascii  # type: ignore[attr-defined]  # CPython private
 
 #: A membership code's JSON (an unknown code: null).
 _MEMBERSHIP_JSON = {code: _quote(name) for code, name in MEMBERSHIP_BY_CODE.items()}
@@ -206,7 +206,7 @@ def _stream_page(
         if not live:
             return [
                 (token, (event_id, rooms[room], event_type, None if key is None else keys[key][1], redacts, None))
-                for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids)
+                for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids, strict=True)
             ], more
         membership = MEMBERSHIP_BY_CODE.get
         return [
@@ -242,7 +242,7 @@ def _stream_page(
                 code,
                 rejected,
                 outlier,
-            ), event_id in zip(rows, ids)
+            ), event_id in zip(rows, ids, strict=True)
         ], more
     # The JSON text of each row, from its fields: a room's, a state key's,
     # an event type's and a membership's text once a page.
@@ -254,7 +254,7 @@ def _stream_page(
         texts = [
             f"[{quote(event_id)},{room_json[room]},{type_json[event_type]},"
             f"{'null' if key is None else key_json[key]},{'null' if redacts is None else quote(redacts)},null]"
-            for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids)
+            for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids, strict=True)
         ]
     else:
         membership_json = _MEMBERSHIP_JSON.get
@@ -279,15 +279,18 @@ def _stream_page(
                 code,
                 rejected,
                 outlier,
-            ), event_id in zip(rows, ids)
+            ), event_id in zip(rows, ids, strict=True)
         ]
     tokens = [row[0] for row in rows]
     if prefix is None:
-        return list(zip(tokens, texts)), more
+        return list(zip(tokens, texts, strict=True)), more
     # The page's lines: a token's last row carries it, the others "batch".
     following = tokens[1:]
     following.append(None)
-    heads = [f"{prefix}batch " if token == after else f"{prefix}{token} " for token, after in zip(tokens, following)]
+    heads = [
+        f"{prefix}batch " if token == after else f"{prefix}{token} "
+        for token, after in zip(tokens, following, strict=True)
+    ]
     lines = list(map(str.__add__, heads, texts))
     lines.append("")
     return ("\n".join(lines), len(texts), tokens[0], tokens[-1], max(map(len, lines))), more

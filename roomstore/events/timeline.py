@@ -189,9 +189,11 @@ def _recent_sql(high_sql: str, cursor_sql: str) -> str:
                 -- when every writer has passed it (<= the minimum position of
                 -- the token); only rooms active since then walk the
                 -- (room, stream) index back to the first event under the token.
-                SELECT cm.room_nid AS room_nid, ro.room_id AS room_id, CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
+                SELECT cm.room_nid AS room_nid, ro.room_id AS room_id,
+                CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
                     SELECT e.stream_ordering FROM {events_as("e")}
-                    WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed AND {high_sql}
+                    WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL
+                    AND NOT e.soft_failed AND {high_sql}
                     ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
                 FROM {current_memberships_as("cm")}
                 {join_rooms("ro", "cm.room_nid")}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Union
 
 import attrs
 
@@ -257,7 +256,7 @@ class TopologicalToken:
         return self.as_tuple() <= other.as_tuple()
 
 
-RoomToken = Union[StreamToken, TopologicalToken]
+RoomToken = StreamToken | TopologicalToken
 
 
 def parse_token(token: str) -> RoomToken:

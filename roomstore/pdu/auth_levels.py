@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from roomstore.pdu.parsing import ParsedPdu
 from roomstore.pdu.power_levels import CREATOR_POWER_LEVEL, room_creators
@@ -91,7 +91,11 @@ def _content(event: ParsedPdu | None) -> Mapping[str, Any]:
     return event.content if event is not None else {}
 
 
-def _read(room_version: RoomVersion, holder: Any, key: str, default: int | None) -> int | None:
+#: A level's default: a level, or None for "no level" (``event_level``'s absent entry).
+_Default = TypeVar("_Default", int, None)
+
+
+def _read(room_version: RoomVersion, holder: Any, key: str, default: _Default) -> int | _Default:
     """``holder[key]`` as a level, or ``default`` when absent or unreadable."""
     # ``type(..) is dict`` first: typing's isinstance is slow, and parsed JSON is dicts.
     if not (type(holder) is dict or isinstance(holder, Mapping)) or key not in holder:

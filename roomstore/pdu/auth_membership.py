@@ -71,32 +71,32 @@ def check_member_event(state: RoomState, event: ParsedPdu, top: int) -> None:
             raise AuthError(
                 f"rule {numbers['signed']}: not signed by the server of join_authorised_via_users_server {authoriser!r}"
             )
-    membership = event.membership
+    membership, target = event.membership, event.state_key
     if membership == "join":
-        _check_join(state, event, numbers["join"])
+        _check_join(state, event, target, numbers["join"])
     elif membership == "invite":
-        _check_invite(state, event, numbers["invite"])
+        _check_invite(state, event, target, numbers["invite"])
     elif membership == "leave":
-        _check_leave(state, event, numbers["leave"])
+        _check_leave(state, event, target, numbers["leave"])
     elif membership == "ban":
-        _check_ban(state, event, numbers["ban"])
+        _check_ban(state, event, target, numbers["ban"])
     elif membership == "knock" and state.room_version.knock_join_rule:
-        _check_knock(state, event, numbers["knock"])
+        _check_knock(state, event, target, numbers["knock"])
     else:
         raise AuthError(f"rule {numbers['unknown']}: unknown membership {membership!r}")
 
 
-def _check_join(state: RoomState, event: ParsedPdu, n: str) -> None:
+def _check_join(state: RoomState, event: ParsedPdu, target: str, n: str) -> None:
     """``membership`` is ``join``."""
     version = state.room_version
     if (
         len(event.prev_event_ids) == 1
         and event.prev_event_ids[0] == state.create.event_id
-        and event.state_key == state.creator()
+        and target == state.creator()
     ):
         return  # n.1: the creator's first join
-    if event.sender != event.state_key:
-        raise AuthError(f"rule {n}.2: {event.sender} cannot join {event.state_key} to the room")
+    if event.sender != target:
+        raise AuthError(f"rule {n}.2: {event.sender} cannot join {target} to the room")
     current = state.membership(event.sender)
     if current == "ban":
         raise AuthError(f"rule {n}.3: {event.sender} is banned")
@@ -129,11 +129,10 @@ def _check_restricted_join(state: RoomState, event: ParsedPdu, n: str) -> None:
         raise AuthError(f"rule {n}.2: the authorising user {authoriser} may not invite")
 
 
-def _check_invite(state: RoomState, event: ParsedPdu, n: str) -> None:
+def _check_invite(state: RoomState, event: ParsedPdu, target: str, n: str) -> None:
     """``membership`` is ``invite``."""
-    target = event.state_key
     if event.may_hold_key("third_party_invite") and "third_party_invite" in event.content:
-        _check_third_party_invite(state, event, f"{n}.1")
+        _check_third_party_invite(state, event, target, f"{n}.1")
         return
     if state.membership(event.sender) != "join":
         raise AuthError(f"rule {n}.2: {event.sender} is not joined")
@@ -143,17 +142,17 @@ def _check_invite(state: RoomState, event: ParsedPdu, n: str) -> None:
         raise AuthError(f"rule {n}.5: {event.sender}'s power is below the invite level")
 
 
-def _check_third_party_invite(state: RoomState, event: ParsedPdu, n: str) -> None:
+def _check_third_party_invite(state: RoomState, event: ParsedPdu, target: str, n: str) -> None:
     """An invite carrying ``third_party_invite`` (rule n = x.4.1)."""
-    if state.membership(event.state_key) == "ban":
-        raise AuthError(f"rule {n}.1: {event.state_key} is banned")
+    if state.membership(target) == "ban":
+        raise AuthError(f"rule {n}.1: {target} is banned")
     invite = event.content["third_party_invite"]
     signed = invite.get("signed") if isinstance(invite, Mapping) else None
     if not isinstance(signed, Mapping):
         raise AuthError(f"rule {n}.2: third_party_invite has no signed object")
     if "mxid" not in signed or "token" not in signed:
         raise AuthError(f"rule {n}.3: third_party_invite.signed lacks mxid or token")
-    if signed["mxid"] != event.state_key:
+    if signed["mxid"] != target:
         raise AuthError(f"rule {n}.4: third_party_invite.signed.mxid is not the state_key")
     token = signed["token"]
     third_party = state.state.get(("m.room.third_party_invite", token)) if isinstance(token, str) else None
@@ -200,9 +199,8 @@ def _verifies(signed: Mapping[str, Any], public_key: Any) -> bool:
     return False
 
 
-def _check_leave(state: RoomState, event: ParsedPdu, n: str) -> None:
+def _check_leave(state: RoomState, event: ParsedPdu, target: str, n: str) -> None:
     """``membership`` is ``leave``: leaving, rejecting an invite or knock, kicking, unbanning."""
-    target = event.state_key
     if event.sender == target:
         allowed = ("invite", "join", "knock") if state.room_version.knock_join_rule else ("invite", "join")
         if state.membership(target) in allowed:
@@ -218,22 +216,22 @@ def _check_leave(state: RoomState, event: ParsedPdu, n: str) -> None:
     raise AuthError(f"rule {n}.5: {event.sender} may not kick {target}")
 
 
-def _check_ban(state: RoomState, event: ParsedPdu, n: str) -> None:
+def _check_ban(state: RoomState, event: ParsedPdu, target: str, n: str) -> None:
     """``membership`` is ``ban``."""
     if state.membership(event.sender) != "join":
         raise AuthError(f"rule {n}.1: {event.sender} is not joined")
     sender_level = state.level_of(event.sender)
-    if sender_level >= state.named("ban") and state.level_of(event.state_key) < sender_level:
+    if sender_level >= state.named("ban") and state.level_of(target) < sender_level:
         return
-    raise AuthError(f"rule {n}.3: {event.sender} may not ban {event.state_key}")
+    raise AuthError(f"rule {n}.3: {event.sender} may not ban {target}")
 
 
-def _check_knock(state: RoomState, event: ParsedPdu, n: str) -> None:
+def _check_knock(state: RoomState, event: ParsedPdu, target: str, n: str) -> None:
     """``membership`` is ``knock`` (room versions 7+)."""
     rule = state.join_rule()
     if not (rule == "knock" or (rule == "knock_restricted" and state.room_version.knock_restricted_join_rule)):
         raise AuthError(f"rule {n}.1: join rule {rule!r} does not allow knocking")
-    if event.sender != event.state_key:
-        raise AuthError(f"rule {n}.2: {event.sender} cannot knock for {event.state_key}")
+    if event.sender != target:
+        raise AuthError(f"rule {n}.2: {event.sender} cannot knock for {target}")
     if state.membership(event.sender) in ("ban", "invite", "join"):
         raise AuthError(f"rule {n}.4: {event.sender} is {state.membership(event.sender)} and cannot knock")

@@ -198,6 +198,8 @@ def check_auth_events_shape(
         auth_event = auth_events.get(auth_id)
         if auth_event is None:
             raise AuthError(f"rule {n}: auth event {auth_id} is missing")
+        if auth_event.state_key is None:
+            raise AuthError(f"rule {n}.2: auth event {auth_id} is not a state event")
         key = (auth_event.type, auth_event.state_key)
         _check_one_auth_event(event, auth_event, key, state, allowed, rejected, n)
         state[key] = auth_event
@@ -213,7 +215,13 @@ def check_auth_events_shape(
 
 
 def _check_one_auth_event(
-    event: ParsedPdu, auth_event: ParsedPdu, key: tuple, state: Mapping, allowed: set, rejected: Container[str], n: int
+    event: ParsedPdu,
+    auth_event: ParsedPdu,
+    key: StateKey,
+    state: Mapping[StateKey, ParsedPdu],
+    allowed: Container[StateKey],
+    rejected: Container[str],
+    n: int,
 ) -> None:
     """Rules n.1 (duplicates), n.2 (selection), n.3 (rejected), n.5 (room) for one auth event."""
     if auth_event.room_id != event.room_id:
@@ -373,7 +381,7 @@ def _above(level: int | None, sender_level: auth_levels.Level) -> bool:
 
 
 def _check_changes(
-    before_map: Mapping[str, int], after_map: Mapping[str, int], sender_level, rule: str, group: str
+    before_map: Mapping[str, int], after_map: Mapping[str, int], sender_level: auth_levels.Level, rule: str, group: str
 ) -> None:
     """Rules 10.7/10.8 (v12): entries of ``events`` or ``notifications``
     changed or removed must not be above the sender, nor added or changed to be."""
@@ -383,7 +391,7 @@ def _check_changes(
             raise AuthError(f"{rule}: {group}.{key} may not change from {before} to {after} with power {sender_level}")
 
 
-def _readable_levels(version: RoomVersion, event: ParsedPdu, n: int) -> dict:
+def _readable_levels(version: RoomVersion, event: ParsedPdu, n: int) -> dict[str, Any]:
     """Rules 10.1-10.3 (v12 numbering; 10.1 of v1-v9): the event's levels,
     every one readable in its version, ``users`` keyed by user IDs."""
     content = event.content
@@ -408,10 +416,10 @@ def _readable_levels(version: RoomVersion, event: ParsedPdu, n: int) -> dict:
     return _levels(version, content)
 
 
-def _levels(version: RoomVersion, content: Mapping) -> dict:
+def _levels(version: RoomVersion, content: Mapping[str, Any]) -> dict[str, Any]:
     """The levels of power levels' content, read: unreadable ones left out."""
 
-    def read(holder) -> dict[str, int]:
+    def read(holder: object) -> dict[str, int]:
         if not isinstance(holder, Mapping):
             return {}
         values = {key: auth_levels.parse_level(version, value, lenient=True) for key, value in holder.items()}

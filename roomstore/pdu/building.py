@@ -36,7 +36,7 @@ every persisted event passes, so a :class:`BuiltPdu` is one the store accepts
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import attrs
 from signedjson.sign import sign_json
@@ -72,7 +72,7 @@ class BuiltPdu:
     raw: bytes
     #: The PDU as a dict (no ``event_id`` from room version 3; a room version
     #: 12 create event has no ``room_id``).
-    event: dict
+    event: dict[str, Any]
     room_version: RoomVersion = attrs.field(repr=lambda v: f"<room version {v.identifier}>")
     #: The reference hash, unpadded standard base64: what room versions 1 and
     #: 2 cite next to the event ID in ``prev_events`` and ``auth_events``.
@@ -88,7 +88,7 @@ class BuiltPdu:
 
 #: An event cited in ``prev_events``/``auth_events`` or named by ``redacts``:
 #: its ID, or the :class:`BuiltPdu` (which also carries its reference hash).
-EventRef = Union[str, BuiltPdu]
+EventRef = str | BuiltPdu
 
 
 def build_event(
@@ -227,9 +227,10 @@ def _kind(value: object) -> str:
     return value.__class__.__name__
 
 
-def _check_str(name: str, value: object) -> None:
+def _check_str(name: str, value: object) -> str:
     if not isinstance(value, str):
         raise EventBuildError(f"{name} must be a string, got {_kind(value)}", name)
+    return value
 
 
 def _check_int(name: str, value: object) -> None:
@@ -272,7 +273,7 @@ def _checked_room_id(version: RoomVersion, room_id: object, is_create: bool) -> 
                 "build the create event first and pass its BuiltPdu.room_id",
                 "room_id",
             )
-        _check_str("room_id", room_id)
+        room_id = _check_str("room_id", room_id)
         if not is_valid_event_id(version, create_event_id_of(room_id)) or not room_id.startswith("!"):
             raise EventBuildError(
                 f"room_id {room_id!r} is not a room version {v} room ID ('!' + the create event's hash, "
@@ -321,6 +322,7 @@ def _citations(
         if not version.event_id_in_pdu:
             cited.append(event_id)
             continue
+        reference_hash: str | None
         if isinstance(ref, BuiltPdu):
             reference_hash = ref.reference_hash
         else:

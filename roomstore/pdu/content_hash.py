@@ -42,7 +42,8 @@ class ContentHashMismatch(InvalidEventError):
 
 def content_hash_matches(pdu: ParsedPdu) -> bool:
     """Whether the PDU's ``hashes.sha256`` is the hash of what it carries."""
-    return pdu.event_dict["hashes"]["sha256"] == compute_content_hash(pdu.event_dict, floats=pdu.has_floats)
+    claimed: object = pdu.event_dict["hashes"]["sha256"]
+    return claimed == compute_content_hash(pdu.event_dict, floats=pdu.has_floats)
 
 
 def checked_pdu(pdu: ParsedPdu, refuse: bool = False) -> tuple[ParsedPdu, bool]:

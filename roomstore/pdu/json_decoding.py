@@ -57,7 +57,7 @@ class InvalidEventError(ValueError):
         self.field = field
 
 
-def decoded_event(raw: bytes, room_version: RoomVersion) -> tuple[dict, bool]:
+def decoded_event(raw: bytes, room_version: RoomVersion) -> tuple[dict[str, Any], bool]:
     """(``raw`` decoded as the JSON object of a PDU: its type, size, UTF-8,
     JSON values and canonical size checked; whether the parser saw a float)."""
     if not isinstance(raw, bytes):

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -192,7 +192,7 @@ class ParsedPdu:
             object.__setattr__(self, "_content", content)
         return content
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., ParsedPdu], tuple[Any, ...]]:
         # Pickled (a validation worker's reply) without its dicts: they are
         # most of the pickle and of the receiver's work, which seldom needs
         # them; the room version by its identifier.
@@ -241,20 +241,20 @@ class ParsedPdu:
 
 
 def _unpickled_pdu(
-    event_id,
-    room_id,
-    sender,
-    event_type,
-    state_key,
-    depth,
-    origin_server_ts,
-    prev_event_ids,
-    auth_event_ids,
-    redacts,
-    membership,
-    room_version_id,
-    raw,
-    has_floats,
+    event_id: str,
+    room_id: str,
+    sender: str,
+    event_type: str,
+    state_key: str | None,
+    depth: int,
+    origin_server_ts: int,
+    prev_event_ids: tuple[str, ...],
+    auth_event_ids: tuple[str, ...],
+    redacts: str | None,
+    membership: str | None,
+    room_version_id: str,
+    raw: bytes,
+    has_floats: bool,
 ) -> ParsedPdu:
     """``ParsedPdu.__reduce__``'s inverse (the dicts decoded when first asked for)."""
     return ParsedPdu(
@@ -417,7 +417,7 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
     )
 
 
-def _check_required_keys(event: dict, room_version: RoomVersion, is_create: bool) -> None:
+def _check_required_keys(event: dict[str, Any], room_version: RoomVersion, is_create: bool) -> None:
     """The keys every PDU of ``room_version`` must (or, for a room version
     12 create event, must not) carry."""
     hashed_room_id = room_version.room_id_is_create_hash
@@ -438,8 +438,9 @@ def _check_required_keys(event: dict, room_version: RoomVersion, is_create: bool
         )
 
 
-def _event_id_of(event: dict, room_version: RoomVersion, has_floats: bool) -> str:
+def _event_id_of(event: dict[str, Any], room_version: RoomVersion, has_floats: bool) -> str:
     """The PDU's ``event_id`` (v1/v2), checked, or its reference hash (v3+)."""
+    event_id: str
     if room_version.event_id_in_pdu:
         event_id = event["event_id"]
         if not is_valid_event_id(room_version, event_id):
@@ -461,7 +462,7 @@ def _event_id_of(event: dict, room_version: RoomVersion, has_floats: bool) -> st
     return event_id
 
 
-def _membership_and_redacts(event: dict, room_version: RoomVersion) -> tuple[str | None, str | None]:
+def _membership_and_redacts(event: dict[str, Any], room_version: RoomVersion) -> tuple[str | None, str | None]:
     """(``content.membership`` of a member event, what a redaction redacts), checked."""
     content = event["content"]
     event_type = event["type"]

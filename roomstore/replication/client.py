@@ -122,7 +122,7 @@ class ReplicationClientFactory(ReconnectingClientFactory):
 
     log = Logger()
     initialDelay = 0.5
-    maxDelay = 30.0
+    maxDelay = 30
 
     def __init__(
         self,
@@ -150,9 +150,9 @@ class ReplicationClientFactory(ReconnectingClientFactory):
             return self.clock
         from twisted.internet import reactor
 
-        return reactor  # type: ignore[return-value]
+        return reactor
 
-    def buildProtocol(self, addr: IAddress) -> ClientReplicationProtocol:
+    def buildProtocol(self, addr: IAddress | None) -> ClientReplicationProtocol:
         self._lost_reason = None
         protocol = _ClientProtocol(
             self.client_name,

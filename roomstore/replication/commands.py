@@ -138,7 +138,7 @@ class _TextCommand(Command):
     """A command whose whole argument is one piece of free text."""
 
     @classmethod
-    def from_line(cls, args: str):  # type: ignore[override]
+    def from_line(cls, args: str):
         return _construct(cls, args)
 
     def to_line(self) -> str:
@@ -396,7 +396,9 @@ def _rdata(stream_name: str, instance_name: str, token_text: str, row_json: str)
     return _checked_rdata(*_rdata_fields(stream_name, instance_name, token_text, row_json), row_json)
 
 
-def _rdata_fields(stream_name: str, instance_name: str, token_text: str, row_json: str) -> tuple:
+def _rdata_fields(
+    stream_name: str, instance_name: str, token_text: str, row_json: str
+) -> tuple[str, str, int | None, Any]:
     """``(stream_name, instance_name, token or None, row)`` from the four
     fields of an RDATA line, or CommandParseError: the checks of ``_rdata``,
     without building a command. This is the worker's hot path (every check
@@ -560,7 +562,7 @@ class _OneWordCommand(Command):
     """Base for commands whose only argument is a single word."""
 
     @classmethod
-    def from_line(cls, args: str):  # type: ignore[override]
+    def from_line(cls, args: str):
         (word,) = _split_words(args, 1, "<argument>")
         return _construct(cls, word)
 

@@ -30,8 +30,9 @@ over 16 KiB): a row whose line would is split by its stream
 rows at the same token). A token with a row that cannot be split is not sent
 as RDATA: the client is sent ``POSITION <stream> <writer> <token> <token>``,
 whose ``prev_token`` ahead of its position tells it (ours and Synapse's
-alike) to fetch the rows up to that token itself, and the error is logged. When a loop ends it sends ``POSITION`` if it was
-asked to (a REPLICATE) or if the cursor moved past the last RDATA token
+alike) to fetch the rows up to that token itself, and the error is logged.
+When a loop ends it sends ``POSITION`` if it was asked to (a REPLICATE) or if
+the cursor moved past the last RDATA token
 (tokens with no rows), so the client's position is exact.
 
 If ``get_updates`` fails, the error is logged and the loop stops with the
@@ -167,7 +168,7 @@ def _line_tokens(updates: list[tuple[int, str]], start: int, upto: int) -> list 
         return None
     following = tokens[1:]
     following.append(None)
-    return [None if token == after else token for token, after in zip(tokens, following)]
+    return [None if token == after else token for token, after in zip(tokens, following, strict=True)]
 
 
 def _plain_page(updates: list[tuple[int, str]], start: int, upto: int, room: int) -> list | None:
@@ -186,7 +187,7 @@ def _plain_page(updates: list[tuple[int, str]], start: int, upto: int, room: int
         return None
     # The row itself is not needed to write the line (None: decoded only
     # where it is, see send_rows).
-    return [(token, None, row_json) for token, row_json in zip(line_tokens, encoded)]
+    return [(token, None, row_json) for token, row_json in zip(line_tokens, encoded, strict=True)]
 
 
 def _page_text(updates: list[tuple[int, str]], start: int, upto: int, prefix: str, limit: int) -> str | None:
@@ -201,7 +202,7 @@ def _page_text(updates: list[tuple[int, str]], start: int, upto: int, prefix: st
         return None
     lines = [
         f"{prefix}{'batch' if token is None else token} {row_json}"
-        for token, (_, row_json) in zip(line_tokens, updates)
+        for token, (_, row_json) in zip(line_tokens, updates, strict=True)
     ]
     if max(map(len, lines)) > limit:
         return None
@@ -586,7 +587,7 @@ class ConnectionFeed:
                 row = decode_row(row_json)
                 if type(row) is list:
                     row = tuple(row)  # as get_updates gives it
-                parts = stream.split_row(row, lambda part: len(encode_row(part)) <= row_room)
+                parts = stream.split_row(row, lambda part, limit=row_room: len(encode_row(part)) <= limit)
                 if parts is None:
                     self.log.error(
                         "[{conn_id}] {stream}/{writer}: a row at {token} is too long for one line "

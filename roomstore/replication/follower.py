@@ -28,6 +28,7 @@ import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
+from itertools import pairwise
 from typing import Any
 
 from twisted.internet import defer
@@ -280,7 +281,7 @@ class StreamFollower:
         """Each token's rows (as tuples) through ``on_rdata``, in order (the
         ones after a handler's awaitable queued behind it)."""
         held: list = []
-        for token, row in zip(tokens, rows):
+        for token, row in zip(tokens, rows, strict=True):
             held.append(tuple(row) if type(row) is list else row)
             if token is None:
                 continue
@@ -297,14 +298,14 @@ class StreamFollower:
         key = (stream_name, instance_name)
         held = self._batches.pop(key, None) if self._batches else None
         if held is None and None not in tokens:
-            updates = [(token, [row]) for token, row in zip(tokens, rows)]
+            updates = [(token, [row]) for token, row in zip(tokens, rows, strict=True)]
         else:
             # Rows of a token before its line (``batch``): a token's rows are
             # those since the line of the token before (the first ones may
             # have come in an earlier read); rows after the last token's
             # line wait for theirs.
             ends = [index for index, token in enumerate(tokens) if token is not None]
-            updates = [(tokens[end], rows[start + 1 : end + 1]) for start, end in zip([-1, *ends], ends)]
+            updates = [(tokens[end], rows[start + 1 : end + 1]) for start, end in pairwise([-1, *ends])]
             if ends:
                 if held:
                     updates[0] = (updates[0][0], held + updates[0][1])

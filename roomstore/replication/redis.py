@@ -166,7 +166,7 @@ class _PublisherProtocol(txredisapi.RedisProtocol):
             return None
         name = channel.encode("utf-8")
         head = b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(name), name)
-        parts = []
+        parts: list[bytes] = []
         for message in messages:
             data = message.encode("utf-8")
             parts += (head, b"$%d\r\n" % len(data), data, b"\r\n")
@@ -217,6 +217,8 @@ def _rdata_lines(stream_name: str, instance_name: str, updates: list[tuple[int, 
     """The RDATA lines of a page of ``(token, row)`` (``serialize_command``'s
     lines, built without a command object per row): all but the last row of
     a token carry ``batch``."""
+    if not updates:
+        return []
     prefix = f"RDATA {stream_name} {instance_name} "
     try:
         encoded = [encode_fast(row) for _, row in updates]
@@ -224,11 +226,10 @@ def _rdata_lines(stream_name: str, instance_name: str, updates: list[tuple[int, 
         # The command reports what is wrong with the row.
         encoded = [RdataCommand(stream_name, instance_name, 0, row).row_json for _, row in updates]
     tokens = [token for token, _ in updates]
-    following = tokens[1:]
-    following.append(None)
+    following: list[int | None] = [*tokens[1:], None]
     return [
         f"{prefix}{'batch' if token == after else token} {row_json}"
-        for token, after, row_json in zip(tokens, following, encoded)
+        for token, after, row_json in zip(tokens, following, encoded, strict=True)
     ]
 
 

@@ -100,7 +100,7 @@ class ReplicationServerFactory(ServerFactory):
         self._connections: list[ServerReplicationProtocol] = []
         self._handlers: dict[str, list[ClientCommandCallback]] = {}
 
-    def buildProtocol(self, addr: IAddress) -> ServerReplicationProtocol:
+    def buildProtocol(self, addr: IAddress | None) -> ServerReplicationProtocol:
         protocol = ServerReplicationProtocol(
             self.server_name,
             self.reactor,

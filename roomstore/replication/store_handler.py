@@ -131,14 +131,14 @@ class StoreReplicationHandler(ReplicationClientHandler):
             if None in tokens:
                 tokens = _filled(tokens)
             store = self.store
-            rooms = {data[1]: token for token, (kind, data) in zip(tokens, rows) if kind == "ev"}
+            rooms = {data[1]: token for token, (kind, data) in zip(tokens, rows, strict=True) if kind == "ev"}
             members = {
                 data[3]: token
-                for token, (kind, data) in zip(tokens, rows)
+                for token, (kind, data) in zip(tokens, rows, strict=True)
                 if kind == "ev" and data[2] == "m.room.member" and data[3] is not None
             }
             redacted = [data[4] for kind, data in rows if kind == "ev" and data[4]]
-            others = [(token, kind, data) for token, (kind, data) in zip(tokens, rows) if kind != "ev"]
+            others = [(token, kind, data) for token, (kind, data) in zip(tokens, rows, strict=True) if kind != "ev"]
             for token, kind, data in others:
                 if kind == "state" and data[1] == "m.room.member" and members.get(data[2], -1) < token:
                     members[data[2]] = token
@@ -191,7 +191,7 @@ def _by_token(tokens: list, rows: list) -> list[tuple[int, list]]:
     """``(token, rows)`` per token of ``on_rdata_rows``' arguments (a
     token's rows are together), rows as tuples."""
     updates: list[tuple[int, list]] = []
-    for token, row in zip(_filled(tokens) if None in tokens else tokens, rows):
+    for token, row in zip(_filled(tokens) if None in tokens else tokens, rows, strict=True):
         row = tuple(row) if type(row) is list else row
         if updates and updates[-1][0] == token:
             updates[-1][1].append(row)

@@ -145,7 +145,7 @@ class Stream(abc.ABC):
                 except ValueError as e:
                     raise ValueError(f"{self.name}/{instance_name}: row at {token} cannot be sent: {e}") from None
             raise
-        return StreamUpdates(encoded, upto, limited)
+        return StreamUpdates(encoded, upto, limited)  # type: ignore[arg-type]  # rows as their JSON text
 
     async def get_rdata_page(
         self, instance_name: str, from_token: int, upto_token: int, limit: int, prefix: str
@@ -246,7 +246,7 @@ class InMemoryStream(Stream):
     def rows(self, instance_name: str) -> Iterator[tuple[int, StreamRow]]:
         """Every stored ``(token, row)`` of ``instance_name`` (for tests)."""
         log = self._logs.get(instance_name)
-        return iter(()) if log is None else zip(list(log.tokens), list(log.rows))
+        return iter(()) if log is None else zip(list(log.tokens), list(log.rows), strict=True)
 
     async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> StreamUpdates:
         if limit < 1:
@@ -277,7 +277,7 @@ class InMemoryStream(Stream):
 
     @staticmethod
     def _slice(log: _WriterLog, start: int, end: int) -> list[tuple[int, StreamRow]]:
-        return list(zip(log.tokens[start:end], log.rows[start:end]))
+        return list(zip(log.tokens[start:end], log.rows[start:end], strict=True))
 
 
 class StreamRegistry:

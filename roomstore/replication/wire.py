@@ -185,8 +185,9 @@ def _not_serialisable(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-if json.encoder.c_make_encoder is not None:
-    _c_encoder = json.encoder.c_make_encoder(
+# CPython's C encoder and scanner are private to the json package: typeshed does not declare them.
+if json.encoder.c_make_encoder is not None:  # type: ignore[attr-defined]
+    _c_encoder = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
         None, _not_serialisable, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, False
     )
 
@@ -194,7 +195,10 @@ if json.encoder.c_make_encoder is not None:
         return "".join(_c_encoder(value, 0))
 
 else:  # pragma: no cover - CPython always has the C encoder
-    _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False).encode
+    _encoder = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False)
+
+    def _encode(value: Any) -> str:
+        return _encoder.encode(value)
 
 
 #: ``encode_row`` without turning errors into ValueError (TypeError,
@@ -229,7 +233,7 @@ def _finite_float(text: str) -> float:
 
 
 _decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
-_scan_once = _decoder.scan_once
+_scan_once = _decoder.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__, not declared
 
 
 def decode_row(row_json: str) -> Any:
@@ -301,7 +305,7 @@ def parse_rdata_lines(lines: list[str]) -> tuple[tuple, tuple, list, list] | Non
     fields = [line.split(" ", 4) for line in lines]
     if not fields or min(map(len, fields)) != 5:
         return None
-    names, streams, instances, token_texts, rows_json = zip(*fields)
+    names, streams, instances, token_texts, rows_json = zip(*fields, strict=True)
     if set(names) != {"RDATA"} or "\r" in "".join(lines):
         return None
     words = set(streams)
@@ -363,16 +367,16 @@ def parse_rdata_run(text: str, count: int) -> tuple[str, str, list, tuple] | Non
     pairs = [line.split(" ", 1) for line in text[head_end:].replace(separator, "\n").split("\n")]
     if min(map(len, pairs)) != 2:
         return None
-    token_texts, rows_json = zip(*pairs)
+    token_texts, rows_json = zip(*pairs, strict=True)
     numbers = set(token_texts)
     numbers.discard("batch")
     if numbers and ("" in numbers or not "".join(numbers).isdigit() or max(map(len, numbers)) > _MAX_TOKEN_DIGITS):
         return None
-    token_of: dict[str, int | None] = dict(zip(numbers, map(int, numbers)))
+    token_of: dict[str, int | None] = dict(zip(numbers, map(int, numbers), strict=True))
     token_of["batch"] = None
     scan = _scan_once
     try:
-        rows, ends = zip(*[scan(row_json, 0) for row_json in rows_json])
+        rows, ends = zip(*[scan(row_json, 0) for row_json in rows_json], strict=True)
     except (StopIteration, ValueError, RecursionError):
         return None
     if ends != tuple(map(len, rows_json)):

@@ -24,7 +24,7 @@ _HOME = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module 'roomstore.state' has no attribute {name!r}")

@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from roomstore.storage.engines import Row
 from roomstore.storage.interning import chunks
+from roomstore.storage.transaction import Transaction
 
 
 def _marks(part: Sequence[Any]) -> str:
@@ -247,7 +249,7 @@ GROUP_COLUMNS = (
 DELTA_COLUMNS = ("state_group", "type_key_nid", "event_nid")
 
 
-def next_group_ids_txn(txn: Any, count: int) -> int:
+def next_group_ids_txn(txn: Transaction, count: int) -> int:
     """The first of ``count`` new group ids, reserved in one statement."""
     return txn.next_id("state_groups", "state_group", count)
 
@@ -257,7 +259,7 @@ def group_ids_request(count: int) -> tuple[str, str, int]:
     return ("state_groups", "state_group", count)
 
 
-def insert_groups_txn(txn: Any, groups: Sequence[tuple], deltas: Sequence[tuple]) -> None:
+def insert_groups_txn(txn: Transaction, groups: Sequence[Row], deltas: Sequence[Row]) -> None:
     """Queue :func:`group_rows`' rows for insertion in ``txn`` (the store's
     batched writes, see ``Transaction.insert_many``)."""
     txn.insert_many("state_groups", GROUP_COLUMNS, groups, queue=True)
@@ -272,7 +274,7 @@ def group_rows(
     chain_length: int,
     delta: Mapping[int, int | None],
     visibility_snapshot: int | None = None,
-) -> tuple[tuple, list[tuple]]:
+) -> tuple[Row, list[Row]]:
     """The ``state_groups`` row (with its copy of a one-row delta) and the
     ``state_group_deltas`` rows of one group, in :data:`GROUP_COLUMNS` and
     :data:`DELTA_COLUMNS` order, ``delta`` in the order given."""
@@ -281,7 +283,7 @@ def group_rows(
 
 
 def bulk_insert_groups(
-    engine: Any, cursor: Any, groups: Sequence[tuple], deltas: Sequence[tuple], text: Callable[[object], str] = str
+    engine: Any, cursor: Any, groups: Sequence[Row], deltas: Sequence[Row], text: Callable[[object], str] = str
 ) -> None:
     """Load :func:`group_rows`' rows on a cursor outside the store (the
     engine's bulk insert: COPY on PostgreSQL), groups first."""
@@ -295,7 +297,7 @@ def move_group_ids_past(engine: Any, cursor: Any) -> None:
     engine.move_sequence_past(cursor, "state_groups", "state_group")
 
 
-def group_facts_txn(txn: Any, state_group: int, snapshot_facts: tuple[str, str]) -> tuple | None:
+def group_facts_txn(txn: Transaction, state_group: int, snapshot_facts: tuple[str, str]) -> Row | None:
     """``(visibility snapshot, chain length, *snapshot facts)`` of a stored
     group, or None when it does not exist. ``snapshot_facts``: ``(columns,
     joins)`` over ``g.visibility_snapshot`` built by the visibility owner
@@ -308,7 +310,7 @@ def group_facts_txn(txn: Any, state_group: int, snapshot_facts: tuple[str, str])
     ).fetchone()
 
 
-def child_groups_txn(txn: Any, ids: Sequence[int]) -> list[int]:
+def child_groups_txn(txn: Transaction, ids: Sequence[int]) -> list[int]:
     """Groups stored as a delta against one of ``ids`` (``ids`` among them too)."""
     children: list[int] = []
     for part in chunks(ids):
@@ -321,7 +323,7 @@ def child_groups_txn(txn: Any, ids: Sequence[int]) -> list[int]:
     return children
 
 
-def rewrite_as_snapshot_txn(txn: Any, state_group: int, state: Mapping[int, int]) -> None:
+def rewrite_as_snapshot_txn(txn: Transaction, state_group: int, state: Mapping[int, int]) -> None:
     """Store ``state_group`` as a snapshot of ``state`` (its full state)."""
     txn.execute("DELETE FROM state_group_deltas WHERE state_group = ?", (state_group,))
     txn.insert_many(
@@ -336,7 +338,7 @@ def rewrite_as_snapshot_txn(txn: Any, state_group: int, state: Mapping[int, int]
     )
 
 
-def delete_groups_txn(txn: Any, ids: Sequence[int], counts: dict[str, int] | None = None) -> int:
+def delete_groups_txn(txn: Transaction, ids: Sequence[int], counts: dict[str, int] | None = None) -> int:
     """Delete the groups ``ids`` and their rows; how many groups existed
     (``counts`` gains the rows deleted per table)."""
     deleted = rows = 0
@@ -353,7 +355,7 @@ def delete_groups_txn(txn: Any, ids: Sequence[int], counts: dict[str, int] | Non
     return deleted
 
 
-def room_group_links_txn(txn: Any, room_nid: int) -> dict[int, int | None]:
+def room_group_links_txn(txn: Transaction, room_nid: int) -> dict[int, int | None]:
     """group -> its predecessor (None: a snapshot), for every group of the room."""
     return dict(
         txn.execute("SELECT state_group, prev_state_group FROM state_groups WHERE room_nid = ?", (room_nid,)).fetchall()

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from operator import itemgetter
-from typing import cast
+from typing import Literal, TypeVar, cast
 
 import attrs
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
@@ -40,13 +41,25 @@ from roomstore.state.group_tables import (  # noqa: F401 (the statements' home; 
     sole_delta,
     sole_deltas_sql,
 )
-from roomstore.storage.database import Transaction
-
-log = Logger()
+from roomstore.storage.database import Database, Transaction
+from roomstore.storage.engines import Row
+from roomstore.storage.errors import NotFoundError
 from roomstore.storage.interning import LruCache, chunks
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME, lock_row_txn
 
+log = Logger()
+
 StateMap = Mapping[int, int]  # type_key_nid -> event_nid
+
+R = TypeVar("R")
+#: The compaction job holds its lock: ``("locked", holder, age_s)``.
+Locked = tuple[Literal["locked"], str, float]
+#: A lock older than the timeout, ignored: ``(holder, age_s)``; None when there was none.
+StaleLock = tuple[str, float] | None
+#: What :func:`compaction_lock_txn` found.
+LockCheck = Locked | tuple[Literal["free"], StaleLock]
+#: One attempt of a deletion that waits for the lock: locked, or done with its result.
+Attempt = Locked | tuple[Literal["done"], R, StaleLock]
 
 #: Synapse's MAX_STATE_DELTA_HOPS: a lookup walks at most this many groups.
 DEFAULT_MAX_CHAIN_LENGTH = 100
@@ -61,7 +74,7 @@ def _without_removals(state: dict[int, int | None]) -> dict[int, int]:
     return cast(dict[int, int], state)  # no None among its values: checked above
 
 
-def fold_packed_state(rows: list[tuple], unpack: Callable[[object], list]) -> dict[int, int]:
+def fold_packed_state(rows: list[Row], unpack: Callable[[object], list[list[int | None]]]) -> dict[int, int]:
     """A group's state from :func:`packed_full_state_sql`'s rows
     ``(hops, key, event, packed)``, in any order: farthest group first, each
     nearer one overwriting its keys (its packed rows, or its one row when
@@ -75,7 +88,7 @@ def fold_packed_state(rows: list[tuple], unpack: Callable[[object], list]) -> di
         else:
             columns = unpack(packed)
             if columns:
-                update(zip(*columns))
+                update(zip(*columns, strict=True))
     return _without_removals(state)
 
 
@@ -91,8 +104,10 @@ def fold_state(rows: Iterable[tuple[int, int, int | None]]) -> dict[int, int]:
     return _without_removals(state)
 
 
-class StateGroupNotFound(LookupError):
-    pass
+class StateGroupNotFound(NotFoundError):
+    """No state for what was asked: a group that does not exist, or an
+    outlier's (which has none). A ``NotFoundError``, as an unknown event is,
+    so a reader of state needs one ``except``."""
 
 
 @attrs.frozen
@@ -111,12 +126,12 @@ class StateGroupStore:
         if max_chain_length < 0:
             raise ValueError("max_chain_length must be >= 0")
         self.max_chain_length = max_chain_length
-        self._cache = LruCache(cache_size)  # state_group -> dict (committed groups only)
+        self._cache: LruCache[int, dict[int, int]] = LruCache(cache_size)  # committed groups only
 
     # ------------------------------------------------------------------ reads
 
     def get_state(
-        self, txn: Transaction, state_group: int | None, pending: Mapping[int, Mapping] | None = None
+        self, txn: Transaction, state_group: int | None, pending: Mapping[int, StateMap] | None = None
     ) -> dict[int, int]:
         """The full state of ``state_group`` (None: the empty state).
 
@@ -156,7 +171,7 @@ class StateGroupStore:
         return txn.execute(tables.GROUP_EXISTS, (state_group,)).fetchone() is not None
 
     def chain_length(self, txn: Transaction, state_group: int) -> int:
-        value = txn.select_one_value(tables.CHAIN_LENGTH, (state_group,))
+        value: int | None = txn.select_one_value(tables.CHAIN_LENGTH, (state_group,))
         if value is None:
             raise StateGroupNotFound(f"state group {state_group} does not exist")
         return value
@@ -229,8 +244,8 @@ class StateGroupWrites:
 
     def __init__(self, expected: int = 1):
         self.expected = expected
-        self.groups: list[tuple] = []
-        self.deltas: list[tuple] = []
+        self.groups: list[Row] = []
+        self.deltas: list[Row] = []
 
     def ids_request(self) -> tuple[str, str, int]:
         """The ``expected`` group ids, for ``Transaction.reserve_ids``."""
@@ -250,7 +265,7 @@ class StateGroupWrites:
 COMPACTION_LOCK_TIMEOUT_S = 600.0
 
 
-def group_facts_txn(txn: Transaction, state_group: int, snapshot_facts: tuple[str, str]) -> tuple | None:
+def group_facts_txn(txn: Transaction, state_group: int, snapshot_facts: tuple[str, str]) -> Row | None:
     """``(visibility snapshot, chain length, branch, seq, history visibility,
     branch tip seq)`` of a stored group: what the persister needs to make a
     group on top of it (the snapshot columns NULL when it has none); None
@@ -259,7 +274,7 @@ def group_facts_txn(txn: Transaction, state_group: int, snapshot_facts: tuple[st
     return tables.group_facts_txn(txn, state_group, snapshot_facts)
 
 
-def compaction_lock_txn(txn: Transaction, timeout_s: float, now_ms: int) -> tuple:
+def compaction_lock_txn(txn: Transaction, timeout_s: float, now_ms: int) -> LockCheck:
     """Whether the compaction job holds its lock: ``("locked", holder,
     age_s)`` for a lock younger than ``timeout_s`` (at ``now_ms``), else
     ``("free", (holder, age_s) of a stale lock or None)``. A writer that
@@ -292,7 +307,7 @@ def delete_groups_txn(
 
 def delete_state_groups_txn(
     txn: Transaction, groups: StateGroupStore, ids: list[int], timeout_s: float, now_ms: int
-) -> tuple:
+) -> Attempt[int]:
     """Delete the groups ``ids`` unless the compaction job holds its lock.
 
     Returns ``("locked", holder, age_s)`` while a lock younger than
@@ -307,13 +322,13 @@ def delete_state_groups_txn(
 
 
 async def run_when_unlocked(
-    attempt: Callable[[int], Awaitable[tuple]],
+    attempt: Callable[[int], Awaitable[Attempt[R]]],
     timeout_s: float,
     poll_interval_s: float,
-    clock,
+    clock: IReactorTime,
     now_ms: Callable[[], int],
     what: str,
-):
+) -> R:
     """``await attempt(now_ms)`` (one transaction) until it is done: it
     returns ``("locked", holder, age_s)`` (``compaction_lock_txn``, having
     written nothing) or ``("done", result, stale lock or None)``. While the
@@ -347,18 +362,18 @@ async def run_when_unlocked(
 
 
 async def delete_when_unlocked(
-    db,
+    db: Database,
     groups: StateGroupStore,
     ids: list[int],
     timeout_s: float,
     poll_interval_s: float,
-    clock,
+    clock: IReactorTime,
     now_ms: Callable[[], int],
 ) -> int:
     """``delete_state_groups_txn`` until it deletes (``RoomStore.delete_state_groups``,
     through ``run_when_unlocked``). Returns how many of ``ids`` existed."""
 
-    def attempt(now: int):
+    def attempt(now: int) -> Awaitable[Attempt[int]]:
         return db.run_interaction("delete_state_groups", delete_state_groups_txn, groups, ids, timeout_s, now)
 
     return await run_when_unlocked(attempt, timeout_s, poll_interval_s, clock, now_ms, f"{len(ids)} state group(s)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from prometheus_client import Counter, Histogram
 from twisted.internet import defer, threads
@@ -28,7 +28,10 @@ from twisted.python.threadpool import ThreadPool
 from roomstore.storage.engines import Engine, engine_from_url
 from roomstore.storage.errors import DatabaseUnavailableError, StorageFullError
 from roomstore.storage.reconnect import Backoff, ConnectionLost, Outages
-from roomstore.storage.transaction import RetryTransaction, Transaction
+from roomstore.storage.transaction import AfterCallback, RetryTransaction, Transaction
+
+if TYPE_CHECKING:  # embedder_schema imports this module's neighbours; only its type is needed here
+    from roomstore.storage.embedder_schema import EmbedderSchema
 
 __all__ = ["Database", "RetryTransaction", "Transaction", "open_database", "run_transaction"]
 
@@ -173,7 +176,7 @@ class Database:
         # Interactions handed to the pool and not yet returned; close() waits
         # for them so it never closes a connection a transaction is using.
         self._in_flight = 0
-        self._drained: list[defer.Deferred] = []
+        self._drained: list[defer.Deferred[None]] = []
 
     @classmethod
     def from_url(cls, url: str, reactor: Any = None, create: bool = True, read_only: bool = False) -> Database:
@@ -184,7 +187,7 @@ class Database:
         engine.check_exists()
         return cls(engine, reactor)
 
-    async def prepare(self, schema_dir: str | None = None, embedder_schemas: Sequence = ()) -> int:
+    async def prepare(self, schema_dir: str | None = None, embedder_schemas: Sequence[EmbedderSchema] = ()) -> int:
         """Bring the schema up to date (see ``roomstore.storage.schema``),
         then each of ``embedder_schemas`` (``EmbedderSchema``, in
         ``roomstore.storage.embedder_schema``), in one transaction; returns
@@ -195,7 +198,7 @@ class Database:
             "prepare_database", prepare_with_embedders_txn, schema_dir, tuple(embedder_schemas)
         )
 
-    async def check_schema(self, embedder_schemas: Sequence = ()) -> int:
+    async def check_schema(self, embedder_schemas: Sequence[EmbedderSchema] = ()) -> int:
         """The schema version, which must be current, as must each of
         ``embedder_schemas``; writes nothing
         (``roomstore.storage.schema.check_schema_txn``)."""
@@ -245,10 +248,10 @@ class Database:
         self,
         description: str,
         fn: Callable[..., R],
-        args: tuple,
-        kwargs: dict,
-        in_doubt: tuple[str, Any] | None = None,
-    ) -> tuple[R, list]:
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        in_doubt: tuple[str, tuple[R, list[AfterCallback]]] | None = None,
+    ) -> tuple[R, list[AfterCallback]]:
         def lost(exc: BaseException, conn: Any, committing: bool, xid: str | None = None) -> None:
             generation = getattr(self._local, "generation", self.outages.generation)
             if conn is None and not self._ever_connected:
@@ -277,9 +280,9 @@ class Database:
                 )
 
         txn_box: list[Transaction] = []
-        outcome_box: list[tuple[R, list]] = []
+        outcome_box: list[tuple[R, list[AfterCallback]]] = []
 
-        def body(cursor: Any) -> tuple[R, list]:
+        def body(cursor: Any) -> tuple[R, list[AfterCallback]]:
             txn = Transaction(self, self.engine, cursor, description)
             txn_box[:] = [txn]
             result = fn(txn, *args, **kwargs)
@@ -330,6 +333,8 @@ class Database:
         self._in_flight += 1
         attempt = 0
         in_doubt = None
+        result: R
+        after: list[AfterCallback]
         try:
             while True:
                 attempt += 1
@@ -391,7 +396,7 @@ class Database:
         self._closed = True
         if self._in_flight:
             # New interactions are refused from here on; let running ones finish.
-            drained: defer.Deferred = defer.Deferred()
+            drained: defer.Deferred[None] = defer.Deferred()
             self._drained.append(drained)
             await drained
 

@@ -54,12 +54,12 @@ _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}", re.ASCII)
 _VERSION_FOLDER = re.compile(r"[1-9][0-9]*", re.ASCII)
 
 
-def _check_name(_instance, _attribute, name: str) -> None:
+def _check_name(_instance: object, _attribute: object, name: str) -> None:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(f"embedder schema name {name!r} must be lower-case letters, digits and _ (a letter first)")
 
 
-def _check_version(_instance, _attribute, version: int | None) -> None:
+def _check_version(_instance: object, _attribute: object, version: int | None) -> None:
     if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
         raise ValueError(f"embedder schema version {version!r} must be an int >= 0")
 
@@ -95,7 +95,7 @@ class EmbedderSchema:
         return max(self.folders(), default=0)
 
 
-def distinct_names(_instance, _attribute, schemas: Sequence[EmbedderSchema]) -> None:
+def distinct_names(_instance: object, _attribute: object, schemas: Sequence[EmbedderSchema]) -> None:
     """attrs validator: embedder schemas, each an ``EmbedderSchema``, no name twice."""
     seen: set[str] = set()
     for schema in schemas:
@@ -165,7 +165,7 @@ def _migrate(txn: Transaction, schema: EmbedderSchema, stored: int | None) -> in
 
 
 def prepare_with_embedders_txn(
-    txn: Transaction, override_dir: str | os.PathLike | None = None, embedders: Iterable[EmbedderSchema] = ()
+    txn: Transaction, override_dir: str | os.PathLike[str] | None = None, embedders: Iterable[EmbedderSchema] = ()
 ) -> int:
     """The store's ``prepare_database`` (its lock, its deltas), then each
     embedder's deltas after its stored version, in the order given, all in

@@ -27,6 +27,8 @@ from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableErr
 from roomstore.storage.pg_connection import copy_text, is_stale_plan, preparing_connection, xact_status
 from roomstore.storage.sqlite_connection import cannot_open, check_sqlite_file, connect_sqlite
 
+Row = tuple[Any, ...]  #: A row as the driver gives it (its values typed by the column, not by us).
+
 
 @functools.lru_cache(maxsize=1024)
 def convert_placeholders(sql: str, numbered: bool = False) -> str:
@@ -108,7 +110,7 @@ class Engine:
         raise NotImplementedError(f"{self.name} does not batch writes")
 
     def bind_insert(
-        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple], on_conflict: str
+        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[Row], on_conflict: str
     ) -> list[bytes]:
         """Multi-row INSERT statements with ``rows`` bound in, at most 1,000
         rows each, to be sent later (only where ``batches_writes``)."""
@@ -119,15 +121,15 @@ class Engine:
         cursor: Any,
         table: str,
         columns: Sequence[str],
-        rows: Sequence[tuple],
+        rows: Sequence[Row],
         on_conflict: str,
         returning: str,
-    ) -> list[tuple] | None:
+    ) -> list[Row] | None:
         """Insert ``rows`` in as few round trips as this database allows; the
         rows ``returning`` names if given (where ``returns_inserted_rows``)."""
         raise NotImplementedError
 
-    def copy_rows(self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple]) -> None:
+    def copy_rows(self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[Row]) -> None:
         """Bulk-load new rows the fastest way this database has (no conflict clause)."""
         self.insert_rows(cursor, table, columns, rows, "", "")
 
@@ -220,7 +222,7 @@ class Engine:
     for_update: str = ""
 
     def bulk_insert(
-        self, cursor: Any, table: str, columns: str, rows: Sequence[tuple], text: Callable[[Any], str] = str
+        self, cursor: Any, table: str, columns: str, rows: Sequence[Row], text: Callable[[Any], str] = str
     ) -> None:
         """Insert ``rows`` on a cursor of this engine; ``table`` and ``columns``
         (comma-separated) are the caller's SQL. ``text`` renders a non-NULL
@@ -285,10 +287,10 @@ class SqliteEngine(Engine):
         cursor: Any,
         table: str,
         columns: Sequence[str],
-        rows: Sequence[tuple],
+        rows: Sequence[Row],
         on_conflict: str,
         returning: str,
-    ) -> list[tuple] | None:
+    ) -> list[Row] | None:
         # In-process: one executemany costs no round trips.
         marks = ", ".join("?" for _ in columns)
         cursor.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) {on_conflict}", rows)
@@ -296,13 +298,14 @@ class SqliteEngine(Engine):
 
     def table_bytes(self, txn: Any, table: str) -> int | None:
         try:
-            return txn.select_one_value(
+            size: int | None = txn.select_one_value(
                 "SELECT SUM(pgsize) FROM dbstat WHERE name = ? OR name IN"
                 " (SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?)",
                 (table, table),
             )
         except sqlite3.OperationalError:  # SQLite built without dbstat
             return None
+        return size
 
     def check_exists(self) -> None:
         if self.path != ":memory:" and os.path.isdir(self.path):
@@ -362,7 +365,7 @@ class SqliteEngine(Engine):
         return "json_array(" + ", ".join(f"json_group_array({c})" for c in columns) + ")"
 
     def unpack_ints(self, packed: Any) -> list[list[int | None]]:
-        return json.loads(packed)
+        return list(json.loads(packed))
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
@@ -411,10 +414,10 @@ class PostgresEngine(Engine):
 
     def bind_statement(self, cursor: Any, sql: str, args: Sequence[Any]) -> bytes:
         # Bound by psycopg2 exactly as ``execute`` binds them.
-        return cursor.mogrify(self.convert_sql(sql), tuple(args))
+        return bytes(cursor.mogrify(self.convert_sql(sql), tuple(args)))  # the same object: mogrify gives bytes
 
     def bind_insert(
-        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple], on_conflict: str
+        self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[Row], on_conflict: str
     ) -> list[bytes]:
         one_row = "(" + ", ".join("%s" for _ in columns) + ")"
         head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ".encode()
@@ -430,10 +433,10 @@ class PostgresEngine(Engine):
         cursor: Any,
         table: str,
         columns: Sequence[str],
-        rows: Sequence[tuple],
+        rows: Sequence[Row],
         on_conflict: str,
         returning: str,
-    ) -> list[tuple] | None:
+    ) -> list[Row] | None:
         # Multi-row VALUES: psycopg2's executemany would be a round trip per row.
         from psycopg2.extras import execute_values
 
@@ -447,13 +450,14 @@ class PostgresEngine(Engine):
         )
         return [tuple(r) for r in result] if returning else None
 
-    def copy_rows(self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[tuple]) -> None:
+    def copy_rows(self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[Row]) -> None:
         # COPY in text format: one message stream, no per-row statement parse or bind.
         buffer = io.StringIO(copy_text(rows))
         cursor.copy_expert(f"COPY {table} ({', '.join(columns)}) FROM STDIN", buffer)
 
     def table_bytes(self, txn: Any, table: str) -> int | None:
-        return txn.select_one_value("SELECT pg_total_relation_size(?)", (table,))
+        size: int | None = txn.select_one_value("SELECT pg_total_relation_size(?)", (table,))
+        return size
 
     def session_connection(self, application_name: str) -> Any:
         """A connection of its own, in autocommit, for session-level locks;
@@ -603,7 +607,7 @@ class PostgresEngine(Engine):
     for_update = " FOR UPDATE"
 
     def bulk_insert(
-        self, cursor: Any, table: str, columns: str, rows: Sequence[tuple], text: Callable[[Any], str] = str
+        self, cursor: Any, table: str, columns: str, rows: Sequence[Row], text: Callable[[Any], str] = str
     ) -> None:
         # COPY: one round trip, no statement per row.
         if not rows:
@@ -630,8 +634,8 @@ class PostgresEngine(Engine):
         # it into lists of ints in C. No rows: ARRAY[NULL, NULL] is '{}'.
         return "ARRAY[" + ", ".join(f"CAST(array_agg({c}) AS BIGINT[])" for c in columns) + "]"
 
-    def unpack_ints(self, packed: Any) -> list[list[int | None]]:
-        return packed
+    def unpack_ints(self, packed: list[list[int | None]]) -> list[list[int | None]]:
+        return packed  # psycopg2 parsed the array
 
 
 def _single(options: Mapping[str, list[str]], key: str) -> str | None:

@@ -12,28 +12,35 @@ never changes meaning, so a cached entry is never stale: the caches
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
+from typing import Any, Generic, TypeVar, cast
 
 from roomstore.storage.transaction import RetryTransaction, Transaction
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+T = TypeVar("T")
+#: An interned key: a string ID, or a ``(type, state_key)`` pair.
+IK = TypeVar("IK", str, tuple[str, str])
 
 # SQLite's default limit on bound parameters per statement is 32766; PostgreSQL
 # allows 65535. Chunks well under both keep statements quick to plan.
 CHUNK = 500
 
 
-class LruCache:
+class LruCache(Generic[K, V]):
     """A bounded mapping that forgets the least recently used entries."""
 
     def __init__(self, max_size: int):
         self.max_size = max_size
-        self._data: OrderedDict = OrderedDict()
+        self._data: OrderedDict[K, V] = OrderedDict()
 
     # get and set tolerate another thread's pop or clear between their
     # steps: a writer's caches are filled after commit on the reactor thread
     # (``call_after``) while its database thread reads them.
 
-    def get(self, key: Hashable, default=None):
+    def get(self, key: K, default: V | None = None) -> V | None:
         try:
             value = self._data[key]
             self._data.move_to_end(key)
@@ -41,10 +48,10 @@ class LruCache:
             return default
         return value
 
-    def __contains__(self, key: Hashable) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self._data
 
-    def set(self, key: Hashable, value) -> None:
+    def set(self, key: K, value: V) -> None:
         try:
             self._data[key] = value
             self._data.move_to_end(key)
@@ -53,7 +60,7 @@ class LruCache:
         except KeyError:
             pass  # emptied meanwhile: nothing left to trim
 
-    def pop(self, key: Hashable, default=None):
+    def pop(self, key: K, default: V | None = None) -> V | None:
         return self._data.pop(key, default)
 
     def clear(self) -> None:
@@ -62,11 +69,11 @@ class LruCache:
     def __len__(self) -> int:
         return len(self._data)
 
-    def split(self, wanted: Iterable) -> tuple[dict, list]:
+    def split(self, wanted: Iterable[K]) -> tuple[dict[K, V], list[K]]:
         """(what this cache knows of ``wanted``, the rest), deduplicated in
         order; the known ones become the most recently used."""
-        known = {}
-        missing = []
+        known: dict[K, V] = {}
+        missing: list[K] = []
         data = self._data
         touch = data.move_to_end
         for item in dict.fromkeys(wanted):
@@ -79,7 +86,7 @@ class LruCache:
         return known, missing
 
 
-class InternCache:
+class InternCache(Generic[K, V]):
     """A bounded mapping for entries that never change, with bulk hits at C speed.
 
     Two generations of plain dicts, at most ``max_size // 2`` entries each:
@@ -95,16 +102,16 @@ class InternCache:
     def __init__(self, max_size: int):
         self.max_size = max_size
         self._generation_size = max(1, max_size // 2)
-        self._young: dict = {}
-        self._old: dict = {}
+        self._young: dict[K, V] = {}
+        self._old: dict[K, V] = {}
 
-    def _add(self, key: Hashable, value) -> None:
+    def _add(self, key: K, value: V) -> None:
         young = self._young
         young[key] = value
         if len(young) >= self._generation_size:
             self._old, self._young = young, {}
 
-    def get(self, key: Hashable, default=None):
+    def get(self, key: K, default: V | None = None) -> V | None:
         value = self._young.get(key)
         if value is None:
             value = self._old.get(key)
@@ -115,7 +122,7 @@ class InternCache:
 
     set = _add
 
-    def update(self, mapping: Mapping) -> None:
+    def update(self, mapping: Mapping[K, V]) -> None:
         """``set`` for each item (a batch's new keys): one C-level step,
         unless the young generation fills on the way."""
         young = self._young
@@ -125,10 +132,10 @@ class InternCache:
         for key, value in mapping.items():
             self._add(key, value)
 
-    def __contains__(self, key: Hashable) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self._young or key in self._old
 
-    def pop(self, key: Hashable, default=None):
+    def pop(self, key: K, default: V | None = None) -> V | None:
         old = self._old.pop(key, default)
         return self._young.pop(key, old)
 
@@ -140,7 +147,7 @@ class InternCache:
         young = self._young
         return len(young) + sum(1 for key in self._old if key not in young)
 
-    def values_of(self, keys: Sequence) -> tuple[list, list[int]]:
+    def values_of(self, keys: Sequence[K]) -> tuple[list[V | None], list[int]]:
         """The cached values of ``keys`` in order (None for those not cached)
         and the indexes of the keys not cached."""
         young = self._young
@@ -149,13 +156,13 @@ class InternCache:
                 return list(itemgetter(*keys)(young)), []
             except KeyError:
                 pass
-        values = list(map(young.get, keys))
+        values: list[V | None] = list(map(young.get, keys))
         if None not in values:
             return values, []
         olds = list(map(self._old.get, keys))
         if values.count(None) == len(values) and olds.count(None) == len(values):
             return values, list(range(len(values)))  # none cached (a cold cache): no step per key
-        missing = []
+        missing: list[int] = []
         add = self._add
         for index, value in enumerate(values):
             if value is None:
@@ -167,17 +174,17 @@ class InternCache:
                     add(keys[index], value)
         return values, missing
 
-    def split(self, wanted: Iterable) -> tuple[dict, list]:
+    def split(self, wanted: Iterable[K]) -> tuple[dict[K, V], list[K]]:
         """(what this cache knows of ``wanted``, the rest), deduplicated in order."""
         keys = list(dict.fromkeys(wanted))
         values, missing = self.values_of(keys)
-        if not missing:
-            return dict(zip(keys, values)), []
-        known = {key: value for key, value in zip(keys, values) if value is not None}
+        if not missing:  # all cached: no value is None
+            return dict(zip(keys, cast("list[V]", values), strict=True)), []
+        known = {key: value for key, value in zip(keys, values, strict=True) if value is not None}
         return known, [keys[index] for index in missing]
 
 
-def chunks(values: Sequence, size: int = CHUNK) -> Iterable[Sequence]:
+def chunks(values: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
     for start in range(0, len(values), size):
         yield values[start : start + size]
 
@@ -196,35 +203,39 @@ def room_ids_of_sql(nids_sql: str) -> str:
 _UNASKED = object()
 
 
-class Interner:
+class Interner(Generic[IK]):
     """Interns one kind of string id (or tuple of strings) into a table.
 
     ``key_columns`` are the string columns (one for IDs, two for
-    ``(type, state_key)``); keys are strings, or tuples for several columns.
+    ``(type, state_key)``); keys (``IK``) are strings, or tuples for several columns.
     """
 
     def __init__(self, table: str, nid_column: str, key_columns: Sequence[str], cache_size: int = 100_000):
         self.table = table
         self.nid_column = nid_column
         self.key_columns = tuple(key_columns)
-        self._to_nid = InternCache(cache_size)
-        self._to_key = InternCache(cache_size)
+        self._to_nid: InternCache[IK, int] = InternCache(cache_size)
+        self._to_key: InternCache[int, IK] = InternCache(cache_size)
 
-    def _remember(self, mapping: dict) -> None:
+    def _remember(self, mapping: Mapping[IK, int]) -> None:
         self._to_nid.update(mapping)
         self._to_key.update({nid: key for key, nid in mapping.items()})
 
-    def _as_row(self, key) -> tuple:
-        return key if len(self.key_columns) > 1 else (key,)
+    def _key(self, values: Sequence[Any]) -> IK:
+        """The key a row's key columns hold (as the database returns them)."""
+        return cast(IK, values[0] if len(values) == 1 else tuple(values))
 
-    def _select(self, txn: Transaction, keys: Sequence) -> dict:
-        found: dict = {}
+    def _as_row(self, key: IK) -> tuple[Any, ...]:
+        return key if isinstance(key, tuple) else (key,)
+
+    def _select(self, txn: Transaction, keys: Sequence[IK]) -> dict[IK, int]:
+        found: dict[IK, int] = {}
         cols = ", ".join(self.key_columns)
         for part in chunks(list(keys)):
             if len(self.key_columns) == 1:
                 marks = ", ".join("?" for _ in part)
                 sql = f"SELECT {cols}, {self.nid_column} FROM {self.table} WHERE {cols} IN ({marks})"
-                args: list = list(part)
+                args: list[Any] = list(part)
             else:
                 one = "(" + ", ".join("?" for _ in self.key_columns) + ")"
                 sql = (
@@ -233,11 +244,11 @@ class Interner:
                 )
                 args = [v for key in part for v in key]
             for row in txn.execute(sql, args).fetchall():
-                key = row[0] if len(self.key_columns) == 1 else tuple(row[:-1])
+                key = row[0] if len(self.key_columns) == 1 else self._key(row[:-1])
                 found[key] = row[-1]
         return found
 
-    def lookup(self, txn: Transaction, keys: Iterable) -> dict:
+    def lookup(self, txn: Transaction, keys: Iterable[IK]) -> dict[IK, int]:
         """The nids of those ``keys`` that are interned already (no writes)."""
         result, missing = self._to_nid.split(keys)
         if missing:
@@ -253,14 +264,16 @@ class Interner:
                 memo.update((key, None) for key in missing if key not in found)
         return result
 
-    def _recall(self, txn: Transaction, keys: list, result: dict, created: set | None = None) -> list:
+    def _recall(
+        self, txn: Transaction, keys: list[IK], result: dict[IK, int], created: set[IK] | None = None
+    ) -> list[IK]:
         """What this transaction learned of ``keys`` before (``txn.memo``)
         put in ``result`` (and the keys it inserted in ``created``); returns
         the keys it has not asked about."""
         memo = txn.memo.get(self)
         if not memo:
             return keys
-        rest = []
+        rest: list[IK] = []
         for key in keys:
             known = memo.get(key, _UNASKED)
             if known is _UNASKED:
@@ -271,13 +284,15 @@ class Interner:
                     created.add(key)
         return rest
 
-    def intern(self, txn: Transaction, keys: Iterable, created: set | None = None) -> dict:
+    def intern(self, txn: Transaction, keys: Iterable[IK], created: set[IK] | None = None) -> dict[IK, int]:
         """The nids of ``keys``, inserting those not interned yet.
 
         ``created``, if given, receives the keys this transaction inserted
         (in this call or an earlier one of it): nothing stored before the
         transaction can refer to their nids.
         """
+        found: dict[IK, int]
+        missing: list[IK]
         if not txn.engine.single_writer:
             # Insert what the cache does not know straight away: keys stored
             # already (or by another writer meanwhile) conflict and come back
@@ -297,7 +312,8 @@ class Interner:
                 on_conflict="ON CONFLICT DO NOTHING",
                 returning=f"{', '.join(self.key_columns)}, {self.nid_column}",
             )
-            found = {(r[0] if len(self.key_columns) == 1 else tuple(r[:-1])): r[-1] for r in inserted}
+            single = len(self.key_columns) == 1
+            found = {(r[0] if single else self._key(r[:-1])): r[-1] for r in inserted or ()}
             ours = set(found)
             others = [k for k in missing if k not in found]
             if others:
@@ -314,12 +330,10 @@ class Interner:
             if not missing:
                 return result
             nids = txn.allocate_ids(self.table, self.nid_column, len(missing))
-            found = dict(zip(missing, nids))
-            txn.insert_many(
-                self.table,
-                (self.nid_column, *self.key_columns),
-                [(n, *self._as_row(k)) for k, n in found.items()],
-            )
+            found = dict(zip(missing, nids, strict=True))
+            # mypy loses the constrained type variable in this comprehension (its "Cannot determine type").
+            rows = [(nid, *self._as_row(key)) for key, nid in found.items()]  # type: ignore[has-type]
+            txn.insert_many(self.table, (self.nid_column, *self.key_columns), rows)
             ours = set(found)
         if len(found) != len(missing):
             raise RetryTransaction(f"{self.table}: concurrent insert of {len(missing) - len(found)} keys")
@@ -332,7 +346,7 @@ class Interner:
 
     def _fetch_keys(
         self, txn: Transaction, nids: Sequence[int], remember: bool = True, exact: bool = True
-    ) -> dict[int, object]:
+    ) -> dict[int, IK]:
         """The keys of ``nids`` from the table (learned by the cache after
         commit, with ``remember``). Nids close together (at least half of
         the range between the least and the greatest, as a page of a stream
@@ -341,7 +355,7 @@ class Interner:
         may also hold other nids of that range (for a caller that looks up
         only its own)."""
         cols = ", ".join(self.key_columns)
-        fetched = {}
+        fetched: dict[int, IK] = {}
         low, high = min(nids), max(nids)
         if len(nids) > 8 and high - low < 2 * len(nids):
             rows = txn.execute(
@@ -349,7 +363,7 @@ class Interner:
                 f" WHERE {self.nid_column} >= ? AND {self.nid_column} <= ?",
                 (low, high),
             ).fetchall()
-            fetched = dict(rows) if len(self.key_columns) == 1 else {row[0]: tuple(row[1:]) for row in rows}
+            fetched = dict(rows) if len(self.key_columns) == 1 else {row[0]: self._key(row[1:]) for row in rows}
             if exact or remember:
                 fetched = {nid: fetched[nid] for nid in nids if nid in fetched}
         else:
@@ -360,19 +374,19 @@ class Interner:
                     list(part),
                 ).fetchall()
                 for row in rows:
-                    fetched[row[0]] = row[1] if len(self.key_columns) == 1 else tuple(row[1:])
+                    fetched[row[0]] = row[1] if len(self.key_columns) == 1 else self._key(row[1:])
         if remember:
             txn.call_after(self._remember, {k: n for n, k in fetched.items()})
         return fetched
 
-    def resolve(self, txn: Transaction, nids: Iterable[int]) -> dict[int, object]:
+    def resolve(self, txn: Transaction, nids: Iterable[int]) -> dict[int, IK]:
         """The keys of interned ``nids`` (those not interned are left out)."""
         result, missing = self._to_key.split(nids)
         if missing:
             result.update(self._fetch_keys(txn, missing))
         return result
 
-    def resolve_list(self, txn: Transaction, nids: Sequence[int], remember: bool = True) -> list:
+    def resolve_list(self, txn: Transaction, nids: Sequence[int], remember: bool = True) -> list[IK]:
         """The keys of ``nids``, in the same order (duplicates allowed).
 
         Raises ``KeyError`` for an nid that is not interned. When the cache
@@ -388,9 +402,9 @@ class Interner:
                 return list(map(fetched.__getitem__, nids))
             for index in missing:
                 keys[index] = fetched[nids[index]]
-        return keys
+        return cast("list[IK]", keys)  # every None filled in from fetched
 
-    def cached_nid(self, key) -> int | None:
+    def cached_nid(self, key: IK) -> int | None:
         """The nid if it is in the cache; never touches the database."""
         return self._to_nid.get(key)
 
@@ -405,10 +419,12 @@ class Interners:
     """The store's interning tables, one ``Interner`` each."""
 
     def __init__(self, cache_size: int = 100_000):
-        self.rooms = Interner("rooms", "room_nid", ["room_id"], cache_size)
-        self.events = Interner("event_ids", "event_nid", ["event_id"], cache_size)
-        self.users = Interner("users", "user_nid", ["user_id"], cache_size)
-        self.state_keys = Interner("state_keys", "type_key_nid", ["type", "state_key"], cache_size)
+        self.rooms: Interner[str] = Interner("rooms", "room_nid", ["room_id"], cache_size)
+        self.events: Interner[str] = Interner("event_ids", "event_nid", ["event_id"], cache_size)
+        self.users: Interner[str] = Interner("users", "user_nid", ["user_id"], cache_size)
+        self.state_keys: Interner[tuple[str, str]] = Interner(
+            "state_keys", "type_key_nid", ["type", "state_key"], cache_size
+        )
 
 
 # ---------------------------------------------------------------------- the interning tables in others' SQL
@@ -546,7 +562,8 @@ def delete_room_txn(txn: Transaction, room_nid: int) -> int:
 
 def current_state_group_txn(txn: Transaction, room_nid: int) -> int | None:
     """The state group the room's current state mirrors (None: none yet)."""
-    return txn.select_one_value("SELECT current_state_group FROM rooms WHERE room_nid = ?", (room_nid,))
+    group: int | None = txn.select_one_value("SELECT current_state_group FROM rooms WHERE room_nid = ?", (room_nid,))
+    return group
 
 
 def delete_event_ids_txn(txn: Transaction, nids: Sequence[int]) -> int:

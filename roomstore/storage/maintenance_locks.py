@@ -14,7 +14,12 @@ registry any maintenance job may use).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+from roomstore.storage.engines import Row
+
+if TYPE_CHECKING:  # the transaction module imports engines, as this one does: only the type is needed
+    from roomstore.storage.transaction import Transaction
 
 #: The row the offline state compaction job holds while it runs.
 COMPACTION_LOCK_NAME = "state_compaction"
@@ -35,7 +40,7 @@ LOCK_RELEASE = "DELETE FROM maintenance_locks WHERE lock_name = ? AND holder = ?
 LOCK_RELEASE_HINT = "DELETE FROM maintenance_locks WHERE lock_name = 'state_compaction'"
 
 
-def lock_row_txn(txn: Any, lock_name: str) -> tuple | None:
+def lock_row_txn(txn: Transaction, lock_name: str) -> Row | None:
     """``(holder, acquired_ts, heartbeat_ts)`` of the lock ``lock_name``, or
     None when nobody holds it (``txn``: a :class:`~roomstore.storage.database.Transaction`)."""
     return txn.execute(LOCK_SELECT, (lock_name,)).fetchone()

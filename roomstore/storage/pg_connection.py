@@ -63,7 +63,8 @@ def preparing_connection() -> type:
 
         def _take_begin(self) -> bool:
             """True for the transaction's first statement, which carries the BEGIN."""
-            conn = self.connection
+            # A PreparingConnection (below), whose flags psycopg2's connection type does not have.
+            conn: Any = self.connection
             if not conn.begin_pending:
                 return False
             conn.begin_pending = False
@@ -146,7 +147,7 @@ def holds_advisory_lock(cursor: Any, key: tuple[int, int]) -> bool:
     return bool(cursor.fetchone()[0])
 
 
-def advisory_lock_holder(cursor: Any, key: tuple[int, int]) -> tuple | None:
+def advisory_lock_holder(cursor: Any, key: tuple[int, int]) -> tuple[Any, ...] | None:
     """(application_name, client address, backend start) of the session holding the advisory lock ``key``."""
     classid, objid = key
     cursor.execute(
@@ -158,7 +159,8 @@ def advisory_lock_holder(cursor: Any, key: tuple[int, int]) -> tuple | None:
         " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         (classid & 0xFFFFFFFF, objid & 0xFFFFFFFF),
     )
-    return cursor.fetchone()
+    holder: tuple[Any, ...] | None = cursor.fetchone()
+    return holder
 
 
 def advisory_unlock(cursor: Any, key: tuple[int, int]) -> None:
@@ -178,7 +180,8 @@ def _copy_value(value: Any) -> str:
     if kind is str:
         if "\0" in value:
             raise ValueError("COPY cannot carry a NUL character in text")
-        return value.translate(_COPY_ESCAPES)
+        text: str = value.translate(_COPY_ESCAPES)
+        return text
     if value is True or value is False:
         return "t" if value else "f"
     if isinstance(value, (bytes, bytearray, memoryview)):

@@ -20,13 +20,14 @@ waiting on it with :class:`DatabaseUnavailableError`, one line.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 from prometheus_client import Counter
 from twisted.logger import Logger
 
-from roomstore.storage.engines import DatabaseUnavailableError
+from roomstore.storage.errors import DatabaseUnavailableError
 
 __all__ = ["Backoff", "ConnectionLost", "Outages", "one_line"]
 
@@ -97,7 +98,7 @@ class Outages:
         self.survived = 0
         self.retries = 0
         #: Called (no arguments) as each outage ends; the writer lock checks itself.
-        self.on_end: list = []
+        self.on_end: list[Callable[[], object]] = []
 
     @property
     def in_outage(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from twisted.logger import Logger
@@ -36,7 +37,7 @@ class SchemaTooNewError(SchemaError):
     pass
 
 
-def schema_dir(override: str | os.PathLike | None = None) -> Path:
+def schema_dir(override: str | os.PathLike[str] | None = None) -> Path:
     path = Path(override or os.environ.get("ROOMSTORE_SCHEMA_DIR") or DEFAULT_SCHEMA_DIR)
     if not (path / "full").is_dir():
         raise SchemaError(f"schema directory {path} has no full/ folder")
@@ -55,7 +56,7 @@ def split_statements(sql: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def _files_for(directory: Path, stem_filter, engine_name: str) -> list[Path]:
+def _files_for(directory: Path, stem_filter: Callable[[str], bool], engine_name: str) -> list[Path]:
     """The files of a directory that apply to an engine, in name order."""
     chosen = []
     for path in sorted(directory.iterdir()):
@@ -95,7 +96,7 @@ def _stored_version(txn: Transaction, target: int, remedy: str) -> int:
     """The version in ``schema_version``; raises ``SchemaError`` when the
     table is empty and ``SchemaTooNewError`` (ending with ``remedy``) when
     the version is newer than ``target``."""
-    current = txn.select_one_value("SELECT version FROM schema_version")
+    current: int | None = txn.select_one_value("SELECT version FROM schema_version")
     if current is None:
         raise SchemaError("schema_version table is empty: the database is damaged")
     if current > target:
@@ -103,7 +104,9 @@ def _stored_version(txn: Transaction, target: int, remedy: str) -> int:
     return current
 
 
-def prepare_database(txn: Transaction, override_dir: str | None = None, target: int | None = None) -> int:
+def prepare_database(
+    txn: Transaction, override_dir: str | os.PathLike[str] | None = None, target: int | None = None
+) -> int:
     """Create or upgrade the schema to ``target`` (default ``SCHEMA_VERSION``).
 
     Runs inside ``txn``. Returns the version the database is at afterwards.
@@ -121,7 +124,7 @@ def prepare_database(txn: Transaction, override_dir: str | None = None, target: 
         if not fulls:
             raise SchemaError(f"no full schema at or below version {target} in {base / 'full'}")
         full = fulls[-1]
-        for path in _files_for(base / "full", lambda name, v=full: name.split(".")[0] == str(v), engine.name):
+        for path in _files_for(base / "full", lambda name: name.split(".")[0] == str(full), engine.name):
             _apply_file(txn, path)
         txn.execute(
             "CREATE TABLE schema_version ("

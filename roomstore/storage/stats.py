@@ -7,6 +7,8 @@ the statement names no table in its text (the name is one of
 
 from __future__ import annotations
 
+from typing import Any
+
 from roomstore.storage.database import Transaction
 
 __all__ = ["STATS_TABLES", "table_stats_txn"]
@@ -48,7 +50,7 @@ STATS_TABLES = (
 )
 
 
-def table_stats_txn(txn: Transaction, tables: tuple[str, ...] = STATS_TABLES) -> list[dict]:
+def table_stats_txn(txn: Transaction, tables: tuple[str, ...] = STATS_TABLES) -> list[dict[str, Any]]:
     """``{"table", "rows", "bytes"}`` for each of ``tables``, in order."""
     rows = []
     for table in tables:

@@ -11,10 +11,13 @@ a transaction (schema migrations, the tables' SQL) needs nothing of the pool.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from roomstore.storage.engines import Engine
+from roomstore.storage.engines import Engine, Row
+
+#: A function ``call_after`` queued, with its arguments: run once the transaction commits.
+AfterCallback = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 R = TypeVar("R")
 
@@ -41,14 +44,14 @@ class Transaction:
         self.engine = engine
         self.description = description
         self._cursor = cursor
-        self._after_callbacks: list[tuple[Callable[..., Any], tuple, dict]] = []
+        self._after_callbacks: list[AfterCallback] = []
         self._allocated: dict[tuple[str, str], int] = {}
         self._free_ids: dict[tuple[str, str], list[int]] = {}
         self._queued: list[bytes] = []
         #: What this transaction learned of the database, for a later step of
         #: it to reuse instead of asking again: owner -> {key: value}. Put
         #: back as it was when a trial run (``undone``) rolls back.
-        self.memo: dict[Any, dict] = {}
+        self.memo: dict[object, dict[Any, Any]] = {}
         #: True once a statement that may write has run (anything but a plain
         #: SELECT); ``finish`` then asks the server for the transaction's id.
         self.wrote = False
@@ -134,7 +137,7 @@ class Transaction:
         on_conflict: str = "",
         returning: str = "",
         queue: bool = False,
-    ) -> list[tuple] | None:
+    ) -> list[Row] | None:
         """Insert many rows in as few round trips as the engine allows.
 
         ``table``, ``columns`` and ``on_conflict`` (e.g. ``"ON CONFLICT DO
@@ -146,22 +149,22 @@ class Transaction:
         rows) is a ``RETURNING`` column list; the rows it returns are returned.
         ``queue=True`` sends the insert with the other queued writes (``queue``).
         """
-        rows = [tuple(r) for r in rows]
+        tuples = [tuple(r) for r in rows]
         if returning and not self.engine.returns_inserted_rows:
             raise ValueError("insert_many(returning=...) needs PostgreSQL")
         if returning and queue:
             raise ValueError("insert_many: a queued insert cannot return rows")
-        if not rows:
+        if not tuples:
             return [] if returning else None
         self.wrote = True
         if queue and self.engine.batches_writes:
-            for statement in self.engine.bind_insert(self._cursor, table, columns, rows, on_conflict):
+            for statement in self.engine.bind_insert(self._cursor, table, columns, tuples, on_conflict):
                 self.db._count_query()
                 self._queued.append(statement)
             return None
         self.flush_queue()
         self.db._count_query()
-        return self.engine.insert_rows(self._cursor, table, columns, rows, on_conflict, returning)
+        return self.engine.insert_rows(self._cursor, table, columns, tuples, on_conflict, returning)
 
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
         """Bulk-load ``rows`` (new rows only: no conflict clause) the fastest
@@ -170,22 +173,24 @@ class Transaction:
         ``columns`` are the caller's SQL, values are bound or escaped by the
         engine. Queued writes are sent first, so order is kept. Returns the
         number of rows."""
-        rows = [tuple(r) for r in rows]
-        if not rows:
+        tuples = [tuple(r) for r in rows]
+        if not tuples:
             return 0
         self.wrote = True
         self.flush_queue()
         self.db._count_query()
-        self.engine.copy_rows(self._cursor, table, columns, rows)
-        return len(rows)
+        self.engine.copy_rows(self._cursor, table, columns, tuples)
+        return len(tuples)
 
-    def fetchone(self) -> tuple | None:
-        return self._cursor.fetchone()
+    def fetchone(self) -> Row | None:
+        row: Row | None = self._cursor.fetchone()
+        return row
 
-    def fetchall(self) -> list[tuple]:
-        return self._cursor.fetchall()
+    def fetchall(self) -> list[Row]:
+        rows: list[Row] = self._cursor.fetchall()
+        return rows
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Row]:
         return iter(self._cursor)
 
     @property
@@ -195,7 +200,8 @@ class Transaction:
 
     @property
     def rowcount(self) -> int:
-        return self._cursor.rowcount
+        count: int = self._cursor.rowcount
+        return count
 
     def allocate_ids(self, table: str, column: str, count: int) -> list[int]:
         """Reserve ``count`` new ids for a serial primary key, to insert in bulk.
@@ -279,7 +285,7 @@ class Transaction:
         self._after_callbacks.append((fn, args, kwargs))
 
 
-def _copied(known: dict) -> dict:
+def _copied(known: dict[Any, Any]) -> dict[Any, Any]:
     """A memo's entries, their set and dict values copied (not shared with the trial run's)."""
     return {key: value.copy() if isinstance(value, (set, dict)) else value for key, value in known.items()}
 

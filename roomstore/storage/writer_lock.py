@@ -38,7 +38,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from roomstore.storage.engines import DatabaseConfigError
+from roomstore.storage.errors import DatabaseConfigError
 from roomstore.storage.pg_connection import (
     advisory_lock_holder,
     advisory_unlock,
@@ -246,7 +246,7 @@ def _pg_acquire(engine: Any, instance_name: str) -> Any:
     raise WriterLockHeld(_refusal(instance_name, engine.describe(), holder))
 
 
-def _pg_recheck(engine: Any, held: tuple) -> tuple[str, Any]:
+def _pg_recheck(engine: Any, held: tuple[Any, ...]) -> tuple[str, Any]:
     """("held", None) while the session holds the lock; else reconnects and
     takes it again: ("retaken", new connection), ("taken", holder text) if
     another session has it, ("down", None) if the server is not back yet."""

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import TypeVar
 
 import attrs
 from prometheus_client import Gauge
@@ -40,6 +41,7 @@ from roomstore.storage.database import Database, Transaction
 from roomstore.storage.errors import StorageFullError
 
 log = Logger()
+R = TypeVar("R")
 
 stream_position_gauge = Gauge(
     "roomstore_stream_position",
@@ -56,6 +58,10 @@ stream_linear_position_gauge = Gauge(
 
 def _linear_position(positions: dict[str, int]) -> int:
     return min(positions.values())
+
+
+def _writer_position(positions: dict[str, int], writer: str) -> int:
+    return positions.get(writer, 0)
 
 
 class StreamConfigError(ValueError):
@@ -139,12 +145,12 @@ class StreamIdGenerator:
         # In-process counter (SQLite): next ID to hand out is _last_allocated + 1.
         self._last_allocated = 0
         self._counter_lock = threading.Lock()
-        self._waiters: list[tuple[int, str | None, defer.Deferred]] = []
+        self._waiters: list[tuple[int, str | None, defer.Deferred[int]]] = []
 
         self._persisted: dict[str, int] = {}
         self._persist_running = False
         self._persist_again = False
-        self._persist_done: list[defer.Deferred] = []
+        self._persist_done: list[defer.Deferred[None]] = []
 
     # ------------------------------------------------------------------ start-up
 
@@ -387,7 +393,7 @@ class StreamIdGenerator:
             self._on_positions_changed()
         self._recompute_own_position()
 
-    def wait_for_position(self, token: int, instance_name: str | None = None) -> defer.Deferred:
+    def wait_for_position(self, token: int, instance_name: str | None = None) -> defer.Deferred[int]:
         """A Deferred firing (with the position) once the stream reaches ``token``.
 
         With ``instance_name`` it waits for that writer's position, otherwise
@@ -396,11 +402,11 @@ class StreamIdGenerator:
         current = self._position_of(instance_name)
         if current >= token:
             return defer.succeed(current)
-        d: defer.Deferred = defer.Deferred(lambda d: self._forget_waiter(d))
+        d: defer.Deferred[int] = defer.Deferred(lambda d: self._forget_waiter(d))
         self._waiters.append((token, instance_name, d))
         return d
 
-    def _forget_waiter(self, d: defer.Deferred) -> None:
+    def _forget_waiter(self, d: defer.Deferred[int]) -> None:
         self._waiters = [w for w in self._waiters if w[2] is not d]
 
     def _position_of(self, instance_name: str | None) -> int:
@@ -430,7 +436,7 @@ class StreamIdGenerator:
         # newest generator of a stream in a process reports it.
         for writer in self._positions:
             stream_position_gauge.labels(self.stream_name, writer).set_function(
-                functools.partial(self._positions.get, writer, 0)
+                functools.partial(_writer_position, self._positions, writer)
             )
         # The positions alone, not the generator: the registry outlives it.
         stream_linear_position_gauge.labels(self.stream_name).set_function(
@@ -522,7 +528,7 @@ class StreamIdGenerator:
         if not self.is_writer:
             return
         if self._persist_running:
-            d: defer.Deferred = defer.Deferred()
+            d: defer.Deferred[None] = defer.Deferred()
             self._persist_done.append(d)
             await d
         if self._persisted.get(self.instance_name, -1) < self._positions[self.instance_name]:

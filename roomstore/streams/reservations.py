@@ -13,10 +13,13 @@ several generators, with one database transaction for all of them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
 
 from roomstore.storage.database import Transaction
 from roomstore.streams.id_generators import StreamIdGenerator, persist_positions_txn
+
+R = TypeVar("R")
 
 
 async def _allocate(wanted: Sequence[tuple[StreamIdGenerator, int]]) -> dict[int, list[int]]:
@@ -26,7 +29,7 @@ async def _allocate(wanted: Sequence[tuple[StreamIdGenerator, int]]) -> dict[int
     if sequenced:
         names = ",".join(gen.stream_name for gen, _ in sequenced)
         from_db = await sequenced[0][0].db.run_interaction(f"allocate_stream_ids:{names}", _allocate_txn, sequenced)
-        results.update((id(gen), ids) for (gen, _), ids in zip(sequenced, from_db))
+        results.update((id(gen), ids) for (gen, _), ids in zip(sequenced, from_db, strict=True))
     return results
 
 
@@ -76,14 +79,14 @@ async def reserve_together(requests: Sequence[tuple[StreamIdGenerator, int]]) ->
         yield [results[id(gen)] if n else [] for gen, n in requests]
     finally:
         # Completion happens whether the body succeeded or raised.
-        for gen, n in wanted:
+        for gen, _n in wanted:
             gen._complete(results[id(gen)])
 
 
 @contextlib.asynccontextmanager
 async def reserve_in_transaction(
-    generators: Sequence[StreamIdGenerator], description: str, body_txn, *args
-) -> AsyncIterator[tuple[object, list[list[int]]]]:
+    generators: Sequence[StreamIdGenerator], description: str, body_txn: Callable[..., R], *args: Any
+) -> AsyncIterator[tuple[R, list[list[int]]]]:
     """``async with reserve_in_transaction([gen_a, gen_b], desc, f, ...) as (result, (ids_a, ids_b))``.
 
     Runs ``f(txn, take, ...)`` in one transaction; ``f`` calls ``take(counts)``
@@ -107,9 +110,9 @@ async def reserve_in_transaction(
     # Every ID taken, by any attempt on one connection: a retried transaction
     # (a serialisation failure, a deadlock) is given the IDs its first took.
     held: list[list[int]] = [[] for _ in gens]
-    held_on: list = [None]
+    held_on: list[object] = [None]  # the connection the IDs in ``held`` were taken on
 
-    def attempt(txn: Transaction):
+    def attempt(txn: Transaction) -> R:
         taken.clear()
 
         def take(counts: Sequence[int]) -> list[list[int]]:
@@ -120,16 +123,18 @@ async def reserve_in_transaction(
                 held_on[0] = txn.connection
                 for ids in held:
                     ids.clear()
-            more = [max(0, n - len(ids)) for n, ids in zip(counts, held)]
-            for ids, fresh in zip(held, _take_txn(txn, gens, more)):
+            more = [max(0, n - len(ids)) for n, ids in zip(counts, held, strict=True)]
+            for ids, fresh in zip(held, _take_txn(txn, gens, more), strict=True):
                 ids.extend(fresh)  # sequences and counters only grow: still ascending
-            given = [ids[:n] for ids, n in zip(held, counts)]
+            given = [ids[:n] for ids, n in zip(held, counts, strict=True)]
             taken.append(given)
             return given
 
         result = body_txn(txn, take, *args)
         if taken:  # at the end, where the write's queued statements go too (asked later is as safe)
-            reached = [(gen, pos) for gen, ids in zip(gens, taken[0]) if (pos := gen._reached_by(ids)) is not None]
+            reached = [
+                (gen, pos) for gen, ids in zip(gens, taken[0], strict=True) if (pos := gen._reached_by(ids)) is not None
+            ]
             if reached:
                 persist_positions_txn(txn, reached)
         return result
@@ -142,13 +147,13 @@ async def reserve_in_transaction(
         for gen, floor in floors:
             gen._end_allocation(floor, None)
         raise
-    for (gen, floor), ids in zip(floors, held):
+    for (gen, floor), ids in zip(floors, held, strict=True):
         gen._end_allocation(floor, ids or None)
     try:
         yield result, (taken[0] if taken else [[] for _ in gens])
     finally:
         # With the ones a retry needed fewer of: they complete unused.
-        for gen, ids in zip(gens, held):
+        for gen, ids in zip(gens, held, strict=True):
             if ids:
                 gen._complete(ids)
 
@@ -158,11 +163,11 @@ def _take_txn(txn: Transaction, gens: Sequence[StreamIdGenerator], counts: Seque
     sequences' in one statement, the in-process counters' under their lock."""
     if not any(counts):
         return [[] for _ in gens]
-    sequenced = [(gen, n) for gen, n in zip(gens, counts) if n and gen._use_sequence]
+    sequenced = [(gen, n) for gen, n in zip(gens, counts, strict=True) if n and gen._use_sequence]
     from_sequences = iter(_allocate_txn(txn, sequenced) if sequenced else [])
     return [
         [] if not n else next(from_sequences) if gen._use_sequence else gen._allocate_locally(n)
-        for gen, n in zip(gens, counts)
+        for gen, n in zip(gens, counts, strict=True)
     ]
 
 

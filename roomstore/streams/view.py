@@ -49,7 +49,7 @@ class GeneratorView:
         """writer -> position."""
         return self._generator.get_positions()
 
-    def wait_for_position(self, token: int, instance_name: str | None = None) -> defer.Deferred:
+    def wait_for_position(self, token: int, instance_name: str | None = None) -> defer.Deferred[int]:
         """Fires once the stream (or, with ``instance_name``, that writer) reaches ``token``."""
         return self._generator.wait_for_position(token, instance_name)
 

@@ -33,8 +33,7 @@ from typing import Any
 import attrs
 from twisted.internet import defer
 
-from roomstore.events.batch import EventToPersist
-from roomstore.events.persist import EVENT_REFUSALS
+from roomstore import EVENT_REFUSALS, EventToPersist
 from roomstore.synapse_db.reader import SynapseReader
 from roomstore.synapse_db.source import StateMap, SynapseEvent, SynapseSource
 
@@ -95,7 +94,7 @@ async def import_synapse(
     # validates the next while it writes the one before.
     ends = _RoomEnds(store)
     report = report or (lambda item: None)
-    pending: collections.deque = collections.deque()
+    pending: collections.deque[tuple[list[Any], Any]] = collections.deque()
     next_page = reader.run(source.events_page, None, batch_size, selection)
     try:
         while True:
@@ -169,14 +168,23 @@ async def _send_page(
     state of each room it may leave forked: (its items, the write's Deferred)."""
     items = await _to_persist(reader, page, trust_source)
     summary.states_from_synapse += sum(item.state_before is not None for _, item in items)
-    events = [ev for ev, _ in items]
-    forked = await ends.forked_after(events)
-    resolved = None
-    if forked:
-        resolved = await reader.run(_current_states, reader.source, [ev for ev in events if ev.room_id in forked])
-        summary.current_states_from_synapse += 1
+    resolved = await _forked_rooms_states(reader, [ev for ev, _ in items], ends, summary)
     batch = [item for _, item in items]
     return items, defer.ensureDeferred(store.persist_events(batch, resolved_current_state=resolved))
+
+
+async def _forked_rooms_states(
+    reader: SynapseReader, events: Sequence[SynapseEvent], ends: _RoomEnds, summary: ImportSummary
+) -> dict[str, StateMap] | None:
+    """Synapse's current state of each room ``events`` may leave with
+    several forward extremities (``ends`` follows them), or None for none:
+    the store would resolve them itself, and Synapse's answer is the one an
+    import keeps."""
+    forked = await ends.forked_after(events)
+    if not forked:
+        return None
+    summary.current_states_from_synapse += 1
+    return await reader.run(_current_states, reader.source, [ev for ev in events if ev.room_id in forked])
 
 
 async def _settle_page(
@@ -250,29 +258,10 @@ async def _persist_resolving(
     summary: ImportSummary,
 ) -> list:
     """``persist_events``, with Synapse's current state of each room the
-    batch may leave with several forward extremities: the store would
-    resolve them itself, and Synapse's answer is the one an import keeps."""
-    forked = await _rooms_left_forked(store, events)
-    resolved = None
-    if forked:
-        resolved = await reader.run(_current_states, reader.source, [ev for ev in events if ev.room_id in forked])
-        summary.current_states_from_synapse += 1
+    batch may leave forked, its rooms' ends read from the store as they
+    stand (a page's events retried one by one)."""
+    resolved = await _forked_rooms_states(reader, events, _RoomEnds(store), summary)
     return await store.persist_events(batch, resolved_current_state=resolved)
-
-
-async def _rooms_left_forked(store, events: Sequence[SynapseEvent]) -> set[str]:
-    """The rooms that may have several forward extremities after ``events``:
-    the stored ends none of them cites, and those of them nothing cites
-    (outliers, rejected and backfilled events are no room's ends)."""
-    live = [ev for ev in events if not ev.outlier and ev.rejected_reason is None and ev.stream_ordering > 0]
-    cited = {p for ev in live for p in _prev_event_ids(ev)}
-    forked = set()
-    for room_id in {ev.room_id for ev in live}:
-        ends = {e for e in await store.get_forward_extremities(room_id) if e not in cited}
-        ends |= {ev.event_id for ev in live if ev.room_id == room_id and ev.event_id not in cited}
-        if len(ends) > 1:
-            forked.add(room_id)
-    return forked
 
 
 def _prev_event_ids(ev: SynapseEvent) -> list[str]:

@@ -124,9 +124,10 @@ class SynapseSource:
             if not os.path.isfile(path):
                 raise SynapseDatabaseError(f"no Synapse database at {path}: give the path of its homeserver.db")
             quoted = urllib.parse.quote(os.path.abspath(path))
-            conn = sqlite3.connect(f"file:{quoted}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA busy_timeout = 10000")  # a live Synapse's write may hold the file briefly
+            lite = sqlite3.connect(f"file:{quoted}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+            lite.execute("PRAGMA busy_timeout = 10000")  # a live Synapse's write may hold the file briefly
             self._engine = "sqlite"
+            conn = lite
         self._conn = conn
         self.check_schema()
 
@@ -158,7 +159,8 @@ class SynapseSource:
             rows = []
         if not rows:
             raise SynapseDatabaseError(
-                f"{masked_url(self.url)} is not a Synapse database (no schema_version table): give Synapse's own database"
+                f"{masked_url(self.url)} is not a Synapse database (no schema_version table):"
+                " give Synapse's own database"
             )
         version = int(rows[0][0])
         if not low <= version <= high:

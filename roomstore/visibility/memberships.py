@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from roomstore.storage.database import Transaction
+from roomstore.storage.engines import Row
 from roomstore.visibility.rules import MEMBERSHIP_CODES
 
 JOIN = MEMBERSHIP_CODES["join"]
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 
-def insert_memberships(txn: Transaction, rows: Sequence[tuple]) -> None:
+def insert_memberships(txn: Transaction, rows: Sequence[Row]) -> None:
     """Queue ``(event_nid, room_nid, user_nid, sender_nid, membership, stream_ordering)`` rows."""
     txn.insert_many(
         "room_memberships",

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from roomstore.storage.database import Transaction
+from roomstore.storage.engines import Row
 from roomstore.visibility.memberships import joined_after_sql, last_join_sql
 from roomstore.visibility.rules import MEMBERSHIP_CODES, NO_MEMBERSHIP_CODE, VISIBILITY_CODES
 
@@ -136,7 +137,7 @@ def snapshot_upto_sql(scope: str, alias: str = "cs") -> str:
         WHERE f.v = {WORLD_READABLE} OR f.m = {JOIN} OR (f.v = {INVITED} AND f.m = {INVITE}) OR f.v = {SHARED}"""
 
 
-def visible_params(user_nid: int, own_member_key_nid: int | None) -> list:
+def visible_params(user_nid: int, own_member_key_nid: int | None) -> list[int]:
     """The parameters of ``visible_sql`` for a viewer, in order."""
     # before: membership, joined-after; own key; after: membership, joined-after
     return [user_nid, user_nid, own_member_key_nid if own_member_key_nid is not None else -1, user_nid, user_nid]
@@ -200,8 +201,8 @@ class VisibilityWrites:
         self._moved_tips: set[int] = set()
         # New branch -> its ancestry rows [(ancestor, upto seq, depth)], itself first at depth 0.
         self._ancestors: dict[int, list[tuple[int, int, int]]] = {}
-        self._snapshot_rows: list[tuple] = []
-        self._membership_rows: list[tuple] = []
+        self._snapshot_rows: list[Row] = []
+        self._membership_rows: list[Row] = []
 
     def ids_request(self) -> tuple[str, str, int]:
         """The ``expected`` snapshot ids, for ``Transaction.reserve_ids``."""

@@ -130,7 +130,7 @@ class SmartTests(TestCase):
             for levels in ((100, 50, 25), (7, 4, 3), (5,)):
                 lv = compress_levels(groups, levels)
                 sm = compress_smart(groups, levels=levels, window=8)
-                for a, b in zip(lv.entries, sm.entries):
+                for a, b in zip(lv.entries, sm.entries, strict=True):
                     self.assertLessEqual(len(b.delta), len(a.delta), (seed, levels, a.group_id))
                 self.assertLessEqual(sm.max_depth, levels_hop_bound(levels))
 

@@ -75,7 +75,7 @@ class RandomForestTests(TestCase):
         self.assertLessEqual(max(resolved_depths(sm).values(), default=0), limit)
         self.assertEqual(sm.max_depth, max(resolved_depths(sm).values(), default=0))
         if limit >= bound:
-            for a, b in zip(lv.entries, sm.entries):
+            for a, b in zip(lv.entries, sm.entries, strict=True):
                 self.assertLessEqual(len(b.delta), len(a.delta))
 
     @PROPERTY_SETTINGS

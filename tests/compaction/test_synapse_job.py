@@ -258,7 +258,7 @@ class SynapseCompactionTests(unittest.TestCase):
         self.chain_rooms = [f"!chain{tag}{n}:synapse.test" for n in range(3)]
         self.chains = {
             room: insert_chain_room(self.dsn, room, groups, seed)
-            for room, groups, seed in zip(self.chain_rooms, (650, 420, 150), (1, 2, 3))
+            for room, groups, seed in zip(self.chain_rooms, (650, 420, 150), (1, 2, 3), strict=True)
         }
         self.rooms_spec = ",".join([self.api_room] + self.chain_rooms)
 

@@ -125,7 +125,7 @@ class SpecVectorTests(unittest.TestCase):
             signed["signatures"],
             {
                 "domain": {
-                    "ed25519:1": "KxwGjPSDEtvnFgU00fwFz+l6d2pJM6XBIaMEn81SXPTRl16AqLAYqfIReFGZlHi5KLjAWbOoMszkwsQma+lYAg"
+                    "ed25519:1": "KxwGjPSDEtvnFgU00fwFz+l6d2pJM6XBIaMEn81SXPTRl16AqLAYqfIReFGZlHi5KLjAWbOoMszkwsQma+lYAg"  # noqa: E501 (a signature, whole)
                 }
             },
         )

@@ -165,6 +165,8 @@ class CreateEventRoomIdTests(unittest.TestCase):
 
     def test_create_with_a_room_id_is_refused_like_synapse(self) -> None:
         known, make_event, *_ = synapse()
+        from synapse.api.errors import SynapseError
+
         create = v12_room().events[0].event
         derived = "!" + compute_event_id(V12, create)[1:]
         for room_id in ("!elsewhere:example.org", derived, "!" + "A" * 43):
@@ -173,7 +175,7 @@ class CreateEventRoomIdTests(unittest.TestCase):
                 parse_pdu(encode(pdu), V12)
             self.assertEqual(cm.exception.field, "room_id")
             self.assertIn("must not carry 'room_id'", str(cm.exception))
-            with self.assertRaises(Exception):
+            with self.assertRaises(SynapseError):  # 400: Invalid event JSON
                 make_event(copy.deepcopy(pdu), known["12"])
 
     def test_create_in_older_versions_still_needs_a_room_id(self) -> None:

@@ -61,7 +61,9 @@ class NioTests:
         self.assertEqual(client.returncode, 0, f"{lines[-1:]} {client.stderr[-3000:]}")
         self.assertEqual([line["step"] for line in lines], STEPS)
         self.assertNotIn("Error validating", client.stderr)  # nio parsed every event this server sent
-        self.assertEqual(next(l for l in lines if l["step"] == "limited sync and back-pagination")["messages"], 100)
+        self.assertEqual(
+            next(line for line in lines if line["step"] == "limited sync and back-pagination")["messages"], 100
+        )
         code, err = await threads.deferToThread(stop, proc)
         self.assertEqual(code, 0, err)
 

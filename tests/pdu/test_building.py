@@ -421,7 +421,7 @@ class SynapseOracleTests(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         results = json.loads(proc.stdout)
         self.assertEqual(len(results), len(built))
-        for (version, event), synapse in zip(built, results):
+        for (version, event), synapse in zip(built, results, strict=True):
             where = f"room version {version}, {event.event['type']}"
             self.assertEqual(synapse["event_id"], event.event_id, where)
             self.assertEqual(synapse["room_id"], event.room_id, where)

@@ -32,8 +32,8 @@ EXAMPLE_LINES = [
     "POSITION events master 53 54",
     'RDATA caches master 2 ["get_user_by_id",["@01register-user:localhost:8823"],1490197670513]',
     'RDATA caches master batch ["get_user_by_id",["@test:localhost:8823"],1490197670513]',
-    'RDATA events master 14 ["ev",["$149019767112vOHxz:localhost:8823","!AFDCvgApUmpdfVjIXm:localhost:8823","m.room.guest_access","",null,null,null,false,false]]',
-    'RDATA events master batch ["state",["!AFDCvgApUmpdfVjIXm:localhost:8823","m.room.guest_access","","$149019767112vOHxz:localhost:8823"]]',
+    'RDATA events master 14 ["ev",["$149019767112vOHxz:localhost:8823","!AFDCvgApUmpdfVjIXm:localhost:8823","m.room.guest_access","",null,null,null,false,false]]',  # noqa: E501 (a wire line, verbatim)
+    'RDATA events master batch ["state",["!AFDCvgApUmpdfVjIXm:localhost:8823","m.room.guest_access","","$149019767112vOHxz:localhost:8823"]]',  # noqa: E501 (a wire line, verbatim)
     'RDATA backfill master 3 ["$e:localhost:8823","!r:localhost:8823","m.room.message",null,null,null]',
     "USER_SYNC worker1 @alice:example.com DEVICEID start 1490197670513",
     "USER_SYNC worker1 @alice:example.com None end 1490197670513",

@@ -56,7 +56,7 @@ SYNAPSE_MAX_LINE = 16384  # Twisted's LineOnlyReceiver.MAX_LENGTH, which Synapse
 
 def synapse_line(cmd) -> str:
     """A line as Synapse's protocol writes it (``send_command``)."""
-    return "%s %s" % (cmd.NAME, cmd.to_line())
+    return f"{cmd.NAME} {cmd.to_line()}"
 
 
 def check_with_synapse(test: unittest.TestCase, line: str):

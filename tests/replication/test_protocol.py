@@ -374,7 +374,7 @@ class BadInputTests(unittest.TestCase):
 
     def test_flood_of_bad_lines_is_rate_limited_in_logs(self) -> None:
         with capturedLogs() as events:
-            feed(self.protocol, *["BAD %d" % i for i in range(50)])
+            feed(self.protocol, *[f"BAD {i}" for i in range(50)])
         self.assertEqual(len(take(self.transport)), 50)  # every line answered
         warnings = [e for e in events if e.get("log_format", "").startswith("[{conn_id}] bad line")]
         self.assertEqual(len(warnings), 1)  # but logged once

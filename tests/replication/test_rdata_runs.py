@@ -37,7 +37,9 @@ class ParseRunsTests(unittest.TestCase):
             'RDATA events master 0070 [1.5,-2,{"a":[]},"x"]',
         ]
         streams, instances, tokens, rows = parse_rdata_lines(lines)
-        self.assertEqual(list(zip(streams, instances, tokens, rows)), [parse_rdata_fields(line) for line in lines])
+        self.assertEqual(
+            list(zip(streams, instances, tokens, rows, strict=True)), [parse_rdata_fields(line) for line in lines]
+        )
         self.assertEqual(tokens, [None, 7, 12, 70])
         self.assertIs(type(rows[0]), list)
 
@@ -83,11 +85,13 @@ class ParseRunsTests(unittest.TestCase):
             run = parse_rdata_lines(lines)
             fields = [parse_rdata_fields(line) for line in lines]
             if run is None:
-                written_plain = all(f is not None and line == plain_line(*f) for f, line in zip(fields, lines))
+                written_plain = all(
+                    f is not None and line == plain_line(*f) for f, line in zip(fields, lines, strict=True)
+                )
                 self.assertFalse(written_plain, lines)
             else:
                 parsed += 1
-                self.assertEqual(list(zip(*run)), fields, lines)
+                self.assertEqual(list(zip(*run, strict=True)), fields, lines)
         self.assertGreater(parsed, 1000)
 
 
@@ -114,7 +118,9 @@ class OneStreamRunTests(unittest.TestCase):
             run = parse_rdata_lines(lines)
             got = parse_rdata_run("\n".join(lines), len(lines))
             if got is None:
-                self.assertTrue(run is None or len(set(zip(run[0], run[1]))) > 1 or not "".join(lines).isascii(), lines)
+                self.assertTrue(
+                    run is None or len(set(zip(run[0], run[1], strict=True))) > 1 or not "".join(lines).isascii(), lines
+                )
                 continue
             parsed += 1
             self.assertIsNotNone(run, lines)
@@ -178,7 +184,7 @@ class RowsRecordingHandler(BatchRecordingHandler):
                 filled[index] = filled[index + 1]
         assert filled == sorted(filled), tokens
         held = []
-        for index, (token, row) in enumerate(zip(filled, rows)):
+        for index, (token, row) in enumerate(zip(filled, rows, strict=True)):
             held.append(tuple(row) if type(row) is list else row)
             if index + 1 == len(filled) or filled[index + 1] != token:
                 self.on_rdata(stream_name, instance_name, token, held)
@@ -406,7 +412,11 @@ class CollectorTests(unittest.TestCase):
         ).encode()
         gc.collect()
         collections: list[int] = []
-        callback = lambda phase, info: collections.append(info["generation"]) if phase == "start" else None
+
+        def callback(phase, info):
+            if phase == "start":
+                collections.append(info["generation"])
+
         gc.callbacks.append(callback)
         self.addCleanup(gc.callbacks.remove, callback)
         protocol.dataReceived(data)

@@ -11,7 +11,12 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
+from twisted.trial import unittest
+
 from roomstore.replication.commands import PositionCommand, RdataCommand, serialize_command
+from roomstore.replication.redis import _rdata_lines
 from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
 from roomstore.store import StoreConfig
 from tests.db import on_both_engines
@@ -131,7 +136,9 @@ class PipelinedPublishTests(RedisMixin):
 
         def heard() -> list[str]:
             # Not the POSITION it announced on connecting.
-            return [l for l in listener.lines if " caches master " in l and l != "POSITION caches master 0 0"]
+            return [
+                line for line in listener.lines if " caches master " in line and line != "POSITION caches master 0 0"
+            ]
 
         await wait_until(lambda: len(heard()) >= 3, 10, "the page")
         self.assertEqual(
@@ -194,6 +201,21 @@ class CatchUpReadsAheadTests(RedisMixin):
         reads = [step[1] for step in steps if step[0] == "read"]
         self.assertGreater(len(reads), 3)
         # The page after (a, b] was being read before any row of (a, b] was applied.
-        for a, b in zip(reads, reads[1:]):
+        for a, b in pairwise(reads):
             first_apply = next(i for i, step in enumerate(steps) if step[0] == "apply" and step[1] > a)
             self.assertLess(steps.index(("read", b)), first_apply, steps)
+
+
+class RdataLinesTests(unittest.TestCase):
+    """A page's RDATA lines as Synapse's serializer writes them; an empty page has none."""
+
+    def test_lines_of_a_page(self):
+        updates = [(5, ("a",)), (5, ("b",)), (7, ("c",))]
+        expected = [
+            serialize_command(RdataCommand("caches", "w1", t if i != 0 else None, row))
+            for i, (t, row) in enumerate(updates)
+        ]
+        self.assertEqual(_rdata_lines("caches", "w1", updates), expected)
+
+    def test_an_empty_page_has_no_lines(self):
+        self.assertEqual(_rdata_lines("caches", "w1", []), [])

@@ -395,7 +395,7 @@ def check_follower(test: unittest.TestCase, name: str, paths: list[str], expecte
         started_complete = {
             t for w, position in run["start_linear"].items() for t in expected[("events", w)] if t <= position
         }
-        for kind, stream, writer, token, linear in run["log"]:
+        for kind, stream, _writer, token, linear in run["log"]:
             if stream != "events":
                 continue
             if kind == "applied":

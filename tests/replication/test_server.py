@@ -638,20 +638,22 @@ class PageWritingTests(unittest.TestCase):
             protocol, transport = connect(factory)
             text = _page_text(updates, start, upto, f"RDATA events {writer} ", limit)
             following = tokens[1:] + [None]
-            shown = ["batch" if t == n else t for t, n in zip(tokens, following)]
+            shown = ["batch" if t == n else t for t, n in zip(tokens, following, strict=True)]
             plain = (
                 tokens == sorted(tokens)
                 and upto >= tokens[-1]
                 and all(
                     len(f"RDATA events {writer} {t} {j}") <= limit and (writer + j).isascii()
-                    for t, (_, j) in zip(shown, updates)
+                    for t, (_, j) in zip(shown, updates, strict=True)
                 )
             )
             self.assertEqual(text is not None, plain, (writer, tokens, upto))
             if text is None:
                 continue
             protocol.send_rows(
-                "events", writer, [(None if t == n else t, None, j) for (t, j), n in zip(updates, following)]
+                "events",
+                writer,
+                [(None if t == n else t, None, j) for (t, j), n in zip(updates, following, strict=True)],
             )
             self.assertEqual(text.encode(), transport.value())
 

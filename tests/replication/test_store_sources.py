@@ -10,6 +10,7 @@ protocol sees what the writer persisted (positions, change caches, caches).
 from __future__ import annotations
 
 import threading
+from itertools import pairwise
 
 from twisted.internet import defer, reactor, threads
 from twisted.internet.task import Clock
@@ -106,7 +107,7 @@ class ContractMixin:
         self.assertEqual(joined, list(everything.updates), f"{stream.name} limit {limit}")
         # No token split across pages, every page but the last full (its next
         # token would not have fit), and `limited` exactly when rows remained.
-        for (page, _, limited), (after, _, _) in zip(pages, pages[1:]):
+        for (page, _, limited), (after, _, _) in pairwise(pages):
             self.assertTrue(limited)
             self.assertTrue(after, f"{stream.name}: limited page followed by nothing")
             self.assertLess(page[-1][0], after[0][0])
@@ -622,7 +623,7 @@ class EncodedPagesTests(ContractMixin):
                 context = f"{stream.name} from {cursor} limit {limit}"
                 self.assertEqual((encoded.upto_token, encoded.limited), (rows.upto_token, rows.limited), context)
                 self.assertEqual([t for t, _ in encoded.updates], [t for t, _ in rows.updates], context)
-                for (_, row), (_, text) in zip(rows.updates, encoded.updates):
+                for (_, row), (_, text) in zip(rows.updates, encoded.updates, strict=True):
                     self.assertIsInstance(text, str)
                     self.assertEqual(text, encode_row(row), context)
                 if not rows.limited:

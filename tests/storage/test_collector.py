@@ -68,7 +68,11 @@ class CollectorPausedTests(unittest.TestCase):
         gc.enable()
         gc.collect()
         collections = []
-        callback = lambda phase, info: collections.append(info["generation"]) if phase == "start" else None
+
+        def callback(phase, info):
+            if phase == "start":
+                collections.append(info["generation"])
+
         gc.callbacks.append(callback)
         self.addCleanup(gc.callbacks.remove, callback)
         with collector_paused():

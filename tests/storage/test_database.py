@@ -10,7 +10,7 @@ from twisted.trial import unittest
 
 from roomstore.storage import DatabaseConfigError, engine_from_url
 from roomstore.storage.engines import PostgresEngine, SqliteEngine, convert_placeholders
-from tests.db import on_both_engines
+from tests.db import INTEGRITY_ERRORS, on_both_engines
 
 
 class Boom(Exception):
@@ -113,7 +113,7 @@ class TransactionTests:
             txn.execute("UPDATE counter SET value = 1 WHERE id = 1")
             txn.call_after(seen.append, "outer")
             seen_inside = txn.undone(trial, 5)
-            with self.assertRaises(Exception):
+            with self.assertRaises(INTEGRITY_ERRORS):
                 txn.undone(failing)
             # The transaction goes on, usable, with the trial's writes gone.
             return seen_inside, _read_counter(txn)
@@ -249,7 +249,7 @@ class TransactionTests:
             txn.queue("UPDATE notes SET body = ? WHERE id = ?", ("changed", 1))
             txn.insert_many("notes", ("id", "body", "data"), [(5, "five", b""), (2, "again", b"")], queue=True)
 
-        with self.assertRaises(Exception):
+        with self.assertRaises(INTEGRITY_ERRORS):
             await db.run_interaction("duplicate", duplicate_among_queued)
         body = await db.run_interaction("body", lambda t: t.select_one_value("SELECT body FROM notes WHERE id = 1"))
         self.assertEqual(body, awkward)
@@ -291,7 +291,7 @@ class TransactionTests:
         def duplicate(txn):
             txn.copy_rows("loaded", ("id", "body"), [(10, "new"), (1, "again")])
 
-        with self.assertRaises(Exception):
+        with self.assertRaises(INTEGRITY_ERRORS):
             await db.run_interaction("duplicate", duplicate)
         self.assertEqual(await db.run_interaction("n", lambda t: t.select_one_value("SELECT COUNT(*) FROM loaded")), 5)
         self.assertEqual(await db.run_interaction("empty", lambda t: t.copy_rows("loaded", ("id",), [])), 0)

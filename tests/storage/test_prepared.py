@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY
 from twisted.trial import unittest
 
 from roomstore.storage.engines import convert_placeholders
-from tests.db import DatabaseTestMixin, on_both_engines
+from tests.db import DATABASE_ERRORS, DatabaseTestMixin, on_both_engines
 
 
 class Boom(Exception):
@@ -76,7 +76,7 @@ class PreparedResultsTests:
             txn.execute("INSERT INTO things (id, name, flag) VALUES (?, ?, ?)", (9, "new", True))
             txn.execute("SELECT nosuch FROM things WHERE id = ?", (1,), prepare=True)
 
-        with self.assertRaises(Exception):
+        with self.assertRaises(DATABASE_ERRORS):
             await db.run_interaction("bad", bad)
         count = await db.run_interaction("count", lambda txn: txn.select_one_value("SELECT COUNT(*) FROM things"))
         self.assertEqual(count, 3)

@@ -10,7 +10,7 @@ from twisted.internet import defer
 
 from roomstore.storage import SCHEMA_VERSION, Database, SchemaTooNewError
 from roomstore.storage.schema import DEFAULT_SCHEMA_DIR, split_statements
-from tests.db import on_both_engines
+from tests.db import DATABASE_ERRORS, on_both_engines
 
 EXPECTED_TABLES = [
     "rooms",
@@ -137,7 +137,7 @@ class SchemaTests:
         db = await self.make_database()
         from roomstore.storage.schema import prepare_database
 
-        with self.assertRaises(Exception):
+        with self.assertRaises(DATABASE_ERRORS):
             await db.run_interaction("upgrade", prepare_database, schema, SCHEMA_VERSION + 1)
         self.assertEqual(await db.run_interaction("v", _version), SCHEMA_VERSION)
         exists = await db.run_interaction("exists", lambda t: t.engine.table_exists(t._cursor, "half_done"))

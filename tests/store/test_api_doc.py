@@ -1,4 +1,6 @@
-"""The examples of docs/api.md (embedding, building events) run as written, on both engines."""
+"""docs/api.md's examples run as written, on both engines: every python block of it is run by a test here (or,
+for "A homeserver on the store", by tests/homeserver/test_command.py), and ``test_every_block_is_run`` fails on a
+block no test runs. Its public face and errors tables name exactly what ``roomstore`` exports."""
 
 from __future__ import annotations
 
@@ -50,6 +52,57 @@ def run_program(source: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=120, cwd=directory
     )
+
+
+#: Each section of docs/api.md holding python blocks -> how many; each is run by a test named beside it.
+RUN_BLOCKS = {
+    "## Embedding": 2,  # test_example_runs, test_default_reactor_program_runs (and the sh line)
+    "## Embedding under asyncio": 1,  # test_asyncio_program_runs
+    "## Building events": 2,  # test_building_a_v12_room, test_building_every_room_version
+    "## Homeserver tables": 1,  # test_embedder_tables_example
+    "## Purging": 1,  # PurgingExampleTests
+    "## A client-server front": 1,  # test_a_client_server_front
+    "## A homeserver on the store": 1,  # tests/homeserver/test_command.py ApiDocTests
+}
+
+
+def table_names(heading: str, column: int) -> set[str]:
+    """The backquoted names in ``column`` of the table under ``heading``."""
+    text = open(DOC, encoding="utf-8").read()
+    section = text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ")[column] for line in section.splitlines() if line.startswith("| `")]
+    return {name for row in rows for name in re.findall(r"`(\w+)`", row)}
+
+
+class DocumentTests(unittest.TestCase):
+    def test_every_block_is_run(self):
+        text = open(DOC, encoding="utf-8").read()
+        counts = {}
+        for section in re.split(r"\n(?=## )", text):
+            heading = section.split("\n", 1)[0]
+            found = len(re.findall(r"```python\n", section))
+            if found:
+                counts[heading] = found
+        self.assertEqual(counts, RUN_BLOCKS)
+        self.assertEqual(re.findall(r"```(\w*)\n", text).count("sh"), 1)  # the embed.py line
+
+    def test_the_public_face_table_names_every_export(self):
+        import roomstore
+
+        exported = set(roomstore.__all__) - {"__version__"}
+        self.assertEqual(table_names("## The public face", 0), exported)
+
+    def test_the_errors_table_names_every_exported_error(self):
+        import roomstore
+
+        errors = {n for n in roomstore.__all__ if isinstance(getattr(roomstore, n), type)}
+        errors = {n for n in errors if issubclass(getattr(roomstore, n), Exception)}
+        self.assertEqual(table_names("## Errors", 0), errors)
+        for name in errors:  # the documented base is the real one
+            row = [line for line in open(DOC, encoding="utf-8") if line.startswith(f"| `{name}` |")]
+            [base] = re.findall(r"`(\w+)`", row[0].split(" | ")[1])
+            bases = {c.__name__ for c in getattr(roomstore, name).__mro__[1:]}
+            self.assertIn(base, bases, name)
 
 
 class EventFileTests(unittest.TestCase):
@@ -179,6 +232,23 @@ class ApiDocTests:
             self.assertEqual(served["content"], {}, version)  # its sender redacted it: authorised
             self.assertEqual(served["unsigned"]["redacted_because"]["event_id"], redaction.event_id, version)
             self.assertEqual(await store.get_room_version(create.room_id), version)
+
+    async def test_embedder_tables_example(self):
+        [source] = python_blocks("## Homeserver tables")
+        namespace: dict = {}
+        exec(compile(source, "docs/api.md", "exec"), namespace)
+        schema_dir = tempfile.mkdtemp(prefix="roomstore-apidoc-schema-")
+        os.makedirs(os.path.join(schema_dir, "1"))
+        with open(os.path.join(schema_dir, "1", "01_tokens.sql"), "w", encoding="utf-8") as handle:
+            handle.write("CREATE TABLE myhs_tokens (token TEXT PRIMARY KEY, user_id TEXT NOT NULL);\n")
+        url = self.new_database_url()
+        self.assertIsNone(await namespace["user_of_token"](url, schema_dir, "t0k"))  # migrated, empty
+        store = await RoomStore.open(url)
+        await store.db.run_interaction(
+            "add", lambda txn: txn.execute("INSERT INTO myhs_tokens VALUES (?, ?)", ("t0k", "@alice:example.org"))
+        )
+        await store.close()
+        self.assertEqual(await namespace["user_of_token"](url, schema_dir, "t0k"), "@alice:example.org")
 
     async def test_asyncio_program_runs(self):
         [program] = python_blocks("## Embedding under asyncio")

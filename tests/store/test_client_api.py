@@ -69,7 +69,7 @@ class TopologicalTokenTests(RoomHelpers):
         for position, event_id in enumerate(ascending):
             token = await store.get_topological_token(event_id)
             self.assertEqual(token, results[event_id].topological_token)
-            self.assertEqual(token, "t%d-%d" % keys[event_id])
+            self.assertEqual(token, "t{}-{}".format(*keys[event_id]))
             # The token is the position just after the event: backwards from
             # it comes the event, then each one before it in topological
             # order; forwards, the events after it.

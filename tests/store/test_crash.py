@@ -183,7 +183,8 @@ class CrashTests(DatabaseTestMixin, unittest.TestCase):
         edges = await store.db.run_interaction(
             "edges",
             lambda t: t.execute(
-                "SELECT e.event_nid, i.event_id FROM event_edges AS e JOIN event_ids AS i ON i.event_nid = e.prev_event_nid"
+                "SELECT e.event_nid, i.event_id FROM event_edges AS e"
+                " JOIN event_ids AS i ON i.event_nid = e.prev_event_nid"
             ).fetchall(),
         )
         edges_of: dict[int, set[str]] = {}

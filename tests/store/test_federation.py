@@ -81,7 +81,7 @@ class FederationTests:
             results = await store.persist_events(
                 [room.to_persist(e, rejected_reason="bad" if rejected else None, **flags) for e in events]
             )
-            for built, result in zip(events, results):
+            for built, result in zip(events, results, strict=True):
                 if not flags.get("outlier"):
                     graph.add(built, result, rejected)
             return results

@@ -3,6 +3,12 @@ the database"), on both engines."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+from twisted.trial import unittest
+
 from roomstore.storage import SCHEMA_VERSION
 from roomstore.storage.stats import STATS_TABLES
 from roomstore.store import RoomStore, StoreConfig
@@ -88,3 +94,35 @@ class PublicFaceTests:
         worker.stream("events").advance("master", token)
         self.assertEqual(worker.stream("events").get_current_token(), token)
         self.assertEqual(await worker.get_rooms_for_user("@carol:example.org"), frozenset([room.room_id]))
+
+
+class PackageFaceTests(unittest.TestCase):
+    """``roomstore`` itself exports what an embedder uses (docs/api.md, "The
+    public face"), each name the very object its home module defines, and
+    importing the package loads none of it."""
+
+    def test_every_name_resolves_to_its_home(self):
+        import importlib
+
+        import roomstore
+
+        for name, home in roomstore._HOME.items():
+            self.assertIs(getattr(roomstore, name), getattr(importlib.import_module(home), name), name)
+        self.assertIn("EventToPersist", dir(roomstore))
+        with self.assertRaises(AttributeError):
+            roomstore.NoSuchName  # noqa: B018
+
+    def test_the_errors_are_exceptions(self):
+        import roomstore
+
+        for name in roomstore.__all__:
+            if name.endswith(("Error", "Mismatch", "Signature", "Version", "Cycle", "Token", "Lost", "Held", "Found")):
+                self.assertTrue(issubclass(getattr(roomstore, name), Exception), name)
+        self.assertTrue(issubclass(roomstore.NotFoundError, KeyError))
+        self.assertTrue(issubclass(roomstore.StateGroupNotFound, roomstore.NotFoundError))
+
+    def test_import_roomstore_is_cheap(self):
+        code = "import sys, roomstore; print(sorted(m for m in ('twisted', 'roomstore.store') if m in sys.modules))"
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+        self.assertEqual(out.stdout.strip(), "[]")

@@ -75,7 +75,7 @@ class RecentCacheTests:
         self.assertEqual(list(fetched.values()), served)
         # A second call serves the cached dicts themselves.
         again = await store.recent(ALICE, 1, 3)
-        self.assertTrue(all(a is b for a, b in zip(again.rooms[0][1], served)))
+        self.assertTrue(all(a is b for a, b in zip(again.rooms[0][1], served, strict=True)))
 
     async def test_a_redaction_after_a_cached_read_is_served(self):
         """An event recent() cached, then redacted: the next recent() serves

@@ -175,7 +175,7 @@ async def check_history(store, seed: int, version: str) -> None:
     copy_position = {e.event_id: i for i, e in enumerate(copy.events)}
     after, copy_after = expected[1], copy_expected[1]
     assert {position[e] for e in expected[3]} == {copy_position[e] for e in copy_expected[3]}
-    for built, copied in zip(room.events, copy.events):
+    for built, copied in zip(room.events, copy.events, strict=True):
         assert {k: position[v] for k, v in after[built.event_id].items()} == {
             k: copy_position[v] for k, v in copy_after[copied.event_id].items()
         }, built.event_id

@@ -19,7 +19,7 @@ from roomstore.state.groups import (
     packed_full_state_sql,
 )
 from roomstore.storage.schema import prepare_database
-from tests.db import on_both_engines, refresh_sole_delta_sql, sole_delta_mismatches_txn
+from tests.db import INTEGRITY_ERRORS, on_both_engines, refresh_sole_delta_sql, sole_delta_mismatches_txn
 
 # group -> (prev group, {type_key_nid: event_nid or None}); ids deliberately not
 # in chain order, so nothing may rely on a predecessor having a smaller id.
@@ -184,8 +184,8 @@ class PackedStateReadTests:
             return engine.unpack_ints(packed), engine.unpack_ints(empty)
 
         columns, empty = await db.run_interaction("read", read)
-        self.assertEqual(sorted(zip(*columns), key=repr), sorted(values, key=repr))
-        self.assertEqual(list(zip(*empty)), [])
+        self.assertEqual(sorted(zip(*columns, strict=True), key=repr), sorted(values, key=repr))
+        self.assertEqual(list(zip(*empty, strict=True)), [])
 
 
 @on_both_engines
@@ -200,11 +200,12 @@ class StateGroupWalkIndexTests:
         self.assertEqual(await db.run_interaction("to 4", prepare_database, None, 4), 4)
         await db.run_interaction("write", write_chain_txn)
         self.assertEqual(await db.run_interaction("to 5", prepare_database, None, 5), 5)
-        with self.assertRaises(Exception):
+        with self.assertRaises(INTEGRITY_ERRORS):
             await db.run_interaction(
                 "dup",
                 lambda t: t.execute(
-                    "INSERT INTO state_groups (state_group, room_nid, prev_state_group, chain_length) VALUES (50, 1, NULL, 0)"
+                    "INSERT INTO state_groups (state_group, room_nid, prev_state_group, chain_length)"
+                    " VALUES (50, 1, NULL, 0)"
                 ),
             )
         # The walk at version 5 (the row statement), then the store's read

@@ -136,7 +136,7 @@ class SyncTests(SyncHelpers):
         await self.persist(store, stays, stays_msg)
 
         second = await store.sync(BOB, first.next_token)
-        for room_id, (before, membership_event, after) in last.items():
+        for room_id, (before, membership_event, _after) in last.items():
             # Up to and including the membership change; never after it, not
             # even in the world-readable room.
             self.assertEqual(ids(second.rooms[room_id]), [before.event_id, membership_event.event_id])

@@ -168,7 +168,7 @@ class WriterProcessTests:
         self.assertEqual(whole, sorted(whole, reverse=True))
         self.assertTrue(all(whole[: 1 + sum(1 for ok, _ in outcomes if ok)]))
         # The reopened store goes on where the child stopped.
-        rest = [b for b, done in zip(batches, whole) if not done]
+        rest = [b for b, done in zip(batches, whole, strict=True) if not done]
         top = reopened.events_stream.get_current_token()
         results = await reopened.persist_events([e for b in rest for e in b])
         self.assertEqual([r.stream_ordering for r in results], list(range(top + 1, top + 1 + len(results))))

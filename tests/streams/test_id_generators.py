@@ -82,7 +82,7 @@ class SingleWriterTests:
         with self.assertRaises(ZeroDivisionError):
             async with gen.get_next() as stream_id:
                 self.assertEqual(stream_id, 1)
-                1 / 0
+                raise ZeroDivisionError("the body fails")
         self.assertEqual(gen.get_current_token(), 1)
         self.assertEqual(gen.get_unfinished(), [])
         async with gen.get_next() as stream_id:
@@ -184,7 +184,7 @@ class SingleWriterTests:
             async with reserve_together([(events, 3), (caches, 0), (caches, 1)]) as (a, none, b):
                 self.assertEqual((a, none, b), ([1, 2, 3], [], [1]))
                 self.assertEqual((events.get_current_token(), caches.get_current_token()), (0, 0))
-                1 / 0
+                raise ZeroDivisionError("the body fails")
         # Completed although the body raised; PostgreSQL read both sequences in one transaction.
         self.assertEqual((events.get_current_token(), caches.get_current_token()), (3, 1))
         allocations = [t for t in transactions if t.startswith("allocate_stream_ids")]

@@ -321,10 +321,10 @@ class SynapseImportMixin:
         paths = {"linear": os.path.join(folder, "linear.jsonl"), "forked": os.path.join(folder, "forked.jsonl")}
         counts = {"linear": 0, "forked": 0}
         with open(paths["linear"], "w") as linear, open(paths["forked"], "w") as fork:
-            for event_id, room_id, raw in self.synapse_events():
+            for _event_id, room_id, raw in self.synapse_events():
                 which = "forked" if room_id == forked else "linear"
                 version = await store.get_room_version(room_id)
-                (fork if which == "forked" else linear).write('{"room_version": "%s", "event": %s}\n' % (version, raw))
+                (fork if which == "forked" else linear).write(f'{{"room_version": "{version}", "event": {raw}}}\n')
                 counts[which] += 1
         other = await RoomStore.open(await self.make_database())
         self.addCleanup(other.close)

@@ -167,7 +167,8 @@ class Driver:
                 self.warn(note)
             mode = "dry run" if a.dry_run else (f"resuming run {run.run_id}" if run.resumed else f"run {run.run_id}")
             self.say(
-                f"state compaction ({mode}) on {self.tables.layout} {writer.db.engine.describe()}: snapshot_max={run.snapshot_max},"
+                f"state compaction ({mode}) on {self.tables.layout} {writer.db.engine.describe()}:"
+                f" snapshot_max={run.snapshot_max},"
                 f" levels={','.join(map(str, self.levels))}, max_hops={self.max_hops}, chunk_groups={a.chunk_groups}"
             )
             for nid, outcome in run.done_rooms.items():

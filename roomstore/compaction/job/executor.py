@@ -192,7 +192,7 @@ class RoomCompactor:
     def _parse_boundary(sg: np.ndarray, tk: np.ndarray, ev: np.ndarray) -> dict[int, dict[int, int]]:
         states: dict[int, dict[int, int]] = {}
         complete = set()
-        for g, k, e in zip(sg.tolist(), tk.tolist(), ev.tolist()):
+        for g, k, e in zip(sg.tolist(), tk.tolist(), ev.tolist(), strict=True):
             if k < 0:
                 complete.add(g)
             else:
@@ -225,9 +225,9 @@ class RoomCompactor:
             if tk_l[a] < 0:
                 delta: dict[int, int | None] = {}
             elif tombstones:
-                delta = {k: (None if e < 0 else e) for k, e in zip(tk_l[a:z], ev_l[a:z])}
+                delta = {k: (None if e < 0 else e) for k, e in zip(tk_l[a:z], ev_l[a:z], strict=True)}
             else:
-                delta = dict(zip(tk_l[a:z], ev_l[a:z]))
+                delta = dict(zip(tk_l[a:z], ev_l[a:z], strict=True))
             p = prevs[i]
             entries.append(StateGroupEntry(gid, None if p < 0 else p, delta))
         return entries, prevs, chains, counts, sums
@@ -401,7 +401,7 @@ def iter_chunks(batches: Iterable[Any], starts: Sequence[int] = ()) -> Iterator[
         chunk = np.searchsorted(starts_arr, arrays["sort_id"], side="right")
         cuts = np.flatnonzero(chunk[1:] != chunk[:-1]) + 1
         edges = [0] + cuts.tolist() + [len(chunk)]
-        for a, z in zip(edges[:-1], edges[1:]):
+        for a, z in itertools.pairwise(edges):
             c = int(chunk[a])
             if current is not None and c != current:
                 if c < current:
@@ -518,7 +518,7 @@ def whole_rooms(room_function: Callable) -> Callable:
                 continue
             nids = batch.column("room_nid").to_numpy(zero_copy_only=False)
             edges = [0] + (np.flatnonzero(nids[1:] != nids[:-1]) + 1).tolist() + [n]
-            for a, z in zip(edges[:-1], edges[1:]):
+            for a, z in itertools.pairwise(edges):
                 yield int(nids[a]), batch.slice(a, z - a)
 
     def per_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -23,7 +23,8 @@ import pyspark
 
 from roomstore.compaction.job.jdbc import jdbc_driver
 from roomstore.compaction.job.options import APP_NAME, submit_parser, unreachable_master
-from roomstore.storage.engines import DatabaseConfigError, DatabaseUnavailableError, engine_from_url
+from roomstore.storage.engines import engine_from_url
+from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError
 
 #: The file spark-submit runs (a thin entry into :mod:`roomstore.compaction.job.driver`).
 ENTRY_FILE = Path(__file__).resolve().parent.parent / "spark_job.py"

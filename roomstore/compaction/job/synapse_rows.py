@@ -114,7 +114,7 @@ def _int_batches(batches, interner: _Interner, checksums: dict[int, int]) -> Ite
             groups, inverse = np.unique(sg[counted], return_inverse=True)
             sums = np.zeros(len(groups), dtype=np.int64)
             np.add.at(sums, inverse, ck[counted])
-            for group, total in zip(groups.tolist(), sums.tolist()):
+            for group, total in zip(groups.tolist(), sums.tolist(), strict=True):
                 checksums[group] = checksums.get(group, 0) + total
         yield pa.RecordBatch.from_pydict(
             {

@@ -50,7 +50,10 @@ def current_memberships_as(alias: str) -> str:
 def joined_room_nids_sql(alias: str = "cm") -> str:
     """A subquery: the nids of the rooms a user is in with a membership
     (binds the user nid and the membership code)."""
-    return f"SELECT {alias}.room_nid FROM current_memberships AS {alias} WHERE {alias}.user_nid = ? AND {alias}.membership = ?"
+    return (
+        f"SELECT {alias}.room_nid FROM current_memberships AS {alias}"
+        f" WHERE {alias}.user_nid = ? AND {alias}.membership = ?"
+    )
 
 
 # ---------------------------------------------------------------------- extremities

@@ -15,7 +15,7 @@ def get_profile_txn(txn: Transaction, user_id: str) -> dict | None:
     row = txn.execute("SELECT displayname, avatar_url FROM hs_profiles WHERE user_id = ?", (user_id,)).fetchone()
     if row is None:
         return None
-    return {name: value for name, value in zip(FIELDS, row) if value is not None}
+    return {name: value for name, value in zip(FIELDS, row, strict=True) if value is not None}
 
 
 def set_profile_field_txn(txn: Transaction, user_id: str, field: str, value: str | None) -> None:
