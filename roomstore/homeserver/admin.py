@@ -25,6 +25,7 @@ after the purge, never half of it.
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 import attrs
 from twisted.internet import defer
@@ -144,7 +145,7 @@ class Admin:
         return {"delete_id": task.task_id}
 
     def _delete_answer(self, task: _Task) -> dict:
-        answer = {"delete_id": task.task_id, "room_id": task.room_id, "status": task.status}
+        answer: dict[str, Any] = {"delete_id": task.task_id, "room_id": task.room_id, "status": task.status}
         if task.result is not None:
             answer["purge"] = task.result
         if task.error is not None:
