@@ -35,6 +35,9 @@ alternating), and its samples are pooled per server:
   the event, for each member of the room (the sender included), and every
   delivery is checked to arrive.
 
+``ROOMSTORE_BENCH_PROFILE=out.txt``: ``roomstore homeserver`` runs under
+``py-spy record --threads --format raw`` writing there (stop it with the run).
+
 Prints, per phase, p50 and p99 latency (ms) and throughput (requests, or for
 the long-poll deliveries, a second of the phase's wall time) for each server,
 and the ratio roomstore / Synapse. A run with ``--messages 10 --requests 10
@@ -112,8 +115,12 @@ class Roomstore:
 
     def __init__(self, db_url: str):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        profile = os.environ.get("ROOMSTORE_BENCH_PROFILE")
+        # py-spy records the server's threads for the whole run (raw, flamegraph-collapsed stacks).
+        spy = [str(Path(sys.executable).parent / "py-spy"), "record", "--threads", "-r", "200", "--format", "raw"]
         self.proc = subprocess.Popen(
             [
+                *((*spy, "-o", profile, "--") if profile else ()),
                 sys.executable,
                 "-m",
                 "roomstore.cli",
@@ -132,6 +139,8 @@ class Roomstore:
             cwd=ROOT,
         )
         line = self.proc.stdout.readline()
+        while line and not line.startswith("{"):  # py-spy's own lines come first
+            line = self.proc.stdout.readline()
         if not line:
             raise SystemExit(f"roomstore homeserver exited {self.proc.wait()}")
         self.base = f"http://127.0.0.1:{json.loads(line)['serving']['port']}"
@@ -150,7 +159,11 @@ class Roomstore:
         return Client(self.base, answer["user_id"], answer["access_token"])
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
+        # Under py-spy, the server is its child: stopping it lets py-spy write its profile and exit.
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        pids = [int(p) for p in children.read_text().split()] if children.exists() else []
+        for pid in pids or [self.proc.pid]:
+            os.kill(pid, signal.SIGTERM)
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:

@@ -24,6 +24,12 @@ def add_parsers(add) -> None:
         help="let anyone register (m.login.dummy) though --bind is not a loopback address; on"
         " loopback registration is open anyway",
     )
+    p.add_argument(
+        "--make-admin",
+        metavar="USER_ID",
+        help="make this registered user a server admin (the admin API: purge history, delete rooms), then exit"
+        " without serving",
+    )
 
 
 def _loopback(address: str) -> bool:
@@ -45,6 +51,14 @@ async def cmd_homeserver(reactor, args) -> int:
     hs = await Homeserver.open(
         args.db, args.server_name, registration_open=registration_open, reactor=reactor, instance_name=args.instance
     )
+    if args.make_admin is not None:
+        try:
+            if not await hs.accounts.set_admin(args.make_admin):
+                raise CliError(f"no user {args.make_admin} is registered on this server")
+        finally:
+            await hs.close()
+        emit({"admin": args.make_admin})
+        return 0
     try:
         port = hs.listen(args.port, args.bind, reactor)
     except CannotListenError as exc:

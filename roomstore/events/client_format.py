@@ -27,8 +27,9 @@ as the client-server specification's ClientEvent says:
 ``client_event`` is the pure step, given the replaced state event;
 ``format_client_events`` (``RoomStore.format_client_events``) finds those
 for a batch: one transaction for the state before every state event of it,
-each key looked up in its state group alone, then one read of the replaced
-events through the event cache. Nothing given is modified: the served events
+each key looked up in its state group alone (and, with ``sent_by``, the
+transaction IDs of the events that device sent), then one read of the
+replaced events through the event cache. Nothing given is modified: the served events
 may be the cache's own.
 """
 
@@ -88,11 +89,15 @@ async def format_client_events(
         and isinstance(event.get("type"), str)
         and isinstance(event.get("event_id"), str)
     ]
+    mine = [] if sent_by is None else _sent_by(events, sent_by[0])
     replaced: dict[str, str] = {}
-    if wanted:
-        replaced = await db.run_interaction("replaced_state", reader.replaced_state_txn, wanted)
+    txn_ids: dict[str, str] = {}
+    if wanted or mine:
+        # One transaction for both lookups: each is a turn of the pool's queue.
+        replaced, txn_ids = await db.run_interaction(
+            "client_format_lookups", _lookups_txn, reader, wanted, sent_by, mine
+        )
     previous = await reader.get_events(sorted(set(replaced.values()))) if replaced else {}
-    txn_ids = await _txn_ids(db, events, sent_by) if sent_by is not None else {}
     formatted = []
     for event in events:
         result = client_event(event, now_ms, replaced_event=previous.get(replaced.get(event.get("event_id"), "")))
@@ -102,15 +107,20 @@ async def format_client_events(
     return formatted
 
 
-async def _txn_ids(db: Any, events: Sequence[Mapping[str, Any]], sent_by: tuple[str, str]) -> dict[str, str]:
-    """Event ID -> txn ID of the events ``sent_by``'s device sent; no
-    database read when none of them is that user's."""
-    user_id, device_id = sent_by
-    mine = [
+def _sent_by(events: Sequence[Mapping[str, Any]], user_id: str) -> list[str]:
+    """The IDs of those of ``events`` that ``user_id`` sent."""
+    return [
         event["event_id"]
         for event in events
         if event.get("sender") == user_id and isinstance(event.get("event_id"), str)
     ]
-    if not mine:
-        return {}
-    return await db.run_interaction("txn_ids_of_events", txn_ids_of_events_txn, user_id, device_id, mine)
+
+
+def _lookups_txn(
+    txn: Any, reader: Any, wanted: list, sent_by: tuple[str, str] | None, mine: list[str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The replaced state event of each of ``wanted``, and the txn IDs of
+    ``mine`` (events ``sent_by``'s device may have sent)."""
+    replaced = reader.replaced_state_txn(txn, wanted) if wanted else {}
+    txn_ids = txn_ids_of_events_txn(txn, sent_by[0], sent_by[1], mine) if mine and sent_by is not None else {}
+    return replaced, txn_ids

@@ -7,7 +7,8 @@ One concern per module: ``http`` (routing, error JSON), ``auth`` (accounts,
 devices, tokens; ``passwords``), ``events`` (building and storing the
 server's events), ``create_room``, ``membership``, ``room_state``,
 ``sending``, ``sync`` (with ``notifier``), ``messages``, ``filters``,
-``pushrules``, ``profile``, ``versions``; ``tables/`` holds the SQL of the
+``pushrules``, ``profile``, ``versions``, ``admin`` (the admin API's
+purges, for server admins); ``tables/`` holds the SQL of the
 homeserver's own tables, created by the embedder schema in ``schema/``;
 ``server`` composes them.
 """

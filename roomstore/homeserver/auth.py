@@ -7,10 +7,17 @@ access token for it; a logout deletes both. Registration is open where the
 server allows it (``roomstore homeserver`` opens it on loopback only unless
 told otherwise): a request without ``auth`` gets the spec's 401 with the one
 flow, ``m.login.dummy``.
+
+Every authenticated request checks its token: the answers are kept in
+memory (``TOKEN_CACHE_SIZE`` tokens, the oldest dropped first), as this
+process is the one that deletes tokens, and a logout drops its own from the
+cache once the deletion committed. That spares each request a database
+round trip, under load the thread pool's queue.
 """
 
 from __future__ import annotations
 
+import collections
 import re
 import secrets
 
@@ -24,6 +31,8 @@ from roomstore.homeserver.tables import accounts
 __all__ = ["Accounts"]
 
 _LOCALPART = re.compile(r"[a-z0-9._=\-/+]+")
+#: Access tokens whose user and device are kept in memory.
+TOKEN_CACHE_SIZE = 10_000
 
 
 class Accounts:
@@ -35,6 +44,7 @@ class Accounts:
         self._clock = clock
         self._registration_open = registration_open
         self._on_register = on_register  # async (user_id, displayname): the new user's profile
+        self._tokens: collections.OrderedDict[str, Requester] = collections.OrderedDict()
 
     def register_routes(self, router: Router) -> None:
         router.add("POST", "/register", self.register, authenticated=False)
@@ -49,10 +59,31 @@ class Accounts:
         return int(self._clock.seconds() * 1000)
 
     async def authenticate(self, token: str) -> Requester:
+        known = self._tokens.get(token)
+        if known is not None:
+            return known
         found = await self._db.run_interaction("hs_user_for_token", accounts.user_for_token_txn, token)
         if found is None:
             raise MatrixError(401, "M_UNKNOWN_TOKEN", "Invalid access token passed.", soft_logout=False)
-        return Requester(found[0], found[1], token)
+        requester = Requester(found[0], found[1], token)
+        self._tokens[token] = requester
+        while len(self._tokens) > TOKEN_CACHE_SIZE:
+            self._tokens.popitem(last=False)
+        return requester
+
+    def _forget_tokens(self, user_id: str, device_id: str | None = None) -> None:
+        """Drop the cached tokens of a user (of one device) whose tokens were deleted."""
+        for token, requester in list(self._tokens.items()):
+            if requester.user_id == user_id and device_id in (None, requester.device_id):
+                del self._tokens[token]
+
+    async def is_admin(self, user_id: str) -> bool:
+        """Whether ``user_id`` is a server admin (read each time: admin calls are rare)."""
+        return await self._db.run_interaction("hs_is_admin", accounts.is_admin_txn, user_id)
+
+    async def set_admin(self, user_id: str, admin: bool = True) -> bool:
+        """Make ``user_id`` a server admin (or not); False when no such user is registered."""
+        return await self._db.run_interaction("hs_set_admin", accounts.set_admin_txn, user_id, admin)
 
     def _user_id(self, name: str) -> str:
         """A full user ID from a localpart or a user ID of this server."""
@@ -129,10 +160,12 @@ class Accounts:
     async def logout(self, request: ClientRequest) -> dict:
         user = request.user
         await self._db.run_interaction("hs_logout", accounts.delete_device_tokens_txn, user.user_id, user.device_id)
+        self._forget_tokens(user.user_id, user.device_id)
         return {}
 
     async def logout_all(self, request: ClientRequest) -> dict:
         await self._db.run_interaction("hs_logout_all", accounts.delete_user_tokens_txn, request.user.user_id)
+        self._forget_tokens(request.user.user_id)
         return {}
 
     async def whoami(self, request: ClientRequest) -> dict:

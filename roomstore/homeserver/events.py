@@ -19,7 +19,6 @@ from typing import Any
 from twisted.internet import defer
 
 from roomstore.homeserver.errors import MatrixError, forbidden, not_found
-from roomstore.homeserver.notifier import Notifier
 from roomstore.pdu import BuiltPdu, build_event
 from roomstore.pdu.auth_rules import auth_types_for
 from roomstore.pdu.room_versions import get_room_version
@@ -60,12 +59,11 @@ def _refuse_rejected(results) -> None:
 class EventCreator:
     """Builds, signs and stores events for local users; see the module docstring."""
 
-    def __init__(self, store, server_name: str, signing_key, clock, notifier: Notifier):
+    def __init__(self, store, server_name: str, signing_key, clock):
         self.store = store
         self.server_name = server_name
         self.signing_key = signing_key
         self._clock = clock
-        self._notifier = notifier
         self._locks: dict[str, defer.DeferredLock] = {}
 
     def now_ms(self) -> int:
@@ -108,9 +106,13 @@ class EventCreator:
     async def persist(self, built: Sequence[BuiltPdu], room_version: str) -> list:
         """Store events built here; 403 for the first one the rules reject."""
         results = await self.store.persist_events([EventToPersist(event.raw, room_version) for event in built])
-        self._notifier.notify()
         _refuse_rejected(results)
         return results
+
+    async def _earlier_event(self, client_txn: ClientTxn | None) -> str | None:
+        if client_txn is None:
+            return None
+        return await self.store.get_event_id_for_txn(client_txn.user_id, client_txn.device_id, client_txn.txn_id)
 
     async def send(
         self,
@@ -130,17 +132,21 @@ class EventCreator:
         lock = self._locks.setdefault(room_id, defer.DeferredLock())
         await lock.acquire()
         try:
-            if client_txn is not None:
-                earlier = await self.store.get_event_id_for_txn(
-                    client_txn.user_id, client_txn.device_id, client_txn.txn_id
-                )
-                if earlier is not None:
-                    return earlier  # a retry: the event the first request made
-            prev_ids = (await self.store.get_forward_extremities(room_id))[-MAX_PREV_EVENTS:]
+            wanted = auth_types_for(get_room_version(version), event_type, sender, state_key, content)
+            # The three reads at once: on PostgreSQL each takes a connection of the pool.
+            earlier, extremities, state = await defer.gatherResults(
+                [
+                    defer.ensureDeferred(self._earlier_event(client_txn)),
+                    defer.ensureDeferred(self.store.get_forward_extremities(room_id)),
+                    defer.ensureDeferred(self.store.get_current_state_ids(room_id, types=sorted(wanted))),
+                ],
+                consumeErrors=True,
+            ).addErrback(lambda failure: failure.value.subFailure)
+            if earlier is not None:
+                return earlier  # a retry: the event the first request made
+            prev_ids = extremities[-MAX_PREV_EVENTS:]
             prevs = (await self.store.get_events(prev_ids)).values()
             depth = max((event.get("depth", 0) for event in prevs), default=0) + 1
-            wanted = auth_types_for(get_room_version(version), event_type, sender, state_key, content)
-            state = await self.store.get_current_state_ids(room_id, types=sorted(wanted))
             built = self.build(
                 version,
                 room_id,
@@ -155,7 +161,6 @@ class EventCreator:
             )
             # The store records the transaction with the event, in the transaction that stores it.
             [result] = await self.store.persist_events([EventToPersist(built.raw, version, client_txn=client_txn)])
-            self._notifier.notify()
             _refuse_rejected([result])
             return result.existing_txn_event_id or result.event_id
         finally:

@@ -151,10 +151,16 @@ class ClientResource(resource.Resource):
 
     isLeaf = True
 
-    def __init__(self, router: Router, authenticate: Callable[[str], Awaitable[Requester]]):
+    def __init__(
+        self,
+        router: Router,
+        authenticate: Callable[[str], Awaitable[Requester]],
+        prefixes: tuple[str, ...] = PREFIXES,
+    ):
         super().__init__()
         self._router = router
         self._authenticate = authenticate
+        self._prefixes = prefixes
 
     def render(self, request):
         _cors(request)
@@ -182,7 +188,7 @@ class ClientResource(resource.Resource):
 
     async def _dispatch(self, request) -> tuple[int, Any]:
         path = request.path.decode("utf-8", "replace")
-        prefix = next((p for p in PREFIXES if path == p or path.startswith(p + "/")), None)
+        prefix = next((p for p in self._prefixes if path == p or path.startswith(p + "/")), None)
         if prefix is None:
             raise MatrixError(404, "M_UNRECOGNIZED", "Unrecognized request")
         route, params = self._router.match(request.method.decode("ascii", "replace"), path[len(prefix) :])
@@ -213,12 +219,17 @@ class NotFoundResource(resource.Resource):
         return json.dumps({"errcode": "M_UNRECOGNIZED", "error": "Unrecognized request"}).encode()
 
 
-def site_root(client: ClientResource) -> resource.Resource:
-    """The resource tree: ``/_matrix/client`` -> ``client``, the rest 404."""
+def site_root(client: ClientResource, admin: ClientResource | None = None) -> resource.Resource:
+    """The resource tree: ``/_matrix/client`` -> ``client``, ``/_synapse/admin``
+    -> ``admin`` (the admin API, at the paths Synapse serves it), the rest 404."""
     root = NotFoundResource()
     matrix = NotFoundResource()
     root.putChild(b"_matrix", matrix)
     matrix.putChild(b"client", client)
+    if admin is not None:
+        synapse = NotFoundResource()
+        root.putChild(b"_synapse", synapse)
+        synapse.putChild(b"admin", admin)
     return root
 
 

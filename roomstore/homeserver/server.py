@@ -15,6 +15,7 @@ from pathlib import Path
 from signedjson.key import decode_signing_key_base64, encode_signing_key_base64, generate_signing_key
 from twisted.web import server
 
+from roomstore.homeserver.admin import ADMIN_PREFIXES, Admin
 from roomstore.homeserver.auth import Accounts
 from roomstore.homeserver.create_room import RoomCreator
 from roomstore.homeserver.events import EventCreator
@@ -35,7 +36,8 @@ from roomstore.store import RoomStore, StoreConfig
 
 __all__ = ["HOMESERVER_SCHEMA", "Homeserver"]
 
-#: The homeserver's tables (accounts, devices, tokens, profiles, filters, its key), migrated with the store's.
+#: The homeserver's tables (accounts and who is an admin, devices, tokens, profiles, filters, its key),
+#: migrated with the store's.
 HOMESERVER_SCHEMA = EmbedderSchema("homeserver", Path(__file__).resolve().parent / "schema")
 
 
@@ -60,7 +62,7 @@ class Homeserver:
         self.server_name = server_name
         self.notifier = Notifier(reactor)
         store.add_invalidation_hook(self.notifier.notify)
-        self.events = EventCreator(store, server_name, signing_key, reactor, self.notifier)
+        self.events = EventCreator(store, server_name, signing_key, reactor)
         profiles = Profiles(store.db, self.events)
         self.accounts = Accounts(
             store.db,
@@ -85,7 +87,12 @@ class Homeserver:
             SyncHandler(store, filters, self.notifier, reactor),
         ):
             part.register_routes(router)
-        self.resource = site_root(ClientResource(router, self.accounts.authenticate))
+        admin_router = Router()
+        Admin(store, self.accounts).register_routes(admin_router)
+        self.resource = site_root(
+            ClientResource(router, self.accounts.authenticate),
+            ClientResource(admin_router, self.accounts.authenticate, ADMIN_PREFIXES),
+        )
 
     @classmethod
     async def open(

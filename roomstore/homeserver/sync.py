@@ -67,25 +67,33 @@ class SyncHandler:
         request.http.notifyFinish().addBoth(gone.append)  # the client gave up: stop waiting for it
         while True:
             seen = self._notifier.position
-            body, empty = await self._sync_once(request.user, since, sync_filter, full_state)
+            body, joined = await self._sync_once(request.user, since, sync_filter, full_state)
+            rooms = body["rooms"]
+            empty = not (rooms["join"] or rooms["leave"] or rooms["invite"])
             remaining = deadline - self._clock.seconds()
             if not empty or since is None or full_state or remaining <= 0 or gone:
                 return body
-            await self._notifier.wait_for_change(seen, remaining)
+            # Only a batch in one of the user's rooms, or changing their membership, wakes it.
+            await self._notifier.wait_for_change(seen, remaining, user_id, joined)
+            since = body["next_batch"]
 
     async def _sync_once(
         self, requester, since: str | None, sync_filter: SyncFilter, full_state: bool
-    ) -> tuple[dict, bool]:
+    ) -> tuple[dict, frozenset[str]]:
+        """The body, and the rooms the user is joined to."""
         store, user_id = self._store, requester.user_id
         limit = sync_filter.timeline_limit
         result = await store.sync(user_id, since, initial_limit=limit, limit=limit, full_state=full_state)
         body = _empty_body(result.next_token)
         rooms = body["rooms"]
         left = result.left
-        for room_id, timeline in sorted(result.timelines.items()):
-            if not sync_filter.rooms.allows_room(room_id):
-                continue
-            section = await self._room_section(timeline, sync_filter, requester)
+        shown = [
+            (room_id, timeline)
+            for room_id, timeline in sorted(result.timelines.items())
+            if sync_filter.rooms.allows_room(room_id)
+            and (room_id in result.joined or (room_id in left and (since is not None or sync_filter.include_leave)))
+        ]
+        for (room_id, _), section in zip(shown, await self._room_sections(shown, sync_filter, requester), strict=True):
             if room_id in result.joined:
                 section.update(
                     ephemeral={"events": []},
@@ -93,14 +101,13 @@ class SyncHandler:
                     unread_notifications={"highlight_count": 0, "notification_count": 0},
                 )
                 rooms["join"][room_id] = section
-            elif room_id in left and (since is not None or sync_filter.include_leave):
+            else:
                 rooms["leave"][room_id] = section
         invited = await self._invites(user_id, since, result)
         for room_id, invite in sorted(invited.items()):
             if room_id not in result.joined and sync_filter.rooms.allows_room(room_id):
                 rooms["invite"][room_id] = {"invite_state": {"events": await self._stripped_state(room_id, invite)}}
-        empty = not (rooms["join"] or rooms["leave"] or rooms["invite"])
-        return body, empty
+        return body, result.joined
 
     async def _invites(self, user_id: str, since: str | None, result) -> dict[str, dict]:
         """Room ID -> invite: every pending one on an initial sync, else those of the window."""
@@ -110,16 +117,24 @@ class SyncHandler:
         invites = await events_in_order(self._store, [membership.event_id for membership in pending])
         return {event["room_id"]: event for event in invites}
 
-    async def _room_section(self, timeline, sync_filter: SyncFilter, requester) -> dict:
-        events = sync_filter.timeline.apply(timeline.events)
-        formatted = {"events": await format_for_client(self._store, events, requester), "limited": timeline.limited}
-        if timeline.prev_batch is not None:
-            formatted["prev_batch"] = timeline.prev_batch
-        return {
-            "timeline": formatted,
-            "state": {"events": await format_for_client(self._store, timeline.state)},
-            "account_data": {"events": []},
-        }
+    async def _room_sections(self, shown: list, sync_filter: SyncFilter, requester) -> list[dict]:
+        """Each room's timeline and state, every room's events formatted in
+        two calls (the timelines', the states'), not two a room: an initial
+        sync of many rooms is then two turns of the database pool, not one
+        per room."""
+        timelines = [sync_filter.timeline.apply(timeline.events) for _, timeline in shown]
+        formatted_events = await format_for_client(self._store, [e for events in timelines for e in events], requester)
+        formatted_state = await format_for_client(self._store, [e for _, t in shown for e in t.state])
+        sections = []
+        for (_, timeline), events in zip(shown, timelines, strict=True):
+            formatted = {"events": formatted_events[: len(events)], "limited": timeline.limited}
+            del formatted_events[: len(events)]
+            if timeline.prev_batch is not None:
+                formatted["prev_batch"] = timeline.prev_batch
+            state = formatted_state[: len(timeline.state)]
+            del formatted_state[: len(timeline.state)]
+            sections.append({"timeline": formatted, "state": {"events": state}, "account_data": {"events": []}})
+        return sections
 
     async def _stripped_state(self, room_id: str, invite: dict) -> list[dict]:
         ids = await self._store.get_current_state_ids(room_id, types=[(t, "") for t in STRIPPED_STATE_TYPES])

@@ -46,6 +46,14 @@ def start(url: str) -> tuple[subprocess.Popen, dict]:
     return proc, json.loads(line)["serving"]
 
 
+def make_admin(url: str, user_id: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    command = ["homeserver", "--db", url, "--server-name", "test.local", "--make-admin", user_id]
+    return subprocess.run(
+        [sys.executable, "-m", "roomstore.cli", *command], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
 def stop(proc: subprocess.Popen) -> tuple[int, str]:
     proc.send_signal(signal.SIGTERM)
     try:
@@ -79,6 +87,13 @@ class CommandTests:
         code, err = await threads.deferToThread(stop, proc)
         self.assertEqual(code, 0, err)
 
+        # --make-admin: an admin from then on (the admin API answers her); an unknown user: one line, exit 2.
+        made = await threads.deferToThread(make_admin, url, "@alice:test.local")
+        self.assertEqual((made.returncode, json.loads(made.stdout)), (0, {"admin": "@alice:test.local"}))
+        made = await threads.deferToThread(make_admin, url, "@nobody:test.local")
+        self.assertEqual(made.returncode, 2)  # a CliError
+        self.assertEqual(len(made.stderr.strip().splitlines()), 1, made.stderr)
+
         proc, serving = await self.start_command(url)
         alice.base = f"http://127.0.0.1:{serving['port']}"
         self.assertEqual(await alice.send(room, "t1", "retried after the restart"), first)
@@ -86,6 +101,8 @@ class CommandTests:
         second = await alice.send(room, "t2", "after")  # built on the room's ends, signed with the same key
         page = await alice.ok("GET", f"/rooms/{room}/messages", query={"dir": "b", "limit": "2"})
         self.assertEqual([e["event_id"] for e in page["chunk"]], [second, first])
+        status, answer = await alice.call("GET", "/v1/purge_history_status/none", prefix="/_synapse/admin")
+        self.assertEqual((status, answer["errcode"]), (404, "M_NOT_FOUND"))  # an admin: past the check
         code, err = await threads.deferToThread(stop, proc)
         self.assertEqual(code, 0, err)
 

@@ -1,5 +1,6 @@
 """``hs_users``, ``hs_devices`` and ``hs_access_tokens``: who may log in, with
-which devices, and which token belongs to which device."""
+which devices, and which token belongs to which device; and who is a server
+admin (``hs_users.admin``, schema version 2)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ __all__ = [
     "delete_device_tokens_txn",
     "delete_token_txn",
     "delete_user_tokens_txn",
+    "is_admin_txn",
     "password_hash_txn",
+    "set_admin_txn",
     "user_exists_txn",
     "user_for_token_txn",
 ]
@@ -35,6 +38,19 @@ def add_user_txn(txn: Transaction, user_id: str, password_hash: str, now_ms: int
 def password_hash_txn(txn: Transaction, user_id: str) -> str | None:
     row = txn.execute("SELECT password_hash FROM hs_users WHERE user_id = ?", (user_id,)).fetchone()
     return None if row is None else row[0]
+
+
+def is_admin_txn(txn: Transaction, user_id: str) -> bool:
+    row = txn.execute("SELECT admin FROM hs_users WHERE user_id = ?", (user_id,)).fetchone()
+    return row is not None and bool(row[0])
+
+
+def set_admin_txn(txn: Transaction, user_id: str, admin: bool) -> bool:
+    """Make ``user_id`` a server admin (or not); False when there is no such user."""
+    if not user_exists_txn(txn, user_id):
+        return False
+    txn.execute("UPDATE hs_users SET admin = ? WHERE user_id = ?", (admin, user_id))
+    return True
 
 
 def add_device_txn(txn: Transaction, user_id: str, device_id: str, display_name: str | None, now_ms: int) -> None:
