@@ -5,6 +5,7 @@ batch loop that reports what the store refuses and imports the rest."""
 from __future__ import annotations
 
 import json
+import re
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +39,10 @@ def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None
             line = line.strip()
             if not line:
                 continue
+            wrapped = _quickly_unwrapped(line)
+            if wrapped is not None:
+                yield number, wrapped[1], wrapped[0]
+                continue
             if _plainly_bare(line):
                 yield number, line, None
                 continue
@@ -58,6 +63,31 @@ def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None
                 yield number, member_text(text, "event").encode("utf-8"), obj["room_version"]
             else:
                 yield number, line, None
+
+
+#: A wrapped line as ``generate-sample`` and exports write it: ``{"room_version": "...", "event": `` first.
+_WRAPPED_START = re.compile(
+    rb'\{[ \t\r\n]*"room_version"[ \t\r\n]*:[ \t\r\n]*"([^"\\\x00-\x1f]*)"[ \t\r\n]*,[ \t\r\n]*"event"[ \t\r\n]*:[ \t\r\n]*'
+)
+
+
+def _quickly_unwrapped(line: bytes) -> tuple[str, bytes] | None:
+    """(room version, event bytes) of a wrapped line that starts with its
+    ``room_version`` (a string without escapes) and ``"event":``, whose rest
+    but its closing brace is one JSON object: then the line is that object
+    with exactly those two members, and the rest is the event's text as
+    ``member_text`` finds it, read with one orjson parse instead of three.
+    None for any other line, which goes the way that judges every line."""
+    start = _WRAPPED_START.match(line)
+    if start is None or not line.endswith(b"}"):
+        return None
+    event = line[start.end() : -1].rstrip(b" \t\r\n")
+    if not event.startswith(b"{") or not isinstance(quick_json(event), dict):
+        return None
+    try:
+        return start.group(1).decode("utf-8"), event
+    except UnicodeDecodeError:
+        return None
 
 
 def _plainly_bare(line: bytes) -> bool:
