@@ -17,20 +17,20 @@ TEXT = json.dumps(EVENT)
 
 #: Lines that are, or look like, wrapped lines; each must read the same either way.
 LINES = [
-    '{"room_version": "10", "event": %s}' % TEXT,
-    '{"room_version":"10","event":%s}' % TEXT.replace(" ", ""),
-    '  {\t"room_version" : "9" ,\n"event" :  %s  }  ' % TEXT,
-    '{"room_version": "10", "event": %s, "event": %s}' % (TEXT, TEXT),  # repeated: the last one
-    '{"room_version": "10", "event": %s, "room_version": "9"}' % TEXT,
-    '{"room_version": "10", "event": %s, "extra": 1}' % TEXT,  # BadLine
-    '{"event": %s, "room_version": "10"}' % TEXT,  # room_version second
-    '{"room_version": "1\\u0030", "event": %s}' % TEXT,  # an escape in the version
-    '{"room_version": "1\x010", "event": %s}' % TEXT,  # a raw control character: not JSON
+    '{"room_version": "10", "event": %s}'.replace("%s", TEXT),
+    '{"room_version":"10","event":%s}'.replace("%s", TEXT.replace(" ", "")),
+    '  {\t"room_version" : "9" ,\n"event" :  %s  }  '.replace("%s", TEXT),
+    '{"room_version": "10", "event": %s, "event": %s}'.replace("%s", TEXT),  # repeated: the last one
+    '{"room_version": "10", "event": %s, "room_version": "9"}'.replace("%s", TEXT),
+    '{"room_version": "10", "event": %s, "extra": 1}'.replace("%s", TEXT),  # BadLine
+    '{"event": %s, "room_version": "10"}'.replace("%s", TEXT),  # room_version second
+    '{"room_version": "1\\u0030", "event": %s}'.replace("%s", TEXT),  # an escape in the version
+    '{"room_version": "1\x010", "event": %s}'.replace("%s", TEXT),  # a raw control character: not JSON
     '{"room_version": "10", "event": [1]}',  # BadLine: not an object
-    '{"room_version": "10", "event": %s' % TEXT,  # truncated
+    '{"room_version": "10", "event": %s'.replace("%s", TEXT),  # truncated
     '{"room_version": "10", "event": {"a": 1}}}',  # one brace too many
     '{"room_version": "10", "event": {"a": "\\ud800"}}',  # a lone surrogate, which json.loads reads
-    '{"room_version": 10, "event": %s}' % TEXT,  # BadLine: not a string
+    '{"room_version": 10, "event": %s}'.replace("%s", TEXT),  # BadLine: not a string
     TEXT,  # a bare event
 ]
 

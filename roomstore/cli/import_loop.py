@@ -66,8 +66,22 @@ def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None
 
 
 #: A wrapped line as ``generate-sample`` and exports write it: ``{"room_version": "...", "event": `` first.
+_WS = rb"[ \t\r\n]*"
 _WRAPPED_START = re.compile(
-    rb'\{[ \t\r\n]*"room_version"[ \t\r\n]*:[ \t\r\n]*"([^"\\\x00-\x1f]*)"[ \t\r\n]*,[ \t\r\n]*"event"[ \t\r\n]*:[ \t\r\n]*'
+    rb"\{"
+    + _WS
+    + rb'"room_version"'
+    + _WS
+    + rb":"
+    + _WS
+    + rb'"([^"\\\x00-\x1f]*)"'
+    + _WS
+    + rb","
+    + _WS
+    + rb'"event"'
+    + _WS
+    + rb":"
+    + _WS
 )
 
 
