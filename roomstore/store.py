@@ -54,6 +54,7 @@ from roomstore.state.groups import (
     delete_when_unlocked,
 )
 from roomstore.storage.database import Database
+from roomstore.storage.errors import StorageFullError
 from roomstore.storage.interning import Interners, room_ids_txn
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME
 from roomstore.storage.stats import table_stats_txn
@@ -268,6 +269,9 @@ class RoomStore(ReplicationFace):
         turn = self._write_turns.take()
         try:
             return await self._persist_in_turn(turn, events, resolved_current_state, refuse_hash_mismatch, verify_keys)
+        except StorageFullError as exc:
+            self._write_turns.out_of_space(turn, exc)
+            raise
         finally:
             turn.done()
 
@@ -294,6 +298,7 @@ class RoomStore(ReplicationFace):
         if offer is not None and offer.taken:
             return await offer.outcome
         turn.withdraw()
+        turn.check_refused()
         self.check_writer_lock()
         await self.batch_rooms.refuse_orphans(prepared, orphan_rooms_to_check)
         followers = [] if alone else turn.take_followers(self.config.max_events_per_transaction - len(prepared))

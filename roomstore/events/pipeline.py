@@ -289,6 +289,15 @@ class WriteTurns:
         #: Turns not done yet, in call order.
         self._open: list[_Turn] = []
 
+    def out_of_space(self, failed: _Turn, exc: BaseException) -> None:
+        """``failed``'s write ran out of space: every call queued behind it
+        now is refused with the same error when its turn comes, not tried on
+        a disk just found full (one might fit where the other did not, and
+        the caller, stopping at the first refusal, would not hear of it).
+        Calls made later are tried again."""
+        for later in self._open[self._open.index(failed) + 1 :]:
+            later.refused = later.refused or exc
+
     def take(self) -> _Turn:
         mine: defer.Deferred = defer.Deferred()
         turn = _Turn(self, self._last, mine)
@@ -327,6 +336,8 @@ class _Turn:
         self._mine = mine
         self._ready = False
         self.offer: Offer | None = None
+        #: The error an earlier call's write met that refuses this one (``WriteTurns.out_of_space``).
+        self.refused: BaseException | None = None
         #: Fires with room ID -> version of the create events the call's
         #: batch holds, once validated (empty when it failed or had none).
         self._creates: defer.Deferred = defer.Deferred()
@@ -359,6 +370,12 @@ class _Turn:
         if not self._ready:
             await _observed(self._before)
             self._ready = True
+
+    def check_refused(self) -> None:
+        """Raise the error an earlier call's write met that refuses this
+        call's own (``WriteTurns.out_of_space``), if one did."""
+        if self.refused is not None:
+            raise type(self.refused)(*self.refused.args)
 
     def offer_batch(self, prepared: Sequence[PreparedEvent]) -> Offer:
         """Let an earlier call write ``prepared`` with its own (until ``withdraw``)."""

@@ -16,6 +16,7 @@ from roomstore.events.persist import MissingStateError
 from roomstore.events.pipeline import MIN_CHUNK, BatchValidator, WriteTurns
 from roomstore.pdu.content_hash import ContentHashMismatch
 from roomstore.pdu.parsing import InvalidEventError
+from roomstore.storage.errors import StorageFullError
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
@@ -101,6 +102,26 @@ class WriteTurnsTests(unittest.TestCase):
         self.assertEqual(turns.in_flight, 0)
         self.assertFalse(turns.take().earlier_in_flight())
         return defer.gatherResults([d2, d3])
+
+    def test_calls_queued_behind_one_out_of_space_are_refused_alike(self):
+        turns = WriteTurns()
+        first, second, third = turns.take(), turns.take(), turns.take()
+
+        async def write(turn):
+            await turn.ready()
+            turn.check_refused()
+
+        waiting = [defer.ensureDeferred(write(t)) for t in (second, third)]
+        full = StorageFullError("sqlite:///x.db is out of space (database or disk is full)")
+        turns.out_of_space(first, full)
+        first.done()
+        self.failureResultOf(waiting[0], StorageFullError)
+        second.done()
+        failure = self.failureResultOf(waiting[1], StorageFullError)
+        self.assertEqual(str(failure.value), str(full))
+        third.done()
+        later = turns.take()  # a call made after: tried again
+        self.successResultOf(defer.ensureDeferred(write(later)))
 
 
 class ValidatorTests(unittest.TestCase):
@@ -322,6 +343,33 @@ class PipelineTests:
         outcomes[1][1].trap(InvalidEventError)
         self.assertIn("is unknown", str(outcomes[1][1].value))
         self.assertEqual(store.get_current_token(), "s0")
+
+    async def test_a_write_out_of_space_refuses_the_calls_queued_behind_it(self):
+        # The second call's write meets a full disk: the calls already queued
+        # behind it are refused alike (none written after the refusal an
+        # importer stops at); a call made afterwards is tried again.
+        store = await self.open_store(0)
+        room, built = linear_room(120)
+        events = [room.to_persist(e) for e in built]
+        write = store._write
+        calls = []
+
+        async def second_write_full(prepared, resolved):
+            calls.append(len(prepared))
+            if len(calls) == 2:
+                raise StorageFullError("the test's disk is out of space")
+            return await write(prepared, resolved)
+
+        self.patch(store, "_write", second_write_full)
+        batches = [events[i : i + 30] for i in range(0, 90, 30)]
+        outcomes = await self._in_flight(store, batches)
+        self.assertTrue(outcomes[0][0], outcomes[0][1])
+        for ok, failure in outcomes[1:]:
+            self.assertFalse(ok)
+            failure.trap(StorageFullError)
+        self.assertEqual(store.get_current_token(), "s30")
+        again = await store.persist_events(events[30:])
+        self.assertEqual([r.stream_ordering for r in again], list(range(31, len(events) + 1)))
 
     async def test_unknown_room_still_refused(self):
         store = await self.open_store()
