@@ -195,8 +195,11 @@ async def import_file(
     checked where the keys allow, a bad one refuses the event.
     A progress bar on stderr when it is a terminal, or ``progress`` forces it.
     ``summary`` (filled as it goes) keeps the counts when an error stops it:
-    ``next_line`` is the first line not imported (batches after it that were
-    in flight may be stored too: an import run again skips what is stored).
+    ``next_line`` is the first line not imported. After a full disk nothing
+    after it is stored (the store refuses the batches queued behind the one
+    that ran out); after another stop (the database gone, the writer process
+    lost) batches in flight after it may be stored too. An import run again
+    skips what is stored.
 
     ``in_flight``: batches handed to ``persist_events`` before the first is
     awaited, so the store validates the next ones while it writes, and
