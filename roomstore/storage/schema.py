@@ -21,7 +21,7 @@ from roomstore.storage.transaction import Transaction
 log = Logger()
 
 #: The schema version this code reads and writes.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 #: The schema files ship inside the package (package data), so an installed
 #: roomstore finds them with no environment variable; ROOMSTORE_SCHEMA_DIR
