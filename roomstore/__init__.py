@@ -66,7 +66,7 @@ _HOME = {
     "PrevEventsCycle": "roomstore.events.batch",
     "MissingStateError": "roomstore.events.batch_state",
     "InvalidToken": "roomstore.events.tokens",
-    "WriterProcessLost": "roomstore.events.writer_process",
+    "WriterProcessLost": "roomstore.writer_process.parent",
     "DatabaseConfigError": "roomstore.storage.errors",
     "DatabaseUnavailableError": "roomstore.storage.errors",
     "StorageFullError": "roomstore.storage.errors",

@@ -46,7 +46,6 @@ from roomstore.events.sync import SyncReader, SyncResult
 from roomstore.events.tables.client_txns import event_id_for_txn_txn
 from roomstore.events.timeline import RecentResult, TimelineReader
 from roomstore.events.user_rooms import RoomMembership, check_memberships, rooms_by_membership_txn
-from roomstore.events.writer_process import WriterProcess
 from roomstore.pdu.signatures import VerifyKeys
 from roomstore.state.groups import (
     COMPACTION_LOCK_TIMEOUT_S,
@@ -65,6 +64,7 @@ from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.streams.reservations import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
+from roomstore.writer_process.parent import WriterProcess
 
 #: What an embedder imports from here (see the module docstring).
 __all__ = ["ClientTxn", "EventToPersist", "RoomStore", "StoreConfig"]

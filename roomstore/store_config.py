@@ -50,7 +50,7 @@ class StoreConfig:
     #: Group commit: calls validated while an earlier one writes go into its
     #: transaction, up to this many events in all (1: every call alone).
     max_events_per_transaction: int = attrs.field(default=1_000, validator=attrs.validators.ge(1))
-    #: Write in a child process (``events/writer_process.py``): the writes
+    #: Write in a child process (``writer_process/parent.py``): the writes
     #: (``persist_events``, ``invalidate_cache``, ``censor_expired_redactions``,
     #: ``delete_state_groups``) go to a process of their own, which holds the
     #: writer lock, validates and writes; this process reads, and learns each

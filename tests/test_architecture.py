@@ -63,6 +63,7 @@ STORE = (
     "roomstore.storage",
     "roomstore.streams",
     "roomstore.store",
+    "roomstore.writer_process",
 )
 #: What sits above the store.
 ABOVE_STORE = ("roomstore.replication", "roomstore.compaction", "roomstore.synapse_db", "roomstore.homeserver")

@@ -16,10 +16,10 @@ from twisted.python import failure
 
 from roomstore.cli.common import emit
 from roomstore.events.persist import EVENT_REFUSALS
-from roomstore.events.writer_process import WriterProcessLost
 from roomstore.pdu.json_decoding import quick_json
 from roomstore.pdu.parsing import MAX_JSON_NESTING
 from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError, StorageFullError
+from roomstore.writer_process.parent import WriterProcessLost
 
 
 def read_import_lines(path: str) -> Iterator[tuple[int, bytes | None, str | None]]:

@@ -1,5 +1,5 @@
 """``StoreConfig(writer_process=True)``: the store's writes run in a child
-process (``roomstore.events.writer_process``, ``roomstore.writer_worker``);
+process (``roomstore.writer_process.parent``, ``roomstore.writer_process.child``);
 this process reads, and learns each commit from the child's replies before
 the call that made it returns. Real child processes, real databases."""
 
@@ -15,11 +15,11 @@ from twisted.trial import unittest
 from roomstore.events.batch import EventToPersist
 from roomstore.events.persist import MissingStateError
 from roomstore.events.validation_worker import FrameReader, frame
-from roomstore.events.writer_process import WriterProcessLost
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.storage.errors import DatabaseConfigError
 from roomstore.storage.writer_lock import WriterLockHeld
 from roomstore.store import RoomStore, StoreConfig
+from roomstore.writer_process.parent import WriterProcessLost
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
 from tests.store.test_pipeline import ALICE, BOB, linear_room, unstorable_join
@@ -199,7 +199,7 @@ class WriterProcessConfigTests(unittest.TestCase):
 
     def test_priority_set_in_a_process(self):
         code = (
-            "import os, sys; from roomstore.writer_worker import set_priority; set_priority(sys.argv[1]);"
+            "import os, sys; from roomstore.writer_process.child import set_priority; set_priority(sys.argv[1]);"
             " print(os.sched_getscheduler(0) == getattr(os, 'SCHED_IDLE', None), os.nice(0))"
         )
 

@@ -9,7 +9,7 @@ process of its own, at a lower CPU priority, the writer takes neither: the
 homeserver's process only sends it the calls and applies its replies.
 
 ``WriterProcess`` is the parent's side. It starts ``python -m
-roomstore.writer_worker`` (``reactor.spawnProcess``) and speaks to it over
+roomstore.writer_process.child`` (``reactor.spawnProcess``) and speaks to it over
 its stdin and stdout in ``validation_worker``'s frames (a length, a pickle):
 
 * first ``("open", url, config fields)``; the child opens the store as the
@@ -108,7 +108,7 @@ class WriterProcess:
         if reactor is None:
             from twisted.internet import reactor
         writer = cls(reactor)
-        argv = [sys.executable, "-m", "roomstore.writer_worker"]
+        argv = [sys.executable, "-m", "roomstore.writer_process.child"]
         # stdin and stdout are the frames' pipes; stderr is ours (its log).
         writer._transport = reactor.spawnProcess(
             writer._frames, sys.executable, argv, env=os.environ, childFDs={0: "w", 1: "r", 2: 2}

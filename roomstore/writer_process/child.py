@@ -1,7 +1,7 @@
-"""A store's writer process: ``python -m roomstore.writer_worker``.
+"""A store's writer process: ``python -m roomstore.writer_process.child``.
 
 ``RoomStore.open`` starts it for ``StoreConfig(writer_process=True)``
-(``roomstore.events.writer_process`` is the parent's side and describes the
+(``roomstore.writer_process.parent`` is the parent's side and describes the
 frames). It opens the store as the writer and runs the calls its parent
 forwards, in the order they come, several at a time as the parent makes
 them; each reply carries the batches committed since the last one and the
@@ -25,8 +25,8 @@ from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
 from zope.interface import implementer
 
 from roomstore.events.validation_worker import FrameReader, claim_stdout, frame, shipped_error
-from roomstore.events.writer_process import FORWARDED
 from roomstore.store import RoomStore, StoreConfig
+from roomstore.writer_process.parent import FORWARDED
 
 log = Logger()
 
