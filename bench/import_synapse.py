@@ -5,7 +5,7 @@ Synapse database grows.
 The Synapse database: a real Synapse (matrix-synapse 1.163.2 from
 ``.venv-synapse``) is started once on the bench's PostgreSQL, so its own
 migrations create the schema, and stopped. Rooms from roomstore's generator
-(``roomstore.sample``: rooms at versions 12, 11, 9, 10 and 6, membership
+(``roomstore.demo.sample``: rooms at versions 12, 11, 9, 10 and 6, membership
 churn, redactions, forks that merge) are then written into Synapse's tables
 as Synapse lays them out: ``events``, ``event_json`` (the JSON),
 ``event_edges``, ``rooms``, ``redactions``, and state groups (a one-row delta on the state before for
@@ -44,7 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench._common import bench_databases, print_table  # noqa: E402
-from roomstore.sample import sample_lines  # noqa: E402
+from roomstore.demo.sample import sample_lines  # noqa: E402
 
 EVENTS_PER_ROOM = 2500
 MAX_CHAIN = 100

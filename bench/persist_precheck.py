@@ -32,10 +32,10 @@ from twisted.internet import defer, task
 from bench._common import bench_databases, print_table
 from roomstore.cli.demo import SAMPLE_PATH
 from roomstore.cli.import_loop import import_file
+from roomstore.demo.sample import RoomGraphBuilder
 from roomstore.events import precheck
 from roomstore.events.persist import EventToPersist
 from roomstore.events.precheck import stored_results_txn
-from roomstore.sample import RoomGraphBuilder
 from roomstore.store import RoomStore
 
 VARIANTS = ("precheck", "look-up only", "none")

@@ -415,6 +415,16 @@ class RoomstoreShapeTests(unittest.TestCase):
                 + "\n  ".join(wrong)
             )
 
+    def test_demo_data_is_the_command_lines_alone(self):
+        wrong = [
+            f"{module} imports {target}"
+            for module, targets in sorted(self.graph.items())
+            if not module.startswith(("roomstore.cli.", "roomstore.demo."))
+            for target in targets
+            if target == "roomstore.demo" or target.startswith("roomstore.demo.")
+        ]
+        self.assertEqual(wrong, [], "only the command line's demo commands use the generated sample (roomstore.demo)")
+
     def test_homeserver_uses_the_public_face_only(self):
         self.assertIn(HOMESERVER, self.graph, "the homeserver package roomstore.homeserver is missing")
 

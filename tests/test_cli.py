@@ -11,7 +11,7 @@ import tempfile
 from twisted.internet import threads
 
 from roomstore.cli.demo import SAMPLE_PATH
-from roomstore.sample import write_sample
+from roomstore.demo.sample import write_sample
 from roomstore.storage import SCHEMA_VERSION
 from roomstore.storage.schema import DEFAULT_SCHEMA_DIR
 from tests.db import on_both_engines

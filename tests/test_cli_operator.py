@@ -12,9 +12,9 @@ from twisted.internet import threads
 from twisted.trial import unittest
 
 from roomstore.cli.demo import SAMPLE_PATH
+from roomstore.demo.sample import write_sample
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.room_versions import get_room_version
-from roomstore.sample import write_sample
 from tests.db import on_both_engines
 from tests.test_cli import run_cli
 

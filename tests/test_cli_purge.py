@@ -7,7 +7,7 @@ import tempfile
 
 from twisted.internet import threads
 
-from roomstore.sample import write_sample
+from roomstore.demo.sample import write_sample
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines
 from tests.test_cli import run_cli

@@ -20,8 +20,8 @@ import tempfile
 from twisted.internet import threads
 from twisted.trial import unittest
 
+from roomstore.demo.sample import RoomGraphBuilder
 from roomstore.pdu.parsing import MAX_JSON_NESTING
-from roomstore.sample import RoomGraphBuilder
 
 from .test_cli_errors import closed_port, roomstore
 from .test_disk_full import TmpfsMixin

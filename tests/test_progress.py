@@ -15,7 +15,7 @@ import termios
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.sample import write_sample
+from roomstore.demo.sample import write_sample
 from tests.db import DatabaseTestMixin
 from tests.test_cli import ROOT, run_cli
 

@@ -92,7 +92,7 @@ async def cmd_demo(reactor, args) -> int:
 
 
 async def cmd_generate_sample(reactor, args) -> int:
-    from roomstore.sample import write_sample
+    from roomstore.demo.sample import write_sample
 
     count = write_sample(args.output, rooms=args.rooms, events_per_room=args.events_per_room, seed=args.seed)
     emit({"written": args.output, "events": count})

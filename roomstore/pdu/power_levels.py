@@ -2,7 +2,7 @@
 
 These functions state who the creators are and what a user's level is, for
 what needs it outside the authorization rules, such as the sample generator
-(``roomstore.sample``) writing valid room version 12 power levels. The
+(``roomstore.demo.sample``) writing valid room version 12 power levels. The
 authorization rules read levels through ``roomstore.pdu.auth_levels``
 (``roomstore.pdu.auth_rules``), as does the store where a redaction's power
 decides whether it applies (``roomstore.events.redaction_authority``).

@@ -56,8 +56,8 @@ async def persist_sample_rooms(url: str, rooms: int = 2, events_per_room: int = 
     store refuses, like the sample's deliberate unresolvable merge, are
     skipped)."""
     from roomstore.cli.import_loop import read_import_lines
+    from roomstore.demo.sample import write_sample
     from roomstore.events.persist import EventToPersist
-    from roomstore.sample import write_sample
 
     directory = tempfile.mkdtemp(prefix="roomstore-compaction-sample-")
     path = os.path.join(directory, "sample.jsonl")

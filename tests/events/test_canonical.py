@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 from twisted.trial import unittest
 
 from bench.event_store import persist_workload
+from roomstore.demo.sample import sample_lines
 from roomstore.pdu import canonical
 from roomstore.pdu.canonical import canonical_json
 from roomstore.pdu.hashing import compute_content_hash, compute_event_id
 from roomstore.pdu.parsing import parse_pdu
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
-from roomstore.sample import sample_lines
 from tests.events.pdus import encode, make_pdu
 
 #: Every code point a JSON string can hold (surrogates cannot be UTF-8).

@@ -12,12 +12,12 @@ import math
 from signedjson.key import generate_signing_key
 from twisted.trial import unittest
 
+from roomstore.demo.sample import RoomGraphBuilder
 from roomstore.pdu.hashing import add_derived_ids, compute_event_id, compute_reference_hash
 from roomstore.pdu.parsing import InvalidEventError, parse_pdu
 from roomstore.pdu.power_levels import CREATOR_POWER_LEVEL, creators_listed, room_creators, user_power_level
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from roomstore.pdu.room_versions import RoomVersions, get_room_version
-from roomstore.sample import RoomGraphBuilder
 from tests.events.pdus import encode, make_pdu
 from tests.synapse_oracle import prepare_synapse
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from twisted.trial import unittest
 
+from roomstore.demo.sample import RoomGraphBuilder
 from roomstore.pdu.parsing import parse_pdu, stored_pdu
-from roomstore.sample import RoomGraphBuilder
 
 ALICE = "@alice:example.org"
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 
+from roomstore.demo.sample import BuiltEvent, RoomGraphBuilder
 from roomstore.events.persist import EventToPersist
 from roomstore.pdu.hashing import unpadded_base64
 from roomstore.pdu.parsing import parse_pdu
 from roomstore.resolution import MemoryEventSource, resolve_state
-from roomstore.sample import BuiltEvent, RoomGraphBuilder
 
 __all__ = ["BuiltEvent", "RoomBuilder", "UncheckedRoomBuilder", "fake_event_id", "pure_resolution", "skip_precheck"]
 

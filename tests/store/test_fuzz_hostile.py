@@ -37,9 +37,9 @@ from hypothesis import strategies as st
 
 from roomstore.cli import import_loop
 from roomstore.cli.import_loop import import_file
+from roomstore.demo.sample import RoomGraphBuilder
 from roomstore.pdu.hashing import compute_content_hash
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
-from roomstore.sample import RoomGraphBuilder
 from tests.db import on_both_engines
 from tests.hypothesis_examples import run_examples
 

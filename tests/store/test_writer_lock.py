@@ -18,7 +18,7 @@ import tempfile
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.sample import write_sample
+from roomstore.demo.sample import write_sample
 from roomstore.storage.writer_lock import WriterLock, WriterLockHeld
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import DatabaseTestMixin, on_both_engines
