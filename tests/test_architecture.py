@@ -415,6 +415,12 @@ class RoomstoreShapeTests(unittest.TestCase):
                 + "\n  ".join(wrong)
             )
 
+    def test_the_visibility_oracle_stands_apart(self):
+        # rules.py checks the store's visibility code: it imports none of it, and no module of the store uses it.
+        self.assertEqual([t for t in self.graph["roomstore.visibility.rules"] if t.startswith("roomstore.")], [])
+        users = sorted(m for m, targets in self.graph.items() if "roomstore.visibility.rules" in targets)
+        self.assertEqual(users, [])
+
     def test_demo_data_is_the_command_lines_alone(self):
         wrong = [
             f"{module} imports {target}"

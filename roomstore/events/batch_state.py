@@ -24,8 +24,8 @@ from roomstore.events.tables.events import history_visibility_json_txn
 from roomstore.state.deltas import state_diff
 from roomstore.state.groups import group_facts_txn
 from roomstore.storage.interning import chunks
+from roomstore.visibility.codes import NO_MEMBERSHIP_CODE, visibility_code
 from roomstore.visibility.memberships import membership_codes_txn
-from roomstore.visibility.rules import NO_MEMBERSHIP_CODE, visibility_code
 from roomstore.visibility.snapshots import DEFAULT_VISIBILITY, snapshot_facts_sql
 
 __all__ = ["BatchStateSteps", "HISTORY_VISIBILITY", "MEMBER", "MissingStateError", "Pending"]

@@ -26,7 +26,7 @@ from roomstore.events.tables.room_state import (
 from roomstore.state.deltas import state_diff
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import queue_activity, queue_current_state_group
-from roomstore.visibility.rules import NO_MEMBERSHIP_CODE
+from roomstore.visibility.codes import NO_MEMBERSHIP_CODE
 
 MEMBER = "m.room.member"
 

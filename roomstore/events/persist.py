@@ -58,8 +58,8 @@ from roomstore.storage.interning import (
     queue_room_version,
     room_versions_txn,
 )
+from roomstore.visibility.codes import membership_code, visibility_code
 from roomstore.visibility.memberships import insert_memberships
-from roomstore.visibility.rules import membership_code, visibility_code
 from roomstore.visibility.snapshots import VisibilityStore, VisibilityWrites
 
 __all__ = [

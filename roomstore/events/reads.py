@@ -43,7 +43,7 @@ from roomstore.state.groups import StateGroupNotFound, StateGroupStore
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.errors import NotFoundError
 from roomstore.storage.interning import Interners, LruCache, chunks, key_nids_of_types_txn
-from roomstore.visibility.rules import MEMBERSHIP_CODES
+from roomstore.visibility.codes import MEMBERSHIP_CODES
 
 JOIN = MEMBERSHIP_CODES["join"]
 

@@ -51,7 +51,7 @@ from roomstore.events.tables.room_state import STATE_NID_STREAM_ROWS, STATE_STRE
 from roomstore.storage.collector import collector_paused
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
-from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
+from roomstore.visibility.codes import MEMBERSHIP_BY_CODE
 
 __all__ = ["stream_page_txn", "stream_text_txn"]
 

@@ -32,8 +32,8 @@ from roomstore.events.timeline import (
 )
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import room_nids_sql
+from roomstore.visibility.codes import MEMBERSHIP_CODES
 from roomstore.visibility.memberships import left_rooms_sql, left_upto_sql, own_membership_events_sql
-from roomstore.visibility.rules import MEMBERSHIP_CODES
 from roomstore.visibility.snapshots import visible_sql
 
 __all__ = ["RoomTimeline", "SyncReader", "SyncResult"]

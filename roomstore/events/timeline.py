@@ -63,7 +63,7 @@ from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
 from roomstore.storage.database import Database, Transaction
 from roomstore.storage.interning import Interners, event_id_sql, join_rooms
 from roomstore.streams.change_cache import StreamChangeCache
-from roomstore.visibility.rules import MEMBERSHIP_CODES
+from roomstore.visibility.codes import MEMBERSHIP_CODES
 from roomstore.visibility.snapshots import visible_params, visible_sql
 
 __all__ = ["InvalidToken", "RecentResult", "TimelineReader"]

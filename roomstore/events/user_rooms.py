@@ -23,8 +23,8 @@ from roomstore.events.tables.events import join_events
 from roomstore.events.tables.room_state import memberships_of_user_txn
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners, join_event_ids, join_rooms
+from roomstore.visibility.codes import MEMBERSHIP_BY_CODE, MEMBERSHIP_CODES
 from roomstore.visibility.memberships import newest_memberships_sql
-from roomstore.visibility.rules import MEMBERSHIP_BY_CODE, MEMBERSHIP_CODES
 
 __all__ = ["RoomMembership", "rooms_by_membership_txn"]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from roomstore.storage.database import Transaction
 from roomstore.storage.engines import Row
-from roomstore.visibility.rules import MEMBERSHIP_CODES
+from roomstore.visibility.codes import MEMBERSHIP_CODES
 
 JOIN = MEMBERSHIP_CODES["join"]
 

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 
 from roomstore.storage.database import Transaction
 from roomstore.storage.engines import Row
+from roomstore.visibility.codes import MEMBERSHIP_CODES, NO_MEMBERSHIP_CODE, VISIBILITY_CODES
 from roomstore.visibility.memberships import joined_after_sql, last_join_sql
-from roomstore.visibility.rules import MEMBERSHIP_CODES, NO_MEMBERSHIP_CODE, VISIBILITY_CODES
 
 JOIN = MEMBERSHIP_CODES["join"]
 INVITE = MEMBERSHIP_CODES["invite"]

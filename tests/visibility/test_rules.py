@@ -10,7 +10,7 @@ from typing import Any
 
 from twisted.trial import unittest
 
-from roomstore.visibility.rules import (
+from roomstore.visibility.codes import (
     MEMBERSHIP_BY_CODE,
     MEMBERSHIP_CODES,
     NO_MEMBERSHIP_CODE,
@@ -18,13 +18,10 @@ from roomstore.visibility.rules import (
     VISIBILITY_CODES,
     HistoryVisibility,
     Membership,
-    allowed_by_rules,
-    history_visibility_in,
-    is_event_visible,
     membership_code,
-    membership_in,
     visibility_code,
 )
+from roomstore.visibility.rules import allowed_by_rules, history_visibility_in, is_event_visible, membership_in
 
 ME = "@me:example.org"
 OTHER = "@other:example.org"

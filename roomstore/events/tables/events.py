@@ -27,8 +27,8 @@ from roomstore.storage.interning import (
     join_rooms,
     state_key_sql,
 )
+from roomstore.visibility.codes import MEMBERSHIP_BY_CODE
 from roomstore.visibility.memberships import membership_of_sql
-from roomstore.visibility.rules import MEMBERSHIP_BY_CODE
 
 EVENT_COLUMNS = (
     "event_nid",
