@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from roomstore.compaction.model import StateGroupEntry
-from roomstore.compaction.sql import ANY_GROUP, ROOM_DELTAS, ROOM_GROUPS
+from roomstore.compaction.roomstore_sql import ANY_GROUP, ROOM_DELTAS, ROOM_GROUPS
 from roomstore.state.group_tables import (
     MAX_STATE_GROUP,
     bulk_insert_groups,

@@ -178,7 +178,7 @@ def history(rooms: int, events: int):
 
 
 async def start_server(reactor, url: str, **kw):
-    from roomstore.replication.service import ReplicationServerService
+    from roomstore.replication.process_services import ReplicationServerService
 
     service = ReplicationServerService(url, port=0, server_name="bench", reactor=reactor, **kw)
     service.startService()
@@ -482,7 +482,7 @@ def rdata_lines_of(store_rows: list, count: int) -> list[str]:
 
 
 async def parse_rows(reactor, new_url, events: int) -> list:
-    from roomstore.replication.store_sources import EventsStream
+    from roomstore.replication.store_streams import EventsStream
     from roomstore.store import RoomStore
 
     store = await RoomStore.open(new_url(), reactor=reactor)
@@ -619,7 +619,7 @@ async def breakdown(reactor, engine: str, new_url, events: int, runs: int, page_
 
     from roomstore.replication import ReplicationClientFactory, ReplicationConfig, ReplicationServerFactory
     from roomstore.replication.store_handler import StoreReplicationHandler
-    from roomstore.replication.store_sources import EventsStream, store_stream_registry
+    from roomstore.replication.store_streams import EventsStream, store_stream_registry
     from roomstore.store import RoomStore, StoreConfig
 
     url = new_url()
@@ -756,7 +756,7 @@ async def live_run(reactor, url: str, events: int, page_size: int, burst: bool, 
     connected worker as fast as the live path carries them rather than as fast
     as the writer writes."""
     from roomstore.replication import ReplicationConfig, ReplicationServerFactory
-    from roomstore.replication.store_sources import store_stream_registry, wire_server
+    from roomstore.replication.store_streams import store_stream_registry, wire_server
     from roomstore.store import RoomStore, StoreConfig
 
     processes = LIVE_WRITER["validation_processes"]

@@ -47,7 +47,7 @@ _HOME = {
     "build_event": "roomstore.pdu.building",
     "BuiltPdu": "roomstore.pdu.building",
     # What reads return.
-    "EventFlags": "roomstore.events.reads",
+    "EventFlags": "roomstore.events.event_reader",
     "RoomMembership": "roomstore.events.user_rooms",
     "SyncResult": "roomstore.events.sync",
     "RoomTimeline": "roomstore.events.sync_state",

@@ -34,6 +34,7 @@ from roomstore.events.batch_rooms import BatchRooms
 from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
 from roomstore.events.client_format import format_client_events
+from roomstore.events.event_reader import EventFlags, EventReader
 from roomstore.events.federation import FederationReader
 from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
@@ -41,7 +42,6 @@ from roomstore.events.pipeline import BatchValidator, WriteTurns, write_in_group
 from roomstore.events.precheck import precheck_txn
 from roomstore.events.purge import Purger, PurgeResult
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
-from roomstore.events.reads import EventFlags, EventReader
 from roomstore.events.sync import SyncReader, SyncResult
 from roomstore.events.tables.client_txns import event_id_for_txn_txn
 from roomstore.events.timeline import RecentResult, TimelineReader
@@ -385,7 +385,7 @@ class RoomStore(ReplicationFace):
         self._invalidation_hooks.append(hook)
 
     # ------------------------------------------------------------------ reads
-    # Thin async wrappers: the SQL lives in roomstore.events.reads.
+    # Thin async wrappers: the SQL lives in roomstore.events.event_reader.
 
     async def get_event(self, event_id: str, redact: bool = True, allow_rejected: bool = False) -> dict | None:
         """The served event (None if not stored, or rejected unless ``allow_rejected``)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from roomstore.events.stream_pages import (
+from roomstore.events.replication_pages import (
     backfill_page_txn,
     events_page_txn,
     invalidations_page_txn,
@@ -45,7 +45,7 @@ class ReplicationFace:
         """``(events, state, more)``: what ``instance`` wrote to the events
         stream in ``(from_token, upto]``, a page of at most ``limit`` events
         and the current-state changes they cover, in one snapshot
-        (``roomstore.events.stream_pages.events_page_txn`` says the fields)."""
+        (``roomstore.events.replication_pages.events_page_txn`` says the fields)."""
         return await self.db.run_interaction(
             "replication_events", events_page_txn, self.interners, instance, from_token, upto, limit
         )

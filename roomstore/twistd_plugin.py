@@ -75,7 +75,7 @@ class RoomstoreServiceMaker:
         from roomstore.cli.redis_bus import redis_tls
         from roomstore.cli.replication import serve_store_config
         from roomstore.replication import ReplicationConfig
-        from roomstore.replication.service import ReplicationServerService, read_secret_file
+        from roomstore.replication.process_services import ReplicationServerService, read_secret_file
 
         try:
             secret = read_secret_file(options["secret-file"]) if options["secret-file"] else None

@@ -94,8 +94,8 @@ TABLE_CALLS = ("insert_many", "Interner")
 #: lives with the job's roomstore layout instead (issue 43). Declared here and in the tables' rows of
 #: docs/architecture.md (checked), so a third module naming them still fails.
 SECOND_HOMES = {
-    "state_groups": "roomstore/compaction/sql.py",
-    "state_group_deltas": "roomstore/compaction/sql.py",
+    "state_groups": "roomstore/compaction/roomstore_sql.py",
+    "state_group_deltas": "roomstore/compaction/roomstore_sql.py",
 }
 
 

@@ -30,7 +30,7 @@ import urllib.parse
 
 from twisted.trial import unittest
 
-from roomstore.replication.store_sources import STORE_STREAMS
+from roomstore.replication.store_streams import STORE_STREAMS
 from tests.db import pg_query
 from tests.replication.redis_utils import RedisServer
 from tests.replication.store_utils import reap

@@ -39,8 +39,8 @@ def redis_tls(args):
 
 async def connect_redis(reactor, store, args, timeout: float = 15.0):
     """``store`` on the Redis bus of ``--redis`` (channel ``--server-name``), connected."""
+    from roomstore.replication.process_services import start_redis
     from roomstore.replication.redis import RedisRefused, shown_url
-    from roomstore.replication.service import start_redis
 
     try:
         redis = start_redis(store, args.redis, args.server_name or "localhost", reactor, redis_tls(args))

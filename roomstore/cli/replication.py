@@ -1,5 +1,5 @@
 """``roomstore serve`` and ``follow``: the two ends of replication, each a
-service that runs until stopped (``roomstore.replication.service``), with
+service that runs until stopped (``roomstore.replication.process_services``), with
 the one JSON line that says it is up."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def serve_store_config(args):
 async def cmd_serve(reactor, args) -> int:
     """Serve the store's streams to workers over TCP replication, until stopped."""
     from roomstore.replication import ReplicationConfig
-    from roomstore.replication.service import ReplicationServerService, read_secret_file, run_service
+    from roomstore.replication.process_services import ReplicationServerService, read_secret_file, run_service
     from roomstore.replication.tls import TLSConfigError
 
     try:
@@ -133,7 +133,7 @@ async def cmd_serve(reactor, args) -> int:
 async def cmd_follow(reactor, args) -> int:
     """Follow a replication server into a worker store, printing every applied
     row (``{"stream", "instance", "token", "row"}``), until stopped."""
-    from roomstore.replication.service import FollowerService, parse_host_port, read_secret_file, run_service
+    from roomstore.replication.process_services import FollowerService, parse_host_port, read_secret_file, run_service
 
     if (args.server is None) == (args.redis is None):
         raise CliError("give --server HOST:PORT (TCP) or --redis URL, one of them")

@@ -2,7 +2,7 @@
 
 Each statement reads a relation of groups with the columns ``state_group``,
 ``room_nid`` (and, for the chunk layout, ``prev_state_group``), given as SQL
-text: roomstore's ``state_groups`` (:mod:`roomstore.compaction.sql`) or a
+text: roomstore's ``state_groups`` (:mod:`roomstore.compaction.roomstore_sql`) or a
 subquery over Synapse's tables (:mod:`roomstore.compaction.synapse_sql`).
 ``where`` is a condition on that relation (integers only); ``?`` parameters
 are noted per statement. Each layout's module puts them in its record of

@@ -3,7 +3,7 @@
 ``state_groups`` (``room_nid``, ``prev_state_group``, ``chain_length``,
 ``sole_*``) and ``state_group_deltas`` (interned ``type_key_nid``,
 ``event_nid``, NULL event: a removal). Every statement in
-:mod:`roomstore.compaction.sql`; the full state of a group is the state
+:mod:`roomstore.compaction.roomstore_sql`; the full state of a group is the state
 tables' owner's (:func:`roomstore.state.group_tables.full_state_sql`), as
 for the store's reads.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from roomstore.compaction import sql
+from roomstore.compaction import roomstore_sql as sql
 from roomstore.compaction.chunks import ChunkResult, StagedChunk
 from roomstore.compaction.job.reading import JdbcSource
 from roomstore.compaction.tables import (

@@ -11,7 +11,7 @@ The job's own tables are ``roomstore_compressor_*``; nothing of Synapse's
 schema is changed.
 
 The writer runs the statements of :data:`STATEMENTS` (the record
-:mod:`roomstore.compaction.sql` fills for roomstore's tables, see
+:mod:`roomstore.compaction.roomstore_sql` fills for roomstore's tables, see
 :class:`roomstore.compaction.tables.JobStatements`). Rooms are numbered by
 :data:`ROOM_NID`, 60 bits of the MD5 of the room ID, computed in SQL: no
 mapping table, the same number in every run. Statements use ``?``

@@ -10,7 +10,7 @@ each layout against it). Two implementations:
 * :class:`roomstore.compaction.roomstore_tables.RoomstoreTables`: roomstore's
   ``state_groups`` / ``state_group_deltas`` (interned integer keys and
   events, ``chain_length``, ``sole_*``), statements in
-  :mod:`roomstore.compaction.sql`;
+  :mod:`roomstore.compaction.roomstore_sql`;
 * :class:`roomstore.compaction.synapse_tables.SynapseTables`: a Synapse
   PostgreSQL database's ``state_groups`` / ``state_group_edges`` /
   ``state_groups_state`` (strings), statements in

@@ -1,12 +1,12 @@
 """The rows the events and backfill streams carry, read from the event tables.
 
-Replication (``roomstore.replication.store_sources``) pages through them; the
+Replication (``roomstore.replication.store_streams``) pages through them; the
 statements are their tables' owners' (``roomstore.events.tables.events``'s
 ``event_stream_rows_sql`` and ``event_json_stream_rows_sql``,
 ``roomstore.events.tables.room_state``'s ``STATE_STREAM_ROWS`` and
 ``state_json_stream_rows_sql``: on PostgreSQL one statement a page, a round
 trip); this module pages and names the rows, in the layout replication
-sends (Synapse's, ``store_sources`` describes it): the events stream's
+sends (Synapse's, ``store_streams`` describes it): the events stream's
 ``("ev", (event_id, room_id, type, state_key, redacts, None, membership,
 rejected, outlier))`` per event and ``("state", (room_id, type, state_key,
 event_id or None))`` per current-state change, the backfill stream's

@@ -43,8 +43,8 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from roomstore.events.event_reader import EventReader
 from roomstore.events.read_positions import ReadPositions
-from roomstore.events.reads import EventReader
 from roomstore.events.tables.events import (
     SERVED_COLUMN_COUNT,
     SERVED_COLUMNS,

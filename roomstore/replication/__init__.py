@@ -31,8 +31,8 @@ from roomstore.replication.protocol import (
     ReplicationConfig,
     ServerReplicationProtocol,
 )
-from roomstore.replication.server import ReplicationServerFactory
-from roomstore.replication.stream_sources import (
+from roomstore.replication.server_factory import ReplicationServerFactory
+from roomstore.replication.stream_interface import (
     InMemoryStream,
     Stream,
     StreamRegistry,

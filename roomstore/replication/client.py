@@ -31,7 +31,7 @@ from roomstore.replication.commands import (
     UserSyncCommand,
 )
 from roomstore.replication.follower import StreamFollower, StreamPositions
-from roomstore.replication.handler import ReplicationClientHandler
+from roomstore.replication.handler_interface import ReplicationClientHandler
 from roomstore.replication.protocol import ClientReplicationProtocol, ReplicationConfig
 
 __all__ = ["ReplicationClientFactory", "ReplicationClientHandler"]

@@ -62,7 +62,7 @@ from roomstore.replication.commands import (
     describe,
     encode_row,
 )
-from roomstore.replication.stream_sources import RdataText, Stream, StreamRegistry
+from roomstore.replication.stream_interface import RdataText, Stream, StreamRegistry
 from roomstore.storage.collector import collector_paused
 
 __all__ = ["ConnectionFeed", "FeedConnection", "StreamContractError"]
@@ -94,7 +94,7 @@ class FeedConnection(Protocol):
 
 class StreamContractError(Exception):
     """A stream's ``get_updates`` broke the contract documented on
-    :class:`~roomstore.replication.stream_sources.Stream`."""
+    :class:`~roomstore.replication.stream_interface.Stream`."""
 
 
 RETRY_FIRST_DELAY = 1.0

@@ -36,10 +36,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from roomstore.replication.commands import PositionCommand, RdataCommand, describe
-from roomstore.replication.handler import ReplicationClientHandler
+from roomstore.replication.handler_interface import ReplicationClientHandler
 from roomstore.replication.metrics import APPLIED_POSITION, child
 from roomstore.replication.protocol import CloseConnection
-from roomstore.replication.stream_sources import Stream, StreamRow, UnknownStreamError
+from roomstore.replication.stream_interface import Stream, StreamRow, UnknownStreamError
 from roomstore.storage.collector import collector_paused
 
 __all__ = ["StreamFollower", "StreamPositions"]

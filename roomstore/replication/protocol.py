@@ -5,7 +5,7 @@ A connection is a :class:`ServerReplicationProtocol` on the main process and a
 ``LineOnlyReceiver`` subclasses that turn ``\\n``-terminated UTF-8 lines into
 :mod:`~roomstore.replication.commands` values and back. What a command
 *means* is not decided here: each protocol hands commands to a *session*
-object built by its factory (:mod:`.server` and :mod:`.client` provide them),
+object built by its factory (:mod:`.server_factory` and :mod:`.client` provide them),
 so the protocol knows nothing of streams, databases or caches.
 
 Behaviour common to both sides (:class:`BaseReplicationProtocol`):
@@ -93,7 +93,7 @@ from roomstore.replication.commands import (
     ServerCommand,
     describe,
 )
-from roomstore.replication.stream_sources import UnknownStreamError
+from roomstore.replication.stream_interface import UnknownStreamError
 from roomstore.replication.wire import parse_rdata_lines, parse_rdata_run
 from roomstore.storage.collector import collector_paused
 

@@ -65,7 +65,7 @@ from roomstore.replication.commands import (
 from roomstore.replication.follower import StreamFollower, StreamPositions
 from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.store_handler import StoreReplicationHandler
-from roomstore.replication.store_sources import STORE_STREAMS, wire_server
+from roomstore.replication.store_streams import STORE_STREAMS, wire_server
 from roomstore.replication.tls import ClientTLS
 from roomstore.replication.wire import encode_fast
 from roomstore.storage.collector import collector_paused

@@ -4,7 +4,7 @@
 drops the cache entries named by the rows, updates the change caches and then
 advances the ID generators (``advance``), in that order, so a reader that
 waited for a position (``wait_for_position``) never reads a cache entry older
-than it. The rows are those :mod:`.store_sources` serves (its docstring says
+than it. The rows are those :mod:`.store_streams` serves (its docstring says
 what each stream's rows hold).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from roomstore.replication.client import ReplicationClientHandler
 from roomstore.replication.follower import StreamPositions
-from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
+from roomstore.replication.store_streams import STORE_STREAMS, store_stream_registry
 from roomstore.store import RoomStore
 
 __all__ = ["StoreReplicationHandler"]

@@ -9,7 +9,7 @@ and when one is made is :mod:`roomstore.state.groups`' (the store's reads,
 creation and deletion, built on the functions here), and the benchmark's
 loader writes through :func:`group_rows` and :func:`bulk_insert_groups`.
 The offline compaction job's own statements on these tables (its planning
-and JDBC reads, its swap) are its own, in :mod:`roomstore.compaction.sql`
+and JDBC reads, its swap) are its own, in :mod:`roomstore.compaction.roomstore_sql`
 (the tables' second home, tests/test_architecture.py): the store never runs
 them. What they share with the store is here: the full state of a group
 (:func:`full_state_sql`), the rule of a group's copy of a one-row delta

@@ -410,7 +410,7 @@ class WriterTests:
         # staging tables on PostgreSQL (the swap's re-check was a nested loop
         # with a small chunk's statistics); on SQLite nothing changes. Either
         # way a real compaction afterwards swaps and verifies.
-        from roomstore.compaction import sql as rs_sql
+        from roomstore.compaction import roomstore_sql as rs_sql
         from roomstore.compaction.chunks import StagedChunk
         from roomstore.compaction.writer import ANALYZE_STAGED_ROWS
 

@@ -56,7 +56,7 @@ class Commands(LineReceiver):
 
 
 async def main(reactor, url: str) -> None:
-    from roomstore.replication.service import ReplicationServerService
+    from roomstore.replication.process_services import ReplicationServerService
     from tests.store.builder import UncheckedRoomBuilder as RoomBuilder  # rows, not the auth rules
 
     service = ReplicationServerService(url, port=0, server_name="hs.example", reactor=reactor)

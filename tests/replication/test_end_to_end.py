@@ -20,7 +20,7 @@ import time
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from roomstore.replication.service import FollowerService, ReplicationServerService
+from roomstore.replication.process_services import FollowerService, ReplicationServerService
 from tests.db import DatabaseTestMixin
 
 # Rooms built for replication's rows, not for the auth rules (joins without join rules):
@@ -236,7 +236,7 @@ class EndToEndTests(DatabaseTestMixin, unittest.TestCase):
         proc = spawn()
 
         def caught_up() -> bool:
-            from roomstore.replication.service import load_positions
+            from roomstore.replication.process_services import load_positions
 
             saved = load_positions(positions_file) or {}
             return all(saved.get((name, "master"), -1) >= final[name] for name in CHECKED_STREAMS)

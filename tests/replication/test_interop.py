@@ -30,7 +30,7 @@ from twisted.trial import unittest
 from roomstore.replication import ReplicationClientHandler, ReplicationConfig, ReplicationServerFactory
 from roomstore.replication import commands as ours
 from roomstore.replication.client import ReplicationClientFactory
-from roomstore.replication.store_sources import store_stream_registry, wire_server
+from roomstore.replication.store_streams import store_stream_registry, wire_server
 from tests.db import on_both_engines
 
 # Rooms built for replication's rows, not for the auth rules (joins without join rules):
@@ -39,7 +39,7 @@ from tests.store.builder import UncheckedRoomBuilder
 from tests.synapse_oracle import prepare_synapse
 
 from .store_utils import ALICE, open_pair, wait_until
-from .test_store_sources import populate
+from .test_store_streams import populate
 from .utils import connect, feed, make_server, seed_registry, take
 
 try:

@@ -14,7 +14,7 @@ from twisted.trial import unittest
 
 from roomstore.replication import metrics
 from roomstore.replication.redis import RedisReplication, parse_redis_url
-from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
+from roomstore.replication.store_streams import STORE_STREAMS, store_stream_registry
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import DatabaseTestMixin, on_both_engines
 

@@ -17,7 +17,7 @@ from twisted.trial import unittest
 
 from roomstore.replication.commands import PositionCommand, RdataCommand, serialize_command
 from roomstore.replication.redis import _rdata_lines
-from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
+from roomstore.replication.store_streams import STORE_STREAMS, store_stream_registry
 from roomstore.store import StoreConfig
 from tests.db import on_both_engines
 

@@ -25,7 +25,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint
 
 from roomstore.replication.redis import parse_redis_url
-from roomstore.replication.store_sources import STORE_STREAMS
+from roomstore.replication.store_streams import STORE_STREAMS
 from roomstore.store import StoreConfig
 from tests.db import on_both_engines
 

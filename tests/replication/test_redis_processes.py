@@ -38,7 +38,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.trial import unittest
 
-from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry
+from roomstore.replication.store_streams import STORE_STREAMS, store_stream_registry
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import DatabaseTestMixin
 
@@ -175,7 +175,7 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
         # Each follower resumes from its positions file on every start,
         # also when a kill came before it saved one: it starts where the
         # database stands after the base import.
-        from roomstore.replication.service import save_positions
+        from roomstore.replication.process_services import save_positions
 
         reader = await RoomStore.open(
             url,
@@ -284,7 +284,7 @@ class RedisProcessesTest(DatabaseTestMixin, unittest.TestCase):
             expected[(name, writer)] = rows
 
         def caught_up(name: str) -> bool:
-            from roomstore.replication.service import load_positions
+            from roomstore.replication.process_services import load_positions
 
             saved = load_positions(os.path.join(directory, f"{name}.positions")) or {}
             return all(saved.get((n, w), -1) >= max(expected[(n, w)] or [0]) for n, w in final)

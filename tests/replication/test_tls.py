@@ -21,9 +21,9 @@ from twisted.internet.interfaces import ISSLTransport
 from twisted.trial import unittest
 
 from roomstore.replication import ReplicationClientFactory
+from roomstore.replication.process_services import ReplicationServerService, save_positions
 from roomstore.replication.redis import RedisRefused, parse_redis_url
-from roomstore.replication.service import ReplicationServerService, save_positions
-from roomstore.replication.store_sources import STORE_STREAMS
+from roomstore.replication.store_streams import STORE_STREAMS
 from roomstore.replication.tls import ClientTLS, TLSConfigError, check_bind_protected, is_loopback
 from roomstore.store import StoreConfig
 from tests.db import on_both_engines
@@ -32,12 +32,12 @@ from tests.db import on_both_engines
 # the store takes their events as checked (tests/store/builder.py).
 from tests.store.builder import UncheckedRoomBuilder
 
-from . import test_service
+from . import test_process_services as test_service
 from .certs import make_certs
 from .redis_utils import RedisServer, fresh_channel
 from .store_utils import ALICE, BOB, sleep, wait_until, with_timeout
+from .test_process_services import ServiceTestMixin, free_port
 from .test_redis import Applied, RedisMixin
-from .test_service import ServiceTestMixin, free_port
 from .utils import RecordingHandler, seed_registry
 
 PASSWORD = "pw-of-issue-24"

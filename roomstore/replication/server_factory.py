@@ -1,7 +1,7 @@
 """The main process's side: a factory that serves streams to workers.
 
 :class:`ReplicationServerFactory` is what homeserver code holds. It is given
-the server name, a :class:`~roomstore.replication.stream_sources.StreamRegistry` and
+the server name, a :class:`~roomstore.replication.stream_interface.StreamRegistry` and
 a reactor, listens via ``reactor.listenTCP(port, factory)``, and is told about
 new rows with :meth:`~ReplicationServerFactory.notify_new_rows`. Each
 connection it builds gets a :class:`~roomstore.replication.feed.ConnectionFeed`
@@ -28,7 +28,7 @@ from roomstore.replication.commands import (
 )
 from roomstore.replication.feed import ConnectionFeed
 from roomstore.replication.protocol import ReplicationConfig, ServerReplicationProtocol
-from roomstore.replication.stream_sources import StreamRegistry
+from roomstore.replication.stream_interface import StreamRegistry
 
 __all__ = ["ClientCommandCallback", "ReplicationServerFactory"]
 

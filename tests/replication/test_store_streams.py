@@ -19,7 +19,7 @@ from twisted.internet.testing import StringTransport
 from roomstore.events.caches import CURRENT_STATE_CACHE, EVENT_CACHE, ROOMS_FOR_USER_CACHE
 from roomstore.replication import ReplicationClientFactory, ReplicationConfig, ReplicationServerFactory
 from roomstore.replication.store_handler import StoreReplicationHandler
-from roomstore.replication.store_sources import (
+from roomstore.replication.store_streams import (
     STORE_STREAMS,
     BackfillStream,
     CachesStream,
@@ -684,7 +684,7 @@ class EncodedPagesTests(ContractMixin):
         last tokens (within its range) and its longest line, and a page with
         characters SQLite leaves as they are comes as rows."""
         from roomstore.replication.feed import _page_text
-        from roomstore.replication.stream_sources import RdataText
+        from roomstore.replication.stream_interface import RdataText
 
         writer, _ = await open_pair(self, workers=())
         await populate(writer)

@@ -42,7 +42,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from roomstore.replication.stream_sources import RdataText, Stream, StreamRegistry, StreamUpdates
+from roomstore.replication.stream_interface import RdataText, Stream, StreamRegistry, StreamUpdates
 from roomstore.store import RoomStore
 
 __all__ = [

@@ -46,9 +46,9 @@ from roomstore.replication.positions_file import (
     save_positions,
 )
 from roomstore.replication.protocol import ReplicationConfig
-from roomstore.replication.server import ReplicationServerFactory
+from roomstore.replication.server_factory import ReplicationServerFactory
 from roomstore.replication.store_handler import StoreReplicationHandler
-from roomstore.replication.store_sources import STORE_STREAMS, store_stream_registry, wire_server
+from roomstore.replication.store_streams import STORE_STREAMS, store_stream_registry, wire_server
 from roomstore.replication.tls import ClientTLS, TLSConfigError, check_bind_protected, server_tls
 from roomstore.storage.collector import freeze_startup_objects
 from roomstore.store import RoomStore, StoreConfig

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-from roomstore.replication.stream_sources import StreamRegistry
+from roomstore.replication.stream_interface import StreamRegistry
 
 __all__ = ["ReplicationClientHandler"]
 

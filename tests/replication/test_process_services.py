@@ -19,7 +19,7 @@ from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
 from roomstore.replication import ReplicationClientFactory, ReplicationConfig
-from roomstore.replication.service import (
+from roomstore.replication.process_services import (
     FollowerService,
     ReplicationServerService,
     fit_read_ahead,
@@ -91,7 +91,7 @@ class ServiceTests(ServiceTestMixin):
         logged = []
 
         def observer(event):
-            ours = event.get("log_namespace") == "roomstore.replication.service"
+            ours = event.get("log_namespace") == "roomstore.replication.process_services"
             if ours and "applied" in event.get("log_format", ""):
                 logged.append((event["stream"], event["instance"], event["token"], event["count"]))
 
