@@ -88,16 +88,12 @@ from bench._common import bench_databases, print_table
 from roomstore.events.batch import prepare_events
 from roomstore.storage.database import Database
 from roomstore.storage.interning import chunks
+from roomstore.storage.schema import SCHEMA_TABLES
 from roomstore.store import RoomStore, StoreConfig
 from tests.store.builder import RoomBuilder, fake_event_id
 
 BATCH = 100
-VISIBILITY_TABLES = (
-    "visibility_snapshots",
-    "visibility_branches",
-    "visibility_branch_ancestors",
-    "visibility_memberships",
-)
+VISIBILITY_TABLES = tuple(t for t in SCHEMA_TABLES if t.startswith("visibility_"))
 SIZES = {
     # (a) events per run, runs; (b) runs; (c) members, messages
     "small": {
@@ -273,30 +269,14 @@ def _raw_insert_txn(txn, event_columns, batch) -> None:
     txn.insert_many("raw_event_edges", ("event_nid", "prev_event_nid"), edges)
 
 
+#: The schema's tables a batch never writes to (stream positions, instances, locks, compaction's,
+#: embedder versions, client transaction IDs: the batches here carry none).
+NOT_WRITTEN_BY_A_BATCH = frozenset(
+    {"stream_positions", "instances", "maintenance_locks", "embedder_schema_versions", "client_txn_ids"}
+)
 #: Every table a batch writes to (the second raw baseline re-inserts all of it).
-WRITTEN_TABLES = (
-    "rooms",
-    "event_ids",
-    "users",
-    "state_keys",
-    "events",
-    "event_json",
-    "event_edges",
-    "event_auth_edges",
-    "forward_extremities",
-    "backward_extremities",
-    "state_groups",
-    "state_group_deltas",
-    "current_state",
-    "current_state_deltas",
-    "room_memberships",
-    "current_memberships",
-    "redactions",
-    "visibility_snapshots",
-    "visibility_branches",
-    "visibility_branch_ancestors",
-    "visibility_memberships",
-    "cache_invalidations",
+WRITTEN_TABLES = tuple(
+    t for t in SCHEMA_TABLES if t not in NOT_WRITTEN_BY_A_BATCH and not t.startswith("state_compaction_")
 )
 
 

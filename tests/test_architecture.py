@@ -509,6 +509,14 @@ class RoomstoreShapeTests(unittest.TestCase):
             path = ROOT / owner
             self.assertTrue(path.exists(), f"{table}: owner {owner} does not exist")
 
+    def test_one_list_of_the_schemas_tables(self):
+        # roomstore.storage.schema.SCHEMA_TABLES is the one list (stats, tests, benchmarks read it): the schema's.
+        from roomstore.storage.schema import SCHEMA_TABLES
+
+        self.assertEqual(len(SCHEMA_TABLES), len(set(SCHEMA_TABLES)), "SCHEMA_TABLES lists a table twice")
+        created = schema_tables(ROOT / PACKAGE / "schema") - {"schema_version", "applied_schema_deltas"}
+        self.assertEqual(sorted(set(SCHEMA_TABLES) ^ created), [], "SCHEMA_TABLES differs from the schema files")
+
     def test_each_tables_sql_is_in_its_owner_only(self):
         owners = documented_owners((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
         for table in ("events", "state_groups", "room_memberships"):

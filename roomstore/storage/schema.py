@@ -28,6 +28,44 @@ SCHEMA_VERSION = 11
 #: (or an explicit directory) overrides it.
 DEFAULT_SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 
+#: Every table the schema creates (full schema and deltas; not the bookkeeping ``schema_version`` and
+#: ``applied_schema_deltas``), in the order ``roomstore stats`` reports them. The one list: the stats, the tests
+#: and the benchmarks read it, and ``tests/test_architecture.py`` checks it against the schema files.
+SCHEMA_TABLES = (
+    "rooms",
+    "event_ids",
+    "users",
+    "state_keys",
+    "events",
+    "event_json",
+    "event_edges",
+    "event_auth_edges",
+    "forward_extremities",
+    "backward_extremities",
+    "state_groups",
+    "state_group_deltas",
+    "current_state",
+    "current_state_deltas",
+    "room_memberships",
+    "current_memberships",
+    "redactions",
+    "visibility_snapshots",
+    "visibility_branches",
+    "visibility_branch_ancestors",
+    "visibility_memberships",
+    "stream_positions",
+    "cache_invalidations",
+    "instances",
+    "maintenance_locks",
+    "state_compaction_runs",
+    "state_compaction_rooms",
+    "state_compaction_chunks",
+    "state_compaction_staged_groups",
+    "state_compaction_staged_deltas",
+    "embedder_schema_versions",
+    "client_txn_ids",
+)
+
 
 class SchemaError(RuntimeError):
     """The database's schema cannot be used by this code."""
