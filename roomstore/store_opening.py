@@ -12,10 +12,26 @@ from typing import Any
 
 import attrs
 
+from roomstore.events.caches import NEWEST_CACHE_STREAM_IDS
+from roomstore.events.tables.events import NEWEST_BACKFILL_STREAM_IDS, NEWEST_LIVE_STREAM_IDS
 from roomstore.storage.database import Database
 from roomstore.storage.writer_lock import WriterLock
 from roomstore.store_config import StoreConfig
 from roomstore.streams.builtin import open_builtin_generators
+from roomstore.streams.id_generators import BackingTable
+
+#: The built-in streams' backing tables, each with its owner's statement for the newest IDs.
+BUILTIN_BACKING = {
+    "events": (BackingTable("events", "stream_ordering", "instance_name", newest_ids_sql=NEWEST_LIVE_STREAM_IDS),),
+    "backfill": (
+        BackingTable(
+            "events", "stream_ordering", "instance_name", negate=True, newest_ids_sql=NEWEST_BACKFILL_STREAM_IDS
+        ),
+    ),
+    "caches": (
+        BackingTable("cache_invalidations", "stream_id", "instance_name", newest_ids_sql=NEWEST_CACHE_STREAM_IDS),
+    ),
+}
 
 
 @attrs.frozen
@@ -53,7 +69,7 @@ async def open_database(database: str | Database, config: StoreConfig, reactor: 
         else:
             version = await db.prepare(embedder_schemas=config.embedder_schemas)
         generators = await open_builtin_generators(
-            db, config.instance_name, config.stream_writers, read_only=config.read_only
+            db, config.instance_name, BUILTIN_BACKING, config.stream_writers, read_only=config.read_only
         )
     except BaseException:
         if writer_lock is not None:

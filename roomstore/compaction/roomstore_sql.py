@@ -57,8 +57,6 @@ def _and(where: str) -> str:
 # conditions on the group's row, built from integers; ``{col}`` in them stands
 # for the room_nid column.
 
-SCHEMA_VERSION = "SELECT version FROM schema_version"
-
 
 def group_bounds(where: str = "") -> str:
     return plan_sql.group_bounds(_GROUPS, where)

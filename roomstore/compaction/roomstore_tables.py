@@ -30,7 +30,7 @@ from roomstore.compaction.tables import (
 )
 from roomstore.state.group_tables import full_state_sql
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME
-from roomstore.storage.schema import SCHEMA_VERSION, SchemaTooNewError
+from roomstore.storage.schema import READ_SCHEMA_VERSION, SCHEMA_VERSION, SchemaTooNewError
 
 #: The ``maintenance_locks`` row of the compaction job; RoomStore honours it
 #: (both take the name from the table's owner, roomstore.storage.maintenance_locks).
@@ -68,7 +68,7 @@ class RoomstoreTables(StateTables):
         """The schema version; raises :class:`SchemaTooOldError` below 2,
         :class:`SchemaTooNewError` above the version this code knows (a newer
         schema may keep more about the rows this job rewrites)."""
-        rows = db.query(sql.SCHEMA_VERSION)
+        rows = db.query(READ_SCHEMA_VERSION)
         version = rows[0][0] if rows else 0
         if version < 2:
             raise SchemaTooOldError(

@@ -83,6 +83,11 @@ def write_cache_invalidations(
     )
 
 
+#: The caches stream's newest IDs per writer, read at start-up by its ID generator.
+NEWEST_CACHE_STREAM_IDS = (
+    "SELECT instance_name, MAX(stream_id) FROM cache_invalidations WHERE stream_id > 0 GROUP BY instance_name"
+)
+
 _INVALIDATION_ROWS = (
     "SELECT stream_id, cache_name, keys, invalidation_ts FROM cache_invalidations"
     " WHERE instance_name = ? AND stream_id > ? AND stream_id <= ?"

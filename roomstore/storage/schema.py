@@ -67,6 +67,11 @@ SCHEMA_TABLES = (
 )
 
 
+#: The one read of the store's schema version (``schema_version`` is this module's: it writes it too); the
+#: compaction job runs it before it touches a database.
+READ_SCHEMA_VERSION = "SELECT version FROM schema_version"
+
+
 class SchemaError(RuntimeError):
     """The database's schema cannot be used by this code."""
 
@@ -134,7 +139,7 @@ def _stored_version(txn: Transaction, target: int, remedy: str) -> int:
     """The version in ``schema_version``; raises ``SchemaError`` when the
     table is empty and ``SchemaTooNewError`` (ending with ``remedy``) when
     the version is newer than ``target``."""
-    current: int | None = txn.select_one_value("SELECT version FROM schema_version")
+    current: int | None = txn.select_one_value(READ_SCHEMA_VERSION)
     if current is None:
         raise SchemaError("schema_version table is empty: the database is damaged")
     if current > target:

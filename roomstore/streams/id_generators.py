@@ -78,12 +78,29 @@ class BackingTable:
 
     ``instance_column`` is None when every row belongs to the one writer.
     ``negate`` is for tables that store IDs as negative numbers (backfill).
+    ``newest_ids_sql``: the statement reading the newest IDs, from the table's
+    owner, so a store table's SQL stays there: rows ``(instance, newest ID)``
+    with an ``instance_column``, else one value, of IDs above 0. None (an
+    embedder's own table, named by the embedder): built from the names above.
     """
 
     table: str
     id_column: str
     instance_column: str | None = None
     negate: bool = False
+    newest_ids_sql: str | None = None
+
+    def newest_ids_statement(self) -> str:
+        """``newest_ids_sql``, or the statement built from the names."""
+        if self.newest_ids_sql is not None:
+            return self.newest_ids_sql
+        id_expr = f"-{self.id_column}" if self.negate else self.id_column
+        if self.instance_column:
+            return (
+                f"SELECT {self.instance_column}, MAX({id_expr}) FROM {self.table}"
+                f" WHERE {id_expr} > 0 GROUP BY {self.instance_column}"
+            )
+        return f"SELECT MAX({id_expr}) FROM {self.table} WHERE {id_expr} > 0"
 
 
 def persisted_positions_txn(txn: Transaction, stream_name: str) -> dict[str, int]:
@@ -185,14 +202,10 @@ class StreamIdGenerator:
         newest_row_by_writer: dict[str, int] = {}
         newest_row = 0
         for backing in self._backing_tables:
-            id_expr = f"-{backing.id_column}" if backing.negate else backing.id_column
             if backing.instance_column:
-                rows = txn.execute(
-                    f"SELECT {backing.instance_column}, MAX({id_expr}) FROM {backing.table}"
-                    f" WHERE {id_expr} > 0 GROUP BY {backing.instance_column}"
-                ).fetchall()
+                rows = txn.execute(backing.newest_ids_statement()).fetchall()
             else:
-                value = txn.select_one_value(f"SELECT MAX({id_expr}) FROM {backing.table} WHERE {id_expr} > 0")
+                value = txn.select_one_value(backing.newest_ids_statement())
                 rows = [(self.writers[0], value)] if value is not None else []
             for instance, value in rows:
                 if value is None:

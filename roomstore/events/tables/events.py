@@ -57,6 +57,16 @@ EVENT_COLUMNS = (
 # ---------------------------------------------------------------------- fragments
 
 
+#: The newest IDs per writer of the events stream (positive ``stream_ordering``) and of the backfill stream
+#: (negative, counted as positive IDs), read at start-up by their ID generators.
+NEWEST_LIVE_STREAM_IDS = (
+    "SELECT instance_name, MAX(stream_ordering) FROM events WHERE stream_ordering > 0 GROUP BY instance_name"
+)
+NEWEST_BACKFILL_STREAM_IDS = (
+    "SELECT instance_name, MAX(-stream_ordering) FROM events WHERE -stream_ordering > 0 GROUP BY instance_name"
+)
+
+
 def events_as(alias: str) -> str:
     """``events AS alias``: the FROM item of a composed read of events."""
     return f"events AS {alias}"
