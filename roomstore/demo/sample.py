@@ -252,6 +252,72 @@ class RoomGraphBuilder:
         return self.build("m.room.redaction", sender, content, extra=extra, **kw)
 
 
+def _walk_step(
+    builder: RoomGraphBuilder,
+    rng: random.Random,
+    people: list[str],
+    members: dict[str, str],
+    messages: list[str],
+    r: int,
+) -> None:
+    """One step of a room's random walk: a membership change, a state change, a redaction, a fork merged at once,
+    or (most often) a message. ``members`` and ``messages`` are the walk's record, updated here."""
+    creator = builder.creator
+    roll = rng.random()
+    user = rng.choice(people)
+    joined = [u for u, m in members.items() if m == "join"]
+    if roll < 0.12:
+        if members.get(user) not in ("join", "ban"):
+            builder.join(user)
+            members[user] = "join"
+    elif roll < 0.17 and len(joined) > 1:
+        leaver = rng.choice([u for u in joined if u != creator] or joined)
+        if leaver != creator:
+            builder.member(leaver, "leave")
+            members[leaver] = "leave"
+    elif roll < 0.20:
+        if members.get(user) in (None, "leave"):
+            builder.member(user, "invite", sender=creator)
+            members[user] = "invite"
+    elif roll < 0.22 and len(joined) > 2:
+        victim = rng.choice([u for u in joined if u != creator])
+        builder.member(victim, "leave", sender=creator)  # a kick
+        members[victim] = "leave"
+    elif roll < 0.23 and len(joined) > 2:
+        victim = rng.choice([u for u in joined if u != creator])
+        builder.member(victim, "ban", sender=creator)
+        members[victim] = "ban"
+    elif roll < 0.24:
+        builder.history_visibility(rng.choice(["shared", "invited", "joined", "world_readable"]))
+    elif roll < 0.26:
+        builder.state("m.room.topic", "", {"topic": f"topic {rng.randrange(1000)}"})
+    elif roll < 0.28 and messages:
+        builder.redact(creator, rng.choice(messages))
+    elif roll < 0.29 and joined:
+        # A fork whose branches do not conflict (one adds a key the
+        # base lacks, the other sends a message), then a merge.
+        base = list(builder.leaves)
+        key = f"fork{len(builder.events)}"
+        a = builder.state("org.example.fork", key, {"n": rng.randrange(1000)}, prev=base)
+        b = builder.message(rng.choice(joined), "on the other branch", prev=base)
+        builder.leaves = [a.event_id, b.event_id]
+        builder.message(rng.choice(joined), "merging the branches")
+    else:
+        sender = rng.choice(joined)
+        messages.append(builder.message(sender, f"message {len(builder.events)} in room {r}").event_id)
+
+
+def _resolved_fork_ending(builder: RoomGraphBuilder, creator: str) -> None:
+    """Two branches set the topic: the merge event's state is their resolution (the store resolves it); then one
+    branch goes on."""
+    base = list(builder.leaves)
+    left = builder.state("m.room.topic", "", {"topic": "left"}, prev=base)
+    builder.state("m.room.topic", "", {"topic": "right"}, prev=base)
+    builder.message(creator, "after state resolution", prev=builder.leaves, set_leaves=False)
+    builder.leaves = [left.event_id]
+    builder.message(creator, "continuing on one branch")
+
+
 def sample_lines(rooms: int = 5, events_per_room: int = 800, users: int = 60, seed: int = 7) -> Iterator[str]:
     """JSON lines of a deterministic multi-room history.
 
@@ -278,57 +344,9 @@ def sample_lines(rooms: int = 5, events_per_room: int = 800, users: int = 60, se
         members = {creator: "join"}
         messages: list[str] = []
         while len(builder.events) < events_per_room:
-            roll = rng.random()
-            user = rng.choice(people)
-            joined = [u for u, m in members.items() if m == "join"]
-            if roll < 0.12:
-                if members.get(user) not in ("join", "ban"):
-                    builder.join(user)
-                    members[user] = "join"
-            elif roll < 0.17 and len(joined) > 1:
-                leaver = rng.choice([u for u in joined if u != creator] or joined)
-                if leaver != creator:
-                    builder.member(leaver, "leave")
-                    members[leaver] = "leave"
-            elif roll < 0.20:
-                if members.get(user) in (None, "leave"):
-                    builder.member(user, "invite", sender=creator)
-                    members[user] = "invite"
-            elif roll < 0.22 and len(joined) > 2:
-                victim = rng.choice([u for u in joined if u != creator])
-                builder.member(victim, "leave", sender=creator)  # a kick
-                members[victim] = "leave"
-            elif roll < 0.23 and len(joined) > 2:
-                victim = rng.choice([u for u in joined if u != creator])
-                builder.member(victim, "ban", sender=creator)
-                members[victim] = "ban"
-            elif roll < 0.24:
-                builder.history_visibility(rng.choice(["shared", "invited", "joined", "world_readable"]))
-            elif roll < 0.26:
-                builder.state("m.room.topic", "", {"topic": f"topic {rng.randrange(1000)}"})
-            elif roll < 0.28 and messages:
-                builder.redact(creator, rng.choice(messages))
-            elif roll < 0.29 and joined:
-                # A fork whose branches do not conflict (one adds a key the
-                # base lacks, the other sends a message), then a merge.
-                base = list(builder.leaves)
-                key = f"fork{len(builder.events)}"
-                a = builder.state("org.example.fork", key, {"n": rng.randrange(1000)}, prev=base)
-                b = builder.message(rng.choice(joined), "on the other branch", prev=base)
-                builder.leaves = [a.event_id, b.event_id]
-                builder.message(rng.choice(joined), "merging the branches")
-            else:
-                sender = rng.choice(joined)
-                messages.append(builder.message(sender, f"message {len(builder.events)} in room {r}").event_id)
+            _walk_step(builder, rng, people, members, messages, r)
         if r == rooms - 1:
-            # Two branches set the topic: the merge event's state is their
-            # resolution (the store resolves it).
-            base = list(builder.leaves)
-            left = builder.state("m.room.topic", "", {"topic": "left"}, prev=base)
-            builder.state("m.room.topic", "", {"topic": "right"}, prev=base)
-            builder.message(creator, "after state resolution", prev=builder.leaves, set_leaves=False)
-            builder.leaves = [left.event_id]
-            builder.message(creator, "continuing on one branch")
+            _resolved_fork_ending(builder, creator)
         for index, built in enumerate(builder.events):
             if index % 10 == 9:
                 yield json.dumps(built.event)

@@ -16,6 +16,8 @@ caches) and the SQL pieces of the tables' owners.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 
 from roomstore.events.sync_state import RoomTimeline, plan_state, room_timelines
@@ -190,6 +192,25 @@ def _sync_sql(candidates: list[str], low_sql: str, high_sql: str) -> str:
         ORDER BY e.stream_ordering"""
 
 
+def _window_of_rows(
+    rows: list[tuple], empty_rooms: Iterable[str]
+) -> tuple[dict[str, list[dict]], list[dict], dict[str, tuple[int, int]]]:
+    """The sync statement's rows sorted out: each room's events in the window (``empty_rooms`` listed even with
+    none), the user's own membership events, and each windowed event's ordering key by event ID."""
+    window: dict[str, list[dict]] = {room_id: [] for room_id in empty_rooms}
+    membership_events: list[dict] = []
+    keys: dict[str, tuple[int, int]] = {}
+    for row in rows:
+        event = event_from_row(row)
+        in_page, is_own = row[EVENT_COLUMN_COUNT], row[EVENT_COLUMN_COUNT + 1]
+        if in_page:
+            window.setdefault(row[2], []).append(event)
+            keys[row[1]] = (row[3], row[4])
+        if is_own:
+            membership_events.append(event)
+    return window, membership_events, keys
+
+
 @attrs.frozen
 class SyncReader:
     """Sync; see the module docstring. ``timeline``: the reader whose
@@ -256,17 +277,7 @@ class SyncReader:
                 positions.per_writer(now),
                 NO_LIMIT if limit is None else limit + 1,
             )
-        window: dict[str, list[dict]] = {room_id: [] for room_id in (sorted(joined) if full_state else ())}
-        membership_events: list[dict] = []
-        keys: dict[str, tuple[int, int]] = {}
-        for row in rows:
-            event = event_from_row(row)
-            in_page, is_own = row[EVENT_COLUMN_COUNT], row[EVENT_COLUMN_COUNT + 1]
-            if in_page:
-                window.setdefault(row[2], []).append(event)
-                keys[row[1]] = (row[3], row[4])
-            if is_own:
-                membership_events.append(event)
+        window, membership_events, keys = _window_of_rows(rows, sorted(joined) if full_state else ())
         newly_joined = {
             event["room_id"]
             for event in membership_events
