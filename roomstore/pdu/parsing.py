@@ -345,15 +345,7 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
     is_create = event.get("type") == "m.room.create" and event.get("state_key") == ""
     _check_required_keys(event, room_version, is_create)
 
-    room_id = None
-    if not (hashed_room_id and is_create):
-        room_id = _require_identifier(event, "room_id", sigil="" if hashed_room_id else "!")
-        if hashed_room_id and not _HASH_ROOM_ID.fullmatch(room_id):
-            raise InvalidEventError(
-                f"'room_id' must be a room version {room_version.identifier} room ID "
-                f"('!' + 43 URL-safe base64 characters, no server part), got {room_id!r}",
-                "room_id",
-            )
+    room_id = None if hashed_room_id and is_create else _stated_room_id(event, room_version)
     sender = _require_identifier(event, "sender", sigil="@")
     event_type = _require_identifier(event, "type")
     state_key = None
@@ -363,16 +355,7 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
     content = event["content"]
     if not isinstance(content, dict):
         raise _wrong_type("content", "an object", content)
-    origin_server_ts = _require_int(event, "origin_server_ts")
-    if not INT64_MIN <= origin_server_ts <= INT64_MAX:
-        raise InvalidEventError(
-            f"'origin_server_ts' must be a 64-bit integer (between {INT64_MIN} and {INT64_MAX}), "
-            f"got {origin_server_ts}",
-            "origin_server_ts",
-        )
-    depth = _require_int(event, "depth")
-    if not 0 <= depth <= MAX_DEPTH:
-        raise InvalidEventError(f"'depth' must be between 0 and {MAX_DEPTH}, got {depth}", "depth")
+    origin_server_ts, depth = _timestamp_and_depth(event)
     prev_event_ids = _event_references(event, "prev_events", room_version)
     auth_event_ids = _event_references(event, "auth_events", room_version)
     if room_id is not None and hashed_room_id and create_event_id_of(room_id) in auth_event_ids:
@@ -415,6 +398,35 @@ def parse_pdu(raw: bytes, room_version: RoomVersion) -> ParsedPdu:
         event_dict=event,
         has_floats=has_floats,
     )
+
+
+def _stated_room_id(event: dict[str, Any], room_version: RoomVersion) -> str:
+    """The PDU's ``room_id`` (every event's but a hashed-room-ID version's create event, whose room ID is derived
+    from its own event ID): ``!`` and a server part, or in such a version ``!`` and the create event's hash."""
+    hashed_room_id = room_version.room_id_is_create_hash
+    room_id = _require_identifier(event, "room_id", sigil="" if hashed_room_id else "!")
+    if hashed_room_id and not _HASH_ROOM_ID.fullmatch(room_id):
+        raise InvalidEventError(
+            f"'room_id' must be a room version {room_version.identifier} room ID "
+            f"('!' + 43 URL-safe base64 characters, no server part), got {room_id!r}",
+            "room_id",
+        )
+    return room_id
+
+
+def _timestamp_and_depth(event: dict[str, Any]) -> tuple[int, int]:
+    """``origin_server_ts`` (a 64-bit integer) and ``depth`` (0 to ``MAX_DEPTH``), checked."""
+    origin_server_ts = _require_int(event, "origin_server_ts")
+    if not INT64_MIN <= origin_server_ts <= INT64_MAX:
+        raise InvalidEventError(
+            f"'origin_server_ts' must be a 64-bit integer (between {INT64_MIN} and {INT64_MAX}), "
+            f"got {origin_server_ts}",
+            "origin_server_ts",
+        )
+    depth = _require_int(event, "depth")
+    if not 0 <= depth <= MAX_DEPTH:
+        raise InvalidEventError(f"'depth' must be between 0 and {MAX_DEPTH}, got {depth}", "depth")
+    return origin_server_ts, depth
 
 
 def _check_required_keys(event: dict[str, Any], room_version: RoomVersion, is_create: bool) -> None:
