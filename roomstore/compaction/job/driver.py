@@ -171,21 +171,7 @@ class Driver:
                 f" snapshot_max={run.snapshot_max},"
                 f" levels={','.join(map(str, self.levels))}, max_hops={self.max_hops}, chunk_groups={a.chunk_groups}"
             )
-            for nid, outcome in run.done_rooms.items():
-                report = RoomReport(
-                    nid,
-                    status=outcome.status,
-                    state_groups=outcome.state_groups,
-                    rows_before=outcome.rows_before,
-                    rows_after=outcome.rows_after,
-                    rewritten=outcome.groups_rewritten,
-                    earlier_attempt=True,
-                )
-                if outcome.detail:
-                    report.detail.append(outcome.detail)
-                self.resumed_rooms.append(report)
-            if run.done_rooms:
-                self.say(f"  {len(run.done_rooms)} room(s) already finished by the interrupted attempt: skipped")
+            self._report_earlier_attempt(run.done_rooms)
             where = self.room_filter()
             if where is not None:
                 cond = where.format(col="room_nid") if where else ""
@@ -222,6 +208,24 @@ class Driver:
         if failed:
             status = EXIT_ROOMS_FAILED
         return status
+
+    def _report_earlier_attempt(self, done_rooms: dict) -> None:
+        """The rooms an interrupted attempt of this run finished: reported as they ended, skipped now."""
+        for nid, outcome in done_rooms.items():
+            report = RoomReport(
+                nid,
+                status=outcome.status,
+                state_groups=outcome.state_groups,
+                rows_before=outcome.rows_before,
+                rows_after=outcome.rows_after,
+                rewritten=outcome.groups_rewritten,
+                earlier_attempt=True,
+            )
+            if outcome.detail:
+                report.detail.append(outcome.detail)
+            self.resumed_rooms.append(report)
+        if done_rooms:
+            self.say(f"  {len(done_rooms)} room(s) already finished by the interrupted attempt: skipped")
 
     def all_rooms(self) -> list[RoomReport]:
         return self.resumed_rooms + [self.rooms[n] for n in self.order]
