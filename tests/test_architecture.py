@@ -125,8 +125,6 @@ TABLE_NAMES_BY_VALUE = {
 #: entry that no longer applies.
 TABLE_FRAGMENTS_PENDING = {
     "roomstore/events/pagination.py",
-    "roomstore/events/sync.py",
-    "roomstore/events/sync_state.py",
     "roomstore/events/timeline.py",
 }
 #: Not yet done (issue 43, item 1): modules whose SQL names columns of tables they do not own, by table (a column
@@ -135,8 +133,6 @@ TABLE_FRAGMENTS_PENDING = {
 COLUMNS_PENDING = {
     "roomstore/compaction/plan_sql.py": {"state_groups"},
     "roomstore/events/pagination.py": {"events", "visibility_snapshots"},
-    "roomstore/events/sync.py": {"events"},
-    "roomstore/events/sync_state.py": {"events"},
     "roomstore/events/tables/client_txns.py": {"event_ids"},
     "roomstore/events/tables/event_graph.py": {"events"},
     "roomstore/events/tables/events.py": {"event_ids", "rooms"},

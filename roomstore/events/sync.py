@@ -21,12 +21,10 @@ from collections.abc import Iterable
 import attrs
 
 from roomstore.events.sync_state import RoomTimeline, plan_state, room_timelines
-from roomstore.events.tables.events import events_as, join_events
+from roomstore.events.tables.events import sync_candidates_sql, sync_sql
 from roomstore.events.tables.room_state import joined_room_nids_sql
 from roomstore.events.timeline import (
     EVENT_COLUMN_COUNT,
-    EVENT_COLUMNS,
-    EVENT_JOINS,
     TimelineReader,
     Viewer,
     event_from_row,
@@ -36,7 +34,6 @@ from roomstore.storage.database import Transaction
 from roomstore.storage.interning import room_nids_sql
 from roomstore.visibility.codes import MEMBERSHIP_CODES
 from roomstore.visibility.memberships import left_rooms_sql, left_upto_sql, own_membership_events_sql
-from roomstore.visibility.snapshots import visible_sql
 
 __all__ = ["RoomTimeline", "SyncReader", "SyncResult"]
 
@@ -134,62 +131,20 @@ def _sync_candidates(
         room_params = list(rooms)
     else:
         room_sql, room_params = "", []
-    events = events_as("e")
     if room_sql:
-        candidates.append(
-            f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events} WHERE {room_sql} AND {window_sql}"
-        )
+        candidates.append(sync_candidates_sql(f"{room_sql} AND {window_sql}"))
         params += room_params + window_params
     if memberships:
         # Rooms the user left (or was kicked or banned from) in the
         # window: their timeline up to that event, like Synapse's "leave"
         # section; the visibility filter does the rest.
-        candidates.append(
-            f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM {events}"
-            f" WHERE {left_rooms_sql('e')}"
-            f" AND {left_upto_sql('e')}"
-            f" AND {window_sql}"
-        )
+        candidates.append(sync_candidates_sql(f"{left_rooms_sql('e')} AND {left_upto_sql('e')} AND {window_sql}"))
         params += [user_nid, LEAVE, BAN, low_any, high_any, user_nid, LEAVE, BAN, low_any, high_any]
         params += window_params
         # The user's own membership events anywhere, always delivered.
         candidates.append(own_membership_events_sql())
         params += [user_nid, low_any, high_any]
     return candidates, params
-
-
-def _sync_sql(candidates: list[str], low_sql: str, high_sql: str) -> str:
-    """Sync's statement over the candidates (see ``SyncReader._sync_txn``)."""
-    vis, _ = visible_sql("e")
-    # ``flagged``: each candidate's flags (in the timeline: visible, not an
-    # outlier); ``ranked``: the timeline rows numbered newest first per
-    # room, so only the newest ``limit`` + 1 (one more says "limited") are
-    # joined to their bytes; the user's own membership events all are.
-    return f"""
-        WITH flagged AS (
-            SELECT e.event_nid AS event_nid, e.room_nid AS room_nid, e.stream_ordering AS stream,
-                CASE WHEN f.tl = 1 AND e.outlier = ? AND {vis} THEN 1 ELSE 0 END AS in_timeline,
-                f.own AS is_own
-            FROM (
-                SELECT u.event_nid AS event_nid, MAX(u.tl) AS tl, MAX(u.own) AS own
-                FROM ({" UNION ALL ".join(candidates)}) AS u
-                GROUP BY u.event_nid
-            ) AS f
-            {join_events("e", "e.event_nid = f.event_nid")}
-            WHERE e.rejected_reason IS NULL AND NOT e.soft_failed AND {low_sql} AND {high_sql}
-        ), ranked AS (
-            SELECT fl.event_nid AS event_nid, fl.in_timeline AS in_timeline, fl.is_own AS is_own,
-                ROW_NUMBER() OVER (PARTITION BY fl.room_nid, fl.in_timeline ORDER BY fl.stream DESC) AS newness
-            FROM flagged AS fl
-            WHERE fl.in_timeline = 1 OR fl.is_own = 1
-        )
-        SELECT {EVENT_COLUMNS},
-            CASE WHEN k.in_timeline = 1 AND k.newness <= ? THEN 1 ELSE 0 END AS in_page, k.is_own AS is_own
-        FROM ranked AS k
-        {join_events("e", "e.event_nid = k.event_nid")}
-        {EVENT_JOINS}
-        WHERE (k.in_timeline = 1 AND k.newness <= ?) OR k.is_own = 1
-        ORDER BY e.stream_ordering"""
 
 
 def _window_of_rows(
@@ -325,6 +280,6 @@ class SyncReader:
         candidates, params = _sync_candidates(viewer.user_nid, rooms, memberships, lower, upper, window)
         if not candidates:
             return []
-        sql = _sync_sql(candidates, low_sql, high_sql)
+        sql = sync_sql(candidates, low_sql, high_sql)
         all_params = [False, *viewer.params(), *params, *low_params, *high_params, per_room, per_room]
         return txn.execute(sql, all_params).fetchall()

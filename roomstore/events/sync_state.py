@@ -22,11 +22,10 @@ from collections.abc import Mapping
 
 import attrs
 
-from roomstore.events.tables.events import events_as, stored_events_txn
+from roomstore.events.tables.events import newest_timeline_event_sql, stored_events_txn
 from roomstore.events.timeline import TimelineReader, stream_bound_sql
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import event_id_sql
 
 __all__ = ["RoomTimeline", "TimelinePlan", "plan_state", "room_timelines"]
 
@@ -173,12 +172,7 @@ def _events_at_txn(
     at_sql, at_params = stream_bound_sql("e", "<=", since[0], since[1])
     found = {}
     for room_id, room_nid in room_nids.items():
-        row = txn.execute(
-            f"SELECT {event_id_sql('e.event_nid')} FROM {events_as('e')}"
-            " WHERE e.room_nid = ? AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed"
-            f" AND {at_sql} ORDER BY e.stream_ordering DESC LIMIT 1",
-            [room_nid, False, *at_params],
-        ).fetchone()
+        row = txn.execute(newest_timeline_event_sql(at_sql), [room_nid, False, *at_params]).fetchone()
         if row is not None:
             found[room_id] = row[0]
     return found

@@ -29,6 +29,7 @@ from roomstore.storage.interning import (
 )
 from roomstore.visibility.codes import MEMBERSHIP_BY_CODE
 from roomstore.visibility.memberships import membership_of_sql
+from roomstore.visibility.snapshots import visible_sql
 
 EVENT_COLUMNS = (
     "event_nid",
@@ -611,3 +612,55 @@ def event_page_bound_sql(live: bool) -> str:
     range holds no more events than that."""
     token, order, where = _PAGE_RANGES[live]
     return f"SELECT {token} FROM events AS e WHERE e.instance_name = ? AND {where} ORDER BY {order} LIMIT 2 OFFSET ?"
+
+
+def sync_candidates_sql(where: str) -> str:
+    """One of sync's candidate SELECTs: rows ``(event_nid, tl, own)`` of the timeline events ``e`` meeting
+    ``where`` (its parameters the caller's)."""
+    return f"SELECT e.event_nid AS event_nid, 1 AS tl, 0 AS own FROM events AS e WHERE {where}"
+
+
+def sync_sql(candidates: list[str], low_sql: str, high_sql: str) -> str:
+    """Sync's statement over the candidates (``sync_candidates_sql`` and the user's own membership events, to
+    UNION), between the per-writer bounds ``low_sql`` and ``high_sql`` on ``e`` (see ``SyncReader._sync_txn``):
+    the served columns, then ``in_page`` and ``is_own``, in stream order."""
+    vis, _ = visible_sql("e")
+    # ``flagged``: each candidate's flags (in the timeline: visible, not an
+    # outlier); ``ranked``: the timeline rows numbered newest first per
+    # room, so only the newest ``limit`` + 1 (one more says "limited") are
+    # joined to their bytes; the user's own membership events all are.
+    return f"""
+        WITH flagged AS (
+            SELECT e.event_nid AS event_nid, e.room_nid AS room_nid, e.stream_ordering AS stream,
+                CASE WHEN f.tl = 1 AND e.outlier = ? AND {vis} THEN 1 ELSE 0 END AS in_timeline,
+                f.own AS is_own
+            FROM (
+                SELECT u.event_nid AS event_nid, MAX(u.tl) AS tl, MAX(u.own) AS own
+                FROM ({" UNION ALL ".join(candidates)}) AS u
+                GROUP BY u.event_nid
+            ) AS f
+            {join_events("e", "e.event_nid = f.event_nid")}
+            WHERE e.rejected_reason IS NULL AND NOT e.soft_failed AND {low_sql} AND {high_sql}
+        ), ranked AS (
+            SELECT fl.event_nid AS event_nid, fl.in_timeline AS in_timeline, fl.is_own AS is_own,
+                ROW_NUMBER() OVER (PARTITION BY fl.room_nid, fl.in_timeline ORDER BY fl.stream DESC) AS newness
+            FROM flagged AS fl
+            WHERE fl.in_timeline = 1 OR fl.is_own = 1
+        )
+        SELECT {SERVED_COLUMNS},
+            CASE WHEN k.in_timeline = 1 AND k.newness <= ? THEN 1 ELSE 0 END AS in_page, k.is_own AS is_own
+        FROM ranked AS k
+        {join_events("e", "e.event_nid = k.event_nid")}
+        {served_joins()}
+        WHERE (k.in_timeline = 1 AND k.newness <= ?) OR k.is_own = 1
+        ORDER BY e.stream_ordering"""
+
+
+def newest_timeline_event_sql(at_sql: str) -> str:
+    """The event ID of a room's newest timeline event (no outlier, not rejected, not soft-failed) within
+    ``at_sql``, a stream bound on ``e``. Parameters: the room's nid, False (the outlier flag), ``at_sql``'s."""
+    return (
+        f"SELECT {event_id_sql('e.event_nid')} FROM events AS e"
+        " WHERE e.room_nid = ? AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed"
+        f" AND {at_sql} ORDER BY e.stream_ordering DESC LIMIT 1"
+    )
