@@ -138,7 +138,6 @@ COLUMNS_PENDING = {
     "roomstore/events/tables/events.py": {"event_ids", "rooms"},
     "roomstore/events/tables/room_state.py": {"rooms", "state_keys"},
     "roomstore/events/timeline.py": {"events", "event_ids", "event_json", "rooms"},
-    "roomstore/events/user_rooms.py": {"events", "event_ids", "rooms"},
 }
 #: Column names that tell no table though only one schema table has them, each with why.
 UNTELLING_COLUMNS = {

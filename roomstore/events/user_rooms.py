@@ -19,10 +19,10 @@ from collections.abc import Collection
 
 import attrs
 
-from roomstore.events.tables.events import join_events
+from roomstore.events.tables.events import outlier_memberships_sql
 from roomstore.events.tables.room_state import memberships_of_user_txn
 from roomstore.storage.database import Transaction
-from roomstore.storage.interning import Interners, join_event_ids, join_rooms
+from roomstore.storage.interning import Interners
 from roomstore.visibility.codes import MEMBERSHIP_BY_CODE, MEMBERSHIP_CODES
 from roomstore.visibility.memberships import newest_memberships_sql
 
@@ -62,12 +62,7 @@ def rooms_by_membership_txn(
     current = {
         room_id: (code, event_id, stream) for room_id, code, event_id, stream in memberships_of_user_txn(txn, user_nid)
     }
-    outliers = txn.execute(
-        f"SELECT r.room_id, m.membership, i.event_id, m.stream_ordering FROM ({newest_memberships_sql()}) AS m"
-        f" {join_events('e', 'e.event_nid = m.event_nid')} {join_rooms('r', 'm.room_nid')}"
-        f" {join_event_ids('i', 'm.event_nid')} WHERE e.outlier = ?",
-        (user_nid, True),
-    ).fetchall()
+    outliers = txn.execute(outlier_memberships_sql(newest_memberships_sql()), (user_nid, True)).fetchall()
     for room_id, code, event_id, stream in outliers:
         if room_id not in current or current[room_id][2] < stream:
             current[room_id] = (code, event_id, stream)

@@ -664,3 +664,14 @@ def newest_timeline_event_sql(at_sql: str) -> str:
         " WHERE e.room_nid = ? AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed"
         f" AND {at_sql} ORDER BY e.stream_ordering DESC LIMIT 1"
     )
+
+
+def outlier_memberships_sql(newest_memberships: str) -> str:
+    """``(room_id, membership code, event_id, stream_ordering)`` of those of a user's newest membership events
+    (``newest_memberships``, the membership log's subquery, with its parameters) that are outliers (invites from
+    rooms this server is not in). Parameters: the subquery's, then True (the outlier flag)."""
+    return (
+        f"SELECT r.room_id, m.membership, i.event_id, m.stream_ordering FROM ({newest_memberships}) AS m"
+        f" {join_events('e', 'e.event_nid = m.event_nid')} {join_rooms('r', 'm.room_nid')}"
+        f" {join_event_ids('i', 'm.event_nid')} WHERE e.outlier = ?"
+    )
