@@ -88,6 +88,8 @@ class FeedConnection(Protocol):
 
     def when_writable(self) -> defer.Deferred[None]: ...
 
+    def send_rdata_text(self, text: str, count: int) -> bool: ...
+
     @property
     def clock(self) -> IReactorTime: ...
 
@@ -157,6 +159,38 @@ _FILL_MOST = 0.9375
 
 #: Characters of the longest token (a bigint).
 _MAX_TOKEN_DIGITS = 20
+
+
+@attrs.define
+class _Pacing:
+    """How wide a catch-up loop's next read ranges are. Rows per token vary
+    (the events stream has state rows in bursts), so a range is as wide as
+    held ``page_size`` rows in the page before, aiming lower for a while
+    after a page came back short (cut at ``page_size`` rows before the end
+    of its range)."""
+
+    #: The width of the next ranges, once known.
+    span: int | None = None
+    #: The share of page_size the next ranges aim at ...
+    fill: float = 1.0
+    #: ... at most: _FILL_MOST once a page came back short.
+    most: float = 1.0
+
+    def learn(
+        self, guessed: bool, read_end: int, start: int, upto: int, count: int, limited: bool, page_size: int
+    ) -> None:
+        """Take in a page of ``count`` rows from ``start`` to ``upto``, read
+        as a range up to ``read_end`` (``guessed`` from an earlier page)."""
+        if guessed:
+            if upto < read_end:
+                self.fill *= 0.75  # short: aim lower (a short page costs one more read)
+                self.most = _FILL_MOST
+            else:
+                self.fill = min(self.most, self.fill + 0.0625)
+        if count:
+            self.span = max(1, int((upto - start) * page_size * self.fill / count))
+        elif not limited:
+            self.span = 2 * (self.span or page_size)
 
 
 def _line_tokens(updates: list[tuple[int, str]], start: int, upto: int) -> list | None:
@@ -390,14 +424,9 @@ class ConnectionFeed:
         # token range from the cursor on. The first read asks for everything
         # up to the current token and is cut at page_size rows; the pages
         # after it are token ranges as wide as held page_size rows in the
-        # page before. A page that came back short (cut at page_size rows
-        # before the end of its range) is followed by a read of the rest of
-        # its range, and the ranges aim lower for a while (rows per token
-        # vary: the events stream has state rows in bursts).
+        # page before (`_Pacing`).
         reads: deque[_Read] = deque()
-        span: int | None = None  # the width of the next ranges, once known
-        fill = 1.0  # the share of page_size the next ranges aim at
-        most = 1.0  # ... at most: _FILL_MOST once a page came back short
+        pacing = _Pacing()
         try:
             while self._conn.is_open:
                 generation = cursor.generation
@@ -408,12 +437,8 @@ class ConnectionFeed:
                 if not reads:
                     if start >= target:
                         break
-                    reads.append(self._read(stream, writer, start, target, generation, span))
-                if span is not None:
-                    end = reads[-1].end
-                    while len(reads) < self._read_ahead and end < target:
-                        reads.append(self._read(stream, writer, end, target, generation, span))
-                        end = reads[-1].end
+                    reads.append(self._read(stream, writer, start, target, generation, pacing.span))
+                self._read_ahead_pages(stream, writer, reads, target, generation, pacing.span)
                 if self._conn.paused:
                     await self._conn.when_writable()
                     continue
@@ -425,73 +450,19 @@ class ConnectionFeed:
                     reads.popleft()
                 if generation != cursor.generation:
                     continue  # a legacy REPLICATE moved the cursor meanwhile
-                if upto > read.end:
+                read_end, guessed = read.end, read.guessed
+                del read  # popped: the page is held by `updates` alone
+                if upto > read_end:
                     raise StreamContractError(
-                        f"{stream.name}/{writer}: get_updates up to {read.end} returned rows up to {upto}"
+                        f"{stream.name}/{writer}: get_updates up to {read_end} returned rows up to {upto}"
                     )
-                if read.guessed:
-                    if upto < read.end:
-                        fill *= 0.75  # short: aim lower (a short page costs one more read)
-                        most = _FILL_MOST
-                    else:
-                        fill = min(most, fill + 0.0625)
-                prefix = f"RDATA {stream.name} {writer} "
-                text_page = updates if type(updates) is RdataText else None
-                count = len(updates) if text_page is None else text_page.count
-                if count:
-                    span = max(1, int((upto - start) * self._page_size * fill / count))
-                elif not limited:
-                    span = 2 * (span or self._page_size)
-                if upto < read.end:
-                    # A short page: the rest of its range comes next (in
-                    # reads of `span` when nothing was read after it).
-                    end = read.end if reads else min(read.end, upto + (span or read.end))
-                    reads.appendleft(_Read(upto, end, generation, False, self._get_page(stream, writer, upto, end)))
-                if span is not None:
-                    # The next pages are read while this one is encoded and
-                    # written (with one connection, as SQLite's, too).
-                    target = stream.current_token(writer)
-                    end = reads[-1].end if reads else upto
-                    while len(reads) < self._read_ahead and end < target:
-                        reads.append(self._read(stream, writer, end, target, generation, span))
-                        end = reads[-1].end
-                # The page's items are made, written and freed with the
-                # cyclic collector held off (``storage.collector``).
-                sent = False
-                with collector_paused():
-                    send_text = getattr(self._conn, "send_rdata_text", None)
-                    text = None
-                    if text_page is not None:
-                        # Lines the stream made: sent as they are if they
-                        # keep what the loop promises, else row by row.
-                        if (
-                            send_text is not None
-                            and start < text_page.first
-                            and text_page.last <= upto
-                            and text_page.longest <= self._max_line_length
-                            and text_page.text.isascii()
-                        ):
-                            text = text_page.text
-                        else:
-                            updates = _text_rows(text_page, prefix)
-                        del text_page
-                    elif send_text is not None and not self._conn.paused and upto > start:
-                        # The usual page: its lines made at once and written.
-                        text = _page_text(updates, start, upto, prefix, self._max_line_length)
-                    if text is not None and send_text(text, count):
-                        told = updates.last if type(updates) is RdataText else updates[-1][0]
-                        sent = True
-                        del text, updates, read  # the page (the read's result holds it too)
-                    else:
-                        if type(updates) is RdataText:  # paused: row by row, as any page
-                            updates = _text_rows(updates, prefix)
-                        items = self._page_commands(stream, writer, start, updates, upto, limited)
-                        del text, updates, read
-                        if not self._conn.paused:
-                            told = self._send_page(stream, writer, items)
-                            sent = True
-                            del items
-                if not sent:
+                count = updates.count if type(updates) is RdataText else len(updates)
+                pacing.learn(guessed, read_end, start, upto, count, limited, self._page_size)
+                self._read_next(stream, writer, reads, read_end, upto, generation, pacing.span)
+                page = [updates]
+                del updates  # _write_page frees the page as soon as it is written
+                told, waiting = self._write_page(stream, writer, start, page, upto, limited, count)
+                if waiting is not None:
                     # Paused while the page was read (another stream's page
                     # filled the transport): it waits here, whole, rather
                     # than line by line in the connection's pending queue.
@@ -500,18 +471,101 @@ class ConnectionFeed:
                         return
                     if generation != cursor.generation:
                         continue  # a legacy REPLICATE moved the cursor meanwhile
-                    told = self._send_page(stream, writer, items)
+                    told = self._send_page(stream, writer, waiting)
+                    del waiting
                 if told is not None:
                     cursor.last_told = told
                 cursor.last_sent = upto
-
-            if self._conn.is_open and (cursor.want_position or cursor.last_told != cursor.last_sent):
-                self._conn.send_command(PositionCommand(stream.name, writer, cursor.last_told, cursor.last_sent))
-                cursor.last_told = cursor.last_sent
-                cursor.want_position = False
+            self._tell_position(stream, writer, cursor)
         finally:
             cursor.running = False
             _drop_all(reads)
+
+    def _read_ahead_pages(
+        self, stream: Stream, writer: str, reads: deque[_Read], target: int, generation: int, span: int | None
+    ) -> None:
+        """Start reads after the last one, up to ``read_ahead`` in flight and
+        ``target``, once the width of a range (``span``) is known."""
+        if span is None:
+            return
+        end = reads[-1].end
+        while len(reads) < self._read_ahead and end < target:
+            reads.append(self._read(stream, writer, end, target, generation, span))
+            end = reads[-1].end
+
+    def _read_next(
+        self,
+        stream: Stream,
+        writer: str,
+        reads: deque[_Read],
+        read_end: int,
+        upto: int,
+        generation: int,
+        span: int | None,
+    ) -> None:
+        """Having a page up to ``upto`` of a read up to ``read_end``: read
+        the rest of a short page's range first, then the next pages, all
+        while this one is encoded and written (with one connection, as
+        SQLite's, too)."""
+        if upto < read_end:
+            # The rest of its range comes next (in reads of `span` when
+            # nothing was read after it).
+            end = read_end if reads else min(read_end, upto + (span or read_end))
+            reads.appendleft(_Read(upto, end, generation, False, self._get_page(stream, writer, upto, end)))
+        if span is None:
+            return
+        target = stream.current_token(writer)
+        end = reads[-1].end if reads else upto
+        while len(reads) < self._read_ahead and end < target:
+            reads.append(self._read(stream, writer, end, target, generation, span))
+            end = reads[-1].end
+
+    def _write_page(
+        self, stream: Stream, writer: str, start: int, page: list, upto: int, limited: bool, count: int
+    ) -> tuple[int | None, list | None]:
+        """Write the page in ``page`` (a list of one, emptied here so the
+        page is freed once written): ``(told, None)`` once written, ``told``
+        the token it ends with; ``(None, items)`` if the connection is
+        paused, ``items`` to send once it is writable.
+
+        The page's items are made, written and freed with the cyclic
+        collector held off (``storage.collector``)."""
+        updates = page.pop()
+        prefix = f"RDATA {stream.name} {writer} "
+        with collector_paused():
+            text = None
+            if type(updates) is RdataText:
+                # Lines the stream made: sent as they are if they keep what
+                # the loop promises, else row by row.
+                if (
+                    start < updates.first
+                    and updates.last <= upto
+                    and updates.longest <= self._max_line_length
+                    and updates.text.isascii()
+                ):
+                    text = updates.text
+                else:
+                    updates = _text_rows(updates, prefix)
+            elif not self._conn.paused and upto > start:
+                # The usual page: its lines made at once and written.
+                text = _page_text(updates, start, upto, prefix, self._max_line_length)
+            if text is not None and self._conn.send_rdata_text(text, count):
+                return (updates.last if type(updates) is RdataText else updates[-1][0]), None
+            if type(updates) is RdataText:  # paused: row by row, as any page
+                updates = _text_rows(updates, prefix)
+            items = self._page_commands(stream, writer, start, updates, upto, limited)
+            del text, updates
+            if self._conn.paused:
+                return None, items
+            return self._send_page(stream, writer, items), None
+
+    def _tell_position(self, stream: Stream, writer: str, cursor: _Cursor) -> None:
+        """Caught up: send POSITION if asked for, or if the last token sent
+        is not the one the cursor stands at."""
+        if self._conn.is_open and (cursor.want_position or cursor.last_told != cursor.last_sent):
+            self._conn.send_command(PositionCommand(stream.name, writer, cursor.last_told, cursor.last_sent))
+            cursor.last_told = cursor.last_sent
+            cursor.want_position = False
 
     def _send_page(self, stream: Stream, writer: str, items: list) -> int | None:
         """Write a page's items; the token the page ends with (its last
