@@ -156,7 +156,6 @@ LONG_FUNCTIONS_PENDING = {
     "roomstore/events/stream_rows.py _stream_page",
     "roomstore/events/stream_rows.py stream_text_txn",
     "roomstore/pdu/building.py build_event",
-    "roomstore/replication/feed.py _catch_up",
 }
 
 
