@@ -90,13 +90,20 @@ async def format_client_events(
         and isinstance(event.get("event_id"), str)
     ]
     mine = [] if sent_by is None else _sent_by(events, sent_by[0])
-    replaced: dict[str, str] = {}
+    # The replaced event of a stored state event never changes: the reader
+    # keeps the answers, so a page of a room's old state events costs no walk
+    # of their state groups after the first time.
+    known, uncached = reader.cached_replaced(event_id for event_id, _, _ in wanted)
+    replaced = {event_id: found for event_id, found in known.items() if found is not None}
+    uncached_ids = set(uncached)
+    asked = [item for item in wanted if item[0] in uncached_ids]
     txn_ids: dict[str, str] = {}
-    if wanted or mine:
+    if asked or mine:
         # One transaction for both lookups: each is a turn of the pool's queue.
-        replaced, txn_ids = await db.run_interaction(
-            "client_format_lookups", _lookups_txn, reader, wanted, sent_by, mine
-        )
+        generation = reader.replaced_generation
+        answers, txn_ids = await db.run_interaction("client_format_lookups", _lookups_txn, reader, asked, sent_by, mine)
+        reader.cache_replaced(generation, answers)
+        replaced.update((event_id, found) for event_id, found in answers.items() if found is not None)
     previous = await reader.get_events(sorted(set(replaced.values()))) if replaced else {}
     formatted = []
     for event in events:
@@ -118,7 +125,7 @@ def _sent_by(events: Sequence[Mapping[str, Any]], user_id: str) -> list[str]:
 
 def _lookups_txn(
     txn: Any, reader: Any, wanted: list, sent_by: tuple[str, str] | None, mine: list[str]
-) -> tuple[dict[str, str], dict[str, str]]:
+) -> tuple[dict[str, str | None], dict[str, str]]:
     """The replaced state event of each of ``wanted``, and the txn IDs of
     ``mine`` (events ``sent_by``'s device may have sent)."""
     replaced = reader.replaced_state_txn(txn, wanted) if wanted else {}

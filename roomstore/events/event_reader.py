@@ -89,6 +89,11 @@ class EventReader:
         self.events_stream = events_stream
         self._events: LruCache[str, dict[str, Any]] = LruCache(event_cache_size)  # as served
         self._rooms_for_user: LruCache[str, frozenset[str]] = LruCache(50_000)  # joined room ids
+        # State event ID -> the event it replaced ("" none): fixed once the
+        # event is stored (its state before never changes); only a purge (or
+        # anything else that drops every cache) takes it away.
+        self._replaced: LruCache[str, str] = LruCache(event_cache_size)
+        self._replaced_generation = 0
         # Bumped by every invalidation: a read whose transaction began before
         # an invalidation may have seen the old rows, so it must not fill the
         # cache (else the stale answer would stay until the next change).
@@ -115,8 +120,10 @@ class EventReader:
     def invalidate_all(self) -> None:
         self._events_generation += 1
         self._memberships_generation += 1
+        self._replaced_generation += 1
         self._events.clear()
         self._rooms_for_user.clear()
+        self._replaced.clear()
 
     @property
     def events_generation(self) -> int:
@@ -133,6 +140,23 @@ class EventReader:
         if generation == self._events_generation:
             for event_id, event in events.items():
                 self._events.set(event_id, event)
+
+    def cached_replaced(self, event_ids: Iterable[str]) -> tuple[dict[str, str | None], list[str]]:
+        """``({event_id: replaced_id or None}, not cached)``: what
+        ``replaced_state_txn`` answered before, for the events it knew."""
+        known, unknown = self._replaced.split(event_ids)
+        return {event_id: replaced or None for event_id, replaced in known.items()}, unknown
+
+    @property
+    def replaced_generation(self) -> int:
+        """Read before ``replaced_state_txn``'s transaction, handed back to ``cache_replaced``."""
+        return self._replaced_generation
+
+    def cache_replaced(self, generation: int, answers: Mapping[str, str | None]) -> None:
+        """Keep ``replaced_state_txn``'s answers, unless a purge came since ``generation``."""
+        if generation == self._replaced_generation:
+            for event_id, replaced in answers.items():
+                self._replaced.set(event_id, replaced or "")
 
     # ------------------------------------------------------------------ events
 
@@ -269,26 +293,35 @@ class EventReader:
             state = self.state_groups.get_state_filtered(txn, group, keys)
         return self._named_state(txn, state)
 
-    def replaced_state_txn(self, txn: Transaction, events: Sequence[tuple[str, str, str]]) -> dict[str, str]:
-        """``{event_id: replaced_id}``: for each ``(event_id, type,
+    def replaced_state_txn(self, txn: Transaction, events: Sequence[tuple[str, str, str]]) -> dict[str, str | None]:
+        """``{event_id: replaced_id or None}``: for each ``(event_id, type,
         state_key)`` of a stored graph event, the state event of its key in
-        the state before it, where there is one; each state group read for
-        the keys asked of it alone."""
+        the state before it (None: there is none); events not stored, or
+        outliers, are left out (their answer may change). Each state group
+        is read for the keys asked of it alone."""
         nids = self.interners.events.lookup(txn, [event_id for event_id, _, _ in events])
         rows = stored_events_txn(txn, nids.values())
         key_nids = self.interners.state_keys.lookup(txn, list({(t, k) for _, t, k in events}))
         by_group: dict[int, list[tuple[str, int]]] = {}
+        found: dict[str, int | None] = {}
         for event_id, event_type, state_key in events:
             row = rows.get(nids.get(event_id, -1))
             key = key_nids.get((event_type, state_key))
-            if row is not None and not row.outlier and key is not None and row.state_group_before is not None:
+            if row is None or row.outlier or key is None:
+                continue
+            if row.state_group_before is None:
+                found[event_id] = None  # nothing before it: a create event
+            else:
                 by_group.setdefault(row.state_group_before, []).append((event_id, key))
-        found: dict[str, int] = {}
         for group, asked in by_group.items():
             state = self.state_groups.get_state_filtered(txn, group, sorted({key for _, key in asked}))
-            found.update((event_id, state[key]) for event_id, key in asked if state.get(key) is not None)
-        names = self.interners.events.resolve(txn, set(found.values()))
-        return {event_id: names[nid] for event_id, nid in found.items() if nid in names}
+            found.update((event_id, state.get(key)) for event_id, key in asked)
+        names = self.interners.events.resolve(txn, {nid for nid in found.values() if nid is not None})
+        return {
+            event_id: None if nid is None else names[nid]
+            for event_id, nid in found.items()
+            if nid is None or nid in names
+        }
 
     def state_ids_for_events_txn(
         self, txn: Transaction, event_ids: Sequence[str], before: bool

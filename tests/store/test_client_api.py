@@ -193,6 +193,41 @@ class ClientFormatTests(RoomHelpers):
         self.assertEqual(replaced[after_left.event_id], left.event_id)
         self.assertEqual(formatted[after_left.event_id]["unsigned"]["prev_content"], {"topic": "left"})
 
+    async def test_replaced_state_kept_until_a_purge(self):
+        """What a stored state event replaced is read once: the next format
+        of it runs no transaction, with the same answer; a purge drops it."""
+        store = await self.open_room_store()
+        room = RoomBuilder(room_id="!kept:example.org")
+        create, join = room.create(), room.join(ALICE)
+        topic1 = room.state("m.room.topic", "", {"topic": "one"})
+        topic2 = room.state("m.room.topic", "", {"topic": "two"})
+        built = [create, join, topic1, topic2]
+        results = await store.persist_events([room.to_persist(e) for e in built])
+        self.assertEqual([r.rejected_reason for r in results], [None] * len(built))
+        served = [await store.get_event(e.event_id) for e in built]
+        first = await store.format_client_events(served, 0)
+        self.assertEqual(first[3]["unsigned"]["replaces_state"], topic1.event_id)
+        self.assertEqual(first[3]["unsigned"]["prev_content"], {"topic": "one"})
+        known, unknown = store.reader.cached_replaced(e.event_id for e in built)
+        self.assertEqual(unknown, [])
+        self.assertEqual(known[topic2.event_id], topic1.event_id)
+        self.assertIsNone(known[topic1.event_id])
+        transactions = []
+        run_interaction = store.db.run_interaction
+
+        async def counted(description, *args, **kwargs):
+            transactions.append(description)
+            return await run_interaction(description, *args, **kwargs)
+
+        store.db.run_interaction = counted
+        try:
+            self.assertEqual(await store.format_client_events(served, 0), first)
+        finally:
+            del store.db.run_interaction
+        self.assertNotIn("client_format_lookups", transactions)
+        await store.purge_room(room.room_id)
+        self.assertEqual(store.reader.cached_replaced([topic2.event_id]), ({}, [topic2.event_id]))
+
     async def test_outliers_and_events_not_stored(self):
         store = await self.open_room_store()
         room = RoomBuilder(room_id="!outliers:example.org")
