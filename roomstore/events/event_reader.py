@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from roomstore.events.resolution_source import TransactionEventSource
+from roomstore.events.tables.client_txns import txn_records_of_events_txn
 from roomstore.events.tables.event_graph import auth_chain_nids_txn
 from roomstore.events.tables.events import (
     json_txn,
@@ -89,11 +90,14 @@ class EventReader:
         self.events_stream = events_stream
         self._events: LruCache[str, dict[str, Any]] = LruCache(event_cache_size)  # as served
         self._rooms_for_user: LruCache[str, frozenset[str]] = LruCache(50_000)  # joined room ids
-        # State event ID -> the event it replaced ("" none): fixed once the
-        # event is stored (its state before never changes); only a purge (or
-        # anything else that drops every cache) takes it away.
+        # What the client format adds to a stored event, fixed once it is
+        # stored (its state before, its client transaction are written with
+        # it); only a purge (or anything else that drops every cache) takes
+        # them away. State event ID -> the event it replaced ("" none);
+        # event ID -> the client transactions recorded with it.
         self._replaced: LruCache[str, str] = LruCache(event_cache_size)
-        self._replaced_generation = 0
+        self._txn_records: LruCache[str, tuple[tuple[str, str, str], ...]] = LruCache(event_cache_size)
+        self._format_generation = 0
         # Bumped by every invalidation: a read whose transaction began before
         # an invalidation may have seen the old rows, so it must not fill the
         # cache (else the stale answer would stay until the next change).
@@ -120,10 +124,11 @@ class EventReader:
     def invalidate_all(self) -> None:
         self._events_generation += 1
         self._memberships_generation += 1
-        self._replaced_generation += 1
+        self._format_generation += 1
         self._events.clear()
         self._rooms_for_user.clear()
         self._replaced.clear()
+        self._txn_records.clear()
 
     @property
     def events_generation(self) -> int:
@@ -147,16 +152,33 @@ class EventReader:
         known, unknown = self._replaced.split(event_ids)
         return {event_id: replaced or None for event_id, replaced in known.items()}, unknown
 
-    @property
-    def replaced_generation(self) -> int:
-        """Read before ``replaced_state_txn``'s transaction, handed back to ``cache_replaced``."""
-        return self._replaced_generation
+    def cached_txn_records(self, event_ids: Iterable[str]) -> tuple[dict[str, tuple], list[str]]:
+        """``({event_id: records}, not cached)``: what ``txn_records_txn`` answered before."""
+        known: dict[str, tuple] = {}
+        unknown = []
+        for event_id in event_ids:
+            records = self._txn_records.get(event_id)
+            if records is None:
+                unknown.append(event_id)
+            else:
+                known[event_id] = records
+        return known, unknown
 
-    def cache_replaced(self, generation: int, answers: Mapping[str, str | None]) -> None:
-        """Keep ``replaced_state_txn``'s answers, unless a purge came since ``generation``."""
-        if generation == self._replaced_generation:
-            for event_id, replaced in answers.items():
-                self._replaced.set(event_id, replaced or "")
+    @property
+    def format_generation(self) -> int:
+        """Read before the client format's lookups, handed back to ``cache_format_answers``."""
+        return self._format_generation
+
+    def cache_format_answers(
+        self, generation: int, replaced: Mapping[str, str | None], txn_records: Mapping[str, tuple]
+    ) -> None:
+        """Keep ``replaced_state_txn``'s and ``txn_records_txn``'s answers,
+        unless a purge came since ``generation``."""
+        if generation == self._format_generation:
+            for event_id, replaced_id in replaced.items():
+                self._replaced.set(event_id, replaced_id or "")
+            for event_id, records in txn_records.items():
+                self._txn_records.set(event_id, records)
 
     # ------------------------------------------------------------------ events
 
@@ -322,6 +344,17 @@ class EventReader:
             for event_id, nid in found.items()
             if nid is None or nid in names
         }
+
+    def txn_records_txn(self, txn: Transaction, event_ids: Sequence[str]) -> dict[str, tuple]:
+        """``{event_id: ((user_id, device_id, txn_id), ...)}``: the client
+        transactions each stored event was recorded with (none: ``()``);
+        events not stored are left out (a record may come with them)."""
+        records = txn_records_of_events_txn(txn, event_ids)
+        nids = self.interners.events.lookup(txn, [e for e in event_ids if e not in records])
+        stored = stored_events_txn(txn, nids.values())
+        answers: dict[str, tuple] = {event_id: () for event_id, nid in nids.items() if nid in stored}
+        answers.update((event_id, tuple(found)) for event_id, found in records.items())
+        return answers
 
     def state_ids_for_events_txn(
         self, txn: Transaction, event_ids: Sequence[str], before: bool
