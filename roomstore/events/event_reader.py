@@ -319,8 +319,8 @@ class EventReader:
         """``{event_id: replaced_id or None}``: for each ``(event_id, type,
         state_key)`` of a stored graph event, the state event of its key in
         the state before it (None: there is none); events not stored, or
-        outliers, are left out (their answer may change). Each state group
-        is read for the keys asked of it alone."""
+        outliers, are left out (their answer may change). The state groups
+        are read for the keys asked of them alone, in one statement."""
         nids = self.interners.events.lookup(txn, [event_id for event_id, _, _ in events])
         rows = stored_events_txn(txn, nids.values())
         key_nids = self.interners.state_keys.lookup(txn, list({(t, k) for _, t, k in events}))
@@ -335,9 +335,11 @@ class EventReader:
                 found[event_id] = None  # nothing before it: a create event
             else:
                 by_group.setdefault(row.state_group_before, []).append((event_id, key))
+        states = self.state_groups.get_states_filtered(
+            txn, {group: sorted({key for _, key in asked}) for group, asked in by_group.items()}
+        )
         for group, asked in by_group.items():
-            state = self.state_groups.get_state_filtered(txn, group, sorted({key for _, key in asked}))
-            found.update((event_id, state.get(key)) for event_id, key in asked)
+            found.update((event_id, states[group].get(key)) for event_id, key in asked)
         names = self.interners.events.resolve(txn, {nid for nid in found.values() if nid is not None})
         return {
             event_id: None if nid is None else names[nid]
