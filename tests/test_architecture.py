@@ -345,15 +345,9 @@ def oversized(package_dir: Path, package: str, limit: int) -> list[tuple[str, in
 
 def schema_tables(schema_dir: Path) -> set[str]:
     """Every table a schema file creates (full schemas and deltas, both
-    engines), but those a delta builds only to rename over an old one."""
-    pattern = re.compile(r"\bCREATE\s+(?:UNLOGGED\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([A-Za-z_][A-Za-z0-9_]*)", re.I)
-    renamed = re.compile(r"\bALTER\s+TABLE\s+([A-Za-z_][A-Za-z0-9_]*)\s+RENAME\s+TO\b", re.I)
-    tables, renamed_away = set(), set()
-    for path in schema_dir.rglob("*.sql"):
-        text = re.sub(r"--[^\n]*", "", path.read_text(encoding="utf-8"))
-        tables.update(name.lower() for name in pattern.findall(text))
-        renamed_away.update(name.lower() for name in renamed.findall(text))
-    return tables - renamed_away
+    engines), by its final name: those a delta builds only to rename over an
+    old one are not counted apart (``schema_columns``)."""
+    return set(schema_columns([schema_dir]))
 
 
 def documented_owners(doc: str) -> dict[str, str]:
