@@ -28,9 +28,11 @@ as the client-server specification's ClientEvent says:
 ``format_client_events`` (``RoomStore.format_client_events``) finds those
 for a batch: one transaction for the state before every state event of it,
 each key looked up in its state group alone (and, with ``sent_by``, the
-transaction IDs of the events that device sent), then one read of the
-replaced events through the event cache. Nothing given is modified: the served events
-may be the cache's own.
+client transactions the requester's events were recorded with), then one
+read of the replaced events through the event cache. Both answers are fixed
+once an event is stored, so the store's ``EventReader`` keeps them (a purge
+drops them): a batch it has seen before costs no transaction. Nothing given
+is modified: the served events may be the cache's own.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from roomstore.events.tables.client_txns import txn_ids_of_events_txn
 from roomstore.pdu.redaction_algorithm import copy_json
 
 __all__ = ["FEDERATION_KEYS", "KEPT_UNSIGNED_KEYS", "client_event", "format_client_events"]
@@ -90,13 +91,28 @@ async def format_client_events(
         and isinstance(event.get("event_id"), str)
     ]
     mine = [] if sent_by is None else _sent_by(events, sent_by[0])
-    replaced: dict[str, str] = {}
-    txn_ids: dict[str, str] = {}
-    if wanted or mine:
+    # What a stored event replaced, and the client transaction it was sent
+    # with, never change: the reader keeps the answers, so formatting a page
+    # again (a room's old state events, one's own messages) costs no
+    # transaction, and no walk of the state groups.
+    known, uncached = reader.cached_replaced(event_id for event_id, _, _ in wanted)
+    records, unrecorded = reader.cached_txn_records(mine)
+    replaced = {event_id: found for event_id, found in known.items() if found is not None}
+    uncached_ids = set(uncached)
+    asked = [item for item in wanted if item[0] in uncached_ids]
+    if asked or unrecorded:
         # One transaction for both lookups: each is a turn of the pool's queue.
-        replaced, txn_ids = await db.run_interaction(
-            "client_format_lookups", _lookups_txn, reader, wanted, sent_by, mine
-        )
+        generation = reader.format_generation
+        answers, fetched = await db.run_interaction("client_format_lookups", _lookups_txn, reader, asked, unrecorded)
+        reader.cache_format_answers(generation, answers, fetched)
+        replaced.update((event_id, found) for event_id, found in answers.items() if found is not None)
+        records.update(fetched)
+    txn_ids = {
+        event_id: txn_id
+        for event_id, found in records.items()
+        for user_id, device_id, txn_id in found
+        if sent_by == (user_id, device_id)
+    }
     previous = await reader.get_events(sorted(set(replaced.values()))) if replaced else {}
     formatted = []
     for event in events:
@@ -116,11 +132,8 @@ def _sent_by(events: Sequence[Mapping[str, Any]], user_id: str) -> list[str]:
     ]
 
 
-def _lookups_txn(
-    txn: Any, reader: Any, wanted: list, sent_by: tuple[str, str] | None, mine: list[str]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """The replaced state event of each of ``wanted``, and the txn IDs of
-    ``mine`` (events ``sent_by``'s device may have sent)."""
+def _lookups_txn(txn: Any, reader: Any, wanted: list, mine: list[str]) -> tuple[dict[str, str | None], dict]:
+    """The replaced state event of each of ``wanted``, and the client
+    transactions ``mine`` (events the requester sent) were recorded with."""
     replaced = reader.replaced_state_txn(txn, wanted) if wanted else {}
-    txn_ids = txn_ids_of_events_txn(txn, sent_by[0], sent_by[1], mine) if mine and sent_by is not None else {}
-    return replaced, txn_ids
+    return replaced, reader.txn_records_txn(txn, mine) if mine else {}

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from roomstore.events.resolution_source import TransactionEventSource
+from roomstore.events.tables.client_txns import txn_records_of_events_txn
 from roomstore.events.tables.event_graph import auth_chain_nids_txn
 from roomstore.events.tables.events import (
     json_txn,
@@ -89,6 +90,14 @@ class EventReader:
         self.events_stream = events_stream
         self._events: LruCache[str, dict[str, Any]] = LruCache(event_cache_size)  # as served
         self._rooms_for_user: LruCache[str, frozenset[str]] = LruCache(50_000)  # joined room ids
+        # What the client format adds to a stored event, fixed once it is
+        # stored (its state before, its client transaction are written with
+        # it); only a purge (or anything else that drops every cache) takes
+        # them away. State event ID -> the event it replaced ("" none);
+        # event ID -> the client transactions recorded with it.
+        self._replaced: LruCache[str, str] = LruCache(event_cache_size)
+        self._txn_records: LruCache[str, tuple[tuple[str, str, str], ...]] = LruCache(event_cache_size)
+        self._format_generation = 0
         # Bumped by every invalidation: a read whose transaction began before
         # an invalidation may have seen the old rows, so it must not fill the
         # cache (else the stale answer would stay until the next change).
@@ -115,8 +124,11 @@ class EventReader:
     def invalidate_all(self) -> None:
         self._events_generation += 1
         self._memberships_generation += 1
+        self._format_generation += 1
         self._events.clear()
         self._rooms_for_user.clear()
+        self._replaced.clear()
+        self._txn_records.clear()
 
     @property
     def events_generation(self) -> int:
@@ -133,6 +145,40 @@ class EventReader:
         if generation == self._events_generation:
             for event_id, event in events.items():
                 self._events.set(event_id, event)
+
+    def cached_replaced(self, event_ids: Iterable[str]) -> tuple[dict[str, str | None], list[str]]:
+        """``({event_id: replaced_id or None}, not cached)``: what
+        ``replaced_state_txn`` answered before, for the events it knew."""
+        known, unknown = self._replaced.split(event_ids)
+        return {event_id: replaced or None for event_id, replaced in known.items()}, unknown
+
+    def cached_txn_records(self, event_ids: Iterable[str]) -> tuple[dict[str, tuple], list[str]]:
+        """``({event_id: records}, not cached)``: what ``txn_records_txn`` answered before."""
+        known: dict[str, tuple] = {}
+        unknown = []
+        for event_id in event_ids:
+            records = self._txn_records.get(event_id)
+            if records is None:
+                unknown.append(event_id)
+            else:
+                known[event_id] = records
+        return known, unknown
+
+    @property
+    def format_generation(self) -> int:
+        """Read before the client format's lookups, handed back to ``cache_format_answers``."""
+        return self._format_generation
+
+    def cache_format_answers(
+        self, generation: int, replaced: Mapping[str, str | None], txn_records: Mapping[str, tuple]
+    ) -> None:
+        """Keep ``replaced_state_txn``'s and ``txn_records_txn``'s answers,
+        unless a purge came since ``generation``."""
+        if generation == self._format_generation:
+            for event_id, replaced_id in replaced.items():
+                self._replaced.set(event_id, replaced_id or "")
+            for event_id, records in txn_records.items():
+                self._txn_records.set(event_id, records)
 
     # ------------------------------------------------------------------ events
 
@@ -269,26 +315,48 @@ class EventReader:
             state = self.state_groups.get_state_filtered(txn, group, keys)
         return self._named_state(txn, state)
 
-    def replaced_state_txn(self, txn: Transaction, events: Sequence[tuple[str, str, str]]) -> dict[str, str]:
-        """``{event_id: replaced_id}``: for each ``(event_id, type,
+    def replaced_state_txn(self, txn: Transaction, events: Sequence[tuple[str, str, str]]) -> dict[str, str | None]:
+        """``{event_id: replaced_id or None}``: for each ``(event_id, type,
         state_key)`` of a stored graph event, the state event of its key in
-        the state before it, where there is one; each state group read for
-        the keys asked of it alone."""
+        the state before it (None: there is none); events not stored, or
+        outliers, are left out (their answer may change). The state groups
+        are read for the keys asked of them alone, in one statement."""
         nids = self.interners.events.lookup(txn, [event_id for event_id, _, _ in events])
         rows = stored_events_txn(txn, nids.values())
         key_nids = self.interners.state_keys.lookup(txn, list({(t, k) for _, t, k in events}))
         by_group: dict[int, list[tuple[str, int]]] = {}
+        found: dict[str, int | None] = {}
         for event_id, event_type, state_key in events:
             row = rows.get(nids.get(event_id, -1))
             key = key_nids.get((event_type, state_key))
-            if row is not None and not row.outlier and key is not None and row.state_group_before is not None:
+            if row is None or row.outlier or key is None:
+                continue
+            if row.state_group_before is None:
+                found[event_id] = None  # nothing before it: a create event
+            else:
                 by_group.setdefault(row.state_group_before, []).append((event_id, key))
-        found: dict[str, int] = {}
+        states = self.state_groups.get_states_filtered(
+            txn, {group: sorted({key for _, key in asked}) for group, asked in by_group.items()}
+        )
         for group, asked in by_group.items():
-            state = self.state_groups.get_state_filtered(txn, group, sorted({key for _, key in asked}))
-            found.update((event_id, state[key]) for event_id, key in asked if state.get(key) is not None)
-        names = self.interners.events.resolve(txn, set(found.values()))
-        return {event_id: names[nid] for event_id, nid in found.items() if nid in names}
+            found.update((event_id, states[group].get(key)) for event_id, key in asked)
+        names = self.interners.events.resolve(txn, {nid for nid in found.values() if nid is not None})
+        return {
+            event_id: None if nid is None else names[nid]
+            for event_id, nid in found.items()
+            if nid is None or nid in names
+        }
+
+    def txn_records_txn(self, txn: Transaction, event_ids: Sequence[str]) -> dict[str, tuple]:
+        """``{event_id: ((user_id, device_id, txn_id), ...)}``: the client
+        transactions each stored event was recorded with (none: ``()``);
+        events not stored are left out (a record may come with them)."""
+        records = txn_records_of_events_txn(txn, event_ids)
+        nids = self.interners.events.lookup(txn, [e for e in event_ids if e not in records])
+        stored = stored_events_txn(txn, nids.values())
+        answers: dict[str, tuple] = {event_id: () for event_id, nid in nids.items() if nid in stored}
+        answers.update((event_id, tuple(found)) for event_id, found in records.items())
+        return answers
 
     def state_ids_for_events_txn(
         self, txn: Transaction, event_ids: Sequence[str], before: bool

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
+import orjson
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.web import resource, server
@@ -239,8 +240,18 @@ def _cors(request) -> None:
     request.setHeader(b"access-control-allow-headers", b"X-Requested-With, Content-Type, Authorization")
 
 
+def _encode_json(body: Any) -> bytes:
+    """``body`` as UTF-8 JSON: orjson (several times faster than ``json`` on
+    a page of events, the bulk of a /sync or /messages answer), or ``json``
+    for what orjson refuses (an integer beyond 64 bits, a lone surrogate)."""
+    try:
+        return orjson.dumps(body)
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(body).encode("ascii")
+
+
 def _respond(request, status: int, body: Any) -> None:
-    data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+    data = _encode_json(body)
     request.setResponseCode(status)
     request.setHeader(b"content-type", b"application/json")
     request.setHeader(b"content-length", str(len(data)).encode("ascii"))

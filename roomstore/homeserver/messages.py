@@ -53,7 +53,8 @@ class History:
         chosen: list[dict] = []
         token = start
         for _ in range(MAX_PAGES):
-            page = await self._store.paginate(room_id, user_id, token, direction, limit - len(chosen))
+            wanted = limit - len(chosen)
+            page = await self._store.paginate(room_id, user_id, token, direction, wanted)
             if not page.events:
                 return chosen, token if token != start else None
             for event in page.events:
@@ -62,7 +63,9 @@ class History:
                 if event_filter.allows(event):
                     chosen.append(event)
             token = page.next_token
-            if len(chosen) >= limit:
+            # A page short of what was asked is the last visible one that way:
+            # asking again would cost a turn of the pool for an empty page.
+            if len(chosen) >= limit or len(page.events) < wanted:
                 break
         return chosen, token
 

@@ -135,6 +135,30 @@ SELECT start_group, NULL, NULL FROM complete
 FULL_STATE_SQL = full_state_sql()
 
 
+def filtered_states_sql(groups: int, keys: int) -> str:
+    """Several groups' chains in one statement, restricted to some keys:
+    ``groups`` bound parameters (the groups), then ``keys`` (type_key_nids);
+    rows ``(start_group, hops, type_key_nid, event_nid)``, each group's to fold
+    as :func:`full_state_sql`'s. The groups of a page of state events lie on
+    one or a few chains: one walk of each, not one statement a group."""
+    if groups < 1 or keys < 1:
+        raise ValueError("filtered_states_sql needs a group and a key")
+    chain = _CHAIN.format(
+        start="start_group, ",
+        seed="CAST(w.start_group AS BIGINT), CAST(w.start_group AS BIGINT)",
+        seed_from=" FROM wanted AS w",
+        carry="chain.start_group, ",
+        guard=f" AND chain.hops < {MAX_WALK_HOPS}",
+    )
+    return f"""
+WITH RECURSIVE wanted(start_group) AS (VALUES {", ".join("(?)" for _ in range(groups))}),
+{chain}
+SELECT chain.start_group, chain.hops, d.type_key_nid, d.event_nid
+FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group
+AND d.type_key_nid IN ({", ".join("?" for _ in range(keys))})
+"""
+
+
 #: The walk of one group that also yields each group's sole delta row
 #: (schema version 6: ``state_groups.sole_*``, NULL unless the group's delta
 #: is exactly one row), on the engines of :data:`_WALKS_SOLE_DELTAS`. A join, not

@@ -167,6 +167,29 @@ class StateGroupStore:
             result.update(fold_state(txn.execute(sql, (state_group, *part)).fetchall()))
         return result
 
+    def get_states_filtered(self, txn: Transaction, asked: Mapping[int, Iterable[int]]) -> dict[int, dict[int, int]]:
+        """``get_state_filtered`` of several groups (group -> its keys): the
+        cached ones from the cache, the rest in one statement a chunk."""
+        result: dict[int, dict[int, int]] = {}
+        uncached: dict[int, list[int]] = {}
+        for group, keys in asked.items():
+            cached = self._cache.get(group)
+            if cached is not None:
+                result[group] = {k: cached[k] for k in keys if k in cached}
+            else:
+                uncached[group] = list(keys)
+        for part in chunks(sorted(uncached), 100):
+            wanted = sorted({key for group in part for key in uncached[group]})
+            rows: dict[int, list[tuple[int, int, int | None]]] = {group: [] for group in part}
+            for keys in chunks(wanted, 400):
+                sql = tables.filtered_states_sql(len(part), len(keys))
+                for start, hops, key, event in txn.execute(sql, (*part, *keys)).fetchall():
+                    rows[start].append((hops, key, event))
+            for group in part:
+                state = fold_state(rows[group])
+                result[group] = {k: state[k] for k in uncached[group] if k in state}
+        return result
+
     def group_exists(self, txn: Transaction, state_group: int) -> bool:
         return txn.execute(tables.GROUP_EXISTS, (state_group,)).fetchone() is not None
 

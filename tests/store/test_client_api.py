@@ -7,7 +7,7 @@ from twisted.trial import unittest
 
 from roomstore.events.client_format import client_event
 from roomstore.storage import NotFoundError
-from roomstore.store import RoomStore
+from roomstore.store import ClientTxn, RoomStore
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder, fake_event_id
 
@@ -192,6 +192,52 @@ class ClientFormatTests(RoomHelpers):
         self.assertEqual(replaced[right.event_id], base.event_id)  # not left, stored before it
         self.assertEqual(replaced[after_left.event_id], left.event_id)
         self.assertEqual(formatted[after_left.event_id]["unsigned"]["prev_content"], {"topic": "left"})
+
+    async def test_replaced_state_kept_until_a_purge(self):
+        """What a stored state event replaced is read once: the next format
+        of it runs no transaction, with the same answer; a purge drops it."""
+        store = await self.open_room_store()
+        room = RoomBuilder(room_id="!kept:example.org")
+        create, join = room.create(), room.join(ALICE)
+        topic1 = room.state("m.room.topic", "", {"topic": "one"})
+        topic2 = room.state("m.room.topic", "", {"topic": "two"})
+        sent = room.message(ALICE, "sent")
+        built = [create, join, topic1, topic2, sent]
+        results = await store.persist_events(
+            [room.to_persist(e) for e in built[:-1]] + [room.to_persist(sent, client_txn=ClientTxn(ALICE, "D", "t1"))]
+        )
+        self.assertEqual([r.rejected_reason for r in results], [None] * len(built))
+        served = [await store.get_event(e.event_id) for e in built]
+        first = await store.format_client_events(served, 0, sent_by=(ALICE, "D"))
+        self.assertEqual(first[3]["unsigned"]["replaces_state"], topic1.event_id)
+        self.assertEqual(first[3]["unsigned"]["prev_content"], {"topic": "one"})
+        self.assertEqual(first[4]["unsigned"]["transaction_id"], "t1")
+        known, unknown = store.reader.cached_replaced(e.event_id for e in built[:-1])
+        self.assertEqual(unknown, [])
+        self.assertEqual(known[topic2.event_id], topic1.event_id)
+        self.assertIsNone(known[topic1.event_id])
+        # An event not stored is not answered for: it may be stored later, with a transaction.
+        unstored = room.message(ALICE, "later")
+        await store.format_client_events([dict(unstored.event, event_id=unstored.event_id)], 0, sent_by=(ALICE, "D"))
+        self.assertEqual(store.reader.cached_txn_records([unstored.event_id]), ({}, [unstored.event_id]))
+        served.append(await store.get_event(sent.event_id))
+        first.append(first[4])
+        transactions = []
+        run_interaction = store.db.run_interaction
+
+        async def counted(description, *args, **kwargs):
+            transactions.append(description)
+            return await run_interaction(description, *args, **kwargs)
+
+        store.db.run_interaction = counted
+        try:
+            self.assertEqual(await store.format_client_events(served, 0, sent_by=(ALICE, "D")), first)
+        finally:
+            del store.db.run_interaction
+        self.assertNotIn("client_format_lookups", transactions)
+        await store.purge_room(room.room_id)
+        self.assertEqual(store.reader.cached_replaced([topic2.event_id]), ({}, [topic2.event_id]))
+        self.assertEqual(store.reader.cached_txn_records([sent.event_id]), ({}, [sent.event_id]))
 
     async def test_outliers_and_events_not_stored(self):
         store = await self.open_room_store()

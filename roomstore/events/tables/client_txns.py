@@ -27,7 +27,7 @@ __all__ = [
     "event_id_for_txn_txn",
     "event_nids_of_txns_txn",
     "queue_txns",
-    "txn_ids_of_events_txn",
+    "txn_records_of_events_txn",
 ]
 
 
@@ -68,19 +68,21 @@ def event_id_for_txn_txn(txn: Transaction, user_id: str, device_id: str, txn_id:
     return None if row is None else row[0]
 
 
-def txn_ids_of_events_txn(txn: Transaction, user_id: str, device_id: str, event_ids: Iterable[str]) -> dict[str, str]:
-    """Event ID -> txn ID, for those of ``event_ids`` recorded with a
-    transaction of this user's device."""
-    found: dict[str, str] = {}
+def txn_records_of_events_txn(txn: Transaction, event_ids: Iterable[str]) -> dict[str, list[tuple[str, str, str]]]:
+    """Event ID -> the ``(user_id, device_id, txn_id)`` it was recorded
+    with, for those of ``event_ids`` that were (one each, as
+    ``roomstore.events.client_txns`` records: a list all the same)."""
+    found: dict[str, list[tuple[str, str, str]]] = {}
     for part in chunks(sorted(set(event_ids))):
         marks = ", ".join("?" for _ in part)
         rows = txn.execute(
-            f"SELECT i.event_id, c.txn_id FROM client_txn_ids AS c {join_users('u', 'c.user_nid')}"
-            f" {join_event_ids('i', 'c.event_nid')}"
-            f" WHERE u.user_id = ? AND c.device_id = ? AND i.event_id IN ({marks})",
-            (user_id, device_id, *part),
+            f"SELECT i.event_id, u.user_id, c.device_id, c.txn_id FROM client_txn_ids AS c"
+            f" {join_users('u', 'c.user_nid')} {join_event_ids('i', 'c.event_nid')}"
+            f" WHERE i.event_id IN ({marks})",
+            list(part),
         ).fetchall()
-        found.update(rows)
+        for event_id, user_id, device_id, txn_id in rows:
+            found.setdefault(event_id, []).append((user_id, device_id, txn_id))
     return found
 
 
