@@ -52,9 +52,11 @@ def room_events(n: int) -> list[EventToPersist]:
 
 def use_variant(store: RoomStore, variant: str) -> None:
     if variant == "none":
-        store._precheck = lambda txn, persister, events, resolved: {}
+        store.writes.precheck = lambda txn, persister, events, resolved: {}
     elif variant == "look-up only":
-        store._precheck = lambda txn, persister, events, resolved: stored_results_txn(txn, persister.interners, events)
+        store.writes.precheck = lambda txn, persister, events, resolved: stored_results_txn(
+            txn, persister.interners, events
+        )
 
 
 async def persist_rate(url: str, events: list[EventToPersist], variant: str) -> float:

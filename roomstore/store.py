@@ -26,20 +26,16 @@ from roomstore.events.batch import (
     ClientTxn,
     EventToPersist,
     PersistedEvent,
-    first_copies,
-    orphan_rooms,
-    results_in_order,
 )
 from roomstore.events.batch_rooms import BatchRooms
-from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations
+from roomstore.events.caches import StoreCaches
 from roomstore.events.censor import RedactionCensor
 from roomstore.events.client_format import format_client_events
 from roomstore.events.event_reader import EventFlags, EventReader
 from roomstore.events.federation import FederationReader
 from roomstore.events.pagination import PaginationResult, Paginator
 from roomstore.events.persist import BatchOutcome, EventPersister
-from roomstore.events.pipeline import BatchValidator, WriteTurns, write_in_group
-from roomstore.events.precheck import precheck_txn
+from roomstore.events.pipeline import BatchValidator
 from roomstore.events.purge import Purger, PurgeResult
 from roomstore.events.read_positions import ReadPositions, register_instance_txn
 from roomstore.events.sync import SyncReader, SyncResult
@@ -50,18 +46,16 @@ from roomstore.pdu.signatures import VerifyKeys
 from roomstore.state.groups import (
     COMPACTION_LOCK_TIMEOUT_S,
     StateGroupStore,
-    delete_when_unlocked,
 )
 from roomstore.storage.database import Database
-from roomstore.storage.errors import StorageFullError
 from roomstore.storage.interning import Interners, room_ids_txn
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME
 from roomstore.storage.stats import table_stats_txn
 from roomstore.store_config import StoreConfig
 from roomstore.store_opening import open_database
 from roomstore.store_replication import ReplicationFace
+from roomstore.store_writes import ForwardedWrites, LocalWrites, StoreWrites
 from roomstore.streams.change_cache import StreamChangeCache
-from roomstore.streams.reservations import reserve_in_transaction
 from roomstore.streams.view import GeneratorView
 from roomstore.visibility.snapshots import VisibilityStore
 from roomstore.writer_process.parent import WriterProcess
@@ -99,7 +93,6 @@ class RoomStore(ReplicationFace):
         self.batch_rooms = BatchRooms(db, self.persister.room_versions)
         # Batches validated off the reactor, written in call order (events/pipeline.py).
         self.validator = BatchValidator(db.reactor, config.validation_processes)
-        self._write_turns = WriteTurns()
         position = self.events_stream.get_current_token()
         # Which rooms had new events, whose membership changed, since a position.
         self.room_changes = StreamChangeCache("room_events", position, config.change_cache_size)
@@ -137,7 +130,22 @@ class RoomStore(ReplicationFace):
             db, self.interners, self.caches.event_changed, config.redaction_retention_ms, self.clock
         )
         self._invalidation_hooks: list = []
-        self._writer_process: WriterProcess | None = None  # StoreConfig.writer_process
+        #: Where the writes run: here, or in the writer process (``_open_beside_writer``).
+        self.writes: StoreWrites = LocalWrites(
+            db=db,
+            persister=self.persister,
+            validator=self.validator,
+            batch_rooms=self.batch_rooms,
+            streams=(self.events_stream, self.backfill_stream, self.caches_stream),
+            state_groups=self.state_groups,
+            purger=self.purger,
+            censor=self.censor,
+            instance_name=config.instance_name,
+            max_events_per_transaction=config.max_events_per_transaction,
+            after_persist=self._after_persist,
+            check_writer_lock=self.check_writer_lock,
+            now_ms=self._now_ms,
+        )
         #: The schema version the database is at (set by ``open``).
         self.schema_version: int | None = None
 
@@ -194,7 +202,7 @@ class RoomStore(ReplicationFace):
         except BaseException:
             await writer.close()
             raise
-        store.config, store._writer_process = config, writer
+        store.config, store.writes = config, ForwardedWrites(writer, store.caches)
         writer.follow(store._after_persist, store.generators)
         return store
 
@@ -212,8 +220,8 @@ class RoomStore(ReplicationFace):
             raise lost.result
 
     async def close(self) -> None:
-        if self._writer_process is not None:
-            await self._writer_process.close()
+        if isinstance(self.writes, ForwardedWrites):
+            await self.writes.close()
         censor_job = getattr(self, "_censor_job", None)
         if censor_job is not None:
             # Before the database goes: stop() waits for a run in progress.
@@ -257,97 +265,7 @@ class RoomStore(ReplicationFace):
         """
         if not events:
             return []
-        if self._writer_process is not None:
-            return await self._writer_process.call(
-                "persist_events",
-                list(events),
-                resolved_current_state,
-                refuse_hash_mismatch=refuse_hash_mismatch,
-                verify_keys=verify_keys,
-            )
-        self.check_writer_lock()
-        turn = self._write_turns.take()
-        try:
-            return await self._persist_in_turn(turn, events, resolved_current_state, refuse_hash_mismatch, verify_keys)
-        except StorageFullError as exc:
-            self._write_turns.out_of_space(turn, exc)
-            raise
-        finally:
-            turn.done()
-
-    async def _persist_in_turn(self, turn, events, resolved_current_state, refuse_hash_mismatch, verify_keys):
-        """``persist_events``: validated while earlier calls write, written in
-        its turn, or with an earlier call's batch (``WriteTurns``)."""
-        rooms = await self.batch_rooms.needed_by(events, turn)
-        prepared = await self.validator.prepare(
-            events, rooms.versions, refuse_hash_mismatch, verify_keys, self_contained=not rooms.whole
-        )
-        turn.validated(prepared)
-        if rooms.assumed:  # the write checks these rooms' versions are stored by then
-            prepared = [
-                attrs.evolve(ev, version_assumed=True) if ev.pdu.room_id in rooms.assumed else ev for ev in prepared
-            ]
-        # Only a batch with nothing to check against earlier calls' writes
-        # (room versions, orphans) and no resolved state may go with another's.
-        orphan_rooms_to_check = orphan_rooms(prepared, rooms.versions)
-        alone = bool(resolved_current_state) or rooms.unknown or bool(orphan_rooms_to_check)
-        offer = None if alone else turn.offer_batch(prepared)
-        # Every earlier call's writes are done from here on: this batch's
-        # prev events among them are stored, as if the calls had waited.
-        await turn.ready()
-        if offer is not None and offer.taken:
-            return await offer.outcome
-        turn.withdraw()
-        turn.check_refused()
-        self.check_writer_lock()
-        await self.batch_rooms.refuse_orphans(prepared, orphan_rooms_to_check)
-        followers = [] if alone else turn.take_followers(self.config.max_events_per_transaction - len(prepared))
-        return await write_in_group(lambda batch: self._write(batch, resolved_current_state), prepared, followers)
-
-    async def _write(self, prepared, resolved_current_state) -> list[PersistedEvent]:
-        """The validated batch written in one transaction; a result per event."""
-        # Only an event's first copy gets a stream ID.
-        first_index = first_copies(prepared)
-        unique = [prepared[index] for index in first_index.values()]
-        # Events stored before take no stream IDs, nor do batches the write
-        # would refuse whatever it is given (underivable state, an invalid event):
-        # found first, in the write's own transaction before it takes the IDs;
-        # the write checks again (for another writer storing them or changing
-        # the room between the two; that rare race still spends IDs). One
-        # transaction for the look, the IDs and the write: on PostgreSQL the
-        # IDs come from the sequences in it, where they had cost two more.
-        # One caches-stream ID per batch: the batch's invalidations are one fact.
-        streams = (self.events_stream, self.backfill_stream, self.caches_stream)
-        async with reserve_in_transaction(
-            streams, "persist_events", self._check_and_write_txn, unique, resolved_current_state, self._now_ms()
-        ) as ((results, outcome), _):
-            if outcome is not None:
-                # Caches first, then the IDs complete (as this block ends): a
-                # reader woken by the new position must find the change caches
-                # already knowing the batch.
-                self._after_persist(outcome)
-                results.update(outcome.results)
-        return results_in_order(prepared, first_index, results)
-
-    #: The look before stream IDs (tests and bench/persist_precheck.py put others in its place).
-    _precheck = staticmethod(precheck_txn)
-
-    def _check_and_write_txn(self, txn, take, unique, resolved_current_state, now_ms):
-        """One transaction: the look (``precheck_txn``: events stored before,
-        a refusal raised before any ID), the stream IDs of the new events
-        (``take``: from the sequences, in this transaction, on PostgreSQL),
-        and their write. Returns (results of the stored ones, the write's
-        outcome or None)."""
-        found = self._precheck(txn, self.persister, unique, resolved_current_state)
-        new = [ev for ev in unique if ev.event_id not in found]
-        if not new:
-            return found, None
-        live = sum(1 for ev in new if not ev.backfilled)
-        stream_ids, backfill_ids, (cache_stream_id,) = take((live, len(new) - live, 1))
-        outcome = self.persister.persist_txn(
-            txn, new, stream_ids, backfill_ids, resolved_current_state, cache_stream_id, now_ms
-        )
-        return found, outcome
+        return await self.writes.persist_events(events, resolved_current_state, refuse_hash_mismatch, verify_keys)
 
     def _now_ms(self) -> int:
         """The store clock's now, in milliseconds (the timestamps it writes)."""
@@ -365,18 +283,7 @@ class RoomStore(ReplicationFace):
         """
         if not cache_name or any(c.isspace() for c in cache_name):
             raise ValueError(f"cache name {cache_name!r} must be a non-empty word")
-        if self._writer_process is not None:
-            return await self._writer_process.call("invalidate_cache", cache_name, keys)
-        async with self.caches_stream.get_next() as stream_id:
-            await self.db.run_interaction(
-                "invalidate_cache",
-                write_cache_invalidations,
-                stream_id,
-                self.instance_name,
-                [(cache_name, None if keys is None else list(keys))],
-                self._now_ms(),
-            )
-        return stream_id
+        return await self.writes.invalidate_cache(cache_name, None if keys is None else list(keys))
 
     def add_invalidation_hook(self, hook) -> None:
         """Call ``hook(outcome)`` after every committed batch (with
@@ -498,12 +405,7 @@ class RoomStore(ReplicationFace):
         ``config.redaction_retention_ms`` (at ``now_ms``, default the store's
         clock) with their pruned JSON; returns how many events were censored.
         """
-        if self._writer_process is None:
-            return await self.censor.censor_expired(now_ms)
-        censored = await self._writer_process.call("censor_expired_redactions", now_ms)
-        if censored:  # which ones the reply does not say: drop every parsed event
-            self.caches.apply_invalidation(EVENT_CACHE, None)
-        return censored
+        return await self.writes.censor_expired_redactions(now_ms)
 
     # --- state group deletion (honours the compaction lock)
 
@@ -537,16 +439,8 @@ class RoomStore(ReplicationFace):
         ids = sorted({int(g) for g in group_ids})
         if not ids:
             return 0
-        if self._writer_process is not None:
-            # The writer process waits on its own clock.
-            deleted = await self._writer_process.call(
-                "delete_state_groups", ids, lock_timeout_s=lock_timeout_s, poll_interval_s=poll_interval_s
-            )
-        else:
-            timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
-            deleted = await delete_when_unlocked(
-                self.db, self.state_groups, ids, timeout_s, poll_interval_s, clock or self.clock, self._now_ms
-            )
+        timeout_s = self.COMPACTION_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
+        deleted = await self.writes.delete_state_groups(ids, timeout_s, poll_interval_s, clock or self.clock)
         for group in ids:
             self.state_groups.forget(group)
         return deleted
@@ -557,20 +451,11 @@ class RoomStore(ReplicationFace):
         """Delete the room's events at or before the position ``before_token``
         (a ``t`` or stream token), keeping what the room still needs; one
         transaction (docs/api.md, "Purging")."""
-        return await self._purge("purge_history", room_id, before_token, delete_local_events)
+        return await self.writes.purge("purge_history", room_id, before_token, delete_local_events)
 
     async def purge_room(self, room_id: str) -> PurgeResult:
         """Delete every row of the room; one transaction (docs/api.md, "Purging")."""
-        return await self._purge("purge_room", room_id)
-
-    async def _purge(self, method: str, room_id: str, *args) -> PurgeResult:
-        if self._writer_process is None:
-            self.check_writer_lock()
-            return await getattr(self.purger, method)(room_id, *args)
-        result = await self._writer_process.call(method, room_id, *args)
-        if result.changed:  # the child dropped its caches; this process drops its own
-            self.caches.purged([room_id], whole_room=method == "purge_room")
-        return result
+        return await self.writes.purge("purge_room", room_id)
 
     # --- timeline and federation reads (roomstore.events.timeline, .federation)
     # Thin async wrappers; contracts and SQL in those modules.

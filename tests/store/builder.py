@@ -49,7 +49,7 @@ def skip_precheck(store) -> None:
     """Make ``store``'s precheck find nothing, as when another writer changes
     a room after it: a batch the write refuses then fails after its stream
     IDs are reserved (they complete unused)."""
-    store._precheck = lambda txn, persister, events, resolved: {}
+    store.writes.precheck = lambda txn, persister, events, resolved: {}
 
 
 def pure_resolution(room: RoomGraphBuilder, state_sets, rejected=()) -> dict:

@@ -26,7 +26,7 @@ class _HeldWriter:
         self.validated = 0
         self.all_validated: defer.Deferred = defer.Deferred()
         self.writes: list[int] = []
-        real_prepare, real_write = store.validator.prepare, store._write
+        real_prepare, real_write = store.validator.prepare, store.writes.write
 
         async def prepare(*args, **kwargs):
             prepared = await real_prepare(*args, **kwargs)
@@ -43,7 +43,7 @@ class _HeldWriter:
             return await real_write(prepared, resolved)
 
         store.validator.prepare = prepare
-        store._write = write
+        store.writes.write = write
 
     async def run(self, batches):
         return await defer.DeferredList(
@@ -170,14 +170,14 @@ class GroupCommitTests:
 
     async def test_a_database_error_fails_every_call_of_the_group(self):
         store, built, events, batches, held = await self._three_calls()
-        real_txn = store._check_and_write_txn
+        real_txn = store.writes.check_and_write_txn
 
         def failing_txn(txn, take, unique, *args):
             if len(unique) > 30:  # the group's transaction
                 raise RuntimeError("the database went away")
             return real_txn(txn, take, unique, *args)
 
-        store._check_and_write_txn = failing_txn
+        store.writes.check_and_write_txn = failing_txn
         outcomes = await held.run(batches)
         self.assertEqual([ok for ok, _ in outcomes], [True, False, False])
         for _, failure in outcomes[1:]:
@@ -185,7 +185,7 @@ class GroupCommitTests:
         self.assertEqual(held.writes, [30, 62])  # not written again call by call
         self.assertIsNone(await store.get_event(built[30].event_id))
         # Nothing of the group was written: the calls may be made again.
-        store._check_and_write_txn = real_txn
+        store.writes.check_and_write_txn = real_txn
         again = await store.persist_events(events[30:])
         self.assertEqual([r.stream_ordering for r in again][:1], [31])
         self.assertFalse(any(r.already_persisted for r in again))
@@ -196,7 +196,7 @@ class GroupCommitTests:
 
     async def test_a_group_write_that_ends_abruptly_leaves_no_call_waiting(self):
         store, built, events, batches, held = await self._three_calls()
-        real_write = store._write
+        real_write = store.writes.write
 
         async def cancelled_group(prepared, resolved):
             if len(prepared) > 30:  # the group's write: cancelled, not a refusal nor an Exception
@@ -204,7 +204,7 @@ class GroupCommitTests:
                 raise defer.CancelledError()
             return await real_write(prepared, resolved)
 
-        store._write = cancelled_group
+        store.writes.write = cancelled_group
         outcomes = await held.run(batches)
         self.assertEqual([ok for ok, _ in outcomes], [True, False, False])
         for _, failure in outcomes[1:]:

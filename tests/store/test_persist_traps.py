@@ -186,7 +186,7 @@ class PersistTrapTests:
             persister.persist_txn(txn, events, [10**9], [], resolved)
             return {}
 
-        store._precheck = precheck_that_writes
+        store.writes.precheck = precheck_that_writes
         with self.assertRaises(RuntimeError) as raised:
             await store.persist_events([room.to_persist(message)])
         self.assertIn("one batch per transaction", str(raised.exception))

@@ -307,7 +307,7 @@ class PipelineTests:
         bare = [EventToPersist(e.raw) for e in built]
         validated: list[int] = []
         at_first_write: list[int] = []
-        real_prepare, real_write = store.validator.prepare, store._write
+        real_prepare, real_write = store.validator.prepare, store.writes.write
 
         async def prepare(events, *args, **kwargs):
             prepared = await real_prepare(events, *args, **kwargs)
@@ -323,7 +323,7 @@ class PipelineTests:
                 at_first_write.append(len(validated))
             return await real_write(prepared, resolved)
 
-        store.validator.prepare, store._write = prepare, write
+        store.validator.prepare, store.writes.write = prepare, write
         outcomes = await self._in_flight(store, [bare[:30], bare[30:45], bare[45:]])
         self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
         self.assertEqual(at_first_write, [3])
@@ -351,7 +351,7 @@ class PipelineTests:
         store = await self.open_store(0)
         room, built = linear_room(120)
         events = [room.to_persist(e) for e in built]
-        write = store._write
+        write = store.writes.write
         calls = []
 
         async def second_write_full(prepared, resolved):
@@ -360,7 +360,7 @@ class PipelineTests:
                 raise StorageFullError("the test's disk is out of space")
             return await write(prepared, resolved)
 
-        self.patch(store, "_write", second_write_full)
+        self.patch(store.writes, "write", second_write_full)
         batches = [events[i : i + 30] for i in range(0, 90, 30)]
         outcomes = await self._in_flight(store, batches)
         self.assertTrue(outcomes[0][0], outcomes[0][1])

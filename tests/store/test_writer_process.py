@@ -34,7 +34,7 @@ class WriterProcessTests:
 
     async def test_writes_in_a_child_and_reads_here(self):
         store = await self.open_store(validation_processes=1)
-        child = store._writer_process._transport.pid
+        child = store.writes.process._transport.pid
         self.assertNotEqual(child, os.getpid())
         if hasattr(os, "SCHED_IDLE"):
             self.assertEqual(os.sched_getscheduler(child), os.SCHED_IDLE)
@@ -131,8 +131,8 @@ class WriterProcessTests:
         store = await self.open_store()
         room, built = linear_room(3)
         await store.persist_events([room.to_persist(e) for e in built])
-        ended = store._writer_process._ended_d
-        store._writer_process._transport.signalProcess("KILL")
+        ended = store.writes.process._ended_d
+        store.writes.process._transport.signalProcess("KILL")
         await ended
         with self.assertRaises(WriterProcessLost) as caught:
             await store.persist_events([room.to_persist(room.message(ALICE, "late"))])
@@ -148,7 +148,7 @@ class WriterProcessTests:
         batches = [events[i : i + 100] for i in range(0, len(events), 100)]
         calls = [defer.ensureDeferred(store.persist_events(b)) for b in batches]
         await calls[0]
-        store._writer_process._transport.signalProcess("KILL")
+        store.writes.process._transport.signalProcess("KILL")
         outcomes = await defer.DeferredList(calls[1:], consumeErrors=True)
         for ok, failure in outcomes:
             if not ok:
