@@ -154,7 +154,6 @@ LONG_FUNCTIONS_PENDING = {
     "roomstore/events/persist.py _event_rows",
     "roomstore/events/stream_rows.py _stream_page",
     "roomstore/events/stream_rows.py stream_text_txn",
-    "roomstore/pdu/building.py build_event",
 }
 
 
