@@ -217,86 +217,24 @@ async def import_file(
     stores one that breaks them rejected: counted (``rejected``) and
     reported, one line each. ``trust_source``: the file comes from a server
     that checked its events already; they are stored as given, unchecked."""
-    from roomstore.events.batch import PrevEventsCycle, peek_event_id
     from roomstore.events.persist import EventToPersist
     from roomstore.progress import progress_bar
 
     if in_flight < 1:
         raise ValueError(f"in_flight must be 1 or more, not {in_flight}")
-    options = {"refuse_hash_mismatch": strict, "verify_keys": verify_keys}
-    lines = []
-    summary = {} if summary is None else summary
-    summary.update(imported=0, already_present=0, failed=0, rejected=0, redacted_content_hash_mismatch=0)
-    for number, raw, version in read_import_lines(path):
-        if raw is None:  # reported, the other lines imported
-            summary["failed"] += 1
-            emit({"line": number, "error": "BadLine", "message": version})
-        else:
-            lines.append((number, raw, version))
-    bar = progress_bar(len(lines), "import", "event", force=progress)
-    unchecked = 0
-
-    def refused(line: int, exc: Exception) -> None:
-        summary["failed"] += 1
-        if not isinstance(exc, EVENT_REFUSALS):  # a defect of ours, not of the event: -v logs where
-            _log.failure("line {line}: unexpected error", failure.Failure(exc), line=line)
-        emit({"line": line, "error": type(exc).__name__, "message": " ".join(str(exc).split()) or "no message"})
-
-    async def one_by_one(chunk, batch, batch_error: Exception) -> list:
-        """Each event of a refused batch alone; a cycle's events are refused
-        with the batch's error (alone, each would only miss its prevs)."""
-        cycle = batch_error.event_ids if isinstance(batch_error, PrevEventsCycle) else ()
-        results: list[Any] = []
-        for line, item in zip(chunk, batch, strict=True):
-            if cycle and peek_event_id(item.raw) in cycle:
-                refused(line[0], batch_error)
-                continue
-            try:
-                results.extend((line, r) for r in await store.persist_events([item], **options))
-            except STOPS_IMPORT:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any other error is this event's alone
-                refused(line[0], exc)
-        return results
-
-    async def settle(chunk, batch, written: defer.Deferred) -> None:
-        nonlocal unchecked
-        summary["next_line"] = chunk[0][0]
-        try:
-            results = list(zip(chunk, await written, strict=True))
-        except STOPS_IMPORT:
-            raise
-        except Exception as exc:  # noqa: BLE001 - found event by event
-            results = await one_by_one(chunk, batch, exc)
-        for (number, _, _), result in results:
-            summary["already_present" if result.already_persisted else "imported"] += 1
-            if result.content_hash_mismatch:
-                if not result.already_persisted:
-                    summary["redacted_content_hash_mismatch"] += 1
-                emit(
-                    {
-                        "line": number,
-                        "event_id": result.event_id,
-                        "error": "content hash mismatch",
-                        "stored": "an earlier copy" if result.already_persisted else "redacted",
-                    }
-                )
-            unchecked += not result.signatures_checked
-            if result.rejected_reason is not None:
-                summary["rejected"] += 1
-                emit({"line": number, "event_id": result.event_id, "rejected": result.rejected_reason})
-        bar.update(len(chunk))
-
+    run = _ImportRun(store, {"refuse_hash_mismatch": strict, "verify_keys": verify_keys}, summary)
+    lines = run.readable_lines(path)
+    run.bar = progress_bar(len(lines), "import", "event", force=progress)
     pending: deque = deque()
     try:
         for start in range(0, len(lines), batch_size):
             chunk = lines[start : start + batch_size]
             batch = [EventToPersist(raw, version, auth_checked=trust_source) for _, raw, version in chunk]
-            pending.append((chunk, batch, defer.ensureDeferred(store.persist_events(batch, **options))))
+            pending.append((chunk, batch, defer.ensureDeferred(store.persist_events(batch, **run.options))))
             if len(pending) >= in_flight:
-                await settle(*pending.popleft())
+                await run.settle(*pending.popleft())
         while pending:
-            await settle(*pending.popleft())
+            await run.settle(*pending.popleft())
     finally:
         # An error stops the import: the batches still in flight end before
         # it is raised (the caller closes the store next); theirs are dropped.
@@ -305,13 +243,102 @@ async def import_file(
                 await written
             except Exception:  # noqa: BLE001 - the first error is the one raised
                 pass
-    bar.close()
-    summary.pop("next_line", None)
-    if verify_keys is None:
-        summary["signatures"] = "not checked: no --keys file given"
-    else:
-        summary["signatures"] = {
-            "checked": summary["imported"] + summary["already_present"] - unchecked,
-            "unchecked_no_key": unchecked,
-        }
-    return summary
+    run.bar.close()
+    return run.finished(verify_keys is not None)
+
+
+class _ImportRun:
+    """One ``import_file``'s counts and reports: each settled batch's
+    results counted and its refusals reported, a line of output each."""
+
+    def __init__(self, store, options: dict, summary: dict | None):
+        self.store = store
+        #: ``persist_events``' keyword arguments.
+        self.options = options
+        self.summary = {} if summary is None else summary
+        self.summary.update(imported=0, already_present=0, failed=0, rejected=0, redacted_content_hash_mismatch=0)
+        self.bar: Any = None
+        #: Results whose signatures were not all checked (no key known).
+        self.unchecked = 0
+
+    def readable_lines(self, path: str) -> list[tuple[int, bytes, str | None]]:
+        """``(number, raw, version)`` of the file's event lines; each bad line reported and counted."""
+        lines = []
+        for number, raw, version in read_import_lines(path):
+            if raw is None:  # reported, the other lines imported
+                self.summary["failed"] += 1
+                emit({"line": number, "error": "BadLine", "message": version})
+            else:
+                lines.append((number, raw, version))
+        return lines
+
+    def refused(self, line: int, exc: Exception) -> None:
+        self.summary["failed"] += 1
+        if not isinstance(exc, EVENT_REFUSALS):  # a defect of ours, not of the event: -v logs where
+            _log.failure("line {line}: unexpected error", failure.Failure(exc), line=line)
+        emit({"line": line, "error": type(exc).__name__, "message": " ".join(str(exc).split()) or "no message"})
+
+    async def one_by_one(self, chunk, batch, batch_error: Exception) -> list:
+        """Each event of a refused batch alone; a cycle's events are refused
+        with the batch's error (alone, each would only miss its prevs)."""
+        from roomstore.events.batch import PrevEventsCycle, peek_event_id
+
+        cycle = batch_error.event_ids if isinstance(batch_error, PrevEventsCycle) else ()
+        results: list[Any] = []
+        for line, item in zip(chunk, batch, strict=True):
+            if cycle and peek_event_id(item.raw) in cycle:
+                self.refused(line[0], batch_error)
+                continue
+            try:
+                results.extend((line, r) for r in await self.store.persist_events([item], **self.options))
+            except STOPS_IMPORT:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any other error is this event's alone
+                self.refused(line[0], exc)
+        return results
+
+    async def settle(self, chunk, batch, written: defer.Deferred) -> None:
+        """A batch's results awaited (a refused batch retried event by event), counted and reported."""
+        self.summary["next_line"] = chunk[0][0]
+        try:
+            results = list(zip(chunk, await written, strict=True))
+        except STOPS_IMPORT:
+            raise
+        except Exception as exc:  # noqa: BLE001 - found event by event
+            results = await self.one_by_one(chunk, batch, exc)
+        for (number, _, _), result in results:
+            self.count(number, result)
+        self.bar.update(len(chunk))
+
+    def count(self, number: int, result) -> None:
+        """One event's result counted; a content hash mismatch or a rejection reported."""
+        summary = self.summary
+        summary["already_present" if result.already_persisted else "imported"] += 1
+        if result.content_hash_mismatch:
+            if not result.already_persisted:
+                summary["redacted_content_hash_mismatch"] += 1
+            emit(
+                {
+                    "line": number,
+                    "event_id": result.event_id,
+                    "error": "content hash mismatch",
+                    "stored": "an earlier copy" if result.already_persisted else "redacted",
+                }
+            )
+        self.unchecked += not result.signatures_checked
+        if result.rejected_reason is not None:
+            summary["rejected"] += 1
+            emit({"line": number, "event_id": result.event_id, "rejected": result.rejected_reason})
+
+    def finished(self, keys_given: bool) -> dict:
+        """The summary, with what was known of the signatures."""
+        summary = self.summary
+        summary.pop("next_line", None)
+        if not keys_given:
+            summary["signatures"] = "not checked: no --keys file given"
+        else:
+            summary["signatures"] = {
+                "checked": summary["imported"] + summary["already_present"] - self.unchecked,
+                "unchecked_no_key": self.unchecked,
+            }
+        return summary

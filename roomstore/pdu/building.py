@@ -151,13 +151,68 @@ def build_event(
             is over 65,536 bytes, or holds a float in room version 6+).
     """
     version = room_version if isinstance(room_version, RoomVersion) else get_room_version(room_version)
-    event_type = type
     server = _server_of(sender)
+    room_id = _checked_fields(version, room_id, type, state_key, content, depth, origin_server_ts, unsigned, origin)
+    key_id = _key_id(signing_key)
+    event: dict[str, Any] = {
+        "auth_events": _citations(version, room_id, "auth_events", auth_events, reference_hashes),
+        "content": copy_json(content),
+        "depth": depth,
+        "origin_server_ts": origin_server_ts,
+        "prev_events": _citations(version, room_id, "prev_events", prev_events, reference_hashes),
+        "sender": sender,
+        "type": type,
+    }
+    optional = {"room_id": room_id, "state_key": state_key, "origin": origin}
+    event.update((name, value) for name, value in optional.items() if value is not None)
+    _place_redacts(version, event, redacts)
+    _check_implied_create(version, room_id, event["auth_events"])
+    _place_event_id(version, event, event_id, server)
+    return _hashed_and_signed(version, event, server, signing_key, key_id, unsigned)
+
+
+def _hashed_and_signed(
+    version: RoomVersion,
+    event: dict[str, Any],
+    server: str,
+    signing_key: Any,
+    key_id: str,
+    unsigned: Mapping[str, Any] | None,
+) -> BuiltPdu:
+    """The event's content hash, its server's signature of the pruned form,
+    ``unsigned`` outside both, and its name: the built PDU."""
+    event["hashes"] = {"sha256": compute_content_hash(event)}
+    signed = sign_json(prune_event_dict(version, event), server, signing_key)
+    event["signatures"] = {server: {key_id: signed["signatures"][server][key_id]}}
+    if unsigned is not None:
+        event["unsigned"] = copy_json(unsigned)
+    raw = canonical_json(event)
+    pdu = parse_pdu(raw, version)  # names v3+ events (compute_event_id) and checks what the store checks
+    reference_hash = unpadded_base64(compute_reference_hash(version, event))
+    return BuiltPdu(pdu.event_id, raw, event, version, reference_hash)
+
+
+# ------------------------------------------------------------ the checks
+
+
+def _checked_fields(
+    version: RoomVersion,
+    room_id: str | None,
+    event_type: object,
+    state_key: object,
+    content: object,
+    depth: object,
+    origin_server_ts: object,
+    unsigned: object,
+    origin: object,
+) -> str | None:
+    """``build_event``'s plain arguments checked (``EventBuildError`` naming
+    the first that cannot make a valid PDU); returns the room ID to carry."""
     _check_str("type", event_type)
     if state_key is not None:
         _check_str("state_key", state_key)
     is_create = event_type == "m.room.create" and state_key == ""
-    room_id = _checked_room_id(version, room_id, is_create)
+    checked_room_id = _checked_room_id(version, room_id, is_create)
     _check_int("depth", depth)
     _check_int("origin_server_ts", origin_server_ts)
     if not isinstance(content, Mapping):
@@ -171,56 +226,21 @@ def build_event(
         )
     if unsigned is not None and not isinstance(unsigned, Mapping):
         raise EventBuildError(f"unsigned must be a JSON object (a mapping), got {_kind(unsigned)}", "unsigned")
-    key_id = _key_id(signing_key)
-
-    event: dict[str, Any] = {
-        "auth_events": _citations(version, room_id, "auth_events", auth_events, reference_hashes),
-        "content": copy_json(content),
-        "depth": depth,
-        "origin_server_ts": origin_server_ts,
-        "prev_events": _citations(version, room_id, "prev_events", prev_events, reference_hashes),
-        "sender": sender,
-        "type": event_type,
-    }
-    if room_id is not None:
-        event["room_id"] = room_id
-    if state_key is not None:
-        event["state_key"] = state_key
     if origin is not None:
         _check_str("origin", origin)
-        event["origin"] = origin
-    _place_redacts(version, event, redacts)
+    return checked_room_id
+
+
+def _check_implied_create(version: RoomVersion, room_id: str | None, auth_events: Sequence[Any]) -> None:
+    """Room version 12 implies the create event: listing it in ``auth_events`` is refused."""
     if version.room_id_is_create_hash and room_id is not None:
         implied = create_event_id_of(room_id)
-        if any(cited == implied for cited in event["auth_events"]):
+        if any(cited == implied for cited in auth_events):
             raise EventBuildError(
                 f"auth_events lists the room's create event {implied}: room version "
                 f"{version.identifier} implies it and forbids listing it",
                 "auth_events",
             )
-
-    if version.event_id_in_pdu:
-        event["event_id"] = _chosen_event_id(version, event, event_id, server)
-    elif event_id is not None:
-        raise EventBuildError(
-            f"event_id is given, but room version {version.identifier} names events by their "
-            "reference hash (only versions 1 and 2 carry a chosen ID)",
-            "event_id",
-        )
-
-    event["hashes"] = {"sha256": compute_content_hash(event)}
-    signed = sign_json(prune_event_dict(version, event), server, signing_key)
-    event["signatures"] = {server: {key_id: signed["signatures"][server][key_id]}}
-    if unsigned is not None:
-        event["unsigned"] = copy_json(unsigned)
-
-    raw = canonical_json(event)
-    pdu = parse_pdu(raw, version)  # names v3+ events (compute_event_id) and checks what the store checks
-    reference_hash = unpadded_base64(compute_reference_hash(version, event))
-    return BuiltPdu(pdu.event_id, raw, event, version, reference_hash)
-
-
-# ------------------------------------------------------------ the checks
 
 
 def _kind(value: object) -> str:
@@ -356,6 +376,19 @@ def _place_redacts(version: RoomVersion, event: dict[str, Any], redacts: object)
     if already != target:
         raise EventBuildError(f"redacts={target!r} but content.redacts is {already!r}", "redacts")
     event["content"]["redacts"] = target
+
+
+def _place_event_id(version: RoomVersion, event: dict[str, Any], event_id: str | None, server: str) -> None:
+    """Room versions 1 and 2 carry their ID (chosen, or given); later ones
+    are named by their reference hash and refuse one given."""
+    if version.event_id_in_pdu:
+        event["event_id"] = _chosen_event_id(version, event, event_id, server)
+    elif event_id is not None:
+        raise EventBuildError(
+            f"event_id is given, but room version {version.identifier} names events by their "
+            "reference hash (only versions 1 and 2 carry a chosen ID)",
+            "event_id",
+        )
 
 
 def _chosen_event_id(version: RoomVersion, event: dict[str, Any], event_id: str | None, server: str) -> str:
