@@ -166,6 +166,10 @@ class _Rows:
     membership_users: dict = attrs.Factory(dict)
 
 
+#: An event's state group before and after it, and its visibility snapshots before and after (None: none).
+_Groups = tuple[int | None, int | None, int | None, int | None]
+
+
 class _BatchWriter(BatchStateSteps):
     """One batch inside one transaction. Short-lived; holds the batch's maps."""
 
@@ -375,93 +379,100 @@ class _BatchWriter(BatchStateSteps):
         rows = _Rows()
         prefetch_auth_events(self, new_events)
         remember_after_commit(self, new_events)
-        # Locals: this loop runs once per event of every batch.
-        key_nids, user_nids, now_ms = self.key_nids, self.user_nids, self.now_ms
-        instance_name = self.p.instance_name
-        add_event, add_json, edges, auth = rows.events.append, rows.json.append, rows.edges, rows.auth
-        room_positions = rows.room_positions
         for index, ev in enumerate(new_events):
-            pdu = ev.pdu
-            event_id = ev.event_id
-            event_nid = nid[event_id]
-            room_nid = room_nids[pdu.room_id]
-            stream = ordering[event_id]
-            group_before = group_after = None
-            visibility_before = visibility_after = None
+            event_nid = nid[ev.event_id]
+            room_nid = room_nids[ev.pdu.room_id]
             if ev.outlier:
                 ev = checked_event(self, index, ev, new_events, None)
+                groups: _Groups = (None, None, None, None)
             else:
-                group_before, group_after, visibility_before, visibility_after, ev = self._groups_of(
-                    index, ev, event_nid, room_nid, groups_after, new_events
-                )
-                groups_after[event_nid] = group_after
-                self.ends.advance(ev, room_nid, event_nid, group_after, self.event_nids)
-            # Accepted in full: neither rejected nor soft-failed (which change
-            # no membership and apply no redaction).
-            effective = not ev.rejected_reason and not ev.soft_failed
-
-            state_key = pdu.state_key
-            type_key = key_nids[(pdu.type, state_key)] if state_key is not None else None
-            add_event(
-                (
-                    event_nid,
-                    room_nid,
-                    pdu.type,
-                    type_key,
-                    user_nids[pdu.sender],
-                    pdu.depth,
-                    pdu.depth,
-                    stream,
-                    instance_name,
-                    pdu.origin_server_ts,
-                    now_ms,
-                    ev.outlier,
-                    ev.rejected_reason,
-                    ev.backfilled,
-                    False,
-                    group_before,
-                    group_after,
-                    visibility_before,
-                    visibility_after,
-                    ev.soft_failed,
-                )
-            )
-            add_json((event_nid, pdu.room_version.identifier, pdu.raw, ev.content_hash_mismatch))
-            prev_ids = pdu.prev_event_ids
-            if len(prev_ids) == 1:
-                edges.append((event_nid, nid[prev_ids[0]]))
-            else:
-                edges.extend((event_nid, nid[p]) for p in dict.fromkeys(prev_ids))
-            # With v12's implied create event: the auth chain's edges, as Synapse's event_auth.
-            auth.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
-            if pdu.type == MEMBER and state_key is not None and effective:
-                rows.memberships.append(
-                    (
-                        event_nid,
-                        room_nid,
-                        user_nids[state_key],
-                        user_nids[pdu.sender],
-                        membership_code(pdu.membership),
-                        stream,
-                    )
-                )
-                rows.membership_users[state_key] = max(rows.membership_users.get(state_key, stream), stream)
-            if pdu.redacts and pdu.type == "m.room.redaction" and effective:
-                authorised = redaction_authorised(self, ev, group_before)
-                rows.redactions.append((event_nid, nid[pdu.redacts], now_ms, authorised))
-            if not ev.outlier:
-                room_positions[pdu.room_id] = max(room_positions.get(pdu.room_id, stream), stream)
-            results[event_id] = PersistedEvent(
-                event_id,
-                pdu.room_id,
+                groups, ev = self._groups_of(index, ev, event_nid, room_nid, groups_after, new_events)
+                groups_after[event_nid] = groups[1]
+                self.ends.advance(ev, room_nid, event_nid, groups[1], self.event_nids)
+            stream = ordering[ev.event_id]
+            self._add_rows(rows, ev, event_nid, room_nid, stream, groups)
+            results[ev.event_id] = PersistedEvent(
+                ev.event_id,
+                ev.pdu.room_id,
                 stream,
-                pdu.depth,
-                group_before,
-                group_after,
+                ev.pdu.depth,
+                groups[0],
+                groups[1],
                 rejected_reason=ev.rejected_reason,
                 soft_failed=ev.soft_failed,
             )
         return rows
+
+    def _add_rows(
+        self,
+        rows: _Rows,
+        ev: PreparedEvent,
+        event_nid: int,
+        room_nid: int,
+        stream: int,
+        groups: _Groups,
+    ) -> None:
+        """One event's rows (``groups``: its state groups and visibility
+        snapshots before and after) added to the batch's."""
+        pdu = ev.pdu
+        nid = self.event_nids
+        # Accepted in full: neither rejected nor soft-failed (which change
+        # no membership and apply no redaction).
+        effective = not ev.rejected_reason and not ev.soft_failed
+        state_key = pdu.state_key
+        type_key = self.key_nids[(pdu.type, state_key)] if state_key is not None else None
+        group_before, group_after, visibility_before, visibility_after = groups
+        rows.events.append(
+            (
+                event_nid,
+                room_nid,
+                pdu.type,
+                type_key,
+                self.user_nids[pdu.sender],
+                pdu.depth,
+                pdu.depth,
+                stream,
+                self.p.instance_name,
+                pdu.origin_server_ts,
+                self.now_ms,
+                ev.outlier,
+                ev.rejected_reason,
+                ev.backfilled,
+                False,
+                group_before,
+                group_after,
+                visibility_before,
+                visibility_after,
+                ev.soft_failed,
+            )
+        )
+        rows.json.append((event_nid, pdu.room_version.identifier, pdu.raw, ev.content_hash_mismatch))
+        prev_ids = pdu.prev_event_ids
+        if len(prev_ids) == 1:
+            rows.edges.append((event_nid, nid[prev_ids[0]]))
+        else:
+            rows.edges.extend((event_nid, nid[p]) for p in dict.fromkeys(prev_ids))
+        # With v12's implied create event: the auth chain's edges, as Synapse's event_auth.
+        rows.auth.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
+        if pdu.type == MEMBER and state_key is not None and effective:
+            user_nids = self.user_nids
+            rows.memberships.append(
+                (
+                    event_nid,
+                    room_nid,
+                    user_nids[state_key],
+                    user_nids[pdu.sender],
+                    membership_code(pdu.membership),
+                    stream,
+                )
+            )
+            rows.membership_users[state_key] = max(rows.membership_users.get(state_key, stream), stream)
+        if pdu.redacts and pdu.type == "m.room.redaction" and effective:
+            authorised = redaction_authorised(self, ev, group_before)
+            rows.redactions.append((event_nid, nid[pdu.redacts], self.now_ms, authorised))
+        if not ev.outlier:
+            positions = rows.room_positions
+            positions[pdu.room_id] = max(positions.get(pdu.room_id, stream), stream)
 
     def _groups_of(
         self,
@@ -471,9 +482,9 @@ class _BatchWriter(BatchStateSteps):
         room_nid: int,
         groups_after: Mapping[int, int | None],
         new_events: list[PreparedEvent],
-    ) -> tuple[int | None, int | None, int | None, int | None, PreparedEvent]:
-        """(state group before, after, visibility snapshot before, after, the
-        event after its auth checks) of a graph event."""
+    ) -> tuple[_Groups, PreparedEvent]:
+        """((state group before, after, visibility snapshot before, after),
+        the event after its auth checks) of a graph event."""
         visibility_after = None
         group_before = self.state_before(ev, room_nid, groups_after)
         ev = checked_event(self, index, ev, new_events, group_before, room_nid)
@@ -494,7 +505,7 @@ class _BatchWriter(BatchStateSteps):
                 group_after = self.new_group(room_nid, event_nid, group_before, {key: event_nid})
             if pdu.type == MEMBER or (pdu.type, pdu.state_key) == HISTORY_VISIBILITY:
                 visibility_after = self.snapshot_of(group_after)
-        return group_before, group_after, visibility_before, visibility_after, ev
+        return (group_before, group_after, visibility_before, visibility_after), ev
 
     def _write_rows(self, new_events: Sequence[PreparedEvent], rows: _Rows) -> set[int]:
         """The rows written through their tables' owners; returns the
