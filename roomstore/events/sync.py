@@ -17,6 +17,7 @@ caches) and the SQL pieces of the tables' owners.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import attrs
 
@@ -219,7 +220,7 @@ class SyncReader:
         if changed is None or len(changed) > MAX_ROOMS_IN_STATEMENT:
             rooms = None  # all joined rooms, selected in SQL
         else:
-            rooms = sorted(changed)
+            rooms = sorted(cast("set[str]", changed))  # the cache's entities are room IDs
         rows = []
         if changed is None or changed or memberships_changed:
             rows = await self.timeline.db.run_interaction(
