@@ -22,7 +22,7 @@ from typing import cast
 import attrs
 
 from roomstore.events.sync_state import RoomTimeline, plan_state, room_timelines
-from roomstore.events.tables.events import sync_candidates_sql, sync_sql
+from roomstore.events.tables.events.timeline_reads import sync_candidates_sql, sync_sql
 from roomstore.events.tables.room_state import joined_room_nids_sql
 from roomstore.events.timeline import (
     EVENT_COLUMN_COUNT,

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 
 import attrs
 
-from roomstore.events.tables.events import newest_timeline_event_sql, stored_events_txn
+from roomstore.events.tables.events import stored_events_txn
+from roomstore.events.tables.events.timeline_reads import newest_timeline_event_sql
 from roomstore.events.timeline import TimelineReader, stream_bound_sql
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
