@@ -85,7 +85,7 @@ sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(_
 from twisted.internet import defer, task
 
 from bench._common import bench_databases, print_table
-from roomstore.events.batch import prepare_events
+from roomstore.events.write.batch import prepare_events
 from roomstore.storage.database import Database
 from roomstore.storage.interning import chunks
 from roomstore.storage.schema import SCHEMA_TABLES

@@ -34,8 +34,8 @@ from roomstore.cli.demo import SAMPLE_PATH
 from roomstore.cli.import_loop import import_file
 from roomstore.demo.sample import RoomGraphBuilder
 from roomstore.events import precheck
-from roomstore.events.persist import EventToPersist
-from roomstore.events.precheck import stored_results_txn
+from roomstore.events.write.persist import EventToPersist
+from roomstore.events.write.precheck import stored_results_txn
 from roomstore.store import RoomStore
 
 VARIANTS = ("precheck", "look-up only", "none")

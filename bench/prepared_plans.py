@@ -9,10 +9,10 @@ for their values (custom plans) and may then switch to one plan for all values
 (generic), if its estimated cost is not much above the custom ones'. A generic
 plan is sound when it runs as fast as the custom plan for every room size.
 
-Statements: the back-pagination page (``roomstore/events/pagination.py``),
+Statements: the back-pagination page (``roomstore/events/read/pagination.py``),
 first and sixth page, in bench/timeline_reads.py's rooms of 10,000 events
 where the viewer sees all or 1%, and in a room of 20 events; ``recent()``'s
-statement (``roomstore/events/timeline.py``) for bench/timeline_reads.py's
+statement (``roomstore/events/read/timeline.py``) for bench/timeline_reads.py's
 users in 1 room, in 2,000 rooms and in 20 rooms of 500 messages. For each,
 per execution, median of R (default 15) in one transaction (and of R EXPLAINs): plain execute
 (parse, plan, run), prepared with force_custom_plan (plan, run), with

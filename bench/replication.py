@@ -722,7 +722,7 @@ async def write_invalidations(store, rows: int, batch: int = 1000) -> None:
     stream IDs reserved and committed per transaction, as fast as the writer
     can allocate and commit them; the server is told as each commit's IDs
     complete."""
-    from roomstore.events.persist import write_cache_invalidations
+    from roomstore.events.write.persist import write_cache_invalidations
 
     def write(txn, ids: list[int]) -> None:
         now_ms = int(time.time() * 1000)

@@ -85,8 +85,8 @@ async def open_in_store(reactor, url: str, room):
     """A store holding the room's events, and a resolver of a state list in
     one transaction of it: (store, resolve(state_sets) -> Deferred of
     (seconds, result))."""
-    from roomstore.events.batch import EventToPersist
     from roomstore.events.resolution_source import TransactionEventSource
+    from roomstore.events.write.batch import EventToPersist
     from roomstore.resolution import resolve_state
     from roomstore.store import RoomStore
 

@@ -22,26 +22,26 @@ from typing import Any
 import attrs
 from twisted.internet import defer
 
-from roomstore.events.batch import (
+from roomstore.events.caches import StoreCaches
+from roomstore.events.censor import RedactionCensor
+from roomstore.events.purge import Purger, PurgeResult
+from roomstore.events.read.client_format import format_client_events
+from roomstore.events.read.event_reader import EventFlags, EventReader
+from roomstore.events.read.federation import FederationReader
+from roomstore.events.read.pagination import PaginationResult, Paginator
+from roomstore.events.read.sync import SyncReader, SyncResult
+from roomstore.events.read.timeline import RecentResult, TimelineReader
+from roomstore.events.read.user_rooms import RoomMembership, check_memberships, rooms_by_membership_txn
+from roomstore.events.read_positions import ReadPositions, register_instance_txn
+from roomstore.events.tables.client_txns import event_id_for_txn_txn
+from roomstore.events.write.batch import (
     ClientTxn,
     EventToPersist,
     PersistedEvent,
 )
-from roomstore.events.batch_rooms import BatchRooms
-from roomstore.events.caches import StoreCaches
-from roomstore.events.censor import RedactionCensor
-from roomstore.events.client_format import format_client_events
-from roomstore.events.event_reader import EventFlags, EventReader
-from roomstore.events.federation import FederationReader
-from roomstore.events.pagination import PaginationResult, Paginator
-from roomstore.events.persist import BatchOutcome, EventPersister
-from roomstore.events.pipeline import BatchValidator
-from roomstore.events.purge import Purger, PurgeResult
-from roomstore.events.read_positions import ReadPositions, register_instance_txn
-from roomstore.events.sync import SyncReader, SyncResult
-from roomstore.events.tables.client_txns import event_id_for_txn_txn
-from roomstore.events.timeline import RecentResult, TimelineReader
-from roomstore.events.user_rooms import RoomMembership, check_memberships, rooms_by_membership_txn
+from roomstore.events.write.batch_rooms import BatchRooms
+from roomstore.events.write.persist import BatchOutcome, EventPersister
+from roomstore.events.write.pipeline import BatchValidator
 from roomstore.pdu.signatures import VerifyKeys
 from roomstore.state.groups import (
     COMPACTION_LOCK_TIMEOUT_S,
@@ -92,7 +92,7 @@ class RoomStore(ReplicationFace):
             self.interners, self.state_groups, self.visibility, config.instance_name, self.clock
         )
         self.batch_rooms = BatchRooms(db, self.persister.room_versions)
-        # Batches validated off the reactor, written in call order (events/pipeline.py).
+        # Batches validated off the reactor, written in call order (events/write/pipeline.py).
         self.validator = BatchValidator(db.reactor, config.validation_processes)
         position = self.events_stream.get_current_token()
         # Which rooms had new events, whose membership changed, since a position.
@@ -301,7 +301,7 @@ class RoomStore(ReplicationFace):
         self._invalidation_hooks.append(hook)
 
     # ------------------------------------------------------------------ reads
-    # Thin async wrappers: the SQL lives in roomstore.events.event_reader.
+    # Thin async wrappers: the SQL lives in roomstore.events.read.event_reader.
 
     async def get_event(self, event_id: str, redact: bool = True, allow_rejected: bool = False) -> dict | None:
         """The served event (None if not stored, or rejected unless ``allow_rejected``)."""
@@ -325,7 +325,7 @@ class RoomStore(ReplicationFace):
     async def format_client_events(
         self, events: Sequence[dict], now_ms: int | None = None, sent_by: tuple[str, str] | None = None
     ) -> list[dict]:
-        """Served events in the client-server API's format (``roomstore.events.client_format``): ``age`` at
+        """Served events in the client-server API's format (``roomstore.events.read.client_format``): ``age`` at
         ``now_ms`` (default: the store's clock), ``transaction_id`` for the device ``sent_by`` (user, device)."""
         now_ms = self._now_ms() if now_ms is None else now_ms
         return await format_client_events(self.reader, self.db, events, now_ms, sent_by)
@@ -383,7 +383,7 @@ class RoomStore(ReplicationFace):
     ) -> list[RoomMembership]:
         """The user's current membership of each room where it is one of
         ``memberships``, out-of-band (outlier) invites included
-        (``roomstore.events.user_rooms``); ``ValueError`` for an unknown one."""
+        (``roomstore.events.read.user_rooms``); ``ValueError`` for an unknown one."""
         asked = check_memberships(memberships)
         return await self.db.run_interaction(
             "get_rooms_for_user_by_membership", rooms_by_membership_txn, self.interners, user_id, asked
@@ -466,7 +466,7 @@ class RoomStore(ReplicationFace):
         """Delete every row of the room; one transaction (docs/api.md, "Purging")."""
         return await self.writes.purge("purge_room", room_id)
 
-    # --- timeline and federation reads (roomstore.events.timeline, .federation)
+    # --- timeline and federation reads (roomstore.events.read.timeline, .federation)
     # Thin async wrappers; contracts and SQL in those modules.
 
     async def sync(

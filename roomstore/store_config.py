@@ -46,7 +46,7 @@ class StoreConfig:
     #: stream holds its instance's writer lock (``storage.writer_lock``).
     read_only: bool = False
     #: Worker processes that validate ``persist_events``' batches of 25
-    #: events or more, on other cores (``events/pipeline.py``); 0: the
+    #: events or more, on other cores (``events/write/pipeline.py``); 0: the
     #: validator's one thread validates every batch (no child processes).
     #: Opt-in: with several calls in flight, one worker doubles a writer's
     #: throughput on this project's 2-core machines, and raises its reactor's

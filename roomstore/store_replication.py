@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from roomstore.events.replication_pages import (
+from roomstore.events.stream_rows.pages import (
     backfill_page_txn,
     events_page_txn,
     invalidations_page_txn,
@@ -45,7 +45,7 @@ class ReplicationFace:
         """``(events, state, more)``: what ``instance`` wrote to the events
         stream in ``(from_token, upto]``, a page of at most ``limit`` events
         and the current-state changes they cover, in one snapshot
-        (``roomstore.events.replication_pages.events_page_txn`` says the fields)."""
+        (``roomstore.events.stream_rows.pages.events_page_txn`` says the fields)."""
         return await self.db.run_interaction(
             "replication_events", events_page_txn, self.interners, instance, from_token, upto, limit
         )
@@ -56,7 +56,7 @@ class ReplicationFace:
         """``(rows, more)``: ``read_events_stream``'s page as the rows
         replication sends, ``(token, row)`` in token order, events and state
         changes together, each row as its JSON text with ``encoded``
-        (``roomstore.events.stream_rows`` says how)."""
+        (``roomstore.events.stream_rows.rows`` says how)."""
         return await self.db.run_interaction(
             "replication_events",
             stream_page_txn,
@@ -96,7 +96,7 @@ class ReplicationFace:
     async def read_stream_lines(self, stream: str, instance: str, from_token: int, upto: int, limit: int, prefix: str):
         """A page of the events (or ``backfill``) stream as the text of its
         RDATA lines, or None where SQLite wrote characters it leaves as they
-        are: ``roomstore.events.stream_rows.stream_text_txn`` says what."""
+        are: ``roomstore.events.stream_rows.rows.stream_text_txn`` says what."""
         return await self.db.run_interaction(
             "replication_lines",
             stream_text_txn,

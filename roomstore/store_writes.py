@@ -25,14 +25,14 @@ from typing import Any, Protocol
 
 import attrs
 
-from roomstore.events.batch import EventToPersist, PersistedEvent, first_copies, orphan_rooms, results_in_order
-from roomstore.events.batch_rooms import BatchRooms
 from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
-from roomstore.events.persist import BatchOutcome, EventPersister
-from roomstore.events.pipeline import BatchValidator, WriteTurns, write_in_group
-from roomstore.events.precheck import precheck_txn
 from roomstore.events.purge import Purger, PurgeResult
+from roomstore.events.write.batch import EventToPersist, PersistedEvent, first_copies, orphan_rooms, results_in_order
+from roomstore.events.write.batch_rooms import BatchRooms
+from roomstore.events.write.persist import BatchOutcome, EventPersister
+from roomstore.events.write.pipeline import BatchValidator, WriteTurns, write_in_group
+from roomstore.events.write.precheck import precheck_txn
 from roomstore.pdu.signatures import VerifyKeys
 from roomstore.state.groups import StateGroupStore, delete_when_unlocked
 from roomstore.storage.database import Database

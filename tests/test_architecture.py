@@ -45,6 +45,8 @@ Checked on the real tree:
 - no module defines the same top-level function or class twice (a merge of
   two branches that each added a helper of one name silently keeps the
   second);
+- the events' write path (``roomstore.events.write``) and read path
+  (``roomstore.events.read``) do not import each other;
 - the pure PDU package (``roomstore.pdu``: parsing, hashing, signatures, the
   redaction algorithm, room versions, the auth rules) imports nothing else of
   roomstore;
@@ -825,6 +827,15 @@ class RoomstoreShapeTests(unittest.TestCase):
         wrong = forbidden_imports(self.graph, ["roomstore.pdu"], others)
         if wrong:
             self.fail("the pure PDU package imports the rest of roomstore:\n  " + "\n  ".join(wrong))
+
+    def test_events_read_and_write_paths_are_apart(self):
+        # The write path (events.write) and the read path (events.read) share only what sits beside them.
+        for package in ("roomstore.events.write", "roomstore.events.read", "roomstore.events.stream_rows"):
+            self.assertIn(package, self.graph, f"{package} is missing")
+        wrong = forbidden_imports(self.graph, ["roomstore.events.read"], ["roomstore.events.write"])
+        wrong += forbidden_imports(self.graph, ["roomstore.events.write"], ["roomstore.events.read"])
+        if wrong:
+            self.fail("the events' read and write paths import each other:\n  " + "\n  ".join(wrong))
 
     def test_state_resolution_imports_only_pdu(self):
         self.assertIn("roomstore.resolution", self.graph, "the pure package roomstore.resolution is missing")

@@ -133,7 +133,7 @@ class DatabaseRestartsTest(unittest.TestCase):
         expected_ids = set()
         for path in (base, big):
             for line in open(path):
-                from roomstore.events.batch import EventToPersist, prepare_events
+                from roomstore.events.write.batch import EventToPersist, prepare_events
 
                 record = json.loads(line)
                 raw = json.dumps(record["event"]).encode()

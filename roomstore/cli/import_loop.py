@@ -15,7 +15,7 @@ from twisted.logger import Logger
 from twisted.python import failure
 
 from roomstore.cli.common import emit
-from roomstore.events.persist import EVENT_REFUSALS
+from roomstore.events.write.persist import EVENT_REFUSALS
 from roomstore.pdu.json_decoding import quick_json
 from roomstore.pdu.parsing import MAX_JSON_NESTING
 from roomstore.storage import DatabaseConfigError, DatabaseUnavailableError, SchemaError, StorageFullError
@@ -217,7 +217,7 @@ async def import_file(
     stores one that breaks them rejected: counted (``rejected``) and
     reported, one line each. ``trust_source``: the file comes from a server
     that checked its events already; they are stored as given, unchecked."""
-    from roomstore.events.persist import EventToPersist
+    from roomstore.events.write.persist import EventToPersist
     from roomstore.progress import progress_bar
 
     if in_flight < 1:
@@ -281,7 +281,7 @@ class _ImportRun:
     async def one_by_one(self, chunk, batch, batch_error: Exception) -> list:
         """Each event of a refused batch alone; a cycle's events are refused
         with the batch's error (alone, each would only miss its prevs)."""
-        from roomstore.events.batch import PrevEventsCycle, peek_event_id
+        from roomstore.events.write.batch import PrevEventsCycle, peek_event_id
 
         cycle = batch_error.event_ids if isinstance(batch_error, PrevEventsCycle) else ()
         results: list[Any] = []

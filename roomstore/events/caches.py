@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from roomstore.events.event_reader import EventReader
+from roomstore.events.read.event_reader import EventReader
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import LruCache
 from roomstore.streams.change_cache import StreamChangeCache

@@ -42,7 +42,7 @@ from typing import Any
 import attrs
 
 from roomstore.events.caches import HISTORY_PURGED, ROOM_PURGED, StoreCaches, write_cache_invalidations
-from roomstore.events.pagination import newest_key_at_txn
+from roomstore.events.read.pagination import newest_key_at_txn
 from roomstore.events.read_positions import ReadPositions
 from roomstore.events.tables import event_graph, room_state
 from roomstore.events.tables import events as event_tables

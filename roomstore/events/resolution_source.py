@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
-from roomstore.events.batch import PreparedEvent
 from roomstore.events.tables.event_graph import auth_chain_masks_txn, auth_edges_txn
 from roomstore.events.tables.events import served_rows_txn
+from roomstore.events.write.batch import PreparedEvent
 from roomstore.pdu.parsing import ParsedPdu, stored_pdu
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS
 from roomstore.resolution import conflicted_subgraph, resolve_state
@@ -259,7 +259,7 @@ class TransactionEventSource:
 
 def resolve_interned(w, room_version, states: Sequence[Mapping[int, int]]) -> dict[int, int]:
     """State resolution of interned states (state key nid -> event nid) in
-    the batch writer ``w``'s transaction (``roomstore.events.persist``):
+    the batch writer ``w``'s transaction (``roomstore.events.write.persist``):
     named for the algorithm, resolved, interned back. The result may hold
     an event of none of the inputs: v2 resolves the auth chains'
     difference too, whose power events can win a key."""

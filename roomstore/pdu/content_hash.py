@@ -2,7 +2,7 @@
 "Checks performed on receipt of a PDU": a PDU whose content hash does not
 match is redacted before it is processed further).
 
-``checked_pdu`` is called by ``prepare_events`` (``events/batch.py``), so
+``checked_pdu`` is called by ``prepare_events`` (``events/write/batch.py``), so
 every way into the store (``RoomStore.persist_events``: ``import``, ``demo``,
 ``import --redis``, an embedding homeserver) goes through it.
 

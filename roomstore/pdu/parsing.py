@@ -44,7 +44,7 @@ Decisions not fixed by the spec, and why:
   at any call depth: nothing the writer accepts may fail to read back.
 * **An event may not cite itself** in ``prev_events`` or ``auth_events``
   (possible only where the PDU names its own ID, v1/v2); cycles across
-  events are refused when a batch is ordered (``events.batch.order_batch``).
+  events are refused when a batch is ordered (``events.write.batch.order_batch``).
 * **Room version 12 room IDs** (MSC4291).  The create event
   (``m.room.create`` with state key ``""``) must not carry ``room_id``: its
   room ID is ``!`` + its reference hash, which :attr:`ParsedPdu.room_id`

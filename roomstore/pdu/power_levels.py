@@ -5,7 +5,7 @@ what needs it outside the authorization rules, such as the sample generator
 (``roomstore.demo.sample``) writing valid room version 12 power levels. The
 authorization rules read levels through ``roomstore.pdu.auth_levels``
 (``roomstore.pdu.auth_rules``), as does the store where a redaction's power
-decides whether it applies (``roomstore.events.redaction_authority``).
+decides whether it applies (``roomstore.events.write.redaction_authority``).
 
 Room version 12 (MSC4289): the room's creators are the create event's
 ``sender`` plus the user IDs of its ``content.additional_creators``; they

@@ -24,7 +24,7 @@ from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
 from zope.interface import implementer
 
-from roomstore.events.validation_worker import FrameReader, claim_stdout, frame, shipped_error
+from roomstore.events.write.validation_worker import FrameReader, claim_stdout, frame, shipped_error
 from roomstore.store import RoomStore, StoreConfig
 from roomstore.writer_process.parent import FORWARDED
 

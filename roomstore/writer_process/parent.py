@@ -37,7 +37,7 @@ from typing import Any
 from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
-from roomstore.events.validation_worker import FrameReader, frame, rebuilt_error
+from roomstore.events.write.validation_worker import FrameReader, frame, rebuilt_error
 from roomstore.storage.engines import engine_from_url
 from roomstore.storage.errors import DatabaseConfigError
 

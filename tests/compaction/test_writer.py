@@ -57,7 +57,7 @@ async def persist_sample_rooms(url: str, rooms: int = 2, events_per_room: int = 
     skipped)."""
     from roomstore.cli.import_loop import read_import_lines
     from roomstore.demo.sample import write_sample
-    from roomstore.events.persist import EventToPersist
+    from roomstore.events.write.persist import EventToPersist
 
     directory = tempfile.mkdtemp(prefix="roomstore-compaction-sample-")
     path = os.path.join(directory, "sample.jsonl")

@@ -12,7 +12,7 @@ from signedjson.key import encode_verify_key_base64, generate_signing_key, get_v
 from signedjson.sign import sign_json
 from twisted.trial import unittest
 
-from roomstore.events.batch import EventToPersist, prepare_events
+from roomstore.events.write.batch import EventToPersist, prepare_events
 from roomstore.pdu.content_hash import ContentHashMismatch, checked_pdu, content_hash_matches
 from roomstore.pdu.hashing import compute_content_hash, compute_event_id
 from roomstore.pdu.parsing import InvalidEventError, parse_pdu

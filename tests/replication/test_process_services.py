@@ -261,7 +261,7 @@ class ServiceTests(ServiceTestMixin):
         self.assertEqual(await follower.store.get_rooms_for_user(BOB), frozenset([room.room_id]))
 
     async def test_position_of_a_failed_batch_reaches_workers(self):
-        from roomstore.events.persist import MissingStateError
+        from roomstore.events.write.persist import MissingStateError
 
         url = self.new_database_url()
         server = await self.start_server(url)

@@ -303,7 +303,7 @@ class StoreStreamTests(ContractMixin):
         # them) when the invalidation commits with a higher caches ID. The
         # stream must not claim the batch's ID complete: a worker would be
         # sent a position past a row it never gets. (Two batches no longer race so: persist_events writes in
-        # call order, events/pipeline.py.)
+        # call order, events/write/pipeline.py.)
         writer, _ = await open_pair(self, workers=())
         from roomstore.streams import reservations
 
@@ -337,7 +337,7 @@ class StoreStreamTests(ContractMixin):
         self.assertIn("custom_cache", [row[0] for t, row in updates if t == 2])
 
     async def test_wire_server_notifies_when_positions_move(self):
-        from roomstore.events.persist import MissingStateError
+        from roomstore.events.write.persist import MissingStateError
 
         writer, _ = await open_pair(self, workers=())
         seen = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from roomstore.demo.sample import BuiltEvent, RoomGraphBuilder
-from roomstore.events.persist import EventToPersist
+from roomstore.events.write.persist import EventToPersist
 from roomstore.pdu.hashing import unpadded_base64
 from roomstore.pdu.parsing import parse_pdu
 from roomstore.resolution import MemoryEventSource, resolve_state

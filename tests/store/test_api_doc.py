@@ -15,7 +15,7 @@ from signedjson.key import decode_signing_key_base64, encode_verify_key_base64, 
 from twisted.internet import threads
 from twisted.trial import unittest
 
-from roomstore.events.persist import EventToPersist
+from roomstore.events.write.persist import EventToPersist
 from roomstore.pdu import build_event
 from roomstore.pdu.parsing import parse_pdu
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version

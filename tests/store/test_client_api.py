@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from twisted.trial import unittest
 
-from roomstore.events.client_format import client_event
+from roomstore.events.read.client_format import client_event
 from roomstore.storage import NotFoundError
 from roomstore.store import ClientTxn, RoomStore
 from tests.db import on_both_engines

@@ -8,9 +8,9 @@ import pickle
 
 from twisted.trial import unittest
 
-from roomstore.events.persist import ClientTxn, EventToPersist, PersistedEvent
+from roomstore.events.read.user_rooms import RoomMembership
 from roomstore.events.tables.client_txns import delete_room_txns_txn
-from roomstore.events.user_rooms import RoomMembership
+from roomstore.events.write.persist import ClientTxn, EventToPersist, PersistedEvent
 from roomstore.store import RoomStore
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder

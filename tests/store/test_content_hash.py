@@ -7,7 +7,7 @@ import json
 
 from canonicaljson import encode_canonical_json
 
-from roomstore.events.persist import EventToPersist
+from roomstore.events.write.persist import EventToPersist
 from roomstore.pdu.content_hash import ContentHashMismatch
 from roomstore.pdu.redaction_algorithm import prune_event_dict
 from tests.db import on_both_engines

@@ -8,8 +8,8 @@ from __future__ import annotations
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 
-from roomstore.events.batch import EventToPersist
-from roomstore.events.persist import MissingStateError
+from roomstore.events.write.batch import EventToPersist
+from roomstore.events.write.persist import MissingStateError
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roomstore.events.persist import EventToPersist, MissingStateError, StateDelta
+from roomstore.events.write.persist import EventToPersist, MissingStateError, StateDelta
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.store import RoomStore
 from tests.db import on_both_engines

@@ -8,7 +8,7 @@ import os
 import tempfile
 
 from roomstore.cli.import_loop import import_file
-from roomstore.events.persist import MissingStateError
+from roomstore.events.write.persist import MissingStateError
 from roomstore.pdu.parsing import InvalidEventError
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder, fake_event_id, pure_resolution, skip_precheck

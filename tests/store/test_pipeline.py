@@ -1,4 +1,4 @@
-"""The writer's pipeline (events/pipeline.py): batches validated off the
+"""The writer's pipeline (events/write/pipeline.py): batches validated off the
 reactor (worker processes or a thread), several calls in flight, written in
 call order; errors as a one-call-at-a-time writer gives them."""
 
@@ -11,9 +11,9 @@ from twisted.internet import defer, reactor, threads
 from twisted.internet.task import deferLater
 from twisted.trial import unittest
 
-from roomstore.events.batch import EventToPersist, prepare_events
-from roomstore.events.persist import MissingStateError
-from roomstore.events.pipeline import MIN_CHUNK, BatchValidator, WriteTurns
+from roomstore.events.write.batch import EventToPersist, prepare_events
+from roomstore.events.write.persist import MissingStateError
+from roomstore.events.write.pipeline import MIN_CHUNK, BatchValidator, WriteTurns
 from roomstore.pdu.content_hash import ContentHashMismatch
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.storage.errors import StorageFullError
@@ -56,7 +56,7 @@ class PauseTests(unittest.TestCase):
     """The validator's thread lets the GIL go every few events; the result is the same."""
 
     def test_pauses_every_n_events_and_gives_the_same_result(self):
-        import roomstore.events.batch as batch_module
+        import roomstore.events.write.batch as batch_module
 
         room, built = linear_room(30)
         events = [room.to_persist(e) for e in built]
@@ -70,8 +70,8 @@ class PauseTests(unittest.TestCase):
         self.assertEqual(pauses, [])
 
     async def test_the_validators_thread_pauses(self):
-        import roomstore.events.batch as batch_module
-        from roomstore.events.pipeline import PAUSE_EVERY
+        import roomstore.events.write.batch as batch_module
+        from roomstore.events.write.pipeline import PAUSE_EVERY
 
         room, built = linear_room(40)
         events = [room.to_persist(e) for e in built]
@@ -408,7 +408,7 @@ class StartTests(unittest.TestCase):
     def test_a_worker_says_ready_before_its_first_reply(self):
         import io
 
-        from roomstore.events.validation_worker import READY, frame, serve
+        from roomstore.events.write.validation_worker import READY, frame, serve
 
         room, built = linear_room(3)
         replies = io.BytesIO()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import attrs
 from twisted.internet import defer
 
-from roomstore.events.batch import ClientTxn
 from roomstore.events.caches import HISTORY_PURGED, ROOM_PURGED
+from roomstore.events.write.batch import ClientTxn
 from roomstore.storage.stats import STATS_TABLES
 from roomstore.store import RoomStore, StoreConfig
 from tests.db import on_both_engines

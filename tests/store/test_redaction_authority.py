@@ -1,5 +1,5 @@
 """Redactions applied only with authority (issue 39 item 4; the rule and its
-spec sections: ``roomstore/events/redaction_authority.py``): the redaction's
+spec sections: ``roomstore/events/write/redaction_authority.py``): the redaction's
 sender has the room's ``redact`` power level in the state before it, or it
 redacts its sender's own event, or (room versions 1 and 2) its event ID's
 server is the target ID's server. An unauthorised redaction is stored and

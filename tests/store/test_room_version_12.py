@@ -13,7 +13,7 @@ import tempfile
 
 from twisted.internet import threads
 
-from roomstore.events.batch import EventToPersist
+from roomstore.events.write.batch import EventToPersist
 from roomstore.pdu.hashing import compute_content_hash
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.store import RoomStore

@@ -12,9 +12,9 @@ import sys
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from roomstore.events.batch import EventToPersist
-from roomstore.events.persist import MissingStateError
-from roomstore.events.validation_worker import FrameReader, frame
+from roomstore.events.write.batch import EventToPersist
+from roomstore.events.write.persist import MissingStateError
+from roomstore.events.write.validation_worker import FrameReader, frame
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.storage.errors import DatabaseConfigError
 from roomstore.storage.writer_lock import WriterLockHeld

@@ -4,10 +4,10 @@ and every statement that names it.
 One row per ``(user_nid, device_id, txn_id)``: the event persisted with that
 ``EventToPersist.client_txn`` (schema version 10), its room (a purge deletes
 a room's rows by it) and when it was recorded. Written by the persister's
-batch (``roomstore.events.client_txns`` decides what), read by
+batch (``roomstore.events.write.client_txns`` decides what), read by
 ``RoomStore.get_event_id_for_txn`` and, the other way (event to txn ID, for
 the client format's ``unsigned.transaction_id``), by
-``roomstore.events.client_format``.
+``roomstore.events.read.client_format``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def event_id_for_txn_txn(txn: Transaction, user_id: str, device_id: str, txn_id:
 def txn_records_of_events_txn(txn: Transaction, event_ids: Iterable[str]) -> dict[str, list[tuple[str, str, str]]]:
     """Event ID -> the ``(user_id, device_id, txn_id)`` it was recorded
     with, for those of ``event_ids`` that were (one each, as
-    ``roomstore.events.client_txns`` records: a list all the same)."""
+    ``roomstore.events.write.client_txns`` records: a list all the same)."""
     found: dict[str, list[tuple[str, str, str]]] = {}
     for part in chunks(sorted(set(event_ids))):
         marks = ", ".join("?" for _ in part)

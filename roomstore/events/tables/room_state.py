@@ -2,7 +2,7 @@
 ``backward_extremities``, ``current_state``, ``current_state_deltas`` and
 ``current_memberships``; every statement that names them.
 
-Written by the persister's batch (``roomstore.events.current_state`` decides
+Written by the persister's batch (``roomstore.events.write.current_state`` decides
 what changes), read by the event reader, precheck, sync and recent (which
 embed ``joined_room_nids_sql`` / ``current_memberships_as``) and by the
 replication rows of the current-state stream.

@@ -1,5 +1,5 @@
 """The events and backfill streams' statements over ``events``: the newest IDs per writer (read at start-up)
-and a page of each stream, as rows or as JSON text (``roomstore.events.stream_rows``)."""
+and a page of each stream, as rows or as JSON text (``roomstore.events.stream_rows.rows``)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def event_json_stream_rows_sql(engine, live: bool, lines: bool = False) -> str:
     """``LIVE_EVENT_STREAM_ROWS`` (``live``) or ``BACKFILL_EVENT_STREAM_ROWS``
     with each row written as its JSON text by the database (where
     ``engine.in_process``): columns ``(token, 0, NULL, NULL, row JSON)``,
-    the row in replication's layout (``roomstore.events.stream_rows``), so
+    the row in replication's layout (``roomstore.events.stream_rows.rows``), so
     that ``room_state.state_json_stream_rows_sql`` can be its UNION partner.
     The same bindings. ``lines``: one row, ``(text, count, first, last,
     longest)``, the page's lines (a line prefix bound first, then its token,

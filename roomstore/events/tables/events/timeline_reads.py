@@ -1,5 +1,5 @@
 """The composed timeline reads whose statements are about ``events``: sync's, recent's and a page's
-(``roomstore.events.sync``, ``timeline``, ``pagination`` keep their parameters and row handling)."""
+(``roomstore.events.read.sync``, ``timeline``, ``pagination`` keep their parameters and row handling)."""
 
 from __future__ import annotations
 

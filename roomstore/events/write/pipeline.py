@@ -33,8 +33,8 @@ from twisted.internet import defer, threads
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from roomstore.events.batch import EventToPersist, PreparedEvent, prepare_events
-from roomstore.events.validation_worker import HEADER, READY, frame, rebuilt_error
+from roomstore.events.write.batch import EventToPersist, PreparedEvent, prepare_events
+from roomstore.events.write.validation_worker import HEADER, READY, frame, rebuilt_error
 from roomstore.pdu.signatures import VerifyKeys
 from roomstore.storage.errors import DatabaseConfigError
 
@@ -58,7 +58,7 @@ class BatchValidator:
     need), so the reactor only hands a batch over and gets the result back.
     With ``processes`` > 0, a thread splits a batch of at least
     ``MIN_CHUNK`` events in order-keeping chunks among as many worker
-    processes (``events/validation_worker.py``; started with the store,
+    processes (``events/write/validation_worker.py``; started with the store,
     stopped with it), which run on other cores and hold none of the
     homeserver's GIL; the thread only pickles, writes, waits and unpickles.
     Two such threads keep a worker busy: the next batch is in its pipe while
@@ -209,7 +209,7 @@ class _Worker:
         up, its imports done: about half a second, spent here rather than
         inside the first batch). One that dies first is returned dead: its
         chunks fall back to the thread."""
-        argv = [sys.executable, "-m", "roomstore.events.validation_worker"]
+        argv = [sys.executable, "-m", "roomstore.events.write.validation_worker"]
         worker = cls(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True))
         if worker._read_reply() != READY:
             worker.stop()

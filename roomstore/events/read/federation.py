@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from roomstore.events.event_reader import EventReader
+from roomstore.events.read.event_reader import EventReader
 from roomstore.events.tables.event_graph import prev_facts_txn
 from roomstore.events.tables.events import graph_facts_txn
 from roomstore.storage.database import Database, Transaction

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from roomstore.events.batch import PersistedEvent, PreparedEvent, StateDelta, StateKey, order_batch
-from roomstore.events.persist import EventPersister
 from roomstore.events.tables.events import rooms_and_types_txn, stored_before_txn, stored_events_txn
+from roomstore.events.write.batch import PersistedEvent, PreparedEvent, StateDelta, StateKey, order_batch
+from roomstore.events.write.persist import EventPersister
 from roomstore.pdu.parsing import InvalidEventError, create_event_id_of
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners, chunks, rooms_and_versions_txn

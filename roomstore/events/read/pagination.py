@@ -10,7 +10,7 @@ before ``(topo, stream)``: pages neither repeat nor skip events. A page is
 one ``run_interaction`` and one statement (``page_sql``, which the events
 tables' owner holds; this module binds its parameters), which also fetches
 the events' bytes; events come back as ``TimelineReader``'s reads return them, through
-the same visibility rules (see ``roomstore.events.timeline``).
+the same visibility rules (see ``roomstore.events.read.timeline``).
 
 Who calls it: ``RoomStore.paginate``. What it may call: the
 ``TimelineReader`` it is handed, for the database, the interners, the read
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import attrs
 
-from roomstore.events.tables.events.timeline_reads import newest_key_sql, page_sql
-from roomstore.events.timeline import (
+from roomstore.events.read.timeline import (
     TimelineReader,
     Viewer,
     event_from_row,
     stream_bound_sql,
 )
+from roomstore.events.tables.events.timeline_reads import newest_key_sql, page_sql
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
 

@@ -5,9 +5,9 @@ state block), and the user's own membership events anywhere.
 ``SyncReader.sync`` reads the window's events in one statement (an initial
 sync: ``TimelineReader.recent``'s one statement), the newest ``limit`` a
 room; then, in one transaction, the pagination keys of the timelines and
-the state groups of their state blocks (``roomstore.events.sync_state``),
+the state groups of their state blocks (``roomstore.events.read.sync_state``),
 whose events come through the event cache. Visibility, orders and tokens
-are the timeline reads' (``roomstore.events.timeline``).
+are the timeline reads' (``roomstore.events.read.timeline``).
 
 Who calls it: ``RoomStore.sync``. What it may call: the ``TimelineReader``
 it is handed (database, interners, read positions, event reader, change
@@ -21,16 +21,16 @@ from typing import cast
 
 import attrs
 
-from roomstore.events.sync_state import RoomTimeline, plan_state, room_timelines
-from roomstore.events.tables.events.timeline_reads import sync_candidates_sql, sync_sql
-from roomstore.events.tables.room_state import joined_room_nids_sql
-from roomstore.events.timeline import (
+from roomstore.events.read.sync_state import RoomTimeline, plan_state, room_timelines
+from roomstore.events.read.timeline import (
     EVENT_COLUMN_COUNT,
     TimelineReader,
     Viewer,
     event_from_row,
     stream_bound_sql,
 )
+from roomstore.events.tables.events.timeline_reads import sync_candidates_sql, sync_sql
+from roomstore.events.tables.room_state import joined_room_nids_sql
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import room_nids_sql
 from roomstore.visibility.codes import MEMBERSHIP_CODES

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from roomstore.events.caches import invalidation_rows_txn
-from roomstore.events.stream_rows import stream_page_txn, stream_text_txn
+from roomstore.events.stream_rows.rows import stream_page_txn, stream_text_txn
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners
 

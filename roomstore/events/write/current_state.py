@@ -4,7 +4,7 @@ follows them (the rows of ``forward_extremities``, ``backward_extremities``,
 written through their owner ``roomstore.events.tables.room_state``).
 
 These run inside the batch's transaction; most take ``w``, the
-persister's batch writer (``roomstore.events.persist._BatchWriter``), for its
+persister's batch writer (``roomstore.events.write.persist._BatchWriter``), for its
 interned maps, its pending state groups and its helpers.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from roomstore.events.batch import PreparedEvent
 from roomstore.events.resolution_source import resolve_interned
 from roomstore.events.tables.event_graph import pointed_at_txn
 from roomstore.events.tables.room_state import (
@@ -23,6 +22,7 @@ from roomstore.events.tables.room_state import (
     queue_extremity_changes,
     queue_membership_changes,
 )
+from roomstore.events.write.batch import PreparedEvent
 from roomstore.state.deltas import state_diff
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import queue_activity, queue_current_state_group
@@ -36,7 +36,7 @@ class RoomEnds:
     groups, as the batch's events move them: read once per room, then kept
     up to date event by event (the tables change only at the batch's end).
     The room's current state as each event arrives, for soft failure
-    (``roomstore.events.auth_checks``)."""
+    (``roomstore.events.write.auth_checks``)."""
 
     def __init__(self, txn: Transaction) -> None:
         self.txn = txn

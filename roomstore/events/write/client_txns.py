@@ -17,7 +17,7 @@ with that ID. A rejected event records nothing (there is nothing to serve a
 retry), nor does an event stored before (``already_persisted``), whose write
 is a no-op.
 
-Who calls it: ``roomstore.events.persist``'s batch writer.
+Who calls it: ``roomstore.events.write.persist``'s batch writer.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 import attrs
 
-from roomstore.events.batch import PersistedEvent, PreparedEvent
 from roomstore.events.tables.client_txns import TxnKey, event_nids_of_txns_txn, queue_txns
+from roomstore.events.write.batch import PersistedEvent, PreparedEvent
 
 __all__ = ["record_client_txns"]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from roomstore.events.auth_checks import state_events
-from roomstore.events.batch import PreparedEvent
+from roomstore.events.write.auth_checks import state_events
+from roomstore.events.write.batch import PreparedEvent
 from roomstore.pdu.auth_levels import named_level, user_level
 
 CREATE = ("m.room.create", "")
@@ -27,7 +27,7 @@ POWER_LEVELS = ("m.room.power_levels", "")
 
 def redaction_authorised(w: Any, ev: PreparedEvent, group_before: int | None) -> bool:
     """``redactions.authorised`` of the redaction ``ev`` (``w``: the batch
-    writer of ``roomstore.events.persist``, for its state, its transaction
+    writer of ``roomstore.events.write.persist``, for its state, its transaction
     and the batch's events, not yet in the tables)."""
     pdu = ev.pdu
     if pdu.room_version.event_id_in_pdu and _server(pdu.event_id) == _server(pdu.redacts or ""):

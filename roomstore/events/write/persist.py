@@ -22,21 +22,7 @@ from typing import Any
 
 import attrs
 
-from roomstore.events.auth_checks import checked_event, prefetch_auth_events, remember_after_commit
-from roomstore.events.batch import (
-    ClientTxn,
-    EventToPersist,
-    PersistedEvent,
-    PreparedEvent,
-    StateDelta,
-    StateKey,
-    order_batch,
-)
-from roomstore.events.batch_state import HISTORY_VISIBILITY, MEMBER, BatchStateSteps, MissingStateError, Pending
 from roomstore.events.caches import batch_invalidations, write_cache_invalidations
-from roomstore.events.client_txns import record_client_txns
-from roomstore.events.current_state import RoomEnds, note_activity, update_current_state, update_extremities
-from roomstore.events.redaction_authority import redaction_authorised
 from roomstore.events.resolution_source import ParsedEventCache, TransactionEventSource
 from roomstore.events.tables.event_graph import insert_edges
 from roomstore.events.tables.events import (
@@ -48,6 +34,20 @@ from roomstore.events.tables.events import (
     stored_before_txn,
     unflagged_targets_txn,
 )
+from roomstore.events.write.auth_checks import checked_event, prefetch_auth_events, remember_after_commit
+from roomstore.events.write.batch import (
+    ClientTxn,
+    EventToPersist,
+    PersistedEvent,
+    PreparedEvent,
+    StateDelta,
+    StateKey,
+    order_batch,
+)
+from roomstore.events.write.batch_state import HISTORY_VISIBILITY, MEMBER, BatchStateSteps, MissingStateError, Pending
+from roomstore.events.write.client_txns import record_client_txns
+from roomstore.events.write.current_state import RoomEnds, note_activity, update_current_state, update_extremities
+from roomstore.events.write.redaction_authority import redaction_authorised
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.pdu.room_versions import UnknownRoomVersion
 from roomstore.state.groups import StateGroupStore, StateGroupWrites

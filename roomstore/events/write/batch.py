@@ -3,7 +3,7 @@ steps before any transaction (room versions, parsing, ordering).
 
 ``EventToPersist``, ``ClientTxn``, ``StateDelta`` and ``PersistedEvent`` are the
 public face of ``RoomStore.persist_events`` (re-exported by
-``roomstore.events.persist``);
+``roomstore.events.write.persist``);
 ``prepare_events`` validates a batch on the reactor, ``order_batch`` puts each
 event after its prev events in the batch.
 """
@@ -60,14 +60,14 @@ class EventToPersist:
     from the prev events.
 
     The store checks every event against the room's authorization rules and
-    stores one that fails them rejected (``roomstore.events.auth_checks``).
+    stores one that fails them rejected (``roomstore.events.write.auth_checks``).
     ``rejected_reason`` given: the caller decided, and the event is stored
     rejected for that reason unchecked. ``auth_checked``: the event's source
     checked it already (an import from a homeserver's database): stored as
     given, unchecked. Set it only for such a source.
 
     ``client_txn``: the client transaction the event was sent in, recorded
-    with it in the same database transaction (``roomstore.events.client_txns``
+    with it in the same database transaction (``roomstore.events.write.client_txns``
     says what happens when that transaction already names another event).
     """
 
@@ -170,7 +170,7 @@ class PreparedEvent:
     auth_checked: bool = False
     #: It passed the auth rules against its auth events and the state before
     #: it, not against the room's current state (the write decides it:
-    #: ``roomstore.events.auth_checks``).
+    #: ``roomstore.events.write.auth_checks``).
     soft_failed: bool = False
     #: The client transaction it was sent in (``EventToPersist.client_txn``).
     client_txn: ClientTxn | None = None

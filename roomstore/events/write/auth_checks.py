@@ -9,7 +9,7 @@
 
 An event failing either is stored rejected with the rule it broke as its
 ``rejected_reason``: kept, never served, never a forward extremity, never
-part of state (``roomstore.events.persist``). A live event passing both
+part of state (``roomstore.events.write.persist``). A live event passing both
 that fails against the room's current state as it arrives (check 6, "soft
 failure") is stored soft-failed: part of the state after it, but never
 served in a timeline, never a forward extremity, no change of membership. An event an earlier event of
@@ -37,8 +37,8 @@ from typing import Any
 
 import attrs
 
-from roomstore.events.batch import PreparedEvent
 from roomstore.events.resolution_source import resolve_interned
+from roomstore.events.write.batch import PreparedEvent
 from roomstore.pdu.auth_common import AuthError
 from roomstore.pdu.auth_rules import auth_types_for_event, check_auth_events_shape, check_event_auth
 from roomstore.pdu.parsing import ParsedPdu
@@ -125,7 +125,7 @@ def rejection_of(
     w: Any, ev: PreparedEvent, group_before: int | None, key_nids: Mapping[int, tuple[str, str]]
 ) -> str | None:
     """Why ``ev`` is rejected (its ``rejected_reason``), or None when the
-    rules allow it. ``w``: the batch writer (``roomstore.events.persist``);
+    rules allow it. ``w``: the batch writer (``roomstore.events.write.persist``);
     ``group_before``: the state group before a graph event (None for an
     outlier, or the room's first event); ``key_nids``: ``_auth_key_nids``."""
     if not _to_check(ev):

@@ -13,7 +13,7 @@ The state block is given whole to the user, who is (or was, up to the end
 of a timeline that ends with their leave) a member of the room: the spec
 gives members the room's state whatever its history visibility.
 
-Who calls it: ``roomstore.events.sync``.
+Who calls it: ``roomstore.events.read.sync``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Mapping
 
 import attrs
 
+from roomstore.events.read.timeline import TimelineReader, stream_bound_sql
 from roomstore.events.tables.events import stored_events_txn
 from roomstore.events.tables.events.timeline_reads import newest_timeline_event_sql
-from roomstore.events.timeline import TimelineReader, stream_bound_sql
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
 

@@ -1,6 +1,6 @@
-"""A validation worker process: ``python -m roomstore.events.validation_worker``.
+"""A validation worker process: ``python -m roomstore.events.write.validation_worker``.
 
-``events/pipeline.py`` starts these (``reactor.spawnProcess``) and speaks to
+``events/write/pipeline.py`` starts these (``reactor.spawnProcess``) and speaks to
 each over its stdin and stdout in frames: an 8-byte big-endian length, then a
 pickle. A request is ``prepare_events``'s arguments; the reply is ``(True,
 prepared events)`` or ``(False, error)``, the error as ``shipped_error``
@@ -92,7 +92,7 @@ def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
     """Answer requests until ``requests`` ends."""
-    from roomstore.events.batch import prepare_events
+    from roomstore.events.write.batch import prepare_events
 
     replies.write(frame(READY))
     replies.flush()

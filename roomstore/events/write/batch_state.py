@@ -3,7 +3,7 @@ own, pending until it commits, and stored ones), their visibility snapshots,
 and the state before each event, given by the caller or derived from its
 prev events (their resolution where they differ).
 
-``BatchStateSteps`` is a base of the batch writer (``events/persist.py``),
+``BatchStateSteps`` is a base of the batch writer (``events/write/persist.py``),
 apart because it is one concern: what the state is, where the writer's own
 steps are which rows to write. It uses the writer's transaction, persister,
 interned names and pending groups, which the writer sets.
@@ -18,9 +18,9 @@ from typing import Any
 
 import attrs
 
-from roomstore.events.batch import PreparedEvent, StateDelta
 from roomstore.events.resolution_source import resolve_interned
 from roomstore.events.tables.events import history_visibility_json_txn
+from roomstore.events.write.batch import PreparedEvent, StateDelta
 from roomstore.state.deltas import state_diff
 from roomstore.state.groups import group_facts_txn
 from roomstore.storage.interning import chunks

@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from roomstore.events.batch import EventToPersist, PreparedEvent, is_orphan, peek_room_version
+from roomstore.events.write.batch import EventToPersist, PreparedEvent, is_orphan, peek_room_version
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.storage.database import Database
 from roomstore.storage.interning import room_versions_txn

@@ -1,9 +1,9 @@
 """Timeline reads: recent, visibility checks, and the pieces sync
-(``roomstore.events.sync``) and pagination (``roomstore.events.pagination``)
+(``roomstore.events.read.sync``) and pagination (``roomstore.events.read.pagination``)
 compose.
 
 ``TimelineReader`` serves the reads a client makes of a room's timeline
-(the federation walks are ``roomstore.events.federation``). Every read is
+(the federation walks are ``roomstore.events.read.federation``). Every read is
 one ``run_interaction``; the SQL uses ``?`` placeholders and bound
 parameters only. Events come back as dicts, exactly as
 ``EventReader.events_txn`` returns them: parsed from the stored bytes,
@@ -25,7 +25,7 @@ Orders and tokens (see ``roomstore.events.tokens``):
   generator's per-writer positions (``roomstore.events.read_positions``), so
   an event whose stream ID is reserved but not yet complete is never served.
 * *topological order* is ``(topological_ordering, stream_ordering)``;
-  pagination (``roomstore.events.pagination``) uses it. A token ``t<topo>-<stream>`` is the position just after
+  pagination (``roomstore.events.read.pagination``) uses it. A token ``t<topo>-<stream>`` is the position just after
   the event key ``(topo, stream)``: going backwards from it yields keys at or
   below it, going forwards keys above it. Keys are integers and unique
   (stream orderings are), so ``(topo, stream - 1)`` is the position just
@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from roomstore.events.event_reader import EventReader
+from roomstore.events.read.event_reader import EventReader
 from roomstore.events.read_positions import ReadPositions
 from roomstore.events.tables.events import (
     SERVED_COLUMN_COUNT,
