@@ -19,7 +19,6 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
-from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -38,6 +37,7 @@ from roomstore.replication.commands import (
     parse_rdata_fields,
     serialize_command,
 )
+from roomstore.replication.framing import LineFramedProtocol
 
 __all__ = [
     "BaseReplicationProtocol",
@@ -131,7 +131,7 @@ def _log_failure(log: Logger, what: str) -> Callable[[Failure], None]:
 
 
 @implementer(IPushProducer)
-class BaseReplicationProtocol(LineOnlyReceiver):
+class BaseReplicationProtocol(LineFramedProtocol):
     """Framing, dispatch, keep-alive, congestion and closing for one connection.
 
     Subclasses set ``SIDE`` (metrics label), ``INBOUND_COMMANDS`` (names this
@@ -143,7 +143,6 @@ class BaseReplicationProtocol(LineOnlyReceiver):
     :meth:`when_writable`; everything else is internal.
     """
 
-    delimiter = b"\n"
     SIDE: ClassVar[str] = "base"
     INBOUND_COMMANDS: ClassVar[frozenset[str]] = frozenset()
     #: Whether to register with the transport as a streaming producer.
@@ -158,7 +157,6 @@ class BaseReplicationProtocol(LineOnlyReceiver):
     def __init__(self, clock: IReactorTime, config: ReplicationConfig) -> None:
         self.clock = clock
         self.config = config
-        # LineOnlyReceiver reads MAX_LENGTH from the instance.
         self.MAX_LENGTH = config.max_line_length
         self.conn_id = f"{self.SIDE}-{next(_connection_ids)}"
         #: Name the peer gave (NAME on the server side, SERVER on the client).
@@ -506,7 +504,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             self._count_received()
 
     def lineLengthExceeded(self, line: bytes) -> None:
-        self._buffer = b""  # don't hold on to a huge partial line
+        self.discard_partial_line()
         metrics.INVALID_LINES.labels(self.SIDE, "too_long").inc()
         self.log.warn(
             "[{conn_id}] line of {length} bytes exceeds {limit}; closing",

@@ -308,43 +308,18 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
         self._on_rdata_run = getattr(self.session, "on_rdata_run", None)
         self._on_rdata_rows = getattr(self.session, "on_rdata_rows", None)
 
-    def dataReceived(self, data: bytes) -> None:
-        """``LineOnlyReceiver``'s loop, but a run of RDATA lines (what a
-        worker mostly reads: a server writes a page per write) goes to the
-        session's ``on_rdata_run`` at once, parsed by ``parse_rdata_lines``;
-        any other line, and every line of a run that is not plain, goes
-        through ``lineReceived`` as before."""
+    def linesReceived(self, block: bytes, lines: list[bytes]) -> None:
+        """A run of RDATA lines (what a worker mostly reads: a server writes
+        a page per write) goes to the session's ``on_rdata_run`` at once,
+        parsed by ``parse_rdata_lines``; any other line, and every line of a
+        run that is not plain, goes through ``lineReceived`` as before."""
         on_run = self._on_rdata_run
-        if on_run is None or self._state is not _State.OPEN:
-            super().dataReceived(data)
-            return
-        self._last_received = self.clock.seconds()
-        metrics.child(metrics.BYTES_RECEIVED, self.SIDE).inc(len(data))
-        try:
-            data = self._buffer + data
-            end = data.rfind(self.delimiter)
-            block = data[:end] if end >= 0 else b""
-            lines = block.split(self.delimiter) if end >= 0 else []
-            self._buffer = data[end + 1 :]
-            del data
-            if lines and max(map(len, lines)) <= self.MAX_LENGTH:
-                if block.startswith(b"RDATA ") and block.count(b"\nRDATA ") == len(lines) - 1:
-                    self._rdata_block(block, lines, on_run)
-                else:
-                    starts = [line[:6] == b"RDATA " for line in lines]
-                    self._mixed_lines(lines, starts, on_run)
-            else:
-                for line in lines:
-                    if self.transport.disconnecting:
-                        return
-                    if len(line) > self.MAX_LENGTH:
-                        self.lineLengthExceeded(line)
-                        return
-                    self.lineReceived(line)
-            if len(self._buffer) > self.MAX_LENGTH:
-                self.lineLengthExceeded(self._buffer)
-        finally:
-            self._count_received()
+        if on_run is None:
+            super().linesReceived(block, lines)
+        elif block.startswith(b"RDATA ") and block.count(b"\nRDATA ") == len(lines) - 1:
+            self._rdata_block(block, lines, on_run)
+        else:
+            self._mixed_lines(lines, [line[:6] == b"RDATA " for line in lines], on_run)
 
     def _mixed_lines(self, lines: list[bytes], starts: list[bool], on_run: Callable) -> None:
         """Runs of RDATA lines to ``_rdata_run``, other lines one by one."""

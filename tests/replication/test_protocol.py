@@ -356,7 +356,7 @@ class BadInputTests(unittest.TestCase):
             self.protocol.dataReceived(b"y" * 50)
         self.assertEqual(take(self.transport), ["ERROR line too long"])
         self.assertTrue(self.transport.disconnecting)
-        self.assertEqual(self.protocol._buffer, b"")
+        self.assertEqual(self.protocol.partial_line, b"")
 
     def test_default_limit_is_synapses_16_kib(self) -> None:
         protocol, transport = connect(make_server())
