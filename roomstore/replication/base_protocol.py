@@ -38,6 +38,7 @@ from roomstore.replication.commands import (
     serialize_command,
 )
 from roomstore.replication.framing import LineFramedProtocol
+from roomstore.replication.keepalive import KeepAlive
 
 __all__ = [
     "BaseReplicationProtocol",
@@ -117,9 +118,6 @@ class _LogLimiter:
         return suppressed
 
 
-# Float timers from a reactor can land a hair before the deadline.
-_EPSILON = 1e-3
-
 _connection_ids = itertools.count(1)
 
 
@@ -163,11 +161,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         self.peer_name: str | None = None
 
         self._state = _State.NEW
-        self._last_sent = 0.0
-        self._last_received = 0.0
-        self._ping_seen = False
-        self._keepalive_call: IDelayedCall | None = None
-        self._timeout_call: IDelayedCall | None = None
+        self.keepalive = KeepAlive(self, clock, config.ping_interval, config.ping_timeout)
         self._abort_call: IDelayedCall | None = None
         self._auth_call: IDelayedCall | None = None
 
@@ -214,8 +208,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
 
     def connectionMade(self) -> None:
         self._state = _State.OPEN
-        now = self.clock.seconds()
-        self._last_sent = self._last_received = now
+        self.keepalive.reset()
         metrics.CONNECTIONS.labels(self.SIDE).inc()
         peer = self.transport.getPeer()
         self.log.info("[{conn_id}] replication connection with {peer}", conn_id=self.conn_id, peer=peer)
@@ -224,7 +217,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
             self.transport.registerProducer(self, True)
         self.on_connected()
         if self._state is _State.OPEN:
-            self._schedule_keepalive()
+            self.keepalive.start()
 
     def _size_socket_io(self) -> None:
         """On a socket transport (Twisted's TCP), take ``read_size`` bytes
@@ -246,7 +239,8 @@ class BaseReplicationProtocol(LineFramedProtocol):
         if previous is _State.CLOSED:
             return
         self._state = _State.CLOSED
-        self._cancel_timers("_keepalive_call", "_timeout_call", "_abort_call", "_auth_call")
+        self.keepalive.stop()
+        self._cancel_timers("_abort_call", "_auth_call")
         self._drop_pending()
         self._release_writable_waiters()
         if previous is _State.NEW:
@@ -280,7 +274,8 @@ class BaseReplicationProtocol(LineFramedProtocol):
         if self._state is not _State.OPEN:
             return
         self._state = _State.CLOSING
-        self._cancel_timers("_keepalive_call", "_timeout_call", "_auth_call")
+        self.keepalive.stop()
+        self._cancel_timers("_auth_call")
         self._drop_pending()
         self._release_writable_waiters()
         # Scheduled before loseConnection: some transports call connectionLost
@@ -379,7 +374,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         lines.append("")
         data = "\n".join(lines).encode("utf-8")
         self.transport.write(data)
-        self._last_sent = self.clock.seconds()
+        self.keepalive.sent()
         if rdata:
             counts["RDATA"] = rdata
         for name, count in counts.items():
@@ -402,7 +397,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         if not text.isascii() or max(map(len, lines)) > limit:
             return False
         self.transport.write(text.encode("ascii"))
-        self._last_sent = self.clock.seconds()
+        self.keepalive.sent()
         metrics.child(metrics.COMMANDS_SENT, self.SIDE, "RDATA").inc(len(items))
         metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(text))
         return True
@@ -416,7 +411,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         if self._state is not _State.OPEN or self._paused:
             return False
         self.transport.write(text.encode("ascii"))
-        self._last_sent = self.clock.seconds()
+        self.keepalive.sent()
         metrics.child(metrics.COMMANDS_SENT, self.SIDE, "RDATA").inc(count)
         metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(text))
         return True
@@ -431,7 +426,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
             self._refuse_long_line(cmd, len(line))
             return
         self.transport.write(line + self.delimiter)
-        self._last_sent = self.clock.seconds()
+        self.keepalive.sent()
         metrics.child(metrics.COMMANDS_SENT, self.SIDE, cmd.NAME).inc()
         metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(line) + 1)
 
@@ -496,7 +491,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         if self._state is not _State.OPEN:
             return  # closing: whatever else the peer says is moot
         # Any bytes prove the peer is alive, even the middle of a long line.
-        self._last_received = self.clock.seconds()
+        self.keepalive.received()
         metrics.child(metrics.BYTES_RECEIVED, self.SIDE).inc(len(data))
         try:
             super().dataReceived(data)
@@ -600,9 +595,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
     # -- commands both sides receive ---------------------------------------
 
     def on_PING(self, cmd: PingCommand) -> None:
-        if not self._ping_seen:
-            self._ping_seen = True  # the peer speaks the protocol: time it out
-            self._schedule_timeout_check()
+        self.keepalive.peer_pinged()
 
     def on_ERROR(self, cmd: ErrorCommand) -> None:
         suppressed = self._peer_error_log.allow()
@@ -614,46 +607,19 @@ class BaseReplicationProtocol(LineFramedProtocol):
                 text=describe(cmd.message, 200),
             )
 
-    # -- timers ----------------------------------------------------------------
+    # -- keep-alive (KeepAliveOwner) ---------------------------------------
 
-    def _schedule_keepalive(self) -> None:
-        delay = max(0.0, self._last_sent + self.config.ping_interval - self.clock.seconds())
-        self._keepalive_call = self.clock.callLater(delay, self._keepalive)
+    def send_ping(self) -> None:
+        self.send_command(self._ping_now())
 
-    def _keepalive(self) -> None:
-        self._keepalive_call = None
-        if self._state is not _State.OPEN:
-            return
-        now = self.clock.seconds()
-        if self._paused:
-            # Nothing can be written now; a queued PING would only add to the
-            # backlog. Look again in a full interval.
-            self._keepalive_call = self.clock.callLater(self.config.ping_interval, self._keepalive)
-            return
-        if now - self._last_sent >= self.config.ping_interval - _EPSILON:
-            self.send_command(self._ping_now())
-        if self._state is _State.OPEN:
-            self._schedule_keepalive()
-
-    def _schedule_timeout_check(self) -> None:
-        delay = max(0.0, self._last_received + self.config.ping_timeout - self.clock.seconds())
-        self._timeout_call = self.clock.callLater(delay, self._check_timeout)
-
-    def _check_timeout(self) -> None:
-        self._timeout_call = None
-        if self._state is not _State.OPEN:
-            return
-        silent_for = self.clock.seconds() - self._last_received
-        if silent_for >= self.config.ping_timeout - _EPSILON:
-            self.log.warn(
-                "[{conn_id}] peer {peer} silent for {silent:.1f}s; closing",
-                conn_id=self.conn_id,
-                peer=self.peer_name,
-                silent=silent_for,
-            )
-            self.close_with_error("ping timeout")
-            return
-        self._schedule_timeout_check()
+    def peer_timed_out(self, silent_for: float) -> None:
+        self.log.warn(
+            "[{conn_id}] peer {peer} silent for {silent:.1f}s; closing",
+            conn_id=self.conn_id,
+            peer=self.peer_name,
+            silent=silent_for,
+        )
+        self.close_with_error("ping timeout")
 
     def _ping_now(self) -> PingCommand:
         return PingCommand(str(int(self.clock.seconds() * 1000)))
