@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import attrs
 from twisted.internet import defer
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from roomstore.replication import metrics
 from roomstore.replication.commands import (
@@ -39,6 +37,7 @@ from roomstore.replication.commands import (
 )
 from roomstore.replication.framing import LineFramedProtocol
 from roomstore.replication.keepalive import KeepAlive
+from roomstore.replication.outbound import OutboundQueue
 
 __all__ = [
     "BaseReplicationProtocol",
@@ -128,7 +127,6 @@ def _log_failure(log: Logger, what: str) -> Callable[[Failure], None]:
     return errback
 
 
-@implementer(IPushProducer)
 class BaseReplicationProtocol(LineFramedProtocol):
     """Framing, dispatch, keep-alive, congestion and closing for one connection.
 
@@ -165,9 +163,8 @@ class BaseReplicationProtocol(LineFramedProtocol):
         self._abort_call: IDelayedCall | None = None
         self._auth_call: IDelayedCall | None = None
 
-        self._paused = False
-        self._pending: deque[Command] = deque()
-        self._writable_waiters: list[defer.Deferred[None]] = []
+        #: The queue for a paused transport; the transport's producer.
+        self.outbound = OutboundQueue(self, config.max_pending_commands, self.conn_id)
         self._bad_line_log = _LogLimiter(clock)
         self._received_counts: dict[str, int] = {}
         #: ``on_<NAME>`` of each command this side accepts, looked up once.
@@ -186,11 +183,11 @@ class BaseReplicationProtocol(LineFramedProtocol):
     @property
     def paused(self) -> bool:
         """True while the transport asked us to stop writing."""
-        return self._paused
+        return self.outbound.paused
 
     @property
     def pending_count(self) -> int:
-        return len(self._pending)
+        return len(self.outbound)
 
     def when_writable(self) -> defer.Deferred[None]:
         """A Deferred that fires once the connection is not paused, or is gone.
@@ -198,11 +195,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         Already fired if that is the case now. Callers must re-check
         :attr:`is_open` afterwards.
         """
-        if not self._paused or self._state is not _State.OPEN:
-            return defer.succeed(None)
-        d: defer.Deferred[None] = defer.Deferred()
-        self._writable_waiters.append(d)
-        return d
+        return self.outbound.when_writable()
 
     # -- connection lifecycle ---------------------------------------------
 
@@ -214,7 +207,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         self.log.info("[{conn_id}] replication connection with {peer}", conn_id=self.conn_id, peer=peer)
         self._size_socket_io()
         if self.REGISTER_AS_PRODUCER:
-            self.transport.registerProducer(self, True)
+            self.transport.registerProducer(self.outbound, True)
         self.on_connected()
         if self._state is _State.OPEN:
             self.keepalive.start()
@@ -241,8 +234,8 @@ class BaseReplicationProtocol(LineFramedProtocol):
         self._state = _State.CLOSED
         self.keepalive.stop()
         self._cancel_timers("_abort_call", "_auth_call")
-        self._drop_pending()
-        self._release_writable_waiters()
+        self.outbound.discard()
+        self.outbound.release_waiters()
         if previous is _State.NEW:
             return
         metrics.CONNECTIONS.labels(self.SIDE).dec()
@@ -276,8 +269,8 @@ class BaseReplicationProtocol(LineFramedProtocol):
         self._state = _State.CLOSING
         self.keepalive.stop()
         self._cancel_timers("_auth_call")
-        self._drop_pending()
-        self._release_writable_waiters()
+        self.outbound.discard()
+        self.outbound.release_waiters()
         # Scheduled before loseConnection: some transports call connectionLost
         # synchronously, which cancels it.
         self._abort_call = self.clock.callLater(self.config.close_timeout, self._abort)
@@ -288,7 +281,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         queue: it is written to the transport even while paused."""
         if self._state is not _State.OPEN:
             return
-        self._drop_pending()
+        self.outbound.discard()
         self._write(ErrorCommand(_one_line(message)))
         self.close()
 
@@ -313,14 +306,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         """
         if self._state is not _State.OPEN:
             return
-        if self._paused:
-            if len(self._pending) >= self.config.max_pending_commands:
-                self._on_congested()
-                return
-            self._pending.append(cmd)
-            metrics.PENDING_COMMANDS.labels(self.conn_id).set(len(self._pending))
-            return
-        self._write(cmd)
+        self.outbound.send(cmd)
 
     def send_rows(self, stream_name: str, instance_name: str, items: Sequence[Any]) -> None:
         """Send a page of a stream: RDATA lines for ``(token or None, row,
@@ -335,7 +321,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         """
         if self._state is not _State.OPEN:
             return
-        if self._paused:
+        if self.outbound.paused:
             for item in items:
                 if type(item) is tuple:
                     item = _rdata_command(stream_name, instance_name, item)
@@ -408,7 +394,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         the caller checked) in one write. False, having written nothing,
         while the connection is paused or closing: the caller sends the
         page's items through :meth:`send_rows` instead."""
-        if self._state is not _State.OPEN or self._paused:
+        if self._state is not _State.OPEN or self.outbound.paused:
             return False
         self.transport.write(text.encode("ascii"))
         self.keepalive.sent()
@@ -441,49 +427,20 @@ class BaseReplicationProtocol(LineFramedProtocol):
             limit=self.config.max_line_length,
         )
 
-    def _on_congested(self) -> None:
+    # -- OutboundOwner -----------------------------------------------------
+
+    def write_command(self, cmd: Command) -> None:
+        self._write(cmd)
+
+    def congested(self) -> None:
         self.log.error(
             "[{conn_id}] peer {peer} is not reading: {count} commands pending; dropping connection",
             conn_id=self.conn_id,
             peer=self.peer_name,
-            count=len(self._pending),
+            count=len(self.outbound),
         )
         metrics.CONGESTION_DISCONNECTS.inc()
         self.close_with_error("too many pending commands")
-
-    def _drop_pending(self) -> None:
-        if self._pending:
-            self._pending.clear()
-        try:
-            metrics.PENDING_COMMANDS.remove(self.conn_id)
-        except KeyError:
-            pass
-
-    def _release_writable_waiters(self) -> None:
-        waiters, self._writable_waiters = self._writable_waiters, []
-        for d in waiters:
-            d.callback(None)
-
-    # -- IPushProducer (called by the transport) -------------------------
-
-    def pauseProducing(self) -> None:
-        self._paused = True
-
-    def resumeProducing(self) -> None:
-        self._paused = False
-        # A write may make the transport pause us again: re-check every time.
-        while self._pending and not self._paused and self._state is _State.OPEN:
-            self._write(self._pending.popleft())
-        if self._state is _State.OPEN:
-            metrics.PENDING_COMMANDS.labels(self.conn_id).set(len(self._pending))
-        if not self._paused:
-            self._release_writable_waiters()
-
-    def stopProducing(self) -> None:
-        # The transport is going away; connectionLost follows.
-        self._paused = True
-        self._drop_pending()
-        self._release_writable_waiters()
 
     # -- receiving -----------------------------------------------------------
 
