@@ -131,8 +131,9 @@ class BaseReplicationProtocol(LineFramedProtocol):
     """Framing, dispatch, keep-alive, congestion and closing for one connection.
 
     Subclasses set ``SIDE`` (metrics label), ``INBOUND_COMMANDS`` (names this
-    side accepts) and define ``on_<NAME>(cmd)`` for each of them other than
-    PING and ERROR, plus :meth:`on_connected` for the start-up commands.
+    side accepts) and extend :meth:`command_handlers` with a handler for each
+    of them other than PING and ERROR, plus :meth:`on_connected` for the
+    start-up commands.
 
     Callers outside the protocol use :meth:`send_command`, :meth:`close`,
     :meth:`close_with_error`, :attr:`is_open`, :attr:`paused` and
@@ -167,10 +168,12 @@ class BaseReplicationProtocol(LineFramedProtocol):
         self.outbound = OutboundQueue(self, config.max_pending_commands, self.conn_id)
         self._bad_line_log = _LogLimiter(clock)
         self._received_counts: dict[str, int] = {}
-        #: ``on_<NAME>`` of each command this side accepts, looked up once.
-        self._handlers: dict[str, Callable[[Any], Any]] = {
-            name: getattr(self, "on_" + name) for name in self.INBOUND_COMMANDS
-        }
+        #: The handler of each command this side accepts.
+        self._handlers = self.command_handlers()
+        if self._handlers.keys() != self.INBOUND_COMMANDS:
+            raise TypeError(
+                f"{type(self).__name__} handles {sorted(self._handlers)}, not {sorted(self.INBOUND_COMMANDS)}"
+            )
         self._peer_error_log = _LogLimiter(clock)
 
     # -- state seen from outside ------------------------------------------
@@ -550,6 +553,11 @@ class BaseReplicationProtocol(LineFramedProtocol):
         self.send_error(reason)
 
     # -- commands both sides receive ---------------------------------------
+
+    def command_handlers(self) -> dict[str, Callable[[Any], Any]]:
+        """The handler of each name in ``INBOUND_COMMANDS``; a side adds its
+        own to these."""
+        return {"PING": self.on_PING, "ERROR": self.on_ERROR}
 
     def on_PING(self, cmd: PingCommand) -> None:
         self.keepalive.peer_pinged()

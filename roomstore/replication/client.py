@@ -17,6 +17,7 @@ from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import ReconnectingClientFactory, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from roomstore.replication.commands import (
     ClearUserSyncCommand,
@@ -32,11 +33,12 @@ from roomstore.replication.commands import (
 )
 from roomstore.replication.follower import StreamFollower, StreamPositions
 from roomstore.replication.handler_interface import ReplicationClientHandler
-from roomstore.replication.protocol import ClientReplicationProtocol, ReplicationConfig
+from roomstore.replication.protocol import ClientReplicationProtocol, IRdataRunSession, ReplicationConfig
 
 __all__ = ["ReplicationClientFactory", "ReplicationClientHandler"]
 
 
+@implementer(IRdataRunSession)
 class _ClientSession:
     """Glue between one ClientReplicationProtocol and its factory."""
 

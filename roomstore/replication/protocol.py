@@ -68,9 +68,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from twisted.internet.interfaces import IReactorTime
+from zope.interface import Interface
 
 from roomstore.replication import metrics
 from roomstore.replication.base_protocol import (
@@ -102,6 +103,7 @@ __all__ = [
     "ClientReplicationProtocol",
     "ClientSession",
     "CloseConnection",
+    "IRdataRunSession",
     "ReplicationConfig",
     "ServerReplicationProtocol",
     "ServerSession",
@@ -142,10 +144,8 @@ class ClientSession(Protocol):
     def on_rdata(self, cmd: RdataCommand) -> None:
         """A row arrived. May raise CloseConnection."""
 
-    # Optional: ``on_rdata_fields(fields)``, the same for a row given as
-    # ``(stream_name, instance_name, token or None, row)``. A session that
-    # has it is handed every well-formed RDATA line that way, with no
-    # command built (a worker's every line); ``on_rdata`` gets the rest.
+    # Optional: declare IRdataRunSession (below) to be handed RDATA lines
+    # without a command built per row.
 
     def on_position(self, cmd: PositionCommand) -> None:
         """A stream position arrived. May raise CloseConnection."""
@@ -158,6 +158,40 @@ class ClientSession(Protocol):
 
     def on_connection_lost(self) -> None:
         """The connection is gone."""
+
+
+#: What a client tells the server for the server's session to act on.
+_NOTIFICATIONS = (
+    "USER_SYNC",
+    "CLEAR_USER_SYNC",
+    "FEDERATION_ACK",
+    "REMOTE_SERVER_UP",
+    "USER_IP",
+    "LOCK_RELEASED",
+    "NEW_ACTIVE_TASK",
+    "CANCEL_TASK",
+)
+
+
+class IRdataRunSession(Interface):
+    """A client session that takes RDATA lines parsed in bulk (a worker's).
+
+    Declare it with ``@implementer(IRdataRunSession)``; the protocol then
+    hands it every well-formed RDATA line through these, and ``on_rdata``
+    gets only the rest.
+    """
+
+    def on_rdata_fields(fields: tuple) -> None:
+        """One row, as ``(stream_name, instance_name, token or None, row)``
+        (``parse_rdata_fields``). May raise CloseConnection."""
+
+    def on_rdata_run(run: tuple) -> None:
+        """A read's run of plain RDATA lines, as ``parse_rdata_lines``
+        gives them. May raise CloseConnection."""
+
+    def on_rdata_rows(run: tuple) -> None:
+        """A read's plain RDATA lines of one stream and writer, as
+        ``parse_rdata_run`` gives them. May raise CloseConnection."""
 
 
 class ServerReplicationProtocol(BaseReplicationProtocol):
@@ -271,9 +305,15 @@ class ServerReplicationProtocol(BaseReplicationProtocol):
     def _to_session(self, cmd: Command) -> None:
         self.session.on_client_command(cmd)
 
-    # The notifications a client sends all go to the session unchanged.
-    on_USER_SYNC = on_CLEAR_USER_SYNC = on_FEDERATION_ACK = on_REMOTE_SERVER_UP = _to_session
-    on_USER_IP = on_LOCK_RELEASED = on_NEW_ACTIVE_TASK = on_CANCEL_TASK = _to_session
+    def command_handlers(self) -> dict[str, Callable[[Any], Any]]:
+        # The notifications a client sends all go to the session unchanged.
+        return {
+            **super().command_handlers(),
+            "AUTH": self.on_AUTH,
+            "NAME": self.on_NAME,
+            "REPLICATE": self.on_REPLICATE,
+            **dict.fromkeys(_NOTIFICATIONS, self._to_session),
+        }
 
 
 class ClientReplicationProtocol(BaseReplicationProtocol):
@@ -304,9 +344,13 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
         self.expected_server_name = expected_server_name
         self._secret = secret
         self.session = session_factory(self)
-        self._on_rdata_fields = getattr(self.session, "on_rdata_fields", None)
-        self._on_rdata_run = getattr(self.session, "on_rdata_run", None)
-        self._on_rdata_rows = getattr(self.session, "on_rdata_rows", None)
+        self._on_rdata_run: Callable[[tuple], Any] | None = None
+        self._on_rdata_rows: Callable[[tuple], Any] | None = None
+        if IRdataRunSession.providedBy(self.session):
+            bulk = cast(IRdataRunSession, self.session)
+            self._on_rdata_fields = bulk.on_rdata_fields
+            self._on_rdata_run = bulk.on_rdata_run
+            self._on_rdata_rows = bulk.on_rdata_rows
 
     def linesReceived(self, block: bytes, lines: list[bytes]) -> None:
         """A run of RDATA lines (what a worker mostly reads: a server writes
@@ -413,3 +457,13 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
 
     def on_LOCK_RELEASED(self, cmd: LockReleasedCommand) -> None:
         self.session.on_lock_released(cmd)
+
+    def command_handlers(self) -> dict[str, Callable[[Any], Any]]:
+        return {
+            **super().command_handlers(),
+            "SERVER": self.on_SERVER,
+            "RDATA": self.on_RDATA,
+            "POSITION": self.on_POSITION,
+            "REMOTE_SERVER_UP": self.on_REMOTE_SERVER_UP,
+            "LOCK_RELEASED": self.on_LOCK_RELEASED,
+        }

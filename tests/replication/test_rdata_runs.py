@@ -15,9 +15,11 @@ import random
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
+from zope.interface import implementer
 
 from roomstore.replication import InMemoryStream, ReplicationClientFactory, ReplicationConfig, StreamRegistry
 from roomstore.replication.commands import RdataCommand, parse_rdata_fields, serialize_command
+from roomstore.replication.handler_interface import IBatchHandler, IRowsHandler
 from roomstore.replication.wire import parse_rdata_lines, parse_rdata_run
 
 from .test_fuzz import SEED, _mutate
@@ -150,6 +152,7 @@ class OneStreamRunTests(unittest.TestCase):
         self.assertEqual(parse_rdata_run(good, 1), ("events", "master", [1], (["a"],)))
 
 
+@implementer(IBatchHandler)
 class BatchRecordingHandler(RecordingHandler):
     """Records as ``RecordingHandler`` does, taking a read's tokens in one
     call (``on_rdata_batch``), as the store's handler does."""
@@ -166,6 +169,7 @@ class BatchRecordingHandler(RecordingHandler):
             self.on_rdata(stream_name, instance_name, token, rows)
 
 
+@implementer(IRowsHandler)
 class RowsRecordingHandler(BatchRecordingHandler):
     """Records as ``RecordingHandler`` does, taking a read's rows of one
     stream and writer in one call (``on_rdata_rows``), as the store's
@@ -390,6 +394,7 @@ class CollectorTests(unittest.TestCase):
         gc.enable()
 
     def test_a_read_of_many_lines_brings_on_no_collection(self) -> None:
+        @implementer(IBatchHandler)
         class Counting(RecordingHandler):
             tokens = 0
             paused = None
