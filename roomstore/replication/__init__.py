@@ -14,10 +14,12 @@ The public face:
   ``serialize_command``, ``CommandParseError``, ``UnknownCommandError``).
 
 Wire format and behaviour follow Synapse's TCP replication protocol; see
-:mod:`.protocol` for the choices made where it leaves room.
+:mod:`.connection` (and :mod:`.server_protocol`, :mod:`.client_protocol`) for the
+choices made where it leaves room.
 """
 
 from roomstore.replication.client import ReplicationClientFactory, ReplicationClientHandler
+from roomstore.replication.client_protocol import ClientReplicationProtocol
 from roomstore.replication.commands import (
     MAX_LINE_LENGTH,
     Command,
@@ -26,12 +28,9 @@ from roomstore.replication.commands import (
     parse_command_from_line,
     serialize_command,
 )
-from roomstore.replication.protocol import (
-    ClientReplicationProtocol,
-    ReplicationConfig,
-    ServerReplicationProtocol,
-)
+from roomstore.replication.config import ReplicationConfig
 from roomstore.replication.server_factory import ReplicationServerFactory
+from roomstore.replication.server_protocol import ServerReplicationProtocol
 from roomstore.replication.stream_interface import (
     InMemoryStream,
     Stream,

@@ -19,6 +19,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from roomstore.replication.client_protocol import ClientReplicationProtocol, IRdataRunSession
 from roomstore.replication.commands import (
     ClearUserSyncCommand,
     Command,
@@ -31,9 +32,9 @@ from roomstore.replication.commands import (
     UserIpCommand,
     UserSyncCommand,
 )
+from roomstore.replication.config import ReplicationConfig
 from roomstore.replication.follower import StreamFollower, StreamPositions
 from roomstore.replication.handler_interface import ReplicationClientHandler
-from roomstore.replication.protocol import ClientReplicationProtocol, IRdataRunSession, ReplicationConfig
 
 __all__ = ["ReplicationClientFactory", "ReplicationClientHandler"]
 

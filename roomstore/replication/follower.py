@@ -36,9 +36,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from roomstore.replication.commands import PositionCommand, RdataCommand, describe
+from roomstore.replication.connection import CloseConnection
 from roomstore.replication.handler_interface import IBatchHandler, IRowsHandler, ReplicationClientHandler
 from roomstore.replication.metrics import APPLIED_POSITION, child
-from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.stream_interface import Stream, StreamRow, UnknownStreamError
 from roomstore.storage.collector import collector_paused
 

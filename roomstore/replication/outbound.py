@@ -1,12 +1,22 @@
-"""The outbound side of a replication connection: a streaming producer that
-queues commands while the transport is paused.
+"""The outbound side of a replication connection: :class:`OutboundQueue`, a
+streaming producer that queues commands while the transport is paused.
 
-The transport pauses its producer when its send buffer fills (the peer reads
-slower than we write) and resumes it when the buffer drains. While paused,
-commands wait here, at most ``limit`` of them; the one past the limit tells
-the owner the peer is congested (the protocol drops that connection, see
-:mod:`.protocol`). Writers with a lot to send (the feed's catch-up loops)
-wait on :meth:`OutboundQueue.when_writable` instead of queueing.
+Congestion (server side): the protocol registers itself with its transport
+as a streaming producer. While the transport has paused it, outgoing commands
+wait in a queue of at most ``max_pending_commands``; the command that would
+exceed it makes the protocol log loudly, count it, send
+``ERROR too many pending commands`` and drop that connection. Other
+connections are unaffected. Stream rows are written a page at a time
+(``send_rows``: one transport write per page, so at most one page per
+stream and writer sits in the transport's buffer), and the server's catch-up
+loops (:mod:`~roomstore.replication.feed`) write no page while the
+connection is paused and read at most ``read_ahead`` pages ahead, so a slow
+but live client falls behind in the stream (the database) rather than in our
+memory, and catches up when it drains. What
+fills the queue past the limit is a client that stays paused while a page,
+or other traffic (POSITIONs, ERRORs for its bad lines, broadcasts), arrives.
+A client that stops reading altogether also stops sending PINGs and is
+closed by the ping timeout.
 """
 
 from __future__ import annotations

@@ -1,9 +1,41 @@
-"""One replication connection, either side: framing, dispatch, keep-alive,
-congestion and closing (:class:`BaseReplicationProtocol`), and the tunables
-both sides share (:class:`ReplicationConfig`).
+"""One replication connection, either side: its lifecycle, sending and
+receiving (:class:`BaseReplicationProtocol`), built from the framing
+(:mod:`.framing`), the keep-alive (:mod:`.keepalive`) and the outbound queue
+(:mod:`.outbound`). The server's and the worker's protocols are in
+:mod:`.server_protocol` and :mod:`.client_protocol`.
 
-The behaviour is described in :mod:`.protocol`, which builds the server's and
-the worker's protocols on this base and re-exports its public names.
+A connection turns ``\\n``-terminated UTF-8 lines into
+:mod:`~roomstore.replication.commands` values and back. What a command
+*means* is not decided here: each side hands commands to a *session* object
+built by its factory, so a protocol knows nothing of streams, databases or
+caches.
+
+Behaviour common to both sides (:class:`BaseReplicationProtocol`):
+
+- Blank lines are ignored; one trailing ``\\r`` is tolerated (telnet).
+- A line that is not UTF-8, does not parse, names an unknown command, or names
+  a command this side never receives is answered with ``ERROR <reason>`` and
+  otherwise ignored: **the connection stays open**. Framing is by newline, so
+  one bad line cannot desynchronise the next, and a human poking at the port
+  with netcat gets told what was wrong instead of being hung up on.
+- A line longer than ``max_line_length`` bytes (default 16 KiB, Synapse's
+  limit) *is* fatal (the rest of it would be parsed as garbage):
+  ``ERROR line too long`` and close.
+- Keep-alive: a ``PING`` is sent whenever nothing was sent for
+  ``ping_interval`` seconds. Once the peer has sent its first ``PING``, a peer
+  silent for ``ping_timeout`` seconds gets ``ERROR ping timeout`` and is
+  closed. Timeouts stay off until then so that netcat users are not cut off.
+- Closing always goes through :meth:`~BaseReplicationProtocol.close`: if the
+  transport has not reported the connection lost ``close_timeout`` seconds
+  after ``loseConnection()``, it is aborted.
+- All timers come from the injected ``clock`` (an ``IReactorTime``).
+
+Outgoing lines longer than ``max_line_length`` are not sent but logged as
+errors: the peer would drop the connection and, after reconnecting, be sent
+the same line again. Stream rows never get that far: the feed splits a long
+row (a large cache invalidation) into several rows at one token, or, for a
+row that cannot be split, tells the client to fetch that token itself
+(:mod:`~roomstore.replication.feed`).
 """
 
 from __future__ import annotations
@@ -13,7 +45,6 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-import attrs
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
@@ -22,7 +53,6 @@ from twisted.python.failure import Failure
 
 from roomstore.replication import metrics
 from roomstore.replication.commands import (
-    MAX_LINE_LENGTH,
     Command,
     CommandParseError,
     ErrorCommand,
@@ -35,52 +65,12 @@ from roomstore.replication.commands import (
     parse_rdata_fields,
     serialize_command,
 )
+from roomstore.replication.config import ReplicationConfig
 from roomstore.replication.framing import LineFramedProtocol
 from roomstore.replication.keepalive import KeepAlive
 from roomstore.replication.outbound import OutboundQueue
 
-__all__ = [
-    "BaseReplicationProtocol",
-    "CloseConnection",
-    "ReplicationConfig",
-]
-
-
-def _positive(_inst: object, attribute: attrs.Attribute, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
-
-
-@attrs.frozen
-class ReplicationConfig:
-    """Tunables shared by both sides of a connection. Times are in seconds."""
-
-    #: Send a PING when nothing else was sent for this long.
-    ping_interval: float = attrs.field(default=5.0, validator=_positive)
-    #: After the peer's first PING, close if it is silent for this long.
-    ping_timeout: float = attrs.field(default=15.0, validator=_positive)
-    #: Abort the transport if a close has not completed after this long.
-    close_timeout: float = attrs.field(default=5.0, validator=_positive)
-    #: Longest line accepted, in bytes without the delimiter.
-    max_line_length: int = attrs.field(default=MAX_LINE_LENGTH, validator=_positive)
-    #: Commands buffered for a paused connection before it is dropped; on the
-    #: client, stream commands queued behind a slow fetch before it gives up.
-    max_pending_commands: int = attrs.field(default=10_000, validator=_positive)
-    #: Rows per ``get_updates`` call when catching a connection up (and when
-    #: a client fetches rows it missed). Pages of 100 rows cost a worker
-    #: catching up from 0 more in database round trips than in rows.
-    page_size: int = attrs.field(default=1000, validator=_positive)
-    #: Pages a server reads ahead per stream and writer while earlier ones
-    #: are sent (reads in flight at once, so memory per connection is about
-    #: this many pages more).
-    read_ahead: int = attrs.field(default=2, validator=_positive)
-    #: Most ``batch`` rows a client buffers while waiting for the token line.
-    max_batch_rows: int = attrs.field(default=10_000, validator=_positive)
-    #: Bytes a client takes from its socket per read (a read's lines are
-    #: parsed and applied at once): 256 KiB, a page or two of RDATA.
-    read_size: int = attrs.field(default=256 * 1024, validator=_positive)
-    #: Most bytes given to the socket per send: a page in one.
-    write_size: int = attrs.field(default=1024 * 1024, validator=_positive)
+__all__ = ["BaseReplicationProtocol", "CloseConnection"]
 
 
 class CloseConnection(Exception):
