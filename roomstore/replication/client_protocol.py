@@ -115,7 +115,7 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
         self._on_rdata_rows: Callable[[tuple], Any] | None = None
         if IRdataRunSession.providedBy(self.session):
             bulk = cast(IRdataRunSession, self.session)
-            self._on_rdata_fields = bulk.on_rdata_fields
+            self.dispatcher.on_rdata_fields = bulk.on_rdata_fields
             self._on_rdata_run = bulk.on_rdata_run
             self._on_rdata_rows = bulk.on_rdata_rows
 
@@ -167,9 +167,7 @@ class ClientReplicationProtocol(BaseReplicationProtocol):
 
     def _dispatch_rdata(self, lines: int, parsed: Any, handler: Callable) -> None:
         """``lines`` RDATA lines, parsed together, counted and handed to ``handler``."""
-        counts = self._received_counts
-        counts["RDATA"] = counts.get("RDATA", 0) + lines
-        self._dispatch("RDATA", parsed, handler)
+        self.dispatcher.dispatch("RDATA", parsed, handler, lines)
 
     def _rdata_run(self, run: list[bytes], on_run: Callable) -> None:
         # The run's rows are freed by reference counting once applied: the

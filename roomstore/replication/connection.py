@@ -1,7 +1,7 @@
-"""One replication connection, either side: its lifecycle, sending and
-receiving (:class:`BaseReplicationProtocol`), built from the framing
-(:mod:`.framing`), the keep-alive (:mod:`.keepalive`) and the outbound queue
-(:mod:`.outbound`). The server's and the worker's protocols are in
+"""One replication connection, either side: its lifecycle and sending
+(:class:`BaseReplicationProtocol`), built from the framing (:mod:`.framing`),
+the command dispatch (:mod:`.dispatch`), the keep-alive (:mod:`.keepalive`)
+and the outbound queue (:mod:`.outbound`). The server's and the worker's protocols are in
 :mod:`.server_protocol` and :mod:`.client_protocol`.
 
 A connection turns ``\\n``-terminated UTF-8 lines into
@@ -54,28 +54,20 @@ from twisted.python.failure import Failure
 from roomstore.replication import metrics
 from roomstore.replication.commands import (
     Command,
-    CommandParseError,
     ErrorCommand,
     PingCommand,
     RdataCommand,
-    UnknownCommandError,
     decode_row,
     describe,
-    parse_command_from_line,
-    parse_rdata_fields,
     serialize_command,
 )
 from roomstore.replication.config import ReplicationConfig
+from roomstore.replication.dispatch import CloseConnection, CommandDispatcher, LogLimiter
 from roomstore.replication.framing import LineFramedProtocol
 from roomstore.replication.keepalive import KeepAlive
 from roomstore.replication.outbound import OutboundQueue
 
 __all__ = ["BaseReplicationProtocol", "CloseConnection"]
-
-
-class CloseConnection(Exception):
-    """Raised by a session to make its protocol send ``ERROR <message>``
-    and close the connection (the peer broke the protocol)."""
 
 
 class _State(enum.Enum):
@@ -85,36 +77,7 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class _LogLimiter:
-    """Lets one log line through per ``interval`` seconds and counts the rest,
-    so a peer flooding us with bad lines cannot flood the logs too."""
-
-    def __init__(self, clock: IReactorTime, interval: float = 10.0) -> None:
-        self._clock = clock
-        self._interval = interval
-        self._next_at = float("-inf")
-        self._suppressed = 0
-
-    def allow(self) -> int | None:
-        """Return how many lines were suppressed since the last allowed one,
-        or None if this one should be suppressed too."""
-        now = self._clock.seconds()
-        if now < self._next_at:
-            self._suppressed += 1
-            return None
-        self._next_at = now + self._interval
-        suppressed, self._suppressed = self._suppressed, 0
-        return suppressed
-
-
 _connection_ids = itertools.count(1)
-
-
-def _log_failure(log: Logger, what: str) -> Callable[[Failure], None]:
-    def errback(failure: Failure) -> None:
-        log.failure("Unhandled error in {what}", failure=failure, what=what)
-
-    return errback
 
 
 class BaseReplicationProtocol(LineFramedProtocol):
@@ -134,10 +97,6 @@ class BaseReplicationProtocol(LineFramedProtocol):
     INBOUND_COMMANDS: ClassVar[frozenset[str]] = frozenset()
     #: Whether to register with the transport as a streaming producer.
     REGISTER_AS_PRODUCER: ClassVar[bool] = False
-    #: Called with ``(stream_name, instance_name, token, row)`` for each
-    #: well-formed RDATA line instead of ``on_RDATA`` with a command, if set
-    #: (a worker's protocol sets it: no command object per row).
-    _on_rdata_fields: Callable[[tuple], Any] | None = None
 
     log = Logger()
 
@@ -156,15 +115,12 @@ class BaseReplicationProtocol(LineFramedProtocol):
 
         #: The queue for a paused transport; the transport's producer.
         self.outbound = OutboundQueue(self, config.max_pending_commands, self.conn_id)
-        self._bad_line_log = _LogLimiter(clock)
-        self._received_counts: dict[str, int] = {}
-        #: The handler of each command this side accepts.
-        self._handlers = self.command_handlers()
-        if self._handlers.keys() != self.INBOUND_COMMANDS:
-            raise TypeError(
-                f"{type(self).__name__} handles {sorted(self._handlers)}, not {sorted(self.INBOUND_COMMANDS)}"
-            )
-        self._peer_error_log = _LogLimiter(clock)
+        handlers = self.command_handlers()
+        if handlers.keys() != self.INBOUND_COMMANDS:
+            raise TypeError(f"{type(self).__name__} handles {sorted(handlers)}, not {sorted(self.INBOUND_COMMANDS)}")
+        #: Parses each line and hands it to its command's handler.
+        self.dispatcher = CommandDispatcher(self, self.SIDE, handlers, clock)
+        self._peer_error_log = LogLimiter(clock)
 
     # -- state seen from outside ------------------------------------------
 
@@ -446,7 +402,7 @@ class BaseReplicationProtocol(LineFramedProtocol):
         try:
             super().dataReceived(data)
         finally:
-            self._count_received()
+            self.dispatcher.flush_counts()
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self.discard_partial_line()
@@ -461,86 +417,8 @@ class BaseReplicationProtocol(LineFramedProtocol):
 
     def lineReceived(self, line: bytes) -> None:
         """Parse and dispatch one line. Never raises."""
-        if self._state is not _State.OPEN:
-            return
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            self._reject_line("bad_utf8", "line is not valid UTF-8", line)
-            return
-        if not text or text.isspace():
-            return
-        on_rdata_fields = self._on_rdata_fields
-        if on_rdata_fields is not None:
-            fields = parse_rdata_fields(text)
-            if fields is not None:
-                counts = self._received_counts
-                counts["RDATA"] = counts.get("RDATA", 0) + 1
-                self._dispatch("RDATA", fields, on_rdata_fields)
-                return
-        try:
-            cmd = parse_command_from_line(text)
-        except UnknownCommandError as e:
-            self._reject_line("unknown_command", e.reason, line)
-            return
-        except CommandParseError as e:
-            # Not an UnknownCommandError, so the first word is a known name.
-            name = text.partition(" ")[0]
-            self._reject_line("malformed", f"failed to parse {name}: {e.reason}", line)
-            return
-        except Exception:  # a parser bug must not take the connection down
-            self.log.failure("[{conn_id}] parser crashed on {line}", conn_id=self.conn_id, line=describe(text))
-            self._reject_line("malformed", "failed to parse line", line)
-            return
-        name = cmd.NAME
-        handler = self._handlers.get(name)
-        if handler is None:
-            self._reject_line("unexpected_command", f"unexpected command {name}", line)
-            return
-        counts = self._received_counts
-        counts[name] = counts.get(name, 0) + 1
-        self._dispatch(name, cmd, handler)
-
-    def _count_received(self) -> None:
-        # Counted per line, added to Prometheus per read: a counter's inc
-        # takes a lock, which costs more than the rest of the bookkeeping.
-        counts = self._received_counts
-        if counts:
-            for name, count in counts.items():
-                metrics.child(metrics.COMMANDS_RECEIVED, self.SIDE, name).inc(count)
-            counts.clear()
-
-    def _dispatch(self, name: str, cmd: Any, handler: Callable[[Any], Any]) -> None:
-        """``handler(cmd)`` for a command ``name`` (``cmd``: a command, or an
-        RDATA line's fields), its errors answered as the protocol says."""
-        try:
-            result = handler(cmd)
-        except CloseConnection as e:
-            self.log.warn("[{conn_id}] closing: {text}", conn_id=self.conn_id, text=str(e))
-            self.close_with_error(str(e))
-            return
-        except Exception:
-            self.log.failure("[{conn_id}] error handling {command}", conn_id=self.conn_id, command=name)
-            self.send_error(f"internal error handling {name}")
-            return
-        if result is not None and isinstance(result, defer.Deferred):
-            result.addErrback(_log_failure(self.log, f"{self.conn_id} {name}"))
-
-    def _reject_line(self, kind: str, reason: str, line: bytes) -> None:
-        metrics.INVALID_LINES.labels(self.SIDE, kind).inc()
-        suppressed = self._bad_line_log.allow()
-        if suppressed is not None:
-            self.log.warn(
-                "[{conn_id}] bad line from {peer}: {reason} (line {line}; {suppressed} more suppressed)",
-                conn_id=self.conn_id,
-                peer=self.peer_name,
-                reason=reason,
-                line=describe(line.decode("utf-8", "replace")),
-                suppressed=suppressed,
-            )
-        self.send_error(reason)
+        if self._state is _State.OPEN:
+            self.dispatcher.line(line)
 
     # -- commands both sides receive ---------------------------------------
 

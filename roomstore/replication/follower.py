@@ -36,7 +36,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from roomstore.replication.commands import PositionCommand, RdataCommand, describe
-from roomstore.replication.connection import CloseConnection
+from roomstore.replication.dispatch import CloseConnection
 from roomstore.replication.handler_interface import IBatchHandler, IRowsHandler, ReplicationClientHandler
 from roomstore.replication.metrics import APPLIED_POSITION, child
 from roomstore.replication.stream_interface import Stream, StreamRow, UnknownStreamError

@@ -62,7 +62,7 @@ from roomstore.replication.commands import (
     parse_rdata_fields,
     serialize_command,
 )
-from roomstore.replication.connection import CloseConnection
+from roomstore.replication.dispatch import CloseConnection
 from roomstore.replication.follower import StreamFollower, StreamPositions
 from roomstore.replication.store_handler import StoreReplicationHandler
 from roomstore.replication.store_streams import STORE_STREAMS, wire_server

@@ -173,7 +173,7 @@ class ServerReplicationProtocol(BaseReplicationProtocol):
         try:
             self.session.on_replicate(cmd)
         except UnknownStreamError as e:
-            suppressed = self._bad_line_log.allow()
+            suppressed = self.dispatcher.bad_line_log.allow()
             if suppressed is not None:
                 self.log.warn(
                     "[{conn_id}] {peer} asked to replicate unknown stream {stream}",
