@@ -51,6 +51,7 @@ from roomstore.storage.database import Database
 from roomstore.storage.interning import Interners, room_ids_txn
 from roomstore.storage.maintenance_locks import COMPACTION_LOCK_NAME
 from roomstore.storage.stats import table_stats_txn
+from roomstore.storage.writer_lock import WriterLock
 from roomstore.store_config import StoreConfig
 from roomstore.store_opening import open_database
 from roomstore.store_replication import ReplicationFace
@@ -131,8 +132,19 @@ class RoomStore(ReplicationFace):
         )
         self._invalidation_hooks: list = []
         #: Where the writes run: here, or in the writer process (``_open_beside_writer``).
-        self.writes: StoreWrites = LocalWrites(
-            db=db,
+        self.writes: StoreWrites = self._local_writes()
+        #: The schema version the database is at (set by ``open``).
+        self.schema_version: int | None = None
+        # Set by ``open``: whether closing the store closes the database, the
+        # writer's lock (None: read-only, or SQLite in memory), the periodic censor.
+        self._owns_db = False
+        self._writer_lock: WriterLock | None = None
+        self._censor_job: RedactionCensor | None = None
+
+    def _local_writes(self) -> LocalWrites:
+        """The writes run in this process, through this store's parts."""
+        return LocalWrites(
+            db=self.db,
             persister=self.persister,
             validator=self.validator,
             batch_rooms=self.batch_rooms,
@@ -140,14 +152,12 @@ class RoomStore(ReplicationFace):
             state_groups=self.state_groups,
             purger=self.purger,
             censor=self.censor,
-            instance_name=config.instance_name,
-            max_events_per_transaction=config.max_events_per_transaction,
+            instance_name=self.config.instance_name,
+            max_events_per_transaction=self.config.max_events_per_transaction,
             after_persist=self._after_persist,
             check_writer_lock=self.check_writer_lock,
             now_ms=self._now_ms,
         )
-        #: The schema version the database is at (set by ``open``).
-        self.schema_version: int | None = None
 
     @classmethod
     async def open(
@@ -181,7 +191,6 @@ class RoomStore(ReplicationFace):
             writer_lock.watch(store.clock)
         if not config.read_only:
             await store.db.run_interaction("register_instance", register_instance_txn, config.instance_name)
-        store._censor_job = None
         if config.censor_interval_ms is not None:
             store._censor_job = store.censor
             store._censor_job.start(config.censor_interval_ms)
@@ -210,29 +219,29 @@ class RoomStore(ReplicationFace):
         """Fires with a ``WriterLockLost`` (its result, not an error) if this
         writer's lock went with a database session and another process took
         it; None for a process that holds no lock (read-only, SQLite in memory)."""
-        lock = getattr(self, "_writer_lock", None)
+        lock = self._writer_lock
         return None if lock is None else lock.lost
 
     def check_writer_lock(self) -> None:
         """Raise ``WriterLockLost`` once this writer's lock is lost for good."""
         lost = self.writer_lock_lost()
-        if lost is not None and lost.called:
+        if lost is not None and lost.called and isinstance(lost.result, BaseException):
             raise lost.result
 
     async def close(self) -> None:
         if isinstance(self.writes, ForwardedWrites):
             await self.writes.close()
-        censor_job = getattr(self, "_censor_job", None)
+        censor_job = self._censor_job
         if censor_job is not None:
             # Before the database goes: stop() waits for a run in progress.
             await censor_job.stop()
         for gen in self.generators.values():
             await gen.close()
-        writer_lock, self._writer_lock = getattr(self, "_writer_lock", None), None
+        writer_lock, self._writer_lock = self._writer_lock, None
         if writer_lock is not None:
             await writer_lock.release()
         await self.validator.close()
-        if getattr(self, "_owns_db", False):
+        if self._owns_db:
             await self.db.close()
 
     # ------------------------------------------------------------------ persistence

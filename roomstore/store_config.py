@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
 from roomstore.state.groups import DEFAULT_MAX_CHAIN_LENGTH
 from roomstore.storage.embedder_schema import EmbedderSchema, distinct_names
 from roomstore.streams.builtin import BUILTIN_STREAMS
+
+
+def _schema_tuple(schemas: Iterable[EmbedderSchema]) -> tuple[EmbedderSchema, ...]:
+    return tuple(schemas)
+
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -66,7 +71,9 @@ class StoreConfig:
     #: The embedding program's own schemas (``roomstore.storage.embedder_schema``):
     #: migrated after the store's, in its transaction; checked, never migrated,
     #: by a read-only store.
-    embedder_schemas: Sequence[EmbedderSchema] = attrs.field(default=(), converter=tuple, validator=distinct_names)
+    embedder_schemas: Sequence[EmbedderSchema] = attrs.field(
+        default=(), converter=_schema_tuple, validator=distinct_names
+    )
     #: This homeserver's server name: ``RoomStore.purge_history`` keeps the
     #: events of its users (senders ``@...:server_name``) unless told to
     #: delete local events too. None: the store knows no server of its own,

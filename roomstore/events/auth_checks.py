@@ -32,7 +32,7 @@ differ (a fork, or an event citing stale auth events).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -46,7 +46,7 @@ from roomstore.pdu.parsing import ParsedPdu
 CREATE = ("m.room.create", "")
 
 
-def prefetch_auth_events(w: Any, new_events: list[PreparedEvent]) -> None:
+def prefetch_auth_events(w: Any, new_events: Sequence[PreparedEvent]) -> None:
     """Read every stored auth event the batch's events cite, in one go, so
     that the checks below find them in the write's event source."""
     source = w.event_source
@@ -57,7 +57,7 @@ def prefetch_auth_events(w: Any, new_events: list[PreparedEvent]) -> None:
         source.get_events(wanted)
 
 
-def remember_after_commit(w: Any, new_events: list[PreparedEvent]) -> None:
+def remember_after_commit(w: Any, new_events: Sequence[PreparedEvent]) -> None:
     """Once the batch commits, its state events join the parsed-events
     cache, rejected or not as the checks left them: auth events are state
     events, so the next batches' checks find theirs without a read."""

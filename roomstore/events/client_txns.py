@@ -44,16 +44,20 @@ def record_client_txns(
     ``existing_txn_event_id``. ``writer``: the batch writer (its
     transaction, interned IDs and clock). Two statements, only for a batch
     with client transactions: the insert, then the read of who owns each."""
-    sent = [ev for ev in new_events if ev.client_txn is not None and not results[ev.event_id].rejected_reason]
+    sent = [
+        (ev, client_txn)
+        for ev in new_events
+        if (client_txn := ev.client_txn) is not None and not results[ev.event_id].rejected_reason
+    ]
     if not sent:
         return
-    writer.intern_users({ev.client_txn.user_id for ev in sent})
+    writer.intern_users({client_txn.user_id for _, client_txn in sent})
     keys: dict[str, TxnKey] = {
-        ev.event_id: (writer.user_nids[ev.client_txn.user_id], ev.client_txn.device_id, ev.client_txn.txn_id)
-        for ev in sent
+        ev.event_id: (writer.user_nids[client_txn.user_id], client_txn.device_id, client_txn.txn_id)
+        for ev, client_txn in sent
     }
     rows: dict[TxnKey, tuple] = {}
-    for ev in sent:
+    for ev, _ in sent:
         key = keys[ev.event_id]
         rows.setdefault(key, (*key, writer.event_nids[ev.event_id], room_nids[ev.pdu.room_id], writer.now_ms))
     # A key recorded before (or by a racing writer) keeps its event.

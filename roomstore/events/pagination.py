@@ -7,8 +7,9 @@ event key ``(topo, stream)``: going backwards from it yields keys at or
 below it, going forwards keys above it. Keys are integers and unique
 (stream orderings are), so ``(topo, stream - 1)`` is the position just
 before ``(topo, stream)``: pages neither repeat nor skip events. A page is
-one ``run_interaction`` and one statement, which also fetches the events'
-bytes; events come back as ``TimelineReader``'s reads return them, through
+one ``run_interaction`` and one statement (``page_sql``, which the events
+tables' owner holds; this module binds its parameters), which also fetches
+the events' bytes; events come back as ``TimelineReader``'s reads return them, through
 the same visibility rules (see ``roomstore.events.timeline``).
 
 Who calls it: ``RoomStore.paginate``. What it may call: the
@@ -20,10 +21,8 @@ from __future__ import annotations
 
 import attrs
 
-from roomstore.events.tables.events import events_as, join_events
+from roomstore.events.tables.events.timeline_reads import newest_key_sql, page_sql
 from roomstore.events.timeline import (
-    EVENT_COLUMNS,
-    EVENT_JOINS,
     TimelineReader,
     Viewer,
     event_from_row,
@@ -31,7 +30,6 @@ from roomstore.events.timeline import (
 )
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
-from roomstore.visibility.snapshots import snapshot_upto_sql, visible_sql
 
 __all__ = ["PaginationResult", "Paginator"]
 
@@ -128,8 +126,9 @@ class Paginator:
         limit: int,
         upper: tuple[int, dict[str, int]],
     ) -> list[tuple]:
-        """The page's rows (``EVENT_COLUMNS``): the room and the viewer's
-        nids, the key to start from, then one statement (``page_sql``)."""
+        """The page's rows (``SERVED_COLUMNS``): the room and the viewer's
+        nids, the key to start from, then one statement (``page_sql``, the
+        events owner's: ``roomstore.events.tables.events.timeline_reads``)."""
         room_nid = self.timeline.interners.rooms.lookup(txn, [room_id]).get(room_id)
         if room_nid is None:
             return []
@@ -199,127 +198,4 @@ def newest_key_at_txn(txn: Transaction, room_nid: int, stream_start: tuple[int, 
     where a stream token stands in the room's topological order (None: no
     event at or before it)."""
     at_sql, at_params = stream_bound_sql("e", "<=", stream_start[0], stream_start[1])
-    return txn.execute(
-        f"SELECT e.topological_ordering, e.stream_ordering FROM {events_as('e')}"
-        f" WHERE e.room_nid = ? AND e.outlier = ? AND {at_sql}"
-        " ORDER BY e.topological_ordering DESC, e.stream_ordering DESC LIMIT 1",
-        [room_nid, False, *at_params],
-    ).fetchone()
-
-
-def page_sql(direction: str, high_sql: str, lateral_joins: bool) -> str:
-    """The statement of a page (see ``_paginate_txn`` for its parameters).
-
-    One statement, two parts.
-    (1) ``edge``: the key of the ``window``-th event from the key (any
-    event; the walk reads the (room, topological) index alone), absent
-    when fewer lie that way. ``hit``: each event from the key tested by
-    ``visible_sql`` in index order until ``limit`` are found, but not
-    past the edge. A page of events the viewer may see is this part
-    alone, at the cost of a plain walk.
-    (2) Only when that leaves the page short and the edge exists (more
-    events lie beyond it): ``more``, the visible events beyond the
-    edge, found through the room's snapshots at which the viewer may
-    see some event (``seen``, with the stream ordering ``upto`` below
-    which they may: ``snapshot_upto_sql``), each searched on the
-    (visibility_before|visibility_after, topological) indexes for its
-    first ``limit`` events beyond the edge (``_per_snapshot``). A long run
-    of events the viewer may not see then costs nothing per event. Both
-    parts apply the same rule; the snapshots are searched one by one, not
-    as runs, so forks that interleave snapshots cannot hide a visible event.
-    """
-    if direction == "b":
-        # Row values: both engines start the index walk at the key itself
-        # (the equivalent OR of comparisons made SQLite walk from the end
-        # of the room every page).
-        bound_sql = "(e.topological_ordering, e.stream_ordering) <= (?, ?)"
-    else:
-        bound_sql = "(e.topological_ordering, e.stream_ordering) > (?, ?)"
-    order = "DESC" if direction == "b" else "ASC"
-    within = ">=" if direction == "b" else "<="
-    far = -(2**63) if direction == "b" else 2**63 - 1
-    # The stream bound must not pick the (room, stream) index: walking the
-    # (room, topological) index in ORDER BY order stops after the page or
-    # at the window's edge, where the stream index made the database test
-    # the visibility of every event of the room, then sort them
-    # (bench/timeline_reads.py). Unary plus: a numeric no-op on both
-    # engines that no index matches.
-    high_sql = high_sql.replace("e.stream_ordering", "+e.stream_ordering")
-    vis, _ = visible_sql("e")
-    gate = "(SELECT COUNT(*) FROM hit) < ? AND EXISTS (SELECT 1 FROM edge)"
-    edge_sql = f"""(COALESCE((SELECT g.topo FROM edge AS g), {far}),
-                        COALESCE((SELECT g.stream FROM edge AS g), {far}))"""
-    own = "(e.type = 'm.room.history_visibility' OR e.type_key_nid = ?)"
-    # An event found by its snapshot before is not searched for again
-    # by its snapshot after (UNION ALL: SQLite's UNION cost 0.3 ms a
-    # page even when both halves are empty).
-    after_only = f"""AND e.visibility_before IS NOT NULL AND {own}
-                  AND NOT EXISTS (SELECT 1 FROM seen AS sb WHERE sb.snapshot_nid = e.visibility_before
-                      AND e.stream_ordering < sb.upto)"""
-    before_search = _per_snapshot("visibility_before", "", direction, high_sql, lateral_joins)
-    after_search = _per_snapshot("visibility_after", after_only, direction, high_sql, lateral_joins)
-    # ``page``: every event of ``more`` lies beyond every event of
-    # ``hit``. Unary plus in the ORDER BYs over it: SQLite otherwise
-    # pushes the order into the arms of the compound and plans them anew,
-    # which cost 0.35 ms a page even with ``more`` empty.
-    return f"""
-            WITH edge AS (
-                SELECT e.topological_ordering AS topo, e.stream_ordering AS stream
-                FROM {events_as("e")}
-                WHERE e.room_nid = ? AND {bound_sql}
-                ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
-                LIMIT 1 OFFSET ?
-            ), hit AS (
-                SELECT e.event_nid AS event_nid, e.topological_ordering AS topo, e.stream_ordering AS stream
-                FROM {events_as("e")}
-                WHERE e.room_nid = ? AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed
-                  AND {high_sql} AND {bound_sql}
-                  AND (e.topological_ordering, e.stream_ordering) {within} {edge_sql}
-                  AND {vis}
-                ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
-                LIMIT ?
-            ), seen AS (
-                {snapshot_upto_sql(f"cs.room_nid = ? AND {gate}")}
-            ), more AS (
-                {before_search}
-                UNION ALL
-                {after_search}
-            ), page AS (
-                SELECT h.event_nid AS event_nid, h.topo AS topo, h.stream AS stream FROM hit AS h
-                UNION ALL
-                SELECT m.event_nid AS event_nid, m.topo AS topo, m.stream AS stream FROM (
-                    SELECT mm.event_nid AS event_nid, mm.topo AS topo, mm.stream AS stream FROM more AS mm
-                    ORDER BY +mm.topo {order}, +mm.stream {order}
-                    LIMIT ?) AS m
-            )
-            SELECT {EVENT_COLUMNS}
-            FROM page AS p {join_events("e", "e.event_nid = p.event_nid")} {EVENT_JOINS}
-            ORDER BY +p.topo {order}, +p.stream {order}
-            LIMIT ?"""
-
-
-def _per_snapshot(column: str, extra: str, direction: str, high_sql: str, lateral_joins: bool) -> str:
-    """The first ``limit`` visible events beyond the edge ``g`` whose
-    ``column`` is the seen snapshot ``s``."""
-    order = "DESC" if direction == "b" else "ASC"
-    beyond = "<" if direction == "b" else ">"
-    search = f"""FROM {events_as("e")}
-                WHERE e.{column} = s.snapshot_nid {extra}
-                  AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed AND {high_sql}
-                  AND (e.topological_ordering, e.stream_ordering) {beyond} (g.topo, g.stream)
-                  AND e.stream_ordering < s.upto
-                ORDER BY e.topological_ordering {order}, e.stream_ordering {order}
-                LIMIT ?"""
-    if lateral_joins:
-        return (
-            "SELECT x.event_nid AS event_nid, x.topo AS topo, x.stream AS stream"
-            " FROM seen AS s CROSS JOIN edge AS g CROSS JOIN LATERAL (SELECT e.event_nid AS event_nid,"
-            f" e.topological_ordering AS topo, e.stream_ordering AS stream {search}) AS x"
-        )
-    # Without LATERAL: the same search as a correlated IN, run once
-    # per seen snapshot.
-    return (
-        "SELECT y.event_nid AS event_nid, y.topological_ordering AS topo, y.stream_ordering AS stream"
-        f" FROM seen AS s CROSS JOIN edge AS g CROSS JOIN {events_as('y')}"
-        f" WHERE y.event_nid IN (SELECT e.event_nid {search})"
-    )
+    return txn.execute(newest_key_sql(at_sql), [room_nid, False, *at_params]).fetchone()

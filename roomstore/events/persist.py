@@ -364,7 +364,7 @@ class _BatchWriter(BatchStateSteps):
 
     def _event_rows(
         self,
-        new_events: Sequence[PreparedEvent],
+        new_events: list[PreparedEvent],
         room_nids: Mapping[str, int],
         ordering: Mapping[str, int],
         results: dict[str, PersistedEvent],
@@ -583,5 +583,5 @@ class _BatchWriter(BatchStateSteps):
         targets = unflagged_targets_txn(
             txn, "redacts_event_nid", [n for n in new_event_nids if n not in self.fresh_nids]
         ) | unflagged_targets_txn(txn, "redaction_event_nid", new_redaction_nids)
-        queue_flag_redacted(txn, targets)
+        queue_flag_redacted(txn, list(targets))
         return targets

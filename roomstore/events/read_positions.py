@@ -122,9 +122,11 @@ class ReadPositions:
                 default, per_writer = self.per_writer(token)
                 targets = [(per_writer.get(name, default), name) for name in generator.writers]
             waits = [generator.wait_for_position(position, name) for position, name in targets]
-            waiting = defer.DeferredList(
-                waits, fireOnOneCallback=isinstance(token, TopologicalToken), consumeErrors=True
-            )
+            waiting: defer.Deferred[Any]
+            if isinstance(token, TopologicalToken):
+                waiting = defer.DeferredList(waits, fireOnOneCallback=True, consumeErrors=True)
+            else:
+                waiting = defer.DeferredList(waits, consumeErrors=True)
             waiting.addTimeout(self.token_wait_ms / 1000, self.clock)
             try:
                 await waiting

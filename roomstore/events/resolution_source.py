@@ -102,7 +102,7 @@ class TransactionEventSource:
         event_ids = list(event_ids)  # read twice below
         wanted = [e for e in set(event_ids) if e not in self.pending and e not in self._parsed]
         if wanted and self.cache is not None:
-            wanted = self._from_cache(wanted)
+            wanted = self._from_cache(self.cache, wanted)
         if wanted:
             nids = self.interners.events.lookup(self.txn, wanted)
             by_nid = {nid: event_id for event_id, nid in nids.items()}
@@ -129,11 +129,11 @@ class TransactionEventSource:
                 found[event_id] = pdu
         return found
 
-    def _from_cache(self, wanted: list[str]) -> list[str]:
+    def _from_cache(self, cache: ParsedEventCache, wanted: list[str]) -> list[str]:
         """Take what the cache holds of ``wanted``; returns the rest."""
         rest = []
         for event_id in wanted:
-            hit = self.cache.get(event_id)
+            hit = cache.get(event_id)
             if hit is None:
                 rest.append(event_id)
                 continue

@@ -173,127 +173,152 @@ def _stream_page(
     ``stream_text_txn``'s lines instead of rows (``(text, count, first,
     last, longest)``; rows with no page: ``[]``)."""
     if encoded and txn.engine.in_process:
-        rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, True)
-        page = [(row[0], row[4]) for row in rows]
-        text = "".join([row for _, row in page])
-        if not text.isascii() or "\x7f" in text:
-            page = [
-                (token, row if row.isascii() and "\x7f" not in row else _ascii_json(json.loads(row)))
-                for token, row in page
-            ]
-        return page, more
+        return _database_json_page(txn, live, instance, from_token, upto, limit)
     rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, encoded)
     if not rows:
         return [], more
     rooms = interners.rooms.resolve(txn, {row[5] for row in rows})
     keys = interners.state_keys.resolve(txn, {row[7] for row in rows if row[7] is not None})
-    ids = [row[4] for row in rows]
-    if encoded:
-        # The server's page (PostgreSQL): the statement gave event nids, their
-        # IDs come from the interner's cache (a writer holds its recent
-        # events'), the rest from one statement (a range, where the page's
-        # nids are dense), not cached (old history read once must not push
-        # out what the writer uses). A worker's rows (not encoded) keep the
-        # lookup in the statement: its cache holds none of them, and its
-        # own process is what a fill waits on.
-        if None in ids:  # a state change that removed its key
-            present = [nid for nid in ids if nid is not None]
-            resolved = iter(interners.events.resolve_list(txn, present, remember=False))
-            ids = [None if nid is None else next(resolved) for nid in ids]
-        else:
-            ids = interners.events.resolve_list(txn, ids, remember=False)
+    ids = _event_ids(txn, interners, rows, encoded)
     if not encoded:
-        if not live:
-            return [
-                (token, (event_id, rooms[room], event_type, None if key is None else keys[key][1], redacts, None))
-                for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids, strict=True)
-            ], more
-        membership = MEMBERSHIP_BY_CODE.get
+        return _row_values(rows, ids, rooms, keys, live), more
+    texts = _row_texts(rows, ids, rooms, keys, live)
+    tokens = [row[0] for row in rows]
+    if prefix is None:
+        return list(zip(tokens, texts, strict=True)), more
+    return _page_lines(tokens, texts, prefix), more
+
+
+def _database_json_page(
+    txn: Transaction, live: bool, instance: str, from_token: int, upto: int, limit: int
+) -> tuple[list[tuple], bool]:
+    """An encoded page whose rows' JSON the database wrote (in process); the
+    rows with characters it leaves as they are (non-ASCII, DEL) written again."""
+    rows, more = _page_rows_txn(txn, live, instance, from_token, upto, limit, True)
+    page = [(row[0], row[4]) for row in rows]
+    text = "".join([row for _, row in page])
+    if not text.isascii() or "\x7f" in text:
+        page = [
+            (token, row if row.isascii() and "\x7f" not in row else _ascii_json(json.loads(row))) for token, row in page
+        ]
+    return page, more
+
+
+def _event_ids(txn: Transaction, interners: Interners, rows: list[tuple], encoded: bool) -> list:
+    """The rows' event IDs: as the statement gave them, or (``encoded``) from
+    the nids it gave."""
+    ids = [row[4] for row in rows]
+    if not encoded:
+        return ids
+    # The server's page (PostgreSQL): the statement gave event nids, their
+    # IDs come from the interner's cache (a writer holds its recent
+    # events'), the rest from one statement (a range, where the page's
+    # nids are dense), not cached (old history read once must not push
+    # out what the writer uses). A worker's rows (not encoded) keep the
+    # lookup in the statement: its cache holds none of them, and its
+    # own process is what a fill waits on.
+    if None in ids:  # a state change that removed its key
+        present = [nid for nid in ids if nid is not None]
+        resolved = iter(interners.events.resolve_list(txn, present, remember=False))
+        return [None if nid is None else next(resolved) for nid in ids]
+    return interners.events.resolve_list(txn, ids, remember=False)
+
+
+def _row_values(rows: list[tuple], ids: list, rooms: dict, keys: dict, live: bool) -> list[tuple]:
+    """``(token, row)`` of each raw row, the row in replication's layout."""
+    if not live:
         return [
+            (token, (event_id, rooms[room], event_type, None if key is None else keys[key][1], redacts, None))
+            for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids, strict=True)
+        ]
+    membership = MEMBERSHIP_BY_CODE.get
+    return [
+        (
+            token,
             (
-                token,
+                "ev",
                 (
-                    "ev",
-                    (
-                        event_id,
-                        rooms[room],
-                        event_type,
-                        None if key is None else keys[key][1],
-                        redacts,
-                        None,
-                        membership(code),
-                        bool(rejected),
-                        bool(outlier),
-                    ),
+                    event_id,
+                    rooms[room],
+                    event_type,
+                    None if key is None else keys[key][1],
+                    redacts,
+                    None,
+                    membership(code),
+                    bool(rejected),
+                    bool(outlier),
                 ),
-            )
-            if kind == 0
-            else (token, ("state", (rooms[room], state_type, state_key, event_id)))
-            for (
-                token,
-                kind,
-                state_type,
-                state_key,
-                _,
-                room,
-                event_type,
-                key,
-                redacts,
-                code,
-                rejected,
-                outlier,
-            ), event_id in zip(rows, ids, strict=True)
-        ], more
-    # The JSON text of each row, from its fields: a room's, a state key's,
-    # an event type's and a membership's text once a page.
+            ),
+        )
+        if kind == 0
+        else (token, ("state", (rooms[room], state_type, state_key, event_id)))
+        for (
+            token,
+            kind,
+            state_type,
+            state_key,
+            _,
+            room,
+            event_type,
+            key,
+            redacts,
+            code,
+            rejected,
+            outlier,
+        ), event_id in zip(rows, ids, strict=True)
+    ]
+
+
+def _row_texts(rows: list[tuple], ids: list, rooms: dict, keys: dict, live: bool) -> list[str]:
+    """The JSON text of each raw row, from its fields: a room's, a state
+    key's, an event type's and a membership's text once a page."""
     quote = _quote
     room_json = {nid: quote(room_id) for nid, room_id in rooms.items()}
     key_json = {nid: quote(key[1]) for nid, key in keys.items()}
     type_json = {event_type: quote(event_type) for event_type in {row[6] for row in rows if row[1] == 0}}
     if not live:
-        texts = [
+        return [
             f"[{quote(event_id)},{room_json[room]},{type_json[event_type]},"
             f"{'null' if key is None else key_json[key]},{'null' if redacts is None else quote(redacts)},null]"
             for (token, _, _, _, _, room, event_type, key, redacts, *_), event_id in zip(rows, ids, strict=True)
         ]
-    else:
-        membership_json = _MEMBERSHIP_JSON.get
-        texts = [
-            f'["ev",[{quote(event_id)},{room_json[room]},{type_json[event_type]},'
-            f"{'null' if key is None else key_json[key]},{'null' if redacts is None else quote(redacts)},null,"
-            f"{membership_json(code, 'null')},{'true' if rejected else 'false'},"
-            f"{'true' if outlier else 'false'}]]"
-            if kind == 0
-            else f'["state",[{room_json[room]},{quote(state_type)},{quote(state_key)},'
-            f"{'null' if event_id is None else quote(event_id)}]]"
-            for (
-                token,
-                kind,
-                state_type,
-                state_key,
-                _,
-                room,
-                event_type,
-                key,
-                redacts,
-                code,
-                rejected,
-                outlier,
-            ), event_id in zip(rows, ids, strict=True)
-        ]
-    tokens = [row[0] for row in rows]
-    if prefix is None:
-        return list(zip(tokens, texts, strict=True)), more
-    # The page's lines: a token's last row carries it, the others "batch".
-    following = tokens[1:]
-    following.append(None)
+    membership_json = _MEMBERSHIP_JSON.get
+    return [
+        f'["ev",[{quote(event_id)},{room_json[room]},{type_json[event_type]},'
+        f"{'null' if key is None else key_json[key]},{'null' if redacts is None else quote(redacts)},null,"
+        f"{membership_json(code, 'null')},{'true' if rejected else 'false'},"
+        f"{'true' if outlier else 'false'}]]"
+        if kind == 0
+        else f'["state",[{room_json[room]},{quote(state_type)},{quote(state_key)},'
+        f"{'null' if event_id is None else quote(event_id)}]]"
+        for (
+            token,
+            kind,
+            state_type,
+            state_key,
+            _,
+            room,
+            event_type,
+            key,
+            redacts,
+            code,
+            rejected,
+            outlier,
+        ), event_id in zip(rows, ids, strict=True)
+    ]
+
+
+def _page_lines(tokens: list[int], texts: list[str], prefix: str) -> tuple:
+    """``(text, count, first, last, longest)`` of the page's lines: a token's
+    last row carries it, the others "batch"."""
+    following: list[int | None] = [*tokens[1:], None]
     heads = [
         f"{prefix}batch " if token == after else f"{prefix}{token} "
         for token, after in zip(tokens, following, strict=True)
     ]
     lines = list(map(str.__add__, heads, texts))
     lines.append("")
-    return ("\n".join(lines), len(texts), tokens[0], tokens[-1], max(map(len, lines))), more
+    return ("\n".join(lines), len(texts), tokens[0], tokens[-1], max(map(len, lines)))
 
 
 _TEXT_STATEMENTS: dict[tuple, tuple] = {}
@@ -336,14 +361,7 @@ def stream_text_txn(
         if not page:
             return ("", 0, None, None, 0), upto, False
         return page, page[3] if more else upto, more
-    statements = _TEXT_STATEMENTS.get((engine.name, live))
-    if statements is None:
-        statements = _TEXT_STATEMENTS[(engine.name, live)] = (
-            event_page_bound_sql(live),
-            event_json_stream_rows_sql(engine, live, lines=True),
-            state_json_stream_rows_sql(engine) if live else None,
-        )
-    bound_sql, lines_sql, state_sql = statements
+    bound_sql, lines_sql, state_sql = _text_statements(engine, live)
     with collector_paused():
         bound = txn.execute(bound_sql, (instance, from_token, upto, limit - 1), prepare=True).fetchall()
         limited = len(bound) == 2
@@ -355,35 +373,59 @@ def stream_text_txn(
         if state:
             if text is None:
                 return None  # state changes with no event: never written so
-            # Each token's state rows after its event's line (then "batch"),
-            # by type and state key, as stream_page_txn sorts them; the
-            # events' lines found in one pass over the text.
-            state.sort()
-            pieces: list[str] = []
-            done = 0
-            for token, rows in itertools.groupby(state, key=_token):
-                json_rows = [row[4] for row in rows]
-                line = f"{prefix}{token} "
-                if done == 0 and text.startswith(line):
-                    at = 0
-                else:
-                    at = text.find("\n" + line, done) + 1
-                    if at == 0:
-                        return None  # a state change at a token with no event: never written so
-                line_end = text.find("\n", at)
-                line_end = len(text) if line_end < 0 else line_end
-                batch_line = f"{prefix}batch{text[at + len(line) - 1 : line_end]}"
-                state_lines = [f"{prefix}batch {row}" for row in json_rows]
-                state_lines[-1] = f"{prefix}{token} {json_rows[-1]}"
-                longest = max(longest, len(batch_line), *map(len, state_lines))
-                pieces += (text[done:at], batch_line, "\n", "\n".join(state_lines))
-                done = line_end
-                count += len(json_rows)
-            pieces.append(text[done:])
-            text = "".join(pieces)
-            first, last = min(first, state[0][0]), max(last, state[-1][0])
+            merged = _with_state_lines(text, state, prefix, count, first, last, longest)
+            if merged is None:
+                return None  # a state change at a token with no event: never written so
+            text, count, first, last, longest = merged
         if text is None:
             return ("", 0, None, None, 0), end, limited
         if not text.isascii() or "\x7f" in text:
             return None
         return (text + "\n", count, first, last, longest), end, limited
+
+
+def _text_statements(engine, live: bool) -> tuple:
+    """``stream_text_txn``'s statements: the page's bound, its events' lines
+    and (live) its state changes' rows."""
+    statements = _TEXT_STATEMENTS.get((engine.name, live))
+    if statements is None:
+        statements = _TEXT_STATEMENTS[(engine.name, live)] = (
+            event_page_bound_sql(live),
+            event_json_stream_rows_sql(engine, live, lines=True),
+            state_json_stream_rows_sql(engine) if live else None,
+        )
+    return statements
+
+
+def _with_state_lines(
+    text: str, state: list[tuple], prefix: str, count: int, first: int, last: int, longest: int
+) -> tuple[str, int, int, int, int] | None:
+    """The events' lines ``text`` with the state changes' lines put in:
+    ``(text, count, first, last, longest)`` of them all; None for a state
+    change at a token with no event of the page."""
+    # Each token's state rows after its event's line (then "batch"),
+    # by type and state key, as stream_page_txn sorts them; the
+    # events' lines found in one pass over the text.
+    state.sort()
+    pieces: list[str] = []
+    done = 0
+    for token, rows in itertools.groupby(state, key=_token):
+        json_rows = [row[4] for row in rows]
+        line = f"{prefix}{token} "
+        if done == 0 and text.startswith(line):
+            at = 0
+        else:
+            at = text.find("\n" + line, done) + 1
+            if at == 0:
+                return None
+        line_end = text.find("\n", at)
+        line_end = len(text) if line_end < 0 else line_end
+        batch_line = f"{prefix}batch{text[at + len(line) - 1 : line_end]}"
+        state_lines = [f"{prefix}batch {row}" for row in json_rows]
+        state_lines[-1] = f"{prefix}{token} {json_rows[-1]}"
+        longest = max(longest, len(batch_line), *map(len, state_lines))
+        pieces += (text[done:at], batch_line, "\n", "\n".join(state_lines))
+        done = line_end
+        count += len(json_rows)
+    pieces.append(text[done:])
+    return "".join(pieces), count, min(first, state[0][0]), max(last, state[-1][0]), longest

@@ -17,11 +17,12 @@ caches) and the SQL pieces of the tables' owners.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import attrs
 
 from roomstore.events.sync_state import RoomTimeline, plan_state, room_timelines
-from roomstore.events.tables.events import sync_candidates_sql, sync_sql
+from roomstore.events.tables.events.timeline_reads import sync_candidates_sql, sync_sql
 from roomstore.events.tables.room_state import joined_room_nids_sql
 from roomstore.events.timeline import (
     EVENT_COLUMN_COUNT,
@@ -219,7 +220,7 @@ class SyncReader:
         if changed is None or len(changed) > MAX_ROOMS_IN_STATEMENT:
             rooms = None  # all joined rooms, selected in SQL
         else:
-            rooms = sorted(changed)
+            rooms = sorted(cast("set[str]", changed))  # the cache's entities are room IDs
         rows = []
         if changed is None or changed or memberships_changed:
             rows = await self.timeline.db.run_interaction(

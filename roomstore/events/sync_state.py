@@ -22,7 +22,8 @@ from collections.abc import Mapping
 
 import attrs
 
-from roomstore.events.tables.events import newest_timeline_event_sql, stored_events_txn
+from roomstore.events.tables.events import stored_events_txn
+from roomstore.events.tables.events.timeline_reads import newest_timeline_event_sql
 from roomstore.events.timeline import TimelineReader, stream_bound_sql
 from roomstore.events.tokens import StreamToken, TopologicalToken
 from roomstore.storage.database import Transaction
@@ -79,8 +80,8 @@ def plan_state(room_id: str, window: list[dict], limit: int | None, full: bool) 
     """The newest ``limit`` (None: all) of ``window`` (oldest first) and the
     state block: ``full`` (an initial sync, ``full_state``, newly joined),
     else the changes when events were left out, else none."""
-    limited = limit is not None and len(window) > limit
-    events = window[len(window) - limit :] if limited else list(window)
+    events = window[len(window) - limit :] if limit is not None and len(window) > limit else list(window)
+    limited = len(events) < len(window)
     return TimelinePlan(room_id, events, limited, FULL if full else CHANGES if limited else NONE)
 
 

@@ -47,21 +47,15 @@ from roomstore.events.event_reader import EventReader
 from roomstore.events.read_positions import ReadPositions
 from roomstore.events.tables.events import (
     SERVED_COLUMN_COUNT,
-    SERVED_COLUMNS,
-    events_as,
-    first_redaction_sql,
-    join_event_json,
-    join_events,
-    served_joins,
     visible_flag_txn,
 )
-from roomstore.events.tables.room_state import current_memberships_as
+from roomstore.events.tables.events.timeline_reads import recent_sql
 from roomstore.events.tokens import InvalidToken
 from roomstore.pdu.hashing import add_derived_ids
 from roomstore.pdu.redaction_algorithm import redacted_copy
 from roomstore.pdu.room_versions import KNOWN_ROOM_VERSIONS, get_room_version
 from roomstore.storage.database import Database, Transaction
-from roomstore.storage.interning import Interners, event_id_sql, join_rooms
+from roomstore.storage.interning import Interners
 from roomstore.streams.change_cache import StreamChangeCache
 from roomstore.visibility.codes import MEMBERSHIP_CODES
 from roomstore.visibility.snapshots import visible_params, visible_sql
@@ -97,11 +91,9 @@ class RecentResult:
 # ---------------------------------------------------------------------- SQL pieces
 
 
-#: The columns ``event_from_row`` takes, over ``e`` joined by ``EVENT_JOINS``
-#: (their owner's fragments: ``roomstore.events.tables.events``).
-EVENT_COLUMNS = SERVED_COLUMNS
+#: How many leading columns of a row are ``SERVED_COLUMNS``, the columns ``event_from_row`` takes (their owner's:
+#: ``roomstore.events.tables.events``, whose statements select them).
 EVENT_COLUMN_COUNT = SERVED_COLUMN_COUNT
-EVENT_JOINS = served_joins()
 
 
 def _parse(raw) -> dict:
@@ -109,7 +101,7 @@ def _parse(raw) -> dict:
 
 
 def event_from_row(row: Sequence) -> dict:
-    """The served dict of an ``EVENT_COLUMNS`` row (as ``events_txn`` makes it)."""
+    """The served dict of a ``SERVED_COLUMNS`` row (as ``events_txn`` makes it)."""
     return _served_event(row[1], *row[5:EVENT_COLUMN_COUNT])
 
 
@@ -170,74 +162,6 @@ class Viewer:
             self.user_nid if self.user_nid is not None else -1,
             self.member_key_nid if self.member_key_nid is not None else -1,
         )
-
-
-def _recent_sql(high_sql: str, cursor_sql: str) -> str:
-    """Recent's statement (see ``_recent_txn`` for its rows and parameters)."""
-    vis, _ = visible_sql("e")
-    # What grows with the user's joined rooms is one index entry and one
-    # rooms row a room, sorted once (no materialized list of them, no
-    # second pass to count them); what grows with the page is bounded by
-    # ``events`` a room, not by the rooms' length: each room's newest
-    # events are tested only until enough are visible (``bounds``), then
-    # read from there up (``newest``, which carries what the output needs
-    # of each ``events`` row).
-    return f"""
-        WITH page AS (
-            SELECT a.room_nid AS room_nid, a.activity AS activity, a.room_id AS room_id FROM (
-                -- Newest event of each joined room. rooms.activity is exact
-                -- when every writer has passed it (<= the minimum position of
-                -- the token); only rooms active since then walk the
-                -- (room, stream) index back to the first event under the token.
-                SELECT cm.room_nid AS room_nid, ro.room_id AS room_id,
-                CASE WHEN ro.activity <= ? THEN ro.activity ELSE (
-                    SELECT e.stream_ordering FROM {events_as("e")}
-                    WHERE e.room_nid = cm.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL
-                    AND NOT e.soft_failed AND {high_sql}
-                    ORDER BY e.stream_ordering DESC LIMIT 1) END AS activity
-                FROM {current_memberships_as("cm")}
-                {join_rooms("ro", "cm.room_nid")}
-                WHERE cm.user_nid = ? AND cm.membership = ?
-            ) AS a
-            WHERE a.activity IS NOT NULL AND {cursor_sql}
-            ORDER BY a.activity DESC, a.room_nid DESC
-            LIMIT ?
-        ), bounds AS (
-            -- Per page room, the stream ordering of its events-th newest
-            -- visible event: the newest events walked (index order) and
-            -- tested only until that many are visible. NULL (take the
-            -- whole room) when the room has fewer; rooms holding fewer
-            -- events than that skip the walk (an index-only count).
-            SELECT pg.room_nid AS room_nid, CASE WHEN (
-                SELECT c.stream_ordering FROM {events_as("c")} WHERE c.room_nid = pg.room_nid
-                ORDER BY c.stream_ordering DESC LIMIT 1 OFFSET ?) IS NULL THEN NULL ELSE (
-                SELECT e.stream_ordering FROM {events_as("e")}
-                WHERE e.room_nid = pg.room_nid AND e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed
-                  AND {high_sql} AND {vis}
-                ORDER BY e.stream_ordering DESC LIMIT 1 OFFSET ?) END AS floor
-            FROM page AS pg
-            ORDER BY pg.activity DESC, pg.room_nid DESC
-            LIMIT ?
-        ), newest AS MATERIALIZED (
-            -- At most ``events`` visible events a room: those from its
-            -- floor up, with what the output needs of each. Materialized
-            -- (both engines know the word): computed once, not once per
-            -- page room where PostgreSQL expects a single page room.
-            SELECT e.room_nid AS room_nid, e.stream_ordering AS stream_ordering,
-                   {event_id_sql("e.event_nid", "i")} AS event_id,
-                   j.room_version AS room_version, j.json AS json, e.redacted AS redacted,
-                   {first_redaction_sql("rj.json")} AS redaction_json,
-                   {first_redaction_sql("ri.event_id")} AS redaction_id
-            FROM bounds AS b
-            {join_events("e", "e.room_nid = b.room_nid AND e.stream_ordering >= COALESCE(b.floor, ?)")}
-            {join_event_json("j", "e.event_nid")}
-            WHERE e.outlier = ? AND e.rejected_reason IS NULL AND NOT e.soft_failed AND {high_sql} AND {vis}
-        )
-        SELECT p.room_nid, p.activity, p.room_id,
-               k.event_id, k.room_version, k.json, k.redacted, k.redaction_json, k.redaction_id
-        FROM page AS p
-        LEFT JOIN newest AS k ON k.room_nid = p.room_nid
-        ORDER BY p.activity DESC, p.room_nid DESC, k.stream_ordering ASC"""
 
 
 # ---------------------------------------------------------------------- the reader
@@ -372,7 +296,7 @@ class TimelineReader:
             # Keyset over (activity, room_nid), both descending.
             cursor_sql = "(a.activity < ? OR (a.activity = ? AND a.room_nid < ?))"
             cursor_params = [after[0], after[0], after[1]]
-        sql = _recent_sql(high_sql, cursor_sql)
+        sql = recent_sql(high_sql, cursor_sql)
         offset = max(events - 1, 0)
         params = [
             min([upper[0], *upper[1].values()]),

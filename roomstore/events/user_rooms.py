@@ -19,7 +19,7 @@ from collections.abc import Collection
 
 import attrs
 
-from roomstore.events.tables.events import outlier_memberships_sql
+from roomstore.events.tables.events.timeline_reads import outlier_memberships_sql
 from roomstore.events.tables.room_state import memberships_of_user_txn
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import Interners

@@ -103,6 +103,7 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
         body = _read_exact(requests, HEADER.unpack(header)[0])
         if body is None:
             return
+        reply: tuple[bool, Any]
         try:
             reply = (True, prepare_events(*pickle.loads(body)))
         except Exception as error:  # noqa: BLE001 - every error goes back to the caller

@@ -18,6 +18,7 @@ from typing import Any
 from roomstore.homeserver.errors import MatrixError, bad_json
 from roomstore.homeserver.events import EventCreator, local_auth_events
 from roomstore.homeserver.http import ClientRequest, Router
+from roomstore.pdu import BuiltPdu
 
 __all__ = ["RoomCreator", "SUPPORTED_ROOM_VERSIONS", "DEFAULT_ROOM_VERSION"]
 
@@ -25,7 +26,7 @@ __all__ = ["RoomCreator", "SUPPORTED_ROOM_VERSIONS", "DEFAULT_ROOM_VERSION"]
 SUPPORTED_ROOM_VERSIONS = tuple(str(v) for v in range(3, 13))
 DEFAULT_ROOM_VERSION = "12"
 
-_PRESETS = {
+_PRESETS: dict[str, dict[str, str | None]] = {
     "private_chat": {"join_rule": "invite", "history": "shared", "guests": "can_join"},
     "trusted_private_chat": {"join_rule": "invite", "history": "shared", "guests": "can_join"},
     "public_chat": {"join_rule": "public", "history": "shared", "guests": None},
@@ -150,7 +151,7 @@ class RoomCreator:
         """Each event on the one before, citing the state so far."""
         room_id = None if version == "12" else f"!{secrets.token_urlsafe(18)}:{self._events.server_name}"
         state: dict[tuple[str, str], str] = {}
-        built = []
+        built: list[BuiltPdu] = []
         for depth, (event_type, state_key, content) in enumerate(plan, start=1):
             auth = local_auth_events(version, state, event_type, sender, state_key, content)
             event = self._events.build(

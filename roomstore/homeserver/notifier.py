@@ -100,7 +100,12 @@ class Notifier:
             return
         waiter = _Waiter(user_id, frozenset(rooms), defer.Deferred())
         self._add(waiter)
-        call = self._clock.callLater(timeout_s, lambda: waiter.deferred.called or waiter.deferred.callback(None))
+
+        def expire() -> None:
+            if not waiter.deferred.called:
+                waiter.deferred.callback(None)
+
+        call = self._clock.callLater(timeout_s, expire)
         try:
             await waiter.deferred
         finally:

@@ -63,7 +63,7 @@ class SyncHandler:
         timeout_s = min(max(request.int_arg("timeout", 0), 0), MAX_TIMEOUT_MS) / 1000
         sync_filter = await self._filters.sync_filter(user_id, request.arg("filter"))
         deadline = self._clock.seconds() + timeout_s
-        gone = []
+        gone: list[object] = []
         request.http.notifyFinish().addBoth(gone.append)  # the client gave up: stop waiting for it
         while True:
             seen = self._notifier.position

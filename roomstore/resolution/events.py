@@ -13,6 +13,7 @@ from roomstore.pdu.auth_common import CREATE, POWER_LEVELS, StateKey
 from roomstore.pdu.auth_levels import Level, user_level
 from roomstore.pdu.parsing import ParsedPdu
 from roomstore.pdu.room_versions import RoomVersion
+from roomstore.resolution.source import EventSource
 
 __all__ = ["EventCache", "ResolutionError"]
 
@@ -25,7 +26,7 @@ class ResolutionError(ValueError):
 class EventCache:
     """Events by ID and their rejected flags, fetched in batches and kept."""
 
-    def __init__(self, room_id: str | None, source) -> None:
+    def __init__(self, room_id: str | None, source: EventSource) -> None:
         self.room_id = room_id
         self.source = source
         self.events: dict[str, ParsedPdu] = {}

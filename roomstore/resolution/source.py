@@ -64,7 +64,7 @@ def auth_chain_difference(state_sets: Sequence[set[str]], auth_of: AuthEdges) ->
     if not state_sets:
         return set()
     chains = [auth_chain(state_set, auth_of) for state_set in state_sets]
-    return set.union(*chains) - set.intersection(*chains)
+    return set[str]().union(*chains) - chains[0].intersection(*chains[1:])
 
 
 def conflicted_subgraph(conflicted: set[str], auth_of: AuthEdges) -> set[str]:

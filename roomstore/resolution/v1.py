@@ -25,6 +25,7 @@ from roomstore.pdu.auth_rules import auth_types_for_event, check_event_auth
 from roomstore.pdu.parsing import ParsedPdu
 from roomstore.pdu.room_versions import RoomVersion
 from roomstore.resolution.events import EventCache
+from roomstore.resolution.source import EventSource
 
 __all__ = ["resolve_v1"]
 
@@ -45,7 +46,7 @@ def _split(state_sets: Sequence[StateMap]) -> tuple[dict[StateKey, str], dict[St
     return unconflicted, conflicted
 
 
-def resolve_v1(room_version: RoomVersion, state_sets: Sequence[StateMap], source) -> dict[StateKey, str]:
+def resolve_v1(room_version: RoomVersion, state_sets: Sequence[StateMap], source: EventSource) -> dict[StateKey, str]:
     """The resolution of ``state_sets`` by the original algorithm."""
     unconflicted, conflicted_ids = _split(state_sets)
     if not conflicted_ids:
@@ -79,12 +80,12 @@ def _resolve(
 ) -> dict[StateKey, ParsedPdu]:
     resolved: dict[StateKey, ParsedPdu] = {}
     if POWER_LEVELS in conflicted:
-        resolved[POWER_LEVELS] = _resolve_auth_key(room_version, conflicted[POWER_LEVELS], auth)
+        resolved[POWER_LEVELS] = _resolve_auth_key(room_version, POWER_LEVELS, conflicted[POWER_LEVELS], auth)
     auth.update(resolved)
     for event_type in ("m.room.join_rules", "m.room.member"):
         for key, events in conflicted.items():
             if key[0] == event_type:
-                resolved[key] = _resolve_auth_key(room_version, events, auth)
+                resolved[key] = _resolve_auth_key(room_version, key, events, auth)
         auth.update(resolved)
     for key, events in conflicted.items():
         if key not in resolved:
@@ -106,15 +107,16 @@ def _allowed(room_version: RoomVersion, event: ParsedPdu, auth: Mapping[StateKey
 
 
 def _resolve_auth_key(
-    room_version: RoomVersion, events: list[ParsedPdu], auth: Mapping[StateKey, ParsedPdu]
+    room_version: RoomVersion, key: StateKey, events: list[ParsedPdu], auth: Mapping[StateKey, ParsedPdu]
 ) -> ParsedPdu:
-    """Power levels, join rules or a member key: the chain of allowed replacements."""
+    """Power levels, join rules or a member key (``key``, which every one
+    of ``events`` fills): the chain of allowed replacements."""
     ordered = list(reversed(_order(events)))
     keys = set().union(*(auth_types_for_event(room_version, event) for event in events))
     state = {key: auth[key] for key in keys if key in auth}
     taken = ordered[0]
     for event in ordered[1:]:
-        state[(taken.type, taken.state_key)] = taken
+        state[key] = taken
         if not _allowed(room_version, event, state):
             return taken
         taken = event

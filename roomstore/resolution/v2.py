@@ -38,6 +38,7 @@ from roomstore.pdu.auth_rules import auth_types_for_event, check_event_auth
 from roomstore.pdu.parsing import ParsedPdu
 from roomstore.pdu.room_versions import RoomVersion
 from roomstore.resolution.events import EventCache
+from roomstore.resolution.source import EventSource
 
 __all__ = [
     "is_power_event",
@@ -59,11 +60,11 @@ def split_conflicts(state_sets: Sequence[StateMap]) -> tuple[dict[StateKey, str]
     conflicted: dict[StateKey, set[str]] = {}
     for key in keys:
         values = {state_set.get(key) for state_set in state_sets}
-        if len(values) == 1 and None not in values:
-            unconflicted[key] = values.pop()
+        present = {value for value in values if value is not None}
+        if len(values) == 1 and present:
+            unconflicted[key] = present.pop()
         else:
-            values.discard(None)
-            conflicted[key] = values
+            conflicted[key] = present
     return unconflicted, conflicted
 
 
@@ -74,7 +75,7 @@ def is_power_event(event: ParsedPdu) -> bool:
     return event.type == "m.room.member" and event.membership in ("leave", "ban") and event.sender != event.state_key
 
 
-def resolve_v2(room_version: RoomVersion, state_sets: Sequence[StateMap], source) -> dict[StateKey, str]:
+def resolve_v2(room_version: RoomVersion, state_sets: Sequence[StateMap], source: EventSource) -> dict[StateKey, str]:
     """The resolution of ``state_sets`` by state resolution v2 or v2.1."""
     unconflicted, conflicted = split_conflicts(state_sets)
     if not conflicted:
@@ -129,7 +130,7 @@ def reverse_topological_power_order(
         for parent in parents:
             children[parent].append(event_id)
 
-    def key(event_id: str) -> tuple:
+    def key(event_id: str) -> tuple[float, int, str]:
         event = cache.events[event_id]
         return (-cache.sender_level(room_version, event), event.origin_server_ts, event_id)
 
@@ -158,15 +159,19 @@ def iterative_auth_checks(
         if cache.is_rejected(event_id):
             continue
         event = cache.events[event_id]
+        if event.state_key is None:  # a non-state event (an auth chain may cite one) fills no state key
+            continue
         auth: dict[StateKey, ParsedPdu] = {}
         for auth_id in event.auth_chain_event_ids:
             auth_event = cache.get(auth_id)
-            if auth_event is not None and not cache.is_rejected(auth_id):
+            if auth_event is not None and auth_event.state_key is not None and not cache.is_rejected(auth_id):
                 auth[(auth_event.type, auth_event.state_key)] = auth_event
         for key in auth_types_for_event(room_version, event) | {CREATE}:
             current = state.get(key)
-            current_event = None if current is None else cache.get(current)
-            if current_event is not None and not cache.is_rejected(current):
+            if current is None or cache.is_rejected(current):
+                continue
+            current_event = cache.get(current)
+            if current_event is not None:
                 auth[key] = current_event
         try:
             check_event_auth(room_version, event, auth)
@@ -189,7 +194,7 @@ def mainline_order(event_ids: Sequence[str], power_levels_id: str | None, cache:
     # chain never meets it gets 0, so sorts first.
     depth_of = {event_id: len(mainline) - index for index, event_id in enumerate(mainline)}
 
-    def depth(event: ParsedPdu) -> int:
+    def depth(event: ParsedPdu | None) -> int:
         walked: list[str] = []
         found = 0
         while event is not None and event.event_id not in walked:
@@ -202,7 +207,7 @@ def mainline_order(event_ids: Sequence[str], power_levels_id: str | None, cache:
             depth_of[event_id] = found
         return found
 
-    def key(event_id: str) -> tuple:
+    def key(event_id: str) -> tuple[int, int, str]:
         event = cache.events[event_id]
         return (depth(event), event.origin_server_ts, event_id)
 

@@ -12,7 +12,7 @@ never changes meaning, so a cached entry is never stale: the caches
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Generic, TypeVar, cast
 
@@ -515,7 +515,7 @@ def room_versions_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, st
     return result
 
 
-def rooms_and_versions_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, tuple[int, str | None]]:
+def rooms_and_versions_txn(txn: Transaction, room_ids: Collection[str]) -> dict[str, tuple[int, str | None]]:
     """room_id -> (room_nid, room version or None) of the interned ``room_ids``."""
     rooms: dict[str, tuple[int, str | None]] = {}
     for part in chunks(sorted(room_ids)):

@@ -269,7 +269,9 @@ def _prev_event_ids(ev: SynapseEvent) -> list[str]:
     if ev.prev_count == 0:
         return []
     prevs = json.loads(ev.json).get("prev_events") or []
-    return [p[0] if isinstance(p, list) and p else p for p in prevs if isinstance(p, (str, list))]
+    # v1/v2 cite [ID, hashes]; anything but an ID there is no citation.
+    cited = (p[0] if isinstance(p, list) and p else p for p in prevs)
+    return [p for p in cited if isinstance(p, str)]
 
 
 def _current_states(source: SynapseSource, events: Sequence[SynapseEvent]) -> dict[str, StateMap]:

@@ -97,6 +97,7 @@ class SynapseSource:
     def connect(self) -> None:
         """Open the database read only and check its schema version."""
         url = self.url
+        conn: Any  # a psycopg2 or sqlite3 connection
         if url.startswith(("postgresql://", "postgres://")):
             import psycopg2
 

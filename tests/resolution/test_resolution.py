@@ -429,3 +429,24 @@ class AuthChainTests(unittest.TestCase):
         cyclic = {"a": ["b"], "b": ["a"], "c": ["a"]}
         # A cycle (impossible with hashed event IDs, forgeable in v1/v2) is walked once.
         self.assertLessEqual({"a", "c"}, conflicted_subgraph({"c", "a"}, lambda e: cyclic.get(e, [])))
+
+
+class IterativeAuthCheckTests(unittest.TestCase):
+    """``iterative_auth_checks`` alone, on inputs resolution never gets from a checked store."""
+
+    def test_a_non_state_event_fills_no_state_key(self):
+        # An allowed message among the events to apply (a hostile auth chain
+        # can cite one): before, it was put in the state under
+        # (type, None), a key no state has.
+        from roomstore.resolution.events import EventCache
+        from roomstore.resolution.v2 import iterative_auth_checks
+
+        room = Room("10").standard("public", members=[BOB])
+        message = room.build("m.room.message", BOB, {"body": "hello"})
+        topic = room.build("m.room.topic", ALICE, {"topic": "hi"}, "")
+        base = {key: event.event_id for key, event in room.state.items() if key != ("m.room.topic", "")}
+        cache = EventCache(None, MemoryEventSource(room.events))
+        cache.load([message.event_id, topic.event_id])
+        cache.load_auth_events([message.event_id, topic.event_id])
+        state = iterative_auth_checks(room.room_version, [message.event_id, topic.event_id], base, cache)
+        self.assertEqual(state, {**base, ("m.room.topic", ""): topic.event_id})

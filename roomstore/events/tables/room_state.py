@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from roomstore.events.tables.events import join_events
+from roomstore.events.tables.events.fragments import join_events
 from roomstore.storage.database import Transaction
 from roomstore.storage.interning import (
     chunks,
