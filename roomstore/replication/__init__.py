@@ -6,7 +6,10 @@ The public face:
   :class:`StreamRegistry`; call ``notify_new_rows(stream_name)`` when one
   advances.
 - :class:`ReplicationClientFactory` + :class:`ReplicationClientHandler`
-  (worker): follows the server's streams, reconnecting and resuming.
+  (worker): follows the server's streams, reconnecting and resuming; a
+  handler that applies many tokens in one call declares
+  :class:`IBatchHandler` (``on_rdata_batch``) or :class:`IRowsHandler`
+  (also ``on_rdata_rows``) with ``zope.interface.implementer``.
 - :class:`Stream` (interface), :class:`InMemoryStream`, :class:`StreamRegistry`:
   what streams look like to the protocol.
 - :class:`ReplicationConfig`: timeouts, limits and page sizes.
@@ -29,6 +32,7 @@ from roomstore.replication.commands import (
     serialize_command,
 )
 from roomstore.replication.config import ReplicationConfig
+from roomstore.replication.handler_interface import IBatchHandler, IRowsHandler
 from roomstore.replication.server_factory import ReplicationServerFactory
 from roomstore.replication.server_protocol import ServerReplicationProtocol
 from roomstore.replication.stream_interface import (
@@ -44,6 +48,8 @@ __all__ = [
     "ClientReplicationProtocol",
     "Command",
     "CommandParseError",
+    "IBatchHandler",
+    "IRowsHandler",
     "InMemoryStream",
     "ReplicationClientFactory",
     "ReplicationClientHandler",
