@@ -1133,7 +1133,7 @@ async def congestion_run(reactor, url: str, events: int, max_pending: int | None
     if slow is not None:
         await until(reactor, lambda: [c for c in server.factory.connections if c.peer_name == "slow"], 30, "NAME")
         slow_conn = [c for c in server.factory.connections if c.peer_name == "slow"][0]
-        slow_conn._pending = pending = PeakDeque(slow_conn._pending)
+        slow_conn.outbound._pending = pending = PeakDeque(slow_conn.outbound._pending)
     from roomstore.replication import metrics
 
     drops_before = metrics.CONGESTION_DISCONNECTS._value.get()

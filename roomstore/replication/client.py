@@ -17,7 +17,9 @@ from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import ReconnectingClientFactory, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
+from roomstore.replication.client_protocol import ClientReplicationProtocol, IRdataRunSession
 from roomstore.replication.commands import (
     ClearUserSyncCommand,
     Command,
@@ -30,13 +32,14 @@ from roomstore.replication.commands import (
     UserIpCommand,
     UserSyncCommand,
 )
+from roomstore.replication.config import ReplicationConfig
 from roomstore.replication.follower import StreamFollower, StreamPositions
 from roomstore.replication.handler_interface import ReplicationClientHandler
-from roomstore.replication.protocol import ClientReplicationProtocol, ReplicationConfig
 
 __all__ = ["ReplicationClientFactory", "ReplicationClientHandler"]
 
 
+@implementer(IRdataRunSession)
 class _ClientSession:
     """Glue between one ClientReplicationProtocol and its factory."""
 

@@ -29,16 +29,16 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from itertools import pairwise
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from roomstore.replication.commands import PositionCommand, RdataCommand, describe
-from roomstore.replication.handler_interface import ReplicationClientHandler
+from roomstore.replication.dispatch import CloseConnection
+from roomstore.replication.handler_interface import IBatchHandler, IRowsHandler, ReplicationClientHandler
 from roomstore.replication.metrics import APPLIED_POSITION, child
-from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.stream_interface import Stream, StreamRow, UnknownStreamError
 from roomstore.storage.collector import collector_paused
 
@@ -140,6 +140,9 @@ class StreamFollower:
         #: are complete: Redis).
         self._follow_moves_back = follow_moves_back
         self._handler = handler
+        #: The handler as the optional interfaces it declares, or None.
+        self._batch_handler = cast(IBatchHandler, handler) if IBatchHandler.providedBy(handler) else None
+        self._rows_handler = cast(IRowsHandler, handler) if IRowsHandler.providedBy(handler) else None
         self._positions = positions
         self._page_size = page_size
         #: Pages read while one is applied, filling from the database.
@@ -250,7 +253,7 @@ class StreamFollower:
         stream_name, instance_name, tokens, rows = run
         if self._stopped:
             return
-        apply_rows = getattr(self._handler, "on_rdata_rows", None)
+        apply_rows = None if self._rows_handler is None else self._rows_handler.on_rdata_rows
         if (
             apply_rows is None
             or stream_name in self._draining
@@ -331,7 +334,7 @@ class StreamFollower:
             for token, rows in updates:
                 self._enqueue(stream_name, partial(self._apply_rows, stream_name, instance_name, token, rows))
             return
-        apply_batch = getattr(self._handler, "on_rdata_batch", None)
+        apply_batch = None if self._batch_handler is None else self._batch_handler.on_rdata_batch
         tokens = [token for token, _ in updates]
         if apply_batch is None or (len(tokens) > 1 and sorted(set(tokens)) != tokens):
             for token, rows in updates:
@@ -497,7 +500,7 @@ class StreamFollower:
                 while span is not None and len(reads) < self._read_ahead and last < to_token:
                     reads.append(read(last, min(to_token, last + span)))
                     last = reads[-1][1]
-                apply_rows = getattr(self._handler, "on_rdata_rows", None)
+                apply_rows = None if self._rows_handler is None else self._rows_handler.on_rdata_rows
                 if apply_rows is not None and updates:
                     # A page's rows in one call, each with its token (in
                     # order: get_updates' contract), freed once applied.
@@ -507,7 +510,7 @@ class StreamFollower:
                         del updates
                     self._positions.set(stream.name, writer, last)
                     continue
-                apply_batch = getattr(self._handler, "on_rdata_batch", None)
+                apply_batch = None if self._batch_handler is None else self._batch_handler.on_rdata_batch
                 if apply_batch is not None and updates:
                     # A page's tokens in one call (in order: get_updates'
                     # contract), its rows freed once applied (no cyclic

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
+from zope.interface import Attribute, Interface
+
 from roomstore.replication.stream_interface import StreamRegistry
 
-__all__ = ["ReplicationClientHandler"]
+__all__ = ["IBatchHandler", "IRowsHandler", "ReplicationClientHandler"]
 
 
 class ReplicationClientHandler:
@@ -31,13 +33,8 @@ class ReplicationClientHandler:
         (one call per token, never part of a batch)."""
         return None
 
-    # Optional: ``on_rdata_batch(stream_name, instance_name, updates)``, with
-    # ``updates`` a list of ``(token, rows)`` in increasing token order: what
-    # ``on_rdata`` would be called with for each, in one call, for the tokens
-    # that arrive together (a read of many RDATA lines). It applies them all
-    # synchronously; if it raises, each token is applied again through
-    # ``on_rdata`` (so applying must be idempotent). Defined by
-    # ``StoreReplicationHandler``.
+    # Optional: declare IBatchHandler or IRowsHandler (below) to be handed
+    # many tokens at once; ``StoreReplicationHandler`` does.
 
     def on_position(
         self, stream_name: str, instance_name: str, prev_token: int, new_token: int
@@ -54,3 +51,26 @@ class ReplicationClientHandler:
 
     def on_connected(self) -> None:
         """A connection to the expected server is up (e.g. resend USER_SYNC)."""
+
+
+class IBatchHandler(Interface):
+    """A handler that applies many tokens in one call. Declare it with
+    ``@implementer(IBatchHandler)``; the follower then uses it for the tokens
+    that arrive together (a read of many RDATA lines, a page it fetched)."""
+
+    streams = Attribute("The StreamRegistry the handler understands.")
+
+    def on_rdata_batch(stream_name: str, instance_name: str, updates: list[tuple[int, list]]) -> None:
+        """What ``on_rdata`` would be given for each ``(token, rows)`` of
+        ``updates`` (increasing tokens), applied synchronously in one call.
+        If it raises, each token is applied again through ``on_rdata``, so
+        applying must be idempotent."""
+
+
+class IRowsHandler(IBatchHandler):
+    """A batch handler that also takes a read's rows as they came."""
+
+    def on_rdata_rows(stream_name: str, instance_name: str, tokens: list, rows: list) -> None:
+        """``on_rdata_batch`` for rows of one stream and writer, each with
+        its token (None for ``batch``: the row belongs to the next token),
+        tokens increasing and after the position. The same retry as there."""

@@ -38,6 +38,7 @@ from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from roomstore.replication.client import ReplicationClientFactory
+from roomstore.replication.config import ReplicationConfig
 from roomstore.replication.follower import StreamPositions
 from roomstore.replication.positions_file import (
     PositionsFileWriter,
@@ -45,7 +46,6 @@ from roomstore.replication.positions_file import (
     reactor_threads,
     save_positions,
 )
-from roomstore.replication.protocol import ReplicationConfig
 from roomstore.replication.server_factory import ReplicationServerFactory
 from roomstore.replication.store_handler import StoreReplicationHandler
 from roomstore.replication.store_streams import STORE_STREAMS, store_stream_registry, wire_server

@@ -62,8 +62,8 @@ from roomstore.replication.commands import (
     parse_rdata_fields,
     serialize_command,
 )
+from roomstore.replication.dispatch import CloseConnection
 from roomstore.replication.follower import StreamFollower, StreamPositions
-from roomstore.replication.protocol import CloseConnection
 from roomstore.replication.store_handler import StoreReplicationHandler
 from roomstore.replication.store_streams import STORE_STREAMS, wire_server
 from roomstore.replication.tls import ClientTLS

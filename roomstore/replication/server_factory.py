@@ -26,8 +26,9 @@ from roomstore.replication.commands import (
     RemoteServerUpCommand,
     ReplicateCommand,
 )
+from roomstore.replication.config import ReplicationConfig
 from roomstore.replication.feed import ConnectionFeed
-from roomstore.replication.protocol import ReplicationConfig, ServerReplicationProtocol
+from roomstore.replication.server_protocol import ServerReplicationProtocol
 from roomstore.replication.stream_interface import StreamRegistry
 
 __all__ = ["ClientCommandCallback", "ReplicationServerFactory"]
@@ -79,7 +80,7 @@ class ReplicationServerFactory(ServerFactory):
     :meth:`close_all` on shutdown. All calls from the reactor thread.
 
     ``secret``: if given, every connection must open with ``AUTH <secret>``
-    (see :mod:`.protocol`); until it has, it is sent no broadcasts.
+    (see :mod:`.server_protocol`); until it has, it is sent no broadcasts.
     """
 
     log = Logger()

@@ -13,14 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from zope.interface import implementer
+
 from roomstore.replication.client import ReplicationClientHandler
 from roomstore.replication.follower import StreamPositions
+from roomstore.replication.handler_interface import IRowsHandler
 from roomstore.replication.store_streams import STORE_STREAMS, store_stream_registry
 from roomstore.store import RoomStore
 
 __all__ = ["StoreReplicationHandler"]
 
 
+@implementer(IRowsHandler)
 class StoreReplicationHandler(ReplicationClientHandler):
     """Applies replicated rows to a worker's ``RoomStore``.
 

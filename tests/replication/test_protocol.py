@@ -180,7 +180,7 @@ class StartupTests(unittest.TestCase):
         transport = StringTransport()
         protocol.makeConnection(transport)
         self.assertEqual(written(transport), ["SERVER hs.example", "PING 12345"])
-        self.assertIs(transport.producer, protocol)
+        self.assertIs(transport.producer, protocol.outbound)
         self.assertTrue(transport.streaming)
 
     def test_client_sends_name_ping_replicate(self) -> None:
@@ -356,7 +356,7 @@ class BadInputTests(unittest.TestCase):
             self.protocol.dataReceived(b"y" * 50)
         self.assertEqual(take(self.transport), ["ERROR line too long"])
         self.assertTrue(self.transport.disconnecting)
-        self.assertEqual(self.protocol._buffer, b"")
+        self.assertEqual(self.protocol.partial_line, b"")
 
     def test_default_limit_is_synapses_16_kib(self) -> None:
         protocol, transport = connect(make_server())
@@ -409,7 +409,7 @@ class CongestionTests(unittest.TestCase):
 
     def test_disconnect_exactly_past_the_limit(self) -> None:
         before = metric("roomstore_replication_congestion_disconnects_total")
-        self.slow.pauseProducing()
+        self.slow.outbound.pauseProducing()
         for i in range(5):
             self.slow.send_command(PingCommand(str(i)))
         # Exactly at the limit: buffered, nothing written, still connected.
@@ -455,7 +455,7 @@ class CongestionTests(unittest.TestCase):
         self.assertEqual(take(transport), [])
         self.assertEqual(protocol.pending_count, 0)
         self.assertTrue(protocol.is_open)
-        protocol.resumeProducing()
+        protocol.outbound.resumeProducing()
         self.assertEqual(take(transport), [f'RDATA events master {t} ["$e{t}"]' for t in range(8, 20)])
 
     def test_traffic_while_paused_past_the_limit_drops(self) -> None:
@@ -483,7 +483,7 @@ class CongestionTests(unittest.TestCase):
     def test_paused_connection_is_not_read_for(self) -> None:
         """While paused, a connection's rows stay in the stream rather than in
         memory: nothing is fetched or queued until it resumes."""
-        self.slow.pauseProducing()
+        self.slow.outbound.pauseProducing()
         events = self.registry.get("events")
         for token in range(2, 6):
             events.append("master", token, [f"$e{token}"])
@@ -492,7 +492,7 @@ class CongestionTests(unittest.TestCase):
         self.assertEqual(self.slow.pending_count, 0)
         self.assertFalse(self.slow.session.feed.is_idle())  # waiting to be writable
         self.assertEqual(self.slow.session.feed.position("events", "master"), 1)
-        self.slow.resumeProducing()
+        self.slow.outbound.resumeProducing()
         self.assertEqual(take(self.slow_transport), [f'RDATA events master {t} ["$e{t}"]' for t in range(2, 6)])
         self.assertEqual(self.slow.pending_count, 0)
         self.assertTrue(self.slow.session.feed.is_idle())
@@ -500,10 +500,10 @@ class CongestionTests(unittest.TestCase):
 
     def test_no_pings_pile_up_while_paused(self) -> None:
         clock = self.factory.reactor
-        self.slow.pauseProducing()
+        self.slow.outbound.pauseProducing()
         clock.advance(60)
         self.assertEqual(self.slow.pending_count, 0)
-        self.slow.resumeProducing()
+        self.slow.outbound.resumeProducing()
         clock.advance(5)
         self.assertEqual([line.split()[0] for line in take(self.slow_transport)], ["PING"])
 

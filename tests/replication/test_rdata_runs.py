@@ -15,9 +15,17 @@ import random
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
+from zope.interface import implementer
 
-from roomstore.replication import InMemoryStream, ReplicationClientFactory, ReplicationConfig, StreamRegistry
+from roomstore.replication import (
+    ClientReplicationProtocol,
+    InMemoryStream,
+    ReplicationClientFactory,
+    ReplicationConfig,
+    StreamRegistry,
+)
 from roomstore.replication.commands import RdataCommand, parse_rdata_fields, serialize_command
+from roomstore.replication.handler_interface import IBatchHandler, IRowsHandler
 from roomstore.replication.wire import parse_rdata_lines, parse_rdata_run
 
 from .test_fuzz import SEED, _mutate
@@ -150,6 +158,7 @@ class OneStreamRunTests(unittest.TestCase):
         self.assertEqual(parse_rdata_run(good, 1), ("events", "master", [1], (["a"],)))
 
 
+@implementer(IBatchHandler)
 class BatchRecordingHandler(RecordingHandler):
     """Records as ``RecordingHandler`` does, taking a read's tokens in one
     call (``on_rdata_batch``), as the store's handler does."""
@@ -166,6 +175,7 @@ class BatchRecordingHandler(RecordingHandler):
             self.on_rdata(stream_name, instance_name, token, rows)
 
 
+@implementer(IRowsHandler)
 class RowsRecordingHandler(BatchRecordingHandler):
     """Records as ``RecordingHandler`` does, taking a read's rows of one
     stream and writer in one call (``on_rdata_rows``), as the store's
@@ -390,6 +400,7 @@ class CollectorTests(unittest.TestCase):
         gc.enable()
 
     def test_a_read_of_many_lines_brings_on_no_collection(self) -> None:
+        @implementer(IBatchHandler)
         class Counting(RecordingHandler):
             tokens = 0
             paused = None
@@ -428,3 +439,38 @@ class CollectorTests(unittest.TestCase):
         self.assertIn(collections, ([], [0]))
         self.assertTrue(gc.isenabled())
         self.assertEqual(factory.positions.get("events", "master"), 3000)
+
+
+class DeclaredHooksTests(unittest.TestCase):
+    """The optional hooks are used where declared, and only there."""
+
+    def test_an_undeclared_on_rdata_batch_is_not_called(self) -> None:
+        class Undeclared(RecordingHandler):
+            batch_calls = 0
+
+            def on_rdata_batch(self, stream_name, instance_name, updates) -> None:
+                self.batch_calls += 1
+
+        handler = Undeclared(_registry())
+        factory, protocol, transport = _client(handler, batches=True)
+        protocol.dataReceived(b"".join(b'RDATA events master %d ["r"]\n' % token for token in range(1, 6)))
+        self.assertEqual(handler.batch_calls, 0)  # token by token, through on_rdata
+        self.assertEqual(factory.positions.get("events", "master"), 5)
+        self.assertEqual(written(transport), [])
+
+    def test_a_declared_batch_handler_takes_a_read_at_once(self) -> None:
+        handler = BatchRecordingHandler(_registry())
+        factory, protocol, _ = _client(handler, batches=True)
+        protocol.dataReceived(b"".join(b'RDATA events master %d ["r"]\n' % token for token in range(1, 6)))
+        self.assertEqual(handler.batch_calls, 1)
+        self.assertEqual(factory.positions.get("events", "master"), 5)
+
+    def test_handlers_must_cover_the_inbound_commands(self) -> None:
+        class Missing(ClientReplicationProtocol):
+            def command_handlers(self):
+                handlers = super().command_handlers()
+                del handlers["POSITION"]
+                return handlers
+
+        with self.assertRaises(TypeError):
+            Missing("w", None, Clock(), lambda protocol: None)

@@ -471,15 +471,15 @@ class FarBehindTests(unittest.TestCase):
             original_write(data)
             writes.append(data)
             if b"RDATA events" in data:
-                protocol.pauseProducing()
+                protocol.outbound.pauseProducing()
 
         transport.write = write
         feed(protocol, "REPLICATE caches 0", "REPLICATE events 0")  # caches' read waits; events' page pauses
         self.assertTrue(protocol.paused)
         gated.release()  # the caches page arrives while paused
-        self.assertEqual([cmd.NAME for cmd in protocol._pending], ["POSITION"])  # the events loop's last word
+        self.assertEqual([cmd.NAME for cmd in protocol.outbound._pending], ["POSITION"])  # the events loop's last word
         self.assertFalse(any(b"RDATA caches" in data for data in writes))
-        protocol.resumeProducing()
+        protocol.outbound.resumeProducing()
         self.assertTrue(protocol.is_open)
         caches_writes = [data for data in writes if b"RDATA caches" in data]
         self.assertEqual(len(caches_writes), 1)
@@ -529,7 +529,7 @@ class FarBehindTests(unittest.TestCase):
             original_write(data)
             writes[0] += 1
             if writes[0] == 1:
-                protocol.pauseProducing()
+                protocol.outbound.pauseProducing()
 
         transport.write = write
         feed(protocol, "REPLICATE events 0")
@@ -542,11 +542,11 @@ class FarBehindTests(unittest.TestCase):
         # Each resume lets exactly one more page through.
         for page in range(2, 6):
             writes[0] = 0
-            protocol.resumeProducing()
+            protocol.outbound.resumeProducing()
             self.assertEqual(len(counting.calls), min(page + read_ahead, 5))
             self.assertEqual(len(rdata_tokens(written(transport))), page * 100)
             self.assertLessEqual(protocol.pending_count, 100)
-        protocol.resumeProducing()
+        protocol.outbound.resumeProducing()
         self.assertEqual(rdata_tokens(written(transport)), [str(t) for t in range(1, 501)])
         self.assertTrue(protocol.is_open)
 

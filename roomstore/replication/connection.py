@@ -1,91 +1,73 @@
-"""One replication connection, either side: framing, dispatch, keep-alive,
-congestion and closing (:class:`BaseReplicationProtocol`), and the tunables
-both sides share (:class:`ReplicationConfig`).
+"""One replication connection, either side: its lifecycle and sending
+(:class:`BaseReplicationProtocol`), built from the framing (:mod:`.framing`),
+the command dispatch (:mod:`.dispatch`), the keep-alive (:mod:`.keepalive`)
+and the outbound queue (:mod:`.outbound`). The server's and the worker's protocols are in
+:mod:`.server_protocol` and :mod:`.client_protocol`.
 
-The behaviour is described in :mod:`.protocol`, which builds the server's and
-the worker's protocols on this base and re-exports its public names.
+A connection turns ``\\n``-terminated UTF-8 lines into
+:mod:`~roomstore.replication.commands` values and back. What a command
+*means* is not decided here: each side hands commands to a *session* object
+built by its factory, so a protocol knows nothing of streams, databases or
+caches.
+
+Behaviour common to both sides (:class:`BaseReplicationProtocol`):
+
+- Blank lines are ignored; one trailing ``\\r`` is tolerated (telnet).
+- A line that is not UTF-8, does not parse, names an unknown command, or names
+  a command this side never receives is answered with ``ERROR <reason>`` and
+  otherwise ignored: **the connection stays open**. Framing is by newline, so
+  one bad line cannot desynchronise the next, and a human poking at the port
+  with netcat gets told what was wrong instead of being hung up on.
+- A line longer than ``max_line_length`` bytes (default 16 KiB, Synapse's
+  limit) *is* fatal (the rest of it would be parsed as garbage):
+  ``ERROR line too long`` and close.
+- Keep-alive: a ``PING`` is sent whenever nothing was sent for
+  ``ping_interval`` seconds. Once the peer has sent its first ``PING``, a peer
+  silent for ``ping_timeout`` seconds gets ``ERROR ping timeout`` and is
+  closed. Timeouts stay off until then so that netcat users are not cut off.
+- Closing always goes through :meth:`~BaseReplicationProtocol.close`: if the
+  transport has not reported the connection lost ``close_timeout`` seconds
+  after ``loseConnection()``, it is aborted.
+- All timers come from the injected ``clock`` (an ``IReactorTime``).
+
+Outgoing lines longer than ``max_line_length`` are not sent but logged as
+errors: the peer would drop the connection and, after reconnecting, be sent
+the same line again. Stream rows never get that far: the feed splits a long
+row (a large cache invalidation) into several rows at one token, or, for a
+row that cannot be split, tells the client to fetch that token itself
+(:mod:`~roomstore.replication.feed`).
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-import attrs
 from twisted.internet import defer
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
-from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from roomstore.replication import metrics
 from roomstore.replication.commands import (
-    MAX_LINE_LENGTH,
     Command,
-    CommandParseError,
     ErrorCommand,
     PingCommand,
     RdataCommand,
-    UnknownCommandError,
     decode_row,
     describe,
-    parse_command_from_line,
-    parse_rdata_fields,
     serialize_command,
 )
+from roomstore.replication.config import ReplicationConfig
+from roomstore.replication.dispatch import CloseConnection, CommandDispatcher, LogLimiter
+from roomstore.replication.framing import LineFramedProtocol
+from roomstore.replication.keepalive import KeepAlive
+from roomstore.replication.outbound import OutboundQueue
 
-__all__ = [
-    "BaseReplicationProtocol",
-    "CloseConnection",
-    "ReplicationConfig",
-]
-
-
-def _positive(_inst: object, attribute: attrs.Attribute, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
-
-
-@attrs.frozen
-class ReplicationConfig:
-    """Tunables shared by both sides of a connection. Times are in seconds."""
-
-    #: Send a PING when nothing else was sent for this long.
-    ping_interval: float = attrs.field(default=5.0, validator=_positive)
-    #: After the peer's first PING, close if it is silent for this long.
-    ping_timeout: float = attrs.field(default=15.0, validator=_positive)
-    #: Abort the transport if a close has not completed after this long.
-    close_timeout: float = attrs.field(default=5.0, validator=_positive)
-    #: Longest line accepted, in bytes without the delimiter.
-    max_line_length: int = attrs.field(default=MAX_LINE_LENGTH, validator=_positive)
-    #: Commands buffered for a paused connection before it is dropped; on the
-    #: client, stream commands queued behind a slow fetch before it gives up.
-    max_pending_commands: int = attrs.field(default=10_000, validator=_positive)
-    #: Rows per ``get_updates`` call when catching a connection up (and when
-    #: a client fetches rows it missed). Pages of 100 rows cost a worker
-    #: catching up from 0 more in database round trips than in rows.
-    page_size: int = attrs.field(default=1000, validator=_positive)
-    #: Pages a server reads ahead per stream and writer while earlier ones
-    #: are sent (reads in flight at once, so memory per connection is about
-    #: this many pages more).
-    read_ahead: int = attrs.field(default=2, validator=_positive)
-    #: Most ``batch`` rows a client buffers while waiting for the token line.
-    max_batch_rows: int = attrs.field(default=10_000, validator=_positive)
-    #: Bytes a client takes from its socket per read (a read's lines are
-    #: parsed and applied at once): 256 KiB, a page or two of RDATA.
-    read_size: int = attrs.field(default=256 * 1024, validator=_positive)
-    #: Most bytes given to the socket per send: a page in one.
-    write_size: int = attrs.field(default=1024 * 1024, validator=_positive)
-
-
-class CloseConnection(Exception):
-    """Raised by a session to make its protocol send ``ERROR <message>``
-    and close the connection (the peer broke the protocol)."""
+__all__ = ["BaseReplicationProtocol", "CloseConnection"]
 
 
 class _State(enum.Enum):
@@ -95,94 +77,50 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class _LogLimiter:
-    """Lets one log line through per ``interval`` seconds and counts the rest,
-    so a peer flooding us with bad lines cannot flood the logs too."""
-
-    def __init__(self, clock: IReactorTime, interval: float = 10.0) -> None:
-        self._clock = clock
-        self._interval = interval
-        self._next_at = float("-inf")
-        self._suppressed = 0
-
-    def allow(self) -> int | None:
-        """Return how many lines were suppressed since the last allowed one,
-        or None if this one should be suppressed too."""
-        now = self._clock.seconds()
-        if now < self._next_at:
-            self._suppressed += 1
-            return None
-        self._next_at = now + self._interval
-        suppressed, self._suppressed = self._suppressed, 0
-        return suppressed
-
-
-# Float timers from a reactor can land a hair before the deadline.
-_EPSILON = 1e-3
-
 _connection_ids = itertools.count(1)
 
 
-def _log_failure(log: Logger, what: str) -> Callable[[Failure], None]:
-    def errback(failure: Failure) -> None:
-        log.failure("Unhandled error in {what}", failure=failure, what=what)
-
-    return errback
-
-
-@implementer(IPushProducer)
-class BaseReplicationProtocol(LineOnlyReceiver):
+class BaseReplicationProtocol(LineFramedProtocol):
     """Framing, dispatch, keep-alive, congestion and closing for one connection.
 
     Subclasses set ``SIDE`` (metrics label), ``INBOUND_COMMANDS`` (names this
-    side accepts) and define ``on_<NAME>(cmd)`` for each of them other than
-    PING and ERROR, plus :meth:`on_connected` for the start-up commands.
+    side accepts) and extend :meth:`command_handlers` with a handler for each
+    of them other than PING and ERROR, plus :meth:`on_connected` for the
+    start-up commands.
 
     Callers outside the protocol use :meth:`send_command`, :meth:`close`,
     :meth:`close_with_error`, :attr:`is_open`, :attr:`paused` and
     :meth:`when_writable`; everything else is internal.
     """
 
-    delimiter = b"\n"
     SIDE: ClassVar[str] = "base"
     INBOUND_COMMANDS: ClassVar[frozenset[str]] = frozenset()
     #: Whether to register with the transport as a streaming producer.
     REGISTER_AS_PRODUCER: ClassVar[bool] = False
-    #: Called with ``(stream_name, instance_name, token, row)`` for each
-    #: well-formed RDATA line instead of ``on_RDATA`` with a command, if set
-    #: (a worker's protocol sets it: no command object per row).
-    _on_rdata_fields: Callable[[tuple], Any] | None = None
 
     log = Logger()
 
     def __init__(self, clock: IReactorTime, config: ReplicationConfig) -> None:
         self.clock = clock
         self.config = config
-        # LineOnlyReceiver reads MAX_LENGTH from the instance.
         self.MAX_LENGTH = config.max_line_length
         self.conn_id = f"{self.SIDE}-{next(_connection_ids)}"
         #: Name the peer gave (NAME on the server side, SERVER on the client).
         self.peer_name: str | None = None
 
         self._state = _State.NEW
-        self._last_sent = 0.0
-        self._last_received = 0.0
-        self._ping_seen = False
-        self._keepalive_call: IDelayedCall | None = None
-        self._timeout_call: IDelayedCall | None = None
+        self.keepalive = KeepAlive(self, clock, config.ping_interval, config.ping_timeout)
         self._abort_call: IDelayedCall | None = None
         self._auth_call: IDelayedCall | None = None
 
-        self._paused = False
-        self._pending: deque[Command] = deque()
-        self._writable_waiters: list[defer.Deferred[None]] = []
-        self._bad_line_log = _LogLimiter(clock)
-        self._received_counts: dict[str, int] = {}
-        #: ``on_<NAME>`` of each command this side accepts, looked up once.
-        self._handlers: dict[str, Callable[[Any], Any]] = {
-            name: getattr(self, "on_" + name) for name in self.INBOUND_COMMANDS
-        }
-        self._peer_error_log = _LogLimiter(clock)
+        #: The queue for a paused transport; the transport's producer.
+        self.outbound = OutboundQueue(self, config.max_pending_commands, self.conn_id)
+        handlers = self.command_handlers()
+        if handlers.keys() != self.INBOUND_COMMANDS:
+            raise TypeError(f"{type(self).__name__} handles {sorted(handlers)}, not {sorted(self.INBOUND_COMMANDS)}")
+        #: Parses each line and hands it to its command's handler.
+        self.dispatcher = CommandDispatcher(self, self.SIDE, handlers, clock)
+        self._peer_error_log = LogLimiter(clock)
 
     # -- state seen from outside ------------------------------------------
 
@@ -194,11 +132,11 @@ class BaseReplicationProtocol(LineOnlyReceiver):
     @property
     def paused(self) -> bool:
         """True while the transport asked us to stop writing."""
-        return self._paused
+        return self.outbound.paused
 
     @property
     def pending_count(self) -> int:
-        return len(self._pending)
+        return len(self.outbound)
 
     def when_writable(self) -> defer.Deferred[None]:
         """A Deferred that fires once the connection is not paused, or is gone.
@@ -206,27 +144,22 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         Already fired if that is the case now. Callers must re-check
         :attr:`is_open` afterwards.
         """
-        if not self._paused or self._state is not _State.OPEN:
-            return defer.succeed(None)
-        d: defer.Deferred[None] = defer.Deferred()
-        self._writable_waiters.append(d)
-        return d
+        return self.outbound.when_writable()
 
     # -- connection lifecycle ---------------------------------------------
 
     def connectionMade(self) -> None:
         self._state = _State.OPEN
-        now = self.clock.seconds()
-        self._last_sent = self._last_received = now
+        self.keepalive.reset()
         metrics.CONNECTIONS.labels(self.SIDE).inc()
         peer = self.transport.getPeer()
         self.log.info("[{conn_id}] replication connection with {peer}", conn_id=self.conn_id, peer=peer)
         self._size_socket_io()
         if self.REGISTER_AS_PRODUCER:
-            self.transport.registerProducer(self, True)
+            self.transport.registerProducer(self.outbound, True)
         self.on_connected()
         if self._state is _State.OPEN:
-            self._schedule_keepalive()
+            self.keepalive.start()
 
     def _size_socket_io(self) -> None:
         """On a socket transport (Twisted's TCP), take ``read_size`` bytes
@@ -248,9 +181,10 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         if previous is _State.CLOSED:
             return
         self._state = _State.CLOSED
-        self._cancel_timers("_keepalive_call", "_timeout_call", "_abort_call", "_auth_call")
-        self._drop_pending()
-        self._release_writable_waiters()
+        self.keepalive.stop()
+        self._cancel_timers("_abort_call", "_auth_call")
+        self.outbound.discard()
+        self.outbound.release_waiters()
         if previous is _State.NEW:
             return
         metrics.CONNECTIONS.labels(self.SIDE).dec()
@@ -282,9 +216,10 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         if self._state is not _State.OPEN:
             return
         self._state = _State.CLOSING
-        self._cancel_timers("_keepalive_call", "_timeout_call", "_auth_call")
-        self._drop_pending()
-        self._release_writable_waiters()
+        self.keepalive.stop()
+        self._cancel_timers("_auth_call")
+        self.outbound.discard()
+        self.outbound.release_waiters()
         # Scheduled before loseConnection: some transports call connectionLost
         # synchronously, which cancels it.
         self._abort_call = self.clock.callLater(self.config.close_timeout, self._abort)
@@ -295,7 +230,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         queue: it is written to the transport even while paused."""
         if self._state is not _State.OPEN:
             return
-        self._drop_pending()
+        self.outbound.discard()
         self._write(ErrorCommand(_one_line(message)))
         self.close()
 
@@ -320,14 +255,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         """
         if self._state is not _State.OPEN:
             return
-        if self._paused:
-            if len(self._pending) >= self.config.max_pending_commands:
-                self._on_congested()
-                return
-            self._pending.append(cmd)
-            metrics.PENDING_COMMANDS.labels(self.conn_id).set(len(self._pending))
-            return
-        self._write(cmd)
+        self.outbound.send(cmd)
 
     def send_rows(self, stream_name: str, instance_name: str, items: Sequence[Any]) -> None:
         """Send a page of a stream: RDATA lines for ``(token or None, row,
@@ -342,7 +270,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         """
         if self._state is not _State.OPEN:
             return
-        if self._paused:
+        if self.outbound.paused:
             for item in items:
                 if type(item) is tuple:
                     item = _rdata_command(stream_name, instance_name, item)
@@ -381,7 +309,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         lines.append("")
         data = "\n".join(lines).encode("utf-8")
         self.transport.write(data)
-        self._last_sent = self.clock.seconds()
+        self.keepalive.sent()
         if rdata:
             counts["RDATA"] = rdata
         for name, count in counts.items():
@@ -404,7 +332,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         if not text.isascii() or max(map(len, lines)) > limit:
             return False
         self.transport.write(text.encode("ascii"))
-        self._last_sent = self.clock.seconds()
+        self.keepalive.sent()
         metrics.child(metrics.COMMANDS_SENT, self.SIDE, "RDATA").inc(len(items))
         metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(text))
         return True
@@ -415,10 +343,10 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         the caller checked) in one write. False, having written nothing,
         while the connection is paused or closing: the caller sends the
         page's items through :meth:`send_rows` instead."""
-        if self._state is not _State.OPEN or self._paused:
+        if self._state is not _State.OPEN or self.outbound.paused:
             return False
         self.transport.write(text.encode("ascii"))
-        self._last_sent = self.clock.seconds()
+        self.keepalive.sent()
         metrics.child(metrics.COMMANDS_SENT, self.SIDE, "RDATA").inc(count)
         metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(text))
         return True
@@ -433,7 +361,7 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             self._refuse_long_line(cmd, len(line))
             return
         self.transport.write(line + self.delimiter)
-        self._last_sent = self.clock.seconds()
+        self.keepalive.sent()
         metrics.child(metrics.COMMANDS_SENT, self.SIDE, cmd.NAME).inc()
         metrics.child(metrics.BYTES_SENT, self.SIDE).inc(len(line) + 1)
 
@@ -448,49 +376,20 @@ class BaseReplicationProtocol(LineOnlyReceiver):
             limit=self.config.max_line_length,
         )
 
-    def _on_congested(self) -> None:
+    # -- OutboundOwner -----------------------------------------------------
+
+    def write_command(self, cmd: Command) -> None:
+        self._write(cmd)
+
+    def congested(self) -> None:
         self.log.error(
             "[{conn_id}] peer {peer} is not reading: {count} commands pending; dropping connection",
             conn_id=self.conn_id,
             peer=self.peer_name,
-            count=len(self._pending),
+            count=len(self.outbound),
         )
         metrics.CONGESTION_DISCONNECTS.inc()
         self.close_with_error("too many pending commands")
-
-    def _drop_pending(self) -> None:
-        if self._pending:
-            self._pending.clear()
-        try:
-            metrics.PENDING_COMMANDS.remove(self.conn_id)
-        except KeyError:
-            pass
-
-    def _release_writable_waiters(self) -> None:
-        waiters, self._writable_waiters = self._writable_waiters, []
-        for d in waiters:
-            d.callback(None)
-
-    # -- IPushProducer (called by the transport) -------------------------
-
-    def pauseProducing(self) -> None:
-        self._paused = True
-
-    def resumeProducing(self) -> None:
-        self._paused = False
-        # A write may make the transport pause us again: re-check every time.
-        while self._pending and not self._paused and self._state is _State.OPEN:
-            self._write(self._pending.popleft())
-        if self._state is _State.OPEN:
-            metrics.PENDING_COMMANDS.labels(self.conn_id).set(len(self._pending))
-        if not self._paused:
-            self._release_writable_waiters()
-
-    def stopProducing(self) -> None:
-        # The transport is going away; connectionLost follows.
-        self._paused = True
-        self._drop_pending()
-        self._release_writable_waiters()
 
     # -- receiving -----------------------------------------------------------
 
@@ -498,15 +397,15 @@ class BaseReplicationProtocol(LineOnlyReceiver):
         if self._state is not _State.OPEN:
             return  # closing: whatever else the peer says is moot
         # Any bytes prove the peer is alive, even the middle of a long line.
-        self._last_received = self.clock.seconds()
+        self.keepalive.received()
         metrics.child(metrics.BYTES_RECEIVED, self.SIDE).inc(len(data))
         try:
             super().dataReceived(data)
         finally:
-            self._count_received()
+            self.dispatcher.flush_counts()
 
     def lineLengthExceeded(self, line: bytes) -> None:
-        self._buffer = b""  # don't hold on to a huge partial line
+        self.discard_partial_line()
         metrics.INVALID_LINES.labels(self.SIDE, "too_long").inc()
         self.log.warn(
             "[{conn_id}] line of {length} bytes exceeds {limit}; closing",
@@ -518,93 +417,18 @@ class BaseReplicationProtocol(LineOnlyReceiver):
 
     def lineReceived(self, line: bytes) -> None:
         """Parse and dispatch one line. Never raises."""
-        if self._state is not _State.OPEN:
-            return
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            self._reject_line("bad_utf8", "line is not valid UTF-8", line)
-            return
-        if not text or text.isspace():
-            return
-        on_rdata_fields = self._on_rdata_fields
-        if on_rdata_fields is not None:
-            fields = parse_rdata_fields(text)
-            if fields is not None:
-                counts = self._received_counts
-                counts["RDATA"] = counts.get("RDATA", 0) + 1
-                self._dispatch("RDATA", fields, on_rdata_fields)
-                return
-        try:
-            cmd = parse_command_from_line(text)
-        except UnknownCommandError as e:
-            self._reject_line("unknown_command", e.reason, line)
-            return
-        except CommandParseError as e:
-            # Not an UnknownCommandError, so the first word is a known name.
-            name = text.partition(" ")[0]
-            self._reject_line("malformed", f"failed to parse {name}: {e.reason}", line)
-            return
-        except Exception:  # a parser bug must not take the connection down
-            self.log.failure("[{conn_id}] parser crashed on {line}", conn_id=self.conn_id, line=describe(text))
-            self._reject_line("malformed", "failed to parse line", line)
-            return
-        name = cmd.NAME
-        handler = self._handlers.get(name)
-        if handler is None:
-            self._reject_line("unexpected_command", f"unexpected command {name}", line)
-            return
-        counts = self._received_counts
-        counts[name] = counts.get(name, 0) + 1
-        self._dispatch(name, cmd, handler)
-
-    def _count_received(self) -> None:
-        # Counted per line, added to Prometheus per read: a counter's inc
-        # takes a lock, which costs more than the rest of the bookkeeping.
-        counts = self._received_counts
-        if counts:
-            for name, count in counts.items():
-                metrics.child(metrics.COMMANDS_RECEIVED, self.SIDE, name).inc(count)
-            counts.clear()
-
-    def _dispatch(self, name: str, cmd: Any, handler: Callable[[Any], Any]) -> None:
-        """``handler(cmd)`` for a command ``name`` (``cmd``: a command, or an
-        RDATA line's fields), its errors answered as the protocol says."""
-        try:
-            result = handler(cmd)
-        except CloseConnection as e:
-            self.log.warn("[{conn_id}] closing: {text}", conn_id=self.conn_id, text=str(e))
-            self.close_with_error(str(e))
-            return
-        except Exception:
-            self.log.failure("[{conn_id}] error handling {command}", conn_id=self.conn_id, command=name)
-            self.send_error(f"internal error handling {name}")
-            return
-        if result is not None and isinstance(result, defer.Deferred):
-            result.addErrback(_log_failure(self.log, f"{self.conn_id} {name}"))
-
-    def _reject_line(self, kind: str, reason: str, line: bytes) -> None:
-        metrics.INVALID_LINES.labels(self.SIDE, kind).inc()
-        suppressed = self._bad_line_log.allow()
-        if suppressed is not None:
-            self.log.warn(
-                "[{conn_id}] bad line from {peer}: {reason} (line {line}; {suppressed} more suppressed)",
-                conn_id=self.conn_id,
-                peer=self.peer_name,
-                reason=reason,
-                line=describe(line.decode("utf-8", "replace")),
-                suppressed=suppressed,
-            )
-        self.send_error(reason)
+        if self._state is _State.OPEN:
+            self.dispatcher.line(line)
 
     # -- commands both sides receive ---------------------------------------
 
+    def command_handlers(self) -> dict[str, Callable[[Any], Any]]:
+        """The handler of each name in ``INBOUND_COMMANDS``; a side adds its
+        own to these."""
+        return {"PING": self.on_PING, "ERROR": self.on_ERROR}
+
     def on_PING(self, cmd: PingCommand) -> None:
-        if not self._ping_seen:
-            self._ping_seen = True  # the peer speaks the protocol: time it out
-            self._schedule_timeout_check()
+        self.keepalive.peer_pinged()
 
     def on_ERROR(self, cmd: ErrorCommand) -> None:
         suppressed = self._peer_error_log.allow()
@@ -616,46 +440,19 @@ class BaseReplicationProtocol(LineOnlyReceiver):
                 text=describe(cmd.message, 200),
             )
 
-    # -- timers ----------------------------------------------------------------
+    # -- keep-alive (KeepAliveOwner) ---------------------------------------
 
-    def _schedule_keepalive(self) -> None:
-        delay = max(0.0, self._last_sent + self.config.ping_interval - self.clock.seconds())
-        self._keepalive_call = self.clock.callLater(delay, self._keepalive)
+    def send_ping(self) -> None:
+        self.send_command(self._ping_now())
 
-    def _keepalive(self) -> None:
-        self._keepalive_call = None
-        if self._state is not _State.OPEN:
-            return
-        now = self.clock.seconds()
-        if self._paused:
-            # Nothing can be written now; a queued PING would only add to the
-            # backlog. Look again in a full interval.
-            self._keepalive_call = self.clock.callLater(self.config.ping_interval, self._keepalive)
-            return
-        if now - self._last_sent >= self.config.ping_interval - _EPSILON:
-            self.send_command(self._ping_now())
-        if self._state is _State.OPEN:
-            self._schedule_keepalive()
-
-    def _schedule_timeout_check(self) -> None:
-        delay = max(0.0, self._last_received + self.config.ping_timeout - self.clock.seconds())
-        self._timeout_call = self.clock.callLater(delay, self._check_timeout)
-
-    def _check_timeout(self) -> None:
-        self._timeout_call = None
-        if self._state is not _State.OPEN:
-            return
-        silent_for = self.clock.seconds() - self._last_received
-        if silent_for >= self.config.ping_timeout - _EPSILON:
-            self.log.warn(
-                "[{conn_id}] peer {peer} silent for {silent:.1f}s; closing",
-                conn_id=self.conn_id,
-                peer=self.peer_name,
-                silent=silent_for,
-            )
-            self.close_with_error("ping timeout")
-            return
-        self._schedule_timeout_check()
+    def peer_timed_out(self, silent_for: float) -> None:
+        self.log.warn(
+            "[{conn_id}] peer {peer} silent for {silent:.1f}s; closing",
+            conn_id=self.conn_id,
+            peer=self.peer_name,
+            silent=silent_for,
+        )
+        self.close_with_error("ping timeout")
 
     def _ping_now(self) -> PingCommand:
         return PingCommand(str(int(self.clock.seconds() * 1000)))
