@@ -223,6 +223,8 @@ def _pg_acquire(engine: Any, instance_name: str) -> Any:
                 if try_advisory_lock(cur, writer_lock_key(instance_name)):
                     return conn
                 row = advisory_lock_holder(cur, writer_lock_key(instance_name))
+                if row is None and time.monotonic() < deadline:
+                    continue  # released between the two statements: claim it again
                 # A writer restarted right after being killed can find its
                 # predecessor's session not yet ended by the server: wait for
                 # it, but only when the holder is provably dead (its pid on
