@@ -82,7 +82,7 @@ class CompactionProgressTests(DatabaseTestMixin, unittest.TestCase):
 
     async def test_compaction_progress(self):
         from tests.compaction.test_spark_job import run_job
-        from tests.compaction.test_writer import compaction_database
+        from tests.compaction.test_write_back import compaction_database
 
         url = await compaction_database(self)
         status, output = await threads.deferToThread(run_job, url, "--dry-run", "--progress")

@@ -3,7 +3,7 @@
 The contract between :mod:`roomstore.compaction.job.executor` (which plans a
 chunk into a :class:`ChunkResult`), the layouts (which decode the executor's
 output row back into one and turn it into a :class:`StagedChunk`) and
-:mod:`roomstore.compaction.writer` (which stages and swaps it). Both chunk
+:mod:`roomstore.compaction.write_back` (which stages and swaps it). Both chunk
 forms live here so a layout needs nothing of the executor's code.
 :func:`row_checksum` (Python, numpy) and :data:`CHECKSUM_SQL` compute the
 same per-row value, and a chunk's staged

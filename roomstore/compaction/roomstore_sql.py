@@ -15,7 +15,7 @@ and deleting a group's rows. The lock's statements are
 :mod:`roomstore.storage.interning`'s. Statements use ``?`` placeholders (the
 engine converts them).
 
-Who runs them: :mod:`roomstore.compaction.writer` (the lock, the run's
+Who runs them: :mod:`roomstore.compaction.write_back` (the lock, the run's
 bookkeeping, the planning reads: :data:`STATEMENTS`, the record the Synapse
 layout's :mod:`roomstore.compaction.synapse_sql` fills too), and
 :mod:`roomstore.compaction.roomstore_tables` (staging, the swap, the reads
@@ -264,7 +264,7 @@ SWAP_FIX_CHAIN_LENGTHS = (
 # ---------------------------------------------------------------------------
 # the writer's record of the statements above
 
-#: What :class:`~roomstore.compaction.writer.CompactionWriter` runs on this layout (by step, typed).
+#: What :class:`~roomstore.compaction.write_back.CompactionWriter` runs on this layout (by step, typed).
 STATEMENTS = JobStatements(
     max_state_group=MAX_STATE_GROUP,
     group_bounds=group_bounds,

@@ -11,7 +11,7 @@ import sys
 
 if __name__ == "__main__":
     # spark-submit runs this file as a script: its directory (roomstore/compaction)
-    # is sys.path[0], where writer.py & co. would shadow top-level names, and the
+    # is sys.path[0], where write_back.py & co. would shadow top-level names, and the
     # executors must find the functions by their package name (from --py-files).
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]

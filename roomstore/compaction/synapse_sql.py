@@ -446,7 +446,7 @@ SWAP_INSERT_ROWS = (
 # ---------------------------------------------------------------------------
 # the writer's record of the statements above
 
-#: What :class:`~roomstore.compaction.writer.CompactionWriter` runs on this layout (by step, typed).
+#: What :class:`~roomstore.compaction.write_back.CompactionWriter` runs on this layout (by step, typed).
 STATEMENTS = JobStatements(
     max_state_group=MAX_STATE_GROUP,
     group_bounds=group_bounds,

@@ -2,7 +2,7 @@
 
 The algorithm (:mod:`roomstore.compaction`), the executors
 (:mod:`roomstore.compaction.job.executor`), the driver and the writer
-(:mod:`roomstore.compaction.writer`: the lock, runs, staging, the swap
+(:mod:`roomstore.compaction.write_back`: the lock, runs, staging, the swap
 transaction and its retries) know nothing of a table layout; everything that
 does is behind :class:`StateTables`, a :class:`typing.Protocol` (mypy checks
 each layout against it). Two implementations:
@@ -51,7 +51,8 @@ Changed = list[tuple[int, int, str]]
 
 
 class JobDatabase(Protocol):
-    """The writer's connection as a layout uses it (:class:`roomstore.compaction.writer.CompactionWriter`'s ``db``)."""
+    """The write-back's connection as a layout uses it
+    (:class:`roomstore.compaction.write_back.CompactionWriter`'s ``db``)."""
 
     engine: Engine
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IAddress, IReactorTime
@@ -126,7 +126,7 @@ class ReplicationServerFactory(ServerFactory):
         """
         self.streams.get(stream_name)
         for conn in list(self._connections):
-            conn.session.feed.on_stream_advanced(stream_name)
+            cast(_ServerSession, conn.session).feed.on_stream_advanced(stream_name)  # the sessions it builds
 
     on_stream_advanced = notify_new_rows
 

@@ -4,7 +4,7 @@ holds while it rewrites tables under a running homeserver (one row per lock:
 
 Every statement naming the table is here. The compaction job takes, beats and
 releases its lock (:data:`COMPACTION_LOCK_NAME`) with these statements
-(:mod:`roomstore.compaction.writer`, through the roomstore layout's
+(:mod:`roomstore.compaction.write_back`, through the roomstore layout's
 record of statements, ``roomstore.compaction.roomstore_sql.STATEMENTS``); the store honours it before deleting state
 groups (:func:`lock_row_txn`, from :mod:`roomstore.state.groups`). It lives in
 ``storage/`` because both stand on it: the store must never import the

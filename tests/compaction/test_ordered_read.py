@@ -71,7 +71,7 @@ class OrderedSqlTests(unittest.TestCase):
     def test_same_rows_as_the_shuffled_read_each_room_together_and_sorted(self) -> None:
         from roomstore.compaction import synapse_sql as sql
         from roomstore.compaction.synapse_tables import SynapseTables
-        from roomstore.compaction.writer import CompactionWriter
+        from roomstore.compaction.write_back import CompactionWriter
         from tests.compaction.test_synapse_job import exclusive, insert_chain_room, synapse_server
         from tests.db import pg_query
 

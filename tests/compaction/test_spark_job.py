@@ -25,7 +25,7 @@ from twisted.trial import unittest
 
 from roomstore.compaction.job.options import EXIT_ROOMS_FAILED
 from tests.compaction.spark_cluster import SparkCluster
-from tests.compaction.test_writer import (
+from tests.compaction.test_write_back import (
     CHUNK,
     all_states,
     chain_lengths_are_depths,

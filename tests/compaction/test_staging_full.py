@@ -19,7 +19,13 @@ from twisted.internet import threads
 from twisted.trial import unittest
 
 from tests.compaction.test_spark_job import run_job
-from tests.compaction.test_writer import all_states, chain_lengths_are_depths, compaction_database, delta_rows, query
+from tests.compaction.test_write_back import (
+    all_states,
+    chain_lengths_are_depths,
+    compaction_database,
+    delta_rows,
+    query,
+)
 from tests.db import POSTGRES_ADMIN_URL, DatabaseTestMixin
 
 STAGING = ("state_compaction_staged_groups", "state_compaction_staged_deltas")

@@ -406,7 +406,7 @@ class SynapseSwapTests(unittest.TestCase):
     def setUp(self) -> None:
         from roomstore.compaction import synapse_sql
         from roomstore.compaction.synapse_tables import SynapseTables
-        from roomstore.compaction.writer import CompactionWriter
+        from roomstore.compaction.write_back import CompactionWriter
 
         server = synapse_server()
         self.addCleanup(exclusive(server).close)  # nobody else writes to Synapse meanwhile
@@ -530,7 +530,7 @@ class SynapseSwapTests(unittest.TestCase):
         # staging tables so the swap's plans see its size.
         from roomstore.compaction import synapse_sql
         from roomstore.compaction.chunks import StagedChunk
-        from roomstore.compaction.writer import ANALYZE_STAGED_ROWS
+        from roomstore.compaction.write_back import ANALYZE_STAGED_ROWS
 
         def reltuples(table):
             return pg_query(self.dsn, "SELECT reltuples FROM pg_class WHERE relname = %s", (table,))[0][0]

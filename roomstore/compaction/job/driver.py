@@ -6,7 +6,7 @@ usually through ``bin/roomstore-compact``
 the operator's guide. What happens:
 
 1. The driver takes the compaction lock and starts or resumes a run
-   (:mod:`roomstore.compaction.writer`): ``snapshot_max`` = MAX(state_group)
+   (:mod:`roomstore.compaction.write_back`): ``snapshot_max`` = MAX(state_group)
    at start; nothing above it is read or written.
 2. Rooms with more than ``--chunk-groups`` groups are cut into chunks of
    that many groups in id order; one driver-side statement returns the first
@@ -72,7 +72,7 @@ from roomstore.compaction.job.report import (
 from roomstore.compaction.roomstore_tables import RoomstoreTables, SchemaTooOldError
 from roomstore.compaction.synapse_tables import NotSynapseError, SynapseTables
 from roomstore.compaction.tables import StateTables
-from roomstore.compaction.writer import CompactionWriter, LockHeldError
+from roomstore.compaction.write_back import CompactionWriter, LockHeldError
 from roomstore.progress import progress_bar
 from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError, StorageFullError
 from roomstore.storage.schema import SchemaTooNewError

@@ -11,7 +11,7 @@ import argparse
 import socket
 
 from roomstore.compaction import DEFAULT_LEVELS, DEFAULT_WINDOW
-from roomstore.compaction.writer import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_STALE_LOCK_SECONDS
+from roomstore.compaction.write_back import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_STALE_LOCK_SECONDS
 
 APP_NAME = "roomstore-state-compaction"
 DEFAULT_CHUNK_GROUPS = 10_000

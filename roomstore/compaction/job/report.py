@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
-from roomstore.compaction.writer import RoomOutcome
+from roomstore.compaction.write_back import RoomOutcome
 
 
 @attrs.frozen

@@ -254,7 +254,7 @@ class TimelineReader:
         parsed: dict[str, dict] = {}
         for room_nid, activity, room_id, event_id, *stored in rows:
             if last != (activity, room_nid):
-                if len(pages) == rooms:
+                if last is not None and len(pages) == rooms:
                     # The statement's one room more: another page follows.
                     next_cursor = f"{last[0]}_{last[1]}_{pinned.to_string()}"
                     break

@@ -29,7 +29,7 @@ from roomstore.compaction import chain_depths, verify
 from roomstore.compaction.chunks import CHECKSUM_SQL, row_checksum
 from roomstore.compaction.job.executor import RoomCompactor
 from roomstore.compaction.roomstore_tables import LOCK_NAME, RoomstoreTables, read_room_chunks
-from roomstore.compaction.writer import (
+from roomstore.compaction.write_back import (
     CompactionWriter,
     LockHeldError,
     LockLostError,
@@ -412,7 +412,7 @@ class WriterTests:
         # way a real compaction afterwards swaps and verifies.
         from roomstore.compaction import roomstore_sql as rs_sql
         from roomstore.compaction.chunks import StagedChunk
-        from roomstore.compaction.writer import ANALYZE_STAGED_ROWS
+        from roomstore.compaction.write_back import ANALYZE_STAGED_ROWS
 
         writer = roomstore_writer(self.url, heartbeat_s=0)
         try:
