@@ -55,6 +55,20 @@ _ONE_GROUP_CHAIN = _CHAIN.format(start="", seed="CAST(? AS BIGINT)", seed_from="
 #: Longest chain the many-group form walks (a cycle must not walk forever).
 MAX_WALK_HOPS = 100_000
 
+#: The walk of every group of ``wanted(start_group)``, each row carrying its start.
+_MANY_GROUPS_CHAIN = _CHAIN.format(
+    start="start_group, ",
+    seed="CAST(start_group AS BIGINT), CAST(start_group AS BIGINT)",
+    seed_from=" FROM wanted",
+    carry="chain.start_group, ",
+    guard=f" AND chain.hops < {MAX_WALK_HOPS}",
+)
+
+
+def _key_filter(keys: int) -> str:
+    """The join condition keeping ``keys`` bound type_key_nids ("" for none)."""
+    return f" AND d.type_key_nid IN ({', '.join('?' for _ in range(keys))})" if keys else ""
+
 
 def full_state_sql(groups: Sequence[int] | None = None, keys: int = 0) -> str:
     """The recursive full-state statement, in the form a caller needs.
@@ -87,9 +101,7 @@ def full_state_sql(groups: Sequence[int] | None = None, keys: int = 0) -> str:
     ``keys``: that many more bound parameters (after the group's), type_key_nids
     the rows are restricted to.
     """
-    key_filter = ""
-    if keys:
-        key_filter = f" AND d.type_key_nid IN ({', '.join('?' for _ in range(keys))})"
+    key_filter = _key_filter(keys)
     if groups is None:
         return f"""
 WITH RECURSIVE {_ONE_GROUP_CHAIN}
@@ -99,20 +111,13 @@ FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group{key
     if not groups:
         raise ValueError("no groups")
     values = ", ".join(f"({int(g)})" for g in groups)
-    chain = _CHAIN.format(
-        start="start_group, ",
-        seed="CAST(start_group AS BIGINT), CAST(start_group AS BIGINT)",
-        seed_from=" FROM wanted",
-        carry="chain.start_group, ",
-        guard=f" AND chain.hops < {MAX_WALK_HOPS}",
-    )
     # Complete: the walk ended (its NULL row; not cut by the guard) and every
     # group it walked exists. (EXCEPT measured faster than a GROUP BY over the
     # walk joined to state_groups on PostgreSQL; the whole statement about as
     # fast as the join walk it replaced, on both engines.)
     return f"""
 WITH RECURSIVE wanted(start_group) AS (VALUES {values}),
-{chain},
+{_MANY_GROUPS_CHAIN},
 complete(start_group) AS (
     SELECT chain.start_group FROM chain WHERE chain.state_group IS NULL
     EXCEPT
@@ -143,19 +148,11 @@ def filtered_states_sql(groups: int, keys: int) -> str:
     one or a few chains: one walk of each, not one statement a group."""
     if groups < 1 or keys < 1:
         raise ValueError("filtered_states_sql needs a group and a key")
-    chain = _CHAIN.format(
-        start="start_group, ",
-        seed="CAST(w.start_group AS BIGINT), CAST(w.start_group AS BIGINT)",
-        seed_from=" FROM wanted AS w",
-        carry="chain.start_group, ",
-        guard=f" AND chain.hops < {MAX_WALK_HOPS}",
-    )
     return f"""
 WITH RECURSIVE wanted(start_group) AS (VALUES {", ".join("(?)" for _ in range(groups))}),
-{chain}
+{_MANY_GROUPS_CHAIN}
 SELECT chain.start_group, chain.hops, d.type_key_nid, d.event_nid
-FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group
-AND d.type_key_nid IN ({", ".join("?" for _ in range(keys))})
+FROM chain JOIN state_group_deltas AS d ON d.state_group = chain.state_group{_key_filter(keys)}
 """
 
 
