@@ -23,8 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-import attrs
-
 from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
 from roomstore.events.purge import Purger, PurgeResult
@@ -133,9 +131,8 @@ class LocalWrites:
         )
         turn.validated(prepared)
         if rooms.assumed:  # the write checks these rooms' versions are stored by then
-            prepared = [
-                attrs.evolve(ev, version_assumed=True) if ev.pdu.room_id in rooms.assumed else ev for ev in prepared
-            ]
+            assumed = rooms.assumed
+            prepared = [ev.with_version_assumed() if ev.pdu.room_id in assumed else ev for ev in prepared]
         # Only a batch with nothing to check against earlier calls' writes
         # (room versions, orphans) and no resolved state may go with another's.
         orphan_rooms_to_check = orphan_rooms(prepared, rooms.versions)

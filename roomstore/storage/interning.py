@@ -341,8 +341,25 @@ class Interner(Generic[IK]):
             created.update(ours)
         result.update(found)
         txn.memo.setdefault(self, {}).update((key, (nid, key in ours)) for key, nid in found.items())
+        # The cache learns them at commit; until then ``resolve`` finds them here.
+        txn.memo.setdefault((self, "keys"), {}).update((nid, key) for key, nid in found.items())
         txn.call_after(self._remember, found)
         return result
+
+    def _recall_keys(self, txn: Transaction, nids: list[int], result: dict[int, IK]) -> list[int]:
+        """The keys of ``nids`` this transaction interned (not cached before
+        its commit) put in ``result``; returns the other nids."""
+        inserted = txn.memo.get((self, "keys"))
+        if not inserted:
+            return nids
+        rest = []
+        for nid in nids:
+            key = inserted.get(nid)
+            if key is None:
+                rest.append(nid)
+            else:
+                result[nid] = key
+        return rest
 
     def _fetch_keys(
         self, txn: Transaction, nids: Sequence[int], remember: bool = True, exact: bool = True
@@ -382,6 +399,8 @@ class Interner(Generic[IK]):
     def resolve(self, txn: Transaction, nids: Iterable[int]) -> dict[int, IK]:
         """The keys of interned ``nids`` (those not interned are left out)."""
         result, missing = self._to_key.split(nids)
+        if missing:
+            missing = self._recall_keys(txn, missing, result)
         if missing:
             result.update(self._fetch_keys(txn, missing))
         return result

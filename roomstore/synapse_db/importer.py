@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import orjson
 from twisted.internet import defer
 
 from roomstore import EVENT_REFUSALS, EventToPersist
@@ -96,13 +97,21 @@ async def import_synapse(
     report = report or (lambda item: None)
     pending: collections.deque[tuple[list[Any], Any]] = collections.deque()
     next_page = reader.run(source.events_page, None, batch_size, selection)
+    # Events a run before this one stored are left out before they are
+    # validated, looked for page by page until a page holds none: past what
+    # an interrupted run stored, every page would only wait for the look (a
+    # read, queued on SQLite's one database thread behind the writes in
+    # flight, which would keep the next page's validation from overlapping
+    # them). The store reports any stored event after that as present.
+    look_for_stored = True
     try:
         while True:
             page: list[SynapseEvent] = await next_page
             if not page:
                 break
             next_page = reader.run(source.events_page, page[-1].stream_ordering, batch_size, selection)
-            present = await store.get_event_flags([ev.event_id for ev in page])
+            present = await store.get_event_flags([ev.event_id for ev in page]) if look_for_stored else {}
+            look_for_stored = bool(present)
             todo = [ev for ev in page if ev.event_id not in present]
             summary.already_present += len(page) - len(todo)
             if todo:
@@ -125,7 +134,7 @@ async def import_synapse(
 
 
 #: Pages handed to the store before the first is awaited.
-PAGES_IN_FLIGHT = 2
+PAGES_IN_FLIGHT = 4
 
 
 class _RoomEnds:
@@ -268,7 +277,11 @@ def _prev_event_ids(ev: SynapseEvent) -> list[str]:
     """The prev events an event's JSON names (v1/v2 as [ID, hashes] pairs)."""
     if ev.prev_count == 0:
         return []
-    prevs = json.loads(ev.json).get("prev_events") or []
+    try:  # orjson: several times faster, and reads what json.loads reads
+        event = orjson.loads(ev.json)
+    except orjson.JSONDecodeError:  # json.loads decides, and words any error as before
+        event = json.loads(ev.json)
+    prevs = event.get("prev_events") or []
     # v1/v2 cite [ID, hashes]; anything but an ID there is no citation.
     cited = (p[0] if isinstance(p, list) and p else p for p in prevs)
     return [p for p in cited if isinstance(p, str)]

@@ -60,6 +60,40 @@ class TransactionMemoTests:
         self.assertEqual(await db.run_interaction("later", events.intern, ["$a", "$b"], later), nids)
         self.assertEqual(later, set())
 
+    async def test_nids_interned_earlier_in_the_transaction_resolve_without_a_statement(self):
+        """The cache learns a transaction's new nids only at its commit;
+        until then ``resolve`` finds them in the memo, not in the table."""
+        db = await self.make_database()
+        events = Interners().events
+        stored = await db.run_interaction("stored", events.intern, ["$old"])
+        events.forget_all()  # a stored nid the cache does not know: that one is read
+
+        def steps(txn):
+            nids = events.intern(txn, ["$new1", "$new2"])
+            statements = recording(txn)
+            new = events.resolve(txn, [nids["$new1"], nids["$new2"]])
+            asked_for_new = len(statements)
+            others = events.resolve(txn, [nids["$new1"], stored["$old"], 10_000_000])
+            return nids, new, asked_for_new, others, len(statements)
+
+        nids, new, asked_for_new, others, total = await db.run_interaction("steps", steps)
+        self.assertEqual(new, {nids["$new1"]: "$new1", nids["$new2"]: "$new2"})
+        self.assertEqual(asked_for_new, 0)
+        self.assertEqual(others, {nids["$new1"]: "$new1", stored["$old"]: "$old"})
+        self.assertEqual(total, 1)  # one read, for $old and the nid that names nothing
+
+    async def test_a_trial_run_takes_back_the_nids_it_resolved(self):
+        db = await self.make_database()
+        events = Interners().events
+
+        def steps(txn):
+            trial = txn.undone(lambda t: events.intern(t, ["$trial"]))
+            return trial, events.resolve(txn, trial.values())
+
+        trial, names = await db.run_interaction("steps", steps)
+        self.assertEqual(len(trial), 1)
+        self.assertEqual(names, {})  # rolled back: its nid names nothing
+
     async def test_the_only_writer_remembers_what_is_not_there(self):
         """SQLite (one writer): a key looked up and missing is inserted
         without asking again; PostgreSQL inserts straight away either way."""

@@ -52,6 +52,16 @@ def with_bad_hash(raw: bytes) -> bytes:
     return changed
 
 
+class VersionAssumedTests(unittest.TestCase):
+    def test_the_copy_differs_only_in_the_flag(self):
+        import attrs
+
+        room, built = linear_room(3)
+        for ev in prepare_events([room.to_persist(e) for e in built], {}):
+            self.assertEqual(ev.with_version_assumed(), attrs.evolve(ev, version_assumed=True))
+            self.assertFalse(ev.version_assumed)
+
+
 class PauseTests(unittest.TestCase):
     """The validator's thread lets the GIL go every few events; the result is the same."""
 
@@ -328,6 +338,33 @@ class PipelineTests:
         self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
         self.assertEqual(at_first_write, [3])
         self.assertEqual([r.stream_ordering for r in outcomes[2][1]], list(range(46, len(built) + 1)))
+
+    async def test_a_room_being_created_is_not_looked_up(self):
+        # The calls after the one holding the create event learn its version
+        # from it: no read of the room's version, which would wait behind
+        # the writes on the database thread.
+        store = await self.open_store()
+        room, built = linear_room(60)
+        bare = [EventToPersist(e.raw) for e in built]
+        looked_up: list[list[str]] = []
+        real_versions = store.batch_rooms.versions
+
+        async def versions(room_ids):
+            if room_ids:  # the create event's own call names no other room
+                looked_up.append(list(room_ids))
+            return await real_versions(room_ids)
+
+        self.patch(store.batch_rooms, "versions", versions)
+        outcomes = await self._in_flight(store, [bare[:1], bare[1:30], bare[30:]])
+        self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
+        self.assertEqual(looked_up, [])
+        self.assertEqual([r.stream_ordering for r in outcomes[2][1]], list(range(31, len(built) + 1)))
+        # Once stored, the room's version comes from the cache; a store that
+        # has not seen it reads it.
+        store.batch_rooms.cache.clear()
+        later = room.message(ALICE, "later")
+        await store.persist_events([EventToPersist(later.raw)])
+        self.assertEqual(looked_up, [[room.room_id]])
 
     async def test_a_room_whose_create_write_fails_is_unknown_to_the_calls_after(self):
         # Validated by the create event's version while it was in flight; its

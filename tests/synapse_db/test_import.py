@@ -177,6 +177,43 @@ class SynapseImportMixin:
         self.assertEqual((again.events, again.already_present, again.skipped), (0, first.events, {}))
         self.assertEqual(store.get_current_token(), token)
 
+    async def test_stored_events_are_looked_for_until_a_page_holds_none(self):
+        # A first run looks once (its first page holds no stored event), not
+        # page by page; a run again looks at every page and imports nothing.
+        store = await RoomStore.open(await self.make_database())
+        self.addCleanup(store.close)
+        reader = await self.open_reader()
+        looks: list[int] = []
+        real_flags = store.get_event_flags
+
+        async def flags(event_ids):
+            found = await real_flags(event_ids)
+            looks.append(len(found))
+            return found
+
+        self.patch(store, "get_event_flags", flags)
+        first = await import_synapse(store, reader, self.rooms, batch_size=16)
+        self.assertGreater(first.events, 32)
+        self.assertEqual(looks, [0])
+        looks.clear()
+        again = await import_synapse(store, reader, self.rooms, batch_size=16)
+        self.assertEqual((again.events, again.already_present), (0, first.events))
+        self.assertEqual(len(looks), -(-first.events // 16))
+        # Stored events after a page without any are left to the store, which
+        # reports them present: counted the same, nothing written twice.
+        token = store.get_current_token()
+        looks.clear()
+
+        async def first_page_unseen(event_ids):
+            looks.append(len(event_ids))
+            return {} if len(looks) == 1 else await real_flags(event_ids)
+
+        self.patch(store, "get_event_flags", first_page_unseen)
+        third = await import_synapse(store, reader, self.rooms, batch_size=16)
+        self.assertEqual((third.events, third.already_present, third.skipped), (0, first.events, {}))
+        self.assertEqual(len(looks), 1)
+        self.assertEqual(store.get_current_token(), token)
+
     async def test_import_beside_a_live_synapse(self):
         """Synapse keeps sending while imports run against its live database:
         each run takes what is there, the next what came since; at the end

@@ -180,6 +180,22 @@ class PreparedEvent:
     version_assumed: bool = False
     event_id: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.pdu.event_id, takes_self=True))
 
+    def with_version_assumed(self) -> PreparedEvent:
+        """This event, ``version_assumed`` (by its constructor: ``attrs.evolve`` costs several times more)."""
+        return PreparedEvent(
+            self.pdu,
+            self.outlier,
+            self.rejected_reason,
+            self.backfilled,
+            self.state_before,
+            self.content_hash_mismatch,
+            self.signatures_checked,
+            self.auth_checked,
+            self.soft_failed,
+            self.client_txn,
+            version_assumed=True,
+        )
+
     def __reduce__(self):
         # Unpickled by its constructor: attrs' own __setstate__ for slotted
         # classes is Python, and was half of a validation reply's unpickling.
