@@ -69,6 +69,7 @@ from roomstore.replication.wire import (
 
 __all__ = [
     "AuthCommand",
+    "CLIENT_NOTIFICATIONS",
     "CLIENT_SENT_COMMANDS",
     "CancelTaskCommand",
     "COMMAND_TYPES",
@@ -652,6 +653,11 @@ CLIENT_SENT_COMMANDS = frozenset(
         "CANCEL_TASK",
     }
 )
+
+#: The client-sent commands a server hands to the session behind the
+#: connection, unchanged: all but the connection's own (AUTH, NAME,
+#: REPLICATE, PING, ERROR).
+CLIENT_NOTIFICATIONS = CLIENT_SENT_COMMANDS - {"AUTH", "NAME", "REPLICATE", "PING", "ERROR"}
 
 
 def parse_command_from_line(line: str) -> Command:

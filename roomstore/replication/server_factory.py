@@ -20,7 +20,7 @@ from twisted.internet.protocol import ServerFactory
 from twisted.logger import Logger
 
 from roomstore.replication.commands import (
-    CLIENT_SENT_COMMANDS,
+    CLIENT_NOTIFICATIONS,
     Command,
     LockReleasedCommand,
     RemoteServerUpCommand,
@@ -35,9 +35,6 @@ __all__ = ["ClientCommandCallback", "ReplicationServerFactory"]
 
 #: ``callback(connection, command)``; may return a Deferred or coroutine.
 ClientCommandCallback = Callable[[ServerReplicationProtocol, Command], Any]
-
-# The client-sent commands a handler may be registered for.
-_NOTIFICATION_COMMANDS = frozenset(CLIENT_SENT_COMMANDS - {"AUTH", "NAME", "REPLICATE", "PING", "ERROR"})
 
 
 class _ServerSession:
@@ -135,7 +132,7 @@ class ReplicationServerFactory(ServerFactory):
         (USER_SYNC, CLEAR_USER_SYNC, FEDERATION_ACK, REMOTE_SERVER_UP, USER_IP,
         LOCK_RELEASED, NEW_ACTIVE_TASK or CANCEL_TASK) received on any
         connection. Errors in the callback are logged."""
-        if command_name not in _NOTIFICATION_COMMANDS:
+        if command_name not in CLIENT_NOTIFICATIONS:
             raise ValueError(f"no handlers can be registered for {command_name!r}")
         self._handlers.setdefault(command_name, []).append(callback)
 

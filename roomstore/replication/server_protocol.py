@@ -26,6 +26,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from roomstore.replication import metrics
 from roomstore.replication.commands import (
+    CLIENT_NOTIFICATIONS,
     CLIENT_SENT_COMMANDS,
     AuthCommand,
     Command,
@@ -61,19 +62,6 @@ class ServerSession(Protocol):
 
     def on_connection_lost(self) -> None:
         """The connection is gone; stop sending to it."""
-
-
-#: What a client tells the server for the server's session to act on.
-_NOTIFICATIONS = (
-    "USER_SYNC",
-    "CLEAR_USER_SYNC",
-    "FEDERATION_ACK",
-    "REMOTE_SERVER_UP",
-    "USER_IP",
-    "LOCK_RELEASED",
-    "NEW_ACTIVE_TASK",
-    "CANCEL_TASK",
-)
 
 
 class ServerReplicationProtocol(BaseReplicationProtocol):
@@ -194,5 +182,5 @@ class ServerReplicationProtocol(BaseReplicationProtocol):
             "AUTH": self.on_AUTH,
             "NAME": self.on_NAME,
             "REPLICATE": self.on_REPLICATE,
-            **dict.fromkeys(_NOTIFICATIONS, self._to_session),
+            **dict.fromkeys(CLIENT_NOTIFICATIONS, self._to_session),
         }
