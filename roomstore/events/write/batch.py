@@ -182,24 +182,29 @@ class PreparedEvent:
 
     def with_version_assumed(self) -> PreparedEvent:
         """This event, ``version_assumed`` (by its constructor: ``attrs.evolve`` costs several times more)."""
-        return PreparedEvent(
-            self.pdu,
-            self.outlier,
-            self.rejected_reason,
-            self.backfilled,
-            self.state_before,
-            self.content_hash_mismatch,
-            self.signatures_checked,
-            self.auth_checked,
-            self.soft_failed,
-            self.client_txn,
-            version_assumed=True,
-        )
+        return PreparedEvent(*self._args_but_version_assumed(), version_assumed=True)
 
     def __reduce__(self):
         # Unpickled by its constructor: attrs' own __setstate__ for slotted
         # classes is Python, and was half of a validation reply's unpickling.
-        return PreparedEvent, (
+        return PreparedEvent, (*self._args_but_version_assumed(), self.version_assumed)
+
+    def _args_but_version_assumed(
+        self,
+    ) -> tuple[
+        ParsedPdu,
+        bool,
+        str | None,
+        bool,
+        Mapping[StateKey, str] | StateDelta | None,
+        bool,
+        bool,
+        bool,
+        bool,
+        ClientTxn | None,
+    ]:
+        """The constructor's arguments, in order, up to ``version_assumed``."""
+        return (
             self.pdu,
             self.outlier,
             self.rejected_reason,
@@ -210,7 +215,6 @@ class PreparedEvent:
             self.auth_checked,
             self.soft_failed,
             self.client_txn,
-            self.version_assumed,
         )
 
 
