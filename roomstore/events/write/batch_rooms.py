@@ -52,11 +52,7 @@ class BatchRooms:
         """The versions of the rooms whose version the events leave to the
         store. ``turn`` (the call's ``WriteTurns`` turn): a room not stored yet
         whose create event is in an earlier call still in flight is validated
-        by that event's version (``assumed``) rather than after its write,
-        without looking for the room in the database first (a room stored
-        already with another version then has its events refused by the
-        write, as not of its version: run again, they are validated by the
-        stored one);
+        by that event's version (``assumed``) rather than after its write;
         a room neither stored nor being created waits for every earlier call
         to be written, then is looked up again. The write refuses an event
         of an assumed room whose create event was not stored after all
@@ -70,15 +66,6 @@ class BatchRooms:
                     rooms.add(room_id)
                 elif room_id:
                     own.add(room_id)
-        known, uncached = self.cache.split(sorted(rooms))
-        if uncached and turn is not None and turn.earlier_in_flight():
-            # Rooms created by earlier calls (an import's next batches): no
-            # lookup, which would wait behind their writes on the database
-            # thread while validation waits for it.
-            created = await turn.created_earlier()
-            ahead = {room_id: created[room_id] for room_id in uncached if room_id not in own and room_id in created}
-            if len(ahead) == len(set(uncached) - own):
-                return BatchVersions({**known, **ahead}, ahead, False, bool(own.intersection(uncached)))
         known = await self.versions(sorted(rooms))
         missing = rooms - known.keys()
         whole = bool(missing & own)  # some events take their version from the batch's own create event
