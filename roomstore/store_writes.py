@@ -26,11 +26,19 @@ from typing import Any, Protocol
 from roomstore.events.caches import EVENT_CACHE, StoreCaches, write_cache_invalidations
 from roomstore.events.censor import RedactionCensor
 from roomstore.events.purge import Purger, PurgeResult
-from roomstore.events.write.batch import EventToPersist, PersistedEvent, first_copies, orphan_rooms, results_in_order
+from roomstore.events.write.batch import (
+    AssumedVersionWrong,
+    EventToPersist,
+    PersistedEvent,
+    first_copies,
+    orphan_rooms,
+    results_in_order,
+)
 from roomstore.events.write.batch_rooms import BatchRooms
 from roomstore.events.write.persist import BatchOutcome, EventPersister
 from roomstore.events.write.pipeline import BatchValidator, WriteTurns, write_in_group
 from roomstore.events.write.precheck import precheck_txn
+from roomstore.pdu.parsing import InvalidEventError
 from roomstore.pdu.signatures import VerifyKeys
 from roomstore.state.groups import StateGroupStore, delete_when_unlocked
 from roomstore.storage.database import Database
@@ -126,6 +134,31 @@ class LocalWrites:
         """Validated while earlier calls write, written in its turn, or with
         an earlier call's batch (``WriteTurns``)."""
         rooms = await self.batch_rooms.needed_by(events, turn)
+        try:
+            return await self._validate_and_write(
+                turn, events, rooms, resolved_current_state, refuse_hash_mismatch, verify_keys
+            )
+        except InvalidEventError as exc:
+            if not rooms.assumed:
+                raise
+            # Validated by the version of a create event in an earlier call,
+            # not looked for in the database: where that was a second create
+            # event for a room stored at another version (refused), the
+            # batch is validated again by the stored version, and written
+            # alone. Every earlier call is written by now: the look finds
+            # what is stored.
+            await turn.ready()
+            stored = await self.batch_rooms.needed_by(events)
+            as_assumed = all(stored.versions.get(room) == version for room, version in rooms.assumed.items())
+            if as_assumed and not isinstance(exc, AssumedVersionWrong):
+                raise  # the batch's own error
+            return await self._validate_and_write(
+                turn, events, stored, resolved_current_state, refuse_hash_mismatch, verify_keys, alone=True
+            )
+
+    async def _validate_and_write(
+        self, turn, events, rooms, resolved_current_state, refuse_hash_mismatch, verify_keys, alone=False
+    ):
         prepared = await self.validator.prepare(
             events, rooms.versions, refuse_hash_mismatch, verify_keys, self_contained=not rooms.whole
         )
@@ -136,7 +169,7 @@ class LocalWrites:
         # Only a batch with nothing to check against earlier calls' writes
         # (room versions, orphans) and no resolved state may go with another's.
         orphan_rooms_to_check = orphan_rooms(prepared, rooms.versions)
-        alone = bool(resolved_current_state) or rooms.unknown or bool(orphan_rooms_to_check)
+        alone = alone or bool(resolved_current_state) or rooms.unknown or bool(orphan_rooms_to_check)
         offer = None if alone else turn.offer_batch(prepared)
         # Every earlier call's writes are done from here on: this batch's
         # prev events among them are stored, as if the calls had waited.

@@ -360,6 +360,44 @@ class PipelineTests:
         self.assertFalse(outcomes[2][0])
         self.assertEqual(await store.get_forward_extremities(room.room_id), [genuine.event_id])
 
+    async def test_events_a_second_create_in_flight_makes_invalid_are_validated_again(self):
+        # The hostile create event in flight is of room version 1, whose
+        # events carry their ID: the room's own bare events fail validation
+        # by it, and are validated again by the stored version and stored.
+        store = await self.open_store()
+        room, built = linear_room(3)
+        await store.persist_events([room.to_persist(e) for e in built])
+        store.batch_rooms.cache.clear()
+        impostor = RoomBuilder(room.room_id, version="1")
+        genuine = [room.message(ALICE, "after"), room.message(ALICE, "and after")]
+        calls = [[impostor.to_persist(impostor.create())], [EventToPersist(e.raw) for e in genuine]]
+        outcomes = await self._in_flight(store, calls)
+        outcomes[0][1].trap(InvalidEventError)
+        self.assertTrue(outcomes[1][0], outcomes[1][1])
+        self.assertEqual([r.event_id for r in outcomes[1][1]], [e.event_id for e in genuine])
+        self.assertEqual(await store.get_forward_extremities(room.room_id), [genuine[-1].event_id])
+
+    async def test_a_batch_validated_by_a_create_in_flight_keeps_its_own_error(self):
+        # The versions assumed were right: an event of the batch that is
+        # invalid by them is refused with its own error, once.
+        store = await self.open_store()
+        room, built = linear_room(3)
+        broken = EventToPersist(built[1].raw.replace(b'"depth": 2', b'"depth": "two"'))
+        prepared = []
+        prepare = store.writes.validator.prepare
+
+        async def counting(events, *args, **kwargs):
+            prepared.append(len(events))
+            return await prepare(events, *args, **kwargs)
+
+        self.patch(store.writes.validator, "prepare", counting)
+        calls = [[room.to_persist(built[0])], [broken]]
+        outcomes = await self._in_flight(store, calls)
+        self.assertTrue(outcomes[0][0], outcomes[0][1])
+        outcomes[1][1].trap(InvalidEventError)
+        self.assertIn("depth", str(outcomes[1][1].value))
+        self.assertEqual(prepared, [1, 1])
+
     async def test_a_room_whose_create_write_fails_is_unknown_to_the_calls_after(self):
         # Validated by the create event's version while it was in flight; its
         # batch refused, the next call is refused as if it had waited.

@@ -376,6 +376,20 @@ class PrevEventsCycle(InvalidEventError):
         self.event_ids = tuple(event_ids)
 
 
+class AssumedVersionWrong(InvalidEventError):
+    """An event validated by the version of its room's create event in an
+    earlier call (``version_assumed``) whose room is stored at another
+    version: that create event was a second one, refused. The event is not
+    refused for it: ``RoomStore.persist_events`` validates it again by the
+    stored version."""
+
+    def __init__(self, event_id: str, room_id: str, assumed: str, stored: str) -> None:
+        super().__init__(
+            f"event {event_id} was validated as room version {assumed} but room {room_id} is stored at {stored}",
+            "room_id",
+        )
+
+
 def order_batch(batch: Sequence[PreparedEvent]) -> list[PreparedEvent]:
     """The batch with each event after its prev events that are in the batch
     (stable otherwise); duplicates dropped. ``InvalidEventError`` where the

@@ -52,9 +52,14 @@ class BatchRooms:
         """The versions of the rooms whose version the events leave to the
         store. ``turn`` (the call's ``WriteTurns`` turn): a room not stored yet
         whose create event is in an earlier call still in flight is validated
-        by that event's version (``assumed``) rather than after its write;
-        a room neither stored nor being created waits for every earlier call
-        to be written, then is looked up again. The write refuses an event
+        by that event's version (``assumed``) rather than after its write,
+        without a look in the database first, which would wait behind their
+        writes on the database thread while validation waited for it (a room
+        stored already at another version, whose create event in flight is a
+        second one, makes the write raise ``AssumedVersionWrong``: the caller
+        validates the batch again by the stored version); a room neither
+        stored nor being created waits for every earlier call to be
+        written, then is looked up again. The write refuses an event
         of an assumed room whose create event was not stored after all
         (``PreparedEvent.version_assumed``)."""
         rooms = set()
@@ -66,6 +71,12 @@ class BatchRooms:
                     rooms.add(room_id)
                 elif room_id:
                     own.add(room_id)
+        known, uncached = self.cache.split(sorted(rooms))
+        if uncached and turn is not None and turn.earlier_in_flight():
+            created = await turn.created_earlier()
+            ahead = {room: created[room] for room in uncached if room not in own and room in created}
+            if len(ahead) == len(set(uncached) - own):
+                return BatchVersions({**known, **ahead}, ahead, False, bool(own.intersection(uncached)))
         known = await self.versions(sorted(rooms))
         missing = rooms - known.keys()
         whole = bool(missing & own)  # some events take their version from the batch's own create event

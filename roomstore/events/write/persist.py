@@ -36,6 +36,7 @@ from roomstore.events.tables.events import (
 )
 from roomstore.events.write.auth_checks import checked_event, prefetch_auth_events, remember_after_commit
 from roomstore.events.write.batch import (
+    AssumedVersionWrong,
     ClientTxn,
     EventToPersist,
     PersistedEvent,
@@ -568,6 +569,8 @@ class _BatchWriter(BatchStateSteps):
                         " (persist its create event first, or pass room_version)"
                     )
             elif known != given:
+                if ev.version_assumed:
+                    raise AssumedVersionWrong(ev.event_id, room_id, given, known)
                 raise InvalidEventError(
                     f"event {ev.event_id} claims room version {given} but room {ev.pdu.room_id} is version {known}"
                 )
