@@ -299,6 +299,58 @@ class TransactionTests:
             with self.assertRaises(ValueError):
                 await db.run_interaction("nul", lambda t: t.copy_rows("loaded", ("id", "body"), [(20, "a\0b")]))
 
+    async def test_copy_rows_of_every_column_type(self):
+        """PostgreSQL loads rows in COPY's binary format where each column's
+        type allows (integers of each width, booleans, text, bytea), in text
+        where a column's type does not (numeric here) or a value is not
+        plainly of its column's type (an int for a boolean, a string for an
+        integer: text COPY reads them as the values they spell): either way
+        the rows read back are those ``insert_many`` stores."""
+        db = await self.make_database()
+        blob = "BYTEA" if self.engine_name == "postgres" else "BLOB"
+        columns = ("big", "mid", "small", "flag", "body", "data")
+
+        def create(txn):
+            for table in ("copied", "inserted"):
+                txn.execute(
+                    f"CREATE TABLE {table} (big BIGINT PRIMARY KEY, mid INTEGER, small SMALLINT, flag BOOLEAN,"
+                    f" body TEXT, data {blob}, amount NUMERIC)"
+                )
+
+        await db.run_interaction("create", create)
+        rows = [
+            (-(2**63), -(2**31), -(2**15), False, "\u00e9\U0001f600\t\\", b"\x00\xff"),
+            (2**63 - 1, 2**31 - 1, 2**15 - 1, True, "", b""),
+            (3, None, None, None, None, None),
+        ]
+        loose = [(4, 5, 6, 1, "x", b"y"), (5, "7", 8, True, "z", bytearray(b"w"))]
+        # As text COPY reads them (and SQLite stores them).
+        read = [(4, 5, 6, True, "x", b"y"), (5, 7, 8, True, "z", b"w")]
+
+        def load(txn):
+            txn.copy_rows("copied", columns, rows)
+            txn.copy_rows("copied", columns, loose)
+            txn.copy_rows("copied", ("big", "amount"), [(6, 1)])
+            txn.insert_many("inserted", columns, [*rows, *read])
+            txn.insert_many("inserted", ("big", "amount"), [(6, 1)])
+            return [
+                [
+                    tuple(bytes(v) if isinstance(v, memoryview) else v for v in row)
+                    for row in txn.execute(
+                        f"SELECT big, mid, small, flag, body, data, amount FROM {table} ORDER BY big"
+                    ).fetchall()
+                ]
+                for table in ("copied", "inserted")
+            ]
+
+        copied, inserted = await db.run_interaction("load", load)
+        self.assertEqual(copied, inserted)
+        self.assertEqual(len(copied), 6)
+        if self.engine_name == "postgres":
+            kinds = db.engine._copy_kinds
+            self.assertIsNotNone(kinds[("copied", columns)])
+            self.assertIsNone(kinds[("copied", ("big", "amount"))])
+
     async def test_close_waits_for_running_interactions(self):
         """close() during a transaction lets it commit, then refuses new ones
         (it used to close the connection under the running transaction)."""
