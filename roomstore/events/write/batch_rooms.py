@@ -73,7 +73,7 @@ class BatchRooms:
                     own.add(room_id)
         known, uncached = self.cache.split(sorted(rooms))
         if uncached and turn is not None and turn.earlier_in_flight():
-            created = await turn.created_earlier()
+            created = await turn.created_earlier(set(uncached) - own)
             ahead = {room: created[room] for room in uncached if room not in own and room in created}
             if len(ahead) == len(set(uncached) - own):
                 return BatchVersions({**known, **ahead}, ahead, False, bool(own.intersection(uncached)))
@@ -85,7 +85,7 @@ class BatchRooms:
             return BatchVersions(known, {}, False, whole)
         if turn is None or not turn.earlier_in_flight():
             return BatchVersions(known, {}, True, True)
-        created = await turn.created_earlier()
+        created = await turn.created_earlier(missing)
         assumed = {room_id: created[room_id] for room_id in missing if room_id in created}
         if len(assumed) == len(missing):
             return BatchVersions({**known, **assumed}, assumed, False, whole)

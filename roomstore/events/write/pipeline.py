@@ -26,7 +26,7 @@ import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from twisted.internet import defer, threads
@@ -353,17 +353,27 @@ class _Turn:
                 {ev.pdu.room_id: ev.pdu.room_version.identifier for ev in prepared if ev.pdu.is_create}
             )
 
-    async def created_earlier(self) -> dict[str, str]:
+    async def created_earlier(self, wanted: Collection[str] = ()) -> dict[str, str]:
         """Room ID -> version of the create events in the batches of the
         earlier calls still in flight, once each is validated: a batch naming
         such a room is validated by that version while the create event's
         write is still to come, instead of waiting for it. (Its own write
-        comes after, and checks the room's stored version again.)"""
+        comes after, and checks the room's stored version again.)
+
+        ``wanted``: the rooms asked about. The calls are awaited in order
+        only until each of them is found (the first create event is the one
+        that counts): the calls validated after that one are not waited
+        for, so the batches of an import's room created in flight are
+        validated side by side, not one after another."""
         turns = self._turns._open
         created: dict[str, str] = {}
+        missing = set(wanted)
         for earlier in turns[: turns.index(self)]:
             for room_id, version in (await _observed(earlier._creates)).items():
                 created.setdefault(room_id, version)  # the first create event is the one that counts
+                missing.discard(room_id)
+            if wanted and not missing:
+                break
         return created
 
     async def ready(self) -> None:
