@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from types import SimpleNamespace
 
 from twisted.internet import defer, reactor, threads
 from twisted.internet.task import deferLater
@@ -132,6 +133,27 @@ class WriteTurnsTests(unittest.TestCase):
         third.done()
         later = turns.take()  # a call made after: tried again
         self.successResultOf(defer.ensureDeferred(write(later)))
+
+    def test_a_room_created_in_flight_is_known_without_waiting_for_the_calls_after_its_create(self):
+        # The create event's call is validated, the call after it is not:
+        # a third call naming the room learns its version at once; asked
+        # about every room (or one no call creates), it waits for them all.
+        turns = WriteTurns()
+        first, second, third = turns.take(), turns.take(), turns.take()
+        version = SimpleNamespace(identifier="10")
+        create = SimpleNamespace(room_id="!a:x", room_version=version, is_create=True)
+        first.validated([SimpleNamespace(pdu=create)])
+        named = defer.ensureDeferred(third.created_earlier({"!a:x"}))
+        self.assertEqual(self.successResultOf(named), {"!a:x": "10"})
+        everything = defer.ensureDeferred(third.created_earlier())
+        unknown = defer.ensureDeferred(third.created_earlier({"!b:x"}))
+        self.assertNoResult(everything)
+        self.assertNoResult(unknown)
+        second.validated([])
+        self.assertEqual(self.successResultOf(everything), {"!a:x": "10"})
+        self.assertEqual(self.successResultOf(unknown), {"!a:x": "10"})
+        for turn in (first, second, third):
+            turn.done()
 
 
 class ValidatorTests(unittest.TestCase):
