@@ -9,6 +9,7 @@ so the checks are what refuses it."""
 
 from __future__ import annotations
 
+from roomstore.events.write import auth_checks
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder, fake_event_id
 
@@ -180,6 +181,27 @@ class SoftFailTests:
     auth events and the state before it allow, but the room's current state
     as it arrives does not, is stored soft-failed: part of the state after
     it, never served in a timeline, never a forward extremity."""
+
+    async def test_alike_events_against_one_state_are_compared_once_a_batch(self):
+        # Twenty messages of Bob's citing the same auth events against the
+        # same state: the quick path compares them with the state for the
+        # second only (the first takes the full checks), and the rest are
+        # accepted as it was. After a ban in the same batch a message citing
+        # those auth events again is against another state: compared, fully
+        # checked, and rejected.
+        store = await self.open_store()
+        room = RoomBuilder(version="12", creator=ALICE)
+        setup = [room.create(), room.join(ALICE), room.join_rules(), room.join(BOB)]
+        await store.persist_events([room.to_persist(e) for e in setup])
+        compared = []
+        real = auth_checks._cites_exactly
+        self.patch(auth_checks, "_cites_exactly", lambda *args: compared.append(1) or real(*args))
+        chat = [room.message(BOB, f"message {i}") for i in range(20)]
+        ban = room.member(BOB, "ban", sender=ALICE)
+        stale = room.message(BOB, "after the ban", extra={"auth_events": chat[-1].event["auth_events"]})
+        results = await store.persist_events([room.to_persist(e) for e in [*chat, ban, stale]])
+        self.assertEqual([r.rejected_reason is None for r in results], [True] * 21 + [False])
+        self.assertEqual(len(compared), 2)
 
     async def test_a_message_on_an_old_branch_after_a_ban(self):
         store = await self.open_store()

@@ -139,11 +139,18 @@ def rejection_of(
         cited_ids = pdu.auth_chain_event_ids
         passed = w.p.passed_auth_checks
         decided_by = _decided_by(pdu)
+        alike = (decided_by, group_before) if decided_by is not None and group_before is not None else None
+        if alike is not None and not ev.outlier and alike in w.accepted_alike:
+            # An event alike in what decides it, against the same state,
+            # took the quick path below in this transaction: so does this one.
+            return None
         state_auth = None if ev.outlier else _state_auth_entries(w, key_nids, group_before)
         if decided_by is not None and state_auth is not None and decided_by in passed:
             if _cites_exactly(w, cited_ids, state_auth):
                 # Both checks read the same accepted events (state holds no
                 # rejected one), and events alike in what decides them passed.
+                if alike is not None:
+                    w.accepted_alike.add(alike)
                 return None
         source = w.event_source
         cited = source.get_events(cited_ids)

@@ -200,6 +200,9 @@ class _BatchWriter(BatchStateSteps):
         self.ends = RoomEnds(txn)
         #: (room version, sender) -> the auth checks' keys of its events but members (``auth_checks``).
         self.auth_keys_of_sender: dict[tuple[str, str], dict[int, StateKey]] = {}
+        #: (what decides an event's checks, its state group before) of the
+        #: events the checks' quick path accepted (``auth_checks``).
+        self.accepted_alike: set[tuple[tuple, int]] = set()
 
     # ---------------------------------------------------------------- helpers
 
