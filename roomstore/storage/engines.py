@@ -24,14 +24,7 @@ import attrs
 
 from roomstore.storage.db_urls import masked_url, normalized_postgres_url
 from roomstore.storage.errors import DatabaseConfigError, DatabaseUnavailableError
-from roomstore.storage.pg_connection import (
-    BINARY_COPY_KINDS,
-    copy_binary,
-    copy_text,
-    is_stale_plan,
-    preparing_connection,
-    xact_status,
-)
+from roomstore.storage.pg_connection import CopyKinds, copy_in, is_stale_plan, preparing_connection, xact_status
 from roomstore.storage.sqlite_connection import cannot_open, check_sqlite_file, connect_sqlite
 
 Row = tuple[Any, ...]  #: A row as the driver gives it (its values typed by the column, not by us).
@@ -407,10 +400,8 @@ class PostgresEngine(Engine):
     #: Every transaction read-only (``default_transaction_read_only``): the
     #: read commands' stores.
     read_only: bool = False
-    #: (table, columns) -> ``copy_binary``'s kinds, or None (text): ``_binary_copy_kinds``.
-    _copy_kinds: dict[tuple[str, tuple[str, ...]], tuple[int, ...] | None] = attrs.field(
-        factory=dict, init=False, repr=False, eq=False
-    )
+    #: (table, columns) -> ``copy_binary``'s kinds, or None (text): ``pg_connection.copy_in``.
+    _copy_kinds: CopyKinds = attrs.field(factory=dict, init=False, repr=False, eq=False)
 
     name = "postgres"
     supports_sequences = True
@@ -462,34 +453,7 @@ class PostgresEngine(Engine):
         return [tuple(r) for r in result] if returning else None
 
     def copy_rows(self, cursor: Any, table: str, columns: Sequence[str], rows: Sequence[Row]) -> None:
-        # COPY: one message stream, no per-row statement parse or bind; in
-        # binary where every column's type allows (the server parses no
-        # value), else in text.
-        kinds = self._binary_copy_kinds(cursor, table, tuple(columns))
-        body = copy_binary(rows, kinds) if kinds is not None else None
-        target = f"{table} ({', '.join(columns)})"
-        if body is not None:
-            cursor.copy_expert(f"COPY {target} FROM STDIN (FORMAT binary)", io.BytesIO(body), size=1 << 20)
-        else:
-            cursor.copy_expert(f"COPY {target} FROM STDIN", io.StringIO(copy_text(rows)), size=1 << 20)
-
-    def _binary_copy_kinds(self, cursor: Any, table: str, columns: tuple[str, ...]) -> tuple[int, ...] | None:
-        """``copy_binary``'s kinds of ``table``'s ``columns``, read from the
-        catalog once per table; None where one has a type it does not write
-        or the server's encoding is not UTF-8 (text then)."""
-        key = (table, columns)
-        if key not in self._copy_kinds:
-            cursor.execute(
-                "SELECT a.attname, a.atttypid::regtype::text, current_setting('server_encoding')"
-                " FROM pg_attribute AS a WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
-                (table,),
-            )
-            found = cursor.fetchall()
-            types = {name: kind for name, kind, _ in found}
-            utf8 = bool(found) and found[0][2] == "UTF8"
-            kinds = [BINARY_COPY_KINDS.get(types.get(column, "")) for column in columns]
-            self._copy_kinds[key] = tuple(kinds) if utf8 and None not in kinds else None  # type: ignore[arg-type]
-        return self._copy_kinds[key]
+        copy_in(cursor, table, columns, rows, self._copy_kinds)
 
     def table_bytes(self, txn: Any, table: str) -> int | None:
         size: int | None = txn.select_one_value("SELECT pg_total_relation_size(?)", (table,))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import io
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -249,3 +250,43 @@ def copy_binary(rows: Sequence[Sequence[Any]], kinds: Sequence[int]) -> bytes | 
         return None
     add(b"\xff\xff")
     return b"".join(out)
+
+
+#: (table, columns) -> ``copy_binary``'s kinds of those columns, or None (text).
+CopyKinds = dict[tuple[str, tuple[str, ...]], "tuple[int, ...] | None"]
+
+
+def copy_in(
+    cursor: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], kinds_of: CopyKinds
+) -> None:
+    """``COPY table (columns) FROM STDIN`` of ``rows``: one message stream, no
+    per-row statement parse or bind; in binary where every column's type
+    allows (the server then parses no value), else in text. ``kinds_of``:
+    the caller's cache of ``_copy_kinds``."""
+    key = (table, tuple(columns))
+    if key not in kinds_of:
+        kinds_of[key] = _copy_kinds(cursor, table, key[1])
+    kinds = kinds_of[key]
+    body = copy_binary(rows, kinds) if kinds is not None else None
+    target = f"{table} ({', '.join(columns)})"
+    if body is not None:
+        cursor.copy_expert(f"COPY {target} FROM STDIN (FORMAT binary)", io.BytesIO(body), size=1 << 20)
+    else:
+        cursor.copy_expert(f"COPY {target} FROM STDIN", io.StringIO(copy_text(rows)), size=1 << 20)
+
+
+def _copy_kinds(cursor: Any, table: str, columns: tuple[str, ...]) -> tuple[int, ...] | None:
+    """``copy_binary``'s kinds of ``table``'s ``columns``, from the catalog;
+    None where one has a type it does not write or the server's encoding
+    is not UTF-8 (text then)."""
+    cursor.execute(
+        "SELECT a.attname, a.atttypid::regtype::text, current_setting('server_encoding')"
+        " FROM pg_attribute AS a WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+        (table,),
+    )
+    found = cursor.fetchall()
+    types = {name: kind for name, kind, _ in found}
+    kinds = [BINARY_COPY_KINDS.get(types.get(column, "")) for column in columns]
+    if not found or found[0][2] != "UTF8" or None in kinds:
+        return None
+    return tuple(k for k in kinds if k is not None)
