@@ -63,12 +63,18 @@ class AuthEdgeCache:
         edges = self._edges
         missing = [nid for nid in nids if nid not in edges]
         if missing:
-            found = auth_edges_txn(txn, missing)
-            if len(edges) + len(found) > self.max_size:
-                for nid in list(itertools.islice(edges, len(edges) // 2)):
-                    del edges[nid]
-            edges.update((nid, tuple(auths)) for nid, auths in found.items())
+            self.remember({nid: tuple(auths) for nid, auths in auth_edges_txn(txn, missing).items()})
         return edges
+
+    def remember(self, found: Mapping[int, tuple[int, ...]]) -> None:
+        """Edges of events just stored (after their commit), so that the next
+        writes' walks need not read them back; an event stored without any
+        (a create event) is kept too, as it has all it will ever have."""
+        edges = self._edges
+        if len(edges) + len(found) > self.max_size:
+            for nid in list(itertools.islice(edges, len(edges) // 2)):
+                del edges[nid]
+        edges.update(found)
 
     def clear(self) -> None:
         self._edges.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from roomstore.events import resolution_source
 from roomstore.events.write.persist import EventToPersist, MissingStateError, StateDelta
 from roomstore.pdu.parsing import InvalidEventError
 from roomstore.store import RoomStore
@@ -87,6 +88,27 @@ class PersistTests:
         for raw in (b"\xff\xfe", b"[1, 2]", b"{" + b" " * 70000 + b"}"):
             with self.assertRaises(InvalidEventError):
                 await store.persist_events([EventToPersist(raw, "10")])
+
+    async def test_the_auth_edges_of_stored_events_are_not_read_back(self):
+        # A conflict between branches of earlier calls is resolved over the
+        # auth chains of stored events (the create event's, which has none,
+        # included): the edges their writes stored are known, not read.
+        store = await self.open_store()
+        room = RoomBuilder(version="12", creator=ALICE)
+        await store.persist_events([room.to_persist(e) for e in (room.create(), room.join(ALICE))])
+        fork = list(room.leaves)
+        t1 = room.state("m.room.topic", "", {"topic": "a"}, prev=fork)
+        t2 = room.state("m.room.topic", "", {"topic": "b"}, prev=fork)
+        await store.persist_events([room.to_persist(t1)])
+        await store.persist_events([room.to_persist(t2)])
+        reads = []
+        real = resolution_source.auth_edges_txn
+        self.patch(resolution_source, "auth_edges_txn", lambda *args: reads.append(args[1]) or real(*args))
+        after = room.message(ALICE, "after", prev=[t1.event_id, t2.event_id])
+        await store.persist_events([room.to_persist(after)])
+        states = [await store.get_state_ids(t.event_id) for t in (t1, t2)]
+        self.assertEqual(await store.get_state_ids(after.event_id, before=True), pure_resolution(room, states))
+        self.assertEqual(reads, [])
 
     async def test_fork_merge_and_conflict(self):
         store = await self.open_store()

@@ -518,6 +518,12 @@ class _BatchWriter(BatchStateSteps):
         insert_events(txn, rows.events)
         insert_event_json(txn, rows.json)
         insert_edges(txn, rows.edges, rows.auth)
+        # The next writes' auth chain walks find these edges without a read
+        # (a create event's none too: it is stored, with every edge it has).
+        stored_edges: dict[int, list[int]] = {self.event_nids[ev.event_id]: [] for ev in new_events}
+        for event_nid, auth_nid in rows.auth:
+            stored_edges.setdefault(event_nid, []).append(auth_nid)
+        txn.call_after(self.p.parsed_events.auth_edges.remember, {n: tuple(a) for n, a in stored_edges.items()})
         insert_memberships(txn, rows.memberships)
         insert_redactions(txn, rows.redactions)
         nid = self.event_nids
