@@ -361,16 +361,21 @@ class PipelineTests:
         self.assertEqual(at_first_write, [3])
         self.assertEqual([r.stream_ordering for r in outcomes[2][1]], list(range(46, len(built) + 1)))
 
+    async def _stored_room_and_impostor(self, version: str):
+        """A store holding a v10 room whose version the cache has lost, the
+        room, and a builder of another ``version`` for the same room ID."""
+        store = await self.open_store()
+        room, built = linear_room(3)
+        await store.persist_events([room.to_persist(e) for e in built])
+        store.batch_rooms.cache.clear()
+        return store, room, RoomBuilder(room.room_id, version=version)
+
     async def test_a_second_create_in_flight_costs_the_stored_rooms_events_nothing(self):
         # A stored v10 room (its version not cached), then a hostile create
         # event for the same room ID at v9 in an earlier call: the room's own
         # events behind it are validated by the stored version and stored;
         # the create event and the events built on it are refused.
-        store = await self.open_store()
-        room, built = linear_room(3)
-        await store.persist_events([room.to_persist(e) for e in built])
-        store.batch_rooms.cache.clear()
-        impostor = RoomBuilder(room.room_id, version="9")
+        store, room, impostor = await self._stored_room_and_impostor("9")
         forged = [impostor.create(), impostor.join(BOB)]
         genuine = room.message(ALICE, "after")
         calls = [[impostor.to_persist(forged[0])], [EventToPersist(genuine.raw)], [EventToPersist(forged[1].raw)]]
@@ -386,11 +391,7 @@ class PipelineTests:
         # The hostile create event in flight is of room version 1, whose
         # events carry their ID: the room's own bare events fail validation
         # by it, and are validated again by the stored version and stored.
-        store = await self.open_store()
-        room, built = linear_room(3)
-        await store.persist_events([room.to_persist(e) for e in built])
-        store.batch_rooms.cache.clear()
-        impostor = RoomBuilder(room.room_id, version="1")
+        store, room, impostor = await self._stored_room_and_impostor("1")
         genuine = [room.message(ALICE, "after"), room.message(ALICE, "and after")]
         calls = [[impostor.to_persist(impostor.create())], [EventToPersist(e.raw) for e in genuine]]
         outcomes = await self._in_flight(store, calls)
