@@ -67,9 +67,10 @@ class AuthEdgeCache:
         return edges
 
     def remember(self, found: Mapping[int, tuple[int, ...]]) -> None:
-        """Edges of events just stored (after their commit), so that the next
-        writes' walks need not read them back; an event stored without any
-        (a create event) is kept too, as it has all it will ever have."""
+        """Keep ``found``, stored events' whole edges: read from the table
+        (``edges_of``), or those of a write's events once it commits, so
+        that the next writes' walks need not read them back (a create
+        event's none too: it has all it will ever have)."""
         edges = self._edges
         if len(edges) + len(found) > self.max_size:
             for nid in list(itertools.islice(edges, len(edges) // 2)):

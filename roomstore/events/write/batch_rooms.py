@@ -73,9 +73,10 @@ class BatchRooms:
                     own.add(room_id)
         known, uncached = self.cache.split(sorted(rooms))
         if uncached and turn is not None and turn.earlier_in_flight():
-            created = await turn.created_earlier(set(uncached) - own)
-            ahead = {room: created[room] for room in uncached if room not in own and room in created}
-            if len(ahead) == len(set(uncached) - own):
+            wanted = set(uncached) - own
+            created = await turn.created_earlier(wanted)
+            ahead = {room: created[room] for room in wanted if room in created}
+            if len(ahead) == len(wanted):
                 return BatchVersions({**known, **ahead}, ahead, False, bool(own.intersection(uncached)))
         known = await self.versions(sorted(rooms))
         missing = rooms - known.keys()
