@@ -5,8 +5,11 @@ they name, JSON output and the error a person can fix."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 DEFAULT_DB = "sqlite:///var/roomstore.db"
@@ -16,6 +19,36 @@ def emit(obj: Any) -> None:
     """Print ``obj`` as one JSON line on stdout."""
     sys.stdout.write(json.dumps(obj, sort_keys=True, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+#: The collector's thresholds during a bulk load (``bulk_load_gc``): a young
+#: collection every 50,000 net allocations rather than 700, and the older
+#: generations after 20 and 100 of those.
+BULK_GC_THRESHOLDS = (50_000, 20, 100)
+
+
+@contextlib.contextmanager
+def bulk_load_gc() -> Iterator[None]:
+    """The cyclic garbage collector set for a bulk load (``import``,
+    ``import-synapse``), as it was again afterwards.
+
+    A load allocates millions of short-lived objects (rows, parsed events)
+    beside long-lived ones (the store's caches). With the default thresholds
+    the collector runs every 700 allocations and, every few thousand, walks
+    the caches again, though nearly nothing there is garbage: 5-15% of an
+    import's time (``docs/benchmarks.md``, issue 42). Here what start-up made
+    is frozen out of every collection (``gc.freeze``), and collections come
+    far less often; the few reference cycles a load makes (Twisted failures)
+    are still collected, a little later. Synapse tunes its collector for the
+    same reason (its ``gc_thresholds`` option)."""
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*BULK_GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 class CliError(Exception):

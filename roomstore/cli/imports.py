@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Callable
 
-from roomstore.cli.common import CliError, emit, open_store
+from roomstore.cli.common import CliError, bulk_load_gc, emit, open_store
 from roomstore.cli.import_loop import import_file
 from roomstore.cli.redis_bus import add_redis_tls_options, connect_redis, flush_redis
 
@@ -155,17 +155,18 @@ async def cmd_import(reactor, args) -> int:
             redis = await connect_redis(reactor, store, args)
         started = time.monotonic()
         try:
-            await import_file(
-                store,
-                args.file,
-                args.batch_size,
-                args.progress,
-                args.strict,
-                verify_keys,
-                summary,
-                in_flight=args.in_flight,
-                trust_source=args.trust_source,
-            )
+            with bulk_load_gc():
+                await import_file(
+                    store,
+                    args.file,
+                    args.batch_size,
+                    args.progress,
+                    args.strict,
+                    verify_keys,
+                    summary,
+                    in_flight=args.in_flight,
+                    trust_source=args.trust_source,
+                )
         except StorageFullError as exc:
             # What committed stays (each batch is one transaction); the same
             # import run again skips it as already present.

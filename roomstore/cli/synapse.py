@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from roomstore.cli.common import CliError, emit, open_store
+from roomstore.cli.common import CliError, bulk_load_gc, emit, open_store
 from roomstore.cli.imports import workers_for
 
 
@@ -68,9 +68,10 @@ async def cmd_import_synapse(reactor, args) -> int:
         store = await open_store(reactor, args, create=True, validation_processes=workers_for(total))
         try:
             bar = progress_bar(total, "import-synapse", "event", force=args.progress)
-            summary = await import_synapse(
-                store, reader, rooms, args.batch_size, report=emit, progress=bar, trust_source=args.trust_source
-            )
+            with bulk_load_gc():
+                summary = await import_synapse(
+                    store, reader, rooms, args.batch_size, report=emit, progress=bar, trust_source=args.trust_source
+                )
             bar.close()
             emit({**summary.as_json(), "current_token": store.get_current_token()})
         finally:
