@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import abc
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 import attrs
@@ -159,6 +160,8 @@ class _Rows:
     json: list = attrs.Factory(list)
     edges: list = attrs.Factory(list)
     auth: list = attrs.Factory(list)
+    #: event nid -> its auth edges' nids (the auth-edge cache learns them at commit).
+    auth_of: dict = attrs.Factory(dict)
     memberships: list = attrs.Factory(list)
     redactions: list = attrs.Factory(list)
     #: room ID -> newest stream ordering of its graph events in the batch.
@@ -457,7 +460,9 @@ class _BatchWriter(BatchStateSteps):
         else:
             rows.edges.extend((event_nid, nid[p]) for p in dict.fromkeys(prev_ids))
         # With v12's implied create event: the auth chain's edges, as Synapse's event_auth.
-        rows.auth.extend((event_nid, nid[a]) for a in dict.fromkeys(pdu.auth_chain_event_ids))
+        auth_nids = tuple([nid[a] for a in dict.fromkeys(pdu.auth_chain_event_ids)])
+        rows.auth_of[event_nid] = auth_nids
+        rows.auth.extend(zip(repeat(event_nid), auth_nids))
         if pdu.type == MEMBER and state_key is not None and effective:
             user_nids = self.user_nids
             rows.memberships.append(
@@ -520,10 +525,7 @@ class _BatchWriter(BatchStateSteps):
         insert_edges(txn, rows.edges, rows.auth)
         # The next writes' auth chain walks find these edges without a read
         # (a create event's none too: it is stored, with every edge it has).
-        stored_edges: dict[int, list[int]] = {self.event_nids[ev.event_id]: [] for ev in new_events}
-        for event_nid, auth_nid in rows.auth:
-            stored_edges.setdefault(event_nid, []).append(auth_nid)
-        txn.call_after(self.p.parsed_events.auth_edges.remember, {n: tuple(a) for n, a in stored_edges.items()})
+        txn.call_after(self.p.parsed_events.auth_edges.remember, rows.auth_of)
         insert_memberships(txn, rows.memberships)
         insert_redactions(txn, rows.redactions)
         nid = self.event_nids
