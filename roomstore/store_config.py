@@ -68,6 +68,17 @@ class StoreConfig:
     #: where that is refused) or a nice value 0-19 (never below this
     #: process's own). Its validation workers inherit it.
     writer_process_priority: str | int = attrs.field(default="idle")
+    #: The child writer's cyclic garbage collector once its store is open:
+    #: what start-up made frozen out of every collection (``gc.freeze``) and
+    #: these thresholds (``gc.set_threshold``); None leaves Python's. A bulk
+    #: load sets them (``roomstore.cli.common.BULK_GC_THRESHOLDS``): the
+    #: child is the store's own process, nothing else runs in it.
+    writer_process_gc: tuple[int, int, int] | None = attrs.field(default=None)
+    #: The least level of the child writer's log lines on stderr
+    #: (``twisted.logger.LogLevel`` names: debug, info, warn, error, critical).
+    writer_process_log_level: str = attrs.field(
+        default="info", validator=attrs.validators.in_(("debug", "info", "warn", "error", "critical"))
+    )
     #: The embedding program's own schemas (``roomstore.storage.embedder_schema``):
     #: migrated after the store's, in its transaction; checked, never migrated,
     #: by a read-only store.
@@ -84,6 +95,15 @@ class StoreConfig:
     def _check_priority(self, _attribute, value) -> None:
         if value != "idle" and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 19):
             raise ValueError(f"writer_process_priority must be 'idle' or a nice value 0-19, not {value!r}")
+
+    @writer_process_gc.validator
+    def _check_gc(self, _attribute, value) -> None:
+        if value is not None and (
+            not isinstance(value, tuple)
+            or len(value) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        ):
+            raise ValueError(f"writer_process_gc must be None or three thresholds (ints, 0 or more), not {value!r}")
 
     def writes_anything(self) -> bool:
         """Whether this process is a writer of any built-in stream."""

@@ -1,19 +1,24 @@
-"""The collector's settings for a bulk load (``roomstore.cli.common.bulk_load_gc``):
-set while ``import`` and ``import-synapse`` load, as they were afterwards."""
+"""How the bulk loads run: the collector's settings (``roomstore.cli.common.bulk_load_gc``),
+set while ``import`` and ``import-synapse`` load, as they were afterwards;
+and ``import-synapse``'s writes in a writer process of their own
+(``open_store(bulk_writer_process=True)``)."""
 
 from __future__ import annotations
 
 import gc
 import os
 import tempfile
+import types
 
 from twisted.internet import reactor
 from twisted.trial import unittest
 
 from roomstore import cli
 from roomstore.cli import imports
-from roomstore.cli.common import BULK_GC_THRESHOLDS, bulk_load_gc
+from roomstore.cli import synapse as synapse_commands
+from roomstore.cli.common import BULK_GC_THRESHOLDS, bulk_load_gc, open_store
 from roomstore.demo.sample import sample_lines
+from roomstore.store_writes import ForwardedWrites, LocalWrites
 
 
 class BulkLoadGcTests(unittest.TestCase):
@@ -72,3 +77,60 @@ class ImportUnderBulkGcTests(unittest.TestCase):
         await imports.cmd_import(reactor, args)
         self.assertEqual(seen, [BULK_GC_THRESHOLDS])
         self.assertEqual(gc.get_threshold(), before)
+
+
+class BulkWriterProcessTests(unittest.TestCase):
+    def args(self, url: str, *extra: str):
+        return cli.build_parser().parse_args(["import-synapse", "--from", "x.db", "--db", url, *extra])
+
+    async def test_the_writes_in_a_child_at_normal_priority_with_the_bulk_collector(self):
+        directory = tempfile.mkdtemp()
+        store = await open_store(
+            reactor, self.args("sqlite:///" + os.path.join(directory, "s.db")), create=True, bulk_writer_process=True
+        )
+        self.addCleanup(store.close)
+        self.assertIsInstance(store.writes, ForwardedWrites)
+        child = store.writes.process._transport.pid
+        self.assertNotEqual(child, os.getpid())
+        self.assertEqual(os.getpriority(os.PRIO_PROCESS, child), os.getpriority(os.PRIO_PROCESS, 0))
+        if hasattr(os, "SCHED_IDLE"):
+            self.assertNotEqual(os.sched_getscheduler(child), os.SCHED_IDLE)
+        self.assertEqual(store.config.writer_process_gc, BULK_GC_THRESHOLDS)
+        self.assertEqual(store.config.writer_process_log_level, "warn")
+
+    async def test_verbose_lets_the_child_log_info(self):
+        directory = tempfile.mkdtemp()
+        args = self.args("sqlite:///" + os.path.join(directory, "s.db"), "-v")
+        store = await open_store(reactor, args, create=True, bulk_writer_process=True)
+        self.addCleanup(store.close)
+        self.assertEqual(store.config.writer_process_log_level, "info")
+
+    async def test_an_in_memory_database_is_written_here(self):
+        store = await open_store(reactor, self.args("sqlite:///:memory:"), create=True, bulk_writer_process=True)
+        self.addCleanup(store.close)
+        self.assertIsInstance(store.writes, LocalWrites)
+
+    async def test_import_synapse_asks_for_it(self):
+        seen = []
+
+        async def recording(reactor, args, **kwargs):
+            seen.append(kwargs.get("bulk_writer_process"))
+            raise RuntimeError("stop here")
+
+        async def reader(reactor, args):
+            class Reader:
+                source = types.SimpleNamespace(count_events=None)
+
+                async def run(self, fn, *a):
+                    return 10
+
+                async def close(self):
+                    pass
+
+            return Reader()
+
+        self.patch(synapse_commands, "open_store", recording)
+        self.patch(synapse_commands, "open_synapse", reader)
+        with self.assertRaises(RuntimeError):
+            await synapse_commands.cmd_import_synapse(reactor, self.args("sqlite:///x.db"))
+        self.assertEqual(seen, [True])

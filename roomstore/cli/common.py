@@ -12,6 +12,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
+
 DEFAULT_DB = "sqlite:///var/roomstore.db"
 
 
@@ -75,11 +77,16 @@ async def open_store(
     read_only: bool = False,
     validation_processes: int = 0,
     server_name: str | None = None,
+    bulk_writer_process: bool = False,
 ):
     """The store at ``--db``. Only commands that write (``create=True``)
     create a missing SQLite file: for the others it is a mistyped path.
     ``read_only`` (the read commands): no writer lock, so it runs beside a
-    live writer."""
+    live writer. ``bulk_writer_process``: the writes in a child process of
+    their own (``StoreConfig.writer_process``), at this process's priority
+    and with the collector set for a bulk load, so that what this process
+    does meanwhile (reading another database) takes no turn of the GIL from
+    them; not for an in-memory database, which a child cannot open."""
     from roomstore.store import RoomStore, StoreConfig
 
     writers = stream_writers(args)
@@ -92,7 +99,19 @@ async def open_store(
         validation_processes=validation_processes,
         server_name=server_name,
     )
+    if bulk_writer_process and not read_only and not _in_memory(args.db):
+        config = attrs.evolve(
+            config,
+            writer_process=True,
+            writer_process_priority=0,
+            writer_process_gc=BULK_GC_THRESHOLDS,
+            writer_process_log_level="info" if args.verbose else "warn",
+        )
     return await RoomStore.open(args.db, config, reactor=reactor, create=create)
+
+
+def _in_memory(url: str) -> bool:
+    return url.startswith("sqlite:") and ":memory:" in url
 
 
 def check_multi_writer(writers: dict[str, list[str]], args) -> None:

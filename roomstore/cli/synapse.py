@@ -65,7 +65,12 @@ async def cmd_import_synapse(reactor, args) -> int:
     reader = await open_synapse(reactor, args)
     try:
         total = await reader.run(reader.source.count_events, rooms)
-        store = await open_store(reactor, args, create=True, validation_processes=workers_for(total))
+        # The writes in a process of their own: this one reads Synapse's
+        # database meanwhile, and its Python would take turns of the GIL
+        # from them (12% of the time on SQLite, docs/benchmarks.md).
+        store = await open_store(
+            reactor, args, create=True, validation_processes=workers_for(total), bulk_writer_process=True
+        )
         try:
             bar = progress_bar(total, "import-synapse", "event", force=args.progress)
             with bulk_load_gc():

@@ -14,6 +14,7 @@ arguments (events as bytes), never code.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Any
@@ -21,7 +22,14 @@ from typing import Any
 import attrs
 from twisted.internet import defer, protocol, stdio, task
 from twisted.internet.interfaces import IHalfCloseableProtocol
-from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
+from twisted.logger import (
+    FilteringLogObserver,
+    Logger,
+    LogLevel,
+    LogLevelFilterPredicate,
+    globalLogBeginner,
+    textFileLogObserver,
+)
 from zope.interface import implementer
 
 from roomstore.events.write.validation_worker import FrameReader, claim_stdout, frame, shipped_error
@@ -47,6 +55,13 @@ def set_priority(priority: str | int) -> None:
 
 
 @implementer(IHalfCloseableProtocol)
+def tune_collector(thresholds: tuple[int, int, int]) -> None:
+    """``StoreConfig.writer_process_gc``: what exists now (the opened store,
+    its modules) out of every collection from here on, and ``thresholds``."""
+    gc.freeze()
+    gc.set_threshold(*thresholds)
+
+
 class _Calls(protocol.Protocol):
     """Reads the parent's frames from stdin; answers on stdout."""
 
@@ -75,8 +90,11 @@ class _Calls(protocol.Protocol):
     async def _open(self, url: str, fields: dict, create: bool) -> None:
         try:
             config = StoreConfig(**fields)
+            _LOG_LEVELS.setLogLevelForNamespace("", LogLevel.levelWithName(config.writer_process_log_level))
             set_priority(config.writer_process_priority)
             self.store = await RoomStore.open(url, config, reactor=self.reactor, create=create)
+            if config.writer_process_gc is not None:
+                tune_collector(config.writer_process_gc)
         except Exception as error:  # noqa: BLE001 - the parent raises it
             self._send(("failed", shipped_error(error)))
             self.transport.loseConnection()
@@ -137,9 +155,14 @@ async def _serve(reactor: Any, replies_fd: int) -> None:
     await calls.finished
 
 
+#: The log's level filter: info until the store's config names its level.
+_LOG_LEVELS = LogLevelFilterPredicate(LogLevel.info)
+
+
 def main() -> None:
     replies_fd = claim_stdout()
-    globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
+    observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [_LOG_LEVELS])
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
     task.react(lambda reactor: defer.ensureDeferred(_serve(reactor, replies_fd)))
 
 

@@ -6,8 +6,10 @@ the call that made it returns. Real child processes, real databases."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 from twisted.internet import defer
 from twisted.trial import unittest
@@ -218,3 +220,46 @@ class WriterProcessConfigTests(unittest.TestCase):
         with self.assertRaises(ValueError):
             StoreConfig(writer_process_priority="low")
         self.assertEqual(StoreConfig(writer_process_priority=10).writer_process_priority, 10)
+
+    def test_collector_thresholds_checked(self):
+        for bad in ((1, 2), (1, 2, -3), [1, 2, 3], (1, 2, True), (1.0, 2, 3)):
+            with self.assertRaises(ValueError, msg=bad):
+                StoreConfig(writer_process_gc=bad)
+        self.assertEqual(StoreConfig(writer_process_gc=(50_000, 20, 100)).writer_process_gc, (50_000, 20, 100))
+
+    def test_log_level_checked(self):
+        with self.assertRaises(ValueError):
+            StoreConfig(writer_process_log_level="loud")
+
+    def test_collector_tuned_in_a_process(self):
+        code = (
+            "import gc; from roomstore.writer_process.child import tune_collector;"
+            " tune_collector((1234, 5, 6)); print(gc.get_threshold(), gc.get_freeze_count() > 0)"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        self.assertEqual(out.stdout.strip(), "(1234, 5, 6) True")
+
+
+class WriterProcessLogTests(unittest.TestCase):
+    async def stderr_of_a_child_opening(self, level: str) -> str:
+        """What a writer child wrote on stderr (which it shares with this
+        process) while it created a store's schema, at log level ``level``."""
+        directory = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, directory)
+        captured = os.path.join(directory, "stderr")
+        saved = os.dup(2)
+        with open(captured, "wb") as out:
+            os.dup2(out.fileno(), 2)
+        try:
+            url = "sqlite:///" + os.path.join(directory, "s.db")
+            store = await RoomStore.open(url, StoreConfig(writer_process=True, writer_process_log_level=level))
+            await store.close()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        with open(captured) as f:
+            return f.read()
+
+    async def test_info_lines_only_at_info(self):
+        self.assertIn("created schema version", await self.stderr_of_a_child_opening("info"))
+        self.assertEqual(await self.stderr_of_a_child_opening("warn"), "")
