@@ -14,14 +14,17 @@ arguments (events as bytes), never code.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gc
 import os
 import sys
 from typing import Any
 
 import attrs
-from twisted.internet import defer, protocol, stdio, task
+from twisted.internet import defer, process, protocol, stdio, task
 from twisted.internet.interfaces import IHalfCloseableProtocol
+from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.logger import (
     FilteringLogObserver,
     Logger,
@@ -149,9 +152,48 @@ class _Calls(protocol.Protocol):
             self.transport.loseConnection()
 
 
+#: Bytes read from the calls' pipe at a time, and the pipe's size asked for.
+_READ_SIZE = 1 << 20
+
+
+class _LargeReads(process.ProcessReader):
+    """The calls' pipe read up to ``_READ_SIZE`` bytes at a time, not
+    Twisted's 8 KiB: an import's calls carry its events' bytes (60 MB for
+    100,000 events), and each read is a turn of this process's reactor, whose
+    Python takes the GIL from the database thread beside it."""
+
+    def doRead(self):
+        try:
+            data = os.read(self.fd, _READ_SIZE)
+        except OSError as exc:
+            return None if exc.errno in (errno.EAGAIN, errno.EINTR) else CONNECTION_LOST
+        if not data:
+            return CONNECTION_DONE
+        self.dataReceived(data)
+        return None
+
+
+class _LargeReadsStdIO(stdio.StandardIO):
+    """``StandardIO`` with its input read by ``_LargeReads``, from a pipe
+    made as large as Linux lets a process make it (a pipe of 64 KiB would
+    hand over no more than that a read)."""
+
+    def __init__(self, proto, stdin: int, stdout: int, reactor: Any):
+        if hasattr(fcntl, "F_SETPIPE_SZ"):
+            try:
+                fcntl.fcntl(stdin, fcntl.F_SETPIPE_SZ, _READ_SIZE)
+            except OSError:  # not a pipe, or above the system's limit: the default size then
+                pass
+        self.protocol = proto
+        self._writer = process.ProcessWriter(reactor, self, "write", stdout)
+        self._reader = _LargeReads(reactor, self, "read", stdin)
+        self._reader.startReading()
+        self.protocol.makeConnection(self)
+
+
 async def _serve(reactor: Any, replies_fd: int) -> None:
     calls = _Calls(reactor)
-    stdio.StandardIO(calls, stdin=0, stdout=replies_fd, reactor=reactor)
+    _LargeReadsStdIO(calls, stdin=0, stdout=replies_fd, reactor=reactor)
     await calls.finished
 
 

@@ -5,6 +5,7 @@ the call that made it returns. Real child processes, real databases."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -58,6 +59,28 @@ class WriterProcessTests:
         again = await store.persist_events([events[7]])
         self.assertTrue(again[0].already_persisted)
         self.assertEqual(again[0].stream_ordering, 8)
+
+    async def test_calls_larger_than_a_read_and_the_pipe_arrive_whole(self):
+        """The child reads its calls' pipe a MiB at a time from a pipe it
+        made a MiB large: a call of several MiB arrives whole, in order."""
+        store = await self.open_store()
+        pipe = store.writes.process._transport.pipes[0].fileno()
+        if hasattr(fcntl, "F_GETPIPE_SZ"):
+            self.assertEqual(fcntl.fcntl(pipe, fcntl.F_GETPIPE_SZ), 1 << 20)
+        room = RoomBuilder()
+        built = [room.create(), room.join(ALICE)]
+        built += [room.message(ALICE, f"{i} " + "x" * 20_000) for i in range(150)]
+        events = [room.to_persist(e) for e in built]
+        for call in (events[:80], events[80:]):  # each more than a read and than the pipe holds
+            self.assertGreater(sum(len(e.raw) for e in call), 1 << 20)
+        first, second = await defer.gatherResults(
+            [
+                defer.ensureDeferred(store.persist_events(events[:80])),
+                defer.ensureDeferred(store.persist_events(events[80:])),
+            ]
+        )
+        self.assertEqual([r.stream_ordering for r in first + second], list(range(1, len(events) + 1)))
+        self.assertEqual((await store.get_event(built[-1].event_id))["content"], built[-1].event["content"])
 
     async def test_each_commit_reaches_this_process_caches_before_the_call_returns(self):
         store = await self.open_store()
