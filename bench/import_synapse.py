@@ -16,7 +16,8 @@ it by taking the first branch, as a homeserver's state resolution would pick
 one side, so ``import-synapse`` imports it and ``import`` reports it.
 
 Each import runs as a subprocess (``roomstore.cli``) into a fresh store;
-wall time and the child's own peak RSS (``VmHWM`` at its exit). The
+wall time and the child's own peak RSS (``VmHWM`` at its exit; plus its
+writer process's, where it has one). The
 two commands take turns, ``--runs`` times each, medians printed. Then
 ``import-synapse`` alone on databases of growing size (a prefix of the same
 rooms) for its peak RSS.
@@ -38,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -207,20 +209,70 @@ runpy.run_module("roomstore.cli", run_name="__main__")
 
 
 def run_measured(args: list[str], tree: str = ROOT) -> tuple[float, int, list[dict]]:
-    """Wall seconds, peak RSS (KiB) and JSON output lines of a roomstore command (of the code in ``tree``)."""
+    """Wall seconds, peak RSS (KiB) and JSON output lines of a roomstore command (of the code in ``tree``).
+
+    The peak RSS is the command's process's plus, where it writes in a
+    writer process (``import-synapse`` since 2026-11-29), that process's:
+    both hold the store's memory. Validation workers are left out, as before."""
     hwm = tempfile.NamedTemporaryFile(prefix="roomstore-hwm-", delete=False).name
     env = {**os.environ, "PYTHONPATH": tree, "ROOMSTORE_BENCH_HWM_FILE": hwm}
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-c", _MEASURED_CLI, *args], capture_output=True, text=True, env=env, cwd=tree
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _MEASURED_CLI, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tree,
     )
+    writer_peak = _WriterPeak(proc.pid)
+    writer_peak.start()
+    stdout, stderr = proc.communicate()
     wall = time.monotonic() - started
+    writer_peak.stop()
     if proc.returncode != 0:
-        raise SystemExit(f"roomstore {args[0]} failed: {proc.stderr.strip()[-500:]}")
+        raise SystemExit(f"roomstore {args[0]} failed: {stderr.strip()[-500:]}")
     with open(hwm) as f:
-        peak = int(f.read())
+        peak = int(f.read()) + writer_peak.kib
     os.remove(hwm)
-    return wall, peak, [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    return wall, peak, [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+class _WriterPeak(threading.Thread):
+    """The peak RSS (``VmHWM``, KiB) of the writer process under ``pid``,
+    polled every 20 ms until ``stop`` (VmHWM only grows, so the last read
+    before the process ends is its peak but the last 20 ms)."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.kib = 0
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(0.02):
+            for child in _children_of(self.pid):
+                try:
+                    with open(f"/proc/{child}/cmdline", "rb") as f:
+                        if b"roomstore.writer_process.child" not in f.read():
+                            continue
+                    with open(f"/proc/{child}/status") as f:
+                        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+                except (OSError, StopIteration):
+                    continue
+                self.kib = max(self.kib, kib)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
 
 
 def main() -> None:
