@@ -57,7 +57,6 @@ def set_priority(priority: str | int) -> None:
     os.nice(max(0, wanted - os.nice(0)))
 
 
-@implementer(IHalfCloseableProtocol)
 def tune_collector(thresholds: tuple[int, int, int]) -> None:
     """``StoreConfig.writer_process_gc``: what exists now (the opened store,
     its modules) out of every collection from here on, and ``thresholds``."""
@@ -65,6 +64,7 @@ def tune_collector(thresholds: tuple[int, int, int]) -> None:
     gc.set_threshold(*thresholds)
 
 
+@implementer(IHalfCloseableProtocol)
 class _Calls(protocol.Protocol):
     """Reads the parent's frames from stdin; answers on stdout."""
 

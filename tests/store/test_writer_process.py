@@ -254,6 +254,15 @@ class WriterProcessConfigTests(unittest.TestCase):
         with self.assertRaises(ValueError):
             StoreConfig(writer_process_log_level="loud")
 
+    def test_the_child_hears_its_input_close_apart(self):
+        # Half-close: the parent closing the calls' pipe lets the calls in
+        # flight finish and be answered before the child leaves.
+        from twisted.internet.interfaces import IHalfCloseableProtocol
+
+        from roomstore.writer_process.child import _Calls
+
+        self.assertTrue(IHalfCloseableProtocol.implementedBy(_Calls))
+
     def test_collector_tuned_in_a_process(self):
         code = (
             "import gc; from roomstore.writer_process.child import tune_collector;"
