@@ -99,7 +99,9 @@ async def open_store(
         validation_processes=validation_processes,
         server_name=server_name,
     )
-    if bulk_writer_process and not read_only and not _in_memory(args.db):
+    from roomstore.writer_process.parent import opens_apart
+
+    if bulk_writer_process and not read_only and opens_apart(args.db):
         config = attrs.evolve(
             config,
             writer_process=True,
@@ -108,10 +110,6 @@ async def open_store(
             writer_process_log_level="info" if args.verbose else "warn",
         )
     return await RoomStore.open(args.db, config, reactor=reactor, create=create)
-
-
-def _in_memory(url: str) -> bool:
-    return url.startswith("sqlite:") and ":memory:" in url
 
 
 def check_multi_writer(writers: dict[str, list[str]], args) -> None:

@@ -43,7 +43,7 @@ from roomstore.storage.errors import DatabaseConfigError
 
 log = Logger()
 
-__all__ = ["FORWARDED", "WriterProcess", "WriterProcessLost"]
+__all__ = ["FORWARDED", "WriterProcess", "WriterProcessLost", "opens_apart"]
 
 #: The store methods a writer process runs for its parent.
 FORWARDED = (
@@ -54,6 +54,13 @@ FORWARDED = (
     "purge_history",
     "purge_room",
 )
+
+
+def opens_apart(url: str) -> bool:
+    """Whether another process can open the database ``url`` names: a file
+    or a server, not SQLite's ``:memory:`` (a bad URL raises
+    ``DatabaseConfigError``, as opening it would)."""
+    return isinstance(url, str) and getattr(engine_from_url(url), "path", None) != ":memory:"
 
 
 class WriterProcessLost(RuntimeError):
@@ -103,7 +110,7 @@ class WriterProcess:
         writer (``RoomStore.open(url, StoreConfig(**config_fields), create=create)``).
         Raises what opening the store raised in the child (the writer lock
         held elsewhere, a schema to upgrade)."""
-        if not isinstance(url, str) or getattr(engine_from_url(url), "path", None) == ":memory:":
+        if not opens_apart(url):
             raise DatabaseConfigError("writer_process needs a database URL naming a file or a server, not :memory:")
         if reactor is None:
             from twisted.internet import reactor
