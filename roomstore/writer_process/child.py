@@ -175,8 +175,9 @@ class _LargeReads(process.ProcessReader):
 
 class _LargeReadsStdIO(stdio.StandardIO):
     """``StandardIO`` with its input read by ``_LargeReads``, from a pipe
-    made as large as Linux lets a process make it (a pipe of 64 KiB would
-    hand over no more than that a read)."""
+    made ``_READ_SIZE`` large, Linux's limit for an unprivileged process
+    (``/proc/sys/fs/pipe-max-size``; a pipe of the default 64 KiB would hand
+    over no more than that a read)."""
 
     def __init__(self, proto, stdin: int, stdout: int, reactor: Any):
         if hasattr(fcntl, "F_SETPIPE_SZ"):
