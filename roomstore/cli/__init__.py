@@ -22,6 +22,7 @@ from twisted.internet import defer, task
 
 from roomstore.cli import demo, homeserver, imports, purge, reads, replication, schema, synapse
 from roomstore.cli.common import CliError, add_common_options
+from roomstore.processes import code_of, leave_now
 
 #: The command groups, in the order ``roomstore --help`` lists their commands.
 GROUPS = (schema, imports, synapse, homeserver, reads, purge, demo, replication)
@@ -111,4 +112,11 @@ def main(argv: list[str] | None = None) -> None:
         if code:
             raise SystemExit(code)  # react() exits with a SystemExit's code
 
-    task.react(lambda reactor: defer.ensureDeferred(run_command(reactor)), [])
+    code = 0
+    try:
+        task.react(lambda reactor: defer.ensureDeferred(run_command(reactor)), [])
+    except SystemExit as done:
+        code = code_of(done)
+    # The command is done and its store closed: leave without freeing its
+    # caches object by object (``roomstore.processes``).
+    leave_now(code)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import gc
 import os
 import sys
 from typing import Any
@@ -36,6 +35,7 @@ from twisted.logger import (
 from zope.interface import implementer
 
 from roomstore.events.write.validation_worker import FrameReader, claim_stdout, frame, shipped_error
+from roomstore.processes import code_of, leave_now, tune_collector
 from roomstore.store import RoomStore, StoreConfig
 from roomstore.writer_process.parent import FORWARDED
 
@@ -55,13 +55,6 @@ def set_priority(priority: str | int) -> None:
             priority = 19
     wanted = 19 if priority == "idle" else int(priority)
     os.nice(max(0, wanted - os.nice(0)))
-
-
-def tune_collector(thresholds: tuple[int, int, int]) -> None:
-    """``StoreConfig.writer_process_gc``: what exists now (the opened store,
-    its modules) out of every collection from here on, and ``thresholds``."""
-    gc.freeze()
-    gc.set_threshold(*thresholds)
 
 
 @implementer(IHalfCloseableProtocol)
@@ -206,7 +199,14 @@ def main() -> None:
     replies_fd = claim_stdout()
     observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [_LOG_LEVELS])
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
-    task.react(lambda reactor: defer.ensureDeferred(_serve(reactor, replies_fd)))
+    code = 0
+    try:
+        task.react(lambda reactor: defer.ensureDeferred(_serve(reactor, replies_fd)))
+    except SystemExit as done:
+        code = code_of(done)
+    # The store is closed and the replies written: leave without freeing
+    # the caches object by object, which the parent would wait for.
+    leave_now(code)
 
 
 if __name__ == "__main__":

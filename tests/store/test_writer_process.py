@@ -60,6 +60,20 @@ class WriterProcessTests:
         self.assertTrue(again[0].already_persisted)
         self.assertEqual(again[0].stream_ordering, 8)
 
+    async def test_the_child_leaves_with_status_0_and_its_writes_stored(self):
+        # It leaves by os._exit once its store is closed (roomstore.process_exit).
+        url = self.new_database_url()
+        store = await RoomStore.open(url, StoreConfig(writer_process=True))
+        room, built = linear_room(60)
+        await store.persist_events([room.to_persist(e) for e in built])
+        process = store.writes.process
+        await store.close()
+        self.assertEqual(os.waitstatus_to_exitcode(process._transport.status), 0)
+        again = await RoomStore.open(url, StoreConfig())
+        self.addCleanup(again.close)
+        self.assertEqual(await again.get_forward_extremities(room.room_id), [built[-1].event_id])
+        self.assertEqual(again.events_stream.get_current_token(), len(built))
+
     async def test_calls_larger_than_a_read_and_the_pipe_arrive_whole(self):
         """The child reads its calls' pipe a MiB at a time from a pipe it
         made a MiB large: a call of several MiB arrives whole, in order."""
@@ -265,7 +279,7 @@ class WriterProcessConfigTests(unittest.TestCase):
 
     def test_collector_tuned_in_a_process(self):
         code = (
-            "import gc; from roomstore.writer_process.child import tune_collector;"
+            "import gc; from roomstore.processes import tune_collector;"
             " tune_collector((1234, 5, 6)); print(gc.get_threshold(), gc.get_freeze_count() > 0)"
         )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -293,5 +307,8 @@ class WriterProcessLogTests(unittest.TestCase):
             return f.read()
 
     async def test_info_lines_only_at_info(self):
-        self.assertIn("created schema version", await self.stderr_of_a_child_opening("info"))
+        said = await self.stderr_of_a_child_opening("info")
+        self.assertIn("created schema version", said)
+        # Its last line, written as it leaves: flushed before the quick exit.
+        self.assertIn("Main loop terminated", said)
         self.assertEqual(await self.stderr_of_a_child_opening("warn"), "")
