@@ -75,6 +75,17 @@ class SynapseLayout:
         self.stream = 0
         self.rows: dict[str, list[tuple]] = collections.defaultdict(list)
 
+    def settle(self) -> None:
+        """``VACUUM ANALYZE``: the tables as a Synapse database in use has them
+        (its autovacuum long since done). Else autovacuum and the first reads
+        of the fresh rows fell on whichever import ran first: 25-33 s against
+        9-13 s for the others (session 26's runs), always this tree's first."""
+        self.conn.commit()
+        self.conn.autocommit = True
+        with self.conn.cursor() as cur:
+            cur.execute("VACUUM ANALYZE")
+        self.conn.autocommit = False
+
     def group(self, room_id: str, event_id: str, prev: int | None, rows: dict) -> int:
         group = self.next_group
         self.next_group += 1
@@ -194,7 +205,9 @@ def generated_rooms(total_events: int):
 
 #: Runs ``roomstore.cli`` and, at exit, writes its own peak RSS (``VmHWM``:
 #: this process's memory only; ``wait4``'s ``ru_maxrss`` would also count the
-#: parent's memory at spawn time) to the file named in the environment.
+#: parent's memory at spawn time) to the file named in the environment: at
+#: ``os._exit``, by which the command leaves since 2026-11-29
+#: (``roomstore.processes.leave_now``), or at a normal exit (older trees).
 _MEASURED_CLI = """
 import atexit, os, runpy, sys
 def _peak():
@@ -203,6 +216,11 @@ def _peak():
     with open(os.environ["ROOMSTORE_BENCH_HWM_FILE"], "w") as out:
         out.write(kib)
 atexit.register(_peak)
+_exit = os._exit
+def _measured_exit(code):
+    _peak()
+    _exit(code)
+os._exit = _measured_exit
 sys.argv = ["roomstore"] + sys.argv[1:]
 runpy.run_module("roomstore.cli", run_name="__main__")
 """
@@ -312,6 +330,7 @@ def main() -> None:
                 break
             layout.add_room(version, [e for e, _ in room], [i for _, i in room])
             count += len(room)
+        layout.settle()
         layout.conn.close()
         synapse_dbs[size] = (url, count)
     largest_url, largest_count = synapse_dbs[sizes[-1]]
