@@ -30,6 +30,7 @@ leaves at the end of its stdin: the parent's ``close``, exit or death.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +68,23 @@ class WriterProcessLost(RuntimeError):
     """The writer process ended: the store writes nothing more. A call that
     was in flight may or may not have committed (persisting an event again
     is a no-op); open the store again to write."""
+
+
+def how_it_ended(reason: BaseException) -> str:
+    """What a writer process's end (Twisted's ``ProcessDone`` or
+    ``ProcessTerminated``) says to a person: the signal that killed it (no
+    log of its own then), or its exit status and where its log is."""
+    signal_number = getattr(reason, "signal", None)
+    if signal_number is not None:
+        try:
+            name = f" ({signal.Signals(signal_number).name})"
+        except ValueError:
+            name = ""
+        return f"the writer process was killed by signal {signal_number}{name}"
+    code = getattr(reason, "exitCode", None)
+    if code == 0:
+        return "the writer process left"
+    return f"the writer process exited with status {code}: its log, on this process's stderr, says why"
 
 
 class _Frames(protocol.ProcessProtocol):
@@ -175,10 +193,7 @@ class WriterProcess:
             waiting.errback(rebuilt_error(payload))
 
     def _ended(self, reason: BaseException) -> None:
-        code = getattr(reason, "exitCode", None)
-        self._lost = WriterProcessLost(
-            f"the writer process exited (code {code}): see its log above; open the store again to write"
-        )
+        self._lost = WriterProcessLost(f"{how_it_ended(reason)}; open the store again to write")
         if not self._ready.called:
             self._ready.errback(self._lost)
         pending, self._pending = self._pending, {}

@@ -13,6 +13,7 @@ import sys
 import tempfile
 
 from twisted.internet import defer
+from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.trial import unittest
 
 from roomstore.events.write.batch import EventToPersist
@@ -22,7 +23,7 @@ from roomstore.pdu.parsing import InvalidEventError
 from roomstore.storage.errors import DatabaseConfigError
 from roomstore.storage.writer_lock import WriterLockHeld
 from roomstore.store import RoomStore, StoreConfig
-from roomstore.writer_process.parent import WriterProcessLost
+from roomstore.writer_process.parent import WriterProcessLost, how_it_ended
 from tests.db import on_both_engines
 from tests.store.builder import RoomBuilder
 from tests.store.test_pipeline import ALICE, BOB, linear_room, unstorable_join
@@ -176,6 +177,7 @@ class WriterProcessTests:
         with self.assertRaises(WriterProcessLost) as caught:
             await store.persist_events([room.to_persist(room.message(ALICE, "late"))])
         self.assertIn("open the store again", str(caught.exception))
+        self.assertIn("killed by signal 9 (SIGKILL)", str(caught.exception))
         # Reads go on.
         self.assertEqual((await store.get_event(built[0].event_id))["type"], "m.room.create")
 
@@ -212,6 +214,27 @@ class WriterProcessTests:
         results = await reopened.persist_events([e for b in rest for e in b])
         self.assertEqual([r.stream_ordering for r in results], list(range(top + 1, top + 1 + len(results))))
         self.assertEqual(await reopened.get_forward_extremities(room.room_id), [built[-1].event_id])
+
+
+class HowItEndedTests(unittest.TestCase):
+    """``WriterProcessLost``'s words for each way the child can end."""
+
+    def test_killed_by_a_signal(self):
+        self.assertEqual(
+            how_it_ended(ProcessTerminated(signal=9)), "the writer process was killed by signal 9 (SIGKILL)"
+        )
+
+    def test_an_unknown_signal_number_is_given_as_is(self):
+        self.assertEqual(how_it_ended(ProcessTerminated(signal=200)), "the writer process was killed by signal 200")
+
+    def test_exited_with_a_status(self):
+        self.assertEqual(
+            how_it_ended(ProcessTerminated(exitCode=3)),
+            "the writer process exited with status 3: its log, on this process's stderr, says why",
+        )
+
+    def test_left(self):
+        self.assertEqual(how_it_ended(ProcessDone(0)), "the writer process left")
 
 
 class FrameReaderTests(unittest.TestCase):
