@@ -19,6 +19,14 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+#: The collector's thresholds for bulk work (Python's are 700 / 10 / 10): a
+#: young collection every 50,000 net allocations, the older generations
+#: after 20 and 100 of those. The bulk loads (``roomstore.cli.common.
+#: bulk_load_gc``), their writer process and the validation workers use them.
+BULK_GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def tune_collector(thresholds: tuple[int, int, int]) -> None:
@@ -39,7 +47,21 @@ def code_of(done: SystemExit) -> int:
     return 1
 
 
-def leave_now(code: int) -> None:
+def react_and_leave(main: Callable[..., Any], argv: Sequence[Any] = ()) -> NoReturn:
+    """``twisted.internet.task.react(main, argv)``, then ``leave_now`` with
+    the status it ends with: the entry point of a process whose store
+    ``main`` closes before it returns."""
+    from twisted.internet import task  # here: the validation workers import this module, and no Twisted
+
+    code = 0
+    try:
+        task.react(main, argv)
+    except SystemExit as done:
+        code = code_of(done)
+    leave_now(code)
+
+
+def leave_now(code: int) -> NoReturn:
     """Flush stdout and stderr, then exit with ``code`` at once."""
     for stream in (sys.stdout, sys.stderr):
         try:

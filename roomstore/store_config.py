@@ -71,7 +71,7 @@ class StoreConfig:
     #: The child writer's cyclic garbage collector once its store is open:
     #: what start-up made frozen out of every collection (``gc.freeze``) and
     #: these thresholds (``gc.set_threshold``); None leaves Python's. A bulk
-    #: load sets them (``roomstore.cli.common.BULK_GC_THRESHOLDS``): the
+    #: load sets them (``roomstore.processes.BULK_GC_THRESHOLDS``): the
     #: child is the store's own process, nothing else runs in it.
     writer_process_gc: tuple[int, int, int] | None = attrs.field(default=None)
     #: The least level of the child writer's log lines on stderr

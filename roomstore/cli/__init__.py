@@ -18,11 +18,11 @@ import os
 import sys
 from collections.abc import Callable
 
-from twisted.internet import defer, task
+from twisted.internet import defer
 
 from roomstore.cli import demo, homeserver, imports, purge, reads, replication, schema, synapse
 from roomstore.cli.common import CliError, add_common_options
-from roomstore.processes import code_of, leave_now
+from roomstore.processes import react_and_leave
 
 #: The command groups, in the order ``roomstore --help`` lists their commands.
 GROUPS = (schema, imports, synapse, homeserver, reads, purge, demo, replication)
@@ -112,11 +112,6 @@ def main(argv: list[str] | None = None) -> None:
         if code:
             raise SystemExit(code)  # react() exits with a SystemExit's code
 
-    code = 0
-    try:
-        task.react(lambda reactor: defer.ensureDeferred(run_command(reactor)), [])
-    except SystemExit as done:
-        code = code_of(done)
-    # The command is done and its store closed: leave without freeing its
-    # caches object by object (``roomstore.processes``).
-    leave_now(code)
+    # Once the command is done and its store closed, leave without freeing
+    # its caches object by object (``roomstore.processes``).
+    react_and_leave(lambda reactor: defer.ensureDeferred(run_command(reactor)))

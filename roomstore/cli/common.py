@@ -14,6 +14,8 @@ from typing import Any
 
 import attrs
 
+from roomstore.processes import BULK_GC_THRESHOLDS, tune_collector
+
 DEFAULT_DB = "sqlite:///var/roomstore.db"
 
 
@@ -21,12 +23,6 @@ def emit(obj: Any) -> None:
     """Print ``obj`` as one JSON line on stdout."""
     sys.stdout.write(json.dumps(obj, sort_keys=True, ensure_ascii=False) + "\n")
     sys.stdout.flush()
-
-
-#: The collector's thresholds during a bulk load (``bulk_load_gc``): a young
-#: collection every 50,000 net allocations rather than 700, and the older
-#: generations after 20 and 100 of those.
-BULK_GC_THRESHOLDS = (50_000, 20, 100)
 
 
 @contextlib.contextmanager
@@ -44,8 +40,7 @@ def bulk_load_gc() -> Iterator[None]:
     are still collected, a little later. Synapse tunes its collector for the
     same reason (its ``gc_thresholds`` option)."""
     thresholds = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(*BULK_GC_THRESHOLDS)
+    tune_collector(BULK_GC_THRESHOLDS)
     try:
         yield
     finally:

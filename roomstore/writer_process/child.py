@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 import attrs
-from twisted.internet import defer, process, protocol, stdio, task
+from twisted.internet import defer, process, protocol, stdio
 from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.logger import (
@@ -35,7 +35,7 @@ from twisted.logger import (
 from zope.interface import implementer
 
 from roomstore.events.write.validation_worker import FrameReader, claim_stdout, frame, shipped_error
-from roomstore.processes import code_of, leave_now, tune_collector
+from roomstore.processes import react_and_leave, tune_collector
 from roomstore.store import RoomStore, StoreConfig
 from roomstore.writer_process.parent import FORWARDED
 
@@ -199,14 +199,9 @@ def main() -> None:
     replies_fd = claim_stdout()
     observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [_LOG_LEVELS])
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
-    code = 0
-    try:
-        task.react(lambda reactor: defer.ensureDeferred(_serve(reactor, replies_fd)))
-    except SystemExit as done:
-        code = code_of(done)
-    # The store is closed and the replies written: leave without freeing
-    # the caches object by object, which the parent would wait for.
-    leave_now(code)
+    # Once the store is closed and the replies written, leave without
+    # freeing the caches object by object, which the parent would wait for.
+    react_and_leave(lambda reactor: defer.ensureDeferred(_serve(reactor, replies_fd)))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import struct
 import sys
 from typing import Any, BinaryIO
 
-from roomstore.processes import tune_collector
+from roomstore.processes import BULK_GC_THRESHOLDS, tune_collector
 
 HEADER = struct.Struct("!Q")
 #: The first frame a worker sends, once it can validate.
@@ -123,15 +123,12 @@ def claim_stdout() -> int:
     return replies_fd
 
 
-#: The worker's collector thresholds (Python's are 700 / 10 / 10): a batch's
-#: objects all live until its reply is written and die with it, so a young
-#: collection would only walk the batch being built, thousands of times an
-#: import, to find nothing (9% of a worker's CPU, docs/benchmarks.md).
-WORKER_GC_THRESHOLDS = (50_000, 20, 100)
-
-
 def main() -> None:
-    tune_collector(WORKER_GC_THRESHOLDS)
+    # A batch's objects all live until its reply is written and die with it:
+    # with Python's thresholds a young collection would walk the batch being
+    # built thousands of times an import, to find nothing (9% of a worker's
+    # CPU, docs/benchmarks.md).
+    tune_collector(BULK_GC_THRESHOLDS)
     serve(sys.stdin.buffer, os.fdopen(claim_stdout(), "wb"))
 
 
