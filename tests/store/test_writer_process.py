@@ -300,14 +300,6 @@ class WriterProcessConfigTests(unittest.TestCase):
 
         self.assertTrue(IHalfCloseableProtocol.implementedBy(_Calls))
 
-    def test_collector_tuned_in_a_process(self):
-        code = (
-            "import gc; from roomstore.processes import tune_collector;"
-            " tune_collector((1234, 5, 6)); print(gc.get_threshold(), gc.get_freeze_count() > 0)"
-        )
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        self.assertEqual(out.stdout.strip(), "(1234, 5, 6) True")
-
 
 class WriterProcessLogTests(unittest.TestCase):
     async def stderr_of_a_child_opening(self, level: str) -> str:
