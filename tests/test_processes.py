@@ -128,3 +128,28 @@ class CollectorTests(unittest.TestCase):
         )
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(done.stderr.strip(), "(50000, 20, 100) True")
+
+    def test_a_validation_worker_whose_asker_is_gone_leaves_quietly(self):
+        # Its store's process killed mid-batch: the reply's write finds no
+        # reader. It used to print a BrokenPipeError traceback.
+        import pickle
+        import struct
+
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "roomstore.events.write.validation_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        header = struct.Struct("!Q")
+        (length,) = header.unpack(worker.stdout.read(header.size))
+        self.assertEqual(pickle.loads(worker.stdout.read(length)), ("ready",))
+        worker.stdout.close()  # the asker is gone
+        request = pickle.dumps(([], {}))
+        worker.stdin.write(header.pack(len(request)) + request)
+        worker.stdin.close()
+        self.assertEqual(worker.wait(timeout=60), 0)
+        self.assertEqual(worker.stderr.read(), b"")
+        worker.stderr.close()

@@ -22,7 +22,7 @@ import struct
 import sys
 from typing import Any, BinaryIO
 
-from roomstore.processes import BULK_GC_THRESHOLDS, tune_collector
+from roomstore.processes import BULK_GC_THRESHOLDS, leave_now, tune_collector
 
 HEADER = struct.Struct("!Q")
 #: The first frame a worker sends, once it can validate.
@@ -129,7 +129,13 @@ def main() -> None:
     # built thousands of times an import, to find nothing (9% of a worker's
     # CPU, docs/benchmarks.md).
     tune_collector(BULK_GC_THRESHOLDS)
-    serve(sys.stdin.buffer, os.fdopen(claim_stdout(), "wb"))
+    try:
+        serve(sys.stdin.buffer, os.fdopen(claim_stdout(), "wb"))
+    except BrokenPipeError:
+        # The process that asked is gone (killed mid-batch): nobody is left to
+        # answer, nor to read a traceback. Leave at once, without the exit's
+        # flush of the replies, which would only fail again.
+        leave_now(0)
 
 
 if __name__ == "__main__":
