@@ -361,6 +361,42 @@ class PipelineTests:
         self.assertEqual(at_first_write, [3])
         self.assertEqual([r.stream_ordering for r in outcomes[2][1]], list(range(46, len(built) + 1)))
 
+    async def test_bare_events_beside_their_rooms_create_with_its_version_wait_for_no_write(self):
+        # An import's file gives most events with their room version and
+        # some bare: a batch holding a room's create event (its version
+        # given) and bare events of that room takes their version from it,
+        # as from a bare create event, and is validated while the calls
+        # before it write, not after them (a stall at every room's start).
+        store = await self.open_store()
+        first_room, first_built = linear_room(20)
+        room = RoomBuilder("!second:example.org")
+        built = [room.create(), room.join(ALICE), room.message(ALICE, "one"), room.message(ALICE, "two")]
+        second = [room.to_persist(built[0]), room.to_persist(built[1])] + [EventToPersist(e.raw) for e in built[2:]]
+        validated: list[int] = []
+        at_first_write: list[int] = []
+        real_prepare, real_write = store.validator.prepare, store.writes.write
+
+        async def prepare(events, *args, **kwargs):
+            prepared = await real_prepare(events, *args, **kwargs)
+            validated.append(len(events))
+            return prepared
+
+        async def write(prepared, resolved):
+            if not at_first_write:
+                for _ in range(300):
+                    if len(validated) == 2:
+                        break
+                    await deferLater(reactor, 0.01, lambda: None)
+                at_first_write.append(len(validated))
+            return await real_write(prepared, resolved)
+
+        store.validator.prepare, store.writes.write = prepare, write
+        outcomes = await self._in_flight(store, [[first_room.to_persist(e) for e in first_built], second])
+        self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
+        self.assertEqual(at_first_write, [2])
+        self.assertEqual([r.event_id for r in outcomes[1][1]], [e.event_id for e in built])
+        self.assertEqual(await store.get_forward_extremities(room.room_id), [built[-1].event_id])
+
     async def _stored_room_and_impostor(self, version: str):
         """A store holding a v10 room whose version the cache has lost, the
         room, and a builder of another ``version`` for the same room ID."""

@@ -64,14 +64,21 @@ class BatchRooms:
         (``PreparedEvent.version_assumed``)."""
         rooms = set()
         own = set()  # rooms whose create event the batch holds (v12's carry no room ID: not found here)
+        versioned = []
         for ev in events:
-            if isinstance(ev, EventToPersist) and ev.room_version is None:
+            if not isinstance(ev, EventToPersist):
+                continue
+            if ev.room_version is None:
                 room_id, event_type, _ = peek_room_version(ev.raw)
                 if room_id and event_type != "m.room.create":
                     rooms.add(room_id)
                 elif room_id:
                     own.add(room_id)
+            else:
+                versioned.append(ev)
         known, uncached = self.cache.split(sorted(rooms))
+        if uncached and versioned:
+            own.update(_created_rooms(versioned, uncached))
         if uncached and turn is not None and turn.earlier_in_flight():
             wanted = set(uncached) - own
             created = await turn.created_earlier(wanted)
@@ -110,3 +117,24 @@ class BatchRooms:
                     f"event {ev.event_id} has no prev events and room {ev.pdu.room_id} is unknown: "
                     "persist the room's create event first, or flag the event an outlier"
                 )
+
+
+def _created_rooms(versioned: Sequence[EventToPersist], rooms: Sequence[str]) -> set[str]:
+    """The rooms among ``rooms`` whose create event is among ``versioned``
+    (events given with their room version, as an import's wrapped lines are):
+    the batch's bare events of such a room take its version, as they do
+    from a bare create event, instead of waiting for the calls before to be
+    written and looking in the database. An event that cannot be read is
+    passed over here: validation refuses it."""
+    wanted = set(rooms)
+    created = set()
+    for ev in versioned:
+        if b"m.room.create" not in ev.raw:  # most events: no parse
+            continue
+        try:
+            room_id, event_type, _ = peek_room_version(ev.raw)
+        except InvalidEventError:
+            continue
+        if event_type == "m.room.create" and room_id in wanted:
+            created.add(room_id)
+    return created
