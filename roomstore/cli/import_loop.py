@@ -161,6 +161,10 @@ def member_text(text: str, wanted: str) -> str:
 
 _log = Logger()
 
+#: A refused batch is persisted again in halves down to this many events,
+#: then event by event (``_ImportRun.in_halves``).
+ONE_BY_ONE_FROM = 16
+
 #: What stops an import whole: the database, the disk or the process, never
 #: one event (every other error is the failure of the events that met it).
 STOPS_IMPORT = (
@@ -186,8 +190,9 @@ async def import_file(
     in_flight: int = 1,
     trust_source: bool = False,
 ) -> dict:
-    """Import a JSON-lines file in batches; a failing batch is retried event by
-    event so one unresolvable event is reported and the rest imported.
+    """Import a JSON-lines file in batches; a failing batch is retried in
+    halves, then event by event, so one unresolvable event is reported and
+    the rest imported.
 
     An event whose content hash does not match is stored redacted and reported
     (one line, ``"error": "content hash mismatch"``); ``strict`` refuses it
@@ -204,8 +209,8 @@ async def import_file(
     ``in_flight``: batches handed to ``persist_events`` before the first is
     awaited, so the store validates the next ones while it writes, and
     commits several in one transaction (group commit). Results are taken in
-    file order. A refused batch is retried event by event once the batches
-    before it are settled; a later batch that needed its events was refused
+    file order. A refused batch is retried (in halves, then event by event)
+    once the batches before it are settled; a later batch that needed its events was refused
     too and is retried the same way after it. A later batch that did not
     need them may have been written before that retry: its events then come
     first in the stream, and where a later batch changed what a retried
@@ -278,6 +283,29 @@ class _ImportRun:
             _log.failure("line {line}: unexpected error", failure.Failure(exc), line=line)
         emit({"line": line, "error": type(exc).__name__, "message": " ".join(str(exc).split()) or "no message"})
 
+    async def in_halves(self, chunk, batch, batch_error: Exception) -> list:
+        """A refused batch persisted again in halves, each half that is
+        refused in halves again, down to ``ONE_BY_ONE_FROM`` events, which
+        go one by one: the events the store refuses are reported and the
+        rest imported as event by event, in order, but one refusal in a
+        batch of N costs about 2·log2(N) more calls, not N. A batch refused
+        for a cycle among its prev events goes one by one at once, so the
+        cycle's events are reported with its error."""
+        from roomstore.events.write.batch import PrevEventsCycle
+
+        if len(batch) <= ONE_BY_ONE_FROM or isinstance(batch_error, PrevEventsCycle):
+            return await self.one_by_one(chunk, batch, batch_error)
+        middle = len(batch) // 2
+        results: list[Any] = []
+        for part_chunk, part in ((chunk[:middle], batch[:middle]), (chunk[middle:], batch[middle:])):
+            try:
+                results.extend(zip(part_chunk, await self.store.persist_events(part, **self.options), strict=True))
+            except STOPS_IMPORT:
+                raise
+            except Exception as exc:  # noqa: BLE001 - found in smaller parts
+                results.extend(await self.in_halves(part_chunk, part, exc))
+        return results
+
     async def one_by_one(self, chunk, batch, batch_error: Exception) -> list:
         """Each event of a refused batch alone; a cycle's events are refused
         with the batch's error (alone, each would only miss its prevs)."""
@@ -298,14 +326,14 @@ class _ImportRun:
         return results
 
     async def settle(self, chunk, batch, written: defer.Deferred) -> None:
-        """A batch's results awaited (a refused batch retried event by event), counted and reported."""
+        """A batch's results awaited (a refused batch retried in halves, then event by event), counted and reported."""
         self.summary["next_line"] = chunk[0][0]
         try:
             results = list(zip(chunk, await written, strict=True))
         except STOPS_IMPORT:
             raise
-        except Exception as exc:  # noqa: BLE001 - found event by event
-            results = await self.one_by_one(chunk, batch, exc)
+        except Exception as exc:  # noqa: BLE001 - found in halves, then event by event
+            results = await self.in_halves(chunk, batch, exc)
         for (number, _, _), result in results:
             self.count(number, result)
         self.bar.update(len(chunk))

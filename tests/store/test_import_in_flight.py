@@ -99,3 +99,36 @@ class ImportInFlightTests:
         self.addCleanup(os.remove, path)
         with self.assertRaises(ValueError):
             await import_file(store, path, in_flight=0)
+
+    async def test_a_refused_batch_is_retried_in_halves_not_event_by_event(self):
+        # One orphan among 203 events in one batch: the rest go in with a few
+        # dozen calls, not one a line; the outcome is one batch a line's.
+        room = RoomBuilder()
+        events = [room.create(), room.join(ALICE)] + [room.message(ALICE, f"before {i}") for i in range(100)]
+        orphan = room.message(ALICE, "orphan", prev=[fake_event_id("nobody has it")], set_leaves=False)
+        events += [orphan] + [room.message(ALICE, f"after {i}") for i in range(100)]
+        path = write_lines([e.raw for e in events])
+        self.addCleanup(os.remove, path)
+        outcomes = []
+        for batch_size in (len(events), 1):
+            store = await self.open_store()
+            calls: list[int] = []
+            persist = store.persist_events
+
+            async def counting(batch, _persist=persist, _calls=calls, **kwargs):
+                _calls.append(len(batch))
+                return await _persist(batch, **kwargs)
+
+            self.patch(store, "persist_events", counting)
+            reports: list = []
+            self.patch(import_loop, "emit", reports.append)
+            summary = await import_file(store, path, batch_size=batch_size, in_flight=1)
+            outcomes.append((summary, reports, await self.stored(store, room, events), calls))
+        (halves, halves_reports, halves_stored, calls), (single, single_reports, single_stored, _) = outcomes
+        self.assertEqual((halves["imported"], halves["failed"]), (len(events) - 1, 1))
+        self.assertEqual(halves, single)
+        self.assertEqual(halves_reports, single_reports)
+        self.assertEqual([r["line"] for r in halves_reports], [103])
+        self.assertEqual(halves_stored, single_stored)
+        self.assertLess(len(calls), 40, calls)
+        self.assertEqual(calls[0], len(events))
