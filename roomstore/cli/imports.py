@@ -27,10 +27,10 @@ def add_parsers(add) -> None:
     p.add_argument(
         "--batch-size",
         type=at_least(1),
-        default=100,
+        default=1000,
         metavar="N",
-        help="events per persist_events call, stored whole or not at all (default 100; the store may"
-        " commit several in one transaction)",
+        help="events per persist_events call, stored whole or not at all (default 1000; the store may"
+        " commit several in one transaction; a refused batch is retried in halves, then event by event)",
     )
     p.add_argument(
         "--in-flight",
