@@ -159,6 +159,12 @@ def member_text(text: str, wanted: str) -> str:
     return found
 
 
+def count_lines(path: str) -> int:
+    """The file's non-blank lines: the progress bar's total (read only for a bar that is shown)."""
+    with open(path, "rb") as handle:
+        return sum(1 for line in handle if not line.isspace())
+
+
 _log = Logger()
 
 #: A refused batch is persisted again in halves down to this many events,
@@ -223,23 +229,25 @@ async def import_file(
     reported, one line each. ``trust_source``: the file comes from a server
     that checked its events already; they are stored as given, unchecked."""
     from roomstore.events.write.persist import EventToPersist
-    from roomstore.progress import progress_bar
+    from roomstore.progress import bar_shown, progress_bar
 
     if in_flight < 1:
         raise ValueError(f"in_flight must be 1 or more, not {in_flight}")
     run = _ImportRun(store, {"refuse_hash_mismatch": strict, "verify_keys": verify_keys}, summary)
-    lines = run.readable_lines(path)
-    run.bar = progress_bar(len(lines), "import", "event", force=progress)
+    # The lines are read as the batches are made, not all first: the first
+    # batch is written while the rest of the file is still unread, and an
+    # import holds a few batches' lines in memory, not the whole file's.
+    run.bar = progress_bar(count_lines(path) if bar_shown(progress) else None, "import", "event", force=progress)
     pending: deque = deque()
     try:
-        for start in range(0, len(lines), batch_size):
-            chunk = lines[start : start + batch_size]
+        for chunk in run.batches(path, batch_size):
             batch = [EventToPersist(raw, version, auth_checked=trust_source) for _, raw, version in chunk]
             pending.append((chunk, batch, defer.ensureDeferred(store.persist_events(batch, **run.options))))
             if len(pending) >= in_flight:
                 await run.settle(*pending.popleft())
         while pending:
             await run.settle(*pending.popleft())
+        run.report_bad_lines()
     finally:
         # An error stops the import: the batches still in flight end before
         # it is raised (the caller closes the store next); theirs are dropped.
@@ -265,17 +273,33 @@ class _ImportRun:
         self.bar: Any = None
         #: Results whose signatures were not all checked (no key known).
         self.unchecked = 0
+        #: ``(line number, why)`` of the bad lines read and not yet reported.
+        self.bad_lines: deque = deque()
 
-    def readable_lines(self, path: str) -> list[tuple[int, bytes, str | None]]:
-        """``(number, raw, version)`` of the file's event lines; each bad line reported and counted."""
-        lines = []
+    def batches(self, path: str, size: int) -> Iterator[list[tuple[int, bytes, str | None]]]:
+        """The file's event lines, ``(number, raw, version)``, in batches of
+        ``size``, read as they are asked for. A bad line is held, to be
+        reported in line order among the events' reports (``report_bad_lines``)."""
+        chunk: list[tuple[int, bytes, str | None]] = []
         for number, raw, version in read_import_lines(path):
-            if raw is None:  # reported, the other lines imported
-                self.summary["failed"] += 1
-                emit({"line": number, "error": "BadLine", "message": version})
-            else:
-                lines.append((number, raw, version))
-        return lines
+            if raw is None:
+                self.bad_lines.append((number, version))
+                continue
+            chunk.append((number, raw, version))
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    def report_bad_lines(self, before: int | None = None) -> None:
+        """The bad lines read so far (all, or those before line ``before``), reported and counted."""
+        bad = self.bad_lines
+        while bad and (before is None or bad[0][0] < before):
+            number, why = bad.popleft()
+            self.summary["failed"] += 1
+            emit({"line": number, "error": "BadLine", "message": why})
+            self.bar.update(1)
 
     def refused(self, line: int, exc: Exception) -> None:
         self.summary["failed"] += 1
@@ -328,6 +352,7 @@ class _ImportRun:
     async def settle(self, chunk, batch, written: defer.Deferred) -> None:
         """A batch's results awaited (a refused batch retried in halves, then event by event), counted and reported."""
         self.summary["next_line"] = chunk[0][0]
+        self.report_bad_lines(before=chunk[0][0])
         try:
             results = list(zip(chunk, await written, strict=True))
         except STOPS_IMPORT:

@@ -132,3 +132,43 @@ class ImportInFlightTests:
         self.assertEqual(halves_stored, single_stored)
         self.assertLess(len(calls), 40, calls)
         self.assertEqual(calls[0], len(events))
+
+    async def test_lines_are_read_as_the_batches_are_made_and_reported_in_line_order(self):
+        # The first batch is handed over once its lines are read, not the
+        # whole file's; a bad line is reported in its place among the
+        # events' reports (here after the orphan's refusal above it).
+        room = RoomBuilder()
+        events = [room.create(), room.join(ALICE)] + [room.message(ALICE, f"m{i}") for i in range(30)]
+        orphan = room.message(ALICE, "orphan", prev=[fake_event_id("nobody has it")], set_leaves=False)
+        lines = [e.raw for e in events]
+        lines.insert(3, orphan.raw)
+        lines.append(b'{"type": "m.room.message", "broken')
+        path = write_lines(lines)
+        self.addCleanup(os.remove, path)
+        store = await self.open_store()
+        read: list[int] = []
+        real_read = import_loop.read_import_lines
+
+        def counting(file_path):
+            for item in real_read(file_path):
+                read.append(item[0])
+                yield item
+
+        self.patch(import_loop, "read_import_lines", counting)
+        at_first_call: list[int] = []
+        persist = store.persist_events
+
+        async def first(batch, **kwargs):
+            if not at_first_call:
+                at_first_call.append(len(read))
+            return await persist(batch, **kwargs)
+
+        self.patch(store, "persist_events", first)
+        reports: list = []
+        self.patch(import_loop, "emit", reports.append)
+        summary = await import_file(store, path, batch_size=4, in_flight=2)
+        self.assertEqual(at_first_call, [4])
+        self.assertEqual(
+            [(r["line"], r["error"]) for r in reports], [(4, "MissingStateError"), (len(lines), "BadLine")]
+        )
+        self.assertEqual((summary["imported"], summary["failed"]), (len(events), 2))
