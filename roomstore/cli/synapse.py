@@ -18,7 +18,7 @@ def add_parsers(add) -> None:
         help="Synapse's database: sqlite:///path/homeserver.db (or a plain path) or postgresql://...",
     )
     p.add_argument("--rooms", help="comma-separated room IDs to import (default: every room)")
-    p.add_argument("--batch-size", type=int, default=500, help="events persisted per transaction (default 500)")
+    p.add_argument("--batch-size", type=int, default=1000, help="events persisted per transaction (default 1000)")
     p.add_argument(
         "--trust-source",
         action="store_true",
