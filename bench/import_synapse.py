@@ -298,7 +298,11 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000, help="events in the largest Synapse database")
     parser.add_argument("--runs", type=int, default=3, help="runs of each import, taking turns (default 3)")
     parser.add_argument("--engines", default="sqlite", help="roomstore engines to import into (sqlite,postgres)")
-    parser.add_argument("--batch-size", type=int, default=500, help="events per transaction, both commands")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        help="events per call, given to every command (default: none, each tree's own default, as users run it)",
+    )
     parser.add_argument("--growth", default="0.25,0.5,1", help="fractions of --events for the RSS-as-it-grows runs")
     parser.add_argument("--growth-only", action="store_true", help="only the RSS-as-it-grows runs")
     parser.add_argument(
@@ -367,17 +371,9 @@ def compare(args, engines, largest_url: str, largest_count: int) -> None:
             for command in samples:
                 target = new_url()
                 if command.startswith("import-synapse"):
-                    cmd = [
-                        "import-synapse",
-                        "--from",
-                        largest_url,
-                        "--db",
-                        target,
-                        "--batch-size",
-                        str(args.batch_size),
-                    ]
+                    cmd = ["import-synapse", "--from", largest_url, "--db", target, *batch_option(args)]
                 else:
-                    cmd = ["import", lines_path, "--db", target, "--batch-size", str(args.batch_size)]
+                    cmd = ["import", lines_path, "--db", target, *batch_option(args)]
                 wall, rss, out = run_measured(cmd, args.baseline if command.endswith("(baseline)") else ROOT)
                 summary = out[-1]
                 stored = summary.get("events", summary.get("imported"))
@@ -405,15 +401,18 @@ def compare(args, engines, largest_url: str, largest_count: int) -> None:
     print_table(["engine", "command", "events stored", "wall s", "events/s", "peak RSS MiB", "runs (s)"], rows)
 
 
+def batch_option(args) -> list[str]:
+    """``--batch-size N`` where the bench was given one; else nothing: each tree's default."""
+    return [] if args.batch_size is None else ["--batch-size", str(args.batch_size)]
+
+
 def growth(args, engine_and_url, sizes, synapse_dbs) -> None:
     """``import-synapse``'s peak RSS on databases of growing size."""
     growth = []
     engine, new_url = engine_and_url
     for size in sizes:
         url, count = synapse_dbs[size]
-        wall, rss, out = run_measured(
-            ["import-synapse", "--from", url, "--db", new_url(), "--batch-size", str(args.batch_size)]
-        )
+        wall, rss, out = run_measured(["import-synapse", "--from", url, "--db", new_url(), *batch_option(args)])
         growth.append(
             (
                 f"{count:,}",
