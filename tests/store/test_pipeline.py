@@ -331,12 +331,10 @@ class PipelineTests:
         self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
         self.assertEqual(outcomes[1][1][-1].stream_ordering, len(built))
 
-    async def test_a_room_being_created_is_validated_before_its_create_is_written(self):
-        # The calls after the one holding the create event are validated by its
-        # version while it writes, not after (an import's pipeline stays full).
-        store = await self.open_store()
-        room, built = linear_room(60)
-        bare = [EventToPersist(e.raw) for e in built]
+    async def _validated_at_first_write(self, store, calls: list, expected: int) -> tuple[list, list[int]]:
+        """(outcomes of ``calls`` in flight, how many calls were validated when
+        the first write began): that write waits (up to 5 s) for ``expected``
+        validated calls, so a call whose validation waits for it leaves fewer."""
         validated: list[int] = []
         at_first_write: list[int] = []
         real_prepare, real_write = store.validator.prepare, store.writes.write
@@ -349,15 +347,24 @@ class PipelineTests:
         async def write(prepared, resolved):
             if not at_first_write:
                 for _ in range(500):
-                    if len(validated) == 3:
+                    if len(validated) == expected:
                         break
                     await deferLater(reactor, 0.01, lambda: None)
                 at_first_write.append(len(validated))
             return await real_write(prepared, resolved)
 
         store.validator.prepare, store.writes.write = prepare, write
-        outcomes = await self._in_flight(store, [bare[:30], bare[30:45], bare[45:]])
+        outcomes = await self._in_flight(store, calls)
         self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
+        return outcomes, at_first_write
+
+    async def test_a_room_being_created_is_validated_before_its_create_is_written(self):
+        # The calls after the one holding the create event are validated by its
+        # version while it writes, not after (an import's pipeline stays full).
+        store = await self.open_store()
+        room, built = linear_room(60)
+        bare = [EventToPersist(e.raw) for e in built]
+        outcomes, at_first_write = await self._validated_at_first_write(store, [bare[:30], bare[30:45], bare[45:]], 3)
         self.assertEqual(at_first_write, [3])
         self.assertEqual([r.stream_ordering for r in outcomes[2][1]], list(range(46, len(built) + 1)))
 
@@ -372,27 +379,8 @@ class PipelineTests:
         room = RoomBuilder("!second:example.org")
         built = [room.create(), room.join(ALICE), room.message(ALICE, "one"), room.message(ALICE, "two")]
         second = [room.to_persist(built[0]), room.to_persist(built[1])] + [EventToPersist(e.raw) for e in built[2:]]
-        validated: list[int] = []
-        at_first_write: list[int] = []
-        real_prepare, real_write = store.validator.prepare, store.writes.write
-
-        async def prepare(events, *args, **kwargs):
-            prepared = await real_prepare(events, *args, **kwargs)
-            validated.append(len(events))
-            return prepared
-
-        async def write(prepared, resolved):
-            if not at_first_write:
-                for _ in range(300):
-                    if len(validated) == 2:
-                        break
-                    await deferLater(reactor, 0.01, lambda: None)
-                at_first_write.append(len(validated))
-            return await real_write(prepared, resolved)
-
-        store.validator.prepare, store.writes.write = prepare, write
-        outcomes = await self._in_flight(store, [[first_room.to_persist(e) for e in first_built], second])
-        self.assertTrue(all(ok for ok, _ in outcomes), [r for ok, r in outcomes if not ok])
+        first = [first_room.to_persist(e) for e in first_built]
+        outcomes, at_first_write = await self._validated_at_first_write(store, [first, second], 2)
         self.assertEqual(at_first_write, [2])
         self.assertEqual([r.event_id for r in outcomes[1][1]], [e.event_id for e in built])
         self.assertEqual(await store.get_forward_extremities(room.room_id), [built[-1].event_id])
