@@ -216,13 +216,13 @@ async def import_file(
     awaited, so the store validates the next ones while it writes, and
     commits several in one transaction (group commit). Results are taken in
     file order. A refused batch is retried (in halves, then event by event)
-    once the batches before it are settled; a later batch that needed its events was refused
-    too and is retried the same way after it. A later batch that did not
-    need them may have been written before that retry: its events then come
-    first in the stream, and where a later batch changed what a retried
-    event's state is checked against (a room's forward extremities), that
-    event's outcome can differ from ``in_flight=1``, which keeps file order
-    strictly. Nothing is lost either way: each refused event is reported.
+    once the batches before it are settled; a later batch that needed its
+    events was refused too and is retried the same way after it. A later
+    batch that did not need them may have been written before that retry:
+    its events then come first in the stream, and where a later batch
+    changed what a retried event's state is checked against (a room's
+    forward extremities), that event's outcome can differ from
+    ``in_flight=1``, which keeps file order strictly. Nothing is lost either way: each refused event is reported.
 
     The store checks each event against its room's authorization rules and
     stores one that breaks them rejected: counted (``rejected``) and

@@ -62,7 +62,7 @@ class WriterProcessTests:
         self.assertEqual(again[0].stream_ordering, 8)
 
     async def test_the_child_leaves_with_status_0_and_its_writes_stored(self):
-        # It leaves by os._exit once its store is closed (roomstore.process_exit).
+        # It leaves by os._exit once its store is closed (roomstore.processes.leave_now).
         url = self.new_database_url()
         store = await RoomStore.open(url, StoreConfig(writer_process=True))
         room, built = linear_room(60)
